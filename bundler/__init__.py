@@ -1,0 +1,1 @@
+"""The front of ocistage: references, registry client, pull, layer unpack, bundle config."""

@@ -1,0 +1,1 @@
+"""Content-addressed store shared by every ocistage command (blobs, snapshots, bundles)."""

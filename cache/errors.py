@@ -1,0 +1,119 @@
+"""The one exception hierarchy of ocistage.
+
+Every package depends on ``cache``, so the hierarchy lives here and the other packages
+subclass it. Low-level errors (``OSError``, ``requests`` exceptions, ``tarfile`` errors) are
+translated into these in exactly one place each, with ``raise ... from exc``. The CLI renders
+them as one ``error: ...`` line plus a ``hint: ...`` line and exits with ``exit_code``.
+
+::
+
+    OcistageError                     exit 1 unless noted
+    ├── UsageError                    exit 2: the user's input is malformed
+    │   └── InvalidReference          an image reference that does not parse
+    ├── RegistryError                 talking to a registry failed
+    │   ├── RegistryUnreachable       connection refused/reset/timed out after retries
+    │   ├── AuthenticationError       401/403, bad or missing credentials, token issuer failed
+    │   ├── NotFound                  unknown repository, tag, manifest or blob
+    │   ├── RateLimited               429 after all retries
+    │   └── UnsupportedManifest       schema1, unknown media type, no matching platform
+    ├── IntegrityError                bytes do not match their digest or declared size
+    ├── SourceError                   a local source (oci: layout, docker-archive:) is unusable
+    ├── SchemaError                   a document does not validate against its OCI schema
+    ├── LayerError                    a layer cannot be applied (bad tar, unsafe entry)
+    ├── StoreError                    the cache cannot be read or written (disk full, perms)
+    │   └── LockTimeout               another process holds a lock for too long
+    └── NotImplementedYet             a command of the contract that a later release fills
+"""
+
+from __future__ import annotations
+
+
+class OcistageError(Exception):
+    """Base of all errors ocistage raises on purpose.
+
+    ``message`` says what went wrong (one line, no trailing period needed);
+    ``hint`` says what the user can do about it.
+    """
+
+    exit_code: int = 1
+    default_hint: str | None = None
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint if hint is not None else self.default_hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(OcistageError):
+    exit_code = 2
+
+
+class InvalidReference(UsageError):
+    default_hint = (
+        "references look like [docker://]registry/repo[:tag][@sha256:...], "
+        "oci:PATH[:tag], oci-archive:FILE[:tag] or docker-archive:FILE"
+    )
+
+
+class RegistryError(OcistageError):
+    pass
+
+
+class RegistryUnreachable(RegistryError):
+    default_hint = (
+        "check the registry address and your network; for a plain-HTTP registry "
+        "pass --insecure-registry HOST:PORT"
+    )
+
+
+class AuthenticationError(RegistryError):
+    default_hint = (
+        "log in with `skopeo login`/`docker login`, or check the credentials in "
+        "~/.docker/config.json or $REGISTRY_AUTH_FILE"
+    )
+
+
+class NotFound(RegistryError):
+    default_hint = "check the repository name and tag (`ocistage inspect REF` lists platforms)"
+
+
+class RateLimited(RegistryError):
+    default_hint = "the registry is rate-limiting you; configure a mirror (--mirror) or retry later"
+
+
+class UnsupportedManifest(RegistryError):
+    pass
+
+
+class IntegrityError(OcistageError):
+    default_hint = (
+        "the data did not match its digest; retry, and if it persists the registry "
+        "or a proxy is serving corrupt content"
+    )
+
+
+class SourceError(OcistageError):
+    pass
+
+
+class SchemaError(OcistageError):
+    pass
+
+
+class LayerError(OcistageError):
+    pass
+
+
+class StoreError(OcistageError):
+    default_hint = "check free space and permissions of the cache directory (--cache / $OCISTAGE_CACHE)"
+
+
+class LockTimeout(StoreError):
+    default_hint = "another ocistage process is working on the same item; retry later"
+
+
+class NotImplementedYet(OcistageError):
+    default_hint = "this command is part of the planned interface but not implemented yet"
