@@ -108,7 +108,9 @@ class LayerError(OcistageError):
 
 
 class StoreError(OcistageError):
-    default_hint = "check free space and permissions of the cache directory (--cache / $OCISTAGE_CACHE)"
+    default_hint = (
+        "check free space and permissions of the cache directory (--cache / $OCISTAGE_CACHE)"
+    )
 
 
 class LockTimeout(StoreError):

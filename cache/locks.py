@@ -1,0 +1,195 @@
+"""Lock files with an owner and a heartbeat, safe on shared filesystems.
+
+Locks here only avoid *duplicate work* (two nodes downloading the same blob); correctness never
+depends on them, because everything is published by an atomic ``rename()``. So they must not rely
+on ``fcntl`` locks, which NFS/Lustre/GPFS do not always make coherent. A lock is a file created
+with ``O_CREAT | O_EXCL`` (atomic on NFSv3+ and every cluster filesystem) holding its owner's
+host, pid and process start time; the owner refreshes the file's mtime every ``heartbeat``
+seconds from a background thread. A lock is *stale*, and may be broken, when its owner is on this
+host and is dead (pid gone, or reused by another process), or when its mtime is older than
+``stale_after`` (an owner on another host that stopped heart-beating).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from cache.errors import LockTimeout, StoreError
+
+HEARTBEAT_SECONDS = 5.0
+STALE_AFTER_SECONDS = 60.0
+
+
+def _process_start_time(pid: int) -> str | None:
+    """The start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            data = stat.read()
+    except OSError:
+        return None
+    # the command name (field 2) is in parentheses and may contain spaces or parentheses
+    fields = data[data.rfind(b")") + 2 :].split()
+    return fields[19].decode() if len(fields) > 19 else None
+
+
+@dataclass(frozen=True)
+class Owner:
+    host: str
+    pid: int
+    start: str | None
+
+    @classmethod
+    def me(cls) -> Owner:
+        return cls(socket.gethostname(), os.getpid(), _process_start_time(os.getpid()))
+
+    def to_json(self) -> str:
+        return json.dumps({"host": self.host, "pid": self.pid, "start": self.start})
+
+    @classmethod
+    def from_json(cls, text: str) -> Owner | None:
+        try:
+            data = json.loads(text)
+            return cls(str(data["host"]), int(data["pid"]), data.get("start"))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def is_alive(self) -> bool | None:
+        """True/False for an owner on this host; None when that cannot be known here."""
+        if self.host != socket.gethostname():
+            return None
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return self.start is None or _process_start_time(self.pid) == self.start
+
+
+def owner_is_dead(path: Path, stale_after: float = STALE_AFTER_SECONDS) -> bool:
+    """Whether the owner recorded in lock or marker file ``path`` is known to be gone."""
+    try:
+        text = path.read_text()
+        age = time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    owner = Owner.from_json(text)
+    if owner is None:
+        # half-written lock file: its creator died between create and write, or is writing now
+        return age > 5.0
+    alive = owner.is_alive()
+    if alive is None:
+        return age > stale_after
+    return not alive
+
+
+class FileLock:
+    """An exclusive lock file; use as a context manager or with acquire()/release()."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        heartbeat: float = HEARTBEAT_SECONDS,
+        stale_after: float = STALE_AFTER_SECONDS,
+    ) -> None:
+        self.path = path
+        self.heartbeat = heartbeat
+        self.stale_after = stale_after
+        self._token = f"{Owner.me().to_json()}\n{uuid.uuid4().hex}\n"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def try_acquire(self) -> bool:
+        """Take the lock if it is free or stale; never waits."""
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                if not self._break_if_stale():
+                    return False
+                continue
+            except OSError as exc:
+                raise StoreError(f"cannot create lock file {self.path}: {exc.strerror}") from exc
+            try:
+                os.write(fd, self._token.encode())
+            finally:
+                os.close(fd)
+            self._start_heartbeat()
+            return True
+        return False
+
+    def acquire(self, timeout: float | None = None, poll: float = 0.2) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.try_acquire():
+            if deadline is not None and time.monotonic() > deadline:
+                raise LockTimeout(f"timed out waiting for lock {self.path}")
+            time.sleep(poll)
+
+    def held(self) -> bool:
+        try:
+            return self.path.read_text() == self._token
+        except OSError:
+            return False
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        # only remove the file if it is still ours (it may have been broken as stale)
+        if self.held():
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+
+    def _break_if_stale(self) -> bool:
+        if not owner_is_dead(self.path, self.stale_after):
+            return False
+        # rename first so that two breakers cannot both delete a fresh lock taken in between
+        grave = self.path.with_name(f"{self.path.name}.stale-{uuid.uuid4().hex}")
+        try:
+            os.rename(self.path, grave)
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                raise StoreError(f"cannot break stale lock {self.path}: {exc.strerror}") from exc
+            return False
+        with contextlib.suppress(OSError):
+            grave.unlink()
+        return True
+
+    def _start_heartbeat(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat {self.path.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat):
+            with contextlib.suppress(OSError):
+                os.utime(self.path)
+
+    def __enter__(self) -> FileLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()

@@ -1,0 +1,362 @@
+"""The content-addressed store: an OCI image layout plus ocistage's own bookkeeping.
+
+Layout (``CACHE`` is ``--cache``, ``$OCISTAGE_CACHE`` or ``$XDG_CACHE_HOME/ocistage``)::
+
+    oci-layout                 {"imageLayoutVersion": "1.0.0"}
+    index.json                 OCI index: one descriptor per pulled (reference, platform)
+    blobs/sha256/<hex>         verified blobs, read-only, never rewritten
+    ingest/<hex>.partial       a download in progress, kept after a crash for Range resume
+    ingest/<hex>.lock          the owner of that download (see cache.locks)
+    tmp/<owner>-<random>/      scratch of a running process; removed when its owner is dead
+
+Invariants: a path under ``blobs/`` exists only once its full content was verified against its
+digest and fsync-ed; ``index.json`` is replaced by ``rename()`` under a lock. A crash at any
+moment leaves at worst a partial file or a temp dir that :meth:`Store.open` or the next ingest of
+the same blob cleans up or resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import socket
+import stat
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from cache.digest import Digest
+from cache.errors import IntegrityError, StoreError
+from cache.locks import FileLock, Owner, owner_is_dead
+
+OCI_LAYOUT_VERSION = "1.0.0"
+INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
+REF_NAME = "org.opencontainers.image.ref.name"
+CHUNK = 1 << 20
+
+
+def _translate_oserror(exc: OSError, what: str) -> StoreError:
+    if exc.errno == errno.ENOSPC:
+        return StoreError(f"no space left on device while {what}",
+                          "free space in the cache filesystem or run `ocistage cache gc`")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return StoreError(f"permission denied while {what}: {exc.filename or ''}".rstrip(": "))
+    return StoreError(f"{what} failed: {exc.strerror or exc}")
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path`` through a temp file in the same directory, fsync and rename."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, mode)
+        os.rename(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+@dataclass
+class Ingest:
+    """One blob being written into the store; resumable across processes and crashes."""
+
+    digest: Digest
+    size: int | None
+    partial: Path
+    final: Path
+    _file: BinaryIO
+    _hasher: Any = field(repr=False)
+    _offset: int = 0
+
+    @property
+    def offset(self) -> int:
+        return self._offset
+
+    def write(self, chunk: bytes) -> None:
+        if self.size is not None and self._offset + len(chunk) > self.size:
+            raise IntegrityError(
+                f"blob {self.digest} is larger than its declared size {self.size}")
+        try:
+            self._file.write(chunk)
+        except OSError as exc:
+            raise _translate_oserror(exc, f"writing blob {self.digest.short}") from exc
+        self._hasher.update(chunk)
+        self._offset += len(chunk)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def restart(self) -> None:
+        self._file.seek(0)
+        self._file.truncate()
+        self._hasher = self.digest.hasher()
+        self._offset = 0
+
+    def commit(self) -> Path:
+        """Verify size and digest, make the blob durable and publish it by rename."""
+        if self.size is not None and self._offset != self.size:
+            raise IntegrityError(
+                f"blob {self.digest} has {self._offset} bytes, expected {self.size}")
+        actual = self._hasher.hexdigest()
+        if actual != self.digest.hex:
+            self.restart()
+            raise IntegrityError(
+                f"blob {self.digest} has digest {self.digest.algorithm}:{actual}")
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            os.fchmod(self._file.fileno(), 0o444)
+            os.rename(self.partial, self.final)
+            fsync_dir(self.final.parent)
+        except OSError as exc:
+            raise _translate_oserror(exc, f"publishing blob {self.digest.short}") from exc
+        return self.final
+
+
+class Store:
+    """A content-addressed store rooted at ``root`` (see the module docstring)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.blobs = root / "blobs"
+        self.ingest_dir = root / "ingest"
+        self.tmp_dir = root / "tmp"
+
+    @classmethod
+    def open(cls, root: Path | str) -> Store:
+        store = cls(Path(root).expanduser().absolute())
+        store._initialise()
+        return store
+
+    @staticmethod
+    def default_root() -> Path:
+        env = os.environ.get("OCISTAGE_CACHE")
+        if env:
+            return Path(env).expanduser()
+        xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        return Path(xdg) / "ocistage"
+
+    def _initialise(self) -> None:
+        try:
+            for directory in (self.root, self.blobs / "sha256", self.ingest_dir, self.tmp_dir):
+                directory.mkdir(parents=True, exist_ok=True)
+            layout = self.root / "oci-layout"
+            if not layout.exists():
+                write_file_atomic(layout, json.dumps(
+                    {"imageLayoutVersion": OCI_LAYOUT_VERSION}).encode())
+            index = self.root / "index.json"
+            if not index.exists():
+                with FileLock(self.root / "index.json.lock"):
+                    if not index.exists():
+                        write_file_atomic(index, self._render_index([]))
+        except OSError as exc:
+            raise _translate_oserror(exc, f"creating the cache at {self.root}") from exc
+        self.clean_leftovers()
+
+    # -- blobs -------------------------------------------------------------------------------
+
+    def blob_path(self, digest: Digest) -> Path:
+        return self.blobs / digest.algorithm / digest.hex
+
+    def has_blob(self, digest: Digest) -> bool:
+        return self.blob_path(digest).is_file()
+
+    def open_blob(self, digest: Digest) -> BinaryIO:
+        try:
+            return open(self.blob_path(digest), "rb")
+        except FileNotFoundError as exc:
+            raise StoreError(f"blob {digest} is not in the cache",
+                             "pull the image again (`ocistage pull REF`)") from exc
+
+    def read_blob(self, digest: Digest, limit: int = 4 << 20) -> bytes:
+        """A small blob (manifest, config) read whole; capped at ``limit`` bytes."""
+        with self.open_blob(digest) as blob:
+            data = blob.read(limit + 1)
+        if len(data) > limit:
+            raise StoreError(f"blob {digest} is larger than {limit} bytes")
+        return data
+
+    def put_blob(self, data: bytes, digest: Digest | None = None) -> Digest:
+        """Store a small blob already in memory; verified against ``digest`` when given."""
+        actual = Digest.of_bytes(data, digest.algorithm if digest else "sha256")
+        if digest is not None and actual != digest:
+            raise IntegrityError(f"content has digest {actual}, expected {digest}")
+        final = self.blob_path(actual)
+        if final.exists():
+            return actual
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            write_file_atomic(final, data, mode=0o444)
+        except OSError as exc:
+            raise _translate_oserror(exc, f"writing blob {actual.short}") from exc
+        return actual
+
+    @contextlib.contextmanager
+    def ingest(self, digest: Digest, size: int | None = None,
+               wait: Callable[[], None] | None = None) -> Iterator[Ingest | None]:
+        """Write blob ``digest`` into the store, or yield ``None`` if it is already there.
+
+        If another process (on any node sharing the cache) is downloading the same blob, wait for
+        it to finish instead of downloading twice; take over if that process dies. ``wait`` is
+        called between polls (for progress display); it defaults to sleeping 0.2 s.
+        """
+        final = self.blob_path(digest)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(self.ingest_dir / f"{digest.hex}.lock")
+        while True:
+            if final.exists():
+                yield None
+                return
+            if lock.try_acquire():
+                break
+            (wait or (lambda: time.sleep(0.2)))()
+        try:
+            if final.exists():  # published between our check and taking the lock
+                yield None
+                return
+            ingest = self._open_partial(digest, size, final)
+            try:
+                yield ingest
+            finally:
+                ingest.close()
+        finally:
+            lock.release()
+
+    def _open_partial(self, digest: Digest, size: int | None, final: Path) -> Ingest:
+        partial = self.ingest_dir / f"{digest.hex}.partial"
+        try:
+            file = open(partial, "a+b")  # noqa: SIM115 - owned by the Ingest, closed by the caller
+        except OSError as exc:
+            raise _translate_oserror(exc, f"opening {partial}") from exc
+        hasher = digest.hasher()
+        file.seek(0)
+        offset = 0
+        # resume: re-hash what a previous (crashed or interrupted) attempt left
+        while chunk := file.read(CHUNK):
+            hasher.update(chunk)
+            offset += len(chunk)
+        ingest = Ingest(digest, size, partial, final, file, hasher, offset)
+        if size is not None and offset > size:
+            ingest.restart()
+        return ingest
+
+    # -- index.json (refs) -------------------------------------------------------------------
+
+    def _render_index(self, manifests: list[dict[str, Any]]) -> bytes:
+        return json.dumps({"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE,
+                           "manifests": manifests}, indent=2).encode() + b"\n"
+
+    def read_index(self) -> list[dict[str, Any]]:
+        try:
+            data = json.loads((self.root / "index.json").read_bytes())
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"cannot read {self.root / 'index.json'}: {exc}") from exc
+        manifests = data.get("manifests", [])
+        return [m for m in manifests if isinstance(m, dict)]
+
+    def tag(self, name: str, descriptor: dict[str, Any]) -> None:
+        """Point ref ``name`` (for the descriptor's platform) at ``descriptor`` in index.json."""
+        entry = dict(descriptor)
+        entry["annotations"] = {**entry.get("annotations", {}), REF_NAME: name}
+        platform = entry.get("platform")
+        with FileLock(self.root / "index.json.lock"):
+            manifests = [m for m in self.read_index()
+                         if not (m.get("annotations", {}).get(REF_NAME) == name
+                                 and m.get("platform") == platform)]
+            manifests.append(entry)
+            try:
+                write_file_atomic(self.root / "index.json", self._render_index(manifests))
+            except OSError as exc:
+                raise _translate_oserror(exc, "updating index.json") from exc
+
+    def lookup(self, name: str) -> list[dict[str, Any]]:
+        return [m for m in self.read_index() if m.get("annotations", {}).get(REF_NAME) == name]
+
+    # -- scratch space -------------------------------------------------------------------------
+
+    def temp_dir(self, prefix: str = "work") -> Path:
+        """A fresh scratch dir owned by this process; the caller removes or renames it."""
+        owner = Owner.me()
+        path = self.tmp_dir / f"{prefix}-{owner.host}-{owner.pid}-{uuid.uuid4().hex[:12]}"
+        try:
+            path.mkdir()
+            (path.parent / f"{path.name}.owner").write_text(owner.to_json())
+        except OSError as exc:
+            raise _translate_oserror(exc, "creating a temporary directory in the cache") from exc
+        return path
+
+    def remove_temp_dir(self, path: Path) -> None:
+        remove_tree(path)
+        with contextlib.suppress(FileNotFoundError):
+            (path.parent / f"{path.name}.owner").unlink()
+
+    def clean_leftovers(self) -> list[Path]:
+        """Remove scratch dirs and partial downloads of dead owners; return what was removed."""
+        removed: list[Path] = []
+        with contextlib.suppress(FileNotFoundError):
+            for marker in self.tmp_dir.glob("*.owner"):
+                if owner_is_dead(marker):
+                    work = marker.with_suffix("")
+                    remove_tree(work)
+                    with contextlib.suppress(FileNotFoundError):
+                        marker.unlink()
+                    removed.append(work)
+        with contextlib.suppress(FileNotFoundError):
+            for stale in self.ingest_dir.glob("*.lock.stale-*"):
+                with contextlib.suppress(FileNotFoundError):
+                    stale.unlink()
+        return removed
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a tree we own, even with read-only dirs and mode-000 entries; never follows links.
+
+    Directories are made ``u+rwx`` before they are listed, so images with read-only or mode-000
+    directories can always be deleted.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(path)
+        return
+    stack: list[tuple[str, bool]] = [(os.fspath(path), False)]
+    while stack:
+        directory, listed = stack.pop()
+        if listed:
+            os.rmdir(directory)
+            continue
+        mode = os.lstat(directory).st_mode
+        if mode & 0o700 != 0o700:
+            os.chmod(directory, stat.S_IMODE(mode) | 0o700)
+        stack.append((directory, True))
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append((entry.path, False))
+                else:
+                    os.unlink(entry.path)
+
+
+def hostname() -> str:
+    return socket.gethostname()
