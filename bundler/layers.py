@@ -1,0 +1,444 @@
+"""Apply one layer (an uncompressed tar stream) onto a rootfs, as image-spec ``layer.md`` says.
+
+The tar is read once, in streaming mode; every entry is written by this module through
+:class:`bundler.safepath.SafeRoot` (never ``tarfile.extract``), so nothing outside the rootfs is
+ever created, written, linked, chmod-ed, utime-d, xattr-ed or deleted. See ``docs/layers.md``
+for the semantics and the deliberate differences from ``umoci unpack --rootless``.
+
+Whiteouts apply to lower layers only, whatever their order in the tar: every path this layer
+creates is remembered, and a whiteout (``.wh.NAME``) or opaque marker (``.wh..wh..opq``) removes
+only what this layer did not create, keeping directories that lead to entries it created.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tarfile
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import IO, BinaryIO
+
+from bundler.safepath import (
+    Parts,
+    SafeRoot,
+    chmod_path_fd,
+    display,
+    normalize,
+    open_readable_dir,
+    remove_tree,
+)
+from cache.errors import LayerError, OcistageError
+
+WHITEOUT_PREFIX = ".wh."
+OPAQUE_MARKER = ".wh..wh..opq"
+XATTR_PAX_PREFIX = "SCHILY.xattr."
+COPY_CHUNK = 1 << 20
+
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_XATTR_SKIPPABLE = {errno.EPERM, errno.EACCES, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EINVAL,
+                    errno.ERANGE, errno.E2BIG}
+_CORRUPT_HINT = ("the layer blob is corrupt or not a tar archive; remove it from the cache "
+                 "and pull again")
+
+
+@dataclass
+class ApplyReport:
+    """What applying one layer did."""
+
+    entries: int = 0
+    bytes_written: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+def apply_layer(stream: BinaryIO, rootfs: Path, *, rootless: bool = True) -> ApplyReport:
+    """Apply the uncompressed tar ``stream`` onto the existing directory ``rootfs``, in place.
+
+    ``rootless``: no ``chown``, device nodes become empty regular files (with a warning), and
+    directories keep ``u+rwx`` so the bundle can always be deleted. Otherwise (running as
+    root) owners are set and device nodes created as in the image.
+    """
+    report = ApplyReport()
+    try:
+        with SafeRoot(rootfs) as root:
+            applier = _Applier(root, rootless, report)
+            with tarfile.open(fileobj=stream, mode="r|") as archive:
+                for member in archive:
+                    applier.apply(archive, member)
+            applier.finish()
+    except tarfile.TarError as exc:
+        raise LayerError(f"cannot read layer tar: {exc}", _CORRUPT_HINT) from exc
+    except OcistageError:
+        raise
+    except OSError as exc:
+        hint = ("free some space on the filesystem of the bundle"
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT) else
+                "check the permissions and free space of the destination directory")
+        raise LayerError(f"cannot apply layer onto {rootfs}: {exc.strerror or exc}", hint) from exc
+    return report
+
+
+@dataclass
+class _DirMeta:
+    mode: int
+    mtime_ns: int
+    uid: int
+    gid: int
+
+
+class _Applier:
+    """The state of one layer being applied (paths it created, directory metadata to set)."""
+
+    def __init__(self, root: SafeRoot, rootless: bool, report: ApplyReport) -> None:
+        self.root = root
+        self.rootless = rootless
+        self.report = report
+        self.created: set[Parts] = set()
+        self.created_ancestors: set[Parts] = set()
+        self.dirs: dict[Parts, _DirMeta] = {}
+        self.saved_mtimes: dict[Parts, tuple[int, int]] = {}
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def _mark_created(self, path: Parts) -> None:
+        self.created.add(path)
+        for depth in range(len(path) - 1, -1, -1):
+            ancestor = path[:depth]
+            if ancestor in self.created_ancestors:
+                break
+            self.created_ancestors.add(ancestor)
+
+    def _save_mtime(self, parent: Parts, parent_fd: int) -> None:
+        """Remember a lower directory's times before this layer changes its entries."""
+        if parent in self.saved_mtimes or parent in self.created:
+            return
+        info = os.stat(parent_fd)
+        self.saved_mtimes[parent] = (info.st_atime_ns, info.st_mtime_ns)
+
+    def _warn(self, message: str) -> None:
+        self.report.warnings.append(message)
+
+    def _parent(self, parts: Parts) -> tuple[int, Parts]:
+        found = self.root.resolve_dir(parts[:-1], create=True, on_create=self._mark_created)
+        assert found is not None  # create=True either returns or raises
+        return found
+
+    def _clear(self, parent_fd: int, name: str) -> None:
+        """Remove whatever is at ``name`` so that another type can take its place."""
+        try:
+            info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        remove_tree(parent_fd, name)
+        if stat.S_ISDIR(info.st_mode) or stat.S_ISLNK(info.st_mode):
+            self.root.invalidate()
+
+    # -- entries -------------------------------------------------------------------------------
+
+    def apply(self, archive: tarfile.TarFile, member: tarfile.TarInfo) -> None:
+        self.report.entries += 1
+        parts = normalize(member.name)
+        if not parts:
+            if member.isdir():
+                self.dirs[()] = self._dir_meta(member)
+            else:
+                self._warn(f"skipped non-directory entry {member.name!r} for the root")
+            return
+        base = parts[-1]
+        if base.startswith(WHITEOUT_PREFIX):
+            self._whiteout(parts)
+            return
+        parent_fd, parent = self._parent(parts)
+        path = (*parent, base)
+        self._save_mtime(parent, parent_fd)
+        if member.isdir():
+            self._make_dir(parent_fd, base, path, member)
+        elif member.isreg():
+            self._make_file(archive, parent_fd, base, path, member)
+        elif member.issym():
+            self._make_symlink(parent_fd, base, member)
+        elif member.islnk():
+            self._make_hardlink(parent_fd, base, path, member)
+        elif member.isfifo() or member.ischr() or member.isblk():
+            self._make_special(parent_fd, base, path, member)
+        else:
+            self._warn(f"skipped {display(path)}: unsupported tar entry type {member.type!r}")
+            return
+        self._mark_created(path)
+
+    def _dir_meta(self, member: tarfile.TarInfo) -> _DirMeta:
+        return _DirMeta(stat.S_IMODE(member.mode), _mtime_ns(member), member.uid, member.gid)
+
+    def _make_dir(self, parent_fd: int, name: str, path: Parts, member: tarfile.TarInfo) -> None:
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent_fd)
+        except FileExistsError:
+            info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+            if not stat.S_ISDIR(info.st_mode):
+                self._clear(parent_fd, name)
+                os.mkdir(name, 0o700, dir_fd=parent_fd)
+        self.dirs[path] = self._dir_meta(member)
+        xattrs = _xattrs(member)
+        if xattrs:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=parent_fd)
+            try:
+                self._set_xattrs(fd, path, xattrs)
+            finally:
+                os.close(fd)
+
+    def _create_file(self, parent_fd: int, name: str) -> int:
+        try:
+            return os.open(name, _CREATE_FLAGS, 0o600, dir_fd=parent_fd)
+        except FileExistsError:
+            self._clear(parent_fd, name)
+            return os.open(name, _CREATE_FLAGS, 0o600, dir_fd=parent_fd)
+
+    def _make_file(self, archive: tarfile.TarFile, parent_fd: int, name: str, path: Parts,
+                   member: tarfile.TarInfo) -> None:
+        fd = self._create_file(parent_fd, name)
+        try:
+            if member.size:
+                source = archive.extractfile(member)
+                if source is None:  # pragma: no cover - regular members always have data
+                    raise LayerError(f"no data for {member.name!r}", _CORRUPT_HINT)
+                self.report.bytes_written += _copy_to_fd(source, fd)
+            self._finish_inode(fd, member, path)
+        finally:
+            os.close(fd)
+
+    def _finish_inode(self, fd: int, member: tarfile.TarInfo, path: Parts) -> None:
+        """Owner, mode, xattrs and times of a file opened for writing."""
+        if not self.rootless:
+            os.fchown(fd, member.uid, member.gid)
+        os.fchmod(fd, stat.S_IMODE(member.mode))
+        xattrs = _xattrs(member)
+        if xattrs:
+            self._set_xattrs(fd, path, xattrs)
+        mtime = _mtime_ns(member)
+        os.utime(fd, ns=(mtime, mtime))
+
+    def _make_symlink(self, parent_fd: int, name: str, member: tarfile.TarInfo) -> None:
+        try:
+            os.symlink(member.linkname, name, dir_fd=parent_fd)
+        except FileExistsError:
+            self._clear(parent_fd, name)
+            os.symlink(member.linkname, name, dir_fd=parent_fd)
+        if not self.rootless:
+            os.chown(name, member.uid, member.gid, dir_fd=parent_fd, follow_symlinks=False)
+        if _xattrs(member):
+            self._warn(f"skipped xattrs of symlink {member.name!r}")
+        mtime = _mtime_ns(member)
+        os.utime(name, ns=(mtime, mtime), dir_fd=parent_fd, follow_symlinks=False)
+
+    def _make_hardlink(self, parent_fd: int, name: str, path: Parts,
+                       member: tarfile.TarInfo) -> None:
+        target = normalize(member.linkname)
+        missing = LayerError(
+            f"hardlink {display(path)} points to {member.linkname!r}, which does not exist",
+            "a hardlink must name a file of this layer or of a lower one; the image is broken")
+        if not target:
+            raise missing
+        parent_fd = os.dup(parent_fd)
+        try:
+            found = self.root.resolve_dir(target[:-1])
+            if found is None:
+                raise missing
+            source_fd, source_parent = found
+            source = (*source_parent, target[-1])
+            try:
+                info = os.stat(target[-1], dir_fd=source_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                raise missing from None
+            if stat.S_ISDIR(info.st_mode):
+                raise LayerError(f"hardlink {display(path)} points to directory "
+                                 f"{display(source)}", "hardlinks to directories are invalid")
+            if source == path:
+                return
+            source_fd = os.dup(source_fd)
+            try:
+                try:
+                    os.link(target[-1], name, src_dir_fd=source_fd, dst_dir_fd=parent_fd,
+                            follow_symlinks=False)
+                except FileExistsError:
+                    self._clear(parent_fd, name)
+                    try:
+                        os.link(target[-1], name, src_dir_fd=source_fd, dst_dir_fd=parent_fd,
+                                follow_symlinks=False)
+                    except FileNotFoundError:
+                        raise missing from None
+            finally:
+                os.close(source_fd)
+        finally:
+            os.close(parent_fd)
+
+    def _make_special(self, parent_fd: int, name: str, path: Parts,
+                      member: tarfile.TarInfo) -> None:
+        mode = stat.S_IMODE(member.mode)
+        device_node = member.ischr() or member.isblk()
+        if device_node and self.rootless:
+            kind = "character" if member.ischr() else "block"
+            self._warn(f"{display(path)}: {kind} device {member.devmajor}:{member.devminor} "
+                       f"replaced by an empty file (rootless)")
+            fd = self._create_file(parent_fd, name)
+            try:
+                self._finish_inode(fd, member, path)
+            finally:
+                os.close(fd)
+            return
+        if member.isfifo():
+            kind_bits = stat.S_IFIFO
+            device = 0
+        else:
+            kind_bits = stat.S_IFCHR if member.ischr() else stat.S_IFBLK
+            device = os.makedev(member.devmajor, member.devminor)
+        try:
+            os.mknod(name, 0o600 | kind_bits, device, dir_fd=parent_fd)
+        except FileExistsError:
+            self._clear(parent_fd, name)
+            os.mknod(name, 0o600 | kind_bits, device, dir_fd=parent_fd)
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+        try:
+            if stat.S_ISLNK(os.fstat(fd).st_mode):  # pragma: no cover - we just made it
+                raise LayerError(f"{display(path)} changed while being created")
+            if not self.rootless:
+                os.chown(f"/proc/self/fd/{fd}", member.uid, member.gid)
+            chmod_path_fd(fd, mode)
+        finally:
+            os.close(fd)
+        if _xattrs(member):
+            self._warn(f"skipped xattrs of special file {display(path)}")
+        mtime = _mtime_ns(member)
+        os.utime(name, ns=(mtime, mtime), dir_fd=parent_fd, follow_symlinks=False)
+
+    def _set_xattrs(self, fd: int, path: Parts, xattrs: dict[str, bytes]) -> None:
+        for key, value in xattrs.items():
+            try:
+                os.setxattr(fd, key, value)
+            except OSError as exc:
+                if exc.errno not in _XATTR_SKIPPABLE:
+                    raise
+                self._warn(f"{display(path)}: xattr {key} not set ({exc.strerror})")
+
+    # -- whiteouts -----------------------------------------------------------------------------
+
+    def _whiteout(self, parts: Parts) -> None:
+        base = parts[-1]
+        if base != OPAQUE_MARKER and base.startswith(OPAQUE_MARKER[:8]):
+            self._warn(f"skipped AUFS metadata entry {display(parts)}")
+            return
+        if base != OPAQUE_MARKER:
+            victim = base[len(WHITEOUT_PREFIX):]
+            if victim in ("", ".", ".."):
+                raise LayerError(f"invalid whiteout entry {display(parts)}",
+                                 "a whiteout must name a file: .wh.NAME; the image is broken")
+        found = self.root.resolve_dir(parts[:-1])
+        if found is None:
+            return
+        parent_fd, parent = found
+        parent_fd = os.dup(parent_fd)
+        try:
+            if base == OPAQUE_MARKER:
+                for child in _list_dir(parent_fd):
+                    self._remove_lower(parent_fd, parent, child)
+            else:
+                self._remove_lower(parent_fd, parent, victim)
+        finally:
+            os.close(parent_fd)
+
+    def _remove_lower(self, parent_fd: int, parent: Parts, name: str) -> None:
+        """Remove what lower layers put at ``parent/name``, keeping what this layer made."""
+        path = (*parent, name)
+        try:
+            info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if path in self.created or path in self.created_ancestors:
+            if stat.S_ISDIR(info.st_mode):
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             dir_fd=parent_fd)
+                try:
+                    for child in _list_dir(fd):
+                        self._remove_lower(fd, path, child)
+                finally:
+                    os.close(fd)
+            return
+        self._save_mtime(parent, parent_fd)
+        remove_tree(parent_fd, name)
+        if stat.S_ISDIR(info.st_mode) or stat.S_ISLNK(info.st_mode):
+            self.root.invalidate()
+
+    # -- the end -------------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """Set directory modes and times (deepest first), restore touched lower directories."""
+        for path in sorted(self.dirs, key=len, reverse=True):
+            meta = self.dirs[path]
+            fd = self._open_dir_nofollow(path)
+            if fd is None:
+                continue
+            try:
+                if not self.rootless:
+                    os.fchown(fd, meta.uid, meta.gid)
+                os.fchmod(fd, meta.mode | 0o700 if self.rootless else meta.mode)
+                os.utime(fd, ns=(meta.mtime_ns, meta.mtime_ns))
+            finally:
+                os.close(fd)
+        for path, (atime, mtime) in self.saved_mtimes.items():
+            if path in self.dirs:
+                continue
+            fd = self._open_dir_nofollow(path)
+            if fd is None:
+                continue
+            try:
+                os.utime(fd, ns=(atime, mtime))
+            finally:
+                os.close(fd)
+
+    def _open_dir_nofollow(self, path: Parts) -> int | None:
+        found = self.root.resolve_dir(path, follow=False)
+        if found is None:
+            return None
+        return open_readable_dir(found[0])
+
+
+def _list_dir(dir_fd: int) -> list[str]:
+    fd = open_readable_dir(dir_fd)
+    try:
+        return os.listdir(fd)
+    finally:
+        os.close(fd)
+
+
+def _copy_to_fd(source: IO[bytes], fd: int) -> int:
+    total = 0
+    while True:
+        chunk = source.read(COPY_CHUNK)
+        if not chunk:
+            return total
+        view = memoryview(chunk)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        total += len(chunk)
+
+
+def _mtime_ns(member: tarfile.TarInfo) -> int:
+    """The entry's mtime in ns; exact for PAX decimal mtimes (a float would round them)."""
+    text = member.pax_headers.get("mtime") if member.pax_headers else None
+    if text is not None:
+        try:
+            return int(Decimal(text).scaleb(9).to_integral_value())
+        except InvalidOperation:
+            pass
+    return round(float(member.mtime) * 1_000_000_000)
+
+
+def _xattrs(member: tarfile.TarInfo) -> dict[str, bytes]:
+    headers = member.pax_headers
+    if not headers:
+        return {}
+    return {key[len(XATTR_PAX_PREFIX):]: value.encode("utf-8", "surrogateescape")
+            for key, value in headers.items() if key.startswith(XATTR_PAX_PREFIX)}

@@ -1,0 +1,188 @@
+"""Test helpers: build tar layers and OCI layouts by hand, and snapshot directory trees."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import stat
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zstandard
+
+MTIME = 1_000_000
+
+
+@dataclass
+class Entry:
+    name: str
+    type: bytes = tarfile.REGTYPE
+    data: bytes = b""
+    mode: int = 0o644
+    linkname: str = ""
+    mtime: float = MTIME
+    xattrs: dict[str, str] = field(default_factory=dict)
+    devmajor: int = 0
+    devminor: int = 0
+    uid: int = 0
+    gid: int = 0
+
+
+def file(name: str, data: bytes = b"", mode: int = 0o644, **kw: object) -> Entry:
+    return Entry(name, tarfile.REGTYPE, data, mode, **kw)  # type: ignore[arg-type]
+
+
+def directory(name: str, mode: int = 0o755, **kw: object) -> Entry:
+    return Entry(name, tarfile.DIRTYPE, mode=mode, **kw)  # type: ignore[arg-type]
+
+
+def symlink(name: str, target: str, **kw: object) -> Entry:
+    return Entry(name, tarfile.SYMTYPE, mode=0o777, linkname=target, **kw)  # type: ignore[arg-type]
+
+
+def hardlink(name: str, target: str, **kw: object) -> Entry:
+    return Entry(name, tarfile.LNKTYPE, linkname=target, **kw)  # type: ignore[arg-type]
+
+
+def fifo(name: str, mode: int = 0o644) -> Entry:
+    return Entry(name, tarfile.FIFOTYPE, mode=mode)
+
+
+def chardev(name: str, major: int = 1, minor: int = 3, mode: int = 0o666) -> Entry:
+    return Entry(name, tarfile.CHRTYPE, mode=mode, devmajor=major, devminor=minor)
+
+
+def blockdev(name: str, major: int = 8, minor: int = 0, mode: int = 0o660) -> Entry:
+    return Entry(name, tarfile.BLKTYPE, mode=mode, devmajor=major, devminor=minor)
+
+
+def whiteout(name: str) -> Entry:
+    """The whiteout entry that deletes ``name`` from lower layers."""
+    parent, _, base = name.rstrip("/").rpartition("/")
+    return file(f"{parent}/.wh.{base}" if parent else f".wh.{base}", b"", 0o644)
+
+
+def opaque(directory_name: str) -> Entry:
+    return file(f"{directory_name.rstrip('/')}/.wh..wh..opq" if directory_name else
+                ".wh..wh..opq", b"", 0o644)
+
+
+def build_tar(entries: list[Entry], fmt: int = tarfile.PAX_FORMAT) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=fmt) as archive:
+        for entry in entries:
+            info = tarfile.TarInfo(entry.name)
+            info.type = entry.type
+            info.mode = entry.mode
+            info.mtime = entry.mtime
+            info.uid, info.gid = entry.uid, entry.gid
+            info.linkname = entry.linkname
+            info.devmajor, info.devminor = entry.devmajor, entry.devminor
+            if entry.xattrs:
+                info.pax_headers = {f"SCHILY.xattr.{k}": v for k, v in entry.xattrs.items()}
+            if entry.type == tarfile.REGTYPE:
+                info.size = len(entry.data)
+                archive.addfile(info, io.BytesIO(entry.data))
+            else:
+                archive.addfile(info)
+    return buffer.getvalue()
+
+
+def compress(data: bytes, kind: str) -> bytes:
+    if kind == "gzip":
+        return gzip.compress(data, mtime=0)
+    if kind == "zstd":
+        return zstandard.ZstdCompressor().compress(data)
+    return data
+
+
+_LAYER_TYPES = {"none": "application/vnd.oci.image.layer.v1.tar",
+                "gzip": "application/vnd.oci.image.layer.v1.tar+gzip",
+                "zstd": "application/vnd.oci.image.layer.v1.tar+zstd"}
+
+
+def write_oci_layout(path: Path, layers: list[bytes], tag: str = "test",
+                     kind: str = "none") -> None:
+    """An OCI image layout at ``path`` holding one image made of ``layers`` (plain tars)."""
+    blobs = path / "blobs" / "sha256"
+    blobs.mkdir(parents=True, exist_ok=True)
+
+    def put(data: bytes) -> str:
+        hexdigest = hashlib.sha256(data).hexdigest()
+        (blobs / hexdigest).write_bytes(data)
+        return f"sha256:{hexdigest}"
+
+    diff_ids = [f"sha256:{hashlib.sha256(layer).hexdigest()}" for layer in layers]
+    descriptors = []
+    for layer in layers:
+        blob = compress(layer, kind)
+        descriptors.append({"mediaType": _LAYER_TYPES[kind], "digest": put(blob),
+                            "size": len(blob)})
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {},
+                         "rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode()
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": put(config), "size": len(config)},
+        "layers": descriptors}).encode()
+    index = {"schemaVersion": 2, "manifests": [{
+        "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": put(manifest),
+        "size": len(manifest), "annotations": {"org.opencontainers.image.ref.name": tag}}]}
+    (path / "index.json").write_text(json.dumps(index))
+    (path / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}))
+
+
+Node = tuple[object, ...]
+
+
+def snapshot(root: Path, *, mtimes: bool = True, dir_mtimes: bool = True,
+             xattrs: bool = True) -> dict[str, Node]:
+    """Every entry below ``root`` (not ``root`` itself): type, mode, content, target, ...
+
+    Hardlink groups appear as the sorted list of names sharing an inode (for files with
+    more than one link inside the tree).
+    """
+    nodes: dict[str, Node] = {}
+    inodes: dict[int, list[str]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in sorted(dirnames + filenames):
+            full = Path(dirpath) / name
+            rel = str(full.relative_to(root))
+            info = full.lstat()
+            kind = stat.S_IFMT(info.st_mode)
+            mode = stat.S_IMODE(info.st_mode)
+            content: object = None
+            if stat.S_ISREG(kind):
+                content = hashlib.sha256(full.read_bytes()).hexdigest()
+                if info.st_nlink > 1:
+                    inodes.setdefault(info.st_ino, []).append(rel)
+            elif stat.S_ISLNK(kind):
+                content = os.readlink(full)
+                mode = 0
+            attrs: object = None
+            if xattrs and (stat.S_ISREG(kind) or stat.S_ISDIR(kind)):
+                attrs = tuple(sorted((k, os.getxattr(full, k, follow_symlinks=False))
+                                     for k in os.listxattr(full, follow_symlinks=False)
+                                     if k.startswith("user.")))
+            mtime: object = None
+            if mtimes and (dir_mtimes or not stat.S_ISDIR(kind)):
+                mtime = info.st_mtime_ns // 1000  # microseconds: tools differ below
+            nodes[rel] = (kind, mode, content, attrs, mtime)
+    for names in inodes.values():
+        group = tuple(sorted(names))
+        for name in names:
+            nodes[name] = (*nodes[name], group)
+    return nodes
+
+
+def full_snapshot(root: Path) -> dict[str, Node]:
+    """Like :func:`snapshot` but including ``root`` itself; for canary trees."""
+    info = root.lstat()
+    nodes = snapshot(root)
+    nodes["."] = (stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), None, None,
+                  info.st_mtime_ns)
+    return nodes
