@@ -1,0 +1,244 @@
+"""Moving bytes to and from registries: one ``requests.Session`` per origin, TLS settings.
+
+This module decides nothing about auth, redirects or retries (that is ``registry.py`` and
+``auth.py``); it sends one request and streams one body. It is also the one place where
+``requests``/``urllib3`` exceptions are translated into ocistage errors::
+
+    RegistryUnreachable
+    ├── ConnectionFailed     no HTTP answer at all (refused, reset, DNS, TLS, connect timeout)
+    └── BodyInterrupted      the answer started but its body was cut short (resumable)
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import socket
+import ssl
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import requests
+import urllib3.exceptions
+
+from cache.errors import RegistryUnreachable
+
+CHUNK_SIZE = 1 << 20
+
+
+class ConnectionFailed(RegistryUnreachable):
+    """No HTTP response was received; ``tls`` tells a TLS failure from a plain one."""
+
+    def __init__(self, message: str, hint: str | None = None, *, tls: bool = False) -> None:
+        super().__init__(message, hint)
+        self.tls = tls
+
+
+class BodyInterrupted(RegistryUnreachable):
+    """A response body ended early (dropped connection, protocol error, read timeout)."""
+
+
+@dataclass(frozen=True)
+class HttpRequest:
+    """One HTTP request as the policy layers build it; ``scope`` is the registry token scope."""
+
+    method: str
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+    data: Mapping[str, str] | None = None
+    scope: str | None = None
+
+    def with_headers(self, changes: Mapping[str, str | None]) -> HttpRequest:
+        """A copy with headers set; a ``None`` value removes the header (case-insensitive)."""
+        drop = {name.lower() for name in changes}
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in drop}
+        headers.update({k: v for k, v in changes.items() if v is not None})
+        return HttpRequest(self.method, self.url, headers, self.data, self.scope)
+
+    def with_url(self, url: str) -> HttpRequest:
+        return HttpRequest(self.method, url, dict(self.headers), self.data, self.scope)
+
+
+def origin_of(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) with the default port filled in, for same-origin checks."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    port = parts.port or (443 if scheme == "https" else 80)
+    return scheme, (parts.hostname or "").lower(), port
+
+
+def netloc_of(url: str) -> str:
+    return urlsplit(url).netloc
+
+
+def host_of(registry: str) -> str:
+    """The host part of ``host[:port]`` (``[::1]:5000`` -> ``::1``)."""
+    return urlsplit(f"//{registry}").hostname or registry
+
+
+def is_loopback(registry: str) -> bool:
+    """True for ``localhost``, 127.0.0.0/8 and ::1, with or without a port."""
+    host = host_of(registry)
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class TlsPolicy:
+    """Which hosts skip certificate verification, and the CA bundle for the others."""
+
+    insecure_registries: frozenset[str] = frozenset()
+    ca_file: str | None = None
+    loopback_insecure: bool = True
+
+    def is_insecure(self, netloc: str) -> bool:
+        if netloc in self.insecure_registries or host_of(netloc) in self.insecure_registries:
+            return True
+        return self.loopback_insecure and is_loopback(netloc)
+
+    def verify_for(self, url: str) -> bool | str:
+        if self.is_insecure(netloc_of(url)):
+            return False
+        return self.ca_file if self.ca_file is not None else True
+
+
+class Transport:
+    """Sends requests, one pooled session per origin; owns no policy beyond TLS settings."""
+
+    def __init__(self, tls: TlsPolicy, *, timeout: float, user_agent: str) -> None:
+        self._tls = tls
+        self._timeout = timeout
+        self._user_agent = user_agent
+        self._sessions: dict[tuple[str, str, int], requests.Session] = {}
+        self._lock = threading.Lock()
+
+    def _session(self, url: str) -> requests.Session:
+        key = origin_of(url)
+        with self._lock:
+            session = self._sessions.get(key)
+            if session is None:
+                session = requests.Session()
+                session.trust_env = False  # no ~/.netrc credentials sent to registries
+                session.proxies.update(requests.utils.get_environ_proxies(url))
+                session.headers["User-Agent"] = self._user_agent
+                self._sessions[key] = session
+            return session
+
+    def send(self, request: HttpRequest, *, stream: bool = True,
+             verify: bool | str | None = None) -> requests.Response:
+        """Send once, redirects not followed; the body is left unread when ``stream``."""
+        try:
+            if verify is None:
+                verify = self._tls.verify_for(request.url)
+            if verify is False:
+                urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+            return self._session(request.url).request(
+                request.method, request.url, headers=dict(request.headers), data=request.data,
+                stream=stream, allow_redirects=False, verify=verify,
+                timeout=(min(self._timeout, 30.0), self._timeout))
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise translate(exc, request.url, started=False) from exc
+
+    def iter_body(self, response: requests.Response,
+                  chunk_size: int = CHUNK_SIZE) -> Iterator[bytes]:
+        """The raw body bytes (no Content-Encoding decoding), checked against Content-Length."""
+        expected = response.headers.get("Content-Length")
+        received = 0
+        try:
+            for chunk in response.raw.stream(chunk_size, decode_content=False):
+                received += len(chunk)
+                yield chunk
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise translate(exc, response.url, started=True) from exc
+        if expected is not None and expected.isdigit() and received < int(expected):
+            raise BodyInterrupted(f"connection to {netloc_of(response.url)} closed after "
+                                  f"{received} of {expected} bytes")
+
+    def read_body(self, response: requests.Response, limit: int) -> bytes | None:
+        """The decoded body, or None if it is longer than ``limit`` bytes."""
+        parts: list[bytes] = []
+        size = 0
+        try:
+            for chunk in response.iter_content(65536):
+                size += len(chunk)
+                if size > limit:
+                    return None
+                parts.append(chunk)
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise translate(exc, response.url, started=True) from exc
+        finally:
+            response.close()
+        return b"".join(parts)
+
+    def discard(self, response: requests.Response, limit: int = 65536) -> None:
+        """Drain a small unread body so its connection can be reused, then close."""
+        try:
+            length = response.headers.get("Content-Length", "")
+            if length.isdigit() and int(length) <= limit:
+                response.raw.read(int(length), decode_content=False)
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError):
+            pass  # the connection is simply not reused
+        finally:
+            response.close()
+
+    def close(self) -> None:
+        with self._lock:
+            for session in self._sessions.values():
+                session.close()
+            self._sessions.clear()
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """The exception and everything it wraps (cause, context, args, urllib3 ``reason``)."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        current = todo.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        linked = [current.__cause__, current.__context__, getattr(current, "reason", None),
+                  *current.args]
+        todo.extend(item for item in linked if isinstance(item, BaseException))
+
+
+def _reason(exc: BaseException) -> tuple[str, bool]:
+    """A short human reason for a low-level failure, and whether TLS was the problem."""
+    causes = list(_causes(exc))
+    for cause in causes:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return f"TLS certificate verification failed ({cause.verify_message})", True
+    for cause in causes:
+        if isinstance(cause, ConnectionRefusedError) or (
+                isinstance(cause, OSError) and cause.errno == errno.ECONNREFUSED):
+            return "connection refused", False
+        if isinstance(cause, socket.gaierror):
+            return "host name not resolved", False
+        if isinstance(cause, ssl.SSLError | requests.exceptions.SSLError
+                      | urllib3.exceptions.SSLError):
+            return "TLS handshake failed (is it a plain-HTTP registry?)", True
+        if isinstance(cause, ConnectionResetError):
+            return "connection reset", False
+        if isinstance(cause, TimeoutError | socket.timeout | requests.Timeout
+                      | urllib3.exceptions.TimeoutError):
+            return "timed out", False
+        if isinstance(cause, urllib3.exceptions.IncompleteRead | urllib3.exceptions.ProtocolError
+                      | requests.exceptions.ChunkedEncodingError):
+            return "connection dropped", False
+    return type(exc).__name__, False
+
+
+def translate(exc: BaseException, url: str, *, started: bool) -> RegistryUnreachable:
+    """Turn a requests/urllib3/socket failure into ConnectionFailed or BodyInterrupted."""
+    reason, tls = _reason(exc)
+    where = netloc_of(url)
+    if started:
+        return BodyInterrupted(f"download from {where} interrupted: {reason}")
+    return ConnectionFailed(f"cannot connect to {where}: {reason}", tls=tls)
