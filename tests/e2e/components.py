@@ -1,0 +1,274 @@
+"""Real `docker-registry` (CNCF distribution) processes on 127.0.0.1 for end-to-end tests.
+
+Each registry gets its own temp directory holding its config, storage and log. A registry is a
+context manager: entering starts the process and waits until ``/v2/`` answers, leaving stops it.
+
+TLS material (a CA plus a server certificate for 127.0.0.1/localhost) and the key pair the
+token issuer signs with are made with the ``openssl`` binary, so the tests need no Python
+crypto package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REGISTRY_BINARY = "docker-registry"
+START_TIMEOUT = 20.0
+
+
+class ComponentError(RuntimeError):
+    """A test component (registry, openssl, skopeo, ...) could not be set up."""
+
+
+@dataclass(frozen=True)
+class TlsMaterial:
+    """A private CA and a server certificate it signed for 127.0.0.1 and localhost."""
+
+    ca_cert: Path
+    ca_key: Path
+    server_cert: Path
+    server_key: Path
+    cert_dir: Path  # holds only ca.crt: what `skopeo --cert-dir` and docker's certs.d expect
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    """An RSA key and the self-signed certificate a registry trusts for token signatures."""
+
+    key: Path
+    cert: Path
+
+
+@dataclass(frozen=True)
+class TokenAuth:
+    """The ``auth.token`` section of a registry config."""
+
+    realm: str
+    service: str
+    issuer: str
+    rootcertbundle: Path
+
+
+@dataclass(frozen=True)
+class Registry:
+    """A running registry as tests see it."""
+
+    host: str  # "127.0.0.1:PORT", the registry part of an image reference
+    url: str  # "http://127.0.0.1:PORT" or "https://..."
+    ca_file: Path | None  # CA that signed the server certificate (None: plain HTTP)
+    cert_dir: Path | None  # directory with ca.crt, for skopeo --cert-dir
+    username: str | None
+    password: str | None
+    storage: Path
+    log_file: Path
+
+    @property
+    def tls(self) -> bool:
+        return self.ca_file is not None
+
+    def skopeo_flags(self, prefix: str = "", *, with_creds: bool = True) -> list[str]:
+        """Transport flags for skopeo; prefix is "", "src-" or "dest-"."""
+        flags = [f"--{prefix}tls-verify={'true' if self.tls else 'false'}"]
+        if self.cert_dir is not None:
+            flags.append(f"--{prefix}cert-dir={self.cert_dir}")
+        if with_creds and self.username is not None and self.password is not None:
+            flags.append(f"--{prefix}creds={self.username}:{self.password}")
+        return flags
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if self.ca_file is None:
+            return None
+        return ssl.create_default_context(cafile=str(self.ca_file))
+
+
+def _run(argv: list[str], what: str, cwd: Path | None = None) -> None:
+    try:
+        subprocess.run(argv, check=True, capture_output=True, text=True, cwd=cwd,
+                       stdin=subprocess.DEVNULL, timeout=60)
+    except subprocess.CalledProcessError as exc:
+        raise ComponentError(f"{what} failed: {' '.join(argv)}\n{exc.stderr}") from exc
+
+
+def make_tls(directory: Path) -> TlsMaterial:
+    """Create a CA and a server certificate (SAN 127.0.0.1, ::1, localhost) in directory."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key, ca_cert = directory / "ca.key", directory / "ca.pem"
+    key, csr, cert = directory / "server.key", directory / "server.csr", directory / "server.pem"
+    ext = directory / "server.ext"
+    _run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-sha256", "-days", "2",
+          "-subj", "/CN=ocistage test CA", "-keyout", str(ca_key), "-out", str(ca_cert),
+          "-addext", "basicConstraints=critical,CA:TRUE",
+          "-addext", "keyUsage=critical,keyCertSign,cRLSign"], "creating the test CA")
+    _run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-sha256",
+          "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(csr)],
+         "creating the server key")
+    ext.write_text("basicConstraints=CA:FALSE\n"
+                   "keyUsage=critical,digitalSignature,keyEncipherment\n"
+                   "extendedKeyUsage=serverAuth\n"
+                   "subjectAltName=IP:127.0.0.1,IP:::1,DNS:localhost\n")
+    _run(["openssl", "x509", "-req", "-in", str(csr), "-CA", str(ca_cert), "-CAkey", str(ca_key),
+          "-CAcreateserial", "-days", "2", "-sha256", "-extfile", str(ext), "-out", str(cert)],
+         "signing the server certificate")
+    cert_dir = directory / "certs.d"
+    cert_dir.mkdir(exist_ok=True)
+    (cert_dir / "ca.crt").write_bytes(ca_cert.read_bytes())
+    return TlsMaterial(ca_cert, ca_key, cert, key, cert_dir)
+
+
+def make_signing_key(directory: Path) -> SigningKey:
+    """Create the RSA key + self-signed certificate that a token registry trusts."""
+    directory.mkdir(parents=True, exist_ok=True)
+    key, cert = directory / "token.key", directory / "token.pem"
+    _run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-sha256", "-days", "2",
+          "-subj", "/CN=ocistage test token issuer", "-keyout", str(key), "-out", str(cert)],
+         "creating the token signing key")
+    return SigningKey(key, cert)
+
+
+def make_htpasswd(path: Path, username: str, password: str) -> None:
+    """Write an htpasswd file with one bcrypt entry (the only format distribution accepts)."""
+    _run(["htpasswd", "-B", "-b", "-c", str(path), username, password], "writing htpasswd")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def registry_config(storage: Path, port: int, *, tls: TlsMaterial | None = None,
+                    htpasswd: Path | None = None,
+                    token: TokenAuth | None = None) -> dict[str, object]:
+    """The registry configuration as a dict (written as JSON, which YAML parsers accept)."""
+    http: dict[str, object] = {
+        "addr": f"127.0.0.1:{port}",
+        "secret": "ocistage-test-secret",
+        "headers": {"X-Content-Type-Options": ["nosniff"]},
+    }
+    if tls is not None:
+        http["tls"] = {"certificate": str(tls.server_cert), "key": str(tls.server_key)}
+    config: dict[str, object] = {
+        "version": "0.1",
+        "log": {"level": "info", "accesslog": {"disabled": False}},
+        "storage": {"filesystem": {"rootdirectory": str(storage)},
+                    "delete": {"enabled": True},
+                    "maintenance": {"uploadpurging": {"enabled": False}}},
+        "http": http,
+    }
+    if htpasswd is not None and token is not None:
+        raise ValueError("a registry has one auth scheme: htpasswd or token")
+    if htpasswd is not None:
+        config["auth"] = {"htpasswd": {"realm": "ocistage-test", "path": str(htpasswd)}}
+    if token is not None:
+        config["auth"] = {"token": {"realm": token.realm, "service": token.service,
+                                    "issuer": token.issuer,
+                                    "rootcertbundle": str(token.rootcertbundle)}}
+    return config
+
+
+def wait_for_http(url: str, context: ssl.SSLContext | None, process: subprocess.Popen[bytes],
+                  log_file: Path, timeout: float = START_TIMEOUT) -> None:
+    """Wait until url answers with any HTTP status; fail early if the process died."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise ComponentError(f"registry exited with {process.returncode}:\n"
+                                 f"{log_file.read_text(errors='replace')[-4000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=context):
+                return
+        except urllib.error.HTTPError:
+            return  # 401 from an auth-enabled registry means it is up
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise ComponentError(f"{url} did not answer within {timeout}s: {exc}") from exc
+        time.sleep(0.05)
+
+
+@contextmanager
+def running_registry(workdir: Path, *, tls: TlsMaterial | None = None,
+                     username: str | None = None, password: str | None = None,
+                     token: TokenAuth | None = None) -> Iterator[Registry]:
+    """Start a docker-registry in workdir; htpasswd auth when username/password are given.
+
+    For a token registry, username/password are the credentials the token issuer accepts
+    (they are only carried along for the tests' convenience).
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    storage = workdir / "storage"
+    storage.mkdir(exist_ok=True)
+    htpasswd = None
+    if username is not None and password is not None and token is None:
+        htpasswd = workdir / "htpasswd"
+        make_htpasswd(htpasswd, username, password)
+    log_file = workdir / "registry.log"
+    last_error: ComponentError | None = None
+    for _attempt in range(5):  # a free port can be taken between probing and binding
+        port = free_port()
+        config_file = workdir / "config.yml"
+        config = registry_config(storage, port, tls=tls, htpasswd=htpasswd, token=token)
+        config_file.write_text(json.dumps(config, indent=2))
+        scheme = "https" if tls is not None else "http"
+        registry = Registry(host=f"127.0.0.1:{port}", url=f"{scheme}://127.0.0.1:{port}",
+                            ca_file=tls.ca_cert if tls is not None else None,
+                            cert_dir=tls.cert_dir if tls is not None else None,
+                            username=username, password=password, storage=storage,
+                            log_file=log_file)
+        with log_file.open("ab") as log:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
+            process = subprocess.Popen([REGISTRY_BINARY, "serve", str(config_file)],
+                                       stdin=subprocess.DEVNULL, stdout=log,
+                                       stderr=subprocess.STDOUT, env=env)
+        try:
+            try:
+                wait_for_http(f"{registry.url}/v2/", registry.ssl_context(), process, log_file)
+            except ComponentError as exc:
+                last_error = exc
+                continue
+            yield registry
+            return
+        finally:
+            stop_process(process)
+    raise ComponentError(f"could not start a registry in {workdir}: {last_error}")
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def e2e_required() -> bool:
+    """True under OCISTAGE_REQUIRE_E2E=1 (CI): a missing component fails instead of skipping."""
+    return os.environ.get("OCISTAGE_REQUIRE_E2E", "") == "1"
+
+
+def require_binary(name: str) -> str:
+    """The path of binary name; skip the test (fail under OCISTAGE_REQUIRE_E2E=1) if absent."""
+    path = shutil.which(name)
+    if path is None:
+        reason = (f"{name} not found on PATH (install its Debian package; .ci/run does); "
+                  "OCISTAGE_REQUIRE_E2E=1 turns this skip into a failure")
+        if e2e_required():
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    return path
