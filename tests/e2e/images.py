@@ -1,0 +1,555 @@
+"""Fixture images for end-to-end tests, built once and cached between test sessions.
+
+Everything lives in one OCI image layout under
+``${OCISTAGE_TEST_CACHE:-~/.cache/ocistage-tests}/images-<key>/layout``, where the key combines
+:data:`BUILDER_VERSION` with the hash of the busybox binary (changing this builder or Debian's
+busybox rebuilds). A build happens in a temp directory that is renamed into place, so a crash
+never leaves a half-built cache and concurrent sessions do not collide. Tests must treat the
+layout as read-only (copy it with :func:`shutil.copytree` to mutate).
+
+Tags in the layout:
+
+- ``busybox``: the base layer made with ``umoci`` (``/bin/busybox`` + applet symlinks,
+  ``/etc/passwd``/``group`` with ``root`` and ``app`` (uid 1000), ``/etc/os-release``) plus a
+  hand-made layer with ``/home/app`` owned by 1000; config with Entrypoint, Cmd, Env,
+  WorkingDir, User ``app``, Labels and a Volume (set with ``umoci config``).
+- ``multilayer``: busybox plus three hand-written tar layers exercising whiteouts, an opaque
+  directory (marker after a sibling entry), dir->file and file->symlink type changes, hardlinks
+  (within a layer and to a lower layer's file), a PAX long name, a ``user.*`` xattr, a FIFO,
+  setuid/setgid files, a mode-000 file, a read-only directory written into by a later layer and
+  a symlink whose target points outside the rootfs (legal data, kept verbatim).
+- ``multiarch``: an OCI index with linux/amd64 and linux/arm64/v8 manifests that share the
+  busybox layers (only the config's architecture differs).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import platform
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from tests.e2e.components import Registry
+
+BUILDER_VERSION = "1"
+BUSYBOX = Path("/bin/busybox")
+APPLETS = ("sh", "ls", "cat", "id", "echo", "env", "pwd", "stat", "test", "true", "false",
+           "mkdir", "rm", "touch", "sleep", "readlink", "wc", "head")
+MTIME = 1_700_000_000
+
+MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+MEDIA_INDEX = "application/vnd.oci.image.index.v1+json"
+MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
+MEDIA_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
+REF_NAME = "org.opencontainers.image.ref.name"
+
+OS_RELEASE_NAME = "ocistage test busybox"
+LONG_NAME = "data/" + "long-directory-name-" * 4 + "/" + "a-file-with-a-name-well-beyond-100" * 2
+XATTR_NAME, XATTR_VALUE = "user.ocistage.test", "xattr-value"
+ESCAPING_LINK_TARGET = "/../../etc/shadow"
+
+Json = dict[str, Any]
+
+
+class BuildError(RuntimeError):
+    """A fixture image could not be built (a tool failed or the layout is inconsistent)."""
+
+
+def cache_root() -> Path:
+    configured = os.environ.get("OCISTAGE_TEST_CACHE")
+    return Path(configured) if configured else Path.home() / ".cache" / "ocistage-tests"
+
+
+def host_architecture() -> str:
+    machine = platform.machine().lower()
+    return {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm"}.get(machine, machine)
+
+
+def _sha256_file(path: Path) -> str:
+    hasher = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def _run(argv: list[str]) -> None:
+    try:
+        subprocess.run(argv, check=True, capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
+    except subprocess.CalledProcessError as exc:
+        raise BuildError(f"{' '.join(argv)} failed:\n{exc.stderr}") from exc
+
+
+class _HashingWriter(io.RawIOBase):
+    """A write-only file that hashes and counts what passes through to the real file."""
+
+    def __init__(self, target: BinaryIO) -> None:
+        self.target = target
+        self.hasher = hashlib.sha256()
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.hasher.update(view)
+        self.size += len(view)
+        self.target.write(view)
+        return len(view)
+
+
+class Layout:
+    """Write access to an OCI image layout, enough to assemble images by hand."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def blob_path(self, digest: str) -> Path:
+        algorithm, _, hexpart = digest.partition(":")
+        return self.path / "blobs" / algorithm / hexpart
+
+    def read_json(self, digest: str) -> Json:
+        data: Json = json.loads(self.blob_path(digest).read_bytes())
+        return data
+
+    def write_json(self, document: Json, media_type: str) -> Json:
+        data = json.dumps(document, separators=(",", ":")).encode()
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        path = self.blob_path(digest)
+        if not path.exists():
+            path.write_bytes(data)
+        return {"mediaType": media_type, "digest": digest, "size": len(data)}
+
+    def add_tar_layer(self, tar_path: Path) -> tuple[Json, str]:
+        """gzip a tar file into a blob, streaming; returns (descriptor, diff_id)."""
+        tmp = self.path / "blobs" / "sha256" / ".incoming"
+        diff = hashlib.sha256()
+        with tmp.open("wb") as out, tar_path.open("rb") as src:
+            writer = _HashingWriter(out)
+            with gzip.GzipFile(fileobj=writer, mode="wb", mtime=0) as gz:
+                while chunk := src.read(1 << 20):
+                    diff.update(chunk)
+                    gz.write(chunk)
+        digest = "sha256:" + writer.hasher.hexdigest()
+        tmp.rename(self.blob_path(digest))
+        descriptor = {"mediaType": MEDIA_LAYER_GZIP, "digest": digest, "size": writer.size}
+        return descriptor, "sha256:" + diff.hexdigest()
+
+    def index(self) -> Json:
+        data: Json = json.loads((self.path / "index.json").read_text())
+        return data
+
+    def resolve(self, tag: str) -> Json:
+        for descriptor in self.index()["manifests"]:
+            if descriptor.get("annotations", {}).get(REF_NAME) == tag:
+                return dict(descriptor)
+        raise BuildError(f"tag {tag!r} not in {self.path}")
+
+    def set_tag(self, tag: str, descriptor: Json) -> None:
+        index = self.index()
+        kept = [d for d in index["manifests"] if d.get("annotations", {}).get(REF_NAME) != tag]
+        tagged = dict(descriptor)
+        tagged["annotations"] = {**descriptor.get("annotations", {}), REF_NAME: tag}
+        index["manifests"] = [*kept, tagged]
+        tmp = self.path / "index.json.tmp"
+        tmp.write_text(json.dumps(index, separators=(",", ":")))
+        tmp.replace(self.path / "index.json")
+
+    def append_layers(self, source_tag: str, new_tag: str, layers: Iterable[Path],
+                      edit_config: Callable[[Json], None] | None = None) -> Json:
+        """A new image new_tag = source_tag's image + layers (+ config edits)."""
+        manifest = self.read_json(self.resolve(source_tag)["digest"])
+        config = self.read_json(manifest["config"]["digest"])
+        for tar_path in layers:
+            descriptor, diff_id = self.add_tar_layer(tar_path)
+            manifest["layers"].append(descriptor)
+            config["rootfs"]["diff_ids"].append(diff_id)
+            if "history" in config:
+                config["history"].append({"created": "2023-11-14T22:13:20Z",
+                                          "created_by": f"ocistage test layer {tar_path.name}"})
+        if edit_config is not None:
+            edit_config(config)
+        manifest["config"] = self.write_json(config, MEDIA_CONFIG)
+        descriptor = self.write_json(manifest, MEDIA_MANIFEST)
+        self.set_tag(new_tag, descriptor)
+        return descriptor
+
+
+# --- tar layers, every header written by hand -------------------------------------------------
+
+class LayerWriter:
+    """Adds entries with deterministic headers to an open tar file."""
+
+    def __init__(self, tar: tarfile.TarFile) -> None:
+        self.tar = tar
+
+    def _info(self, name: str, kind: bytes, mode: int, uid: int, gid: int) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(name)
+        info.type = kind
+        info.mode = mode
+        info.uid, info.gid = uid, gid
+        info.uname = info.gname = ""
+        info.mtime = MTIME
+        return info
+
+    def dir(self, name: str, mode: int = 0o755, uid: int = 0, gid: int = 0) -> None:
+        self.tar.addfile(self._info(name, tarfile.DIRTYPE, mode, uid, gid))
+
+    def file(self, name: str, data: bytes = b"", mode: int = 0o644, uid: int = 0, gid: int = 0,
+             xattrs: dict[str, str] | None = None) -> None:
+        info = self._info(name, tarfile.REGTYPE, mode, uid, gid)
+        info.size = len(data)
+        if xattrs:
+            info.pax_headers = {f"SCHILY.xattr.{k}": v for k, v in xattrs.items()}
+        self.tar.addfile(info, io.BytesIO(data))
+
+    def symlink(self, name: str, target: str) -> None:
+        info = self._info(name, tarfile.SYMTYPE, 0o777, 0, 0)
+        info.linkname = target
+        self.tar.addfile(info)
+
+    def hardlink(self, name: str, target: str) -> None:
+        info = self._info(name, tarfile.LNKTYPE, 0o644, 0, 0)
+        info.linkname = target
+        self.tar.addfile(info)
+
+    def fifo(self, name: str, mode: int = 0o644) -> None:
+        self.tar.addfile(self._info(name, tarfile.FIFOTYPE, mode, 0, 0))
+
+
+@contextmanager
+def open_layer(path: Path) -> Iterator[LayerWriter]:
+    """A new PAX-format tar layer at path."""
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        yield LayerWriter(tar)
+
+
+def write_app_home_layer(path: Path) -> None:
+    with open_layer(path) as layer:
+        layer.dir("home/")
+        layer.dir("home/app/", 0o755, 1000, 1000)
+        layer.file("home/app/.profile", b"export PS1='app$ '\n", 0o644, 1000, 1000)
+        layer.dir("tmp/", 0o1777)
+
+
+def write_multilayer_lower(path: Path) -> None:
+    """Layer 1: what the upper layers delete, replace and link to."""
+    with open_layer(path) as layer:
+        layer.dir("data/")
+        layer.file("data/keep", b"kept\n")
+        layer.file("data/whiteme", b"deleted by a whiteout\n")
+        layer.dir("data/whitedir/")
+        layer.file("data/whitedir/inner", b"deleted with its directory\n")
+        layer.dir("data/opaque/")
+        layer.file("data/opaque/a", b"hidden by an opaque whiteout\n")
+        layer.file("data/opaque/b", b"hidden by an opaque whiteout\n")
+        layer.dir("data/willbefile/")
+        layer.file("data/willbefile/child", b"gone when the dir becomes a file\n")
+        layer.file("data/willbelink", b"gone when the file becomes a symlink\n")
+        layer.file("data/shared", b"shared content\n")
+        layer.file("data/hl-a", b"hardlinked within one layer\n")
+        layer.hardlink("data/hl-b", "data/hl-a")
+        layer.dir("data/" + "long-directory-name-" * 4 + "/")
+        layer.file(LONG_NAME, b"a PAX long name\n")
+        layer.file("data/xattr", b"has a user xattr\n", xattrs={XATTR_NAME: XATTR_VALUE})
+        layer.fifo("data/fifo")
+        layer.file("data/setuid", b"#!/bin/sh\necho setuid\n", 0o4755)
+        layer.file("data/setgid", b"#!/bin/sh\necho setgid\n", 0o2755)
+        layer.file("data/mode000", b"unreadable by mode\n", 0o000)
+        layer.dir("data/ro/", 0o555)
+        layer.file("data/ro/file", b"in a read-only directory\n", 0o444)
+        layer.symlink("data/escape", ESCAPING_LINK_TARGET)
+        layer.symlink("data/relative-link", "keep")
+
+
+def write_multilayer_upper(path: Path) -> None:
+    """Layer 2: whiteouts, opaque dir (marker after a sibling), type changes, lower hardlink."""
+    with open_layer(path) as layer:
+        layer.file("data/.wh.whiteme")
+        layer.file("data/.wh.whitedir")
+        layer.file("data/opaque/c", b"survives the opaque whiteout of its own layer\n")
+        layer.file("data/opaque/.wh..wh..opq")
+        layer.file("data/willbefile", b"was a directory\n")
+        layer.symlink("data/willbelink", "shared")
+        layer.hardlink("data/hl-lower", "data/shared")
+        layer.file("data/upper", b"from the upper layer\n")
+
+
+def write_multilayer_top(path: Path) -> None:
+    """Layer 3: a file added inside the lower layer's read-only directory."""
+    with open_layer(path) as layer:
+        layer.file("data/ro/added", b"added into a read-only directory\n")
+
+
+# --- the build --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LayoutImage:
+    """One tag of the fixture layout, as recorded when it was built."""
+
+    tag: str
+    digest: str
+    media_type: str
+    config_digest: str | None
+    layer_digests: tuple[str, ...]
+    diff_ids: tuple[str, ...]
+    platforms: dict[str, str]  # index only: "os/arch[/variant]" -> manifest digest
+
+
+@dataclass(frozen=True)
+class FixtureLayouts:
+    layout: Path
+    images: dict[str, LayoutImage]
+
+    def oci_ref(self, tag: str) -> str:
+        return f"oci:{self.layout}:{tag}"
+
+
+def _populate_busybox_rootfs(rootfs: Path) -> None:
+    (rootfs / "bin").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(BUSYBOX, rootfs / "bin" / "busybox")
+    (rootfs / "bin" / "busybox").chmod(0o755)
+    for applet in APPLETS:
+        (rootfs / "bin" / applet).symlink_to("busybox")
+    etc = rootfs / "etc"
+    etc.mkdir(exist_ok=True)
+    (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n"
+                                "app:x:1000:1000:app user:/home/app:/bin/sh\n"
+                                "nobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")
+    (etc / "group").write_text("root:x:0:\napp:x:1000:\nnogroup:x:65534:\n")
+    (etc / "os-release").write_text(f'NAME="{OS_RELEASE_NAME}"\nID=ocistage-test\n'
+                                    f'VERSION_ID="{BUILDER_VERSION}"\n')
+    (rootfs / "root").mkdir(mode=0o700, exist_ok=True)
+
+
+def _describe(layout: Layout, tag: str) -> LayoutImage:
+    descriptor = layout.resolve(tag)
+    document = layout.read_json(descriptor["digest"])
+    if descriptor["mediaType"] == MEDIA_INDEX:
+        platforms = {}
+        for entry in document["manifests"]:
+            plat = entry["platform"]
+            key = "/".join(p for p in (plat["os"], plat["architecture"], plat.get("variant")) if p)
+            platforms[key] = entry["digest"]
+        return LayoutImage(tag, descriptor["digest"], MEDIA_INDEX, None, (), (), platforms)
+    config = layout.read_json(document["config"]["digest"])
+    return LayoutImage(tag, descriptor["digest"], descriptor["mediaType"],
+                       document["config"]["digest"],
+                       tuple(layer["digest"] for layer in document["layers"]),
+                       tuple(config["rootfs"]["diff_ids"]), {})
+
+
+def _build_multiarch(layout: Layout) -> None:
+    amd64 = layout.resolve("busybox")
+    manifest = layout.read_json(amd64["digest"])
+    config = layout.read_json(manifest["config"]["digest"])
+    entries = []
+    for arch, variant in (("amd64", None), ("arm64", "v8")):
+        config["architecture"] = arch
+        config.pop("variant", None)
+        if variant is not None:
+            config["variant"] = variant
+        manifest["config"] = layout.write_json(config, MEDIA_CONFIG)
+        descriptor = layout.write_json(manifest, MEDIA_MANIFEST)
+        plat = {"architecture": arch, "os": "linux"}
+        if variant is not None:
+            plat["variant"] = variant
+        entries.append({**descriptor, "platform": plat})
+    index = {"schemaVersion": 2, "mediaType": MEDIA_INDEX, "manifests": entries}
+    layout.set_tag("multiarch", layout.write_json(index, MEDIA_INDEX))
+
+
+def build_layout(workdir: Path) -> FixtureLayouts:
+    """Build every fixture image into workdir/layout (no caching here)."""
+    path = workdir / "layout"
+    _run(["umoci", "init", "--layout", str(path)])
+    _run(["umoci", "new", "--image", f"{path}:busybox"])
+    bundle = workdir / "bundle"
+    _run(["umoci", "unpack", "--rootless", "--image", f"{path}:busybox", str(bundle)])
+    _populate_busybox_rootfs(bundle / "rootfs")
+    _run(["umoci", "repack", "--image", f"{path}:busybox", str(bundle)])
+    _run(["umoci", "config", "--image", f"{path}:busybox",
+          "--architecture", host_architecture(), "--os", "linux",
+          "--config.entrypoint", "/bin/sh", "--config.entrypoint", "-c",
+          "--config.cmd", "echo hello from busybox",
+          "--config.env", "PATH=/usr/local/bin:/usr/bin:/bin",
+          "--config.env", "GREETING=hello world",
+          "--config.env", "OCISTAGE_FIXTURE=busybox",
+          "--config.workingdir", "/home/app", "--config.user", "app",
+          "--config.label", "org.opencontainers.image.title=ocistage busybox fixture",
+          "--config.label", "io.ocistage.test.fixture=busybox",
+          "--config.volume", "/var/cache/app",
+          "--history.created_by", "ocistage test fixture config"])
+    layout = Layout(path)
+    layers = workdir / "layers"
+    layers.mkdir()
+    write_app_home_layer(layers / "app-home.tar")
+    layout.append_layers("busybox", "busybox", [layers / "app-home.tar"])
+
+    def multilayer_config(config: Json) -> None:
+        config["config"]["Labels"]["io.ocistage.test.fixture"] = "multilayer"
+        config["config"]["Env"] = [e for e in config["config"]["Env"]
+                                   if not e.startswith("OCISTAGE_FIXTURE=")]
+        config["config"]["Env"].append("OCISTAGE_FIXTURE=multilayer")
+        config["config"]["Cmd"] = ["ls -la /data"]
+
+    write_multilayer_lower(layers / "lower.tar")
+    write_multilayer_upper(layers / "upper.tar")
+    write_multilayer_top(layers / "top.tar")
+    layout.append_layers("busybox", "multilayer",
+                         [layers / "lower.tar", layers / "upper.tar", layers / "top.tar"],
+                         multilayer_config)
+    _build_multiarch(layout)
+    _run(["umoci", "gc", "--layout", str(path)])
+    shutil.rmtree(bundle)
+    shutil.rmtree(layers)
+    images = {tag: _describe(layout, tag) for tag in ("busybox", "multilayer", "multiarch")}
+    return FixtureLayouts(path, images)
+
+
+def _save(fixtures: FixtureLayouts, file: Path) -> None:
+    file.write_text(json.dumps({tag: vars(image) for tag, image in fixtures.images.items()}))
+
+
+def _load(directory: Path) -> FixtureLayouts:
+    data = json.loads((directory / "fixtures.json").read_text())
+    images = {}
+    for tag, fields in data.items():
+        fields["layer_digests"] = tuple(fields["layer_digests"])
+        fields["diff_ids"] = tuple(fields["diff_ids"])
+        images[tag] = LayoutImage(**fields)
+    return FixtureLayouts(directory / "layout", images)
+
+
+def cache_key() -> str:
+    return f"images-v{BUILDER_VERSION}-{_sha256_file(BUSYBOX)[:12]}"
+
+
+def fixture_layouts(root: Path | None = None) -> FixtureLayouts:
+    """The fixture layouts, built on first use and reused from the cache afterwards."""
+    root = root if root is not None else cache_root()
+    final = root / cache_key()
+    if (final / "fixtures.json").is_file():
+        return _load(final)
+    root.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
+    try:
+        fixtures = build_layout(workdir)
+        _save(fixtures, workdir / "fixtures.json")
+        try:
+            workdir.rename(final)
+        except OSError:
+            if not (final / "fixtures.json").is_file():  # lost a race against a complete build
+                raise
+    finally:
+        if workdir.exists():
+            shutil.rmtree(workdir)
+    return _load(final)
+
+
+# --- pushing into registries ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PushSpec:
+    """Push layout tag ``source`` to ``repository:tag`` with extra ``skopeo copy`` flags."""
+
+    name: str
+    source: str
+    registry: Registry
+    repository: str
+    tag: str = "latest"
+    flags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """A fixture image as served by a registry, with what a correct pull must produce."""
+
+    name: str
+    ref: str  # "127.0.0.1:PORT/repo:tag"
+    registry: Registry
+    repository: str
+    tag: str
+    digest: str  # manifest (or index) digest as the registry serves it
+    media_type: str
+    config_digest: str | None  # None for an index
+    layer_digests: tuple[str, ...]
+    layer_media_types: tuple[str, ...]
+    diff_ids: tuple[str, ...]
+    platforms: dict[str, str]  # index only: "os/arch[/variant]" -> manifest digest
+    layout: Path  # the source OCI layout (read-only)
+    layout_tag: str
+
+    @property
+    def by_digest(self) -> str:
+        return f"{self.registry.host}/{self.repository}@{self.digest}"
+
+    @property
+    def oci_ref(self) -> str:
+        return f"oci:{self.layout}:{self.layout_tag}"
+
+    def via(self, host: str) -> str:
+        """The same reference through another host, e.g. a fault proxy's "127.0.0.1:PORT"."""
+        return f"{host}/{self.repository}:{self.tag}"
+
+
+def _skopeo(argv: list[str]) -> str:
+    try:
+        result = subprocess.run(["skopeo", *argv], check=True, capture_output=True, text=True,
+                                timeout=300, stdin=subprocess.DEVNULL)
+    except subprocess.CalledProcessError as exc:
+        raise BuildError(f"skopeo {' '.join(argv)} failed:\n{exc.stderr}") from exc
+    return result.stdout
+
+
+def push(spec: PushSpec, fixtures: FixtureLayouts, scratch: Path) -> ImageRef:
+    """skopeo copy one layout tag into a registry and describe what the registry now serves."""
+    reg = spec.registry
+    target = f"docker://{reg.host}/{spec.repository}:{spec.tag}"
+    digest_file = scratch / f"{spec.name.replace('/', '_')}.digest"
+    multi = fixtures.images[spec.source].media_type == MEDIA_INDEX
+    _skopeo(["copy", "--quiet", *(["--all"] if multi else []), *reg.skopeo_flags("dest-"),
+             "--digestfile", str(digest_file), *spec.flags, fixtures.oci_ref(spec.source), target])
+    digest = digest_file.read_text().strip()
+    raw = json.loads(_skopeo(["inspect", "--raw", *reg.skopeo_flags(), target]))
+    media_type = raw.get("mediaType", MEDIA_MANIFEST)
+    layout_tag = spec.source
+    if "manifests" in raw:
+        platforms = {}
+        for entry in raw["manifests"]:
+            plat = entry["platform"]
+            key = "/".join(p for p in (plat["os"], plat["architecture"], plat.get("variant")) if p)
+            platforms[key] = entry["digest"]
+        return ImageRef(spec.name, f"{reg.host}/{spec.repository}:{spec.tag}", reg,
+                        spec.repository, spec.tag, digest, media_type, None, (), (), (),
+                        platforms, fixtures.layout, layout_tag)
+    config = json.loads(_skopeo(["inspect", "--config", "--raw", *reg.skopeo_flags(), target]))
+    return ImageRef(spec.name, f"{reg.host}/{spec.repository}:{spec.tag}", reg, spec.repository,
+                    spec.tag, digest, media_type, raw["config"]["digest"],
+                    tuple(layer["digest"] for layer in raw["layers"]),
+                    tuple(layer["mediaType"] for layer in raw["layers"]),
+                    tuple(config["rootfs"]["diff_ids"]), {}, fixtures.layout, layout_tag)
+
+
+def push_all(specs: Iterable[PushSpec], fixtures: FixtureLayouts, scratch: Path,
+             jobs: int = 4) -> dict[str, ImageRef]:
+    """Push every spec (in parallel: skopeo mostly waits on the registry)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    specs = list(specs)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        refs = list(pool.map(lambda spec: push(spec, fixtures, scratch), specs))
+    return {ref.name: ref for ref in refs}
