@@ -1,0 +1,300 @@
+"""A threaded HTTP reverse proxy on 127.0.0.1 that injects faults in front of a registry.
+
+Clients talk plain HTTP to the proxy; the proxy talks HTTP or HTTPS (with the registry's CA) to
+the upstream. Bodies are streamed in both directions. The client's ``Host`` header is passed
+through, so URLs the registry builds (upload ``Location`` headers) point back at the proxy.
+
+Faults are armed per test with :meth:`FaultProxy.add` and apply to the first ``times`` requests
+whose method is in ``methods`` and whose path matches ``path`` (``re.search``)::
+
+    proxy.add(Fault(r"/blobs/sha256:", "drop", after_bytes=1000))    # close mid-body
+    proxy.add(Fault(r"/blobs/", "truncate", after_bytes=10))         # short body, honest length
+    proxy.add(Fault(r"/blobs/", "flip", after_bytes=5))              # byte 5 XOR 0xff
+    proxy.add(Fault(r"/manifests/", "status", status=429, retry_after="1", times=2))
+
+Every request is recorded (:attr:`FaultProxy.requests`) so tests can count how often a path
+was fetched, e.g. to prove that no blob is downloaded twice.
+"""
+
+from __future__ import annotations
+
+import http.client
+import re
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+CHUNK = 64 * 1024
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+                        "te", "trailers", "transfer-encoding", "upgrade"})
+
+FaultKind = Literal["drop", "truncate", "flip", "status"]
+
+
+@dataclass
+class Fault:
+    """One fault; ``times`` is how many matching requests it still applies to.
+
+    - ``drop``: send the upstream headers (full Content-Length), then ``after_bytes`` bytes of
+      the body, then close the connection.
+    - ``truncate``: send only the first ``after_bytes`` bytes with a matching Content-Length
+      (a well-formed but short response).
+    - ``flip``: invert the byte at offset ``after_bytes`` of the body.
+    - ``status``: answer ``status`` (e.g. 429/503) with ``Retry-After: retry_after`` if set,
+      without contacting the upstream.
+    """
+
+    path: str
+    kind: FaultKind
+    after_bytes: int = 0
+    status: int = 503
+    retry_after: str | None = None
+    times: int = 1
+    methods: tuple[str, ...] = ("GET",)
+
+    def matches(self, method: str, path: str) -> bool:
+        return self.times > 0 and method in self.methods and re.search(self.path, path) is not None
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]
+    status: int
+    fault: FaultKind | None
+
+
+@dataclass
+class _State:
+    upstream: str
+    ssl_context: ssl.SSLContext | None
+    faults: list[Fault] = field(default_factory=list)
+    requests: list[RecordedRequest] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take_fault(self, method: str, path: str) -> Fault | None:
+        with self.lock:
+            for fault in self.faults:
+                if fault.matches(method, path):
+                    fault.times -= 1
+                    return fault
+        return None
+
+    def record(self, entry: RecordedRequest) -> None:
+        with self.lock:
+            self.requests.append(entry)
+
+
+def _request_body(handler: BaseHTTPRequestHandler) -> Iterator[bytes]:
+    """The client's request body as chunks (Content-Length or chunked encoding)."""
+    if handler.headers.get("Transfer-Encoding", "").lower() == "chunked":
+        while True:
+            size = int(handler.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while handler.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass
+                return
+            remaining = size
+            while remaining:
+                data = handler.rfile.read(min(CHUNK, remaining))
+                if not data:
+                    return
+                remaining -= len(data)
+                yield data
+            handler.rfile.readline()
+    else:
+        remaining = int(handler.headers.get("Content-Length", "0") or "0")
+        while remaining > 0:
+            data = handler.rfile.read(min(CHUNK, remaining))
+            if not data:
+                return
+            remaining -= len(data)
+            yield data
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _ProxyServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._proxy()
+
+    do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
+
+    def _proxy(self) -> None:
+        state = self.server.state
+        headers = {k: v for k, v in self.headers.items()}
+        fault = state.take_fault(self.command, self.path)
+        if fault is not None and fault.kind == "status":
+            for _ in _request_body(self):
+                pass
+            self._answer_status(fault)
+            state.record(RecordedRequest(self.command, self.path, headers, fault.status, "status"))
+            return
+        upstream = self._connect()
+        try:
+            chunked = self.headers.get("Transfer-Encoding", "").lower() == "chunked"
+            has_body = chunked or "Content-Length" in self.headers
+            upstream.putrequest(self.command, self.path, skip_host=True,
+                                skip_accept_encoding=True)
+            for key, value in self.headers.items():
+                if key.lower() not in HOP_BY_HOP:
+                    upstream.putheader(key, value)
+            if chunked:
+                upstream.putheader("Transfer-Encoding", "chunked")
+            upstream.endheaders()
+            if has_body:
+                for data in _request_body(self):
+                    upstream.send(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+                if chunked:
+                    upstream.send(b"0\r\n\r\n")
+            response = upstream.getresponse()
+            self._relay(response, fault)
+            state.record(RecordedRequest(self.command, self.path, headers, response.status,
+                                         fault.kind if fault is not None else None))
+        except (OSError, http.client.HTTPException):
+            self.close_connection = True
+        finally:
+            upstream.close()
+
+    def _connect(self) -> http.client.HTTPConnection:
+        url = urlsplit(self.server.state.upstream)
+        host, port = url.hostname or "127.0.0.1", url.port
+        if url.scheme == "https":
+            return http.client.HTTPSConnection(host, port, timeout=60,
+                                               context=self.server.state.ssl_context)
+        return http.client.HTTPConnection(host, port, timeout=60)
+
+    def _answer_status(self, fault: Fault) -> None:
+        body = (b'{"errors":[{"code":"TOOMANYREQUESTS","message":"injected by faultproxy"}]}'
+                if fault.status == 429 else b'{"errors":[{"code":"UNAVAILABLE",'
+                b'"message":"injected by faultproxy"}]}')
+        self.send_response(fault.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        if fault.retry_after is not None:
+            self.send_header("Retry-After", fault.retry_after)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _relay(self, response: http.client.HTTPResponse, fault: Fault | None) -> None:
+        length_header = response.getheader("Content-Length")
+        length = int(length_header) if length_header is not None else None
+        has_body = self.command != "HEAD" and response.status not in (204, 304)
+        if fault is not None and fault.kind == "truncate" and has_body:
+            length = fault.after_bytes if length is None else min(length, fault.after_bytes)
+        self.send_response_only(response.status, response.reason)
+        for key, value in response.getheaders():
+            if key.lower() not in HOP_BY_HOP and key.lower() != "content-length":
+                self.send_header(key, value)
+        if length is not None:
+            self.send_header("Content-Length", str(length))
+        else:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        if not has_body:
+            return
+        sent = 0
+        limit = length
+        drop_at = fault.after_bytes if fault is not None and fault.kind == "drop" else None
+        flip_at = fault.after_bytes if fault is not None and fault.kind == "flip" else None
+        while limit is None or sent < limit:
+            want = CHUNK if limit is None else min(CHUNK, limit - sent)
+            if drop_at is not None:
+                want = min(want, drop_at - sent)
+                if want <= 0:
+                    self._drop()
+                    return
+            data = response.read(want)
+            if not data:
+                break
+            if flip_at is not None and sent <= flip_at < sent + len(data):
+                index = flip_at - sent
+                data = data[:index] + bytes([data[index] ^ 0xFF]) + data[index + 1:]
+            self.wfile.write(data)
+            sent += len(data)
+        if drop_at is not None:
+            self._drop()
+        elif fault is not None and fault.kind == "truncate":
+            self.close_connection = True  # the upstream body was not read to its end
+
+    def _drop(self) -> None:
+        self.wfile.flush()
+        self.close_connection = True
+        with suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+
+class _ProxyServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, state: _State) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.state = state
+
+
+@dataclass(frozen=True)
+class FaultProxy:
+    """A running proxy: ``host``/``url`` to use in references instead of the registry's."""
+
+    host: str
+    url: str
+    _state: _State
+
+    def add(self, fault: Fault) -> Fault:
+        with self._state.lock:
+            self._state.faults.append(fault)
+        return fault
+
+    def clear(self) -> None:
+        with self._state.lock:
+            self._state.faults.clear()
+            self._state.requests.clear()
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        with self._state.lock:
+            return list(self._state.requests)
+
+    def count(self, path: str, methods: tuple[str, ...] = ("GET",)) -> int:
+        """How many recorded requests with a method in methods had a path matching path."""
+        return sum(1 for r in self.requests
+                   if r.method in methods and re.search(path, r.path) is not None)
+
+    def counts(self, methods: tuple[str, ...] = ("GET",)) -> dict[str, int]:
+        """Requests per path."""
+        result: dict[str, int] = {}
+        for r in self.requests:
+            if r.method in methods:
+                result[r.path] = result.get(r.path, 0) + 1
+        return result
+
+
+@contextmanager
+def running_fault_proxy(upstream: str, ca_file: Path | None = None) -> Iterator[FaultProxy]:
+    """Start a proxy in front of upstream ("http://127.0.0.1:PORT" or https with ca_file)."""
+    context = ssl.create_default_context(cafile=str(ca_file)) if ca_file is not None else None
+    state = _State(upstream=upstream.rstrip("/"), ssl_context=context)
+    server = _ProxyServer(state)
+    thread = threading.Thread(target=server.serve_forever, name="faultproxy", daemon=True)
+    thread.start()
+    try:
+        host, port = server.server_address[:2]
+        yield FaultProxy(host=f"{host!s}:{port}", url=f"http://{host!s}:{port}", _state=state)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
