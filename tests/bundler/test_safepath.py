@@ -1,0 +1,146 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bundler.safepath import MAX_SYMLINK_HOPS, SafeRoot, join_link, normalize, remove_tree
+from cache.errors import LayerError
+
+
+@pytest.mark.parametrize("name,parts", [
+    ("a/b", ("a", "b")),
+    ("./a/./b/", ("a", "b")),
+    ("/a//b", ("a", "b")),
+    ("../x", ("x",)),
+    ("/../../x", ("x",)),
+    ("a/../../x", ("x",)),
+    ("a/b/../c", ("a", "c")),
+    ("..", ()),
+    ("./", ()),
+    ("", ()),
+    ("...", ("...",)),
+    (".wh..", (".wh..",)),
+])
+def test_normalize_clamps_at_root(name: str, parts: tuple[str, ...]) -> None:
+    assert normalize(name) == parts
+
+
+def test_normalize_rejects_nul() -> None:
+    with pytest.raises(LayerError, match="NUL"):
+        normalize("a\x00b")
+
+
+def test_join_link_is_chroot_style() -> None:
+    assert join_link(("usr", "lib"), "../share") == ("usr", "share")
+    assert join_link(("usr", "lib"), "/etc") == ("etc",)
+    assert join_link(("usr",), "../../../../tmp") == ("tmp",)
+    assert join_link((), "/") == ()
+
+
+def inode(path: Path) -> int:
+    return path.stat().st_ino
+
+
+def resolved(root: SafeRoot, path: str, **kw: bool) -> tuple[str, ...] | None:
+    found = root.resolve_dir(normalize(path), **kw)
+    if found is None:
+        return None
+    fd, parts = found
+    assert os.fstat(fd).st_ino == inode(root.root.joinpath(*parts))
+    return parts
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    (root / "usr" / "lib").mkdir(parents=True)
+    (root / "etc").mkdir()
+    (root / "etc" / "passwd").write_text("x")
+    (tmp_path / "outside").mkdir()
+    os.symlink("/", root / "slash")
+    os.symlink("..", root / "usr" / "up")
+    os.symlink("/usr/lib", root / "abs")
+    os.symlink("../lib", root / "usr" / "rel")
+    os.symlink(str(tmp_path / "outside"), root / "host")
+    os.symlink("loop2", root / "loop1")
+    os.symlink("loop1", root / "loop2")
+    os.symlink("etc/passwd", root / "tofile")
+    return root
+
+
+def test_symlinked_parents_resolve_inside_root(tree: Path) -> None:
+    with SafeRoot(tree) as root:
+        assert resolved(root, "slash/usr") == ("usr",)
+        assert resolved(root, "usr/up/usr/up/etc") == ("etc",)
+        assert resolved(root, "abs") == ("usr", "lib")
+        assert resolved(root, "usr/rel") == ("usr", "lib")
+        assert resolved(root, "host", create=True) == (*tree.parent.parts[1:], "outside")
+    # the absolute host path was re-created *inside* the root, the real one is untouched
+    assert (tree / tree.parent.relative_to("/") / "outside").is_dir()
+    assert list((tree.parent / "outside").iterdir()) == []
+
+
+def test_missing_and_non_directories(tree: Path) -> None:
+    with SafeRoot(tree) as root:
+        assert resolved(root, "nope/deeper") is None
+        assert resolved(root, "etc/passwd") is None
+        assert resolved(root, "tofile") is None
+        with pytest.raises(LayerError, match="not a directory"):
+            root.resolve_dir(("etc", "passwd", "x"), create=True)
+        created: list[tuple[str, ...]] = []
+        assert root.resolve_dir(("new", "deep"), create=True, on_create=created.append)
+        assert created == [("new",), ("new", "deep")]
+
+
+def test_symlink_loops_are_an_error(tree: Path) -> None:
+    with SafeRoot(tree) as root, pytest.raises(LayerError, match="symbolic links"):
+        root.resolve_dir(("loop1", "x"))
+    chain = tree / "chain"
+    chain.mkdir()
+    for i in range(MAX_SYMLINK_HOPS):
+        os.symlink(f"c{i + 1}", chain / f"c{i}")
+    (chain / f"c{MAX_SYMLINK_HOPS}").mkdir()
+    with SafeRoot(tree) as root:
+        assert resolved(root, "chain/c0") == ("chain", f"c{MAX_SYMLINK_HOPS}")
+    os.symlink("c0", chain / "c-1")
+    with SafeRoot(tree) as root, pytest.raises(LayerError, match="symbolic links"):
+        root.resolve_dir(("chain", "c-1"))
+
+
+def test_no_follow_mode(tree: Path) -> None:
+    with SafeRoot(tree) as root:
+        assert resolved(root, "usr/lib", follow=False) == ("usr", "lib")
+        assert resolved(root, "abs", follow=False) is None
+
+
+def test_cache_invalidation_sees_replaced_directories(tree: Path) -> None:
+    with SafeRoot(tree) as root:
+        assert resolved(root, "usr/lib") == ("usr", "lib")
+        fd = root.resolve_dir(("usr",))
+        assert fd is not None
+        remove_tree(fd[0], "lib")
+        root.invalidate()
+        os.symlink("/etc", tree / "usr" / "lib")
+        assert resolved(root, "usr/lib") == ("etc",)
+
+
+def test_remove_tree_never_follows_symlinks(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("k")
+    victim = tmp_path / "victim"
+    (victim / "sub" / "deeper").mkdir(parents=True)
+    (victim / "sub" / "deeper" / "f").write_text("f")
+    os.symlink(outside, victim / "sub" / "link")
+    os.symlink(outside / "keep", victim / "filelink")
+    (victim / "locked").mkdir(mode=0o000)
+    (victim / "sub" / "deeper").chmod(0o500)
+    fd = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY)
+    try:
+        remove_tree(fd, "victim")
+    finally:
+        os.close(fd)
+    assert not victim.exists()
+    assert (outside / "keep").read_text() == "k"
