@@ -62,7 +62,7 @@ def tree(tmp_path: Path) -> Path:
     os.symlink("/", root / "slash")
     os.symlink("..", root / "usr" / "up")
     os.symlink("/usr/lib", root / "abs")
-    os.symlink("../lib", root / "usr" / "rel")
+    os.symlink("../usr/lib", root / "usr" / "rel")
     os.symlink(str(tmp_path / "outside"), root / "host")
     os.symlink("loop2", root / "loop1")
     os.symlink("loop1", root / "loop2")
