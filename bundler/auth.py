@@ -35,6 +35,7 @@ CLIENT_ID = "ocistage"
 
 AuthFlow = Generator[HttpRequest, requests.Response, None]
 BodyReader = Callable[[requests.Response, int], bytes | None]
+CredentialLookup = Callable[[str | None], Credentials | None]
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _SPACE = re.compile(r"[ \t]*")
@@ -140,30 +141,54 @@ class TokenCache:
             self._tokens.pop(key, None)
 
 
+def repository_of(scope: str | None) -> str | None:
+    """``repository:a/b:pull`` -> ``a/b``."""
+    if scope is None or not scope.startswith("repository:"):
+        return None
+    return scope[len("repository:"):].rpartition(":")[0] or None
+
+
 def basic_header(credentials: Credentials) -> str:
     pair = f"{credentials.username}:{credentials.password}".encode()
     return "Basic " + base64.b64encode(pair).decode("ascii")
 
 
 class Authenticator:
-    """Authentication for one registry host (``name`` is ``host[:port]``, used in messages)."""
+    """Authentication for one registry host (``name`` is ``host[:port]``, used in messages).
 
-    def __init__(self, name: str, credentials: Credentials | None, tokens: TokenCache,
+    ``lookup(repository)`` finds stored credentials; it is called only once a registry asks
+    for authentication (so credential helpers do not run for anonymous registries), and its
+    answers are remembered per repository.
+    """
+
+    def __init__(self, name: str, lookup: CredentialLookup, tokens: TokenCache,
                  read_body: BodyReader) -> None:
         self.name = name
-        self._credentials = credentials
+        self._lookup = lookup
+        self._known: dict[str | None, Credentials | None] = {}
+        self._lock = threading.Lock()
         self._tokens = tokens
         self._read_body = read_body
         self._bearer: Challenge | None = None  # last bearer challenge: lets us skip the 401
         self._basic = False
 
+    def credentials(self, scope: str | None) -> Credentials | None:
+        repository = repository_of(scope)
+        with self._lock:
+            if repository not in self._known:
+                self._known[repository] = self._lookup(repository)
+            return self._known[repository]
+
     def _token_key(self, challenge: Challenge, scope: str | None) -> tuple[str, str, str, str]:
-        account = self._credentials.username if self._credentials else ""
+        creds = self.credentials(scope)
+        account = creds.username if creds else ""
         return (challenge.realm or "", challenge.service or "", scope or "", account)
 
     def _preemptive(self, request: HttpRequest) -> tuple[str | None, Challenge | None]:
-        if self._basic and self._credentials is not None and self._credentials.password:
-            return basic_header(self._credentials), None
+        if self._basic:
+            creds = self.credentials(request.scope)
+            if creds is not None and creds.password:
+                return basic_header(creds), None
         bearer = self._bearer
         if bearer is not None:
             token = self._tokens.get(self._token_key(bearer, request.scope))
@@ -185,7 +210,7 @@ class Authenticator:
         if cached_from is not None:  # the token may have been revoked: forget it, ask again
             self._tokens.drop(self._token_key(cached_from, request.scope))
         elif header is not None:
-            raise self._rejected()
+            raise self._rejected(request.scope)
         challenges = parse_www_authenticate(response.headers.get("WWW-Authenticate", ""))
         bearer = next((c for c in challenges if c.scheme == "bearer"), None)
         basic = next((c for c in challenges if c.scheme == "basic"), None)
@@ -196,22 +221,24 @@ class Authenticator:
                 return
             header = f"Bearer {token}"
         elif basic is not None:
-            if self._credentials is None or not self._credentials.password:
+            creds = self.credentials(request.scope)
+            if creds is None or not creds.password:
                 raise AuthenticationError(f"{self.name} requires a login (basic auth) and no "
                                           "credentials are stored for it")
             self._basic = True
-            header = basic_header(self._credentials)
+            header = basic_header(creds)
         else:
             raise AuthenticationError(f"{self.name} answered 401 Unauthorized without a "
                                       "challenge this client supports")
         response = yield request.with_headers({"Authorization": header})
         if response.status_code == 401:
-            raise self._rejected()
+            raise self._rejected(request.scope)
 
-    def _rejected(self) -> AuthenticationError:
-        if self._credentials is None:
+    def _rejected(self, scope: str | None) -> AuthenticationError:
+        creds = self.credentials(scope)
+        if creds is None:
             return AuthenticationError(f"{self.name} refused anonymous access (401 Unauthorized)")
-        who = self._credentials.username or "the identity token"
+        who = creds.username or "the identity token"
         return AuthenticationError(f"{self.name} rejected the credentials of {who} "
                                    "(401 Unauthorized)")
 
@@ -225,7 +252,7 @@ class Authenticator:
             query["service"] = challenge.service
         if scope:
             query["scope"] = scope
-        creds = self._credentials
+        creds = self.credentials(scope)
         if creds is not None and creds.identity_token:
             form = {**query, "grant_type": "refresh_token", "client_id": CLIENT_ID,
                     "refresh_token": creds.identity_token}
@@ -253,7 +280,7 @@ class Authenticator:
         issuer = urlsplit(challenge.realm or "").netloc
         if status in (401, 403):
             response.close()
-            raise self._rejected_by_issuer(issuer, status)
+            raise self._rejected_by_issuer(issuer, status, scope)
         if status != 200:
             response.close()
             raise AuthenticationError(f"token request for {self.name} to {issuer} failed "
@@ -264,11 +291,13 @@ class Authenticator:
         self._tokens.put(key, token, lifetime)
         return token
 
-    def _rejected_by_issuer(self, issuer: str, status: int) -> AuthenticationError:
-        if self._credentials is None:
+    def _rejected_by_issuer(self, issuer: str, status: int,
+                            scope: str | None) -> AuthenticationError:
+        creds = self.credentials(scope)
+        if creds is None:
             return AuthenticationError(f"{self.name}: token issuer {issuer} refused anonymous "
                                        f"access (HTTP {status})")
-        who = self._credentials.username or "the identity token"
+        who = creds.username or "the identity token"
         return AuthenticationError(f"{self.name}: token issuer {issuer} rejected the credentials "
                                    f"of {who} (HTTP {status})")
 

@@ -30,7 +30,7 @@ from urllib.parse import urljoin, urlsplit
 import requests
 
 from bundler.auth import RETRYABLE_STATUS, Authenticator, TokenCache
-from bundler.credentials import CredentialStore
+from bundler.credentials import Credentials, CredentialStore
 from bundler.transport import (
     BodyInterrupted,
     ConnectionFailed,
@@ -157,6 +157,26 @@ def _scope(repository: str) -> str:
     return f"repository:{repository}:pull"
 
 
+def base_urls(location: str, tls: TlsPolicy) -> tuple[str, list[str]]:
+    """``host[:port]`` and the base URLs to try for a registry or mirror, in order.
+
+    A URL with a scheme is used as is. A bare ``host[:port]`` is HTTPS; an insecure host
+    (listed, or loopback by default) is tried with unverified HTTPS first, then plain HTTP.
+    ``docker.io`` means its API host ``registry-1.docker.io``.
+    """
+    location = location.rstrip("/")
+    if "://" in location:
+        parts = urlsplit(location)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise InvalidReference(f"invalid mirror URL {location!r}",
+                                   "mirrors look like https://host[:port]")
+        return parts.netloc, [location]
+    name = _api_host(location)
+    if tls.is_insecure(name):
+        return name, [f"https://{name}", f"http://{name}"]
+    return name, [f"https://{name}"]
+
+
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
     """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP date)."""
     if value is None:
@@ -246,26 +266,18 @@ class RegistryClient:
         self._credentials = store if store is not None else CredentialStore.from_environment()
         self._mirrors = [self._endpoint(url, mirror=True)
                          for url in self._config.mirrors.get(registry, ())]
-        self._origin = self._endpoint(_api_host(registry), mirror=False)
+        self._origin = self._endpoint(registry, mirror=False)
 
     # -- setup --------------------------------------------------------------------------
 
     def _endpoint(self, location: str, *, mirror: bool) -> _Endpoint:
-        location = location.rstrip("/")
-        if "://" in location:
-            parts = urlsplit(location)
-            if parts.scheme not in ("http", "https") or not parts.netloc:
-                raise InvalidReference(f"invalid mirror URL {location!r}",
-                                       "mirrors look like https://host[:port]")
-            name, bases = parts.netloc, [location]
-        else:
-            name = location
-            bases = [f"https://{name}"]
-            if self._tls.is_insecure(name):
-                bases.append(f"http://{name}")
-        lookup_name = self.registry if not mirror else name
-        credentials = self._credentials.lookup(lookup_name)
-        auth = Authenticator(name, credentials, self._tokens, self._transport.read_body)
+        name, bases = base_urls(location, self._tls)
+        lookup_name = name if mirror else self.registry
+        store = self._credentials
+
+        def lookup(repository: str | None) -> Credentials | None:
+            return store.lookup(lookup_name, repository)
+        auth = Authenticator(name, lookup, self._tokens, self._transport.read_body)
         retries = 0 if mirror else self._config.max_retries
         return _Endpoint(name, bases, auth, retries)
 
