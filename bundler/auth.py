@@ -103,10 +103,11 @@ def parse_www_authenticate(header: str) -> list[Challenge]:
                 value, pos = _quoted(header, pos)
             else:
                 token = _TOKEN.match(header, pos)
-                value = token.group() if token else ""
-                pos = token.end() if token else pos
-                while pos < len(header) and header[pos] == "=":  # token68 padding
-                    pos += 1
+                if token is None:  # token68 (``abc==``) or malformed: skip it
+                    while pos < len(header) and header[pos] not in ", \t":
+                        pos += 1
+                    continue
+                value, pos = token.group(), token.end()
             challenges[-1][1].setdefault(name.lower(), value)
         else:
             challenges.append((name.lower(), {}))

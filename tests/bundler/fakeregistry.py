@@ -14,12 +14,15 @@ import hashlib
 import json
 import re
 import secrets
+import socket
 import ssl
+import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -292,7 +295,7 @@ def serve(state: FakeRegistry | None = None, *,
     port = server.server_address[1]
     registry.netloc = f"127.0.0.1:{port}"
     registry.base_url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
     thread.start()
     try:
         yield registry
@@ -300,3 +303,45 @@ def serve(state: FakeRegistry | None = None, *,
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+# -- helpers for the tests that drive the real client against this server ------------------
+
+
+class MemorySink:
+    """A BlobSink holding bytes in memory; counts restarts and chunk sizes."""
+
+    def __init__(self, initial: bytes = b"") -> None:
+        self.data = bytearray(initial)
+        self.restarts = 0
+        self.chunk_sizes: list[int] = []
+
+    @property
+    def offset(self) -> int:
+        return len(self.data)
+
+    def write(self, chunk: bytes) -> None:
+        self.chunk_sizes.append(len(chunk))
+        self.data += chunk
+
+    def restart(self) -> None:
+        self.restarts += 1
+        self.data.clear()
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def self_signed_cert(directory: Path) -> tuple[str, str]:
+    """(certfile, keyfile) for 127.0.0.1, made with the openssl command."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return str(cert), str(key)
