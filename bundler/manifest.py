@@ -246,8 +246,10 @@ def _manifest_media_type(doc: Mapping[str, Any], header: str | None) -> str:
         raise SchemaError("manifest mediaType is not a string")
     from_header = mediatypes.normalize(header or "")
     from_doc = mediatypes.normalize(declared) if declared else ""
-    if doc.get("schemaVersion") == 1 or mediatypes.is_schema1(from_header) or (
-            mediatypes.is_schema1(from_doc)):
+    version = doc.get("schemaVersion")
+    if type(version) is not int:  # bool is an int subclass, and 2.0 == 2: be exact
+        version = None
+    if version == 1 or mediatypes.is_schema1(from_header) or mediatypes.is_schema1(from_doc):
         raise UnsupportedManifest("the image has a Docker schema 1 manifest", SCHEMA1_HINT)
     if from_header in _GENERIC_MEDIA_TYPES:
         from_header = ""
@@ -258,7 +260,7 @@ def _manifest_media_type(doc: Mapping[str, Any], header: str | None) -> str:
     if kind not in _SCHEMA_KINDS:
         raise UnsupportedManifest(f"unsupported manifest media type {kind!r}",
                                   "ocistage reads OCI and Docker schema 2 images")
-    if doc.get("schemaVersion") != 2:
+    if version != 2:
         raise SchemaError(f"manifest schemaVersion is {doc.get('schemaVersion')!r}, expected 2")
     return kind
 

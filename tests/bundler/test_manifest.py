@@ -271,6 +271,9 @@ MALFORMED: list[tuple[str, dict[str, Any]]] = [
     ("annotation not a string", _broken(OCI_MANIFEST, ("annotations",), {"a": 1})),
     ("schemaVersion 3", _broken(OCI_MANIFEST, ("schemaVersion",), 3)),
     ("no schemaVersion", _broken(OCI_MANIFEST, ("schemaVersion",), _DELETE)),
+    ("schemaVersion true", _broken(OCI_MANIFEST, ("schemaVersion",), True)),
+    ("schemaVersion 2.0", _broken(OCI_MANIFEST, ("schemaVersion",), 2.0)),
+    ("schemaVersion string", _broken(OCI_MANIFEST, ("schemaVersion",), "2")),
     ("mediaType not a string", _broken(OCI_MANIFEST, ("mediaType",), 7)),
     ("no manifests", _broken(OCI_INDEX, ("manifests",), _DELETE)),
     ("manifests not a list", _broken(OCI_INDEX, ("manifests",), {})),
@@ -503,3 +506,49 @@ def test_values_are_immutable() -> None:
     with pytest.raises(TypeError):
         manifest.annotations["x"] = "y"  # type: ignore[index]
     assert hash(manifest.layers[0]) == hash(manifest.layers[0])
+
+
+# -- media types -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("media_type", "compression"), [
+    (mt.OCI_LAYER, "none"),
+    (mt.OCI_LAYER_GZIP, "gzip"),
+    (mt.OCI_LAYER_ZSTD, "zstd"),
+    (mt.OCI_LAYER_NONDISTRIBUTABLE, "none"),
+    (mt.OCI_LAYER_NONDISTRIBUTABLE_GZIP, "gzip"),
+    (mt.OCI_LAYER_NONDISTRIBUTABLE_ZSTD, "zstd"),
+    (mt.DOCKER_LAYER_GZIP, "gzip"),
+    (mt.DOCKER_LAYER_FOREIGN_GZIP, "gzip"),
+    (mt.DOCKER_LAYER, "none"),
+    (mt.DOCKER_LAYER_ZSTD, "zstd"),
+    ("Application/VND.oci.image.layer.v1.tar+gzip; foo=bar", "gzip"),
+    (mt.OCI_MANIFEST, None),
+    (mt.OCI_CONFIG, None),
+    ("application/vnd.oci.image.layer.v1.tar+bzip2", None),
+    ("", None),
+])
+def test_layer_compression(media_type: str, compression: str | None) -> None:
+    assert mt.layer_compression(media_type) == compression
+    assert mt.is_layer(media_type) == (compression is not None)
+
+
+def test_media_type_classes() -> None:
+    assert mt.is_index(mt.OCI_INDEX) and mt.is_index(mt.DOCKER_MANIFEST_LIST)
+    assert mt.is_manifest(mt.OCI_MANIFEST) and mt.is_manifest(mt.DOCKER_MANIFEST)
+    assert mt.is_schema1(mt.DOCKER_SCHEMA1_MANIFEST)
+    assert mt.is_schema1(mt.DOCKER_SCHEMA1_SIGNED_MANIFEST + "; charset=utf-8")
+    assert not mt.is_manifest(mt.DOCKER_SCHEMA1_MANIFEST)
+    assert not mt.is_index(mt.OCI_MANIFEST) and not mt.is_manifest(mt.OCI_INDEX)
+    assert mt.is_config(mt.OCI_CONFIG) and mt.is_config(mt.DOCKER_CONFIG)
+    assert not mt.is_config(mt.OCI_EMPTY)
+    assert mt.is_nondistributable(mt.DOCKER_LAYER_FOREIGN_GZIP)
+    assert not mt.is_nondistributable(mt.OCI_LAYER_GZIP)
+
+
+def test_accept_header_prefers_indexes_and_lists_schema1_last() -> None:
+    assert mt.MANIFEST_ACCEPT[0] == mt.OCI_INDEX
+    assert set(mt.MANIFEST_ACCEPT[:4]) == {mt.OCI_INDEX, mt.OCI_MANIFEST,
+                                           mt.DOCKER_MANIFEST_LIST, mt.DOCKER_MANIFEST}
+    assert all(mt.is_schema1(m) for m in mt.MANIFEST_ACCEPT[4:])
+    assert mt.MANIFEST_ACCEPT_HEADER.split(", ") == list(mt.MANIFEST_ACCEPT)
