@@ -139,8 +139,8 @@ class _Handler(BaseHTTPRequestHandler):
         if fault is not None and fault.kind == "status":
             for _ in _request_body(self):
                 pass
-            self._answer_status(fault)
             state.record(RecordedRequest(self.command, self.path, headers, fault.status, "status"))
+            self._answer_status(fault)
             return
         upstream = self._connect()
         try:
@@ -160,9 +160,10 @@ class _Handler(BaseHTTPRequestHandler):
                 if chunked:
                     upstream.send(b"0\r\n\r\n")
             response = upstream.getresponse()
-            self._relay(response, fault)
+            # recorded before the client can see the response, so tests never race the count
             state.record(RecordedRequest(self.command, self.path, headers, response.status,
                                          fault.kind if fault is not None else None))
+            self._relay(response, fault)
         except (OSError, http.client.HTTPException):
             self.close_connection = True
         finally:
@@ -289,7 +290,8 @@ def running_fault_proxy(upstream: str, ca_file: Path | None = None) -> Iterator[
     context = ssl.create_default_context(cafile=str(ca_file)) if ca_file is not None else None
     state = _State(upstream=upstream.rstrip("/"), ssl_context=context)
     server = _ProxyServer(state)
-    thread = threading.Thread(target=server.serve_forever, name="faultproxy", daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="faultproxy",
+                              daemon=True)
     thread.start()
     try:
         host, port = server.server_address[:2]

@@ -18,6 +18,10 @@ Tags in the layout:
   (within a layer and to a lower layer's file), a PAX long name, a ``user.*`` xattr, a FIFO,
   setuid/setgid files, a mode-000 file, a read-only directory written into by a later layer and
   a symlink whose target points outside the rootfs (legal data, kept verbatim).
+- ``busybox-zstd``, ``multilayer-zstd``: the same images with every layer recompressed as
+  ``tar+zstd`` here (skopeo 1.9's ``--dest-compress-format zstd`` silently reuses gzip blobs the
+  registry already has, so the zstd forms are made by hand and pushed as they are). Debian's
+  umoci 0.4.7 cannot unpack zstd layers: compare against the gzip form (same diff_ids).
 - ``multiarch``: an OCI index with linux/amd64 and linux/arm64/v8 manifests that share the
   busybox layers (only the config's architecture differs).
 """
@@ -39,20 +43,24 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO, cast
+
+import zstandard
 
 from tests.e2e.components import Registry
 
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"
 BUSYBOX = Path("/bin/busybox")
 APPLETS = ("sh", "ls", "cat", "id", "echo", "env", "pwd", "stat", "test", "true", "false",
            "mkdir", "rm", "touch", "sleep", "readlink", "wc", "head")
 MTIME = 1_700_000_000
+TAGS = ("busybox", "busybox-zstd", "multilayer", "multilayer-zstd", "multiarch")
 
 MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 MEDIA_INDEX = "application/vnd.oci.image.index.v1+json"
 MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
 MEDIA_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
+MEDIA_LAYER_ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"
 REF_NAME = "org.opencontainers.image.ref.name"
 
 OS_RELEASE_NAME = "ocistage test busybox"
@@ -148,6 +156,27 @@ class Layout:
         tmp.rename(self.blob_path(digest))
         descriptor = {"mediaType": MEDIA_LAYER_GZIP, "digest": digest, "size": writer.size}
         return descriptor, "sha256:" + diff.hexdigest()
+
+    def add_zstd_layer(self, gzip_descriptor: Json) -> Json:
+        """Recompress a gzip layer blob as zstd (same diff_id), streaming."""
+        tmp = self.path / "blobs" / "sha256" / ".incoming"
+        with tmp.open("wb") as out, gzip.open(self.blob_path(gzip_descriptor["digest"])) as src:
+            writer = _HashingWriter(out)
+            with zstandard.ZstdCompressor(level=3).stream_writer(
+                    cast(IO[bytes], writer), closefd=False) as zst:
+                while chunk := src.read(1 << 20):
+                    zst.write(chunk)
+        digest = "sha256:" + writer.hasher.hexdigest()
+        tmp.rename(self.blob_path(digest))
+        return {"mediaType": MEDIA_LAYER_ZSTD, "digest": digest, "size": writer.size}
+
+    def recompress_zstd(self, source_tag: str, new_tag: str) -> Json:
+        """A new image new_tag: source_tag's image with every layer as tar+zstd."""
+        manifest = self.read_json(self.resolve(source_tag)["digest"])
+        manifest["layers"] = [self.add_zstd_layer(layer) for layer in manifest["layers"]]
+        descriptor = self.write_json(manifest, MEDIA_MANIFEST)
+        self.set_tag(new_tag, descriptor)
+        return descriptor
 
     def index(self) -> Json:
         data: Json = json.loads((self.path / "index.json").read_text())
@@ -414,10 +443,12 @@ def build_layout(workdir: Path) -> FixtureLayouts:
                          [layers / "lower.tar", layers / "upper.tar", layers / "top.tar"],
                          multilayer_config)
     _build_multiarch(layout)
+    layout.recompress_zstd("busybox", "busybox-zstd")
+    layout.recompress_zstd("multilayer", "multilayer-zstd")
     _run(["umoci", "gc", "--layout", str(path)])
     shutil.rmtree(bundle)
     shutil.rmtree(layers)
-    images = {tag: _describe(layout, tag) for tag in ("busybox", "multilayer", "multiarch")}
+    images = {tag: _describe(layout, tag) for tag in TAGS}
     return FixtureLayouts(path, images)
 
 

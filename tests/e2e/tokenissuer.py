@@ -199,7 +199,8 @@ def running_token_issuer(signing_key: SigningKey, *, issuer: str, service: str,
     policy = TokenPolicy(signing_key=signing_key, issuer=issuer, service=service,
                          users=dict(users), public=public)
     server = _IssuerServer(policy)
-    thread = threading.Thread(target=server.serve_forever, name="token-issuer", daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="token-issuer",
+                              daemon=True)
     thread.start()
     try:
         host, port = server.server_address[:2]
