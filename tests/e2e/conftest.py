@@ -1,0 +1,225 @@
+"""Fixtures for end-to-end tests: real registries, fixture images, a fault proxy, the CLI.
+
+Every test under tests/e2e is marked ``e2e``. A fixture needing a binary that is not on PATH
+skips the test with the reason, or fails it under ``OCISTAGE_REQUIRE_E2E=1`` (set by .ci/run).
+
+Session fixtures (started once, torn down at the end of the session):
+
+- ``plain_registry``     anonymous, plain HTTP
+- ``tls_registry``       anonymous, HTTPS with a private CA (``ca_file``, ``cert_dir``)
+- ``htpasswd_registry``  basic auth (``username``/``password``), plain HTTP (distribution allows it)
+- ``token_issuer`` and ``token_registry``: bearer-token auth; ``public/*`` repositories can be
+  pulled anonymously, everything else needs ``TOKEN_USER``/``TOKEN_PASSWORD``
+- ``fixture_layouts``    the OCI layout with the fixture images (cached across sessions)
+- ``images``             name -> :class:`~tests.e2e.images.ImageRef` of every pushed image
+
+Per test: ``fault_proxy`` (a :class:`~tests.e2e.faultproxy.FaultProxy` in front of
+``plain_registry``) and ``ocistage`` (runs the CLI with a private cache and HOME).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.components import (
+    Registry,
+    SigningKey,
+    TlsMaterial,
+    TokenAuth,
+    make_signing_key,
+    make_tls,
+    require_binary,
+    running_registry,
+)
+from tests.e2e.faultproxy import FaultProxy, running_fault_proxy
+from tests.e2e.images import FixtureLayouts, ImageRef, PushSpec, fixture_layouts, push_all
+from tests.e2e.tokenissuer import TokenIssuer, running_token_issuer
+
+__all__ = ["HTPASSWD_PASSWORD", "HTPASSWD_USER", "TOKEN_PASSWORD", "TOKEN_USER",
+           "OcistageRunner", "require_binary"]
+
+HTPASSWD_USER, HTPASSWD_PASSWORD = "basic-user", "basic-secret-1"
+TOKEN_USER, TOKEN_PASSWORD = "token-user", "token-secret-1"
+TOKEN_SERVICE, TOKEN_ISSUER = "ocistage-test-registry", "ocistage-test-issuer"
+PUBLIC_REPOSITORIES = frozenset({"public/busybox"})
+
+_E2E_DIR = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _E2E_DIR in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+# --- components -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def e2e_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="session")
+def tls_material(e2e_dir: Path) -> TlsMaterial:
+    require_binary("openssl")
+    return make_tls(e2e_dir / "tls")
+
+
+@pytest.fixture(scope="session")
+def signing_key(e2e_dir: Path) -> SigningKey:
+    require_binary("openssl")
+    return make_signing_key(e2e_dir / "token-key")
+
+
+@pytest.fixture(scope="session")
+def plain_registry(e2e_dir: Path) -> Iterator[Registry]:
+    require_binary("docker-registry")
+    with running_registry(e2e_dir / "registry-plain") as registry:
+        yield registry
+
+
+@pytest.fixture(scope="session")
+def tls_registry(e2e_dir: Path, tls_material: TlsMaterial) -> Iterator[Registry]:
+    require_binary("docker-registry")
+    with running_registry(e2e_dir / "registry-tls", tls=tls_material) as registry:
+        yield registry
+
+
+@pytest.fixture(scope="session")
+def htpasswd_registry(e2e_dir: Path) -> Iterator[Registry]:
+    require_binary("docker-registry")
+    require_binary("htpasswd")
+    with running_registry(e2e_dir / "registry-htpasswd", username=HTPASSWD_USER,
+                          password=HTPASSWD_PASSWORD) as registry:
+        yield registry
+
+
+@pytest.fixture(scope="session")
+def token_issuer(signing_key: SigningKey) -> Iterator[TokenIssuer]:
+    with running_token_issuer(signing_key, issuer=TOKEN_ISSUER, service=TOKEN_SERVICE,
+                              users={TOKEN_USER: TOKEN_PASSWORD},
+                              public=PUBLIC_REPOSITORIES) as issuer:
+        yield issuer
+
+
+@pytest.fixture(scope="session")
+def token_registry(e2e_dir: Path, token_issuer: TokenIssuer,
+                   signing_key: SigningKey) -> Iterator[Registry]:
+    require_binary("docker-registry")
+    auth = TokenAuth(realm=token_issuer.realm, service=TOKEN_SERVICE, issuer=TOKEN_ISSUER,
+                     rootcertbundle=signing_key.cert)
+    with running_registry(e2e_dir / "registry-token", token=auth, username=TOKEN_USER,
+                          password=TOKEN_PASSWORD) as registry:
+        yield registry
+
+
+# --- images -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def fixture_layouts_built() -> FixtureLayouts:
+    require_binary("umoci")
+    return fixture_layouts()
+
+
+@pytest.fixture(scope="session")
+def images(fixture_layouts_built: FixtureLayouts, e2e_dir: Path, plain_registry: Registry,
+           tls_registry: Registry, htpasswd_registry: Registry,
+           token_registry: Registry) -> dict[str, ImageRef]:
+    """Every fixture image pushed where tests expect it, by name:
+
+    ``busybox``, ``busybox-zstd``, ``busybox-v2s2``, ``multilayer``, ``multilayer-zstd``,
+    ``multiarch`` (plain registry); ``tls/busybox``; ``htpasswd/busybox``;
+    ``token/public`` (``public/busybox``) and ``token/private`` (``private/busybox``).
+    """
+    require_binary("skopeo")
+    specs = [
+        PushSpec("busybox", "busybox", plain_registry, "busybox"),
+        PushSpec("busybox-zstd", "busybox-zstd", plain_registry, "busybox", "zstd"),
+        PushSpec("busybox-v2s2", "busybox", plain_registry, "busybox", "v2s2",
+                 ("--format", "v2s2")),
+        PushSpec("multilayer", "multilayer", plain_registry, "multilayer"),
+        PushSpec("multilayer-zstd", "multilayer-zstd", plain_registry, "multilayer",
+                 "zstd"),
+        PushSpec("multiarch", "multiarch", plain_registry, "multiarch"),
+        PushSpec("tls/busybox", "busybox", tls_registry, "busybox"),
+        PushSpec("htpasswd/busybox", "busybox", htpasswd_registry, "private/busybox"),
+        PushSpec("token/public", "busybox", token_registry, "public/busybox"),
+        PushSpec("token/private", "busybox", token_registry, "private/busybox"),
+    ]
+    return push_all(specs, fixture_layouts_built, e2e_dir / "push")
+
+
+@pytest.fixture
+def fault_proxy(plain_registry: Registry) -> Iterator[FaultProxy]:
+    """A fault-injecting proxy in front of plain_registry (push images first via ``images``)."""
+    with running_fault_proxy(plain_registry.url) as proxy:
+        yield proxy
+
+
+# --- the CLI ----------------------------------------------------------------------------------
+
+_SCRUBBED_ENV = ("DOCKER_CONFIG", "REGISTRY_AUTH_FILE", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME",
+                 "XDG_CACHE_HOME", "XDG_DATA_HOME", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE",
+                 "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY")
+
+
+def ocistage_command() -> list[str]:
+    """The ``ocistage`` console script on PATH, else the CLI's ``main`` via this Python."""
+    script = shutil.which("ocistage")
+    if script is not None:
+        return [script]
+    return [sys.executable, "-c", "from bundler.cli import main; main()"]
+
+
+@dataclass(frozen=True)
+class OcistageRunner:
+    """Runs the CLI as a subprocess with a private cache, HOME and XDG dirs.
+
+    The cache is passed as ``OCISTAGE_CACHE`` (the documented equivalent of ``--cache``), so
+    it applies to every subcommand wherever the option sits. ``home`` is the child's HOME:
+    tests write ``home/.docker/config.json`` there to exercise credentials.
+    """
+
+    command: tuple[str, ...]
+    cache: Path
+    home: Path
+    cwd: Path
+
+    def environment(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items()
+               if k not in _SCRUBBED_ENV and not k.startswith("OCISTAGE_")}
+        env.update({"HOME": str(self.home), "OCISTAGE_CACHE": str(self.cache),
+                    "XDG_CACHE_HOME": str(self.home / ".cache"),
+                    "XDG_CONFIG_HOME": str(self.home / ".config"),
+                    "XDG_RUNTIME_DIR": str(self.home / "run"),
+                    "NO_COLOR": "1", "COLUMNS": "200", "NO_PROXY": "127.0.0.1,localhost"})
+        env.update(extra or {})
+        return env
+
+    def __call__(self, *args: str, env: Mapping[str, str] | None = None,
+                 input: str | None = None, timeout: float = 300,
+                 check: bool = False) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([*self.command, *args], env=self.environment(env),
+                                cwd=self.cwd, input=input, capture_output=True, text=True,
+                                timeout=timeout, stdin=None if input is not None
+                                else subprocess.DEVNULL)
+        if check and result.returncode != 0:
+            pytest.fail(f"ocistage {' '.join(args)} exited {result.returncode}:\n"
+                        f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}", pytrace=False)
+        return result
+
+
+@pytest.fixture
+def ocistage(tmp_path: Path) -> OcistageRunner:
+    home = tmp_path / "home"
+    (home / "run").mkdir(parents=True, mode=0o700)
+    return OcistageRunner(command=tuple(ocistage_command()), cache=tmp_path / "cache",
+                          home=home, cwd=tmp_path)
