@@ -16,7 +16,7 @@ import ipaddress
 import socket
 import ssl
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -209,29 +209,32 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
         todo.extend(item for item in linked if isinstance(item, BaseException))
 
 
+_REASONS: list[tuple[str, bool, Callable[[BaseException], bool]]] = [
+    # most specific first: urllib3's NewConnectionError is also a ConnectTimeoutError
+    ("connection refused", False, lambda e: isinstance(e, ConnectionRefusedError) or (
+        isinstance(e, OSError) and e.errno == errno.ECONNREFUSED)),
+    ("host name not resolved", False, lambda e: isinstance(e, socket.gaierror)),
+    ("connection reset", False, lambda e: isinstance(e, ConnectionResetError)),
+    ("TLS handshake failed (is it a plain-HTTP registry?)", True,
+     lambda e: isinstance(e, ssl.SSLError | urllib3.exceptions.SSLError
+                          | requests.exceptions.SSLError)),
+    ("connection dropped", False,
+     lambda e: isinstance(e, urllib3.exceptions.IncompleteRead | urllib3.exceptions.ProtocolError
+                          | requests.exceptions.ChunkedEncodingError)),
+    ("timed out", False, lambda e: isinstance(e, TimeoutError | socket.timeout | requests.Timeout
+                                              | urllib3.exceptions.TimeoutError)),
+]
+
+
 def _reason(exc: BaseException) -> tuple[str, bool]:
     """A short human reason for a low-level failure, and whether TLS was the problem."""
     causes = list(_causes(exc))
     for cause in causes:
         if isinstance(cause, ssl.SSLCertVerificationError):
             return f"TLS certificate verification failed ({cause.verify_message})", True
-    for cause in causes:
-        if isinstance(cause, ConnectionRefusedError) or (
-                isinstance(cause, OSError) and cause.errno == errno.ECONNREFUSED):
-            return "connection refused", False
-        if isinstance(cause, socket.gaierror):
-            return "host name not resolved", False
-        if isinstance(cause, ssl.SSLError | requests.exceptions.SSLError
-                      | urllib3.exceptions.SSLError):
-            return "TLS handshake failed (is it a plain-HTTP registry?)", True
-        if isinstance(cause, ConnectionResetError):
-            return "connection reset", False
-        if isinstance(cause, TimeoutError | socket.timeout | requests.Timeout
-                      | urllib3.exceptions.TimeoutError):
-            return "timed out", False
-        if isinstance(cause, urllib3.exceptions.IncompleteRead | urllib3.exceptions.ProtocolError
-                      | requests.exceptions.ChunkedEncodingError):
-            return "connection dropped", False
+    for reason, tls, matches in _REASONS:
+        if any(matches(cause) for cause in causes):
+            return reason, tls
     return type(exc).__name__, False
 
 

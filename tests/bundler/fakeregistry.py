@@ -280,6 +280,9 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     state: FakeRegistry
 
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # dropped connections and TLS probes are part of the tests
+
 
 @contextmanager
 def serve(state: FakeRegistry | None = None, *,
