@@ -283,13 +283,14 @@ def _bind_mount(spec: str) -> dict[str, Any]:
     mode = parts[2] if len(parts) == 3 else "rw"
     if mode not in ("ro", "rw"):
         raise UsageError(f"--mount {spec!r}: unknown mode {mode!r} (ro or rw)", hint)
-    if not destination.startswith("/") or ".." in destination.split("/"):
-        raise UsageError(f"--mount {spec!r}: destination must be an absolute path without '..'",
-                         hint)
+    if (not destination.startswith("/") or ".." in destination.split("/")
+            or destination.strip("/") == ""):
+        raise UsageError(f"--mount {spec!r}: destination must be an absolute path below / "
+                         "without '..'", hint)
     if "\x00" in spec:
         raise UsageError("--mount contains a NUL byte", hint)
     return {
-        "destination": posixpath.normpath(destination),
+        "destination": "/" + "/".join(p for p in destination.split("/") if p not in ("", ".")),
         "type": "bind",
         "source": os.path.abspath(source),
         "options": ["rbind", "rprivate", mode],

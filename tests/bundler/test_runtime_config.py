@@ -251,6 +251,7 @@ def test_relative_mount_source_is_made_absolute(rootfs: Path) -> None:
 
 @pytest.mark.parametrize("spec", [
     "/only-one", "/a:relative", "/a:/b:rx", "/a:/b:ro:extra", ":/b", "/a:", "/a:/b/../../etc",
+    "/a:/", "/a://",
 ])
 def test_bad_mounts_are_usage_errors(rootfs: Path, spec: str) -> None:
     with pytest.raises(UsageError, match="--mount"):
