@@ -301,11 +301,19 @@ class RegistryClient:
         path = f"/v2/{repository}/manifests/{reference}"
 
         def attempt(endpoint: _Endpoint) -> FetchedManifest:
-            response = self._request(endpoint, path, headers, _scope(repository))
-            with self._closing(response):
-                if response.status_code != 200:
-                    self._raise_for_status(endpoint.name, response, what)
-                return self._read_manifest(endpoint, response, what, wanted)
+            tries = 0
+            while True:
+                response = self._request(endpoint, path, headers, _scope(repository))
+                with self._closing(response):
+                    if response.status_code != 200:
+                        self._raise_for_status(endpoint.name, response, what)
+                    try:
+                        return self._read_manifest(endpoint, response, what, wanted)
+                    except BodyInterrupted:
+                        if tries >= endpoint.retries:
+                            raise
+                self._sleep(self._backoff(tries))
+                tries += 1
         return self._each_endpoint(attempt)
 
     def fetch_blob(self, repository: str, digest: Digest, size: int | None, sink: BlobSink,

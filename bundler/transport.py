@@ -125,7 +125,8 @@ class Transport:
             if session is None:
                 session = requests.Session()
                 session.trust_env = False  # no ~/.netrc credentials sent to registries
-                session.proxies.update(requests.utils.get_environ_proxies(url))
+                if not is_loopback(urlsplit(url).netloc):
+                    session.proxies.update(requests.utils.get_environ_proxies(url))
                 session.headers["User-Agent"] = self._user_agent
                 self._sessions[key] = session
             return session
@@ -147,15 +148,30 @@ class Transport:
 
     def iter_body(self, response: requests.Response,
                   chunk_size: int = CHUNK_SIZE) -> Iterator[bytes]:
-        """The raw body bytes (no Content-Encoding decoding), checked against Content-Length."""
+        """The raw body (no Content-Encoding decoding) in chunks of up to ``chunk_size``.
+
+        Bytes received before a failure are yielded before :class:`BodyInterrupted` is
+        raised, so a resume starts exactly where the data stopped; a body shorter than its
+        Content-Length is an interruption too.
+        """
         expected = response.headers.get("Content-Length")
         received = 0
+        buffer = bytearray()
+        failure: BaseException | None = None
         try:
-            for chunk in response.raw.stream(chunk_size, decode_content=False):
-                received += len(chunk)
-                yield chunk
+            while piece := response.raw.read1(chunk_size - len(buffer), decode_content=False):
+                buffer += piece
+                if len(buffer) >= chunk_size:
+                    received += len(buffer)
+                    yield bytes(buffer)
+                    buffer.clear()
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-            raise translate(exc, response.url, started=True) from exc
+            failure = exc
+        if buffer:
+            received += len(buffer)
+            yield bytes(buffer)
+        if failure is not None:
+            raise translate(failure, response.url, started=True) from failure
         if expected is not None and expected.isdigit() and received < int(expected):
             raise BodyInterrupted(f"connection to {netloc_of(response.url)} closed after "
                                   f"{received} of {expected} bytes")

@@ -18,6 +18,7 @@ import socket
 import ssl
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -53,6 +54,11 @@ class FakeRegistry:
     token_fail_503: int = 0                     # the token endpoint fails this many times
     drop_after: int | None = None               # close the socket after this many body bytes
     drop_times: int = 0                         # ... this many times (then serve normally)
+    stall_after: int | None = None              # send this many body bytes, then go silent
+    stall_times: int = 0
+    stall_seconds: float = 2.0
+    chunked: bool = False                       # blobs with Transfer-Encoding: chunked
+    accept_tokens: bool = True                  # False: every bearer token is refused
     ignore_range: bool = False
     wrong_range_start: bool = False             # 206 with a Content-Range at another offset
     redirect_blobs_to: str | None = None        # base URL of another server
@@ -206,7 +212,7 @@ class _Handler(BaseHTTPRequestHandler):
                 scope = f"repository:{match.group(1)}:pull"
             token = header[7:] if header.startswith("Bearer ") else None
             with state.lock:
-                granted = state.issued_tokens.get(token or "")
+                granted = state.issued_tokens.get(token or "") if state.accept_tokens else None
             if granted is None or (scope and granted != scope):
                 challenge = (f'Bearer realm="{state.base_url}/token",'
                              f'service="{state.netloc}"')
@@ -262,18 +268,33 @@ class _Handler(BaseHTTPRequestHandler):
             drop = state.drop_after if state.drop_times > 0 else None
             if drop is not None:
                 state.drop_times -= 1
+            stall = state.stall_after if state.stall_times > 0 else None
+            if stall is not None:
+                state.stall_times -= 1
         self.send_response(status)
         for key, value in headers.items():
             self.send_header(key, value)
-        self.send_header("Content-Length", str(len(body)))
+        if state.chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        if drop is not None:
-            self.wfile.write(body[:drop])
-            self.wfile.flush()
-            self.close_connection = True
-            self.connection.shutdown(2)
+        cut = drop if drop is not None else stall
+        sent = body[:cut] if cut is not None else body
+        if state.chunked:
+            if sent:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(sent), sent))
+            if cut is None:
+                self.wfile.write(b"0\r\n\r\n")
+        else:
+            self.wfile.write(sent)
+        if cut is None:
             return
-        self.wfile.write(body)
+        self.wfile.flush()
+        if stall is not None:
+            time.sleep(state.stall_seconds)
+        self.close_connection = True
+        self.connection.shutdown(socket.SHUT_RDWR)
 
 
 class _Server(ThreadingHTTPServer):

@@ -251,3 +251,12 @@ def test_forbidden_is_an_authentication_error(registry: FakeRegistry, tmp_path: 
             pytest.raises(AuthenticationError, match=f"{registry.netloc} denied access"
                                                      ".*team/app:latest.*DENIED"):
         client.get_manifest("team/app", "latest", ACCEPT)
+
+
+def test_rejected_token_is_an_authentication_error(registry: FakeRegistry,
+                                                   tmp_path: Path) -> None:
+    registry.auth = "bearer"
+    registry.accept_tokens = False
+    with _client(registry, tmp_path) as client, \
+            pytest.raises(AuthenticationError, match=f"{registry.netloc} refused anonymous"):
+        client.get_manifest("team/app", "latest", ACCEPT)

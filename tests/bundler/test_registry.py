@@ -460,3 +460,32 @@ def test_unreadable_auth_file_is_reported(tmp_path: Path, registry: FakeRegistry
     with RegistryClient(registry.netloc, config) as client, \
             pytest.raises(RegistryError, match=r"auth\.json"):
         client.get_manifest("team/app", "latest", ACCEPT)
+
+
+def test_resumes_after_read_timeout(registry: FakeRegistry) -> None:
+    digest = Digest.parse(registry.add_blob(BLOB))
+    registry.stall_after = 300_000
+    registry.stall_times = 1
+    registry.stall_seconds = 3.0
+    sink = MemorySink()
+    with _client(registry.netloc, timeout=0.5) as client:
+        client.fetch_blob("team/app", digest, len(BLOB), sink)
+    assert bytes(sink.data) == BLOB
+    ranges = [r.headers.get("Range") for r in registry.requests if "/blobs/" in r.path]
+    assert ranges == [None, "bytes=300000-"]
+
+
+def test_resumes_a_cut_chunked_body(registry: FakeRegistry) -> None:
+    digest = Digest.parse(registry.add_blob(BLOB))
+    registry.chunked = True
+    registry.drop_after = 777_777
+    registry.drop_times = 1
+    sink = MemorySink()
+    with _client(registry.netloc) as client:
+        client.fetch_blob("team/app", digest, len(BLOB), sink)
+        assert bytes(sink.data) == BLOB
+        # size unknown and the body cut cleanly at a chunk boundary: still resumed
+        registry.drop_times = 1
+        unknown = MemorySink()
+        client.fetch_blob("team/app", digest, None, unknown)
+    assert bytes(unknown.data) == BLOB
