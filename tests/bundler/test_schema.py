@@ -316,3 +316,40 @@ def test_message_bounds_huge_values() -> None:
 def test_unknown_kind_is_an_error() -> None:
     with pytest.raises(SchemaError, match="unknown document kind"):
         validate({}, "helm-chart")  # type: ignore[arg-type]
+
+
+def _blob(layout: Path, digest: str) -> Any:
+    algorithm, encoded = digest.split(":")
+    return json.loads((layout / "blobs" / algorithm / encoded).read_text())
+
+
+def test_documents_written_by_umoci_and_skopeo_validate(tmp_path: Path) -> None:
+    umoci, skopeo = require_tool("umoci"), require_tool("skopeo")
+    layout = tmp_path / "layout"
+
+    def run(*command: str) -> None:
+        subprocess.run(command, cwd=tmp_path, check=True, timeout=60, capture_output=True)
+
+    run(umoci, "init", "--layout", str(layout))
+    run(umoci, "new", "--image", f"{layout}:t")
+    (tmp_path / "content" / "etc").mkdir(parents=True)
+    (tmp_path / "content" / "etc" / "hello").write_text("hi\n")
+    run(umoci, "insert", "--image", f"{layout}:t", str(tmp_path / "content"), "/")
+    run(umoci, "config", "--image", f"{layout}:t", "--config.user", "1000:1000",
+        "--config.env", "A=1", "--config.cmd", "sh", "--config.label", "k=v",
+        "--config.exposedports", "80/tcp", "--config.volume", "/data")
+    index = json.loads((layout / "index.json").read_text())
+    validate(index, "image-index")
+    manifest = _blob(layout, index["manifests"][0]["digest"])
+    validate(manifest, "image-manifest")
+    validate(_blob(layout, manifest["config"]["digest"]), "image-config")
+
+    docker_dir = tmp_path / "v2s2"
+    run(skopeo, "copy", "--format", "v2s2", f"oci:{layout}:t", f"dir:{docker_dir}")
+    docker_manifest = json.loads((docker_dir / "manifest.json").read_text())
+    validate(docker_manifest, "docker-manifest")
+    config_hex = docker_manifest["config"]["digest"].split(":")[1]
+    validate(json.loads((docker_dir / config_hex).read_text()), "image-config")
+
+    run(umoci, "unpack", "--rootless", "--image", f"{layout}:t", str(tmp_path / "bundle"))
+    validate(json.loads((tmp_path / "bundle" / "config.json").read_text()), "runtime-config")
