@@ -1,0 +1,104 @@
+"""``ocistage inspect``: what an image is made of, without fetching its layers.
+
+Resolves the reference (manifest or index), lists the platforms of an index, chooses one, and
+fetches that platform's manifest and config. Manifests and the config are small, verified and
+kept in the store (a later pull reuses them); layers are only described.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bundler.manifest import Descriptor, ImageConfig, ImageIndex, parse_image_config
+from bundler.platform import Platform, host_platform
+from bundler.pull import BlobCounter, PullOptions, fetch_blob, resolve
+from bundler.reference import ImageSource
+from bundler.sources import open_provider
+from cache.digest import Digest
+from cache.store import Store
+
+
+@dataclass(frozen=True)
+class ImageReport:
+    source: str
+    digest: Digest                       # what the reference resolves to (index or manifest)
+    media_type: str
+    platforms: tuple[tuple[Platform | None, Descriptor], ...]   # of an index; () otherwise
+    platform: Platform
+    manifest: Descriptor
+    layers: tuple[Descriptor, ...]
+    config_digest: Digest
+    config: ImageConfig
+
+    @property
+    def compressed_size(self) -> int:
+        return sum(layer.size for layer in self.layers)
+
+    def to_json(self) -> dict[str, Any]:
+        settings = self.config.container
+        return {
+            "source": self.source,
+            "digest": str(self.digest),
+            "mediaType": self.media_type,
+            "platforms": [
+                {"platform": str(p) if p else None, "digest": str(d.digest),
+                 "mediaType": d.media_type, "size": d.size}
+                for p, d in self.platforms
+            ],
+            "platform": str(self.platform),
+            "manifest": {"digest": str(self.manifest.digest),
+                         "mediaType": self.manifest.media_type, "size": self.manifest.size},
+            "config": {
+                "digest": str(self.config_digest),
+                "created": self.config.created,
+                "os": self.config.os,
+                "architecture": self.config.architecture,
+                "variant": self.config.variant,
+                "config": {
+                    "Entrypoint": settings.entrypoint, "Cmd": settings.cmd,
+                    "Env": list(settings.env), "WorkingDir": settings.working_dir,
+                    "User": settings.user, "Labels": dict(settings.labels),
+                    "Volumes": list(settings.volumes), "ExposedPorts": list(settings.exposed_ports),
+                    "StopSignal": settings.stop_signal,
+                },
+            },
+            "layers": [
+                {"digest": str(layer.digest), "mediaType": layer.media_type,
+                 "size": layer.size}
+                for layer in self.layers
+            ],
+            "size": self.compressed_size,
+        }
+
+
+def inspect_image(source: ImageSource, store: Store,
+                  options: PullOptions | None = None) -> ImageReport:
+    options = options or PullOptions()
+    wanted = (options.platform or host_platform()).normalized()
+    provider = open_provider(source, options.registry)
+    try:
+        resolved = resolve(provider, wanted, explicit=options.platform is not None)
+        top = resolved.index_fetched or resolved.manifest_fetched
+        platforms: tuple[tuple[Platform | None, Descriptor], ...] = ()
+        if isinstance(resolved.index, ImageIndex):
+            platforms = tuple((d.platform, d) for d in resolved.index.manifests)
+        manifest = resolved.manifest
+        fetch_blob(provider, store, manifest.config, "config", None, BlobCounter())
+        config = parse_image_config(store.read_blob(manifest.config.digest))
+        store.put_blob(resolved.manifest_fetched.data, resolved.manifest_fetched.digest)
+        return ImageReport(
+            source=str(source),
+            digest=top.digest,
+            media_type=top.media_type,
+            platforms=platforms,
+            platform=resolved.platform,
+            manifest=Descriptor(media_type=manifest.media_type,
+                                digest=resolved.manifest_fetched.digest,
+                                size=len(resolved.manifest_fetched.data)),
+            layers=manifest.layers,
+            config_digest=manifest.config.digest,
+            config=config,
+        )
+    finally:
+        provider.close()

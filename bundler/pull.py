@@ -1,0 +1,254 @@
+"""``ocistage pull``: resolve a reference, pick a platform, fetch config and layers into the store.
+
+The order of events is what keeps the cache consistent whatever happens:
+
+1. resolve the reference to a manifest or index (verified against its digest);
+2. for an index, choose the platform's manifest and fetch it (verified);
+3. fetch the config, then the layers, in parallel, each through ``store.ingest`` (verified,
+   resumable, never fetched twice, not even by another process sharing the cache);
+4. store the manifest (and index) blobs, and only then point the reference at the manifest in
+   ``index.json``.
+
+A crash before step 4 leaves verified blobs and partial downloads, which the next pull reuses.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from bundler.manifest import (
+    Descriptor,
+    ImageConfig,
+    ImageIndex,
+    ImageManifest,
+    parse_image_config,
+    parse_manifest,
+    select_manifest,
+)
+from bundler.platform import Platform, host_platform
+from bundler.reference import ImageSource
+from bundler.registry import FetchedManifest, RegistryConfig
+from bundler.sources import ImageProvider, open_provider
+from cache.digest import Digest
+from cache.errors import IntegrityError, SchemaError, UnsupportedManifest
+from cache.store import Store
+
+ANNOTATION_RESOLVED = "io.ocistage.resolved"
+ANNOTATION_INDEX = "io.ocistage.index-digest"
+ANNOTATION_SOURCE = "io.ocistage.source"
+DEFAULT_JOBS = 6
+
+
+class PullProgress(Protocol):
+    """Receives download progress; the CLI renders it, library callers may ignore it."""
+
+    def blob_started(self, digest: Digest, size: int | None, label: str, offset: int) -> None: ...
+
+    def blob_advanced(self, digest: Digest, n: int) -> None: ...
+
+    def blob_finished(self, digest: Digest, reused: bool) -> None: ...
+
+
+@dataclass(frozen=True)
+class PullOptions:
+    platform: Platform | None = None  # None: the host's
+    jobs: int = DEFAULT_JOBS
+    registry: RegistryConfig = field(default_factory=RegistryConfig)
+
+
+@dataclass(frozen=True)
+class PulledImage:
+    name: str                       # the ref name in the cache's index.json
+    source: str                     # what the user asked for
+    manifest: Descriptor
+    index_digest: Digest | None
+    platform: Platform
+    config: ImageConfig
+    config_digest: Digest
+    layers: tuple[Descriptor, ...]
+    fetched_bytes: int
+    reused_blobs: int
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def size(self) -> int:
+        return self.manifest.size + sum(layer.size for layer in self.layers)
+
+
+@dataclass(frozen=True)
+class ResolvedImage:
+    """A reference resolved to one platform's manifest, before any layer is fetched."""
+
+    manifest_fetched: FetchedManifest
+    manifest: ImageManifest
+    index_fetched: FetchedManifest | None
+    index: ImageIndex | None
+    platform: Platform
+    warnings: tuple[str, ...]
+
+
+def ref_name(source: ImageSource) -> str:
+    """The name under which an image is recorded in the cache's index.json."""
+    return str(source)
+
+
+def resolve(provider: ImageProvider, wanted: Platform, explicit: bool) -> ResolvedImage:
+    """Resolve the provider's reference to the manifest for ``wanted``."""
+    top = provider.resolve()
+    document = parse_manifest(top.data, top.media_type)
+    warnings: list[str] = []
+    if isinstance(document, ImageIndex):
+        descriptor = select_manifest(document, wanted)
+        fetched = provider.manifest(descriptor.digest)
+        manifest = parse_manifest(fetched.data, fetched.media_type)
+        if not isinstance(manifest, ImageManifest):
+            raise UnsupportedManifest(
+                f"{provider.name}: the index entry for {wanted} is not an image manifest",
+                "nested indexes are not supported")
+        platform = descriptor.platform or wanted
+        return ResolvedImage(fetched, manifest, top, document, platform, ())
+    return ResolvedImage(top, document, None, None, wanted, tuple(warnings))
+
+
+def _check_platform(config: ImageConfig, wanted: Platform, explicit: bool,
+                    name: str) -> tuple[Platform, list[str]]:
+    actual = Platform(os=config.os or "linux", architecture=config.architecture or "unknown",
+                      variant=config.variant or None)
+    warnings: list[str] = []
+    if (actual.os, actual.normalized().architecture) != (
+            wanted.os, wanted.normalized().architecture):
+        message = f"{name} is for {actual}, not {wanted}"
+        if explicit:
+            raise UnsupportedManifest(message, "this image has no manifest for that platform")
+        warnings.append(message)
+    return actual, warnings
+
+
+class BlobCounter:
+    """Bytes fetched and blobs reused during one pull, shared by its download threads."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.fetched = 0
+        self.reused = 0
+
+    def add(self, n: int) -> None:
+        with self.lock:
+            self.fetched += n
+
+    def reuse(self) -> None:
+        with self.lock:
+            self.reused += 1
+
+
+def fetch_blob(provider: ImageProvider, store: Store, descriptor: Descriptor, label: str,
+               progress: PullProgress | None, counter: BlobCounter) -> None:
+    """Fetch one blob into the store unless it is there; retry once from scratch if corrupt."""
+    digest = descriptor.digest
+    for attempt in (1, 2):
+        with store.ingest(digest, descriptor.size) as ingest:
+            if ingest is None:
+                counter.reuse()
+                if progress is not None:
+                    progress.blob_finished(digest, reused=True)
+                return
+            if progress is not None:
+                progress.blob_started(digest, descriptor.size, label, ingest.offset)
+
+            def advanced(n: int) -> None:
+                counter.add(n)
+                if progress is not None:
+                    progress.blob_advanced(digest, n)
+
+            provider.fetch_blob(digest, descriptor.size, ingest, progress=advanced,
+                                urls=descriptor.urls)
+            try:
+                ingest.commit()
+            except IntegrityError:
+                if attempt == 2:
+                    raise
+                continue  # commit() discarded the bad bytes; download once more
+            if progress is not None:
+                progress.blob_finished(digest, reused=False)
+            return
+
+
+def _descriptor_json(descriptor: Descriptor, annotations: dict[str, str],
+                     platform: Platform) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "mediaType": descriptor.media_type,
+        "digest": str(descriptor.digest),
+        "size": descriptor.size,
+        "annotations": annotations,
+        "platform": {"os": platform.os, "architecture": platform.architecture},
+    }
+    if platform.variant:
+        entry["platform"]["variant"] = platform.variant
+    return entry
+
+
+def pull(source: ImageSource, store: Store, options: PullOptions | None = None,
+         progress: PullProgress | None = None,
+         provider_factory: Callable[[ImageSource, RegistryConfig], ImageProvider] = open_provider,
+         ) -> PulledImage:
+    """Fetch ``source`` into ``store`` and record it under :func:`ref_name`; see module doc."""
+    options = options or PullOptions()
+    wanted = (options.platform or host_platform()).normalized()
+    provider = provider_factory(source, options.registry)
+    counter = BlobCounter()
+    try:
+        resolved = resolve(provider, wanted, explicit=options.platform is not None)
+        manifest = resolved.manifest
+        config_descriptor = manifest.config
+        fetch_blob(provider, store, config_descriptor, "config", progress, counter)
+        config = parse_image_config(store.read_blob(config_descriptor.digest))
+        if len(config.diff_ids) != len(manifest.layers):
+            raise SchemaError(
+                f"{provider.name}: the manifest has {len(manifest.layers)} layers but the "
+                f"config lists {len(config.diff_ids)} diff_ids",
+                "the image is malformed; rebuild or re-push it")
+        platform, warnings = _check_platform(config, wanted, options.platform is not None,
+                                             provider.name)
+        jobs = max(1, options.jobs)
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="pull") as pool:
+            futures = [
+                pool.submit(fetch_blob, provider, store, layer,
+                            f"layer {n}/{len(manifest.layers)}", progress, counter)
+                for n, layer in enumerate(manifest.layers, start=1)
+            ]
+            for future in futures:
+                future.result()
+        store.put_blob(resolved.manifest_fetched.data, resolved.manifest_fetched.digest)
+        if resolved.index_fetched is not None:
+            store.put_blob(resolved.index_fetched.data, resolved.index_fetched.digest)
+        descriptor = Descriptor(media_type=manifest.media_type,
+                                digest=resolved.manifest_fetched.digest,
+                                size=len(resolved.manifest_fetched.data))
+        annotations = {
+            ANNOTATION_RESOLVED: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            ANNOTATION_SOURCE: str(source),
+        }
+        if resolved.index_fetched is not None:
+            annotations[ANNOTATION_INDEX] = str(resolved.index_fetched.digest)
+        name = ref_name(source)
+        store.tag(name, _descriptor_json(descriptor, annotations, platform))
+        return PulledImage(
+            name=name,
+            source=str(source),
+            manifest=descriptor,
+            index_digest=resolved.index_fetched.digest if resolved.index_fetched else None,
+            platform=platform,
+            config=config,
+            config_digest=config_descriptor.digest,
+            layers=manifest.layers,
+            fetched_bytes=counter.fetched,
+            reused_blobs=counter.reused,
+            warnings=tuple(warnings) + resolved.warnings,
+        )
+    finally:
+        provider.close()

@@ -1,0 +1,381 @@
+"""Where image content comes from: a registry, an OCI layout, an OCI archive, a docker archive.
+
+Every source is an :class:`ImageProvider`: it resolves its reference to a top-level manifest or
+index (bytes plus digest), fetches further manifests by digest, and streams blobs into a sink
+(a :class:`cache.store.Ingest`) that verifies them before they are published. `pull.py` holds the
+policy (platform selection, parallelism, what to store); providers only move bytes.
+
+``docker-archive:`` files (``docker save``) have no OCI manifest: the provider synthesises one
+from the archive's ``manifest.json`` and the image config, so the rest of ocistage sees an
+ordinary OCI image. Its layers are usually uncompressed tars whose digest equals their diff_id;
+compressed ones are hashed once to learn their digest.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import tarfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from bundler import mediatypes
+from bundler.reference import (
+    DockerArchiveReference,
+    ImageSource,
+    OciArchiveReference,
+    OciLayoutReference,
+    RegistryReference,
+    parse_registry_reference,
+)
+from bundler.registry import BlobSink, FetchedManifest, RegistryClient, RegistryConfig
+from cache.digest import Digest, hash_file
+from cache.errors import IntegrityError, InvalidReference, NotFound, SourceError
+
+CHUNK = 1 << 20
+MAX_DOCUMENT = 4 << 20
+REF_NAME = "org.opencontainers.image.ref.name"
+
+Progress = Callable[[int], None]
+
+
+class ImageProvider(Protocol):
+    """The byte-moving half of a pull; see the module docstring."""
+
+    name: str
+
+    def resolve(self) -> FetchedManifest: ...
+
+    def manifest(self, digest: Digest) -> FetchedManifest: ...
+
+    def fetch_blob(self, digest: Digest, size: int | None, sink: BlobSink,
+                   progress: Progress | None = None, urls: tuple[str, ...] = ()) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def open_provider(source: ImageSource, config: RegistryConfig) -> ImageProvider:
+    if isinstance(source, RegistryReference):
+        return RegistryProvider(source, config)
+    if isinstance(source, OciLayoutReference):
+        return OciLayoutProvider(source.path, source.tag)
+    if isinstance(source, OciArchiveReference):
+        return OciArchiveProvider(source.path, source.tag)
+    if isinstance(source, DockerArchiveReference):
+        return DockerArchiveProvider(source.path, source.image)
+    raise SourceError(f"unsupported image source {source!r}")
+
+
+def _copy_into(stream: IO[bytes], sink: BlobSink, progress: Progress | None) -> None:
+    if sink.offset:
+        skipped = 0
+        while skipped < sink.offset:
+            chunk = stream.read(min(CHUNK, sink.offset - skipped))
+            if not chunk:
+                sink.restart()
+                return _copy_into(stream, sink, progress)
+            skipped += len(chunk)
+    while chunk := stream.read(CHUNK):
+        sink.write(chunk)
+        if progress is not None:
+            progress(len(chunk))
+
+
+def _fetched(data: bytes, digest: Digest | None, what: str) -> FetchedManifest:
+    if len(data) > MAX_DOCUMENT:
+        raise SourceError(f"{what} is larger than {MAX_DOCUMENT} bytes")
+    actual = Digest.of_bytes(data)
+    if digest is not None and actual != digest:
+        raise IntegrityError(f"{what} has digest {actual}, expected {digest}")
+    try:
+        media_type = str(json.loads(data).get("mediaType") or "")
+    except (ValueError, AttributeError) as exc:
+        raise SourceError(f"{what} is not a JSON object") from exc
+    return FetchedManifest(media_type=media_type, digest=actual, data=data)
+
+
+# -- registry -------------------------------------------------------------------------------
+
+
+class RegistryProvider:
+    def __init__(self, reference: RegistryReference, config: RegistryConfig) -> None:
+        self.reference = reference
+        self.name = str(reference)
+        self.client = RegistryClient(reference.registry, config)
+
+    def resolve(self) -> FetchedManifest:
+        return self.client.get_manifest(self.reference.repository, self.reference.reference,
+                                        accept=mediatypes.MANIFEST_ACCEPT)
+
+    def manifest(self, digest: Digest) -> FetchedManifest:
+        return self.client.get_manifest(self.reference.repository, str(digest),
+                                        accept=mediatypes.MANIFEST_ACCEPT)
+
+    def fetch_blob(self, digest: Digest, size: int | None, sink: BlobSink,
+                   progress: Progress | None = None, urls: tuple[str, ...] = ()) -> None:
+        self.client.fetch_blob(self.reference.repository, digest, size, sink,
+                               progress=progress, urls=urls)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+# -- OCI image layout (oci:PATH[:tag]) -------------------------------------------------------
+
+
+def _select_from_index(index: dict[str, Any], tag: str | None, where: str) -> dict[str, Any]:
+    manifests = [m for m in index.get("manifests", []) if isinstance(m, dict)]
+    if tag is not None:
+        matches = [m for m in manifests if m.get("annotations", {}).get(REF_NAME) == tag]
+        if not matches:
+            names = sorted({m.get("annotations", {}).get(REF_NAME, "") for m in manifests} - {""})
+            raise NotFound(f"no image tagged {tag!r} in {where}",
+                           f"tags there: {', '.join(names) or 'none'}")
+    else:
+        matches = manifests
+    if len(matches) != 1:
+        if not matches:
+            raise NotFound(f"{where} holds no image")
+        if tag is None:
+            raise SourceError(f"{where} holds {len(matches)} images; name one with :TAG",
+                              "use oci:PATH:TAG (tags are the org.opencontainers.image.ref.name "
+                              "annotations in index.json)")
+        # the same tag for several platforms: hand over a synthetic index of them
+        return {"mediaType": mediatypes.OCI_INDEX, "manifests": matches, "synthetic": True}
+    return matches[0]
+
+
+class OciLayoutProvider:
+    def __init__(self, path: Path, tag: str | None) -> None:
+        self.root = path
+        self.tag = tag
+        self.name = f"oci:{path}" + (f":{tag}" if tag else "")
+        if not (path / "oci-layout").is_file() or not (path / "index.json").is_file():
+            raise SourceError(f"{path} is not an OCI image layout",
+                              "an OCI layout has an oci-layout file and index.json")
+
+    def _blob(self, digest: Digest) -> Path:
+        path = self.root / "blobs" / digest.algorithm / digest.hex
+        if not path.is_file():
+            raise NotFound(f"blob {digest} is missing from {self.root}")
+        return path
+
+    def resolve(self) -> FetchedManifest:
+        try:
+            index = json.loads((self.root / "index.json").read_bytes())
+        except (OSError, ValueError) as exc:
+            raise SourceError(f"cannot read {self.root / 'index.json'}: {exc}") from exc
+        chosen = _select_from_index(index, self.tag, str(self.root))
+        if chosen.get("synthetic"):
+            del chosen["synthetic"]
+            return _fetched(json.dumps({"schemaVersion": 2, **chosen}).encode(), None,
+                            f"index of {self.name}")
+        return self.manifest(Digest.parse(str(chosen.get("digest"))))
+
+    def manifest(self, digest: Digest) -> FetchedManifest:
+        with open(self._blob(digest), "rb") as blob:
+            data = blob.read(MAX_DOCUMENT + 1)
+        return _fetched(data, digest, f"manifest {digest.short} of {self.name}")
+
+    def fetch_blob(self, digest: Digest, size: int | None, sink: BlobSink,
+                   progress: Progress | None = None, urls: tuple[str, ...] = ()) -> None:
+        with open(self._blob(digest), "rb") as blob:
+            _copy_into(blob, sink, progress)
+
+    def close(self) -> None:
+        pass
+
+
+# -- tar archives ---------------------------------------------------------------------------
+
+
+class _TarSource:
+    """Random access to members of an uncompressed tar archive, by normalised name."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.tar = tarfile.open(path, "r:")  # noqa: SIM115 - closed by close()
+        except (OSError, tarfile.TarError) as exc:
+            raise SourceError(f"cannot read archive {path}: {exc}",
+                              "archives must be uncompressed tar files") from exc
+        self.members: dict[str, tarfile.TarInfo] = {}
+        for member in self.tar.getmembers():
+            name = posixpath.normpath(member.name.lstrip("/"))
+            if member.isfile():
+                self.members[name] = member
+            elif member.issym() or member.islnk():
+                self.members.setdefault(name, member)
+
+    @contextmanager
+    def open(self, name: str) -> Iterator[IO[bytes]]:
+        member = self._resolve(posixpath.normpath(name.lstrip("/")))
+        stream = self.tar.extractfile(member)
+        if stream is None:
+            raise SourceError(f"{name} in {self.path} is not a file")
+        try:
+            yield stream
+        finally:
+            stream.close()
+
+    def _resolve(self, name: str, depth: int = 0) -> tarfile.TarInfo:
+        member = self.members.get(name)
+        if member is None:
+            raise NotFound(f"{name} is missing from {self.path}")
+        if member.isfile():
+            return member
+        if depth > 8:
+            raise SourceError(f"too many links resolving {name} in {self.path}")
+        base = posixpath.dirname(name) if member.issym() else ""
+        target = posixpath.normpath(posixpath.join(base, member.linkname).lstrip("/"))
+        return self._resolve(target, depth + 1)
+
+    def read(self, name: str, limit: int = MAX_DOCUMENT) -> bytes:
+        with self.open(name) as stream:
+            data = stream.read(limit + 1)
+        if len(data) > limit:
+            raise SourceError(f"{name} in {self.path} is larger than {limit} bytes")
+        return data
+
+    def has(self, name: str) -> bool:
+        return posixpath.normpath(name.lstrip("/")) in self.members
+
+    def close(self) -> None:
+        self.tar.close()
+
+
+class OciArchiveProvider:
+    """``oci-archive:FILE[:tag]``: an OCI layout packed in a tar file."""
+
+    def __init__(self, path: Path, tag: str | None) -> None:
+        self.archive = _TarSource(path)
+        self.tag = tag
+        self.name = f"oci-archive:{path}" + (f":{tag}" if tag else "")
+        if not self.archive.has("index.json"):
+            raise SourceError(f"{path} is not an OCI archive (no index.json)")
+
+    def resolve(self) -> FetchedManifest:
+        try:
+            index = json.loads(self.archive.read("index.json"))
+        except ValueError as exc:
+            raise SourceError(f"index.json of {self.name} is not JSON") from exc
+        chosen = _select_from_index(index, self.tag, self.name)
+        if chosen.get("synthetic"):
+            del chosen["synthetic"]
+            return _fetched(json.dumps({"schemaVersion": 2, **chosen}).encode(), None,
+                            f"index of {self.name}")
+        return self.manifest(Digest.parse(str(chosen.get("digest"))))
+
+    def manifest(self, digest: Digest) -> FetchedManifest:
+        data = self.archive.read(f"blobs/{digest.algorithm}/{digest.hex}")
+        return _fetched(data, digest, f"manifest {digest.short} of {self.name}")
+
+    def fetch_blob(self, digest: Digest, size: int | None, sink: BlobSink,
+                   progress: Progress | None = None, urls: tuple[str, ...] = ()) -> None:
+        with self.archive.open(f"blobs/{digest.algorithm}/{digest.hex}") as stream:
+            _copy_into(stream, sink, progress)
+
+    def close(self) -> None:
+        self.archive.close()
+
+
+class DockerArchiveProvider:
+    """``docker-archive:FILE[:name:tag]``: the output of ``docker save``."""
+
+    def __init__(self, path: Path, image: str | None) -> None:
+        self.archive = _TarSource(path)
+        self.name = f"docker-archive:{path}" + (f":{image}" if image else "")
+        try:
+            entries = json.loads(self.archive.read("manifest.json"))
+        except (NotFound, ValueError) as exc:
+            raise SourceError(f"{path} is not a docker archive (no valid manifest.json)",
+                              "make one with `docker save IMAGE -o FILE`") from exc
+        if not isinstance(entries, list) or not entries:
+            raise SourceError(f"manifest.json of {path} lists no image")
+        self.entry = self._choose(entries, image, path)
+        self.blob_members: dict[Digest, str] = {}
+        self._synthetic: FetchedManifest | None = None
+
+    @staticmethod
+    def _choose(entries: list[Any], image: str | None, path: Path) -> dict[str, Any]:
+        if image is None:
+            if len(entries) > 1:
+                raise SourceError(f"{path} holds {len(entries)} images; name one",
+                                  "use docker-archive:FILE:NAME:TAG")
+            return dict(entries[0])
+        for entry in entries:
+            for tag in entry.get("RepoTags") or []:
+                try:
+                    canonical = str(parse_registry_reference(str(tag)))
+                except InvalidReference:
+                    continue
+                if canonical == image:
+                    return dict(entry)
+        raise NotFound(f"no image {image!r} in {path}")
+
+    def _layer_digest(self, member: str, diff_id: str | None) -> tuple[Digest, int, str]:
+        with self.archive.open(member) as stream:
+            magic = stream.read(4)
+        info = self.archive._resolve(posixpath.normpath(member.lstrip("/")))
+        if magic[:2] == b"\x1f\x8b":
+            media_type = mediatypes.OCI_LAYER_GZIP
+        elif magic == b"\x28\xb5\x2f\xfd":
+            media_type = mediatypes.OCI_LAYER_ZSTD
+        else:
+            media_type = mediatypes.OCI_LAYER
+            # an uncompressed layer's digest is its diff_id; the copy verifies it anyway
+            if diff_id is not None:
+                return Digest.parse(diff_id), info.size, media_type
+        with self.archive.open(member) as stream:
+            return hash_file(stream), info.size, media_type  # type: ignore[arg-type]
+
+    def resolve(self) -> FetchedManifest:
+        if self._synthetic is not None:
+            return self._synthetic
+        config_name = str(self.entry.get("Config", ""))
+        config = self.archive.read(config_name)
+        config_digest = Digest.of_bytes(config)
+        try:
+            diff_ids = list(json.loads(config).get("rootfs", {}).get("diff_ids", []))
+        except (ValueError, AttributeError) as exc:
+            raise SourceError(f"image config {config_name} in {self.name} is not JSON") from exc
+        layers_names = [str(n) for n in self.entry.get("Layers", [])]
+        if len(diff_ids) != len(layers_names):
+            raise SourceError(f"{self.name}: {len(layers_names)} layers but "
+                              f"{len(diff_ids)} diff_ids in the image config")
+        self.blob_members[config_digest] = config_name
+        layers = []
+        for member, diff_id in zip(layers_names, diff_ids, strict=True):
+            digest, size, media_type = self._layer_digest(member, diff_id)
+            self.blob_members[digest] = member
+            layers.append({"mediaType": media_type, "digest": str(digest), "size": size})
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": mediatypes.OCI_MANIFEST,
+            "config": {"mediaType": mediatypes.OCI_CONFIG, "digest": str(config_digest),
+                       "size": len(config)},
+            "layers": layers,
+        }
+        data = json.dumps(manifest, indent=2).encode()
+        self._synthetic = FetchedManifest(mediatypes.OCI_MANIFEST, Digest.of_bytes(data), data)
+        return self._synthetic
+
+    def manifest(self, digest: Digest) -> FetchedManifest:
+        resolved = self.resolve()
+        if digest != resolved.digest:
+            raise NotFound(f"manifest {digest} is not in {self.name}")
+        return resolved
+
+    def fetch_blob(self, digest: Digest, size: int | None, sink: BlobSink,
+                   progress: Progress | None = None, urls: tuple[str, ...] = ()) -> None:
+        member = self.blob_members.get(digest)
+        if member is None:
+            raise NotFound(f"blob {digest} is not in {self.name}")
+        with self.archive.open(member) as stream:
+            _copy_into(stream, sink, progress)
+
+    def close(self) -> None:
+        self.archive.close()
+
