@@ -110,6 +110,12 @@ class _Applier:
                 break
             self.created_ancestors.add(ancestor)
 
+    def _implicit_dir(self, path: Parts) -> None:
+        """A missing parent was created: earlier records for this path are stale."""
+        self._mark_created(path)
+        self.dirs.pop(path, None)
+        self.saved_mtimes.pop(path, None)
+
     def _save_mtime(self, parent: Parts, parent_fd: int) -> None:
         """Remember a lower directory's times before this layer changes its entries."""
         if parent in self.saved_mtimes or parent in self.created:
@@ -121,7 +127,7 @@ class _Applier:
         self.report.warnings.append(message)
 
     def _parent(self, parts: Parts) -> tuple[int, Parts]:
-        found = self.root.resolve_dir(parts[:-1], create=True, on_create=self._mark_created)
+        found = self.root.resolve_dir(parts[:-1], create=True, on_create=self._implicit_dir)
         assert found is not None  # create=True either returns or raises
         return found
 
@@ -257,6 +263,9 @@ class _Applier:
                                  f"{display(source)}", "hardlinks to directories are invalid")
             if source == path:
                 return
+            if source[:len(path)] == path:
+                raise LayerError(f"hardlink {display(path)} would replace the directory holding "
+                                 f"its own target {display(source)}", "the image is broken")
             source_fd = os.dup(source_fd)
             try:
                 try:
