@@ -378,6 +378,20 @@ def test_differences_from_runc_spec_rootless_are_the_documented_ones(
     assert ours["process"]["rlimits"] == runc_spec["process"]["rlimits"]
 
 
+def test_differences_from_crun_spec_rootless_are_the_documented_ones(
+        rootfs: Path, tmp_path: Path) -> None:
+    crun_spec = json.loads(run_spec("crun", tmp_path))
+    ours = build(rootfs)
+    skip = {"/sys", "/sys/fs/cgroup"}  # sysfs needs an owned netns; cgroups belong to Slurm
+    assert [m for m in ours["mounts"] if m["destination"] not in skip] == \
+        [m for m in crun_spec["mounts"] if m["destination"] not in skip]
+    crun_namespaces = {ns["type"] for ns in crun_spec["linux"]["namespaces"]}
+    assert {ns["type"] for ns in ours["linux"]["namespaces"]} == crun_namespaces - {"network"}
+    assert "resources" in crun_spec["linux"] and "resources" not in ours["linux"]
+    assert set(crun_spec["linux"]["maskedPaths"]) <= set(ours["linux"]["maskedPaths"])
+    assert ours["linux"]["readonlyPaths"] == crun_spec["linux"]["readonlyPaths"]
+
+
 def test_write_runtime_config_publishes_atomically(rootfs: Path, tmp_path: Path) -> None:
     bundle = rootfs.parent
     config = build(rootfs)
