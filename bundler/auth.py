@@ -3,7 +3,8 @@
 Auth is a generator flow (the httpx shape): :meth:`Authenticator.flow` yields the request to
 send and receives its response. A ``401`` with a ``Bearer`` challenge is answered by yielding a
 token request to the challenge's realm (anonymous, basic-authenticated with stored credentials,
-or an OAuth2 ``refresh_token`` POST for an identity token), then yielding the original request
+or an OAuth2 ``refresh_token`` POST for an identity token; an issuer that refuses the GET is
+asked with an OAuth2 ``password`` POST), then yielding the original request
 again with ``Authorization: Bearer``. A ``Basic`` challenge is answered with the stored
 credentials. The response the flow last received when it stops is the final one; if the token
 issuer answers 429/5xx the flow stops there, so the caller's retry policy sees that status.
@@ -266,6 +267,18 @@ class Authenticator:
         url = f"{realm}{sep}{urlencode(query)}" if query else realm
         return HttpRequest("GET", url, headers)
 
+    @staticmethod
+    def _password_grant(challenge: Challenge, scope: str | None,
+                        creds: Credentials) -> HttpRequest:
+        form = {"grant_type": "password", "client_id": CLIENT_ID,
+                "username": creds.username, "password": creds.password}
+        if challenge.service:
+            form["service"] = challenge.service
+        if scope:
+            form["scope"] = scope
+        return HttpRequest("POST", challenge.realm or "", {"Accept": "application/json"},
+                           data=form)
+
     def _fetch_token(self, challenge: Challenge, request_scope: str | None,
                      ) -> Generator[HttpRequest, requests.Response, str | None]:
         """A bearer token for the scope (cached or fetched); None if the issuer asks to retry."""
@@ -274,8 +287,14 @@ class Authenticator:
         cached = self._tokens.get(key)
         if cached is not None:
             return cached
-        response = yield self._token_request(challenge, scope)
+        request = self._token_request(challenge, scope)
+        response = yield request
         status = response.status_code
+        creds = self.credentials(scope)
+        if status in (404, 405) and request.method == "GET" and creds and creds.password:
+            # some issuers only speak the OAuth2 form: retry as a password grant
+            response = yield self._password_grant(challenge, scope, creds)
+            status = response.status_code
         if status in RETRYABLE_STATUS:
             return None
         issuer = urlsplit(challenge.realm or "").netloc

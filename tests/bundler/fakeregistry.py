@@ -52,6 +52,7 @@ class FakeRegistry:
     retry_after: str | None = None
     fail_500: int = 0                           # ... or with 500
     token_fail_503: int = 0                     # the token endpoint fails this many times
+    token_get_refused: bool = False             # the token endpoint only takes OAuth2 POSTs
     drop_after: int | None = None               # close the socket after this many body bytes
     drop_times: int = 0                         # ... this many times (then serve normally)
     stall_after: int | None = None              # send this many body bytes, then go silent
@@ -128,8 +129,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(405)
             return
         form = {k: v[0] for k, v in parse_qs(body.decode()).items()}
-        user = self.state.refresh_tokens.get(form.get("refresh_token", ""))
-        if form.get("grant_type") != "refresh_token" or user is None:
+        user: str | None
+        if form.get("grant_type") == "password":
+            user = form.get("username", "")
+            if self.state.users.get(user) != form.get("password"):
+                user = None
+        elif form.get("grant_type") == "refresh_token":
+            user = self.state.refresh_tokens.get(form.get("refresh_token", ""))
+        else:
+            user = None
+        if user is None:
             self._send(401, b'{"error":"invalid_grant"}')
             return
         self._issue_token(form.get("scope", ""), "access_token")
@@ -187,6 +196,9 @@ class _Handler(BaseHTTPRequestHandler):
         return user if self.state.users.get(user) == password else ""
 
     def _token(self, query: str) -> None:
+        if self.state.token_get_refused:
+            self._send(405, b"")
+            return
         with self.state.lock:
             if self.state.token_fail_503 > 0:
                 self.state.token_fail_503 -= 1

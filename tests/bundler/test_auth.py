@@ -260,3 +260,21 @@ def test_rejected_token_is_an_authentication_error(registry: FakeRegistry,
     with _client(registry, tmp_path) as client, \
             pytest.raises(AuthenticationError, match=f"{registry.netloc} refused anonymous"):
         client.get_manifest("team/app", "latest", ACCEPT)
+
+
+def test_password_grant_when_the_issuer_refuses_get(registry: FakeRegistry,
+                                                    tmp_path: Path) -> None:
+    registry.auth = "bearer"
+    registry.token_get_refused = True
+    registry.users = {"alice": "pw"}
+    with _client(registry, tmp_path, _auth("alice", "pw")) as client:
+        client.get_manifest("team/app", "latest", ACCEPT)
+    get, post = registry.token_requests()
+    assert (get.method, post.method) == ("GET", "POST")
+    form = parse_qs(post.body.decode())
+    assert form["grant_type"] == ["password"]
+    assert form["username"] == ["alice"]
+    assert form["scope"] == ["repository:team/app:pull"]
+    with _client(registry, tmp_path, _auth("alice", "bad")) as client, \
+            pytest.raises(AuthenticationError, match="rejected the credentials of alice"):
+        client.get_manifest("team/app", "latest", ACCEPT)
