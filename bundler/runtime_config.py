@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bundler.idmap import RootPlaceholder, detect_root_placeholder, mappings
 from bundler.schema import validate
 from bundler.userdb import ResolvedUser, resolve_user
 from cache.errors import SchemaError, StoreError, UsageError
@@ -96,6 +97,8 @@ class ConfigOptions:
     map_root: bool = False  # rootless: run as container root (runc 1.1 needs uid 0 mapped)
     host_uid: int = field(default_factory=os.getuid)
     host_gid: int = field(default_factory=os.getgid)
+    # host ids for container 0 when the image user is not root (runc 1.1 needs 0 mapped)
+    root_placeholder: RootPlaceholder | None = field(default_factory=detect_root_placeholder)
     terminal: bool = False
 
 
@@ -305,8 +308,11 @@ def _linux(user: ResolvedUser, options: ConfigOptions) -> dict[str, Any]:
     linux: dict[str, Any] = {"namespaces": namespaces}
     if options.rootless:
         namespaces.append({"type": "user"})
-        linux["uidMappings"] = [{"containerID": user.uid, "hostID": options.host_uid, "size": 1}]
-        linux["gidMappings"] = [{"containerID": user.gid, "hostID": options.host_gid, "size": 1}]
+        placeholder = options.root_placeholder
+        linux["uidMappings"] = mappings(user.uid, options.host_uid,
+                                        placeholder.uid if placeholder else None)
+        linux["gidMappings"] = mappings(user.gid, options.host_gid,
+                                        placeholder.gid if placeholder else None)
     linux["maskedPaths"] = list(MASKED_PATHS)
     linux["readonlyPaths"] = list(READONLY_PATHS)
     return linux

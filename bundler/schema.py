@@ -16,8 +16,8 @@ from functools import cache
 from importlib import resources
 from typing import Any, Literal, get_args
 
-from jsonschema import Draft202012Validator  # type: ignore[import-untyped, unused-ignore]
-from jsonschema.exceptions import (  # type: ignore[import-untyped, unused-ignore]
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import (
     ValidationError,
     best_match,
 )

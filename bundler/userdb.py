@@ -30,20 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from cache.errors import OcistageError
+from cache.errors import UserResolutionError
 
 MAX_ID = 2**32 - 2  # uint32 without the (uid_t)-1 sentinel
 _MAX_SYMLINKS = 40
 _MAX_LINE = 64 * 1024
-
-
-class UserResolutionError(OcistageError):
-    """The image's user cannot be resolved against its rootfs."""
-
-    default_hint = (
-        "the image's User does not exist in its /etc/passwd or /etc/group; "
-        "override it with a numeric uid[:gid]"
-    )
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ them as one ``error: ...`` line plus a ``hint: ...`` line and exits with ``exit_
     ├── IntegrityError                bytes do not match their digest or declared size
     ├── SourceError                   a local source (oci: layout, docker-archive:) is unusable
     ├── SchemaError                   a document does not validate against its OCI schema
+    ├── UserResolutionError           the image's User is not in its /etc/passwd or /etc/group
     ├── LayerError                    a layer cannot be applied (bad tar, unsafe entry)
     ├── StoreError                    the cache cannot be read or written (disk full, perms)
     │   └── LockTimeout               another process holds a lock for too long
@@ -101,6 +102,13 @@ class SourceError(OcistageError):
 
 class SchemaError(OcistageError):
     pass
+
+
+class UserResolutionError(OcistageError):
+    default_hint = (
+        "the image's User does not exist in its /etc/passwd or /etc/group; "
+        "override it with a numeric uid[:gid]"
+    )
 
 
 class LayerError(OcistageError):

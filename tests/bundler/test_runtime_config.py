@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from bundler.idmap import RootPlaceholder
 from bundler.runtime_config import (
     CDI_ANNOTATION,
     DEFAULT_PATH,
@@ -26,14 +27,13 @@ from bundler.runtime_config import (
     write_runtime_config,
 )
 from bundler.schema import validate
-from bundler.userdb import UserResolutionError
-from cache.errors import SchemaError, StoreError, UsageError
+from cache.errors import SchemaError, StoreError, UsageError, UserResolutionError
 
 PASSWD = "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/app:/bin/sh\n"
 GROUP = "root:x:0:\napp:x:1000:\nvideo:x:44:app\n"
 APPLETS = ("sh", "id", "pwd", "env", "cat", "touch", "hostname", "echo")
 NOBODY = 65534
-ROOT_OPTS = ConfigOptions(host_uid=1234, host_gid=5678)
+ROOT_OPTS = ConfigOptions(host_uid=1234, host_gid=5678, root_placeholder=None)
 
 
 def image(**config: Any) -> dict[str, Any]:
@@ -146,6 +146,19 @@ def test_rootless_maps_the_caller_to_the_image_user(rootfs: Path) -> None:
     assert config["process"]["user"] == {"uid": 1000, "gid": 1000}  # no additionalGids rootless
     assert config["linux"]["uidMappings"] == [{"containerID": 1000, "hostID": 1234, "size": 1}]
     assert config["linux"]["gidMappings"] == [{"containerID": 1000, "hostID": 5678, "size": 1}]
+
+
+def test_container_root_is_mapped_to_the_placeholder_for_runc_1_1(rootfs: Path) -> None:
+    options = replace(ROOT_OPTS, root_placeholder=RootPlaceholder(100000, 200000))
+    config = build(rootfs, options, User="app")
+    assert config["process"]["user"] == {"uid": 1000, "gid": 1000}
+    assert config["linux"]["uidMappings"] == [{"containerID": 1000, "hostID": 1234, "size": 1},
+                                              {"containerID": 0, "hostID": 100000, "size": 1}]
+    assert config["linux"]["gidMappings"] == [{"containerID": 1000, "hostID": 5678, "size": 1},
+                                              {"containerID": 0, "hostID": 200000, "size": 1}]
+    # a root image needs no placeholder: the caller is container root
+    assert build(rootfs, options)["linux"]["uidMappings"] == [
+        {"containerID": 0, "hostID": 1234, "size": 1}]
 
 
 def test_rootless_root_image_maps_the_caller_to_root(rootfs: Path) -> None:

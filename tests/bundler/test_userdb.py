@@ -9,12 +9,12 @@ import pytest
 
 from bundler.userdb import (
     ResolvedUser,
-    UserResolutionError,
     open_in_rootfs,
     read_group,
     read_passwd,
     resolve_user,
 )
+from cache.errors import UserResolutionError
 
 PASSWD = """\
 root:x:0:0:root:/root:/bin/sh
