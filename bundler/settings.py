@@ -7,6 +7,8 @@ which the user's file overrides key by key::
     cache = "/scratch/ocistage-cache"       # like --cache / $OCISTAGE_CACHE
     jobs = 6                                # parallel blob downloads
     ca_file = "/etc/ssl/site-ca.pem"        # extra CA bundle for HTTPS registries
+    loopback_insecure = true                # 127.0.0.0/8, ::1, localhost: skip TLS checks,
+                                            # fall back to HTTP (as Docker does)
 
     [registries."docker.io"]
     mirrors = ["https://mirror.site.example:5000"]   # tried before the origin
@@ -42,10 +44,12 @@ class Settings:
     ca_file: str | None = None
     insecure_registries: frozenset[str] = frozenset()
     mirrors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    loopback_insecure: bool = True
 
     def registry_config(self) -> RegistryConfig:
         return RegistryConfig(insecure_registries=self.insecure_registries,
-                              ca_file=self.ca_file, mirrors=dict(self.mirrors))
+                              ca_file=self.ca_file, mirrors=dict(self.mirrors),
+                              loopback_insecure=self.loopback_insecure)
 
 
 def user_config_path() -> Path:
@@ -126,4 +130,5 @@ def load_settings(
         ca_file=ca_file or file.get("ca_file"),
         insecure_registries=frozenset(insecure_hosts),
         mirrors={host: tuple(urls) for host, urls in mirror_map.items()},
+        loopback_insecure=bool(file.get("loopback_insecure", True)),
     )
