@@ -1,0 +1,222 @@
+"""Leases: "this content is in use, do not collect it".
+
+A lease names a *target* and a *holder*. Targets are strings with a kind prefix:
+
+    image:<ref name>          an image in index.json (its manifest, config and layers)
+    bundle:<key>              a bundle under CACHE/bundles/<key>
+    blob:sha256:<hex>         one blob
+    snapshot:sha256:<hex>     one unpacked layer snapshot (by diff_id)
+    staged:<absolute path>    a bundle staged outside the cache (see stagers/)
+
+Holders are a process (``pid`` on a host, with its start time so a reused pid does not count),
+a Slurm job (``slurm-job`` with its id; live while ``squeue`` lists it), or a named ``pin``
+(live until released). Each lease is one JSON file ``CACHE/leases/<id>.json`` written by
+atomic rename, so many nodes can take and drop leases on a shared filesystem without locks.
+
+A lease whose holder is known to be gone is *dead*; ``cache gc`` deletes dead leases and then
+everything no live lease or ref protects. When liveness cannot be decided here (a pid on another
+host, a job while Slurm's commands are missing), the lease counts as live: GC errs on the side
+of keeping data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from cache.errors import StoreError, UsageError
+from cache.locks import Owner
+from cache.store import write_file_atomic
+
+HolderKind = Literal["pid", "slurm-job", "pin"]
+TARGET_KINDS = ("image", "bundle", "blob", "snapshot", "staged")
+#: Slurm job states in which a job still uses what it leased.
+SLURM_ACTIVE_STATES = frozenset({
+    "PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "RESIZING", "REQUEUED",
+    "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD",
+})
+
+
+@dataclass(frozen=True)
+class Holder:
+    kind: HolderKind
+    host: str = ""
+    pid: int | None = None
+    start: str | None = None
+    job_id: str | None = None
+    name: str | None = None
+
+    @classmethod
+    def this_process(cls) -> Holder:
+        me = Owner.me()
+        return cls("pid", host=me.host, pid=me.pid, start=me.start)
+
+    @classmethod
+    def slurm_job(cls, job_id: str) -> Holder:
+        if not job_id or not job_id.replace("_", "").replace("+", "").isdigit():
+            raise UsageError(f"invalid Slurm job id {job_id!r}")
+        return cls("slurm-job", host=socket.gethostname(), job_id=job_id)
+
+    @classmethod
+    def pin(cls, name: str) -> Holder:
+        if not name:
+            raise UsageError("a pin needs a name")
+        return cls("pin", host=socket.gethostname(), name=name)
+
+    def describe(self) -> str:
+        if self.kind == "pid":
+            return f"pid {self.pid} on {self.host}"
+        if self.kind == "slurm-job":
+            return f"job {self.job_id}"
+        return f"pin {self.name}"
+
+
+@dataclass(frozen=True)
+class Lease:
+    id: str
+    target: str
+    holder: Holder
+    created: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Lease:
+        data = json.loads(text)
+        return cls(id=str(data["id"]), target=str(data["target"]),
+                   holder=Holder(**data["holder"]), created=float(data["created"]))
+
+
+def check_target(target: str) -> str:
+    kind, sep, rest = target.partition(":")
+    if not sep or kind not in TARGET_KINDS or not rest:
+        raise UsageError(f"invalid lease target {target!r}",
+                         f"targets look like KIND:VALUE with KIND one of {', '.join(TARGET_KINDS)}")
+    if kind == "staged" and not rest.startswith("/"):
+        raise UsageError(f"staged lease target needs an absolute path, not {rest!r}")
+    return target
+
+
+def _directory(cache_root: Path) -> Path:
+    path = cache_root / "leases"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def acquire(cache_root: Path, target: str, holder: Holder) -> Lease:
+    """Record a lease on ``target`` for ``holder``; returns it (its id releases it)."""
+    lease = Lease(id=uuid.uuid4().hex, target=check_target(target), holder=holder,
+                  created=time.time())
+    try:
+        write_file_atomic(_directory(cache_root) / f"{lease.id}.json", lease.to_json().encode())
+    except OSError as exc:
+        raise StoreError(f"cannot record a lease in {cache_root}: {exc.strerror}") from exc
+    return lease
+
+
+def release(cache_root: Path, lease_id: str) -> bool:
+    """Drop a lease; False if it did not exist."""
+    if not lease_id or "/" in lease_id or lease_id.startswith("."):
+        raise UsageError(f"invalid lease id {lease_id!r}")
+    try:
+        (cache_root / "leases" / f"{lease_id}.json").unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def all_leases(cache_root: Path) -> list[Lease]:
+    """Every lease, oldest first; unreadable lease files are skipped (a writer may be mid-way)."""
+    directory = cache_root / "leases"
+    result = []
+    with contextlib.suppress(FileNotFoundError):
+        for path in directory.glob("*.json"):
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                result.append(Lease.from_json(path.read_text()))
+    return sorted(result, key=lambda lease: lease.created)
+
+
+def leases_on(cache_root: Path, target: str) -> list[Lease]:
+    return [lease for lease in all_leases(cache_root) if lease.target == target]
+
+
+JobStates = Callable[[Iterable[str]], dict[str, str] | None]
+
+
+def squeue_states(job_ids: Iterable[str]) -> dict[str, str] | None:
+    """States of the given jobs from ``squeue``; None when Slurm cannot be asked.
+
+    Jobs that squeue does not list any more have ended (they are absent from the result).
+    """
+    ids = sorted(set(job_ids))
+    if not ids:
+        return {}
+    squeue = shutil.which("squeue")
+    if squeue is None:
+        return None
+    try:
+        result = subprocess.run(
+            [squeue, "-h", "-o", "%i %T", "-j", ",".join(ids)],
+            capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if result.returncode != 0:
+        # squeue fails for a list made only of unknown (long finished) jobs
+        if "Invalid job id" in result.stderr:
+            return {}
+        return None
+    states: dict[str, str] = {}
+    for line in result.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            states[parts[0]] = parts[1]
+    return states
+
+
+def is_live(lease: Lease, job_states: dict[str, str] | None,
+            now: float | None = None) -> bool:
+    """Whether ``lease`` still protects its target (see the module docstring)."""
+    holder = lease.holder
+    if holder.kind == "pin":
+        return True
+    if holder.kind == "pid":
+        if holder.pid is None:
+            return False
+        alive = Owner(holder.host, holder.pid, holder.start).is_alive()
+        return True if alive is None else alive
+    if holder.kind == "slurm-job":
+        if job_states is None:
+            return True
+        state = job_states.get(str(holder.job_id))
+        return state is not None and state.split()[0].rstrip("+") in SLURM_ACTIVE_STATES
+    return False
+
+
+def dead_leases(cache_root: Path, job_states: JobStates = squeue_states) -> list[Lease]:
+    leases = all_leases(cache_root)
+    jobs = [str(lease.holder.job_id) for lease in leases if lease.holder.kind == "slurm-job"]
+    states = job_states(jobs) if jobs else {}
+    return [lease for lease in leases if not is_live(lease, states)]
+
+
+def expire_dead(cache_root: Path, job_states: JobStates = squeue_states) -> list[Lease]:
+    """Delete the leases whose holders are gone; returns them."""
+    dead = dead_leases(cache_root, job_states)
+    for lease in dead:
+        release(cache_root, lease.id)
+    return dead
+
+
+def live_targets(cache_root: Path, job_states: JobStates = squeue_states) -> set[str]:
+    dead = {lease.id for lease in dead_leases(cache_root, job_states)}
+    return {lease.target for lease in all_leases(cache_root) if lease.id not in dead}
