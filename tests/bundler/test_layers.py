@@ -6,7 +6,9 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -163,6 +165,50 @@ def test_rootless_directories_keep_owner_rwx(rootfs: Path) -> None:
     assert mode_of(rootfs / "sticky") == 0o1755
 
 
+UNPRIVILEGED_SCRIPT = """
+import io, os, shutil, sys
+from pathlib import Path
+from bundler.layers import apply_layer
+root = Path(sys.argv[1]) / "rootfs"
+root.mkdir()
+for layer in sys.argv[2:]:
+    apply_layer(open(layer, "rb"), root)
+print(oct(os.stat(root / "locked").st_mode & 0o7777), oct(os.stat(root / "su").st_mode & 0o7777))
+shutil.rmtree(root)  # an unprivileged user can always delete the bundle
+print("deleted")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root and setpriv to switch to an unprivileged user")
+def test_rootless_as_an_unprivileged_user() -> None:
+    layers = [[directory("locked", 0o000), file("locked/f", b"x", 0o000), directory("ro", 0o555),
+               file("ro/g", b"g", 0o444), chardev("dev/null")],
+              [file("locked/new", b"n"), whiteout("locked/f"), opaque("ro"), file("ro/h", b"h"),
+               file("su", b"s", 0o4755)]]
+    repo = Path(__file__).resolve().parents[2]
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        work.chmod(0o755)
+        paths = []
+        for index, entries in enumerate(layers):
+            paths.append(work / f"layer{index}.tar")
+            paths[-1].write_bytes(build_tar(entries))
+        os.chown(work, 65534, 65534)
+        for parent in [*work.parents, repo, *repo.parents]:
+            if parent.stat().st_mode & 0o001 == 0:
+                pytest.skip(f"{parent} is not searchable by other users")
+        result = subprocess.run(
+            ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+             sys.executable, "-c", UNPRIVILEGED_SCRIPT, str(work), *map(str, paths)],
+            capture_output=True, text=True, cwd=work, env={"PYTHONPATH": str(repo)},
+            timeout=60)
+    if "ModuleNotFoundError" in result.stderr or "can't open file" in result.stderr:
+        pytest.skip(f"python cannot run as an unprivileged user here: {result.stderr[-200:]}")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0o700", "0o4755", "deleted"]
+
+
 def test_root_entry_sets_rootfs_metadata(rootfs: Path) -> None:
     apply(rootfs, [directory("./", 0o750, mtime=42), file("./x", b"x")])
     assert mode_of(rootfs) == 0o750
@@ -238,6 +284,11 @@ def test_hardlink_to_missing_target_is_an_error(rootfs: Path, target: str) -> No
 def test_hardlink_to_directory_is_an_error(rootfs: Path) -> None:
     with pytest.raises(LayerError, match="directory"):
         apply(rootfs, [directory("d"), hardlink("h", "d")])
+
+
+def test_hardlink_replacing_the_directory_of_its_target_is_an_error(rootfs: Path) -> None:
+    with pytest.raises(LayerError, match="its own target"):
+        apply(rootfs, [directory("d"), file("d/f", b"x"), hardlink("d", "d/f")])
 
 
 def test_hardlink_to_itself_keeps_the_file(rootfs: Path) -> None:
