@@ -4,6 +4,7 @@ import gzip
 import io
 import os
 import zlib
+from typing import BinaryIO
 
 import pytest
 import zstandard
@@ -30,10 +31,10 @@ class TrickleReader(io.RawIOBase):
         return count
 
 
-def read_all(stream: io.BufferedIOBase | io.RawIOBase | object, size: int = 7777) -> bytes:
+def read_all(stream: BinaryIO, size: int = 7777) -> bytes:
     out = bytearray()
     while True:
-        chunk = stream.read(size)  # type: ignore[attr-defined]
+        chunk = stream.read(size)
         if not chunk:
             return bytes(out)
         out += chunk

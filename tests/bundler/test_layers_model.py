@@ -84,7 +84,8 @@ class Model:
             del self.tree[p]
 
     def resolve_dir(self, path: P, create: bool, made: set[P]) -> P | None:
-        todo, done, hops = list(path), (), 0
+        todo, hops = list(path), 0
+        done: P = ()
         while todo:
             name = todo.pop(0)
             here = (*done, name)

@@ -43,8 +43,9 @@ def inode(path: Path) -> int:
     return path.stat().st_ino
 
 
-def resolved(root: SafeRoot, path: str, **kw: bool) -> tuple[str, ...] | None:
-    found = root.resolve_dir(normalize(path), **kw)
+def resolved(root: SafeRoot, path: str, create: bool = False,
+             follow: bool = True) -> tuple[str, ...] | None:
+    found = root.resolve_dir(normalize(path), create=create, follow=follow)
     if found is None:
         return None
     fd, parts = found
