@@ -11,6 +11,7 @@ whose method is in ``methods`` and whose path matches ``path`` (``re.search``)::
     proxy.add(Fault(r"/blobs/", "truncate", after_bytes=10))         # short body, honest length
     proxy.add(Fault(r"/blobs/", "flip", after_bytes=5))              # byte 5 XOR 0xff
     proxy.add(Fault(r"/manifests/", "status", status=429, retry_after="1", times=2))
+    proxy.add(Fault(r"/blobs/", "stall", after_bytes=200_000))     # hang mid-body
 
 Every request is recorded (:attr:`FaultProxy.requests`) so tests can count how often a path
 was fetched, e.g. to prove that no blob is downloaded twice.
@@ -35,7 +36,7 @@ CHUNK = 64 * 1024
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
                         "te", "trailers", "transfer-encoding", "upgrade"})
 
-FaultKind = Literal["drop", "truncate", "flip", "status"]
+FaultKind = Literal["drop", "truncate", "flip", "status", "stall"]
 
 
 @dataclass
@@ -49,6 +50,9 @@ class Fault:
     - ``flip``: invert the byte at offset ``after_bytes`` of the body.
     - ``status``: answer ``status`` (e.g. 429/503) with ``Retry-After: retry_after`` if set,
       without contacting the upstream.
+    - ``stall``: send ``after_bytes`` bytes of the body, then hang (connection open, nothing
+      sent) until :meth:`FaultProxy.release_stalled`/:meth:`FaultProxy.clear`, proxy shutdown
+      or ``stall_seconds``; then close the connection. For killing a client mid-download.
     """
 
     path: str
@@ -58,6 +62,7 @@ class Fault:
     retry_after: str | None = None
     times: int = 1
     methods: tuple[str, ...] = ("GET",)
+    stall_seconds: float = 60.0
 
     def matches(self, method: str, path: str) -> bool:
         return self.times > 0 and method in self.methods and re.search(self.path, path) is not None
@@ -77,6 +82,7 @@ class _State:
     upstream: str
     ssl_context: ssl.SSLContext | None
     faults: list[Fault] = field(default_factory=list)
+    released: threading.Event = field(default_factory=threading.Event)
     requests: list[RecordedRequest] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -210,13 +216,16 @@ class _Handler(BaseHTTPRequestHandler):
             return
         sent = 0
         limit = length
-        drop_at = fault.after_bytes if fault is not None and fault.kind == "drop" else None
+        drop_at = (fault.after_bytes if fault is not None and fault.kind in ("drop", "stall")
+                   else None)
         flip_at = fault.after_bytes if fault is not None and fault.kind == "flip" else None
         while limit is None or sent < limit:
             want = CHUNK if limit is None else min(CHUNK, limit - sent)
             if drop_at is not None:
                 want = min(want, drop_at - sent)
                 if want <= 0:
+                    if fault is not None and fault.kind == "stall":
+                        self._stall(fault)
                     self._drop()
                     return
             data = response.read(want)
@@ -231,6 +240,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._drop()
         elif fault is not None and fault.kind == "truncate":
             self.close_connection = True  # the upstream body was not read to its end
+
+    def _stall(self, fault: Fault) -> None:
+        self.wfile.flush()
+        with self.server.state.lock:
+            released = self.server.state.released
+        released.wait(timeout=fault.stall_seconds)
 
     def _drop(self) -> None:
         self.wfile.flush()
@@ -261,9 +276,17 @@ class FaultProxy:
         return fault
 
     def clear(self) -> None:
+        """Forget all faults and recorded requests; release stalled responses."""
         with self._state.lock:
             self._state.faults.clear()
             self._state.requests.clear()
+        self.release_stalled()
+
+    def release_stalled(self) -> None:
+        """End every response currently stalled by a ``stall`` fault (they then close)."""
+        with self._state.lock:
+            released, self._state.released = self._state.released, threading.Event()
+        released.set()
 
     @property
     def requests(self) -> list[RecordedRequest]:
@@ -293,10 +316,14 @@ def running_fault_proxy(upstream: str, ca_file: Path | None = None) -> Iterator[
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), name="faultproxy",
                               daemon=True)
     thread.start()
+    proxy = None
     try:
         host, port = server.server_address[:2]
-        yield FaultProxy(host=f"{host!s}:{port}", url=f"http://{host!s}:{port}", _state=state)
+        proxy = FaultProxy(host=f"{host!s}:{port}", url=f"http://{host!s}:{port}", _state=state)
+        yield proxy
     finally:
+        if proxy is not None:
+            proxy.release_stalled()
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
