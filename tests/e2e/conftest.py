@@ -126,6 +126,7 @@ def token_registry(e2e_dir: Path, token_issuer: TokenIssuer,
 @pytest.fixture(scope="session")
 def fixture_layouts_built() -> FixtureLayouts:
     require_binary("umoci")
+    require_binary("skopeo")
     return fixture_layouts()
 
 
@@ -136,7 +137,8 @@ def images(fixture_layouts_built: FixtureLayouts, e2e_dir: Path, plain_registry:
     """Every fixture image pushed where tests expect it, by name:
 
     ``busybox``, ``busybox-zstd``, ``busybox-v2s2``, ``multilayer``, ``multilayer-zstd``,
-    ``multiarch`` (plain registry); ``tls/busybox``; ``htpasswd/busybox``;
+    ``multiarch`` (OCI index), ``multiarch-v2s2`` (Docker manifest list) (plain registry);
+    ``tls/busybox``; ``htpasswd/busybox``;
     ``token/public`` (``public/busybox``) and ``token/private`` (``private/busybox``).
     """
     require_binary("skopeo")
@@ -149,6 +151,8 @@ def images(fixture_layouts_built: FixtureLayouts, e2e_dir: Path, plain_registry:
         PushSpec("multilayer-zstd", "multilayer-zstd", plain_registry, "multilayer",
                  "zstd"),
         PushSpec("multiarch", "multiarch", plain_registry, "multiarch"),
+        PushSpec("multiarch-v2s2", "multiarch", plain_registry, "multiarch", "v2s2",
+                 ("--format", "v2s2")),
         PushSpec("tls/busybox", "busybox", tls_registry, "busybox"),
         PushSpec("htpasswd/busybox", "busybox", htpasswd_registry, "private/busybox"),
         PushSpec("token/public", "busybox", token_registry, "public/busybox"),

@@ -24,6 +24,9 @@ Tags in the layout:
   umoci 0.4.7 cannot unpack zstd layers: compare against the gzip form (same diff_ids).
 - ``multiarch``: an OCI index with linux/amd64 and linux/arm64/v8 manifests that share the
   busybox layers (only the config's architecture differs).
+
+``busybox`` and ``multilayer`` also exist as ``oci-archive`` and ``docker-archive`` files
+(made with ``skopeo copy``) beside the layout: see :class:`FixtureLayouts`.
 """
 
 from __future__ import annotations
@@ -49,12 +52,13 @@ import zstandard
 
 from tests.e2e.components import Registry
 
-BUILDER_VERSION = "2"
+BUILDER_VERSION = "3"
 BUSYBOX = Path("/bin/busybox")
 APPLETS = ("sh", "ls", "cat", "id", "echo", "env", "pwd", "stat", "test", "true", "false",
            "mkdir", "rm", "touch", "sleep", "readlink", "wc", "head")
 MTIME = 1_700_000_000
 TAGS = ("busybox", "busybox-zstd", "multilayer", "multilayer-zstd", "multiarch")
+ARCHIVED_TAGS = ("busybox", "multilayer")
 
 MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 MEDIA_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -347,6 +351,20 @@ class FixtureLayouts:
     def oci_ref(self, tag: str) -> str:
         return f"oci:{self.layout}:{tag}"
 
+    def oci_archive(self, tag: str) -> Path:
+        """``tag`` as an oci-archive (a tar of an OCI layout holding ``tag``)."""
+        return self.layout.parent / "archives" / f"{tag}.oci.tar"
+
+    def oci_archive_ref(self, tag: str) -> str:
+        return f"oci-archive:{self.oci_archive(tag)}:{tag}"
+
+    def docker_archive(self, tag: str) -> Path:
+        """``tag`` as ``docker save`` output, tagged ``ocistage-test/<tag>:latest``."""
+        return self.layout.parent / "archives" / f"{tag}.docker.tar"
+
+    def docker_archive_ref(self, tag: str) -> str:
+        return f"docker-archive:{self.docker_archive(tag)}"
+
 
 def _populate_busybox_rootfs(rootfs: Path) -> None:
     (rootfs / "bin").mkdir(parents=True, exist_ok=True)
@@ -449,7 +467,13 @@ def build_layout(workdir: Path) -> FixtureLayouts:
     shutil.rmtree(bundle)
     shutil.rmtree(layers)
     images = {tag: _describe(layout, tag) for tag in TAGS}
-    return FixtureLayouts(path, images)
+    fixtures = FixtureLayouts(path, images)
+    fixtures.oci_archive("busybox").parent.mkdir()
+    for tag in ARCHIVED_TAGS:
+        _skopeo(["copy", "--quiet", fixtures.oci_ref(tag), fixtures.oci_archive_ref(tag)])
+        _skopeo(["copy", "--quiet", fixtures.oci_ref(tag),
+                 f"{fixtures.docker_archive_ref(tag)}:ocistage-test/{tag}:latest"])
+    return fixtures
 
 
 def _save(fixtures: FixtureLayouts, file: Path) -> None:

@@ -8,6 +8,8 @@ import http.client
 import json
 import os
 import subprocess
+import threading
+import time
 import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -40,6 +42,7 @@ from tests.e2e.tokenissuer import TokenIssuer
 
 MEDIA_V2S2 = "application/vnd.docker.distribution.manifest.v2+json"
 MEDIA_LAYER_ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"
+MEDIA_DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 
 
 def skopeo(*args: str) -> subprocess.CompletedProcess[str]:
@@ -78,6 +81,18 @@ def blob_bytes(image: ImageRef, digest: str) -> bytes:
     assert status == 200
     assert "sha256:" + hashlib.sha256(body).hexdigest() == digest
     return body
+
+
+# --- missing components -----------------------------------------------------------------------
+
+def test_missing_binary_skips_unless_e2e_is_required(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OCISTAGE_REQUIRE_E2E", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no-such-ocistage-tool not found"):
+        require_binary("no-such-ocistage-tool")
+    monkeypatch.setenv("OCISTAGE_REQUIRE_E2E", "1")
+    with pytest.raises(pytest.fail.Exception, match="no-such-ocistage-tool not found"):
+        require_binary("no-such-ocistage-tool")
+    assert require_binary("sh").endswith("/sh")
 
 
 # --- fixture images -----------------------------------------------------------------------------
@@ -155,10 +170,22 @@ def test_multiarch_index_shares_layers(fixture_layouts_built: FixtureLayouts) ->
     assert sorted(c["architecture"] for c in configs) == ["amd64", "arm64"]
 
 
+@pytest.mark.parametrize("tag", ["busybox", "multilayer"])
+def test_archives_hold_the_layout_images(fixture_layouts_built: FixtureLayouts,
+                                         tag: str) -> None:
+    source = fixture_layouts_built.images[tag]
+    oci = json.loads(skopeo("inspect", fixture_layouts_built.oci_archive_ref(tag)).stdout)
+    assert oci["Digest"] == source.digest
+    docker = json.loads(skopeo("inspect", "--config", "--raw",
+                               fixture_layouts_built.docker_archive_ref(tag)).stdout)
+    assert tuple(docker["rootfs"]["diff_ids"]) == source.diff_ids
+
+
 # --- registries ---------------------------------------------------------------------------------
 
 PUSHED = ["busybox", "busybox-zstd", "busybox-v2s2", "multilayer", "multilayer-zstd",
-          "multiarch", "tls/busybox", "htpasswd/busybox", "token/public", "token/private"]
+          "multiarch", "multiarch-v2s2", "tls/busybox", "htpasswd/busybox", "token/public",
+          "token/private"]
 
 
 @pytest.mark.parametrize("name", PUSHED)
@@ -170,7 +197,8 @@ def test_skopeo_inspects_every_pushed_image(images: dict[str, ImageRef], name: s
     by_digest = skopeo("inspect", "--raw", *image.registry.skopeo_flags(),
                        f"docker://{image.by_digest}")
     assert by_digest.returncode == 0 and by_digest.stdout == raw.stdout
-    if image.media_type == MEDIA_INDEX:
+    if image.config_digest is None:  # an index or manifest list
+        assert len(image.platforms) == 2
         return
     info = json.loads(inspect(image).stdout)
     assert info["Digest"] == image.digest
@@ -199,6 +227,8 @@ def test_pushed_forms_are_what_their_names_say(images: dict[str, ImageRef],
     assert images["multiarch"].media_type == MEDIA_INDEX
     assert images["multiarch"].digest == fixture_layouts_built.images["multiarch"].digest
     assert set(images["multiarch"].platforms) == {"linux/amd64", "linux/arm64/v8"}
+    assert images["multiarch-v2s2"].media_type == MEDIA_DOCKER_LIST
+    assert set(images["multiarch-v2s2"].platforms) == {"linux/amd64", "linux/arm64/v8"}
 
 
 def test_tls_registry_needs_its_ca(images: dict[str, ImageRef]) -> None:
@@ -303,6 +333,25 @@ def test_proxy_drops_connection_mid_body(images: dict[str, ImageRef],
     assert excinfo.value.partial == expected[:1000]
     conn.close()
     assert get(blob_url(fault_proxy.url, image, digest))[2] == expected  # only once
+
+
+def test_proxy_stalls_until_released(images: dict[str, ImageRef],
+                                     fault_proxy: FaultProxy) -> None:
+    image, digest, expected = _layer(images)
+    fault_proxy.add(Fault(r"/blobs/", "stall", after_bytes=2000))
+    conn = http.client.HTTPConnection(urlsplit(fault_proxy.url).netloc, timeout=30)
+    conn.request("GET", urlsplit(blob_url(fault_proxy.url, image, digest)).path)
+    response = conn.getresponse()
+    assert response.read(2000) == expected[:2000]
+    releaser = threading.Timer(0.5, fault_proxy.release_stalled)
+    started = time.monotonic()
+    releaser.start()
+    with pytest.raises(http.client.IncompleteRead):
+        response.read()
+    assert time.monotonic() - started >= 0.4  # nothing arrived while stalled
+    conn.close()
+    releaser.join()
+    assert get(blob_url(fault_proxy.url, image, digest))[2] == expected
 
 
 def test_proxy_truncates_body(images: dict[str, ImageRef], fault_proxy: FaultProxy) -> None:
