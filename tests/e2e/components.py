@@ -10,6 +10,7 @@ crypto package.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -17,12 +18,11 @@ import socket
 import ssl
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -181,22 +181,80 @@ def registry_config(storage: Path, port: int, *, tls: TlsMaterial | None = None,
     return config
 
 
+def listening_socket_inodes(port: int) -> set[str]:
+    """Inodes of the TCP sockets listening on port (from /proc/net/tcp and tcp6)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            if local_port == port and fields[3] == "0A":  # 0A: LISTEN
+                inodes.add(fields[9])
+    return inodes
+
+
+def owns_listener(pid: int, port: int) -> bool:
+    """Whether process pid holds the socket listening on port (not another session's)."""
+    wanted = listening_socket_inodes(port)
+    fd_dir = Path(f"/proc/{pid}/fd")
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            link = os.readlink(fd_dir / fd)
+        except OSError:  # closed meanwhile (e.g. the descriptor listdir itself used)
+            continue
+        if link.startswith("socket:[") and link[8:-1] in wanted:
+            return True
+    return False
+
+
+def http_status(url: str, context: ssl.SSLContext | None, timeout: float = 2.0) -> int:
+    """Status of a GET to url (no proxies, no redirects); raises OSError if unreachable."""
+    parts = urlsplit(url)
+    conn = (http.client.HTTPSConnection(parts.netloc, timeout=timeout, context=context)
+            if parts.scheme == "https"
+            else http.client.HTTPConnection(parts.netloc, timeout=timeout))
+    try:
+        conn.request("GET", parts.path or "/")
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    except http.client.HTTPException as exc:
+        raise OSError(f"bad HTTP answer from {url}: {exc}") from exc
+    finally:
+        conn.close()
+
+
 def wait_for_http(url: str, context: ssl.SSLContext | None, process: subprocess.Popen[bytes],
                   log_file: Path, timeout: float = START_TIMEOUT) -> None:
-    """Wait until url answers with any HTTP status; fail early if the process died."""
+    """Wait until process listens on url's port and url answers with any HTTP status.
+
+    Fails early if the process died (e.g. its port was taken by a concurrent test session
+    between probing and binding); checking that the listener is ours means a registry of
+    another session on the same port is never mistaken for this one.
+    """
+    port = urlsplit(url).port or 0
     deadline = time.monotonic() + timeout
     while True:
         if process.poll() is not None:
             raise ComponentError(f"registry exited with {process.returncode}:\n"
                                  f"{log_file.read_text(errors='replace')[-4000:]}")
         try:
-            with urllib.request.urlopen(url, timeout=2, context=context):
+            if owns_listener(process.pid, port):
+                http_status(url, context)  # 200, or 401 from an auth-enabled registry
                 return
-        except urllib.error.HTTPError:
-            return  # 401 from an auth-enabled registry means it is up
+            problem = f"no listener of pid {process.pid} on port {port} yet"
         except OSError as exc:
-            if time.monotonic() > deadline:
-                raise ComponentError(f"{url} did not answer within {timeout}s: {exc}") from exc
+            problem = str(exc)
+        if time.monotonic() > deadline:
+            raise ComponentError(f"{url} did not answer within {timeout}s: {problem}")
         time.sleep(0.05)
 
 

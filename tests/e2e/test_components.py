@@ -11,11 +11,13 @@ import subprocess
 import threading
 import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
+from tests.e2e import components
 from tests.e2e.components import Registry, require_binary
 from tests.e2e.conftest import (
     HTPASSWD_PASSWORD,
@@ -93,6 +95,39 @@ def test_missing_binary_skips_unless_e2e_is_required(monkeypatch: pytest.MonkeyP
     with pytest.raises(pytest.fail.Exception, match="no-such-ocistage-tool not found"):
         require_binary("no-such-ocistage-tool")
     assert require_binary("sh").endswith("/sh")
+
+
+def test_registry_never_mistakes_another_listener_for_itself(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port taken between probing and binding (say by another session's registry that
+    answers /v2/ too) makes the new registry retry on another port, not adopt the impostor."""
+    require_binary("docker-registry")
+
+    class V2(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    impostor = ThreadingHTTPServer(("127.0.0.1", 0), V2)
+    taken = impostor.server_address[1]
+    thread = threading.Thread(target=impostor.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    ports = iter([taken, components.free_port()])
+    monkeypatch.setattr(components, "free_port", lambda: next(ports))
+    try:
+        assert components.owns_listener(os.getpid(), taken)
+        with components.running_registry(tmp_path / "registry") as registry:
+            assert registry.host != f"127.0.0.1:{taken}"
+            assert get(f"{registry.url}/v2/")[0] == 200
+            assert not components.owns_listener(os.getpid(), int(registry.host.split(":")[1]))
+    finally:
+        impostor.shutdown()
+        impostor.server_close()
+        thread.join()
 
 
 # --- fixture images -----------------------------------------------------------------------------
