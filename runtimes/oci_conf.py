@@ -1,0 +1,291 @@
+"""Slurm ``oci.conf``: templates per OCI runtime and Slurm version, and a linter.
+
+slurmstepd reads ``oci.conf`` on the node that runs a ``--container`` step and calls the
+runtime through the ``RunTime*`` command patterns (run with ``/bin/sh -c`` as the job user).
+A token it does not know (``%x``) is fatal to slurmstepd, and Slurm 22.05 (Debian 12) knows
+fewer keys and tokens than later releases, so both the template and the linter depend on the
+Slurm version.
+
+Run mode (``RunTimeRun``) is preferred: with create/start slurmstepd polls ``RunTimeQuery``
+until the container exits.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from cache.errors import UsageError
+from runtimes.slurm import SlurmVersion
+
+Mode = Literal["run", "create"]
+RUNTIMES = ("runc", "crun", "nvidia-container-runtime", "apptainer", "enroot")
+
+#: keys slurmstepd 22.05 accepts (read_oci_conf.c), then what later releases added
+_KEYS_22_05 = frozenset({
+    "ContainerPath", "CreateEnvFile", "RunTimeCreate", "RunTimeDelete", "RunTimeKill",
+    "RunTimeQuery", "RunTimeRun", "RunTimeStart",
+})
+_KEYS_23_02 = _KEYS_22_05 | {
+    "DisableCleanup", "DisableHooks", "EnvExclude", "IgnoreFileConfigJson", "MountSpoolDir",
+    "RunTimeEnvExclude", "SrunPath", "SrunArgs", "DebugFlags", "FileDebug", "StdIODebug",
+    "SyslogDebug",
+}
+#: pattern tokens (the character after %) per release
+_TOKENS_22_05 = frozenset("%@bejnrstu")
+_TOKENS_23_02 = _TOKENS_22_05 | frozenset("mpU")
+_TOKENS_23_11 = _TOKENS_23_02 | frozenset("Z")
+#: %p (the container's pid) only means something where a container runs already
+_PID_KEYS = frozenset({"RunTimeKill", "RunTimeDelete"})
+_PATTERN_KEYS = frozenset({"ContainerPath", "MountSpoolDir", "RunTimeCreate", "RunTimeDelete",
+                           "RunTimeKill", "RunTimeQuery", "RunTimeRun", "RunTimeStart"})
+CONTAINER_ID = "%n.%u.%j.%s.%t"
+DEBIAN_12_SLURM = SlurmVersion(22, 5)
+
+
+def known_keys(version: SlurmVersion) -> frozenset[str]:
+    return _KEYS_22_05 if version < SlurmVersion(23, 2) else frozenset(_KEYS_23_02)
+
+
+def known_tokens(version: SlurmVersion) -> frozenset[str]:
+    if version < SlurmVersion(23, 2):
+        return _TOKENS_22_05
+    return _TOKENS_23_02 if version < SlurmVersion(23, 11) else _TOKENS_23_11
+
+
+def default_root(runtime: str, version: SlurmVersion) -> str:
+    """The runtime's state directory: private to the job user, in its ``/run/user/<uid>``.
+
+    Slurm 22.05 has no ``%U`` (it is fatal there), but slurmstepd runs the commands with
+    ``/bin/sh -c``, so the shell supplies the uid. ``/run/user/<uid>`` is made by
+    systemd-logind for users with a session; elsewhere pass ``--root``.
+    """
+    user = "%U" if "U" in known_tokens(version) else "$(id -u)"
+    return f"/run/user/{user}/ocistage-{runtime}"
+
+
+@dataclass(frozen=True)
+class OciConfOptions:
+    runtime: str = "runc"
+    mode: Mode = "run"
+    root: str | None = None         # None: default_root(runtime, version)
+    version: SlurmVersion = DEBIAN_12_SLURM
+
+
+def _commands(options: OciConfOptions) -> dict[str, str]:
+    runtime, mode = options.runtime, options.mode
+    cid = CONTAINER_ID
+    if options.root is not None and re.search(r"[\s\"'\\;&|<>`$]", options.root):
+        raise UsageError(f"runtime root {options.root!r} contains spaces, quotes or shell syntax",
+                         "choose a plain directory path (Slurm patterns like %u are fine)")
+    root = options.root or default_root(runtime, options.version)
+    if runtime in ("runc", "crun", "nvidia-container-runtime"):
+        base = f"{runtime} --rootless=true --root={root}"
+        bundle = "--bundle %b" if runtime == "crun" else "-b %b"
+        commands = {
+            "RunTimeQuery": f"{base} state {cid}",
+            "RunTimeKill": f"{base} kill -a {cid}" if runtime != "crun" else
+                           f"{base} kill --all {cid}",
+            "RunTimeDelete": f"{base} delete --force {cid}",
+        }
+        if mode == "run":
+            commands["RunTimeRun"] = (f"{base} run {bundle} {cid}" if runtime == "crun"
+                                      else f"{base} run {cid} {bundle}")
+        else:
+            commands["RunTimeCreate"] = (f"{base} create {bundle} {cid}" if runtime == "crun"
+                                         else f"{base} create {cid} {bundle}")
+            commands["RunTimeStart"] = f"{base} start {cid}"
+        return commands
+    if runtime == "apptainer":
+        commands = {
+            "RunTimeQuery": f"apptainer oci state {cid}",
+            "RunTimeKill": f"apptainer oci kill {cid}",
+            "RunTimeDelete": f"apptainer oci delete {cid}",
+        }
+        if mode == "run":
+            commands["RunTimeRun"] = f"apptainer oci run --bundle %b {cid}"
+        else:
+            commands["RunTimeCreate"] = f"apptainer oci create --bundle %b {cid}"
+            commands["RunTimeStart"] = f"apptainer oci start {cid}"
+        return commands
+    if runtime == "enroot":
+        if mode != "run":
+            raise UsageError("enroot has no create/start operations",
+                             "use --mode run with --runtime enroot")
+        # enroot keeps containers as directories named after them under ENROOT_DATA_PATH:
+        # the bundle's rootfs/ is such a container. The runtime process is slurmstepd's child,
+        # so the step is signalled and reaped by Slurm itself; there is no state to query.
+        return {
+            "RunTimeQuery": "true",
+            "RunTimeKill": "true",
+            "RunTimeDelete": "true",
+            "RunTimeRun": "env ENROOT_DATA_PATH=%b enroot start --rw rootfs %@",
+        }
+    raise UsageError(f"unknown runtime {runtime!r}", f"choose one of {', '.join(RUNTIMES)}")
+
+
+_NOTES = {
+    "runc": "runc 1.1 needs container uid 0 mapped: ocistage bundles map it (see "
+            "docs/runtime-config.md).",
+    "crun": "crun < 1.9 refuses hosts with cgroup v1 controllers plus a cgroup2 hierarchy "
+            "(hybrid mode).",
+    "nvidia-container-runtime": "set no-cgroups = true in "
+                                "/etc/nvidia-container-runtime/config.toml for rootless use.",
+    "apptainer": "apptainer >= 1.1 runs OCI bundles without root (`apptainer oci`).",
+    "enroot": "enroot ignores config.json (env, cwd, user, mounts): prefer runc or crun.",
+}
+
+
+def render_oci_conf(options: OciConfOptions) -> str:
+    """The text of an ``oci.conf`` for ``options`` (lint-clean for ``options.version``)."""
+    commands = _commands(options)
+    lines = [
+        f"# oci.conf for {options.runtime} ({options.mode} mode), Slurm {options.version}",
+        "# generated by `ocistage runtime oci-conf`; check with `ocistage runtime oci-conf "
+        "--check FILE`",
+        f"# note: {_NOTES[options.runtime]}",
+    ]
+    order = ("RunTimeQuery", "RunTimeCreate", "RunTimeStart", "RunTimeRun", "RunTimeKill",
+             "RunTimeDelete")
+    lines += [f'{key}="{commands[key]}"' for key in order if key in commands]
+    if options.version >= SlurmVersion(23, 2):
+        # never hand the login node's secrets or session to the container's runtime
+        lines.append('RunTimeEnvExclude="^(SLURM_CONF|SLURM_CONF_SERVER)="')
+    return "\n".join(lines) + "\n"
+
+
+# -- lint --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    line: int          # 0: the file as a whole
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}" if self.line else self.message
+
+
+def parse_oci_conf(text: str) -> tuple[dict[str, tuple[int, str]], list[Problem]]:
+    """``Key=Value`` lines -> {canonical key or as written: (line number, value)}, problems.
+
+    Keys are case-insensitive (as Slurm's parser); ``#`` starts a comment outside quotes;
+    values may be double-quoted.
+    """
+    canonical = {key.lower(): key for key in _KEYS_23_02}
+    entries: dict[str, tuple[int, str]] = {}
+    problems: list[Problem] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = _strip_comment(raw).strip()
+        if not line:
+            continue
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            problems.append(Problem(number, f"not a Key=Value line: {raw.strip()!r}"))
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = value[1:-1]
+        elif value.startswith('"'):
+            problems.append(Problem(number, f"{key}: unterminated quote"))
+        name = canonical.get(key.lower(), key)
+        if name in entries:
+            problems.append(Problem(number, f"{name} is set again (first on line "
+                                            f"{entries[name][0]})"))
+        entries[name] = (number, value)
+    return entries, problems
+
+
+def _strip_comment(line: str) -> str:
+    quoted = False
+    for index, char in enumerate(line):
+        if char == '"':
+            quoted = not quoted
+        elif char == "#" and not quoted:
+            return line[:index]
+    return line
+
+
+def _token_problems(key: str, number: int, value: str,
+                    tokens: frozenset[str], version: SlurmVersion) -> list[Problem]:
+    problems = []
+    for match in re.finditer(r"%(.?)", value):
+        token = match.group(1)
+        if match.start() > 0 and _escaped(value, match.start()):
+            continue
+        if token == "":
+            problems.append(Problem(number, f"{key}: a lone % at the end of the pattern"))
+        elif token not in tokens:
+            problems.append(Problem(number, f"{key}: unknown pattern token %{token} for "
+                                            f"Slurm {version} (fatal to slurmstepd)"))
+        elif token == "p" and key not in _PID_KEYS:
+            problems.append(Problem(number, f"{key}: %p is only known in RunTimeKill and "
+                                            "RunTimeDelete"))
+    return problems
+
+
+def _escaped(value: str, index: int) -> bool:
+    """Whether the % at ``index`` is the second half of a ``%%``."""
+    count = 0
+    while index > 0 and value[index - 1] == "%":
+        count += 1
+        index -= 1
+    return count % 2 == 1
+
+
+def lint_oci_conf(text: str, version: SlurmVersion) -> list[Problem]:
+    """Every problem slurmstepd of ``version`` would have with this ``oci.conf``."""
+    entries, problems = parse_oci_conf(text)
+    keys, tokens = known_keys(version), known_tokens(version)
+    for name, (number, value) in entries.items():
+        if name not in keys:
+            later = " (added in Slurm 23.02)" if name in _KEYS_23_02 else ""
+            problems.append(Problem(number, f"unknown key {name} for Slurm {version}{later}"))
+            continue
+        if name in _PATTERN_KEYS:
+            problems.extend(_token_problems(name, number, value, tokens, version))
+    has = {name for name, (_, value) in entries.items() if value}
+    for required in ("RunTimeQuery", "RunTimeKill", "RunTimeDelete"):
+        if required not in has:
+            problems.append(Problem(0, f"missing required key {required}"))
+    if "RunTimeRun" in has and has & {"RunTimeCreate", "RunTimeStart"}:
+        problems.append(Problem(entries["RunTimeRun"][0],
+                                "RunTimeRun excludes RunTimeCreate/RunTimeStart"))
+    elif "RunTimeRun" not in has:
+        if not has & {"RunTimeCreate", "RunTimeStart"}:
+            problems.append(Problem(0, "missing RunTimeRun (or RunTimeCreate + "
+                                       "RunTimeStart)"))
+        for key, other in (("RunTimeCreate", "RunTimeStart"), ("RunTimeStart", "RunTimeCreate")):
+            if key in has and other not in has:
+                problems.append(Problem(entries[key][0], f"{key} needs {other}"))
+    problems.extend(_value_problems(entries, version))
+    return sorted(problems, key=lambda p: (p.line, p.message))
+
+
+def _value_problems(entries: dict[str, tuple[int, str]],
+                    version: SlurmVersion) -> list[Problem]:
+    problems = []
+    env_file = entries.get("CreateEnvFile")
+    allowed = ({"true", "false"} if version < SlurmVersion(23, 2)
+               else {"true", "false", "null", "newline", "disabled"})
+    if env_file is not None and env_file[1].lower() not in allowed:
+        problems.append(Problem(env_file[0], f"CreateEnvFile must be one of "
+                                             f"{'|'.join(sorted(allowed))} for Slurm {version}"))
+    env_enabled = env_file is not None and env_file[1].lower() not in ("false", "disabled")
+    for name, (number, value) in entries.items():
+        if "%e" in value.replace("%%", "") and not env_enabled:
+            problems.append(Problem(number, f"{name} uses %e but CreateEnvFile is not enabled"))
+    for name in ("DisableCleanup", "IgnoreFileConfigJson"):
+        entry = entries.get(name)
+        if entry is not None and entry[1].lower() not in ("true", "false", "yes", "no"):
+            problems.append(Problem(entry[0], f"{name} must be true or false"))
+    for name in ("EnvExclude", "RunTimeEnvExclude"):
+        entry = entries.get(name)
+        if entry is not None:
+            try:
+                re.compile(entry[1])
+            except re.error as exc:
+                problems.append(Problem(entry[0], f"{name} is not a regular expression: {exc}"))
+    return problems

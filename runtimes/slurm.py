@@ -1,0 +1,148 @@
+"""Thin wrappers around Slurm's commands: version, ``sbatch``, ``srun``, ``scontrol show job``.
+
+Every call goes through :func:`_run`, the one place where a missing binary or a failed command
+becomes a :class:`SlurmError`. Nothing here decides policy (what to stage, which runtime):
+it only builds argument lists and parses what Slurm prints.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cache.errors import OcistageError, UsageError
+
+
+class SlurmError(OcistageError):
+    """A Slurm command is missing, failed, or printed something we cannot read."""
+
+    default_hint = ("check that Slurm's client commands are installed and that `sinfo` "
+                    "reaches the controller")
+
+
+@dataclass(frozen=True, order=True)
+class SlurmVersion:
+    major: int
+    minor: int
+    patch: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> SlurmVersion:
+        """``22.05``, ``22.05.8``, ``slurm 23.11.4`` or ``slurm-wlm 22.05.8`` -> a version."""
+        match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+        if match is None:
+            raise UsageError(f"not a Slurm version: {text!r}",
+                             "Slurm versions look like 22.05 or 23.11.4")
+        return cls(int(match.group(1)), int(match.group(2)), int(match.group(3) or 0))
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor:02d}"
+
+
+def _run(argv: Sequence[str], *, timeout: float = 60,
+         env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    binary = shutil.which(argv[0])
+    if binary is None:
+        raise SlurmError(f"{argv[0]} not found on PATH",
+                         "install Slurm's client commands (Debian: slurm-client)")
+    try:
+        return subprocess.run([binary, *argv[1:]], capture_output=True, text=True,
+                              timeout=timeout, check=False, stdin=subprocess.DEVNULL,
+                              env=dict(env) if env is not None else None)
+    except subprocess.TimeoutExpired as exc:
+        raise SlurmError(f"{argv[0]} did not answer within {timeout:.0f}s") from exc
+    except OSError as exc:
+        raise SlurmError(f"cannot run {argv[0]}: {exc.strerror}") from exc
+
+
+def _failure(argv: Sequence[str], result: subprocess.CompletedProcess[str]) -> SlurmError:
+    detail = (result.stderr.strip() or result.stdout.strip()).splitlines()
+    last = detail[-1] if detail else f"exit status {result.returncode}"
+    return SlurmError(f"{argv[0]} failed: {last}")
+
+
+def installed_version() -> SlurmVersion:
+    """The version of the installed Slurm commands (``scontrol --version``).
+
+    Slurm 22.05's commands refuse to print even their version without a configuration; when
+    none is found, ask again with a throw-away minimal ``SLURM_CONF``.
+    """
+    result = _run(["scontrol", "--version"])
+    if result.returncode != 0:
+        with tempfile.TemporaryDirectory(prefix="ocistage-slurm-") as scratch:
+            conf = Path(scratch) / "slurm.conf"
+            conf.write_text("ClusterName=probe\nSlurmctldHost=localhost\n")
+            result = _run(["scontrol", "--version"],
+                          env={**os.environ, "SLURM_CONF": str(conf)})
+    if result.returncode != 0:
+        raise _failure(["scontrol"], result)
+    return SlurmVersion.parse(result.stdout)
+
+
+def controller_reachable(timeout: float = 15) -> bool:
+    """Whether ``sinfo`` answers (a controller is up and we may talk to it)."""
+    try:
+        result = _run(["sinfo", "-h", "-o", "%T"], timeout=timeout)
+    except SlurmError:
+        return False
+    return result.returncode == 0
+
+
+def sbatch(options: Sequence[str], *, container: Path | None, wrap: str | None = None,
+           script: Path | None = None, env: Mapping[str, str] | None = None) -> str:
+    """Submit a batch job; returns its id (``sbatch --parsable``)."""
+    if (wrap is None) == (script is None):
+        raise UsageError("sbatch needs exactly one of a --wrap command or a script")
+    argv = ["sbatch", "--parsable", *options]
+    if container is not None:
+        argv.append(f"--container={container}")
+    argv += ["--wrap", wrap] if wrap is not None else [str(script)]
+    result = _run(argv, env=env)
+    if result.returncode != 0:
+        raise _failure(argv, result)
+    job_id = result.stdout.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise SlurmError(f"sbatch printed {result.stdout.strip()!r} instead of a job id")
+    return job_id
+
+
+def srun_argv(options: Sequence[str], *, container: Path | None,
+              command: Sequence[str]) -> list[str]:
+    """The ``srun`` command line (run by the caller so that it inherits the terminal)."""
+    srun = shutil.which("srun")
+    if srun is None:
+        raise SlurmError("srun not found on PATH",
+                         "install Slurm's client commands (Debian: slurm-client)")
+    argv = [srun, *options]
+    if container is not None:
+        argv.append(f"--container={container}")
+    return [*argv, *command]
+
+
+def show_job(job_id: str) -> dict[str, str]:
+    """``scontrol show job -o ID`` as a dict (``JobState``, ``Container``, ``StdOut``, ...)."""
+    argv = ["scontrol", "show", "job", "-o", job_id]
+    result = _run(argv)
+    if result.returncode != 0:
+        raise _failure(argv, result)
+    return parse_scontrol_record(result.stdout)
+
+
+def parse_scontrol_record(text: str) -> dict[str, str]:
+    """Split one ``scontrol -o`` line of ``Key=Value`` pairs; values may contain spaces.
+
+    A value runs until the next `` Key=`` whose key starts with a capital letter, which is how
+    scontrol prints (``Command=/bin/sh -c x`` keeps its spaces).
+    """
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    fields: dict[str, str] = {}
+    for match in re.finditer(r"(?:^|\s)([A-Z][A-Za-z0-9_:/]*)=(.*?)(?=\s[A-Z][A-Za-z0-9_:/]*=|$)",
+                             line):
+        fields.setdefault(match.group(1), match.group(2))
+    return fields
