@@ -2,15 +2,54 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import shutil
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
-from bundler.cli_common import RefArg, not_implemented, stdout
+from bundler.bundle import make_bundle
+from bundler.cli_common import (
+    CacheOpt,
+    InsecureOpt,
+    PlatformOpt,
+    QuietOpt,
+    RefArg,
+    VerboseOpt,
+    print_json,
+    pull_options,
+    settings_from,
+    setup_logging,
+    stderr,
+    stdout,
+)
+from bundler.progress import RichPullProgress
+from bundler.reference import parse_reference
+from bundler.runtime_config import ConfigOptions
 from cache.errors import UsageError
+from cache.store import Store
+from runtimes.engines import (
+    DEFAULT_SCRUN,
+    docker_daemon_json,
+    docker_run_flags,
+    podman_containers_conf,
+)
 from runtimes.oci_conf import RUNTIMES, Mode, OciConfOptions, lint_oci_conf, render_oci_conf
+from runtimes.scrun import (
+    ScrunLuaOptions,
+    StageInRequest,
+    read_job_env,
+    render_scrun_lua,
+    stage_in,
+    stage_out,
+)
 from runtimes.slurm import SlurmVersion, installed_version
+from runtimes.submit import SubmitOptions, submit
 
 runtime_app = typer.Typer(help="Generate Slurm runtime configuration (oci.conf, scrun.lua).",
     rich_markup_mode=None, no_args_is_help=True)
@@ -20,6 +59,11 @@ scrun_app = typer.Typer(help="Entry points called by the scrun.lua stage hooks."
 SlurmVersionOpt = Annotated[str | None, typer.Option(
     "--slurm-version", metavar="X.Y",
     help="Generate for this Slurm release [default: the installed one, `scontrol --version`].")]
+StageToOpt = Annotated[str, typer.Option(
+    "--stage-to", metavar="shared|node-local",
+    help="shared: stage on the submit host into a directory every node sees; node-local: "
+         "stage on the job's node (slurm.remote_command).")]
+ScrunOpt = Annotated[str, typer.Option("--scrun", metavar="PATH", help="Path of scrun.")]
 
 
 def register(app: typer.Typer) -> None:
@@ -31,9 +75,11 @@ def _slurm_version(text: str | None) -> SlurmVersion:
     return SlurmVersion.parse(text) if text else installed_version()
 
 
-def submit_command(ref: RefArg, ctx: typer.Context) -> None:
-    """Pull, bundle and stage REF, then sbatch --container it: REF [SBATCH OPTS] -- CMD."""
-    not_implemented("submit")
+def _cache_root(cache: Path | None) -> Path:
+    return settings_from(cache, None, None, None, None).cache
+
+
+# -- oci.conf ----------------------------------------------------------------------------------
 
 
 @runtime_app.command("oci-conf")
@@ -48,7 +94,7 @@ def runtime_oci_conf(
     root: Annotated[str | None, typer.Option(
         "--root", metavar="DIR",
         help="Runtime state directory (may use Slurm patterns) [default: "
-             "/run/user/%U/ocistage-RUNTIME].")] = None,
+             "/run/user/UID/ocistage-RUNTIME].")] = None,
     slurm_version: SlurmVersionOpt = None,
     check: Annotated[Path | None, typer.Option(
         "--check", metavar="FILE",
@@ -79,19 +125,164 @@ def runtime_oci_conf(
     stdout.print(text, end="", markup=False)
 
 
+# -- scrun.lua and engine snippets -------------------------------------------------------------
+
+
+def _ocistage_command() -> str:
+    found = shutil.which("ocistage")
+    return os.path.abspath(found) if found else "ocistage"
+
+
 @runtime_app.command("scrun-lua")
-def runtime_scrun_lua() -> None:
+def runtime_scrun_lua(
+    stage_to: StageToOpt = "shared",
+    stage_dir: Annotated[str, typer.Option(
+        "--stage-dir", metavar="DIR",
+        help="Where staged bundles go (per user: DIR/UID/); on a shared filesystem for "
+             "--stage-to shared.")] = "/tmp/ocistage-scrun",
+    ocistage: Annotated[str | None, typer.Option(
+        "--ocistage", metavar="PATH",
+        help="The ocistage command as the nodes see it [default: this one].")] = None,
+    cache: Annotated[str | None, typer.Option(
+        "--cache", metavar="DIR",
+        help="Cache (leases) the hooks use [default: each user's own].")] = None,
+) -> None:
     """Print a scrun.lua whose stage hooks call `ocistage scrun ...`."""
-    not_implemented("runtime scrun-lua")
+    if stage_to not in ("shared", "node-local"):
+        raise UsageError(f"unknown --stage-to {stage_to!r}", "choose shared or node-local")
+    options = ScrunLuaOptions(ocistage=(ocistage or _ocistage_command(),),
+                              stage_to="shared" if stage_to == "shared" else "node-local",
+                              stage_dir=stage_dir, cache=cache)
+    stdout.print(render_scrun_lua(options), end="", markup=False)
+
+
+@runtime_app.command("docker-config")
+def runtime_docker_config(scrun: ScrunOpt = DEFAULT_SCRUN) -> None:
+    """Print ~/.config/docker/daemon.json for rootless Docker with scrun as its runtime."""
+    stdout.print(docker_daemon_json(scrun), end="", markup=False)
+    stderr.print("# also pass to docker run: " + " ".join(docker_run_flags()), markup=False)
+
+
+@runtime_app.command("podman-config")
+def runtime_podman_config(scrun: ScrunOpt = DEFAULT_SCRUN) -> None:
+    """Print ~/.config/containers/containers.conf for rootless Podman with scrun."""
+    stdout.print(podman_containers_conf(scrun), end="", markup=False)
+
+
+# -- scrun stage hooks -------------------------------------------------------------------------
 
 
 @scrun_app.command("stage-in")
-def scrun_stage_in() -> None:
-    """Stage-in entry point called by scrun.lua."""
-    not_implemented("scrun stage-in")
+def scrun_stage_in(
+    container_id: Annotated[str, typer.Option("--id", help="Container id from scrun.")],
+    bundle: Annotated[Path, typer.Option("--bundle", help="The engine's bundle directory.")],
+    stage_dir: Annotated[Path, typer.Option("--stage-dir", help="Staging directory.")],
+    config: Annotated[Path | None, typer.Option(
+        "--config", help="The bundle's config.json [default: BUNDLE/config.json].")] = None,
+    job_id: Annotated[str | None, typer.Option("--job-id", help="Slurm job id.")] = None,
+    uid: Annotated[int | None, typer.Option("--uid", help="Job user id.")] = None,
+    gid: Annotated[int | None, typer.Option("--gid", help="Job group id.")] = None,
+    env_file: Annotated[Path | None, typer.Option(
+        "--env-file", help="JSON list of the job's NAME=value variables.")] = None,
+    stage_to: StageToOpt = "shared",
+    link: Annotated[bool, typer.Option(
+        "--link", help="Share inodes with the source/pool; the root becomes read-only.")
+    ] = False,
+    cache: CacheOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Stage-in entry point called by scrun.lua; prints one JSON line."""
+    setup_logging(verbose)
+    del stage_to  # where this runs is the Lua's choice; recorded for the logs only
+    request = StageInRequest(
+        container_id=container_id, bundle=bundle.absolute(),
+        config_file=(config or bundle / "config.json").absolute(),
+        stage_dir=stage_dir.absolute(), job_id=job_id or None,
+        uid=os.getuid() if uid is None else uid, gid=os.getgid() if gid is None else gid,
+        job_env=read_job_env(env_file), link=link)
+    result = stage_in(request, cache_root=_cache_root(cache))
+    sys.stdout.write(json.dumps(result.to_json()) + "\n")
 
 
 @scrun_app.command("stage-out")
-def scrun_stage_out() -> None:
-    """Stage-out entry point called by scrun.lua."""
-    not_implemented("scrun stage-out")
+def scrun_stage_out(
+    bundle: Annotated[Path, typer.Option("--bundle", help="The staged bundle to remove.")],
+    root_path: Annotated[str | None, typer.Option(
+        "--root-path", help="Its root path (as scrun passes it; informational).")] = None,
+    cache: CacheOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Stage-out entry point called by scrun.lua; prints one JSON line."""
+    setup_logging(verbose)
+    removed = stage_out(bundle, cache_root=_cache_root(cache))
+    sys.stdout.write(json.dumps({"bundle": str(bundle), "root_path": root_path,
+                                 "removed": removed}) + "\n")
+
+
+# -- submit ------------------------------------------------------------------------------------
+
+
+def _split_submit_args(extra: list[str], argv: list[str]) -> tuple[list[str], list[str]]:
+    """``[SBATCH OPTS] -- CMD...`` -> (options, command).
+
+    click swallows the ``--`` but leaves everything after it at the end of ``extra``; the
+    process's own argv says where the command starts.
+    """
+    if "--" not in argv:
+        return extra, []
+    command = argv[argv.index("--") + 1:]
+    if len(command) > len(extra) or extra[len(extra) - len(command):] != command:
+        return extra, []
+    return extra[:len(extra) - len(command)], command
+
+
+def submit_command(
+    ref: RefArg,
+    ctx: typer.Context,
+    stage_to: Annotated[Path | None, typer.Option(
+        "--stage-to", metavar="DIR", envvar="OCISTAGE_STAGE_TO",
+        help="Staging directory that the compute nodes see [default: CACHE/staged].")
+    ] = None,
+    srun: Annotated[bool, typer.Option(
+        "--srun", help="Run blocking with srun (interactive) instead of sbatch.")] = False,
+    copy: Annotated[bool, typer.Option(
+        "--copy", help="Stage a private writable copy (default: shared, read-only root).")
+    ] = False,
+    map_root: Annotated[bool, typer.Option(
+        "--map-root", help="Run as root inside the container (needed by runc 1.1 for a "
+                           "non-root image user when you have no subuid range).")] = False,
+    cache: CacheOpt = None,
+    platform: PlatformOpt = None,
+    insecure_registry: InsecureOpt = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Machine-readable output.")
+    ] = False,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Pull, bundle and stage REF, then sbatch --container it: REF [SBATCH OPTS] -- CMD."""
+    setup_logging(verbose)
+    options, command = _split_submit_args(list(ctx.args), sys.argv)
+    source = parse_reference(ref)
+    settings = settings_from(cache, insecure_registry, None, None, None)
+    store = Store.open(settings.cache)
+    show_progress = stderr.is_terminal and not quiet and not json_output
+    with contextlib.ExitStack() as stack:
+        progress = stack.enter_context(RichPullProgress(stderr)) if show_progress else None
+        bundle = make_bundle(source, store, pull_options=pull_options(settings, platform),
+                             config_options=ConfigOptions(map_root=map_root),
+                             progress=progress)
+    for warning in bundle.warnings:
+        stderr.print(f"warning: {escape(warning)}")
+    result = submit(bundle.path, SubmitOptions(
+        stage_to=(stage_to or settings.cache / "staged").absolute(), options=options,
+        command=command, srun=srun, copy=copy), cache_root=settings.cache)
+    if json_output:
+        print_json({"job_id": result.job_id, "staged": str(result.staged),
+                    "lease_id": result.lease_id, "exit_code": result.exit_code,
+                    "bundle": str(bundle.path)})
+    elif result.job_id is not None:
+        if not quiet:
+            stderr.print(f"staged {escape(str(result.staged))}")
+        stdout.print(result.job_id)
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)

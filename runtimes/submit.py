@@ -1,0 +1,110 @@
+"""``ocistage submit``: stage a bundle where the job runs and hand it to Slurm.
+
+The caller (the CLI) pulls and bundles; this module stages the bundle, submits
+``sbatch --container=STAGED`` (or runs ``srun --container=STAGED``) and ties the staged bundle to
+the job with a ``slurm-job`` lease, so ``ocistage cache gc`` removes it once the job has ended.
+
+Order matters: the bundle is staged under a lease held by this process, the job is submitted,
+then the job's lease is taken and the process lease dropped. Whatever happens in between, the
+staged bundle is protected by a live lease until the job has one (a job that ended before its
+lease was taken makes that lease dead at once, which is what gc should see).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cache import leases
+from cache.errors import UsageError
+from cache.leases import Holder
+from runtimes.slurm import SlurmError, sbatch, srun_argv
+
+
+@dataclass(frozen=True)
+class SubmitOptions:
+    stage_to: Path                          # staging directory on a filesystem the nodes see
+    options: Sequence[str] = ()             # sbatch/srun options, passed through
+    command: Sequence[str] = ()             # empty: the bundle's own process.args
+    srun: bool = False                      # run blocking with srun instead of sbatch
+    copy: bool = False                      # independent writable copy (default: shared, ro)
+    name: str | None = None                 # staged name [default: the bundle's name]
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    job_id: str | None                      # None for --srun (srun made its own job)
+    staged: Path
+    lease_id: str | None
+    exit_code: int = 0                      # srun's exit status
+
+
+def bundle_args(bundle: Path) -> list[str]:
+    """The bundle's ``process.args`` (what runs when no COMMAND is given)."""
+    try:
+        config = json.loads((bundle / "config.json").read_text())
+        args = config["process"]["args"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{bundle} has no readable config.json with process.args") from exc
+    if not isinstance(args, list) or not args or not all(isinstance(a, str) for a in args):
+        raise UsageError(f"{bundle}/config.json: process.args is not a list of strings")
+    return args
+
+
+def wrap_command(command: Sequence[str]) -> str:
+    """One shell command line that runs ``command`` verbatim (for ``sbatch --wrap``)."""
+    return "exec " + shlex.join(command)
+
+
+def check_options(options: Sequence[str]) -> None:
+    for option in options:
+        if option.startswith("--container") or option in ("--wrap",) or \
+                option.startswith("--wrap="):
+            raise UsageError(f"{option} is set by ocistage submit",
+                             "pass the command after --, the image as REF")
+
+
+def submit(bundle: Path, options: SubmitOptions, *, cache_root: Path) -> SubmitResult:
+    """Stage ``bundle`` to ``options.stage_to`` and submit it (see the module docstring)."""
+    from stagers.markers import hold  # a sibling package's API
+    from stagers.stage import stage_directory
+
+    check_options(options.options)
+    command = list(options.command) or bundle_args(bundle)
+    name = options.name or (bundle.name + ("-" + _unique() if options.copy else ""))
+    staged = stage_directory(bundle, options.stage_to, cache_root=cache_root, name=name,
+                             holder=Holder.this_process(),
+                             link=False if options.copy else None)
+    path = Path(staged.path)
+    if options.srun:
+        argv = srun_argv(options.options, container=path, command=command)
+        try:
+            exit_code = subprocess.run(argv, check=False).returncode
+        except OSError as exc:
+            raise SlurmError(f"cannot run srun: {exc.strerror}") from exc
+        return SubmitResult(None, path, staged.lease_id, exit_code)
+    try:
+        job_id = sbatch(options.options, container=path, wrap=wrap_command(command))
+    except BaseException:
+        _drop(cache_root, staged.lease_id)
+        raise
+    lease = hold(cache_root, path, Holder.slurm_job(job_id))
+    _drop(cache_root, staged.lease_id)
+    return SubmitResult(job_id, path, lease.id)
+
+
+def _drop(cache_root: Path, lease_id: str | None) -> None:
+    if lease_id:
+        with contextlib.suppress(UsageError):
+            leases.release(cache_root, lease_id)
+
+
+def _unique() -> str:
+    import uuid
+
+    return uuid.uuid4().hex[:12]

@@ -1,0 +1,150 @@
+"""oci.conf templates and the linter, per runtime, mode and Slurm version."""
+
+from __future__ import annotations
+
+import pytest
+
+from cache.errors import UsageError
+from runtimes.oci_conf import (
+    RUNTIMES,
+    OciConfOptions,
+    default_root,
+    lint_oci_conf,
+    parse_oci_conf,
+    render_oci_conf,
+)
+from runtimes.slurm import SlurmVersion, parse_scontrol_record
+
+V22 = SlurmVersion(22, 5)
+V23 = SlurmVersion(23, 2)
+V24 = SlurmVersion(24, 5)
+
+
+@pytest.mark.parametrize("version", [V22, V23, V24])
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("mode", ["run", "create"])
+def test_every_template_is_lint_clean_for_its_version(runtime: str, mode: str,
+                                                      version: SlurmVersion) -> None:
+    if runtime == "enroot" and mode == "create":
+        with pytest.raises(UsageError, match="create/start"):
+            render_oci_conf(OciConfOptions(runtime=runtime, mode="create", version=version))
+        return
+    text = render_oci_conf(OciConfOptions(runtime=runtime, mode=mode,  # type: ignore[arg-type]
+                                          version=version))
+    assert lint_oci_conf(text, version) == []
+    entries, problems = parse_oci_conf(text)
+    assert problems == []
+    assert ("RunTimeRun" in entries) == (mode == "run")
+    assert ("RunTimeCreate" in entries and "RunTimeStart" in entries) == (mode == "create")
+
+
+def test_runc_run_template_matches_slurms_documented_shape() -> None:
+    entries, _ = parse_oci_conf(render_oci_conf(OciConfOptions(runtime="runc", version=V22)))
+    root = "/run/user/$(id -u)/ocistage-runc"
+    assert entries["RunTimeRun"][1] == (
+        f"runc --rootless=true --root={root} run %n.%u.%j.%s.%t -b %b")
+    assert entries["RunTimeQuery"][1] == f"runc --rootless=true --root={root} state %n.%u.%j.%s.%t"
+    assert entries["RunTimeKill"][1].endswith("kill -a %n.%u.%j.%s.%t")
+    assert entries["RunTimeDelete"][1].endswith("delete --force %n.%u.%j.%s.%t")
+
+
+def test_state_directory_is_per_user_with_the_token_the_version_knows() -> None:
+    assert default_root("runc", V22) == "/run/user/$(id -u)/ocistage-runc"  # %U is fatal there
+    assert default_root("crun", V23) == "/run/user/%U/ocistage-crun"
+    text = render_oci_conf(OciConfOptions(runtime="crun", version=V24))
+    assert "--root=/run/user/%U/ocistage-crun" in text
+    assert "run --bundle %b %n.%u.%j.%s.%t" in text
+
+
+def test_custom_root_is_used_and_shell_syntax_refused() -> None:
+    text = render_oci_conf(OciConfOptions(runtime="runc", root="/var/run/runc-%u",
+                                          version=V22))
+    assert "--root=/var/run/runc-%u " in text
+    for bad in ("/a b", "/x;rm -rf /", '/q"', "/$(evil)"):
+        with pytest.raises(UsageError):
+            render_oci_conf(OciConfOptions(runtime="runc", root=bad, version=V22))
+
+
+def test_unknown_runtime_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="unknown runtime"):
+        render_oci_conf(OciConfOptions(runtime="docker"))
+
+
+def test_lint_reports_unknown_keys_and_tokens_per_version() -> None:
+    text = render_oci_conf(OciConfOptions(runtime="runc", version=V24))
+    problems = [str(p) for p in lint_oci_conf(text, V22)]
+    assert any("unknown pattern token %U for Slurm 22.05" in p for p in problems)
+    assert any("unknown key RunTimeEnvExclude for Slurm 22.05 (added in Slurm 23.02)" in p
+               for p in problems)
+    assert lint_oci_conf(text, V24) == []
+    bad = 'RunTimeQuery="x %q"\nRunTimeKill="k"\nRunTimeDelete="d"\nRunTimeRun="r %b"\nFoo=1\n'
+    problems = [str(p) for p in lint_oci_conf(bad, V24)]
+    assert problems == ["line 1: RunTimeQuery: unknown pattern token %q for Slurm 24.05 "
+                        "(fatal to slurmstepd)", "line 5: unknown key Foo for Slurm 24.05"]
+
+
+def test_lint_required_and_dependent_keys() -> None:
+    assert [str(p) for p in lint_oci_conf("", V22)] == [
+        "missing RunTimeRun (or RunTimeCreate + RunTimeStart)",
+        "missing required key RunTimeDelete",
+        "missing required key RunTimeKill",
+        "missing required key RunTimeQuery",
+    ]
+    base = 'RunTimeQuery="q"\nRunTimeKill="k"\nRunTimeDelete="d"\n'
+    assert [str(p) for p in lint_oci_conf(base + 'RunTimeCreate="c %b"\n', V22)] == [
+        "line 4: RunTimeCreate needs RunTimeStart"]
+    both = base + 'RunTimeRun="r"\nRunTimeStart="s"\n'
+    assert [str(p) for p in lint_oci_conf(both, V22)] == [
+        "line 4: RunTimeRun excludes RunTimeCreate/RunTimeStart"]
+    env = base + 'RunTimeRun="r --env-file %e"\n'
+    assert [str(p) for p in lint_oci_conf(env, V22)] == [
+        "line 4: RunTimeRun uses %e but CreateEnvFile is not enabled"]
+    assert lint_oci_conf(env + "CreateEnvFile=true\n", V22) == []
+    assert [str(p) for p in lint_oci_conf(env + "CreateEnvFile=newline\n", V22)] == [
+        "line 5: CreateEnvFile must be one of false|true for Slurm 22.05"]
+    assert lint_oci_conf(env + "CreateEnvFile=newline\n", V23) == []
+
+
+def test_lint_pid_token_only_where_a_container_exists() -> None:
+    text = ('RunTimeQuery="q %p"\nRunTimeKill="kill %p"\nRunTimeDelete="d %p"\n'
+            'RunTimeRun="r"\n')
+    assert [str(p) for p in lint_oci_conf(text, V23)] == [
+        "line 1: RunTimeQuery: %p is only known in RunTimeKill and RunTimeDelete"]
+
+
+def test_parser_case_comments_quotes_duplicates() -> None:
+    text = ('# comment\nruntimequery="a # not a comment" # comment\n'
+            'RUNTIMEKILL=k\nRunTimeKill=k2\nnonsense\nRunTimeRun="unterminated\n')
+    entries, problems = parse_oci_conf(text)
+    assert entries["RunTimeQuery"] == (2, "a # not a comment")
+    assert entries["RunTimeKill"] == (4, "k2")
+    assert [str(p) for p in problems] == [
+        "line 4: RunTimeKill is set again (first on line 3)",
+        "line 5: not a Key=Value line: 'nonsense'",
+        "line 6: RunTimeRun: unterminated quote",
+    ]
+
+
+def test_percent_escapes_are_not_tokens() -> None:
+    text = ('RunTimeQuery="printf 100%%"\nRunTimeKill="k"\nRunTimeDelete="d"\n'
+            'RunTimeRun="r %%%b 5%"\n')
+    assert [str(p) for p in lint_oci_conf(text, V22)] == [
+        "line 4: RunTimeRun: a lone % at the end of the pattern"]
+
+
+def test_slurm_version_parse_and_order() -> None:
+    assert SlurmVersion.parse("slurm-wlm 22.05.8") == SlurmVersion(22, 5, 8)
+    assert str(SlurmVersion.parse("23.11")) == "23.11"
+    assert SlurmVersion.parse("22.05.8") < SlurmVersion(23, 2)
+    with pytest.raises(UsageError):
+        SlurmVersion.parse("latest")
+
+
+def test_scontrol_record_values_keep_spaces() -> None:
+    line = ("JobId=7 JobName=wrap UserId=root(0) JobState=COMPLETED Reason=None "
+            "Command=(null) WorkDir=/tmp/a b Container=/srv/staged/x StdOut=/tmp/o.txt\n")
+    record = parse_scontrol_record(line)
+    assert record["JobId"] == "7"
+    assert record["WorkDir"] == "/tmp/a b"
+    assert record["Container"] == "/srv/staged/x"
+    assert record["UserId"] == "root(0)"
