@@ -26,6 +26,7 @@ import urllib3.exceptions
 from cache.errors import RegistryUnreachable
 
 CHUNK_SIZE = 1 << 20
+MIN_YIELD = 1 << 16
 
 
 class ConnectionFailed(RegistryUnreachable):
@@ -150,6 +151,9 @@ class Transport:
                   chunk_size: int = CHUNK_SIZE) -> Iterator[bytes]:
         """The raw body (no Content-Encoding decoding) in chunks of up to ``chunk_size``.
 
+        Whatever has arrived is handed on once it reaches :data:`MIN_YIELD` bytes, so a slow or
+        stalled connection still shows progress and keeps what it delivered on disk.
+
         Bytes received before a failure are yielded before :class:`BodyInterrupted` is
         raised, so a resume starts exactly where the data stopped; a body shorter than its
         Content-Length is an interruption too.
@@ -161,7 +165,7 @@ class Transport:
         try:
             while piece := response.raw.read1(chunk_size - len(buffer), decode_content=False):
                 buffer += piece
-                if len(buffer) >= chunk_size:
+                if len(buffer) >= min(chunk_size, MIN_YIELD):
                     received += len(buffer)
                     yield bytes(buffer)
                     buffer.clear()
