@@ -14,16 +14,20 @@ Session fixtures (started once, torn down at the end of the session):
 - ``images``             name -> :class:`~tests.e2e.images.ImageRef` of every pushed image
 
 Per test: ``fault_proxy`` (a :class:`~tests.e2e.faultproxy.FaultProxy` in front of
-``plain_registry``) and ``ocistage`` (runs the CLI with a private cache and HOME).
+``plain_registry``), ``make_fault_proxy`` (one in front of any registry) and ``ocistage``
+(runs the CLI with a private cache and HOME; ``ocistage.write_docker_auth(registry)``).
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,6 +172,14 @@ def fault_proxy(plain_registry: Registry) -> Iterator[FaultProxy]:
         yield proxy
 
 
+@pytest.fixture
+def make_fault_proxy() -> Iterator[Callable[[Registry], FaultProxy]]:
+    """A factory: a fault proxy (plain HTTP to the client) in front of any registry."""
+    with ExitStack() as stack:
+        yield lambda registry: stack.enter_context(
+            running_fault_proxy(registry.url, registry.ca_file))
+
+
 # --- the CLI ----------------------------------------------------------------------------------
 
 _SCRUBBED_ENV = ("DOCKER_CONFIG", "REGISTRY_AUTH_FILE", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME",
@@ -207,6 +219,23 @@ class OcistageRunner:
                     "NO_COLOR": "1", "COLUMNS": "200", "NO_PROXY": "127.0.0.1,localhost"})
         env.update(extra or {})
         return env
+
+    def write_docker_auth(self, registry: Registry, username: str | None = None,
+                          password: str | None = None) -> Path:
+        """Add credentials for registry to ``home/.docker/config.json`` (what `docker login`
+        writes); defaults to the registry's own username/password."""
+        username = username if username is not None else registry.username
+        password = password if password is not None else registry.password
+        if username is None or password is None:
+            raise ValueError(f"no credentials for {registry.host}")
+        path = self.home / ".docker" / "config.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        config = json.loads(path.read_text()) if path.exists() else {}
+        token = base64.b64encode(f"{username}:{password}".encode()).decode()
+        config.setdefault("auths", {})[registry.host] = {"auth": token}
+        path.write_text(json.dumps(config, indent=2))
+        path.chmod(0o600)
+        return path
 
     def __call__(self, *args: str, env: Mapping[str, str] | None = None,
                  input: str | None = None, timeout: float = 300,

@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -442,6 +443,30 @@ def test_ocistage_runner_isolates_environment(ocistage: OcistageRunner) -> None:
     assert env["HOME"] == str(ocistage.home)
     assert "REGISTRY_AUTH_FILE" not in env and "DOCKER_CONFIG" not in env
     assert env["EXTRA"] == "1"
+
+
+def test_fault_proxy_in_front_of_tls_registry(images: dict[str, ImageRef],
+                                             make_fault_proxy: Callable[[Registry], FaultProxy]
+                                             ) -> None:
+    image = images["tls/busybox"]
+    proxy = make_fault_proxy(image.registry)
+    proxy.add(Fault(r"/manifests/", "status", status=503))
+    url = f"{proxy.url}/v2/{image.repository}/manifests/{image.tag}"
+    assert get(url, {"Accept": MEDIA_MANIFEST})[0] == 503
+    status, _, body = get(url, {"Accept": MEDIA_MANIFEST})
+    assert status == 200
+    assert "sha256:" + hashlib.sha256(body).hexdigest() == image.digest
+
+
+def test_write_docker_auth(ocistage: OcistageRunner, htpasswd_registry: Registry) -> None:
+    path = ocistage.write_docker_auth(htpasswd_registry)
+    config = json.loads(path.read_text())
+    encoded = config["auths"][htpasswd_registry.host]["auth"]
+    assert base64.b64decode(encoded).decode() == f"{HTPASSWD_USER}:{HTPASSWD_PASSWORD}"
+    assert path.stat().st_mode & 0o777 == 0o600
+    skopeo_auth = skopeo("inspect", "--raw", "--tls-verify=false", "--authfile", str(path),
+                         f"docker://{htpasswd_registry.host}/private/busybox:latest")
+    assert skopeo_auth.returncode == 0, skopeo_auth.stderr
 
 
 def test_ocistage_cli_smoke(ocistage: OcistageRunner) -> None:
