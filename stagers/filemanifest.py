@@ -1,0 +1,204 @@
+"""The file manifest of a tree: what was staged, and how to tell cheaply whether it changed.
+
+A manifest lists every entry of a source tree (relative path, type, mode, size, mtime_ns, device
+and inode of the *source* file, the xxh3-128 hash of a regular file's content, a symlink's
+target). Like git's index, the stat fields decide whether a file may have changed: an entry
+whose ``(type, mode, size, mtime_ns, dev, ino)`` equals the previous manifest's keeps its hash
+and is not read again; only changed or new files are hashed.
+
+Scanning never follows symlinks and never leaves the tree: it walks with ``os.scandir`` and
+``lstat`` semantics from the root given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import xxhash
+
+from cache.errors import OcistageError
+from stagers.parallel import map_batched
+
+MANIFEST_NAME = ".ocistage-manifest.json"
+MARKER_NAME = ".ocistage-staged.json"
+#: files ocistage itself writes at the top of a staged bundle; never taken from a source
+RESERVED_NAMES = frozenset({MANIFEST_NAME, MARKER_NAME})
+MANIFEST_VERSION = 1
+CHUNK = 1 << 20
+
+EntryType = Literal["dir", "file", "symlink", "fifo", "other"]
+
+
+class StageError(OcistageError):
+    """Staging or unstaging failed (source unreadable, target not writable, unsafe path)."""
+
+    default_hint = "check that the source is readable and the target directory is writable"
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: str            # relative, "/"-separated, never "" (the root itself is not listed)
+    type: EntryType
+    mode: int            # permission bits (S_IMODE)
+    size: int
+    mtime_ns: int
+    dev: int
+    ino: int
+    hash: str | None = None   # xxh3-128 hex of a regular file's content
+    target: str | None = None  # a symlink's target, verbatim
+
+    def same_stat(self, other: Entry) -> bool:
+        return (self.type, self.mode, self.size, self.mtime_ns, self.dev, self.ino) == (
+            other.type, other.mode, other.size, other.mtime_ns, other.dev, other.ino)
+
+    def same_content(self, other: Entry) -> bool:
+        """Whether both describe identical staged results (content, mode, link target)."""
+        return (self.type, self.mode, self.hash, self.target) == (
+            other.type, other.mode, other.hash, other.target)
+
+    def to_row(self) -> list[Any]:
+        return [self.path, self.type, self.mode, self.size, self.mtime_ns, self.dev, self.ino,
+                self.hash, self.target]
+
+    @classmethod
+    def from_row(cls, row: list[Any]) -> Entry:
+        path, kind, mode, size, mtime_ns, dev, ino, digest, target = row
+        return cls(str(path), kind, int(mode), int(size), int(mtime_ns), int(dev), int(ino),
+                   None if digest is None else str(digest),
+                   None if target is None else str(target))
+
+
+@dataclass(frozen=True)
+class Manifest:
+    entries: tuple[Entry, ...]
+    source: str = ""
+    method: str = ""
+    readonly_root: bool = False
+
+    def by_path(self) -> dict[str, Entry]:
+        return {entry.path: entry for entry in self.entries}
+
+    def to_json(self) -> bytes:
+        return json.dumps({"version": MANIFEST_VERSION, "source": self.source,
+                           "method": self.method, "readonlyRoot": self.readonly_root,
+                           "entries": [e.to_row() for e in self.entries]},
+                          separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Manifest:
+        doc = json.loads(data)
+        if not isinstance(doc, dict) or doc.get("version") != MANIFEST_VERSION:
+            raise ValueError("unknown manifest version")
+        return cls(tuple(Entry.from_row(row) for row in doc["entries"]),
+                   source=str(doc.get("source", "")), method=str(doc.get("method", "")),
+                   readonly_root=bool(doc.get("readonlyRoot", False)))
+
+
+def load_manifest(path: Path) -> Manifest | None:
+    """The manifest at ``path``; None when it is missing or unreadable (treated as no manifest)."""
+    try:
+        with open(path, "rb") as file:
+            return Manifest.from_json(file.read())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _entry_type(mode: int) -> EntryType:
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    if stat.S_ISFIFO(mode):
+        return "fifo"
+    return "other"
+
+
+def scan(root: Path) -> list[Entry]:
+    """Every entry under ``root`` (not following symlinks), parents before children.
+
+    Top-level names in :data:`RESERVED_NAMES` are skipped: a staged bundle can be a source.
+    """
+    entries: list[Entry] = []
+    stack: list[tuple[str, str]] = [(os.fspath(root), "")]
+    try:
+        while stack:
+            directory, prefix = stack.pop()
+            with os.scandir(directory) as listing:
+                children = sorted(listing, key=lambda e: e.name)
+            for child in children:
+                if not prefix and child.name in RESERVED_NAMES:
+                    continue
+                st = child.stat(follow_symlinks=False)
+                kind = _entry_type(st.st_mode)
+                rel = prefix + child.name
+                target = os.readlink(child.path) if kind == "symlink" else None
+                entries.append(Entry(rel, kind, stat.S_IMODE(st.st_mode), st.st_size,
+                                     st.st_mtime_ns, st.st_dev, st.st_ino, target=target))
+                if kind == "dir":
+                    stack.append((child.path, rel + "/"))
+    except OSError as exc:
+        raise StageError(f"cannot read the source tree {root}: {exc.strerror} "
+                         f"({exc.filename})") from exc
+    return entries
+
+
+def hash_file(path: Path | str) -> str:
+    """xxh3-128 hex digest of a file's content, read in chunks (never the whole file)."""
+    hasher = xxhash.xxh3_128()
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        while chunk := os.read(fd, CHUNK):
+            hasher.update(chunk)
+    finally:
+        os.close(fd)
+    return hasher.hexdigest()
+
+
+def fill_hashes(root: Path, entries: Iterable[Entry], previous: Manifest | None,
+                jobs: int = 8) -> tuple[list[Entry], int]:
+    """Entries with hashes: reused from ``previous`` when the stat matches, else computed.
+
+    Returns the entries and how many files were hashed. Files are hashed in a thread pool
+    (reads and xxh3 release the GIL), in batches of about equal bytes.
+    """
+    old = previous.by_path() if previous is not None else {}
+    result = list(entries)
+    todo: list[int] = []
+    for n, entry in enumerate(result):
+        if entry.type != "file":
+            continue
+        before = old.get(entry.path)
+        if before is not None and before.hash is not None and before.same_stat(entry):
+            result[n] = replace(entry, hash=before.hash)
+        else:
+            todo.append(n)
+
+    base = os.fspath(root)
+
+    def work(n: int) -> str:
+        return hash_file(os.path.join(base, result[n].path))
+
+    try:
+        hashes = map_batched(work, todo, jobs, weight=lambda n: result[n].size)
+        for n, digest in zip(todo, hashes, strict=True):
+            result[n] = replace(result[n], hash=digest)
+    except OSError as exc:
+        raise StageError(f"cannot read {exc.filename}: {exc.strerror}",
+                         "the source files must be readable by you") from exc
+    return result, len(todo)
+
+
+def unchanged(current: list[Entry], previous: Manifest) -> bool:
+    """Whether a scan (without hashes) matches ``previous`` entry for entry, by stat."""
+    if len(current) != len(previous.entries):
+        return False
+    return all(a.path == b.path and a.same_stat(b) and a.target == b.target
+               for a, b in zip(current, previous.entries, strict=True))

@@ -1,0 +1,115 @@
+"""The marker of a staged bundle and the lease that protects it.
+
+``<staged path>/.ocistage-staged.json`` says "ocistage made this": ``{"id": <lease id>,
+"source": <bundle or ref>, "created": <unix time>, "method": ..., "format": "dir"|"squashfs",
+"image": <file name of the squashfs image beside the path, if any>}``. ``ocistage unstage`` and
+``cache gc`` remove nothing without it. Every staging takes a lease
+``staged:<absolute path>`` in the cache (see :mod:`cache.leases`) for its holder.
+
+Default holder: inside a Slurm job the job (``$SLURM_JOB_ID``), so the bundle may be collected
+once the job has ended; otherwise a pin named ``stage:<user>``, which lives until
+``ocistage unstage`` (a pid lease would die with the command that staged).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cache import leases
+from cache.leases import Holder, Lease
+from stagers.filemanifest import MARKER_NAME
+
+
+@dataclass(frozen=True)
+class Marker:
+    id: str
+    source: str
+    created: float
+    method: str = ""
+    format: str = "dir"
+    image: str | None = None
+
+    def to_json(self) -> bytes:
+        doc: dict[str, Any] = {"id": self.id, "source": self.source, "created": self.created,
+                               "method": self.method, "format": self.format}
+        if self.image is not None:
+            doc["image"] = self.image
+        return json.dumps(doc, indent=2).encode() + b"\n"
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Marker:
+        doc = json.loads(data)
+        if not isinstance(doc, dict) or not isinstance(doc.get("id"), str) or not doc["id"]:
+            raise ValueError("not an ocistage marker")
+        image = doc.get("image")
+        if image is not None and (not isinstance(image, str) or "/" in image
+                                  or image in ("", ".", "..")):
+            raise ValueError("bad image name in marker")
+        return cls(id=doc["id"], source=str(doc.get("source", "")),
+                   created=float(doc.get("created", 0)), method=str(doc.get("method", "")),
+                   format=str(doc.get("format", "dir")), image=image)
+
+
+def read_marker_at(dir_fd: int) -> Marker | None:
+    """The marker inside the open directory ``dir_fd``; None if absent or not ours."""
+    try:
+        fd = os.open(MARKER_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as file:
+            return Marker.from_json(file.read(1 << 16))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def default_holder(pin: str | None = None,
+                   environ: Mapping[str, str] | None = None) -> Holder:
+    """``--pin NAME`` if given, else the Slurm job we run in, else the pin ``stage:<user>``."""
+    env = os.environ if environ is None else environ
+    if pin:
+        return Holder.pin(pin)
+    job = env.get("SLURM_JOB_ID")
+    if job:
+        return Holder.slurm_job(job)
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return Holder.pin(f"stage:{user}")
+
+
+def same_holder(a: Holder, b: Holder) -> bool:
+    if a.kind != b.kind:
+        return False
+    if a.kind == "slurm-job":
+        return a.job_id == b.job_id
+    if a.kind == "pin":
+        return a.name == b.name
+    return (a.host, a.pid, a.start) == (b.host, b.pid, b.start)
+
+
+def staged_target(path: Path) -> str:
+    return f"staged:{path}"
+
+
+def hold(cache_root: Path, path: Path, holder: Holder) -> Lease:
+    """This holder's lease on staged ``path``: an existing one is reused, else one is taken."""
+    target = staged_target(path)
+    for lease in leases.leases_on(cache_root, target):
+        if same_holder(lease.holder, holder):
+            return lease
+    return leases.acquire(cache_root, target, holder)
+
+
+def new_marker(lease: Lease, source: str, method: str, format: str = "dir",
+               image: str | None = None) -> Marker:
+    return Marker(id=lease.id, source=source, created=time.time(), method=method,
+                  format=format, image=image)

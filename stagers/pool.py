@@ -1,0 +1,113 @@
+"""A per-target pool of file contents, so equal files are stored once per target filesystem.
+
+``TARGET/.ocistage-pool/<hh>/<xxh3-128>-<mode>`` holds one read-only copy of each distinct
+(content, permission bits) pair that any bundle staged into ``TARGET`` uses; bundles hardlink
+to it. Staging a new version of an image, or a second image sharing files with a staged one,
+copies only contents the pool lacks. Permission bits are part of the key because hardlinks
+share them; mtimes are not (a pooled file keeps the mtime of its first copy).
+
+A pool file is published by ``link()`` of a private temp file, which fails if another process
+published the same key first (then both use that one). An entry whose link count is 1 is used by
+no bundle; :func:`release` removes such entries for the keys an unstaged bundle used. A stager
+racing with that removal sees ``ENOENT`` from ``link()`` and copies again (:func:`link_into`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from stagers.copy import Copier, link_fd
+
+POOL_DIR = ".ocistage-pool"
+
+
+def pool_key(content_hash: str, mode: int) -> str:
+    return f"{content_hash}-{mode:04o}"
+
+
+@dataclass(frozen=True)
+class Pool:
+    root: Path
+
+    @classmethod
+    def of_target(cls, target: Path) -> Pool:
+        return cls(target / POOL_DIR)
+
+    def path(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    def prepare(self) -> None:
+        """Create the 256 fan-out directories once, instead of checking per file."""
+        for n in range(256):
+            os.makedirs(os.path.join(self.root, f"{n:02x}"), exist_ok=True)
+
+    def link_into(self, source: str, key: str, mode: int, mtime_ns: int, dest: str,
+                  copier: Copier) -> bool:
+        """Hardlink pool entry ``key`` at ``dest``, first copying ``source`` into the pool if
+        the entry is missing. Returns True when bytes were copied."""
+        pooled = os.path.join(self.root, key[:2], key)
+        copied = False
+        for _attempt in range(5):
+            try:
+                os.link(pooled, dest, follow_symlinks=False)
+                return copied
+            except FileNotFoundError:
+                if not os.path.isdir(os.path.dirname(dest)):
+                    raise
+            self._add(source, pooled, mode, mtime_ns, copier)
+            copied = True
+        os.link(pooled, dest, follow_symlinks=False)
+        return copied
+
+    def _add(self, source: str, pooled: str, mode: int, mtime_ns: int, copier: Copier) -> None:
+        """Publish a copy of ``source`` as ``pooled``; a no-op if someone else did first.
+
+        The copy is an ``O_TMPFILE`` (nameless until linked: a crash leaves nothing behind)
+        where the filesystem supports it, else a temp name that is renamed.
+        """
+        try:
+            fd = os.open(os.path.dirname(pooled), os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC,
+                         0o600)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
+                raise
+            os.makedirs(os.path.dirname(pooled), exist_ok=True)
+            self._add_named(source, pooled, mode, mtime_ns, copier)
+            return
+        try:
+            copier.copy_into(source, fd)
+            os.fchmod(fd, mode)
+            os.utime(fd, ns=(mtime_ns, mtime_ns))
+            with contextlib.suppress(FileExistsError):
+                link_fd(fd, pooled)
+        finally:
+            os.close(fd)
+
+    def _add_named(self, source: str, pooled: str, mode: int, mtime_ns: int,
+                   copier: Copier) -> None:
+        temp = f"{pooled}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            copier.copy_new(source, temp, mode, mtime_ns)
+            with contextlib.suppress(FileExistsError):
+                os.link(temp, pooled)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+
+    def release(self, keys: set[str]) -> int:
+        """Remove the entries among ``keys`` that no bundle links to any more; returns how many."""
+        removed = 0
+        for key in keys:
+            pooled = self.path(key)
+            try:
+                if os.lstat(pooled).st_nlink == 1:
+                    os.unlink(pooled)
+                    removed += 1
+            except FileNotFoundError:
+                continue
+        return removed

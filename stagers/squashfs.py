@@ -1,0 +1,217 @@
+"""``--format squashfs``: one compressed image per bundle, mounted or unpacked on the node.
+
+A shared filesystem serves one big file far better than thousands of small ones. The staged
+form is ``TO/NAME.sqfs`` (``mksquashfs`` with zstd) plus ``TO/NAME``, which is either a
+``squashfuse`` mount of the image (rootless FUSE; method ``squashfs-mount``) or, where FUSE is
+not usable, the image unpacked with ``unsquashfs`` and published like a directory bundle
+(method ``squashfs-unpack``). The image holds the tree, the manifest and the marker; its
+``config.json`` has ``root.readonly = true`` because the mount is read-only.
+
+The image is built in ``TO/.ocistage-tmp/`` and renamed into place, so ``TO/NAME.sqfs`` is
+never half written. Re-staging an unchanged source (same manifest by stat) does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from cache.leases import Holder
+from stagers.filemanifest import (
+    MANIFEST_NAME,
+    MARKER_NAME,
+    Manifest,
+    StageError,
+    fill_hashes,
+    scan,
+    unchanged,
+)
+from stagers.markers import hold, new_marker
+from stagers.remove import remove_path
+from stagers.target import (
+    LOCK_TIMEOUT,
+    StageResult,
+    clean_leftovers,
+    drop_scratch,
+    existing,
+    name_lock,
+    new_scratch,
+    publish,
+    readonly_config,
+)
+
+IMAGE_SUFFIX = ".sqfs"
+TOOL_TIMEOUT = 3600
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise StageError(f"{name} is not installed",
+                         "install squashfs-tools (and squashfuse to mount images), or use "
+                         "--format dir")
+    return path
+
+
+def _run(argv: list[str], what: str) -> None:
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=TOOL_TIMEOUT,
+                                stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise StageError(f"{what} failed: {exc}") from exc
+    if result.returncode != 0:
+        detail = (result.stderr or result.stdout).strip().splitlines()
+        raise StageError(f"{what} failed: {detail[-1] if detail else result.returncode}")
+
+
+def build_image(source: Path, image: Path, extra: Path | None = None, jobs: int = 2) -> None:
+    """Make ``image`` from ``source`` (zstd); the files in ``extra`` replace top-level ones.
+
+    ``image`` must not exist. Ownership is stored as found (a rootless bundle is the user's).
+    """
+    mksquashfs = _tool("mksquashfs")
+    argv = [mksquashfs, os.fspath(source), os.fspath(image), "-comp", "zstd", "-noappend",
+            "-no-progress", "-quiet", "-no-recovery", "-processors", str(max(1, jobs))]
+    excluded = [MANIFEST_NAME, MARKER_NAME]
+    if extra is not None:
+        excluded += [name for name in os.listdir(extra) if name not in excluded]
+    present = [name for name in excluded if os.path.lexists(source / name)]
+    if present:
+        argv += ["-e", *present]
+    _run(argv, f"mksquashfs of {source}")
+    if extra is not None:
+        _run([mksquashfs, os.fspath(extra), os.fspath(image), "-no-progress", "-quiet",
+              "-no-recovery"], f"adding ocistage files to {image.name}")
+
+
+def mount(image: Path, mountpoint: Path) -> bool:
+    """Mount ``image`` at the empty directory ``mountpoint`` with squashfuse; False if FUSE is
+    not usable here (no squashfuse, no /dev/fuse, no fusermount for an unprivileged user)."""
+    squashfuse = shutil.which("squashfuse")
+    if squashfuse is None or not os.path.exists("/dev/fuse"):
+        return False
+    if os.geteuid() != 0 and not (shutil.which("fusermount3") or shutil.which("fusermount")):
+        return False
+    result = subprocess.run([squashfuse, os.fspath(image), os.fspath(mountpoint)],
+                            capture_output=True, text=True, timeout=60,
+                            stdin=subprocess.DEVNULL, check=False)
+    return result.returncode == 0 and os.path.ismount(mountpoint)
+
+
+def unmount(mountpoint: Path) -> None:
+    """Unmount a FUSE mount: ``fusermount3 -u``, ``fusermount -u`` or ``umount``."""
+    for tool in ("fusermount3", "fusermount", "umount"):
+        path = shutil.which(tool)
+        if path is None:
+            continue
+        argv = [path, "-u", os.fspath(mountpoint)] if tool != "umount" else [
+            path, os.fspath(mountpoint)]
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                                stdin=subprocess.DEVNULL, check=False)
+        if result.returncode == 0 or not os.path.ismount(mountpoint):
+            return
+    raise StageError(f"cannot unmount {mountpoint}",
+                     f"unmount it yourself (fusermount -u {mountpoint}) and retry")
+
+
+def unpack(image: Path, dest: Path) -> None:
+    """Unpack ``image`` into ``dest`` (must not exist) with unsquashfs."""
+    _run([_tool("unsquashfs"), "-d", os.fspath(dest), "-no-progress", os.fspath(image)],
+         f"unsquashfs of {image.name}")
+
+
+def _readonly_config_file(source: Path, extra: Path) -> None:
+    config = source / "config.json"
+    if not config.is_file() or config.is_symlink():
+        return
+    data = readonly_config(config.read_bytes())
+    if data is not None:
+        (extra / "config.json").write_bytes(data)
+
+
+def stage_squashfs(source: Path, to: Path, name: str, *, cache_root: Path, holder: Holder,
+                   label: str, mount_image: bool | None = None, jobs: int = 8) -> StageResult:
+    """Stage ``source`` as ``to/name.sqfs`` + ``to/name`` (mounted or unpacked)."""
+    final = to / name
+    image = to / f"{name}{IMAGE_SUFFIX}"
+    lock = name_lock(to, name)
+    lock.acquire(timeout=LOCK_TIMEOUT)
+    try:
+        clean_leftovers(to)
+        previous, marker = existing(final)
+        if os.path.lexists(final) and marker is None and not _empty_dir(final):
+            raise StageError(f"{final} exists and was not staged by ocistage",
+                             "choose another --name or target, or remove it yourself")
+        entries = scan(source)
+        files = sum(1 for e in entries if e.type == "file")
+        if (previous is not None and marker is not None and marker.format == "squashfs"
+                and unchanged(entries, previous)):
+            lease = hold(cache_root, final, holder)
+            return StageResult(final, files, 0, 0, files, 0, lease.id, marker.method)
+        entries, _ = fill_hashes(source, entries, previous, jobs)
+        lease = hold(cache_root, final, holder)
+        scratch = new_scratch(to, name)
+        try:
+            extra = scratch / "extra"
+            extra.mkdir()
+            _readonly_config_file(source, extra)
+            method = "squashfs-mount" if mount_image is not False else "squashfs-unpack"
+            manifest = Manifest(tuple(entries), method="squashfs", readonly_root=True)
+            (extra / MANIFEST_NAME).write_bytes(manifest.to_json())
+            marker_doc = new_marker(lease, label, method, "squashfs", image.name)
+            (extra / MARKER_NAME).write_bytes(marker_doc.to_json())
+            built = scratch / image.name
+            build_image(source, built, extra, jobs=min(jobs, os.cpu_count() or 1))
+            _take_down(final)
+            os.rename(built, image)
+            if not os.path.isdir(final):
+                os.mkdir(final, 0o755)
+            if mount_image is not False and mount(image, final):
+                drop_scratch(scratch)
+                return StageResult(final, files, files, 0, 0, os.path.getsize(image),
+                                   lease.id, "squashfs-mount")
+            if mount_image is True:
+                raise StageError(f"cannot mount {image} with squashfuse",
+                                 "install squashfuse and fuse3, or let ocistage unpack it")
+            # unpack: the marker inside says squashfs-mount; rewrite it for what was done
+            unpacked = scratch / "bundle"
+            unpack(image, unpacked)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(unpacked / MARKER_NAME)
+            (unpacked / MARKER_NAME).write_bytes(
+                new_marker(lease, label, "squashfs-unpack", "squashfs", image.name).to_json())
+            os.chmod(unpacked, 0o755)
+            if _empty_dir(final):
+                os.rmdir(final)
+            old = publish(unpacked, final)
+            if old is not None:
+                remove_path(os.fspath(old))
+            drop_scratch(scratch)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                drop_scratch(scratch)
+            raise
+        return StageResult(final, files, files, 0, 0, os.path.getsize(image), lease.id,
+                           "squashfs-unpack")
+    except OSError as exc:
+        raise StageError(f"staging {source} as squashfs at {final} failed: {exc.strerror} "
+                         f"({exc.filename})") from exc
+    finally:
+        lock.release()
+
+
+def _empty_dir(path: Path) -> bool:
+    try:
+        return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
+    except OSError:
+        return False
+
+
+def _take_down(final: Path) -> None:
+    """Unmount a previous image at ``final`` (an unpacked previous version stays until the new
+    one replaces it)."""
+    if os.path.ismount(final):
+        unmount(final)

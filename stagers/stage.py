@@ -1,0 +1,280 @@
+"""``stage_directory``: put a bundle (or any tree) at ``TO/NAME``, incrementally and atomically.
+
+Target layout (``TO`` is ``--to``)::
+
+    TO/NAME/                      the staged tree + .ocistage-manifest.json + .ocistage-staged.json
+    TO/NAME.sqfs                  the squashfs image of NAME (``--format squashfs`` only)
+    TO/.ocistage-pool/<hh>/<key>  file contents shared by the bundles in TO (see stagers.pool)
+    TO/.ocistage-tmp/             per-name lock files and scratch dirs of running stagers
+
+How files get there (``method``):
+
+- ``hardlink``: the source is on TO's filesystem: every file is a hardlink of the source file,
+  no byte is copied;
+- ``pool``: another filesystem: each distinct (content, mode) is copied once into the pool and
+  hardlinked into the bundle (a new image version or a second image copies only what differs);
+- ``copy`` (``link=False``): independent files (reflink, ``copy_file_range``, ``sendfile``);
+  unchanged files of the previous version of the same name are carried over by hardlink.
+
+When the staged files share inodes with the cache or other bundles (``hardlink``, ``pool``), a
+top-level ``config.json`` is rewritten (as a private file) with ``root.readonly = true``, so a
+container cannot write through into shared files.
+
+Every run takes a lock per name (so eight processes staging the same bundle make one copy),
+compares the source with the previous manifest by stat (unchanged: nothing is written), hashes
+only changed files, builds the new version in ``TO/.ocistage-tmp/`` and publishes it with one
+``rename()`` — or an atomic ``RENAME_EXCHANGE`` with the previous version, which is then removed.
+A killed stager leaves only a scratch dir and a lock owned by a dead process; the next run
+removes both. A source that is a bundle in the cache (``CACHE/bundles/<key>``, published once and
+never written again) is *sealed*: when its identity (path, inode, mtime) matches the manifest,
+re-staging does not even walk it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cache.leases import Holder
+from cache.store import fsync_dir
+from stagers.copy import Copier
+from stagers.filemanifest import (
+    MANIFEST_NAME,
+    MARKER_NAME,
+    Entry,
+    Manifest,
+    StageError,
+    fill_hashes,
+    scan,
+    unchanged,
+)
+from stagers.markers import default_holder, hold, new_marker
+from stagers.parallel import map_batched
+from stagers.pool import Pool, pool_key
+from stagers.remove import remove_path
+from stagers.squashfs import stage_squashfs
+from stagers.target import (
+    LOCK_TIMEOUT,
+    Format,
+    Method,
+    StageResult,
+    check_name,
+    choose_method,
+    clean_leftovers,
+    drop_scratch,
+    existing,
+    name_lock,
+    new_scratch,
+    publish,
+    readonly_config,
+    source_identity,
+    write_private,
+)
+
+__all__ = ["StageResult", "stage_directory"]
+
+
+@dataclass
+class _Counts:
+    copied: int = 0
+    linked: int = 0
+    unchanged: int = 0
+    bytes_copied: int = 0
+
+
+class _Builder:
+    def __init__(self, source: Path, scratch: Path, final: Path, method: Method,
+                 previous: Manifest | None, pool: Pool, jobs: int) -> None:
+        self.source = source
+        self.scratch = scratch
+        self.final = final
+        self.method = method
+        self.previous = previous.by_path() if previous is not None else {}
+        self.carry_over = previous is not None and previous.method == method
+        self.pool = pool
+        self.jobs = jobs
+        self.counts = _Counts()
+        self.copier = Copier()
+
+    def build(self, entries: list[Entry]) -> None:
+        scratch = os.fspath(self.scratch)
+        files: list[Entry] = []
+        for entry in entries:
+            dest = os.path.join(scratch, entry.path)
+            if entry.type == "dir":
+                os.mkdir(dest, 0o700)
+            elif entry.type == "symlink":
+                assert entry.target is not None
+                os.symlink(entry.target, dest)
+            elif entry.type == "fifo":
+                os.mkfifo(dest, entry.mode)
+            elif entry.type == "file":
+                files.append(entry)
+        firsts: dict[tuple[int, int], Entry] = {}
+        groups: list[tuple[Entry, Entry]] = []
+        singles: list[Entry] = []
+        for entry in files:
+            key = (entry.dev, entry.ino)
+            if self.method == "copy" and key in firsts:
+                groups.append((entry, firsts[key]))  # hardlink group inside the source
+            else:
+                firsts.setdefault(key, entry)
+                singles.append(entry)
+        outcomes = map_batched(self._place, singles, self.jobs,
+                               weight=lambda e: e.size if self.method != "hardlink" else 0)
+        for outcome, size in outcomes:
+            if outcome == "copied":
+                self.counts.copied += 1
+                self.counts.bytes_copied += size
+            elif outcome == "linked":
+                self.counts.linked += 1
+            else:
+                self.counts.unchanged += 1
+        for entry, first in groups:
+            os.link(os.path.join(scratch, first.path), os.path.join(scratch, entry.path))
+            self.counts.linked += 1
+        for entry in reversed(entries):  # children before parents
+            dest = os.path.join(scratch, entry.path)
+            if entry.type == "dir" or (entry.type == "symlink"):
+                os.utime(dest, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
+            if entry.type == "dir":
+                os.chmod(dest, entry.mode)
+
+    def _place(self, entry: Entry) -> tuple[str, int]:
+        """Put one regular file into the scratch tree; returns (what happened, bytes copied)."""
+        src = os.path.join(self.source, entry.path)
+        dest = os.path.join(self.scratch, entry.path)
+        if entry.path == "config.json" and self.method != "copy":
+            written = self._private_config(src, dest, entry)
+            if written is not None:
+                return "copied", written
+        before = self.previous.get(entry.path)
+        if self.carry_over and before is not None and before.same_content(entry):
+            with contextlib.suppress(FileNotFoundError):
+                os.link(os.path.join(self.final, entry.path), dest, follow_symlinks=False)
+                return "unchanged", 0
+        if self.method == "hardlink":
+            os.link(src, dest, follow_symlinks=False)
+            return "linked", 0
+        if self.method == "pool":
+            assert entry.hash is not None
+            if self.pool.link_into(src, pool_key(entry.hash, entry.mode), entry.mode,
+                                   entry.mtime_ns, dest, self.copier):
+                return "copied", entry.size
+            return "linked", 0
+        self.copier.copy_new(src, dest, entry.mode, entry.mtime_ns)
+        return "copied", entry.size
+
+    def _private_config(self, src: str, dest: str, entry: Entry) -> int | None:
+        """Write config.json with a read-only root as a file of its own; its size, or None."""
+        if entry.size > 16 << 20:
+            return None
+        with open(src, "rb") as file:
+            data = readonly_config(file.read())
+        if data is None:
+            return None
+        write_private(Path(dest), data)
+        os.chmod(dest, entry.mode)
+        return len(data)
+
+
+# -- the entry point ------------------------------------------------------------------------
+
+def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | None = None,
+                    holder: Holder | None = None, link: bool | None = None, jobs: int = 8,
+                    format: Format = "dir", source_label: str | None = None,
+                    squashfs_mount: bool | None = None) -> StageResult:
+    """Stage the tree ``source`` at ``to/name`` (see the module docstring); print nothing.
+
+    ``link``: None shares inodes where possible (hardlink or pool), False makes independent
+    copies, True insists on hardlinks from the source. ``source_label`` is what the marker
+    records as the source (default: the source path). ``squashfs_mount``: None mounts the
+    image where FUSE works and unpacks it elsewhere, True insists on mounting, False unpacks.
+    """
+    source = Path(os.path.abspath(source))
+    if not source.is_dir():
+        raise StageError(f"{source} is not a directory", "stage a bundle directory or a REF")
+    name = check_name(name or source.name)
+    to = Path(os.path.abspath(to))
+    try:
+        to.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StageError(f"cannot create the target {to}: {exc.strerror}") from exc
+    holder = holder or default_holder()
+    label = source_label or os.fspath(source)
+    if format == "squashfs":
+        return stage_squashfs(source, to, name, cache_root=cache_root, holder=holder,
+                              label=label, mount_image=squashfs_mount, jobs=jobs)
+    lock = name_lock(to, name)
+    try:
+        lock.acquire(timeout=LOCK_TIMEOUT)
+        try:
+            clean_leftovers(to)
+            return _stage_locked(source, to, name, cache_root, holder, link, jobs, label)
+        finally:
+            lock.release()
+    except OSError as exc:
+        raise StageError(f"staging {source} to {to / name} failed: {exc.strerror} "
+                         f"({exc.filename})") from exc
+
+
+def _stage_locked(source: Path, to: Path, name: str, cache_root: Path, holder: Holder,
+                  link: bool | None, jobs: int, label: str) -> StageResult:
+    final = to / name
+    method = choose_method(source, to, link)
+    previous, marker = existing(final)
+    if os.path.lexists(final) and marker is None:
+        raise StageError(f"{final} exists and was not staged by ocistage",
+                         "choose another --name or target, or remove it yourself")
+    identity = source_identity(source, cache_root)
+    if (previous is not None and previous.method == method and identity
+            and previous.source == identity):
+        lease = hold(cache_root, final, holder)
+        files = sum(1 for e in previous.entries if e.type == "file")
+        return StageResult(final, files, 0, 0, files, 0, lease.id, method)
+    entries = scan(source)
+    if (previous is not None and previous.method == method and not identity
+            and unchanged(entries, previous)):
+        lease = hold(cache_root, final, holder)
+        files = sum(1 for e in entries if e.type == "file")
+        return StageResult(final, files, 0, 0, files, 0, lease.id, method)
+    entries, _hashed = fill_hashes(source, entries, previous, jobs)
+    lease = hold(cache_root, final, holder)
+    pool = Pool.of_target(to)
+    if method == "pool":
+        pool.prepare()
+    scratch = new_scratch(to, name)
+    try:
+        builder = _Builder(source, scratch, final, method, previous, pool, jobs)
+        builder.build(entries)
+        manifest = Manifest(tuple(entries), source=identity, method=method,
+                            readonly_root=method != "copy")
+        write_private(scratch / MANIFEST_NAME, manifest.to_json())
+        write_private(scratch / MARKER_NAME,
+                       new_marker(lease, label, method).to_json())
+        os.chmod(scratch, 0o755)
+        old = publish(scratch, final)
+        fsync_dir(to)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            drop_scratch(scratch)
+        raise
+    if old is not None:
+        remove_path(os.fspath(old))
+        if previous is not None and previous.method == "pool":
+            pool.release(_pool_keys(previous) - _pool_keys(manifest))
+    with contextlib.suppress(FileNotFoundError):
+        (scratch.parent / f"{scratch.name}.owner").unlink()
+    counts = builder.counts
+    files = sum(1 for e in entries if e.type == "file")
+    return StageResult(final, files, counts.copied, counts.linked, counts.unchanged,
+                       counts.bytes_copied, lease.id, method)
+
+
+def _pool_keys(manifest: Manifest) -> set[str]:
+    return {pool_key(e.hash, e.mode) for e in manifest.entries
+            if e.type == "file" and e.hash is not None}
+
+

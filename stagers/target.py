@@ -1,0 +1,215 @@
+"""The target directory of staging: names, per-name locks, scratch dirs, atomic publish.
+
+Layout (``TO`` is ``--to``)::
+
+    TO/NAME/                      a staged tree + .ocistage-manifest.json + .ocistage-staged.json
+    TO/NAME.sqfs                  the squashfs image of NAME (``--format squashfs`` only)
+    TO/.ocistage-pool/<hh>/<key>  file contents shared by the bundles in TO (stagers.pool)
+    TO/.ocistage-tmp/NAME.lock    the lock of a stager working on NAME (cache.locks)
+    TO/.ocistage-tmp/NAME.<pid>-<random>[.owner]   scratch dir of a running stager, its owner
+
+A version is built in a scratch dir and published by ``rename()``, or by an atomic
+``renameat2(RENAME_EXCHANGE)`` with the previous version (then removed). Scratch dirs whose
+owner died (kill -9, node crash) are removed by the next stager of the same target.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from cache.locks import FileLock, Owner, owner_is_dead
+from stagers.copy import same_filesystem
+from stagers.filemanifest import MANIFEST_NAME, Manifest, StageError, load_manifest
+from stagers.markers import Marker, read_marker_at
+from stagers.remove import remove_path
+
+TMP_DIR = ".ocistage-tmp"
+RESERVED_PREFIX = ".ocistage"
+Method = Literal["hardlink", "pool", "copy"]
+Format = Literal["dir", "squashfs"]
+LOCK_TIMEOUT = 3600.0
+
+
+@dataclass(frozen=True)
+class StageResult:
+    path: Path
+    files: int           # regular files in the staged tree
+    copied: int          # files whose bytes were copied (into the bundle or the pool)
+    linked: int          # files hardlinked from the source or the pool without copying
+    unchanged: int       # files already staged identically (nothing done)
+    bytes_copied: int
+    lease_id: str | None
+    method: str          # hardlink | pool | copy | squashfs-mount | squashfs-unpack
+
+
+def check_name(name: str) -> str:
+    if (not name or "/" in name or "\0" in name or name in (".", "..")
+            or name.startswith(RESERVED_PREFIX)):
+        raise StageError(f"invalid staged name {name!r}",
+                         "a name is one path component and must not start with '.ocistage'")
+    return name
+
+
+# -- publishing -----------------------------------------------------------------------------
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _renameat2() -> Callable[..., int] | None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    function = getattr(libc, "renameat2", None)
+    if function is None:
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                         ctypes.c_uint]
+    function.restype = ctypes.c_int
+    result: Callable[..., int] = function
+    return result
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (``renameat2(RENAME_EXCHANGE)``); False if unsupported."""
+    function = _renameat2()
+    if function is None:
+        return False
+    if function(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(b))
+
+
+def publish(scratch: Path, final: Path) -> Path | None:
+    """Move ``scratch`` to ``final``; returns where the previous version now is (to remove)."""
+    try:
+        os.rename(scratch, final)
+        return None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise
+    if os.path.islink(final) or not os.path.isdir(final):
+        raise StageError(f"{final} exists and is not a staged bundle",
+                         "choose another --name or remove it")
+    if exchange(scratch, final):
+        return scratch
+    # no RENAME_EXCHANGE (e.g. NFS): move the old one aside first; NAME is briefly absent
+    aside = scratch.with_name(scratch.name + ".old")
+    os.rename(final, aside)
+    os.rename(scratch, final)
+    return aside
+
+
+# -- scratch space and locks ------------------------------------------------------------------
+
+def tmp_dir(to: Path) -> Path:
+    path = to / TMP_DIR
+    path.mkdir(mode=0o755, exist_ok=True)
+    return path
+
+
+def clean_leftovers(to: Path) -> None:
+    """Remove scratch dirs of stagers that died (their ``.owner`` file names a dead process)."""
+    tmp = to / TMP_DIR
+    with contextlib.suppress(FileNotFoundError):
+        for owner_file in tmp.glob("*.owner"):
+            if owner_is_dead(owner_file):
+                scratch = owner_file.with_suffix("")
+                remove_path(os.fspath(scratch))
+                remove_path(os.fspath(scratch) + ".old")
+                with contextlib.suppress(FileNotFoundError):
+                    owner_file.unlink()
+
+
+def new_scratch(to: Path, name: str) -> Path:
+    owner = Owner.me()
+    scratch = tmp_dir(to) / f"{name}.{owner.pid}-{uuid.uuid4().hex[:10]}"
+    (scratch.parent / f"{scratch.name}.owner").write_text(owner.to_json())
+    scratch.mkdir(mode=0o700)
+    return scratch
+
+
+def drop_scratch(scratch: Path) -> None:
+    remove_path(os.fspath(scratch))
+    with contextlib.suppress(FileNotFoundError):
+        (scratch.parent / f"{scratch.name}.owner").unlink()
+
+
+def name_lock(to: Path, name: str) -> FileLock:
+    return FileLock(tmp_dir(to) / f"{name}.lock")
+
+
+# -- the staged state -----------------------------------------------------------------------
+
+def existing(final: Path) -> tuple[Manifest | None, Marker | None]:
+    """The manifest and marker of what is staged at ``final`` (None, None if nothing of ours)."""
+    try:
+        fd = os.open(final, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None, None
+    try:
+        marker = read_marker_at(fd)
+    finally:
+        os.close(fd)
+    if marker is None:
+        return None, None
+    return load_manifest(final / MANIFEST_NAME), marker
+
+
+def source_identity(source: Path, cache_root: Path) -> str:
+    """A token that changes whenever a *sealed* source could have changed; "" if not sealed.
+
+    Sealed sources are bundles in the cache: published once by rename and never written.
+    """
+    bundles = (cache_root / "bundles").absolute()
+    try:
+        resolved = source.resolve()
+        if resolved.parent != bundles.resolve():
+            return ""
+        root = os.lstat(resolved)
+        config = os.lstat(resolved / "config.json")
+    except OSError:
+        return ""
+    return (f"{resolved}:{root.st_dev}:{root.st_ino}:{root.st_mtime_ns}:"
+            f"{config.st_ino}:{config.st_mtime_ns}:{config.st_size}")
+
+
+def choose_method(source: Path, to: Path, link: bool | None) -> Method:
+    if link is False:
+        return "copy"
+    same = same_filesystem(source, to)
+    if link is True and not same:
+        raise StageError(f"cannot hardlink: {source} and {to} are on different filesystems",
+                         "drop --link to copy through the target's pool instead")
+    return "hardlink" if same else "pool"
+
+
+
+
+def readonly_config(data: bytes) -> bytes | None:
+    """config.json with ``root.readonly`` set, or None if it is not a runtime config."""
+    try:
+        config = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(config, dict) or not isinstance(config.get("root"), dict):
+        return None
+    config["root"]["readonly"] = True
+    return json.dumps(config, indent=2).encode() + b"\n"
+
+
+def write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+

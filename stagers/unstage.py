@@ -1,0 +1,130 @@
+"""``unstage``: remove a staged bundle safely and drop its lease.
+
+Only a directory carrying an ocistage marker (``.ocistage-staged.json``) is removed. The path's
+last component is opened with ``O_NOFOLLOW``: a symlink there is refused, never followed, and
+the removal itself works through directory descriptors (:mod:`stagers.remove`), so a symlink
+swapped in at any level while it runs cannot redirect it outside the bundle. A squashfs mount is
+unmounted first and its image (named in the marker, beside the path) removed.
+
+Leases: with a ``holder`` (the CLI passes the Slurm job inside a job, or ``--pin``), only that
+holder's leases on the path are released, and the bundle is kept while another live lease still
+uses it (another job sharing the same copy); ``force`` removes it anyway. Without a holder, every
+lease on the path is released. Pool entries no other bundle links to any more are removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from pathlib import Path
+
+from cache import leases
+from cache.leases import Holder
+from stagers.filemanifest import MANIFEST_NAME, Manifest, StageError
+from stagers.markers import Marker, read_marker_at, same_holder, staged_target
+from stagers.pool import Pool, pool_key
+from stagers.remove import remove_opened
+from stagers.squashfs import unmount
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _manifest_at(dir_fd: int) -> Manifest | None:
+    try:
+        fd = os.open(MANIFEST_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as file:
+            return Manifest.from_json(file.read())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _release_leases(cache_root: Path, path: Path, holder: Holder | None) -> bool:
+    """Release this holder's (or every) lease on ``path``; True if other live leases remain."""
+    target = staged_target(path)
+    remaining = []
+    for lease in leases.leases_on(cache_root, target):
+        if holder is None or same_holder(lease.holder, holder):
+            leases.release(cache_root, lease.id)
+        else:
+            remaining.append(lease)
+    if not remaining:
+        return False
+    jobs = [str(lease.holder.job_id) for lease in remaining if lease.holder.kind == "slurm-job"]
+    states = leases.squeue_states(jobs) if jobs else {}
+    return any(leases.is_live(lease, states) for lease in remaining)
+
+
+def unstage(path: Path, *, cache_root: Path, holder: Holder | None = None,
+            force: bool = False) -> bool:
+    """Remove the staged bundle at ``path``; True if it was removed, False if it was absent or
+    is kept for another live lease (see the module docstring)."""
+    path = Path(os.path.abspath(path))
+    parent, name = os.path.split(path)
+    try:
+        parent_fd = os.open(parent, _DIR)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            _release_leases(cache_root, path, holder)
+            return False
+        raise StageError(f"cannot open {parent}: {exc.strerror}") from exc
+    try:
+        return _unstage_in(parent_fd, Path(parent), name, path, cache_root, holder, force)
+    except OSError as exc:
+        raise StageError(f"removing {path} failed: {exc.strerror} ({exc.filename})",
+                         "check that you own the staged bundle") from exc
+    finally:
+        os.close(parent_fd)
+
+
+def _unstage_in(parent_fd: int, parent: Path, name: str, path: Path, cache_root: Path,
+                holder: Holder | None, force: bool) -> bool:
+    try:
+        fd = os.open(name, _DIR, dir_fd=parent_fd)
+    except FileNotFoundError:
+        _release_leases(cache_root, path, holder)
+        return False
+    except OSError as exc:
+        raise StageError(f"{path} is not a staged bundle (not a directory, or a symlink)",
+                         "give the path ocistage stage printed") from exc
+    try:
+        marker = read_marker_at(fd)
+        if marker is None:
+            raise StageError(f"{path} was not staged by ocistage (no marker); not removing it",
+                             "remove it yourself if it is yours")
+        in_use = _release_leases(cache_root, path, holder)
+        if in_use and not force:
+            return False
+        manifest = _manifest_at(fd)
+        mounted = os.fstat(fd).st_dev != os.fstat(parent_fd).st_dev
+        if mounted:
+            os.close(fd)
+            fd = -1
+            unmount(path)
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(name, dir_fd=parent_fd)
+        else:
+            remove_opened(parent_fd, name, fd)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    _remove_image(parent_fd, marker)
+    if manifest is not None and manifest.method == "pool":
+        Pool.of_target(parent).release({pool_key(e.hash, e.mode) for e in manifest.entries
+                                        if e.type == "file" and e.hash is not None})
+    return True
+
+
+def _remove_image(parent_fd: int, marker: Marker) -> None:
+    """Remove the squashfs image the marker names, if it is a regular file beside the path."""
+    if not marker.image:
+        return
+    try:
+        st = os.stat(marker.image, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(st.st_mode):
+        os.unlink(marker.image, dir_fd=parent_fd)
