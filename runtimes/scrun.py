@@ -439,7 +439,7 @@ def stage_out(bundle: Path, *, cache_root: Path) -> bool:
     Refuses a directory without stage-in's marker (scrun may pass the engine's own bundle if
     stage-in failed). Returns False when the bundle is gone already.
     """
-    from stagers.stage import unstage  # imported late: a sibling package's API
+    from stagers.unstage import unstage  # imported late: a sibling package's API
 
     bundle = bundle.absolute()
     marker = _marker_path(bundle)
@@ -456,11 +456,8 @@ def stage_out(bundle: Path, *, cache_root: Path) -> bool:
     if root_path.parent != bundle.parent:
         raise ScrunError(f"stage-in marker of {bundle} names {root_path}, outside its "
                          "staging directory; not removing it")
-    unstage(root_path, cache_root=cache_root)
-    lease_id = record.get("lease_id")
-    if isinstance(lease_id, str) and lease_id:
-        from cache.leases import release
-        with contextlib.suppress(UsageError):
-            release(cache_root, lease_id)
+    job_id = record.get("job_id")
+    holder = Holder.slurm_job(job_id) if isinstance(job_id, str) and job_id else None
+    unstage(root_path, cache_root=cache_root, holder=holder)
     remove_tree(bundle)
     return True

@@ -146,3 +146,19 @@ def parse_scontrol_record(text: str) -> dict[str, str]:
                              line):
         fields.setdefault(match.group(1), match.group(2))
     return fields
+
+
+def release_job(job_id: str) -> None:
+    """``scontrol release``: let a job submitted with ``--hold`` start."""
+    argv = ["scontrol", "release", job_id]
+    result = _run(argv)
+    if result.returncode != 0:
+        raise _failure(argv, result)
+
+
+def cancel_job(job_id: str) -> None:
+    """``scancel``; errors are reported (the caller decides whether they matter)."""
+    argv = ["scancel", job_id]
+    result = _run(argv)
+    if result.returncode != 0:
+        raise _failure(argv, result)

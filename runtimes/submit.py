@@ -4,10 +4,9 @@ The caller (the CLI) pulls and bundles; this module stages the bundle, submits
 ``sbatch --container=STAGED`` (or runs ``srun --container=STAGED``) and ties the staged bundle to
 the job with a ``slurm-job`` lease, so ``ocistage cache gc`` removes it once the job has ended.
 
-Order matters: the bundle is staged under a lease held by this process, the job is submitted,
-then the job's lease is taken and the process lease dropped. Whatever happens in between, the
-staged bundle is protected by a live lease until the job has one (a job that ended before its
-lease was taken makes that lease dead at once, which is what gc should see).
+Order matters: the job is submitted held (its container path is known in advance, ``TO/NAME``),
+the bundle is staged under the job's own lease (the staged marker names it, which is what gc
+checks before removing), then the job is released. If staging fails the job is cancelled.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from pathlib import Path
 from cache import leases
 from cache.errors import UsageError
 from cache.leases import Holder
-from runtimes.slurm import SlurmError, sbatch, srun_argv
+from runtimes.slurm import SlurmError, cancel_job, release_job, sbatch, srun_argv
 
 
 @dataclass(frozen=True)
@@ -71,31 +70,38 @@ def check_options(options: Sequence[str]) -> None:
 
 def submit(bundle: Path, options: SubmitOptions, *, cache_root: Path) -> SubmitResult:
     """Stage ``bundle`` to ``options.stage_to`` and submit it (see the module docstring)."""
-    from stagers.markers import hold  # a sibling package's API
-    from stagers.stage import stage_directory
+    from stagers.stage import stage_directory  # a sibling package's API
 
     check_options(options.options)
     command = list(options.command) or bundle_args(bundle)
     name = options.name or (bundle.name + ("-" + _unique() if options.copy else ""))
-    staged = stage_directory(bundle, options.stage_to, cache_root=cache_root, name=name,
-                             holder=Holder.this_process(),
-                             link=False if options.copy else None)
-    path = Path(staged.path)
+    link = False if options.copy else None
     if options.srun:
-        argv = srun_argv(options.options, container=path, command=command)
+        # srun makes its job as it starts: the staged bundle is held by this process until
+        # srun returns, then gc may collect it
+        staged = stage_directory(bundle, options.stage_to, cache_root=cache_root, name=name,
+                                 holder=Holder.this_process(), link=link)
+        argv = srun_argv(options.options, container=Path(staged.path), command=command)
         try:
             exit_code = subprocess.run(argv, check=False).returncode
         except OSError as exc:
             raise SlurmError(f"cannot run srun: {exc.strerror}") from exc
-        return SubmitResult(None, path, staged.lease_id, exit_code)
+        return SubmitResult(None, Path(staged.path), staged.lease_id, exit_code)
+    # submit held, stage under the job's own lease, then release: the staged bundle's marker
+    # names the job's lease, so gc removes it once the job has ended
+    path = options.stage_to.absolute() / name
+    user_holds = any(o == "--hold" or o == "-H" for o in options.options)
+    job_id = sbatch([*options.options, "--hold"], container=path, wrap=wrap_command(command))
     try:
-        job_id = sbatch(options.options, container=path, wrap=wrap_command(command))
+        staged = stage_directory(bundle, options.stage_to, cache_root=cache_root, name=name,
+                                 holder=Holder.slurm_job(job_id), link=link)
+        if not user_holds:
+            release_job(job_id)
     except BaseException:
-        _drop(cache_root, staged.lease_id)
+        with contextlib.suppress(SlurmError):
+            cancel_job(job_id)
         raise
-    lease = hold(cache_root, path, Holder.slurm_job(job_id))
-    _drop(cache_root, staged.lease_id)
-    return SubmitResult(job_id, path, lease.id)
+    return SubmitResult(job_id, Path(staged.path), staged.lease_id)
 
 
 def _drop(cache_root: Path, lease_id: str | None) -> None:
