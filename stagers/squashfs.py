@@ -17,19 +17,21 @@ import contextlib
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from cache.leases import Holder
 from stagers.filemanifest import (
     MANIFEST_NAME,
     MARKER_NAME,
+    Entry,
     Manifest,
     StageError,
     fill_hashes,
     scan,
     unchanged,
 )
-from stagers.markers import hold, new_marker
+from stagers.markers import Marker, hold, new_marker
 from stagers.remove import remove_path
 from stagers.target import (
     LOCK_TIMEOUT,
@@ -155,52 +157,68 @@ def stage_squashfs(source: Path, to: Path, name: str, *, cache_root: Path, holde
         lease = hold(cache_root, final, holder)
         scratch = new_scratch(to, name)
         try:
-            extra = scratch / "extra"
-            extra.mkdir()
-            _readonly_config_file(source, extra)
             method = "squashfs-mount" if mount_image is not False else "squashfs-unpack"
-            manifest = Manifest(tuple(entries), method="squashfs", readonly_root=True)
-            (extra / MANIFEST_NAME).write_bytes(manifest.to_json())
-            marker_doc = new_marker(lease, label, method, "squashfs", image.name)
-            (extra / MARKER_NAME).write_bytes(marker_doc.to_json())
-            built = scratch / image.name
-            build_image(source, built, extra, jobs=min(jobs, os.cpu_count() or 1))
-            _take_down(final)
-            os.rename(built, image)
-            if not os.path.isdir(final):
-                os.mkdir(final, 0o755)
-            if mount_image is not False and mount(image, final):
-                drop_scratch(scratch)
-                return StageResult(final, files, files, 0, 0, os.path.getsize(image),
-                                   lease.id, "squashfs-mount")
-            if mount_image is True:
-                raise StageError(f"cannot mount {image} with squashfuse",
-                                 "install squashfuse and fuse3, or let ocistage unpack it")
-            # unpack: the marker inside says squashfs-mount; rewrite it for what was done
-            unpacked = scratch / "bundle"
-            unpack(image, unpacked)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(unpacked / MARKER_NAME)
-            (unpacked / MARKER_NAME).write_bytes(
-                new_marker(lease, label, "squashfs-unpack", "squashfs", image.name).to_json())
-            os.chmod(unpacked, 0o755)
-            if _empty_dir(final):
-                os.rmdir(final)
-            old = publish(unpacked, final)
-            if old is not None:
-                remove_path(os.fspath(old))
-            drop_scratch(scratch)
+            built = make_image(source, entries, scratch, image.name,
+                               new_marker(lease, label, method, "squashfs", image.name), jobs)
+            return install_image(built, final, scratch, files, lease.id, label, mount_image)
         except BaseException:
             with contextlib.suppress(OSError):
                 drop_scratch(scratch)
             raise
-        return StageResult(final, files, files, 0, 0, os.path.getsize(image), lease.id,
-                           "squashfs-unpack")
     except OSError as exc:
         raise StageError(f"staging {source} as squashfs at {final} failed: {exc.strerror} "
                          f"({exc.filename})") from exc
     finally:
         lock.release()
+
+
+def make_image(source: Path, entries: list[Entry], scratch: Path, image_name: str,
+               marker: Marker, jobs: int = 8) -> Path:
+    """Build ``scratch/image_name`` from ``source`` with its manifest (``entries`` with hashes),
+    ``marker`` and a read-only-root ``config.json``; returns its path."""
+    extra = scratch / "extra"
+    extra.mkdir()
+    _readonly_config_file(source, extra)
+    manifest = Manifest(tuple(entries), method="squashfs", readonly_root=True)
+    (extra / MANIFEST_NAME).write_bytes(manifest.to_json())
+    (extra / MARKER_NAME).write_bytes(marker.to_json())
+    built = scratch / image_name
+    build_image(source, built, extra, jobs=min(jobs, os.cpu_count() or 1))
+    return built
+
+
+def install_image(built: Path, final: Path, scratch: Path, files: int, lease_id: str,
+                  label: str, mount_image: bool | None) -> StageResult:
+    """Move the image ``built`` (in ``scratch``) to ``final.sqfs`` and mount or unpack it at
+    ``final``; removes ``scratch``. The caller holds the name lock."""
+    image = final.with_name(final.name + IMAGE_SUFFIX)
+    _take_down(final)
+    os.rename(built, image)
+    size = os.path.getsize(image)
+    if not os.path.isdir(final):
+        os.mkdir(final, 0o755)
+    if mount_image is not False and mount(image, final):
+        drop_scratch(scratch)
+        return StageResult(final, files, files, 0, 0, size, lease_id, "squashfs-mount")
+    if mount_image is True:
+        raise StageError(f"cannot mount {image} with squashfuse",
+                         "install squashfuse and fuse3, or let ocistage unpack it")
+    unpacked = scratch / "bundle"
+    unpack(image, unpacked)
+    # the marker inside the image says how it was meant to be used; record what was done
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(unpacked / MARKER_NAME)
+    marker = Marker(id=lease_id, source=label, created=time.time(), method="squashfs-unpack",
+                    format="squashfs", image=image.name)
+    (unpacked / MARKER_NAME).write_bytes(marker.to_json())
+    os.chmod(unpacked, 0o755)
+    if _empty_dir(final):
+        os.rmdir(final)
+    old = publish(unpacked, final)
+    if old is not None:
+        remove_path(os.fspath(old))
+    drop_scratch(scratch)
+    return StageResult(final, files, files, 0, 0, size, lease_id, "squashfs-unpack")
 
 
 def _empty_dir(path: Path) -> bool:

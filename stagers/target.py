@@ -114,7 +114,7 @@ def publish(scratch: Path, final: Path) -> Path | None:
 
 def tmp_dir(to: Path) -> Path:
     path = to / TMP_DIR
-    path.mkdir(mode=0o755, exist_ok=True)
+    path.mkdir(mode=0o755, parents=True, exist_ok=True)
     return path
 
 

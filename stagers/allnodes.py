@@ -1,0 +1,85 @@
+"""Staging onto every node of a Slurm allocation, with Slurm itself.
+
+Inside a job, ``ocistage stage --all-nodes ...`` runs the same ``ocistage stage`` once per node
+of the allocation: ``srun --nodes=N --ntasks=N --ntasks-per-node=1 --overlap
+--kill-on-bad-exit=1 ocistage stage ... --json-lines``. Each task stages node-locally (its own
+lock, lease and marker under the node's target) and prints one JSON line; the results are
+collected per node. The source must be readable on every node (a bundle in a shared cache, or a
+URL); a REF is turned into a bundle once, on the calling node, before the step starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cache.errors import UsageError
+from stagers.filemanifest import StageError
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    node: str
+    result: dict[str, Any]
+
+
+def allocation_nodes(environ: Mapping[str, str] | None = None) -> int:
+    """How many nodes the current allocation has; UsageError outside a job."""
+    env = os.environ if environ is None else environ
+    if not env.get("SLURM_JOB_ID"):
+        raise UsageError("--all-nodes works inside a Slurm job (salloc, sbatch or srun)",
+                         "run it from a job script, or stage to one node without --all-nodes")
+    count = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1"
+    if not count.isdigit() or int(count) < 1:
+        raise UsageError(f"unexpected SLURM_JOB_NUM_NODES={count!r}")
+    return int(count)
+
+
+def srun_argv(inner: Sequence[str], nodes: int, srun: str = "srun") -> list[str]:
+    """The srun command running ``inner`` (an ``ocistage stage`` argv) once per node."""
+    return [srun, f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--overlap",
+            "--kill-on-bad-exit=1", "--quiet", *inner]
+
+
+def parse_lines(output: str) -> list[NodeResult]:
+    results = []
+    for line in output.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            results.append(NodeResult(str(doc.get("node", "?")), doc))
+    return results
+
+
+def stage_all_nodes(inner: Sequence[str], environ: Mapping[str, str] | None = None,
+                    timeout: float | None = None) -> list[NodeResult]:
+    """Run ``inner`` on every node of the allocation; one result per node, or StageError."""
+    nodes = allocation_nodes(environ)
+    srun = shutil.which("srun")
+    if srun is None:
+        raise StageError("srun is not on PATH", "--all-nodes needs Slurm's client commands")
+    argv = srun_argv(inner, nodes, srun)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL, check=False,
+                              env=dict(environ) if environ is not None else None)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise StageError(f"srun failed: {exc}") from exc
+    results = parse_lines(proc.stdout)
+    if proc.returncode != 0 or len(results) != nodes:
+        detail = proc.stderr.strip().splitlines()
+        raise StageError(
+            f"staging on all {nodes} nodes failed (srun exit {proc.returncode}, "
+            f"{len(results)} nodes reported): {detail[-1] if detail else 'no error output'}",
+            "run `ocistage stage` without --all-nodes on one node to see the error")
+    return results

@@ -1,0 +1,202 @@
+"""Bundles as files at any fsspec URL: squashfs images and tar archives, pushed and fetched.
+
+``ocistage stage BUNDLE --to URL`` (``file://``, ``memory://``, ``sftp://``, ``s3://`` with the
+matching fsspec extra installed) writes ``URL/NAME.sqfs`` (``--format squashfs``) or
+``URL/NAME.tar`` (``--format dir``: an uncompressed tar of the tree, for tools that want one).
+``ocistage stage URL/NAME.sqfs --to DIR`` fetches an image and mounts or unpacks it in DIR like
+a locally built one.
+
+Uploads stream in chunks to ``NAME.<random>.partial`` and are then moved to their name, so a
+reader never sees half a file where the filesystem's ``mv`` is a rename (file, sftp, memory);
+on object stores the upload itself is atomic. Nothing is read whole into memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tarfile
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import fsspec
+
+from cache.leases import Holder
+from stagers.filemanifest import StageError, fill_hashes, scan
+from stagers.markers import Marker, hold
+from stagers.squashfs import IMAGE_SUFFIX, install_image, make_image
+from stagers.target import (
+    LOCK_TIMEOUT,
+    StageResult,
+    check_name,
+    clean_leftovers,
+    drop_scratch,
+    existing,
+    name_lock,
+    new_scratch,
+    tmp_dir,
+)
+
+CHUNK = 4 << 20
+TAR_SUFFIX = ".tar"
+
+
+@dataclass(frozen=True)
+class PushResult:
+    url: str
+    format: str
+    size: int
+
+
+def is_url(text: str) -> bool:
+    return "://" in text
+
+
+def _filesystem(url: str) -> tuple[Any, str]:
+    try:
+        return fsspec.core.url_to_fs(url)  # type: ignore[no-any-return]
+    except (ImportError, ValueError) as exc:
+        raise StageError(f"cannot use {url}: {exc}",
+                         "install the fsspec extra for this protocol (e.g. s3fs, paramiko)") \
+            from exc
+
+
+def join(url: str, name: str) -> str:
+    return url.rstrip("/") + "/" + name
+
+
+def _copy_stream(src: BinaryIO, dst: BinaryIO) -> int:
+    total = 0
+    while chunk := src.read(CHUNK):
+        dst.write(chunk)
+        total += len(chunk)
+    return total
+
+
+def push_file(local: Path, url: str) -> int:
+    """Upload ``local`` to ``url`` (streamed, then moved into place); returns the size."""
+    fs, path = _filesystem(url)
+    partial = f"{path}.{uuid.uuid4().hex[:10]}.partial"
+    try:
+        parent = path.rsplit("/", 1)[0] if "/" in path else ""
+        if parent:
+            fs.makedirs(parent, exist_ok=True)
+        with open(local, "rb") as src, fs.open(partial, "wb") as dst:
+            size = _copy_stream(src, dst)
+        fs.mv(partial, path)
+    except OSError as exc:
+        with contextlib.suppress(Exception):
+            fs.rm(partial)
+        raise StageError(f"uploading to {url} failed: {exc}") from exc
+    return size
+
+
+def fetch_file(url: str, dest: Path) -> int:
+    """Download ``url`` to ``dest`` (through a temp file beside it); returns the size."""
+    fs, path = _filesystem(url)
+    temp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:10]}.partial")
+    try:
+        with fs.open(path, "rb") as src, open(temp, "xb") as dst:
+            size = _copy_stream(src, dst)
+        os.rename(temp, dest)
+    except FileNotFoundError as exc:
+        raise StageError(f"{url} does not exist") from exc
+    except OSError as exc:
+        raise StageError(f"downloading {url} failed: {exc}") from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+    return size
+
+
+def push_tree(source: Path, url: str, name: str, *, format: str, work: Path,
+              label: str, jobs: int = 8) -> PushResult:
+    """Store the tree ``source`` at ``url`` as ``NAME.sqfs`` or ``NAME.tar``.
+
+    ``work`` is a local scratch directory (removed by the caller).
+    """
+    name = check_name(name)
+    if format == "squashfs":
+        entries, _ = fill_hashes(source, scan(source), None, jobs)
+        marker = Marker(id=uuid.uuid4().hex, source=label, created=0.0,
+                        method="squashfs-mount", format="squashfs", image=name + IMAGE_SUFFIX)
+        build = Path(tempfile.mkdtemp(prefix="image-", dir=work))
+        try:
+            image = make_image(source, entries, build, name + IMAGE_SUFFIX, marker, jobs)
+            target = join(url, name + IMAGE_SUFFIX)
+            return PushResult(target, "squashfs", push_file(image, target))
+        finally:
+            shutil.rmtree(build, ignore_errors=True)
+    target = join(url, name + TAR_SUFFIX)
+    fs, path = _filesystem(target)
+    partial = f"{path}.{uuid.uuid4().hex[:10]}.partial"
+    try:
+        parent = path.rsplit("/", 1)[0] if "/" in path else ""
+        if parent:
+            fs.makedirs(parent, exist_ok=True)
+        with fs.open(partial, "wb") as out, tarfile.open(fileobj=out, mode="w|",
+                                                        format=tarfile.PAX_FORMAT) as tar:
+            for entry in scan(source):
+                tar.add(source / entry.path, arcname=entry.path, recursive=False)
+        size = int(fs.size(partial))
+        fs.mv(partial, path)
+    except OSError as exc:
+        with contextlib.suppress(Exception):
+            fs.rm(partial)
+        raise StageError(f"uploading to {target} failed: {exc}") from exc
+    return PushResult(target, "tar", size)
+
+
+def stage_from_url(url: str, to: Path, *, cache_root: Path, name: str | None = None,
+                   holder: Holder, mount_image: bool | None = None) -> StageResult:
+    """Fetch the squashfs image at ``url`` and mount or unpack it at ``to/name``."""
+    base = url.rstrip("/").rsplit("/", 1)[-1]
+    if not base.endswith(IMAGE_SUFFIX):
+        raise StageError(f"{url} is not a squashfs image (*{IMAGE_SUFFIX})",
+                         "fetch tar archives yourself; ocistage stages .sqfs images from URLs")
+    name = check_name(name or base[: -len(IMAGE_SUFFIX)])
+    to = Path(os.path.abspath(to))
+    to.mkdir(parents=True, exist_ok=True)
+    final = to / name
+    lock = name_lock(to, name)
+    lock.acquire(timeout=LOCK_TIMEOUT)
+    try:
+        clean_leftovers(to)
+        _previous, marker = existing(final)
+        if marker is not None and marker.format == "squashfs":
+            # an image fetched before: URLs carry no cheap change check; unstage to refresh
+            lease = hold(cache_root, final, holder)
+            return StageResult(final, 0, 0, 0, 0, 0, lease.id, marker.method)
+        if os.path.lexists(final):
+            raise StageError(f"{final} exists and was not staged by ocistage",
+                             "choose another --name or target")
+        lease = hold(cache_root, final, holder)
+        scratch = new_scratch(to, name)
+        try:
+            built = scratch / (name + IMAGE_SUFFIX)
+            fetch_file(url, built)
+            return install_image(built, final, scratch, 0, lease.id, url, mount_image)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                drop_scratch(scratch)
+            raise
+    except OSError as exc:
+        raise StageError(f"staging {url} at {final} failed: {exc.strerror}") from exc
+    finally:
+        lock.release()
+
+
+def local_work_dir(to: Path) -> Path:
+    """A scratch dir for building what is pushed (the cache's tmp/ is a good ``to``)."""
+    work = tmp_dir(to) / f"push-{os.getpid()}-{uuid.uuid4().hex[:10]}"
+    work.mkdir(mode=0o700)
+    return work
+
+
+def remove_work_dir(work: Path) -> None:
+    shutil.rmtree(work, ignore_errors=True)
+
