@@ -166,12 +166,19 @@ class _Handler(BaseHTTPRequestHandler):
                 if chunked:
                     upstream.send(b"0\r\n\r\n")
             response = upstream.getresponse()
+        except (OSError, http.client.HTTPException):
+            # the upstream is unreachable or broke before answering: a gateway error
+            state.record(RecordedRequest(self.command, self.path, headers, 502, None))
+            self._answer_bad_gateway()
+            upstream.close()
+            return
+        try:
             # recorded before the client can see the response, so tests never race the count
             state.record(RecordedRequest(self.command, self.path, headers, response.status,
                                          fault.kind if fault is not None else None))
             self._relay(response, fault)
         except (OSError, http.client.HTTPException):
-            self.close_connection = True
+            self.close_connection = True  # client went away or upstream broke mid-body
         finally:
             upstream.close()
 
@@ -182,6 +189,14 @@ class _Handler(BaseHTTPRequestHandler):
             return http.client.HTTPSConnection(host, port, timeout=60,
                                                context=self.server.state.ssl_context)
         return http.client.HTTPConnection(host, port, timeout=60)
+
+    def _answer_bad_gateway(self) -> None:
+        self.close_connection = True
+        with suppress(OSError):
+            self.send_response(502)
+            self.send_header("Content-Length", "0")
+            self.send_header("Connection", "close")
+            self.end_headers()
 
     def _answer_status(self, fault: Fault) -> None:
         body = (b'{"errors":[{"code":"TOOMANYREQUESTS","message":"injected by faultproxy"}]}'

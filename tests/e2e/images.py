@@ -505,6 +505,7 @@ def fixture_layouts(root: Path | None = None) -> FixtureLayouts:
     try:
         fixtures = build_layout(workdir)
         _save(fixtures, workdir / "fixtures.json")
+        workdir.chmod(0o755)  # mkdtemp made it private; other users' tests read it too
         try:
             workdir.rename(final)
         except OSError:

@@ -27,7 +27,7 @@ from tests.e2e.conftest import (
     TOKEN_USER,
     OcistageRunner,
 )
-from tests.e2e.faultproxy import Fault, FaultProxy
+from tests.e2e.faultproxy import Fault, FaultProxy, running_fault_proxy
 from tests.e2e.images import (
     ESCAPING_LINK_TARGET,
     LONG_NAME,
@@ -423,6 +423,13 @@ def test_proxy_answers_status_for_first_n(images: dict[str, ImageRef], fault_pro
     assert got == 200
     assert "sha256:" + hashlib.sha256(body).hexdigest() == image.digest
     assert [r.fault for r in fault_proxy.requests] == ["status", "status", None]
+
+
+def test_proxy_answers_502_when_upstream_is_gone() -> None:
+    with running_fault_proxy(f"http://127.0.0.1:{components.free_port()}") as proxy:
+        status, _, _ = get(f"{proxy.url}/v2/")
+        assert status == 502
+        assert [r.status for r in proxy.requests] == [502]
 
 
 def test_skopeo_pulls_through_proxy_fetching_each_blob_once(
