@@ -5,8 +5,7 @@ Slurm's ``scrun`` (the OCI runtime that rootless Docker/Podman call) hands the h
 points at the engine's rootfs. The generated Lua calls ``ocistage scrun stage-in``, which
 
 1. stages that rootfs content-addressed (``stagers.stage.stage_directory``: unchanged files are
-   not copied again, equal files are shared through the target's pool) to
-   ``STAGE_DIR/<uid>/<id>.rootfs``, leased to the Slurm job;
+   not copied again) to ``STAGE_DIR/<uid>/<id>/rootfs``, leased to the Slurm job;
 2. writes ``STAGE_DIR/<uid>/<id>/config.json`` rewritten for Slurm: ``root.path`` is the staged
    rootfs, the user namespace maps the container user to the job user, the job environment is
    merged, and what cannot work on a compute node is dropped (``cgroupsPath``, resources,
@@ -408,16 +407,18 @@ def stage_in(request: StageInRequest, *, cache_root: Path, jobs: int = 8) -> Sta
     # link=False: the container gets its own writable files (a shared inode would let it
     # write through into the engine's rootfs or other bundles); link=True shares them, and
     # the root is then mounted read-only
-    staged = stage_directory(rootfs, user_dir, cache_root=cache_root,
-                             name=f"{container_id}.rootfs", holder=holder,
-                             link=None if request.link else False, jobs=jobs)
+    # the rootfs goes to BUNDLE/rootfs: slurmstepd 22.05 runs <bundle>/rootfs whatever
+    # root.path says (and the stager's pool and scratch dirs then live inside the bundle)
+    bundle = user_dir / container_id
+    with contextlib.suppress(FileExistsError):
+        bundle.mkdir(mode=0o700)
+    staged = stage_directory(rootfs, bundle, cache_root=cache_root, name="rootfs",
+                             holder=holder, link=None if request.link else False, jobs=jobs)
     root_path = Path(staged.path)
     new_config, dropped = rewrite_config(config, root_path=root_path, uid=request.uid,
                                          gid=request.gid, job_env=request.job_env)
     if staged.method != "copy":
         new_config["root"]["readonly"] = True
-    bundle = user_dir / container_id
-    bundle.mkdir(exist_ok=True, mode=0o700)
     write_file_atomic(_marker_path(bundle), json.dumps(
         {"root_path": str(root_path), "lease_id": staged.lease_id,
          "job_id": request.job_id}).encode(), mode=0o600)
@@ -453,9 +454,9 @@ def stage_out(bundle: Path, *, cache_root: Path) -> bool:
                          "not removing it") from exc
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ScrunError(f"unreadable stage-in marker {marker}: {exc}") from exc
-    if root_path.parent != bundle.parent:
-        raise ScrunError(f"stage-in marker of {bundle} names {root_path}, outside its "
-                         "staging directory; not removing it")
+    if root_path != bundle / "rootfs":
+        raise ScrunError(f"stage-in marker of {bundle} names {root_path}, not the rootfs "
+                         "inside its bundle (outside its bundle); not removing it")
     job_id = record.get("job_id")
     holder = Holder.slurm_job(job_id) if isinstance(job_id, str) and job_id else None
     unstage(root_path, cache_root=cache_root, holder=holder)

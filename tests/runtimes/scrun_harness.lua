@@ -9,14 +9,12 @@ local json = require("cjson")
 local state = {calls = {}, logs = {}}
 
 local function run(kind, command)
-	state.calls[#state.calls + 1] = {kind = kind, command = command}
 	local pipe = io.popen(command, "r")
 	local output = pipe:read("a")
-	local ok, how, code = pipe:close()
-	if ok then
-		return 0, output
-	end
-	return code or 1, output
+	local ok, _, code = pipe:close()
+	local rc = ok and 0 or (code or 1)
+	state.calls[#state.calls + 1] = {kind = kind, command = command, rc = rc, output = output}
+	return rc, output
 end
 
 local function logger(level)

@@ -176,7 +176,7 @@ def test_stage_out_refuses_what_stage_in_did_not_make(tmp_path: Path) -> None:
         stage_out(bundle, cache_root=tmp_path / "cache")
     assert (bundle / "config.json").exists() and rootfs.exists()
     (bundle / MARKER).write_text(json.dumps({"root_path": str(rootfs)}))
-    with pytest.raises(ScrunError, match="outside its staging directory"):
+    with pytest.raises(ScrunError, match="outside its bundle"):
         stage_out(bundle, cache_root=tmp_path / "cache")
     assert rootfs.exists()
 
@@ -222,7 +222,7 @@ def test_generated_lua_stages_in_and_out_through_ocistage(tmp_path: Path,
     assert state["load_rc"] == 0 and state["rc"] == 0
     staged = tmp_path / "stage" / str(os.getuid()) / "c1"
     assert state["bundle_path"] == str(staged)
-    assert state["root_path"] == str(tmp_path / "stage" / str(os.getuid()) / "c1.rootfs")
+    assert state["root_path"] == str(tmp_path / "stage" / str(os.getuid()) / "c1" / "rootfs")
     kind = "allocator" if stage_to == "shared" else "remote"
     assert [call["kind"] for call in state["calls"]] == [kind]
     assert not (spool / "ocistage-job-env.json").exists()  # removed after use
