@@ -49,7 +49,7 @@ from runtimes.scrun import (
     stage_out,
 )
 from runtimes.slurm import SlurmVersion, installed_version
-from runtimes.submit import SubmitOptions, submit
+from runtimes.submit import SubmitOptions, check_options, submit
 
 runtime_app = typer.Typer(help="Generate Slurm runtime configuration (oci.conf, scrun.lua).",
     rich_markup_mode=None, no_args_is_help=True)
@@ -262,6 +262,7 @@ def submit_command(
     """Pull, bundle and stage REF, then sbatch --container it: REF [SBATCH OPTS] -- CMD."""
     setup_logging(verbose)
     options, command = _split_submit_args(list(ctx.args), sys.argv)
+    check_options(options)
     source = parse_reference(ref)
     settings = settings_from(cache, insecure_registry, None, None, None)
     store = Store.open(settings.cache)

@@ -1,0 +1,91 @@
+"""`ocistage runtime ...`, `ocistage scrun ...` and `ocistage submit` argument handling, run
+as the real command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.e2e.components import require_binary
+
+CLI = [sys.executable, "-c", "from bundler.cli import main; main()"]
+
+
+def ocistage(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120,
+                          check=False, cwd=cwd, stdin=subprocess.DEVNULL,
+                          env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "NO_COLOR": "1",
+                               "COLUMNS": "200", "HOME": str(cwd or Path.cwd())})
+
+
+def test_oci_conf_generates_and_checks(tmp_path: Path) -> None:
+    result = ocistage("runtime", "oci-conf", "--runtime", "nvidia", "--mode", "create",
+                      "--slurm-version", "23.02")
+    assert result.returncode == 0, result.stderr
+    assert 'RunTimeCreate="nvidia-container-runtime --rootless=true --root=/run/user/%U/' \
+           in result.stdout
+    conf = tmp_path / "oci.conf"
+    conf.write_text(result.stdout)
+    assert ocistage("runtime", "oci-conf", "--check", str(conf), "--slurm-version",
+                    "23.02").returncode == 0
+    checked = ocistage("runtime", "oci-conf", "--check", str(conf), "--slurm-version", "22.05")
+    assert checked.returncode == 1
+    lines = checked.stdout.splitlines()
+    assert len(lines) == 6  # four commands with %U, RunTimeStart with %U, RunTimeEnvExclude
+    assert all(line.startswith(f"{conf}: line ") for line in lines)
+
+
+def test_oci_conf_usage_errors() -> None:
+    for args in (("--runtime", "docker"), ("--mode", "exec"), ("--runtime", "enroot",
+                                                                 "--mode", "create"),
+                 ("--slurm-version", "x"), ("--root", "/a b")):
+        result = ocistage("runtime", "oci-conf", *args, "--slurm-version", "22.05") \
+            if "--slurm-version" not in args else ocistage("runtime", "oci-conf", *args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stderr.startswith("error: ")
+    missing = ocistage("runtime", "oci-conf", "--check", "/nonexistent/oci.conf",
+                       "--slurm-version", "22.05")
+    assert missing.returncode == 2 and "cannot read" in missing.stderr
+
+
+def test_scrun_lua_is_valid_lua(tmp_path: Path) -> None:
+    luac = require_binary("luac5.3")
+    for stage_to in ("shared", "node-local"):
+        result = ocistage("runtime", "scrun-lua", "--stage-to", stage_to, "--stage-dir",
+                          "/scratch/o'dd \"dir\"", "--ocistage", "/opt/bin/ocistage")
+        assert result.returncode == 0, result.stderr
+        script = tmp_path / f"{stage_to}.lua"
+        script.write_text(result.stdout)
+        check = subprocess.run([luac, "-p", str(script)], capture_output=True, text=True,
+                               timeout=30, check=False)
+        assert check.returncode == 0, check.stderr
+    assert ocistage("runtime", "scrun-lua", "--stage-to", "cloud").returncode == 2
+
+
+def test_engine_configs() -> None:
+    docker = ocistage("runtime", "docker-config", "--scrun", "/usr/local/sbin/scrun")
+    assert docker.returncode == 0
+    assert json.loads(docker.stdout)["runtimes"]["slurm"]["path"] == "/usr/local/sbin/scrun"
+    assert "--security-opt" in docker.stderr
+    podman = ocistage("runtime", "podman-config")
+    assert podman.returncode == 0 and 'runtime = "slurm"' in podman.stdout
+
+
+def test_scrun_stage_out_refuses_an_unmarked_directory(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    (victim / "rootfs").mkdir(parents=True)
+    result = ocistage("scrun", "stage-out", "--bundle", str(victim), "--cache",
+                      str(tmp_path / "cache"))
+    assert result.returncode == 1
+    assert "not staged by `ocistage scrun stage-in`" in result.stderr
+    assert (victim / "rootfs").is_dir()
+
+
+def test_submit_refuses_container_and_wrap_options(tmp_path: Path) -> None:
+    for option in ("--container=/x", "--wrap=true"):
+        result = ocistage("submit", f"oci:{tmp_path / 'no-layout'}:x", "--cache",
+                          str(tmp_path / "c"), option, "--", "true", cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert "is set by ocistage submit" in result.stderr
