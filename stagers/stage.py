@@ -146,15 +146,15 @@ class _Builder:
         """Put one regular file into the scratch tree; returns (what happened, bytes copied)."""
         src = os.path.join(self.source, entry.path)
         dest = os.path.join(self.scratch, entry.path)
-        if entry.path == "config.json" and self.method != "copy":
-            written = self._private_config(src, dest, entry)
-            if written is not None:
-                return "copied", written
         before = self.previous.get(entry.path)
         if self.carry_over and before is not None and before.same_content(entry):
             with contextlib.suppress(FileNotFoundError):
                 os.link(os.path.join(self.final, entry.path), dest, follow_symlinks=False)
                 return "unchanged", 0
+        if entry.path == "config.json" and self.method != "copy":
+            written = self._private_config(src, dest, entry)
+            if written is not None:
+                return "copied", written
         if self.method == "hardlink":
             os.link(src, dest, follow_symlinks=False)
             return "linked", 0

@@ -1,0 +1,53 @@
+"""Shared helpers for the stagers tests: small trees and a second filesystem."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+CONFIG = b'{"ociVersion": "1.0.2", "root": {"path": "rootfs", "readonly": false}}\n'
+
+
+def make_tree(root: Path, files: int = 40, seed: int = 0) -> Path:
+    """A bundle-shaped tree: config.json, rootfs with dirs, files, symlinks, a hardlink, a
+    fifo, a read-only directory and a mode-000 file."""
+    rootfs = root / "rootfs"
+    (rootfs / "bin").mkdir(parents=True)
+    (rootfs / "etc").mkdir()
+    (root / "config.json").write_bytes(CONFIG)
+    for n in range(files):
+        (rootfs / "bin" / f"f{n}").write_bytes(f"file {n} seed {seed}\n".encode() * (n + 1))
+    (rootfs / "etc" / "passwd").write_text("root:x:0:0::/root:/bin/sh\n")
+    os.symlink("/etc/shadow", rootfs / "etc" / "escape")  # data, kept verbatim
+    os.symlink("../bin/f0", rootfs / "etc" / "rel")
+    os.link(rootfs / "bin" / "f1", rootfs / "etc" / "hardlink")
+    os.mkfifo(rootfs / "etc" / "fifo")
+    (rootfs / "secret").write_text("nobody may read me\n")
+    (rootfs / "secret").chmod(0)
+    (rootfs / "ro").mkdir()
+    (rootfs / "ro" / "inside").write_text("x\n")
+    (rootfs / "ro").chmod(0o555)
+    return root
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    return make_tree(tmp_path / "bundle")
+
+
+@pytest.fixture
+def other_fs() -> Iterator[Path]:
+    """A directory on another filesystem than tmp_path (tmpfs /dev/shm), or skip."""
+    base = Path("/dev/shm")
+    if not base.is_dir() or not os.access(base, os.W_OK):
+        pytest.skip("/dev/shm is not a writable tmpfs here")
+    path = base / f"ocistage-test-{uuid.uuid4().hex[:10]}"
+    path.mkdir()
+    yield path
+    from stagers.remove import remove_path
+
+    remove_path(os.fspath(path))

@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from stagers.filemanifest import (
+    MANIFEST_NAME,
+    MARKER_NAME,
+    Manifest,
+    fill_hashes,
+    hash_file,
+    load_manifest,
+    scan,
+    unchanged,
+)
+
+
+def test_scan_lists_every_entry_without_following_links(tree: Path) -> None:
+    entries = {e.path: e for e in scan(tree)}
+    assert entries["rootfs/etc/escape"].type == "symlink"
+    assert entries["rootfs/etc/escape"].target == "/etc/shadow"
+    assert entries["rootfs/etc/fifo"].type == "fifo"
+    assert entries["rootfs/ro"].type == "dir" and entries["rootfs/ro"].mode == 0o555
+    assert entries["rootfs/secret"].mode == 0
+    assert entries["rootfs/bin/f1"].ino == entries["rootfs/etc/hardlink"].ino
+    # parents come before children
+    order = [e.path for e in scan(tree)]
+    assert order.index("rootfs") < order.index("rootfs/bin") < order.index("rootfs/bin/f0")
+
+
+def test_scan_skips_ocistage_files_at_the_top_only(tree: Path) -> None:
+    (tree / MANIFEST_NAME).write_text("{}")
+    (tree / MARKER_NAME).write_text("{}")
+    (tree / "rootfs" / MARKER_NAME).write_text("image data\n")
+    paths = {e.path for e in scan(tree)}
+    assert MANIFEST_NAME not in paths and MARKER_NAME not in paths
+    assert f"rootfs/{MARKER_NAME}" in paths
+
+
+def test_hashes_are_reused_when_the_stat_matches(tree: Path) -> None:
+    entries, hashed = fill_hashes(tree, scan(tree), None, jobs=4)
+    files = [e for e in entries if e.type == "file"]
+    assert hashed == len(files)
+    previous = Manifest(tuple(entries))
+    again, hashed_again = fill_hashes(tree, scan(tree), previous, jobs=4)
+    assert hashed_again == 0
+    assert again == entries
+    target = tree / "rootfs" / "bin" / "f3"
+    target.write_bytes(b"changed\n")
+    changed, hashed_changed = fill_hashes(tree, scan(tree), previous, jobs=4)
+    assert hashed_changed == 1
+    new = {e.path: e for e in changed}["rootfs/bin/f3"]
+    assert new.hash == hash_file(target) != {e.path: e for e in entries}["rootfs/bin/f3"].hash
+
+
+def test_unchanged_detects_stat_changes_additions_and_removals(tree: Path) -> None:
+    previous = Manifest(tuple(fill_hashes(tree, scan(tree), None)[0]))
+    assert unchanged(scan(tree), previous)
+    f = tree / "rootfs" / "bin" / "f2"
+    st = f.stat()
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    assert not unchanged(scan(tree), previous)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert unchanged(scan(tree), previous)
+    (tree / "rootfs" / "new").write_text("n")
+    assert not unchanged(scan(tree), previous)
+    (tree / "rootfs" / "new").unlink()
+    (tree / "rootfs" / "etc" / "rel").unlink()
+    os.symlink("../bin/f1", tree / "rootfs" / "etc" / "rel")
+    assert not unchanged(scan(tree), previous)
+
+
+def test_manifest_round_trip(tree: Path, tmp_path: Path) -> None:
+    manifest = Manifest(tuple(fill_hashes(tree, scan(tree), None)[0]), source="s",
+                        method="pool", readonly_root=True)
+    path = tmp_path / "m.json"
+    path.write_bytes(manifest.to_json())
+    assert load_manifest(path) == manifest
+    path.write_text('{"version": 99}')
+    assert load_manifest(path) is None
+    assert load_manifest(tmp_path / "missing") is None
+
+
+def test_hash_file_streams_and_refuses_symlinks(tmp_path: Path) -> None:
+    big = tmp_path / "big"
+    with big.open("wb") as out:
+        for _ in range(5):
+            out.write(os.urandom(1 << 20))
+    import xxhash
+
+    assert hash_file(big) == xxhash.xxh3_128(big.read_bytes()).hexdigest()
+    os.symlink(big, tmp_path / "link")
+    with pytest.raises(OSError):
+        hash_file(tmp_path / "link")

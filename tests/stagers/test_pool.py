@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from stagers.copy import Copier
+from stagers.pool import Pool, pool_key
+
+
+def test_equal_contents_are_stored_once(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.write_bytes(b"shared content\n")
+    pool = Pool.of_target(tmp_path / "target")
+    pool.prepare()
+    out = tmp_path / "target" / "b"
+    out.mkdir()
+    key = pool_key("ab" * 16, 0o644)
+    copier = Copier()
+    assert pool.link_into(str(src), key, 0o644, 1_000_000_000, str(out / "one"), copier)
+    assert not pool.link_into(str(src), key, 0o644, 1_000_000_000, str(out / "two"), copier)
+    one, two = (out / "one").stat(), (out / "two").stat()
+    assert one.st_ino == two.st_ino == pool.path(key).stat().st_ino
+    assert one.st_mode & 0o777 == 0o644 and one.st_mtime_ns == 1_000_000_000
+    assert (out / "two").read_bytes() == b"shared content\n"
+    # no temp files are left in the pool
+    assert os.listdir(pool.path(key).parent) == [key]
+
+
+def test_release_removes_only_unused_entries(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.write_bytes(b"x")
+    pool = Pool.of_target(tmp_path / "t")
+    (tmp_path / "t").mkdir()
+    used, unused = pool_key("11" * 16, 0o644), pool_key("22" * 16, 0o755)
+    pool.link_into(str(src), used, 0o644, 0, str(tmp_path / "t" / "a"), Copier())
+    pool.link_into(str(src), unused, 0o755, 0, str(tmp_path / "t" / "b"), Copier())
+    (tmp_path / "t" / "b").unlink()
+    assert pool.release({used, unused, pool_key("33" * 16, 0o644)}) == 1
+    assert pool.path(used).exists() and not pool.path(unused).exists()
+
+
+def test_a_removed_entry_is_copied_again(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.write_bytes(b"again")
+    pool = Pool.of_target(tmp_path / "t")
+    (tmp_path / "t").mkdir()
+    key = pool_key("44" * 16, 0o600)
+    pool.link_into(str(src), key, 0o600, 0, str(tmp_path / "t" / "a"), Copier())
+    pool.path(key).unlink()  # a concurrent unstage released it
+    assert pool.link_into(str(src), key, 0o600, 0, str(tmp_path / "t" / "b"), Copier())
+    assert (tmp_path / "t" / "b").read_bytes() == b"again"

@@ -1,0 +1,217 @@
+"""stage_directory: methods, incremental re-staging, atomic publish, concurrency, kill -9."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cache import leases
+from cache.errors import OcistageError
+from cache.leases import Holder
+from stagers.filemanifest import MANIFEST_NAME, MARKER_NAME, fill_hashes, scan
+from stagers.markers import Marker
+from stagers.stage import StageResult, stage_directory
+from stagers.target import TMP_DIR
+from tests.stagers.conftest import make_tree
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _tree_view(root: Path) -> dict[str, tuple[object, ...]]:
+    """What a staged tree must reproduce: type, mode, content hash, link target per path."""
+    entries, _ = fill_hashes(root, scan(root), None, jobs=1)
+    return {e.path: (e.type, e.mode, e.hash, e.target) for e in entries
+            if e.path != "config.json"}
+
+
+def _stage(source: Path, to: Path, cache: Path, **kwargs: object) -> StageResult:
+    return stage_directory(source, to, cache_root=cache, holder=Holder.pin("test"),
+                           **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("where", ["same-fs", "other-fs"])
+@pytest.mark.parametrize("link", [None, False])
+def test_staged_tree_equals_the_source(tree: Path, tmp_path: Path, other_fs: Path,
+                                       where: str, link: bool | None) -> None:
+    to = tmp_path / "target" if where == "same-fs" else other_fs
+    result = _stage(tree, to, tmp_path / "cache", link=link)
+    expected = {None: {"same-fs": "hardlink", "other-fs": "pool"}, False: {
+        "same-fs": "copy", "other-fs": "copy"}}[link][where]
+    assert result.method == expected
+    assert result.path == to / "bundle"
+    assert _tree_view(result.path) == _tree_view(tree)
+    files = sum(1 for e in scan(tree) if e.type == "file")
+    assert result.files == files
+    assert result.copied + result.linked + result.unchanged == files
+    source_ino = (tree / "rootfs" / "bin" / "f5").stat().st_ino
+    staged_ino = (result.path / "rootfs" / "bin" / "f5").stat().st_ino
+    assert (source_ino == staged_ino) == (expected == "hardlink")
+    # a hardlink group of the source stays one
+    assert (result.path / "rootfs" / "bin" / "f1").stat().st_ino == \
+        (result.path / "rootfs" / "etc" / "hardlink").stat().st_ino
+    config = json.loads((result.path / "config.json").read_text())
+    assert config["root"]["readonly"] is (expected != "copy")
+    assert json.loads((tree / "config.json").read_text())["root"]["readonly"] is False
+    marker = Marker.from_json((result.path / MARKER_NAME).read_bytes())
+    assert marker.id == result.lease_id and marker.source == str(tree)
+    lease_list = leases.leases_on(tmp_path / "cache", f"staged:{result.path}")
+    assert [lease.id for lease in lease_list] == [result.lease_id]
+    assert os.listdir(to / TMP_DIR) == ["bundle.lock"] or os.listdir(to / TMP_DIR) == []
+
+
+@pytest.mark.parametrize("link", [None, False])
+def test_restaging_is_incremental(tree: Path, tmp_path: Path, other_fs: Path,
+                                  link: bool | None) -> None:
+    cache = tmp_path / "cache"
+    first = _stage(tree, other_fs, cache, link=link)
+    assert first.copied == first.files - 1  # one is a hardlink of another source file
+    again = _stage(tree, other_fs, cache, link=link)
+    assert (again.unchanged, again.copied, again.linked) == (first.files, 0, 0)
+    assert again.lease_id == first.lease_id  # the same holder keeps one lease
+    manifest_before = (first.path / MANIFEST_NAME).stat().st_ino
+    assert (again.path / MANIFEST_NAME).stat().st_ino == manifest_before  # nothing rewritten
+    (tree / "rootfs" / "bin" / "f7").write_bytes(b"a new version of f7\n")
+    (tree / "rootfs" / "added").write_bytes(b"new file\n")
+    (tree / "rootfs" / "bin" / "f9").unlink()
+    changed = _stage(tree, other_fs, cache, link=link)
+    assert changed.files == first.files
+    assert changed.copied == 2
+    assert changed.unchanged + changed.linked == first.files - 2
+    assert (changed.path / "rootfs" / "bin" / "f7").read_bytes() == b"a new version of f7\n"
+    assert not (changed.path / "rootfs" / "bin" / "f9").exists()
+    assert _tree_view(changed.path) == _tree_view(tree)
+    # the old version is gone, and with it the pool entries only it used
+    if changed.method == "pool":
+        pooled = {p.name for p in (other_fs / ".ocistage-pool").rglob("*") if p.is_file()}
+        assert len(pooled) == len({(v[1], v[2]) for v in _tree_view(tree).values()
+                                   if v[0] == "file"})
+
+
+def test_a_second_image_copies_only_what_differs(tmp_path: Path, other_fs: Path) -> None:
+    cache = tmp_path / "cache"
+    one = make_tree(tmp_path / "one", files=30, seed=0)
+    two = make_tree(tmp_path / "two", files=30, seed=0)
+    for n in range(3):
+        (two / "rootfs" / "bin" / f"f{n + 10}").write_bytes(f"different {n}\n".encode())
+    first = _stage(one, other_fs, cache)
+    second = _stage(two, other_fs, cache)
+    assert first.path != second.path
+    assert second.copied == 3 + 1  # three changed files and its own config.json
+    assert second.linked == second.files - 4
+    assert (first.path / "rootfs" / "bin" / "f0").stat().st_ino == \
+        (second.path / "rootfs" / "bin" / "f0").stat().st_ino
+
+
+def test_a_changed_mode_is_a_change(tree: Path, tmp_path: Path, other_fs: Path) -> None:
+    cache = tmp_path / "cache"
+    _stage(tree, other_fs, cache)
+    (tree / "rootfs" / "bin" / "f2").chmod(0o700)
+    result = _stage(tree, other_fs, cache)
+    assert result.copied == 1
+    assert (result.path / "rootfs" / "bin" / "f2").stat().st_mode & 0o777 == 0o700
+    assert (result.path / "rootfs" / "bin" / "f3").stat().st_mode & 0o777 == 0o644
+
+
+def test_sealed_cache_bundles_are_not_walked_again(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    bundle = make_tree(cache / "bundles" / ("ab" * 32))
+    first = _stage(bundle, tmp_path / "t", cache)
+    assert first.method == "hardlink"
+    manifest = json.loads((first.path / MANIFEST_NAME).read_text())
+    assert manifest["source"].startswith(str(bundle))
+    again = _stage(bundle, tmp_path / "t", cache)
+    assert again.unchanged == first.files and again.copied == again.linked == 0
+
+
+def test_names_and_foreign_paths_are_refused(tree: Path, tmp_path: Path) -> None:
+    for bad in ("..", "a/b", ".ocistage-pool", ".ocistage-tmp"):
+        with pytest.raises(OcistageError, match="invalid staged name"):
+            _stage(tree, tmp_path / "t", tmp_path / "cache", name=bad)
+    (tmp_path / "t" / "mine").mkdir(parents=True)
+    (tmp_path / "t" / "mine" / "data").write_text("user data")
+    with pytest.raises(OcistageError, match="not staged by ocistage"):
+        _stage(tree, tmp_path / "t", tmp_path / "cache", name="mine")
+    assert (tmp_path / "t" / "mine" / "data").read_text() == "user data"
+    with pytest.raises(OcistageError, match="different filesystems"):
+        _stage(tree, Path("/dev/shm"), tmp_path / "cache", link=True, name="never")
+
+
+_CHILD = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+from cache.leases import Holder
+from stagers.stage import stage_directory
+r = stage_directory(Path(sys.argv[1]), Path(sys.argv[2]), cache_root=Path(sys.argv[3]),
+                    holder=Holder.pin(sys.argv[4]), link=sys.argv[5] == "link" or None,
+                    jobs=1)
+print(json.dumps({{"path": str(r.path), "copied": r.copied, "unchanged": r.unchanged,
+                   "files": r.files}}))
+"""
+
+
+def _child(source: Path, to: Path, cache: Path, pin: str, link: str = "auto"
+           ) -> subprocess.Popen[str]:
+    if link == "copy":
+        code = _CHILD.replace('link=sys.argv[5] == "link" or None', "link=False")
+    else:
+        code = _CHILD
+    return subprocess.Popen([sys.executable, "-c", code.format(repo=str(REPO)), str(source),
+                             str(to), str(cache), pin, link], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_eight_concurrent_stagers_make_one_copy(tree: Path, tmp_path: Path,
+                                                other_fs: Path) -> None:
+    cache = tmp_path / "cache"
+    children = [_child(tree, other_fs, cache, f"p{n}") for n in range(8)]
+    results = []
+    for child in children:
+        out, err = child.communicate(timeout=120)
+        assert child.returncode == 0, err
+        results.append(json.loads(out))
+    assert len({r["path"] for r in results}) == 1
+    files = results[0]["files"]
+    builders = [r for r in results if r["copied"]]
+    assert len(builders) == 1  # one built it; the other seven found it staged
+    assert all(r["unchanged"] == files for r in results if r not in builders)
+    assert sorted(os.listdir(other_fs)) == [".ocistage-pool", ".ocistage-tmp", "bundle"]
+    assert len(leases.leases_on(cache, f"staged:{other_fs / 'bundle'}")) == 8
+    assert _tree_view(other_fs / "bundle") == _tree_view(tree)
+
+
+def test_a_killed_stager_leaves_nothing_visible_and_the_next_run_completes(
+        tmp_path: Path) -> None:
+    source = tmp_path / "big"
+    (source / "rootfs").mkdir(parents=True)
+    blob = os.urandom(32 << 10)
+    for n in range(3000):
+        (source / "rootfs" / f"f{n:05d}").write_bytes(blob[n % 1024:] + n.to_bytes(4, "big"))
+    to, cache = tmp_path / "t", tmp_path / "cache"
+    child = _child(source, to, cache, "killed", link="copy")
+    scratch_files = 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and child.poll() is None:
+        scratches = [p for p in (to / TMP_DIR).glob("big.*") if p.is_dir()] \
+            if (to / TMP_DIR).is_dir() else []
+        if scratches and (scratches[0] / "rootfs").is_dir():
+            scratch_files = len(os.listdir(scratches[0] / "rootfs"))
+            if scratch_files > 200:
+                break
+        time.sleep(0.005)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    assert scratch_files > 200, "the stager finished before it could be killed mid-copy"
+    assert not os.path.lexists(to / "big")  # nothing half-visible at the final path
+    result = _stage(source, to, cache, link=False)
+    assert result.files == 3000 and result.copied == 3000
+    assert _tree_view(result.path) == _tree_view(source)
+    leftovers = [p.name for p in (to / TMP_DIR).iterdir()]
+    assert leftovers == [] or leftovers == ["big.lock"]

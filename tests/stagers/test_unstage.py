@@ -1,0 +1,189 @@
+"""unstage and the fd-based remover against hostile trees: nothing outside is ever touched."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cache import leases
+from cache.errors import OcistageError
+from cache.leases import Holder
+from stagers.filemanifest import MARKER_NAME
+from stagers.remove import remove_opened, remove_path
+from stagers.stage import stage_directory
+from stagers.unstage import unstage
+
+
+@pytest.fixture
+def canary(tmp_path: Path) -> Path:
+    """A directory outside every staged tree whose contents must survive every test."""
+    path = tmp_path / "canary"
+    (path / "sub").mkdir(parents=True)
+    (path / "file").write_text("precious\n")
+    (path / "sub" / "deep").write_text("precious too\n")
+    (path / "ro").mkdir()
+    (path / "ro").chmod(0o555)
+    return path
+
+
+def _intact(canary: Path) -> None:
+    assert (canary / "file").read_text() == "precious\n"
+    assert (canary / "sub" / "deep").read_text() == "precious too\n"
+    assert (canary / "ro").stat().st_mode & 0o777 == 0o555
+
+
+def _hostile(root: Path, canary: Path) -> None:
+    rootfs = root / "rootfs"
+    os.symlink(canary, rootfs / "to-canary")
+    os.symlink(canary / "file", rootfs / "to-canary-file")
+    os.symlink("../../../../../../../../" + str(canary).lstrip("/"), rootfs / "dotdot")
+    (rootfs / "locked" / "deeper").mkdir(parents=True)
+    (rootfs / "locked" / "deeper" / "f").write_text("x")
+    (rootfs / "locked" / "deeper").chmod(0)
+    (rootfs / "locked").chmod(0o500)
+
+
+def test_unstage_removes_hostile_staged_trees(tree: Path, tmp_path: Path, canary: Path) -> None:
+    _hostile(tree, canary)
+    cache = tmp_path / "cache"
+    result = stage_directory(tree, tmp_path / "target", cache_root=cache, link=False)
+    assert result.path.is_dir()
+    assert leases.leases_on(cache, f"staged:{result.path}")
+    assert unstage(result.path, cache_root=cache) is True
+    assert not os.path.lexists(result.path)
+    assert leases.leases_on(cache, f"staged:{result.path}") == []
+    _intact(canary)
+    assert tree.is_dir() and (tree / "rootfs" / "locked").is_dir()  # the source stays
+
+
+def test_unstage_refuses_a_symlink_in_place_of_the_staged_dir(
+        tree: Path, tmp_path: Path, canary: Path) -> None:
+    cache = tmp_path / "cache"
+    result = stage_directory(tree, tmp_path / "target", cache_root=cache)
+    (canary / MARKER_NAME).write_bytes((result.path / MARKER_NAME).read_bytes())
+    aside = tmp_path / "aside"
+    os.rename(result.path, aside)
+    os.symlink(canary, result.path)
+    with pytest.raises(OcistageError):
+        unstage(result.path, cache_root=cache)
+    _intact(canary)
+    assert os.path.islink(result.path)
+
+
+def test_unstage_refuses_what_ocistage_did_not_stage(tmp_path: Path, canary: Path) -> None:
+    with pytest.raises(OcistageError, match="not staged by ocistage"):
+        unstage(canary, cache_root=tmp_path / "cache")
+    _intact(canary)
+    (canary / MARKER_NAME).write_text("{not json")
+    with pytest.raises(OcistageError):
+        unstage(canary, cache_root=tmp_path / "cache")
+    _intact(canary)
+
+
+def test_a_dir_swapped_for_a_symlink_mid_removal_is_not_followed(
+        tmp_path: Path, canary: Path) -> None:
+    staged = tmp_path / "staged"
+    (staged / "a" / "b").mkdir(parents=True)
+    (staged / "a" / "b" / "f").write_text("x")
+    parent_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(staged, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        os.rename(staged, tmp_path / "moved")       # the attacker moves the real dir away
+        os.symlink(canary, staged)                  # and puts a symlink in its place
+        remove_opened(parent_fd, "staged", fd)
+    finally:
+        os.close(fd)
+        os.close(parent_fd)
+    assert os.path.islink(staged)                   # left alone
+    assert os.listdir(tmp_path / "moved") == []     # what we opened was emptied
+    _intact(canary)
+
+
+def test_racing_symlink_swaps_inside_the_tree_never_escape(tmp_path: Path,
+                                                           canary: Path) -> None:
+    for round_ in range(20):
+        staged = tmp_path / f"staged{round_}"
+        for n in range(30):
+            (staged / f"d{n}" / "x").mkdir(parents=True)
+            (staged / f"d{n}" / "x" / "f").write_text("x")
+        stop = threading.Event()
+
+        def swapper(root: Path = staged, stop: threading.Event = stop) -> None:
+            n = 0
+            while not stop.is_set():
+                victim = root / f"d{n % 30}"
+                try:
+                    os.rename(victim, root / f"gone{n}")
+                    os.symlink(canary, victim)
+                except OSError:
+                    pass
+                n += 1
+
+        thread = threading.Thread(target=swapper)
+        thread.start()
+        try:
+            remove_path(os.fspath(staged))
+        except OSError:
+            pass  # losing a race is allowed; escaping is not
+        finally:
+            stop.set()
+            thread.join()
+        _intact(canary)
+
+
+def test_only_the_holders_lease_is_released_while_others_hold(tree: Path,
+                                                               tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = stage_directory(tree, tmp_path / "t", cache_root=cache, holder=Holder.pin("a"))
+    second = stage_directory(tree, tmp_path / "t", cache_root=cache, holder=Holder.pin("b"))
+    assert first.path == second.path and first.lease_id != second.lease_id
+    assert unstage(first.path, cache_root=cache, holder=Holder.pin("a")) is False
+    assert first.path.is_dir()  # pin b still holds it
+    assert [lease.holder.name for lease in leases.leases_on(cache, f"staged:{first.path}")] \
+        == ["b"]
+    assert unstage(first.path, cache_root=cache, holder=Holder.pin("b")) is True
+    assert not first.path.exists()
+    assert unstage(first.path, cache_root=cache) is False  # absent: nothing to do
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory every user can reach (pytest's tmp_path is root-only)."""
+    path = Path(tempfile.mkdtemp(prefix="ocistage-unstage-"))
+    path.chmod(0o755)
+    yield path
+    remove_path(os.fspath(path))
+
+
+def test_an_unprivileged_owner_removes_mode_000_directories(open_dir: Path,
+                                                            canary: Path) -> None:
+    if os.getuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run the removal as another user")
+    tmp_path = open_dir
+    staged = tmp_path / "userdir" / "staged"
+    (staged / "a" / "b").mkdir(parents=True)
+    (staged / "a" / "b" / "f").write_text("x")
+    (staged / "a" / "secret").write_text("x")
+    os.symlink(canary, staged / "a" / "link")
+    (staged / "a" / "secret").chmod(0)
+    (staged / "a" / "b").chmod(0)
+    (staged / "a").chmod(0o500)
+    for path in [tmp_path / "userdir", *(tmp_path / "userdir").rglob("*")]:
+        os.lchown(path, 65534, 65534)
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r}); "
+            "from stagers.remove import remove_path; "
+            f"remove_path({str(staged)!r})")
+    result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                             sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert not staged.exists()
+    _intact(canary)
