@@ -140,16 +140,15 @@ def test_srun_container_runs_a_root_image(
     assert result.stdout.split()[-3:] == ["0", str(os.getuid()), "1"]
 
 
-@pytest.mark.parametrize("map_root", [True])
 def test_srun_container_as_an_unprivileged_user(
-        slurm: None, images: dict[str, ImageRef], shared_dir: Path, map_root: bool) -> None:
+        slurm: None, images: dict[str, ImageRef], shared_dir: Path) -> None:
     """A non-root job user: the bundle maps that user (runc 1.1 under Slurm needs map_root:
     it fchowns the step's stdio to the uid that container root maps to)."""
     user = ensure_test_user()
     store = Store.open(shared_dir / "cache")
     bundle = make_bundle(parse_reference(images["busybox"].ref), store, shared_dir / "bundle",
                          config_options=ConfigOptions(host_uid=user.uid, host_gid=user.gid,
-                                                      map_root=map_root)).path
+                                                      map_root=True)).path
     subprocess.run(["chown", "-R", f"{user.uid}:{user.gid}", str(bundle)], check=True)
     result = _srun(f"--container={bundle}", "sh", "-c", PROBE + "; cat /proc/self/uid_map",
                    user=user, cwd=shared_dir)
