@@ -1,0 +1,44 @@
+"""``python -m bench [bundle|stage] [options]``: the benchmarks of ocistage (see bench/README.md).
+
+``bundle`` (the default) compares cold/warm ``ocistage bundle`` with ``skopeo copy`` +
+``umoci unpack --rootless`` and the ``curl | gzip -dc | tar -x`` floor; ``stage`` runs
+``bench/stage.py`` (staging vs ``rsync -a``) when that module is present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from bench.bundle import DEFAULT_IMAGES
+from bench.bundle import main as bundle_main
+from bench.images import SPECS
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "stage":
+        try:
+            stage = importlib.import_module("bench.stage")
+        except ModuleNotFoundError:
+            print("bench: bench/stage.py is not there yet", file=sys.stderr)
+            return 1
+        result: int = stage.main(argv[1:])
+        return result
+    if argv and argv[0] == "bundle":
+        argv = argv[1:]
+    parser = argparse.ArgumentParser(prog="python -m bench bundle", description=__doc__)
+    parser.add_argument("--images", default=",".join(DEFAULT_IMAGES),
+                        help=f"comma-separated, from {', '.join(SPECS)} "
+                             f"[default: {','.join(DEFAULT_IMAGES)}]")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions per tool [3]")
+    args = parser.parse_args(argv)
+    names = [name for name in args.images.split(",") if name]
+    unknown = [name for name in names if name not in SPECS]
+    if unknown:
+        parser.error(f"unknown images: {', '.join(unknown)}")
+    return bundle_main(names, max(1, args.reps))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

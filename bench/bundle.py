@@ -1,0 +1,316 @@
+"""``python -m bench bundle``: ocistage vs its peers and the floor, side by side in one run.
+
+For each image the harness runs, alternating the order of the tools between repetitions:
+
+- ``ocistage``       cold ``ocistage bundle REF DEST`` with an empty cache
+- ``skopeo+umoci``   ``skopeo copy docker://REF oci:DIR`` then ``umoci unpack --rootless``
+- ``ch-image``       ``ch-image pull`` (only when Charliecloud is installed)
+- ``floor``          per layer ``curl BLOB | gzip -dc | tar -x`` (``zstd -dc`` for zstd), summed
+- ``warm``           ``ocistage bundle REF NEWDEST`` again, with the cache of the cold run
+- ``shared``         (``derived`` only) bundle ``derived`` with a cache holding ``multi``'s bundle
+
+Wall time is measured around each process; peak RSS comes from ``wait4`` (the largest process
+of the run, pipelines included). Medians and ratios are printed; the raw numbers are written
+as JSON to ``bench/results/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.images import BuiltImage, build_all, cache_root, push
+from cache.store import remove_tree
+
+RESULTS = Path(__file__).parent / "results"
+DEFAULT_IMAGES = ("single", "multi", "zstd", "big")
+
+
+@dataclass
+class Sample:
+    seconds: float
+    max_rss_kib: int
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Registry:
+    host: str
+    process: subprocess.Popen[bytes]
+
+
+def run_timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int, str]:
+    """Run ``argv``; (wall seconds, peak RSS in KiB of the largest process, stdout)."""
+    start = time.perf_counter()
+    process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = process.stdout.read() if process.stdout else b""
+    err = process.stderr.read() if process.stderr else b""
+    _, status, usage = os.wait4(process.pid, 0)
+    elapsed = time.perf_counter() - start
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise RuntimeError(f"{shlex.join(argv)} exited {process.returncode}:\n"
+                           f"{err.decode(errors='replace')[-3000:]}")
+    return elapsed, usage.ru_maxrss, out.decode()
+
+
+def drop_page_cache() -> bool:
+    """Drop the page cache if we are allowed to (root, not in a restricted sandbox)."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as control:
+            control.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+@contextmanager
+def running_registry(storage: Path) -> Iterator[Registry]:
+    """A plain-HTTP docker-registry on 127.0.0.1 whose storage persists across runs."""
+    import socket
+
+    storage.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = storage.parent / "registry.yml"
+    config.write_text(json.dumps({
+        "version": "0.1", "log": {"level": "error", "accesslog": {"disabled": True}},
+        "storage": {"filesystem": {"rootdirectory": str(storage)},
+                    "maintenance": {"uploadpurging": {"enabled": False}}},
+        "http": {"addr": f"127.0.0.1:{port}", "secret": "ocistage-bench"},
+    }))
+    log = open(storage.parent / "registry.log", "ab")  # noqa: SIM115 - closed below
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
+    process = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log,
+                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    try:
+        import urllib.request
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError("docker-registry did not start") from None
+                time.sleep(0.05)
+        yield Registry(f"127.0.0.1:{port}", process)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        log.close()
+
+
+class Workspace:
+    """Scratch directories for one bench run, on the same filesystem as the bench cache."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.counter = 0
+        remove_tree(root)
+        root.mkdir(parents=True)
+
+    def fresh(self, name: str) -> Path:
+        self.counter += 1
+        return self.root / f"{name}-{self.counter}"
+
+    def clear(self) -> None:
+        for child in list(self.root.iterdir()):
+            remove_tree(child)
+
+
+def ocistage_env(cache: Path, home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OCISTAGE_")}
+    env.update({"OCISTAGE_CACHE": str(cache), "HOME": str(home), "NO_COLOR": "1",
+                "NO_PROXY": "127.0.0.1,localhost"})
+    return env
+
+
+def ocistage_bundle(ref: str, dest: Path, cache: Path, work: Workspace,
+                    extra: tuple[str, ...] = ()) -> Sample:
+    home = work.root / "home"
+    home.mkdir(exist_ok=True)
+    seconds, rss, out = run_timed(
+        [shutil.which("ocistage") or "ocistage", "bundle", "--json", *extra, ref, str(dest)],
+        env=ocistage_env(cache, home))
+    report = json.loads(out)
+    image = report.get("image", {})
+    return Sample(seconds, rss, {"fetched_bytes": image.get("fetched_bytes"),
+                                 "reused_blobs": image.get("reused_blobs"),
+                                 "layers_applied": report.get("layers_applied")})
+
+
+def run_ocistage_cold(ref: str, work: Workspace) -> Sample:
+    return ocistage_bundle(ref, work.fresh("bundle"), work.fresh("cache"), work)
+
+
+def run_skopeo_umoci(ref: str, work: Workspace) -> Sample:
+    layout = work.fresh("layout")
+    bundle = work.fresh("umoci")
+    t1, rss1, _ = run_timed(["skopeo", "copy", "--quiet", "--src-tls-verify=false",
+                             f"docker://{ref}", f"oci:{layout}:image"])
+    t2, rss2, _ = run_timed(["umoci", "unpack", "--rootless", "--image", f"{layout}:image",
+                             str(bundle)])
+    return Sample(t1 + t2, max(rss1, rss2), {"skopeo": t1, "umoci": t2})
+
+
+def run_charliecloud(ref: str, work: Workspace) -> Sample:
+    storage = work.fresh("ch")
+    env = {**os.environ, "CH_IMAGE_STORAGE": str(storage)}
+    seconds, rss, _ = run_timed(["ch-image", "pull", "--tls-no-verify", ref], env=env)
+    return Sample(seconds, rss)
+
+
+def run_floor(image: BuiltImage, registry: str, work: Workspace) -> Sample:
+    """curl | gzip -dc (or zstd -dc) | tar -x for every layer in order, into one directory."""
+    target = work.fresh("floor")
+    target.mkdir()
+    total, peak = 0.0, 0
+    for digest, compression in image.layers:
+        url = f"http://{registry}/v2/bench/{image.name}/blobs/{digest}"
+        decompress = "gzip -dc" if compression == "gzip" else "zstd -dc"
+        pipeline = (f"set -o pipefail; curl -sf {shlex.quote(url)} | {decompress} | "
+                    f"tar -x --no-same-owner -C {shlex.quote(str(target))}")
+        seconds, rss, _ = run_timed(["bash", "-c", pipeline])
+        total += seconds
+        peak = max(peak, rss)
+    return Sample(total, peak)
+
+
+def run_warm(ref: str, work: Workspace, extra: tuple[str, ...] = ()) -> Sample:
+    """A cold bundle (not timed), then a bundle into a new directory with that cache."""
+    cache = work.fresh("cache")
+    ocistage_bundle(ref, work.fresh("bundle"), cache, work)
+    return ocistage_bundle(ref, work.fresh("bundle"), cache, work, extra)
+
+
+def run_shared(base_ref: str, derived_ref: str, work: Workspace) -> Sample:
+    """Bundle ``base_ref`` (not timed), then ``derived_ref`` which shares its base layers."""
+    cache = work.fresh("cache")
+    ocistage_bundle(base_ref, work.fresh("bundle"), cache, work)
+    return ocistage_bundle(derived_ref, work.fresh("bundle"), cache, work)
+
+
+def _median(samples: list[Sample]) -> Sample:
+    ordered = sorted(samples, key=lambda s: s.seconds)
+    middle = ordered[len(ordered) // 2]
+    return Sample(statistics.median(s.seconds for s in samples),
+                  max(s.max_rss_kib for s in samples), middle.detail)
+
+
+def bench_image(image: BuiltImage, registry: str, reps: int, work: Workspace,
+                can_drop: bool, all_images: dict[str, str]) -> dict[str, Any]:
+    ref = all_images[image.name]
+    runners: dict[str, Any] = {
+        "ocistage": lambda: run_ocistage_cold(ref, work),
+        "skopeo+umoci": lambda: run_skopeo_umoci(ref, work),
+        "floor": lambda: run_floor(image, registry, work),
+    }
+    if shutil.which("ch-image"):
+        runners["ch-image"] = lambda: run_charliecloud(ref, work)
+    runners["warm"] = lambda: run_warm(ref, work)
+    runners["warm --link"] = lambda: run_warm(ref, work, ("--link",))
+    if image.name == "derived" and "multi" in all_images:
+        runners["shared"] = lambda: run_shared(all_images["multi"], ref, work)
+    samples: dict[str, list[Sample]] = {name: [] for name in runners}
+    names = list(runners)
+    for rep in range(reps):
+        order = names if rep % 2 == 0 else list(reversed(names))
+        for name in order:
+            if can_drop:
+                drop_page_cache()
+            try:
+                samples[name].append(runners[name]())
+            except RuntimeError as exc:
+                print(f"bench: {image.name}/{name} failed: {exc}", flush=True)
+                samples[name].append(Sample(float("nan"), 0, {"error": str(exc)[:500]}))
+            finally:
+                work.clear()
+    medians = {name: _median(values) for name, values in samples.items()}
+    return {"image": {k: v for k, v in asdict(image).items() if k != "layout"},
+            "samples": {name: [asdict(s) for s in values] for name, values in samples.items()},
+            "medians": {name: asdict(s) for name, s in medians.items()}}
+
+
+def render(results: list[dict[str, Any]]) -> str:
+    lines = []
+    header = (f"{'image':9} {'tool':14} {'median s':>9} {'peak RSS MB':>12} "
+              f"{'vs ocistage':>12}")
+    lines.append(header)
+    lines.append("-" * len(header))
+    for result in results:
+        medians = result["medians"]
+        cold = medians["ocistage"]["seconds"]
+        for name, median in medians.items():
+            seconds = median["seconds"]
+            ratio = seconds / cold if cold else float("nan")
+            lines.append(f"{result['image']['name']:9} {name:14} {seconds:9.2f} "
+                         f"{median['max_rss_kib'] / 1024:12.1f} {ratio:11.2f}x")
+        info = result["image"]
+        lines.append(f"{'':9} ({info['entries']} entries, {info['uncompressed'] >> 20} MB "
+                     f"files, {info['compressed'] >> 20} MB compressed, "
+                     f"{len(info['layers'])} layers)")
+    lines.append("")
+    lines.append("targets: skopeo+umoci / ocistage >= 3; ocistage / floor <= 1.3; "
+                 "warm / cold <= 0.10; peak RSS < 150 MB")
+    for result in results:
+        m = result["medians"]
+        cold = m["ocistage"]["seconds"]
+        parts = [f"peer/ocistage {m['skopeo+umoci']['seconds'] / cold:.2f}",
+                 f"ocistage/floor {cold / m['floor']['seconds']:.2f}",
+                 f"warm/cold {m['warm']['seconds'] / cold:.3f}",
+                 f"warm-link/cold {m['warm --link']['seconds'] / cold:.3f}"]
+        if "shared" in m:
+            parts.append(f"shared/cold {m['shared']['seconds'] / cold:.3f}")
+        lines.append(f"{result['image']['name']:9} " + ", ".join(parts))
+    return "\n".join(lines)
+
+
+def main(names: list[str], reps: int) -> int:
+    for tool in ("docker-registry", "skopeo", "umoci", "curl", "tar", "gzip", "zstd",
+                 "ocistage"):
+        if shutil.which(tool) is None:
+            print(f"bench: {tool} is not installed (see `make deps`)")
+            return 1
+    wanted = list(dict.fromkeys([*names, *(["multi"] if "derived" in names else [])]))
+    images = build_all(wanted)
+    root = cache_root()
+    can_drop = drop_page_cache()
+    print("bench: page cache " + ("dropped before every run" if can_drop else
+                                  "NOT droppable here: every tool runs with a warm page cache"),
+          flush=True)
+    results = []
+    with running_registry(root / "registry" / "storage") as registry:
+        refs = {name: push(image, registry.host) for name, image in images.items()}
+        work = Workspace(root / "work")
+        try:
+            for name in names:
+                print(f"bench: {name} ({reps} repetitions)", flush=True)
+                results.append(bench_image(images[name], registry.host, reps, work, can_drop,
+                                           refs))
+        finally:
+            remove_tree(work.root)
+    table = render(results)
+    print(table)
+    RESULTS.mkdir(exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = RESULTS / f"bundle-{stamp}.json"
+    out.write_text(json.dumps({"when": stamp, "page_cache_dropped": can_drop,
+                               "reps": reps, "cpus": os.cpu_count(), "results": results},
+                              indent=2, default=str))
+    print(f"bench: raw results in {out}")
+    return 0
