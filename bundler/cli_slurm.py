@@ -249,8 +249,9 @@ def submit_command(
         "--copy", help="Stage a private writable copy (default: shared, read-only root).")
     ] = False,
     map_root: Annotated[bool, typer.Option(
-        "--map-root", help="Run as root inside the container (needed by runc 1.1 for a "
-                           "non-root image user when you have no subuid range).")] = False,
+        "--map-root", help="Run as root inside the container, mapped to you (runc 1.1 "
+                           "under Slurm needs it when neither you nor the image user is "
+                           "root; see docs/slurm.md).")] = False,
     cache: CacheOpt = None,
     platform: PlatformOpt = None,
     insecure_registry: InsecureOpt = None,
