@@ -8,15 +8,26 @@ A lease names a *target* and a *holder*. Targets are strings with a kind prefix:
     snapshot:sha256:<hex>     one unpacked layer snapshot (by diff_id)
     staged:<absolute path>    a bundle staged outside the cache (see stagers/)
 
+A lease may name more targets in ``also`` (one file for everything a command uses, see
+:class:`InUse`).
+
 Holders are a process (``pid`` on a host, with its start time so a reused pid does not count),
 a Slurm job (``slurm-job`` with its id; live while ``squeue`` lists it), or a named ``pin``
 (live until released). Each lease is one JSON file ``CACHE/leases/<id>.json`` written by
 atomic rename, so many nodes can take and drop leases on a shared filesystem without locks.
 
 A lease whose holder is known to be gone is *dead*; ``cache gc`` deletes dead leases and then
-everything no live lease or ref protects. When liveness cannot be decided here (a pid on another
-host, a job while Slurm's commands are missing), the lease counts as live: GC errs on the side
-of keeping data.
+everything no live lease or ref protects. A staged bundle's leases are dropped only together,
+once all of them are dead (``cache.gc`` then removes the staged directory if its marker names
+one of them).
+
+Leases and GC race-free: ``cache gc`` holds ``CACHE/gc.lock`` from reading the leases until it
+has deleted what it decided to delete. A command that is about to use content first records its
+lease, then waits until no GC holds that lock (:func:`wait_for_gc`), and only then looks at the
+content: either the GC saw the lease, or it finished before the command looked.
+
+When liveness cannot be decided here (a pid on another host, a job while Slurm's commands are
+missing), the lease counts as live: GC errs on the side of keeping data.
 """
 
 from __future__ import annotations
@@ -29,16 +40,18 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import Literal
 
 from cache.errors import StoreError, UsageError
-from cache.locks import Owner
+from cache.locks import STALE_AFTER_SECONDS, Owner
 from cache.store import write_file_atomic
 
 HolderKind = Literal["pid", "slurm-job", "pin"]
 TARGET_KINDS = ("image", "bundle", "blob", "snapshot", "staged")
+GC_LOCK = "gc.lock"
 #: Slurm job states in which a job still uses what it leased.
 SLURM_ACTIVE_STATES = frozenset({
     "PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "RESIZING", "REQUEUED",
@@ -86,6 +99,11 @@ class Lease:
     target: str
     holder: Holder
     created: float
+    also: tuple[str, ...] = field(default=())
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return (self.target, *self.also)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -93,8 +111,12 @@ class Lease:
     @classmethod
     def from_json(cls, text: str) -> Lease:
         data = json.loads(text)
+        also = data.get("also", [])
+        if not isinstance(also, list):
+            raise ValueError("'also' must be a list")
         return cls(id=str(data["id"]), target=str(data["target"]),
-                   holder=Holder(**data["holder"]), created=float(data["created"]))
+                   holder=Holder(**data["holder"]), created=float(data["created"]),
+                   also=tuple(str(t) for t in also))
 
 
 def check_target(target: str) -> str:
@@ -113,14 +135,18 @@ def _directory(cache_root: Path) -> Path:
     return path
 
 
-def acquire(cache_root: Path, target: str, holder: Holder) -> Lease:
-    """Record a lease on ``target`` for ``holder``; returns it (its id releases it)."""
-    lease = Lease(id=uuid.uuid4().hex, target=check_target(target), holder=holder,
-                  created=time.time())
+def _write(cache_root: Path, lease: Lease) -> None:
     try:
         write_file_atomic(_directory(cache_root) / f"{lease.id}.json", lease.to_json().encode())
     except OSError as exc:
         raise StoreError(f"cannot record a lease in {cache_root}: {exc.strerror}") from exc
+
+
+def acquire(cache_root: Path, target: str, holder: Holder) -> Lease:
+    """Record a lease on ``target`` for ``holder``; returns it (its id releases it)."""
+    lease = Lease(id=uuid.uuid4().hex, target=check_target(target), holder=holder,
+                  created=time.time())
+    _write(cache_root, lease)
     return lease
 
 
@@ -147,7 +173,7 @@ def all_leases(cache_root: Path) -> list[Lease]:
 
 
 def leases_on(cache_root: Path, target: str) -> list[Lease]:
-    return [lease for lease in all_leases(cache_root) if lease.target == target]
+    return [lease for lease in all_leases(cache_root) if target in lease.targets]
 
 
 JobStates = Callable[[Iterable[str]], dict[str, str] | None]
@@ -210,8 +236,13 @@ def dead_leases(cache_root: Path, job_states: JobStates = squeue_states) -> list
 
 
 def expire_dead(cache_root: Path, job_states: JobStates = squeue_states) -> list[Lease]:
-    """Delete the leases whose holders are gone; returns them."""
-    dead = dead_leases(cache_root, job_states)
+    """Delete the leases whose holders are gone; returns them.
+
+    Leases on ``staged:`` targets are left alone: ``cache gc`` drops them together with the
+    staged bundle they protect (the bundle's marker names one of them).
+    """
+    dead = [lease for lease in dead_leases(cache_root, job_states)
+            if not lease.target.startswith("staged:")]
     for lease in dead:
         release(cache_root, lease.id)
     return dead
@@ -219,4 +250,76 @@ def expire_dead(cache_root: Path, job_states: JobStates = squeue_states) -> list
 
 def live_targets(cache_root: Path, job_states: JobStates = squeue_states) -> set[str]:
     dead = {lease.id for lease in dead_leases(cache_root, job_states)}
-    return {lease.target for lease in all_leases(cache_root) if lease.id not in dead}
+    return {target for lease in all_leases(cache_root) if lease.id not in dead
+            for target in lease.targets}
+
+
+def gc_running(cache_root: Path) -> bool:
+    """Whether a live ``cache gc`` holds ``CACHE/gc.lock`` (see the module docstring)."""
+    path = cache_root / GC_LOCK
+    try:
+        text = path.read_text()
+        age = time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    owner = Owner.from_json(text.partition("\n")[0])
+    if owner is None:
+        return age <= 5.0  # being written right now, or left half-written by a crash
+    if owner == Owner.me():
+        return False
+    alive = owner.is_alive()
+    return age <= STALE_AFTER_SECONDS if alive is None else alive
+
+
+def wait_for_gc(cache_root: Path, poll: float = 0.2) -> None:
+    """Return once no live GC holds the cache's GC lock."""
+    while gc_running(cache_root):
+        time.sleep(poll)
+
+
+class InUse:
+    """What the running command uses: one ``pid`` lease that grows as the command learns more.
+
+    Call :meth:`protect` with the targets *before* looking at them (checking that a blob or a
+    bundle exists); it records them and then waits for a running GC to finish, so no GC can
+    delete them from under the command. Leaving the context (or a crash of the process) ends
+    the lease.
+    """
+
+    def __init__(self, cache_root: Path, holder: Holder | None = None) -> None:
+        self.cache_root = cache_root
+        self.holder = holder or Holder.this_process()
+        self._lease: Lease | None = None
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return self._lease.targets if self._lease is not None else ()
+
+    def protect(self, targets: Iterable[str]) -> None:
+        current = self.targets
+        new = [check_target(t) for t in dict.fromkeys(targets) if t not in current]
+        if not new:
+            return
+        if self._lease is None:
+            lease = Lease(id=uuid.uuid4().hex, target=new[0], holder=self.holder,
+                          created=time.time(), also=tuple(new[1:]))
+        else:
+            lease = Lease(id=self._lease.id, target=self._lease.target, holder=self.holder,
+                          created=self._lease.created, also=(*self._lease.also, *new))
+        _write(self.cache_root, lease)
+        self._lease = lease
+        wait_for_gc(self.cache_root)
+
+    def release(self) -> None:
+        if self._lease is not None:
+            release(self.cache_root, self._lease.id)
+            self._lease = None
+
+    def __enter__(self) -> InUse:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()

@@ -8,6 +8,10 @@ Layout (``CACHE`` is ``--cache``, ``$OCISTAGE_CACHE`` or ``$XDG_CACHE_HOME/ocist
     ingest/<hex>.partial       a download in progress, kept after a crash for Range resume
     ingest/<hex>.lock          the owner of that download (see cache.locks)
     tmp/<owner>-<random>/      scratch of a running process; removed when its owner is dead
+    bundles/<key>/             cached bundles (bundler.bundle); .<key>.ocistage-<host>-<pid>-<r>
+                               is one being built (see :func:`scratch_name`)
+    used/, leases/             last use (cache.usage) and leases (cache.leases)
+    quarantine/                corrupt entries moved aside by ``cache verify``
 
 Invariants: a path under ``blobs/`` exists only once its full content was verified against its
 digest and fsync-ed; ``index.json`` is replaced by ``rename()`` under a lock. A crash at any
@@ -21,6 +25,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import socket
 import stat
 import tempfile
@@ -288,6 +293,19 @@ class Store:
             except OSError as exc:
                 raise _translate_oserror(exc, "updating index.json") from exc
 
+    def untag(self, match: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+        """Remove the index.json entries for which ``match`` is true; returns them."""
+        with FileLock(self.root / "index.json.lock"):
+            manifests = self.read_index()
+            removed = [m for m in manifests if match(m)]
+            if removed:
+                kept = [m for m in manifests if not match(m)]
+                try:
+                    write_file_atomic(self.root / "index.json", self._render_index(kept))
+                except OSError as exc:
+                    raise _translate_oserror(exc, "updating index.json") from exc
+        return removed
+
     def lookup(self, name: str) -> list[dict[str, Any]]:
         return [m for m in self.read_index() if m.get("annotations", {}).get(REF_NAME) == name]
 
@@ -360,3 +378,59 @@ def remove_tree(path: Path) -> None:
 
 def hostname() -> str:
     return socket.gethostname()
+
+
+# -- scratch directories beside a destination (bundles being built) ------------------------------
+
+_SCRATCH_RE = re.compile(
+    r"^\.(?P<name>.+)\.ocistage-(?:(?P<host>.+)-)?(?P<pid>\d+)-(?P<rand>[0-9a-f]{8})$")
+#: a scratch dir of another host is assumed dead once it has not changed for this long
+SCRATCH_STALE_SECONDS = 24 * 3600.0
+
+
+def scratch_name(name: str) -> str:
+    """The name of a scratch directory, beside ``name``, that this process builds ``name`` in."""
+    return f".{name}.ocistage-{socket.gethostname()}-{os.getpid()}-{os.urandom(4).hex()}"
+
+
+def scratch_target(path: Path) -> str | None:
+    """The name a scratch directory is building, or None if ``path`` is no scratch dir."""
+    match = _SCRATCH_RE.match(path.name)
+    return match.group("name") if match else None
+
+
+def scratch_is_dead(path: Path, now: float | None = None) -> bool:
+    """Whether the process building scratch dir ``path`` is known to be gone.
+
+    On this host: its pid does not exist. Another host (or an old name without a host): the
+    directory has not changed for :data:`SCRATCH_STALE_SECONDS`.
+    """
+    match = _SCRATCH_RE.match(path.name)
+    if match is None:
+        return False
+    if match.group("host") == socket.gethostname():
+        try:
+            os.kill(int(match.group("pid")), 0)
+        except ProcessLookupError:
+            return True
+        except (PermissionError, OverflowError):
+            return False
+        return False
+    try:
+        age = (time.time() if now is None else now) - os.lstat(path).st_mtime
+    except FileNotFoundError:
+        return False
+    return age > SCRATCH_STALE_SECONDS
+
+
+def remove_dead_scratch(parent: Path, name: str | None = None) -> list[Path]:
+    """Remove scratch dirs in ``parent`` (those building ``name``, or all) of dead builders."""
+    removed: list[Path] = []
+    prefix = "." if name is None else f".{name}.ocistage-"
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(parent) as it:
+        candidates = [Path(e.path) for e in it if e.name.startswith(prefix)]
+    for path in candidates:
+        if scratch_target(path) is not None and scratch_is_dead(path):
+            remove_tree(path)
+            removed.append(path)
+    return removed
