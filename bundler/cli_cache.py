@@ -1,40 +1,228 @@
-"""`ocistage cache ls|du|gc|verify|rm`."""
+"""`ocistage cache ls|du|gc|verify|rm`: thin wrappers that render cache.* results."""
 
 from __future__ import annotations
 
-import typer
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
 
-from bundler.cli_common import RefArg, not_implemented
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from bundler.cli_common import CacheOpt, JsonOpt, QuietOpt, RefArg, print_json, stderr, stdout
+from bundler.pull import ref_name
+from bundler.reference import parse_reference
+from bundler.settings import Settings, load_settings
+from cache.errors import IntegrityError
+from cache.gc import GcOptions, GcReport, collect, remove_ref
+from cache.inventory import DiskUsage, LeaseRow, Listing, disk_usage, listing
+from cache.sizes import format_age, format_size, parse_age, parse_size
+from cache.store import Store
+from cache.verify import VerifyReport, verify
 
 cache_app = typer.Typer(help="Inspect and clean the content-addressed cache.",
     rich_markup_mode=None, no_args_is_help=True)
 
+MaxSizeOpt = Annotated[str | None, typer.Option(
+    "--max-size", metavar="SIZE",
+    help="Evict least recently used images and bundles until the cache fits SIZE (500M, 20G, "
+         "1.5T) [default: max_size from the config file, else no limit].")]
+OlderThanOpt = Annotated[str | None, typer.Option(
+    "--older-than", metavar="AGE",
+    help="Evict images and bundles last used longer than AGE ago (30m, 12h, 7d).")]
+DryRunOpt = Annotated[bool, typer.Option(
+    "--dry-run", "-n", help="Only report what would be removed.")]
+
+
+def _settings(cache: Path | None, max_size: str | None = None) -> Settings:
+    return load_settings(cache=cache, max_size=max_size)
+
+
+def _ago(when: float) -> str:
+    return f"{format_age(time.time() - when)} ago" if when > 0 else "-"
+
+
+def _lease_text(leases: tuple[LeaseRow, ...]) -> str:
+    return ", ".join(lease.holder + ("" if lease.live else " (dead)") for lease in leases) or "-"
+
+
+# -- ls --------------------------------------------------------------------------------------------
+
+def _table(title: str | None, columns: list[str], right: tuple[str, ...] = ()) -> Table:
+    """A plain table; the last column (a name or path) folds, the others never wrap."""
+    table = Table(title=title, title_justify="left", box=None, pad_edge=False)
+    for column in columns:
+        last = column == columns[-1]
+        table.add_column(column, justify="right" if column in right else "left",
+                         overflow="fold", no_wrap=not last, min_width=24 if last else None)
+    return table
+
+
+def _render_listing(result: Listing) -> None:
+    images = _table("images", ["DIGEST", "PLATFORM", "SIZE", "UNIQUE", "LAST USE", "BUNDLES",
+                               "LEASES", "IMAGE"], right=("SIZE", "UNIQUE"))
+    for row in result.images:
+        broken = " (incomplete)" if row.missing else ""
+        images.add_row(row.digest.removeprefix("sha256:")[:12], row.platform,
+                       format_size(row.size), format_size(row.unique_size), _ago(row.last_used),
+                       str(len(row.bundles)), escape(_lease_text(row.leases)),
+                       escape(row.name) + broken)
+    stdout.print(images)
+    if result.bundles:
+        bundles = _table("bundles", ["BUNDLE", "SIZE", "LAST USE", "LEASES", "IMAGE"],
+                         right=("SIZE",))
+        for bundle in result.bundles:
+            image = escape(bundle.image or "-") + (" (gone)" if bundle.orphan else "")
+            bundles.add_row(bundle.key[:12], format_size(bundle.disk), _ago(bundle.last_used),
+                            escape(_lease_text(bundle.leases)), image)
+        stdout.print(bundles)
+    staged = [lease for lease in result.leases if lease.target.startswith("staged:")]
+    if staged:
+        table = _table("staged bundles", ["HOLDER", "SINCE", "LIVE", "PATH"])
+        for lease in staged:
+            table.add_row(escape(lease.holder), _ago(lease.created),
+                          "yes" if lease.live else "no",
+                          escape(lease.target.removeprefix("staged:")))
+        stdout.print(table)
+
 
 @cache_app.command("ls")
-def cache_ls() -> None:
-    """List cached images with sizes, last use and leases."""
-    not_implemented("cache ls")
+def cache_ls(cache: CacheOpt = None, json_output: JsonOpt = False) -> None:
+    """List cached images and bundles with sizes, last use and leases."""
+    store = Store.open(_settings(cache).cache)
+    result = listing(store)
+    if json_output:
+        print_json(asdict(result))
+    else:
+        _render_listing(result)
+
+
+# -- du --------------------------------------------------------------------------------------------
+
+def _render_du(usage: DiskUsage) -> None:
+    table = Table(box=None, pad_edge=False)
+    for column, justify in (("PART", "left"), ("COUNT", "right"), ("LOGICAL", "right"),
+                            ("ON DISK", "right")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    table.add_row("images (blobs per image)", str(usage.images.count),
+                  format_size(usage.images.logical), "")
+    for name, part in (("blobs", usage.blobs), ("snapshots", usage.snapshots),
+                       ("bundles", usage.bundles),
+                       ("scratch", usage.scratch), ("quarantine", usage.quarantine),
+                       ("other", usage.other)):
+        table.add_row(name, str(part.count), format_size(part.logical), format_size(part.disk))
+    table.add_row("total", "", format_size(usage.total_logical), format_size(usage.total_disk))
+    stdout.print(table)
 
 
 @cache_app.command("du")
-def cache_du() -> None:
-    """Show the cache's logical and on-disk size."""
-    not_implemented("cache du")
+def cache_du(cache: CacheOpt = None, json_output: JsonOpt = False) -> None:
+    """Show the cache's logical size (without dedup) and its size on disk."""
+    store = Store.open(_settings(cache).cache)
+    usage = disk_usage(store)
+    if json_output:
+        print_json({**asdict(usage), "total": {"logical": usage.total_logical,
+                                               "disk": usage.total_disk}})
+    else:
+        _render_du(usage)
+
+
+# -- gc and rm -------------------------------------------------------------------------------------
+
+def _gc_json(report: GcReport) -> dict[str, Any]:
+    return {**asdict(report), "freed": report.freed, "overBudget": report.over_budget}
+
+
+def _render_gc(report: GcReport, quiet: bool) -> None:
+    verb = "would remove" if report.dry_run else "removed"
+    if not quiet:
+        for removal in report.removed:
+            if removal.kind == "usage":
+                continue  # bookkeeping of entries listed anyway
+            size = f" ({format_size(removal.size)})" if removal.size else ""
+            stdout.print(f"{verb} {removal.kind} {escape(removal.name)}{size}: "
+                         f"{escape(removal.reason)}")
+        for target in report.protected:
+            stdout.print(f"kept {escape(target)}: in use (leased)")
+    stdout.print(f"{verb} {len(report.removed)} entries, {format_size(report.freed)}; "
+                 f"cache {format_size(report.size_before)} -> {format_size(report.size_after)}")
+    if report.over_budget and report.max_size is not None:
+        stderr.print(f"warning: the cache is still over {format_size(report.max_size)}: "
+                     "what remains is leased or in use")
 
 
 @cache_app.command("gc")
-def cache_gc() -> None:
-    """Remove unreferenced and least recently used content."""
-    not_implemented("cache gc")
-
-
-@cache_app.command("verify")
-def cache_verify() -> None:
-    """Re-hash cached content; report and quarantine corrupt entries."""
-    not_implemented("cache verify")
+def cache_gc(
+    max_size: MaxSizeOpt = None,
+    older_than: OlderThanOpt = None,
+    dry_run: DryRunOpt = False,
+    cache: CacheOpt = None,
+    json_output: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Remove orphans and leftovers, then least recently used content; never leased content."""
+    settings = _settings(cache, max_size)
+    store = Store.open(settings.cache)
+    options = GcOptions(max_size=parse_size(max_size) if max_size else settings.max_size,
+                        older_than=parse_age(older_than) if older_than else None,
+                        dry_run=dry_run)
+    report = collect(store, options)
+    if json_output:
+        print_json(_gc_json(report))
+    else:
+        _render_gc(report, quiet)
 
 
 @cache_app.command("rm")
-def cache_rm(ref: RefArg) -> None:
-    """Remove an image from the cache."""
-    not_implemented("cache rm")
+def cache_rm(
+    ref: RefArg,
+    platform: Annotated[str | None, typer.Option(
+        "--platform", metavar="OS/ARCH[/VARIANT]",
+        help="Remove only this platform's entry [default: every platform of REF].")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Drop the ref even while a live lease names it (leased content "
+                        "stays until the lease ends).")] = False,
+    cache: CacheOpt = None,
+    json_output: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Drop REF from the cache and, right away, what only it used (unless leased)."""
+    store = Store.open(_settings(cache).cache)
+    name = ref_name(parse_reference(ref))
+    report = remove_ref(store, name, platform=platform, force=force)
+    if json_output:
+        print_json(_gc_json(report))
+    else:
+        _render_gc(report, quiet)
+
+
+# -- verify ----------------------------------------------------------------------------------------
+
+@cache_app.command("verify")
+def cache_verify(
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, max=64,
+                                      help="Blobs hashed in parallel.")] = 2,
+    dry_run: DryRunOpt = False,
+    cache: CacheOpt = None,
+    json_output: JsonOpt = False,
+) -> None:
+    """Re-hash every blob and check refs and bundles; quarantine what is corrupt (exit 1)."""
+    store = Store.open(_settings(cache).cache)
+    report: VerifyReport = verify(store, jobs=jobs, dry_run=dry_run)
+    if json_output:
+        print_json({**asdict(report), "ok": report.ok})
+    else:
+        for problem in report.problems:
+            stdout.print(f"{problem.kind}: {escape(problem.name)}: {escape(problem.detail)}; "
+                         f"{escape(problem.action)}")
+        stdout.print(f"checked {report.blobs} blobs ({format_size(report.bytes)}), "
+                     f"{report.refs} refs, {report.bundles} bundles: "
+                     f"{'ok' if report.ok else f'{len(report.problems)} problems'}")
+    if not report.ok:
+        raise IntegrityError(
+            f"cache verify found {len(report.problems)} problems in {store.root}",
+            "corrupt entries were moved to CACHE/quarantine and refs that needed them were "
+            "dropped; pull those images again" if not dry_run else
+            "run `ocistage cache verify` without --dry-run to quarantine them")

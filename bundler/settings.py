@@ -9,6 +9,8 @@ which the user's file overrides key by key::
     ca_file = "/etc/ssl/site-ca.pem"        # extra CA bundle for HTTPS registries
     loopback_insecure = true                # 127.0.0.0/8, ::1, localhost: skip TLS checks,
                                             # fall back to HTTP (as Docker does)
+    max_size = "50G"                        # cache budget: pulls GC down to it (LRU); also
+                                            # $OCISTAGE_MAX_SIZE; sizes like 500M, 20G, 1.5T
 
     [registries."docker.io"]
     mirrors = ["https://mirror.site.example:5000"]   # tried before the origin
@@ -32,6 +34,7 @@ from typing import Any
 from bundler.pull import DEFAULT_JOBS
 from bundler.registry import RegistryConfig
 from cache.errors import UsageError
+from cache.sizes import parse_size
 from cache.store import Store
 
 SITE_CONFIG = Path("/etc/ocistage/config.toml")
@@ -45,6 +48,7 @@ class Settings:
     insecure_registries: frozenset[str] = frozenset()
     mirrors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     loopback_insecure: bool = True
+    max_size: int | None = None  # cache budget in bytes; None: unlimited
 
     def registry_config(self) -> RegistryConfig:
         return RegistryConfig(insecure_registries=self.insecure_registries,
@@ -97,6 +101,7 @@ def load_settings(
     ca_file: str | None = None,
     insecure: Sequence[str] = (),
     mirrors: Sequence[str] = (),
+    max_size: str | None = None,
 ) -> Settings:
     """Settings from options (arguments), environment and config files, in that precedence."""
     file = _merge(_read_toml(SITE_CONFIG), _read_toml(user_config_path()))
@@ -124,6 +129,8 @@ def load_settings(
     jobs_value = jobs if jobs is not None else int(file.get("jobs", DEFAULT_JOBS))
     if jobs_value < 1:
         raise UsageError(f"--jobs must be at least 1, not {jobs_value}")
+    size_text = (max_size or os.environ.get("OCISTAGE_MAX_SIZE")
+                 or (str(file["max_size"]) if file.get("max_size") not in (None, "") else None))
     return Settings(
         cache=cache_dir.expanduser(),
         jobs=jobs_value,
@@ -131,4 +138,5 @@ def load_settings(
         insecure_registries=frozenset(insecure_hosts),
         mirrors={host: tuple(urls) for host, urls in mirror_map.items()},
         loopback_insecure=bool(file.get("loopback_insecure", True)),
+        max_size=parse_size(size_text) if size_text else None,
     )

@@ -1,0 +1,549 @@
+"""``cache gc``: remove what nothing needs, then the least recently used, never what is in use.
+
+One run, under ``CACHE/gc.lock`` (see :mod:`cache.leases` for why that makes GC and running
+commands race-free):
+
+1. leftovers of dead processes: temp dirs, bundles being built, partial downloads nobody is
+   downloading, stale lock files; temp files of atomic writes and ownerless temp dirs (a
+   removal that was interrupted) older than an hour; quarantined entries older than a week;
+2. leases: dead leases are dropped; a staged bundle whose leases are *all* dead is removed if
+   its marker ``<path>/.ocistage-staged.json`` names one of them (no symlink is followed), and
+   then its leases are dropped;
+3. eviction, only when asked (``max_size``, ``older_than``): refs, cached bundles and layer
+   snapshots, least recently used first, until the cache fits ``max_size``; those last used
+   before ``older_than`` ago go whatever the size;
+4. orphans: blobs that no remaining ref reaches, bundles whose manifest no remaining ref names,
+   snapshots that no remaining ref's layers start with, last-use records of entries that are
+   gone.
+
+Never removed: anything a live lease (or ``keep``) names — ``image:<ref>`` keeps the ref and
+every blob it reaches, ``bundle:<key>`` a bundle, ``snapshot:<chain id>`` a snapshot,
+``blob:<digest>`` a blob. Refs go first (``index.json`` is rewritten under its lock, removing
+only entries that still point where they did), then bundles and snapshots (renamed into a temp
+dir, then deleted, so no half tree is ever visible at its path), then blobs: the cache stays a
+valid OCI layout at every moment.
+
+Sizes are blocks on disk; a file hard-linked between a snapshot and bundles is counted once,
+with the snapshot (so evicting a bundle frees only what is its own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from cache import usage
+from cache.digest import Digest
+from cache.errors import LockTimeout, NotFound, StoreError
+from cache.inventory import (
+    QUARANTINE,
+    Blob,
+    Bundle,
+    Ref,
+    bundle_last_used,
+    bundle_scratch_dirs,
+    job_states_of,
+    list_blobs,
+    list_bundles,
+    read_refs,
+    ref_last_used,
+    snapshot_target,
+    tree_size,
+)
+from cache.leases import (
+    GC_LOCK,
+    JobStates,
+    Lease,
+    all_leases,
+    is_live,
+    release,
+    squeue_states,
+)
+from cache.locks import FileLock
+from cache.sizes import format_size
+from cache.snapshots import SnapshotInfo, list_snapshots, remove_snapshot
+from cache.store import Store, remove_tree, scratch_is_dead
+
+STAGED_MARKER = ".ocistage-staged.json"
+LEFTOVER_TEMP_AGE = 3600.0
+QUARANTINE_KEEP = 7 * 86400.0
+RemovalKind = Literal["ref", "blob", "bundle", "snapshot", "staged", "lease", "scratch",
+                      "partial", "leftover", "quarantine", "usage"]
+
+
+@dataclass(frozen=True)
+class GcOptions:
+    max_size: int | None = None        # evict LRU refs/bundles until the cache fits
+    older_than: float | None = None    # evict refs/bundles last used longer ago (seconds)
+    dry_run: bool = False
+    keep: frozenset[str] = frozenset()  # lease targets the caller uses (besides live leases)
+    lock_timeout: float | None = 120.0  # wait this long for another GC (None: forever)
+
+
+@dataclass(frozen=True)
+class Removal:
+    kind: RemovalKind
+    name: str
+    size: int          # bytes on disk this frees (0 for bookkeeping)
+    reason: str
+
+
+@dataclass(frozen=True)
+class GcReport:
+    removed: tuple[Removal, ...]
+    protected: tuple[str, ...]     # what eviction would have taken but a lease or keep kept
+    size_before: int               # blobs + bundles + scratch on disk
+    size_after: int
+    max_size: int | None
+    dry_run: bool
+
+    @property
+    def freed(self) -> int:
+        return sum(r.size for r in self.removed)
+
+    @property
+    def over_budget(self) -> bool:
+        return self.max_size is not None and self.size_after > self.max_size
+
+
+# -- leftovers ---------------------------------------------------------------------------------
+
+def _leftovers(store: Store, dry_run: bool, now: float) -> list[Removal]:
+    removed: list[Removal] = []
+    if not dry_run:
+        for path in store.clean_leftovers():
+            removed.append(Removal("scratch", str(path), 0, "temp dir of a dead process"))
+    for path in bundle_scratch_dirs(store):
+        if scratch_is_dead(path, now):
+            size = tree_size(path).disk
+            if not dry_run:
+                remove_tree(path)
+            removed.append(Removal("scratch", str(path), size, "bundle build of a dead process"))
+    removed.extend(_dead_partials(store, dry_run))
+    with contextlib.suppress(FileNotFoundError), os.scandir(store.tmp_dir) as entries:
+        tmp_entries = [Path(e.path) for e in entries]
+    for path in tmp_entries:  # no owner file: a rename-then-delete that a crash interrupted
+        if path.name.endswith(".owner") or path.with_name(f"{path.name}.owner").exists():
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if now - os.lstat(path).st_mtime > LEFTOVER_TEMP_AGE:
+                size = tree_size(path).disk
+                if not dry_run:
+                    remove_tree(path)
+                removed.append(Removal("scratch", str(path), size,
+                                       "removal interrupted by a crash"))
+    for directory in (store.root, store.blobs / "sha256", store.blobs / "sha512",
+                      store.root / "leases"):
+        with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
+            for entry in entries:
+                if not (entry.name.startswith(".") and entry.name.endswith(".tmp")):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    st = entry.stat(follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode) and now - st.st_mtime > LEFTOVER_TEMP_AGE:
+                        if not dry_run:
+                            os.unlink(entry.path)
+                        removed.append(Removal("leftover", entry.path, st.st_blocks * 512,
+                                               "temp file of an interrupted write"))
+    with contextlib.suppress(FileNotFoundError), os.scandir(store.root / QUARANTINE) as q:
+        for entry in q:
+            with contextlib.suppress(FileNotFoundError):
+                if now - entry.stat(follow_symlinks=False).st_mtime > QUARANTINE_KEEP:
+                    size = tree_size(Path(entry.path)).disk
+                    if not dry_run:
+                        remove_tree(Path(entry.path))
+                    removed.append(Removal("quarantine", entry.path, size,
+                                           "quarantined more than a week ago"))
+    return removed
+
+
+def _dead_partials(store: Store, dry_run: bool) -> list[Removal]:
+    """Partial downloads and lock files that no live process owns (taken over by their lock)."""
+    removed: list[Removal] = []
+    names: set[str] = set()
+    with contextlib.suppress(FileNotFoundError), os.scandir(store.ingest_dir) as entries:
+        for entry in entries:
+            stem, dot, suffix = entry.name.partition(".")
+            if dot and suffix in ("partial", "lock"):
+                names.add(stem)
+    for stem in sorted(names):
+        partial = store.ingest_dir / f"{stem}.partial"
+        lock = FileLock(store.ingest_dir / f"{stem}.lock")
+        if not lock.try_acquire():
+            continue  # a live process is downloading this blob
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                size = partial.lstat().st_blocks * 512
+                if dry_run:
+                    removed.append(Removal("partial", str(partial), size,
+                                           "download nobody is finishing"))
+                else:
+                    partial.unlink()
+                    removed.append(Removal("partial", str(partial), size,
+                                           "download nobody is finishing"))
+        finally:
+            lock.release()
+    return removed
+
+
+# -- leases and staged bundles -----------------------------------------------------------------
+
+def _staged_marker_id(path: Path) -> str | None:
+    """The lease id in a staged bundle's marker, read without following any link in ``path``."""
+    try:
+        dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fd = os.open(STAGED_MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        with os.fdopen(fd, "rb") as file:
+            data = json.loads(file.read(1 << 16))
+        lease_id = data.get("id") if isinstance(data, dict) else None
+        return lease_id if isinstance(lease_id, str) and lease_id else None
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(dir_fd)
+
+
+def _staged_image(path: Path) -> Path | None:
+    """The squashfs image file beside a staged bundle that its marker names, if any."""
+    try:
+        dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fd = os.open(STAGED_MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        with os.fdopen(fd, "rb") as file:
+            image = json.loads(file.read(1 << 16)).get("image")
+    except (OSError, ValueError, AttributeError):
+        return None
+    finally:
+        os.close(dir_fd)
+    if not isinstance(image, str) or "/" in image or image in ("", ".", ".."):
+        return None
+    candidate = path.parent / image
+    try:
+        return candidate if stat.S_ISREG(os.lstat(candidate).st_mode) else None
+    except OSError:
+        return None
+
+
+def _remove_staged(target: str, leases: list[Lease], dry_run: bool) -> list[Removal]:
+    """Remove a staged bundle all of whose ``leases`` are dead, if its marker says it is ours.
+
+    Returns the removals, the dead leases included; the caller drops those leases.
+    """
+    text = target.removeprefix("staged:")
+    path = Path(text)
+    removed: list[Removal] = []
+    ids = {lease.id for lease in leases}
+    normal = path.is_absolute() and os.path.normpath(text) == text and text != "/"
+    marker_id = _staged_marker_id(path) if normal else None
+    if marker_id is not None and marker_id in ids:
+        image = _staged_image(path)
+        size = tree_size(path).disk + (tree_size(image).disk if image else 0)
+        if not dry_run:
+            remove_tree(path)
+            if image is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(image)
+        removed.append(Removal("staged", text, size, "staged bundle whose leases are all dead"))
+        reason = "dead lease of a removed staged bundle"
+    else:
+        reason = "dead lease of a staged path that is gone or not marked as this lease's"
+    removed.extend(Removal("lease", lease.id, 0, f"{reason} ({lease.holder.describe()})")
+                   for lease in leases)
+    return removed
+
+
+def _expire(store: Store, leases: list[Lease], states: dict[str, str] | None,
+            dry_run: bool) -> tuple[list[Removal], set[str]]:
+    """Drop dead leases (staged bundles included); return the removals and the live targets."""
+    removed: list[Removal] = []
+    live: set[str] = set()
+    staged: dict[str, list[Lease]] = {}
+    for lease in leases:
+        if lease.target.startswith("staged:") and not lease.also:
+            staged.setdefault(lease.target, []).append(lease)
+            continue
+        if is_live(lease, states):
+            live.update(lease.targets)
+        else:
+            if not dry_run:
+                release(store.root, lease.id)
+            removed.append(Removal("lease", lease.id, 0,
+                                   f"holder is gone ({lease.holder.describe()})"))
+    for target, group in staged.items():
+        if any(is_live(lease, states) for lease in group):
+            live.add(target)
+            continue
+        for removal in _remove_staged(target, group, dry_run):
+            if removal.kind == "lease" and not dry_run:
+                release(store.root, removal.name)
+            removed.append(removal)
+    return removed, live
+
+
+# -- what stays --------------------------------------------------------------------------------
+
+@dataclass
+class _Plan:
+    """The cache as GC sees it, and what it decided to remove."""
+
+    refs: list[Ref]
+    blobs: dict[Digest, Blob]
+    bundles: list[Bundle]
+    bundle_disk: dict[str, int]
+    snapshots: list[SnapshotInfo]
+    snapshot_disk: dict[Digest, int]
+    protected: set[str]
+    scratch_disk: int
+    evicted_refs: list[Ref] = field(default_factory=list)
+    evicted_bundles: set[str] = field(default_factory=set)
+    evicted_snapshots: set[Digest] = field(default_factory=set)
+
+    def kept_refs(self) -> list[Ref]:
+        gone = {id(r) for r in self.evicted_refs}
+        return [r for r in self.refs if id(r) not in gone]
+
+    def live_blobs(self) -> set[Digest]:
+        keep = {d for ref in self.kept_refs() for d in ref.blobs}
+        keep |= {d for d in self.blobs if f"blob:{d}" in self.protected}
+        return keep
+
+    def live_bundles(self) -> set[str]:
+        manifests = {ref.digest for ref in self.kept_refs()}
+        return {b.key for b in self.bundles
+                if b.target in self.protected
+                or (b.key not in self.evicted_bundles and b.manifest in manifests)}
+
+    def live_snapshots(self) -> set[Digest]:
+        chains = {c for ref in self.kept_refs() for c in ref.chain_ids}
+        return {s.chain_id for s in self.snapshots
+                if snapshot_target(s) in self.protected
+                or (s.chain_id not in self.evicted_snapshots and s.chain_id in chains)}
+
+    def size(self) -> int:
+        blobs = sum(self.blobs[d].disk for d in self.live_blobs() if d in self.blobs)
+        bundles = sum(self.bundle_disk[k] for k in self.live_bundles())
+        snapshots = sum(self.snapshot_disk[c] for c in self.live_snapshots())
+        return blobs + bundles + snapshots + self.scratch_disk
+
+
+def _evict(plan: _Plan, store: Store, options: GcOptions, now: float) -> list[str]:
+    """Choose LRU refs and bundles to evict; returns what leases kept from eviction."""
+    uses = usage.all_usage(store.root)
+    candidates: list[tuple[float, int, Ref | Bundle | SnapshotInfo]] = []
+    for ref in plan.refs:
+        candidates.append((ref_last_used(store, ref, uses), len(candidates), ref))
+    live_bundles = plan.live_bundles()
+    for bundle in plan.bundles:
+        if bundle.key in live_bundles:
+            candidates.append((bundle_last_used(bundle, uses), len(candidates), bundle))
+    live_snapshots = plan.live_snapshots()
+    for snapshot in plan.snapshots:
+        if snapshot.chain_id in live_snapshots:
+            candidates.append((snapshot.last_used, len(candidates), snapshot))
+    candidates.sort(key=lambda c: (c[0], c[1]))
+    protected: list[str] = []
+    for used, _, item in candidates:
+        too_old = options.older_than is not None and now - used > options.older_than
+        too_big = options.max_size is not None and plan.size() > options.max_size
+        if not (too_old or too_big):
+            continue
+        target = snapshot_target(item) if isinstance(item, SnapshotInfo) else item.target
+        if target in plan.protected:
+            protected.append(target)
+            continue
+        if isinstance(item, Ref):
+            plan.evicted_refs.append(item)
+        elif isinstance(item, Bundle):
+            plan.evicted_bundles.add(item.key)
+        else:
+            plan.evicted_snapshots.add(item.chain_id)
+    return protected
+
+
+def _apply(plan: _Plan, store: Store, dry_run: bool) -> list[Removal]:
+    removed: list[Removal] = []
+    evicted = plan.evicted_refs
+    if evicted:
+        if not dry_run:
+            store.untag(lambda entry: any(ref.same_entry(entry) for ref in evicted))
+        for ref in evicted:
+            label = f"{ref.name} ({ref.platform})" if ref.platform else ref.name
+            removed.append(Removal("ref", label, 0, "least recently used"))
+    live_bundles = plan.live_bundles()
+    doomed = [b for b in plan.bundles if b.key not in live_bundles]
+    if doomed and not dry_run:
+        trash = store.temp_dir("gc")
+        try:
+            for bundle in doomed:
+                with contextlib.suppress(FileNotFoundError):
+                    os.rename(bundle.path, trash / bundle.key)
+            remove_tree(trash)
+        finally:
+            store.remove_temp_dir(trash)
+    for bundle in doomed:
+        reason = ("least recently used" if bundle.key in plan.evicted_bundles
+                  else "its image is no longer cached" if bundle.manifest is not None
+                  else "made from an unknown image")
+        removed.append(Removal("bundle", bundle.key, plan.bundle_disk[bundle.key], reason))
+        if not dry_run:
+            usage.forget(store.root, "bundle", bundle.key)
+    live_snapshots = plan.live_snapshots()
+    for snapshot in plan.snapshots:
+        if snapshot.chain_id in live_snapshots:
+            continue
+        if not dry_run:
+            remove_snapshot(store, snapshot.chain_id)
+        reason = ("least recently used" if snapshot.chain_id in plan.evicted_snapshots
+                  else "no cached image has these layers")
+        removed.append(Removal("snapshot", str(snapshot.chain_id),
+                               plan.snapshot_disk[snapshot.chain_id], reason))
+    live_blobs = plan.live_blobs()
+    for digest, blob in sorted(plan.blobs.items()):
+        if digest in live_blobs:
+            continue
+        if not dry_run:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(blob.path)
+        removed.append(Removal("blob", str(digest), blob.disk, "no cached image uses it"))
+    if not dry_run:
+        removed.extend(_forget_stale_usage(store, {r.digest.hex for r in plan.kept_refs()},
+                                           live_bundles))
+    return removed
+
+
+def _forget_stale_usage(store: Store, manifests: set[str], bundles: set[str]) -> list[Removal]:
+    removed: list[Removal] = []
+    for kind, key in usage.all_usage(store.root):
+        if (kind == "image" and key not in manifests) or (kind == "bundle" and key not in bundles):
+            usage.forget(store.root, "image" if kind == "image" else "bundle", key)
+            removed.append(Removal("usage", f"{kind}-{key}", 0, "its entry is gone"))
+    return removed
+
+
+def _scratch_disk(store: Store) -> int:
+    total = 0
+    paths = bundle_scratch_dirs(store)
+    for directory in (store.ingest_dir, store.tmp_dir):
+        with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
+            paths.extend(Path(e.path) for e in entries)
+    for path in paths:
+        total += tree_size(path).disk
+    return total
+
+
+# -- the entry points --------------------------------------------------------------------------
+
+def collect(store: Store, options: GcOptions | None = None,
+            job_states: JobStates = squeue_states, now: float | None = None) -> GcReport:
+    """Run one GC over ``store`` (see the module docstring); returns what it removed."""
+    options = options or GcOptions()
+    now = time.time() if now is None else now
+    lock = FileLock(store.root / GC_LOCK, heartbeat=1.0)
+    if not options.dry_run:
+        timeout = options.lock_timeout
+        try:
+            lock.acquire(timeout=timeout)
+        except LockTimeout as exc:
+            raise LockTimeout(f"another `ocistage cache gc` is running on {store.root}",
+                              "wait for it to finish, or retry later") from exc
+    try:
+        return _collect(store, options, job_states, now)
+    finally:
+        if not options.dry_run:
+            lock.release()
+
+
+def _collect(store: Store, options: GcOptions, job_states: JobStates, now: float) -> GcReport:
+    removed = _leftovers(store, options.dry_run, now)
+    leases = all_leases(store.root)
+    states = job_states_of(leases, job_states)
+    expired, live = _expire(store, leases, states, options.dry_run)
+    removed.extend(expired)
+    bundles = list_bundles(store)
+    snapshots = list_snapshots(store)
+    seen: set[tuple[int, int]] = set()  # snapshots first: linked files count with them
+    snapshot_disk = {s.chain_id: tree_size(s.path, seen).disk for s in snapshots}
+    plan = _Plan(refs=read_refs(store), blobs=list_blobs(store), bundles=bundles,
+                 bundle_disk={b.key: tree_size(b.path, seen).disk for b in bundles},
+                 snapshots=snapshots, snapshot_disk=snapshot_disk,
+                 protected=live | set(options.keep), scratch_disk=_scratch_disk(store))
+    protected_refs = {t.removeprefix("image:") for t in plan.protected if t.startswith("image:")}
+    plan.protected |= {ref.target for ref in plan.refs if ref.name in protected_refs}
+    size_before = (sum(b.disk for b in plan.blobs.values()) + sum(plan.bundle_disk.values())
+                   + sum(plan.snapshot_disk.values()) + plan.scratch_disk)
+    kept: list[str] = []
+    if options.max_size is not None or options.older_than is not None:
+        kept = _evict(plan, store, options, now)
+    removed.extend(_apply(plan, store, options.dry_run))
+    return GcReport(removed=tuple(removed), protected=tuple(dict.fromkeys(kept)),
+                    size_before=size_before, size_after=plan.size(),
+                    max_size=options.max_size, dry_run=options.dry_run)
+
+
+def remove_ref(store: Store, name: str, platform: str | None = None, force: bool = False,
+               job_states: JobStates = squeue_states) -> GcReport:
+    """``cache rm``: drop ref ``name`` (one ``platform``, ``os/arch[/variant]``, or all) and
+    at once everything only it used, as a GC without eviction does.
+
+    A ref that a live lease names is refused unless ``force``; even then, leased blobs and
+    bundles stay until their lease ends (a later GC removes them).
+    """
+    def wanted(ref: Ref) -> bool:
+        return ref.name == name and (platform is None or ref.platform == platform
+                                     or ref.platform.startswith(platform + "/"))
+
+    lock = FileLock(store.root / GC_LOCK, heartbeat=1.0)
+    lock.acquire(timeout=GcOptions().lock_timeout)
+    try:
+        refs = [ref for ref in read_refs(store) if wanted(ref)]
+        if not refs:
+            raise NotFound(f"{name}{' for ' + platform if platform else ''} is not in the cache",
+                           "`ocistage cache ls` lists the cached images")
+        leases = [lease for lease in all_leases(store.root) if f"image:{name}" in lease.targets]
+        states = job_states_of(leases, job_states)
+        holders = [lease.holder.describe() for lease in leases if is_live(lease, states)]
+        if holders and not force:
+            raise StoreError(f"{name} is in use ({', '.join(holders)})",
+                             "wait until it is released, or pass --force to drop the ref "
+                             "anyway (leased content stays until its lease ends)")
+        store.untag(lambda entry: any(ref.same_entry(entry) for ref in refs))
+        report = _collect(store, GcOptions(), job_states, time.time())
+    finally:
+        lock.release()
+    dropped = tuple(Removal("ref", f"{r.name} ({r.platform})" if r.platform else r.name, 0,
+                            "removed on request") for r in refs)
+    return GcReport(removed=dropped + report.removed, protected=report.protected,
+                    size_before=report.size_before, size_after=report.size_after,
+                    max_size=None, dry_run=False)
+
+
+def enforce_budget(store: Store, max_size: int, keep: Iterable[str] = (),
+                   job_states: JobStates = squeue_states) -> tuple[str, ...]:
+    """GC down to ``max_size`` after a pull; returns warnings (never fails the pull for it).
+
+    If another GC is running this one is skipped: that GC is already making room.
+    """
+    lock = FileLock(store.root / GC_LOCK, heartbeat=1.0)
+    if not lock.try_acquire():
+        return ()
+    try:
+        report = _collect(store, GcOptions(max_size=max_size, keep=frozenset(keep)),
+                          job_states, time.time())
+    finally:
+        lock.release()
+    if report.over_budget:
+        return (f"the cache holds {format_size(report.size_after)}, over its budget of "
+                f"{format_size(max_size)}: the rest is in use or leased",)
+    return ()

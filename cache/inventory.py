@@ -1,0 +1,488 @@
+"""What the cache holds: refs and the blobs they reach, bundles, sizes (``cache ls`` / ``du``).
+
+Everything here reads; nothing changes the cache except :func:`write_bundle_info`, which
+``bundler.bundle`` calls on a bundle's scratch directory before publishing it.
+
+A ref (one ``index.json`` entry) reaches its manifest, the manifest's config and layers (and
+the children of an index, if a ref names one), plus the index it was chosen from when the pull
+recorded one (annotation ``io.ocistage.index-digest``). A cached bundle records the manifest it
+was made from in ``CACHE/bundles/<key>/.ocistage-bundle.json``; it belongs to every ref naming
+that manifest. A layer snapshot (``cache.snapshots``) belongs to every ref whose layers start
+with the snapshot's layers (its ChainID is one of the ref's ChainIDs).
+
+Sizes: *logical* bytes are file sizes as if nothing were shared (every ref counting its own
+layers, every hardlink counting again); *disk* bytes are allocated blocks (``st_blocks``), each
+inode counted once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from cache import usage
+from cache.digest import Digest
+from cache.errors import OcistageError, StoreError
+from cache.leases import JobStates, Lease, all_leases, is_live, squeue_states
+from cache.snapshots import SnapshotInfo, chain_ids, list_snapshots
+from cache.store import REF_NAME, Store, scratch_target
+
+BUNDLE_INFO = ".ocistage-bundle.json"
+ANNOTATION_RESOLVED = "io.ocistage.resolved"
+ANNOTATION_INDEX = "io.ocistage.index-digest"
+QUARANTINE = "quarantine"
+_MAX_DOCUMENT = 4 << 20
+
+
+# -- refs and the blobs they reach ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Ref:
+    """One ``index.json`` entry and the blobs it reaches."""
+
+    name: str
+    platform: str
+    digest: Digest                  # the manifest (or index) it points at
+    media_type: str
+    resolved: str | None            # when the pull resolved it (ISO 8601, UTC)
+    blobs: tuple[Digest, ...]       # reachable blobs present in the store
+    missing: tuple[Digest, ...]     # reachable blobs the store lacks (a broken ref)
+    entry: dict[str, Any] = field(repr=False, compare=False)
+    chain_ids: tuple[Digest, ...] = ()  # ChainIDs of its layer prefixes (snapshots it uses)
+
+    @property
+    def target(self) -> str:
+        return f"image:{self.name}"
+
+    def same_entry(self, other: dict[str, Any]) -> bool:
+        """Whether index.json entry ``other`` is still this ref (same name, platform, digest)."""
+        return (other.get("annotations", {}).get(REF_NAME) == self.name
+                and other.get("platform") == self.entry.get("platform")
+                and other.get("digest") == str(self.digest))
+
+
+def platform_text(entry: dict[str, Any]) -> str:
+    platform = entry.get("platform")
+    if not isinstance(platform, dict):
+        return ""
+    parts = [str(platform.get("os", "")), str(platform.get("architecture", ""))]
+    if platform.get("variant"):
+        parts.append(str(platform["variant"]))
+    return "/".join(parts)
+
+
+def _children(document: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(blob digests, child manifest digests) named by a manifest or index document."""
+    blobs: list[str] = []
+    manifests: list[str] = []
+    config = document.get("config")
+    if isinstance(config, dict) and isinstance(config.get("digest"), str):
+        blobs.append(config["digest"])
+    for layer in document.get("layers") or ():
+        if isinstance(layer, dict) and isinstance(layer.get("digest"), str):
+            blobs.append(layer["digest"])
+    for child in document.get("manifests") or ():
+        if isinstance(child, dict) and isinstance(child.get("digest"), str):
+            manifests.append(child["digest"])
+    return blobs, manifests
+
+
+def reachable(store: Store, top: Digest) -> tuple[list[Digest], list[Digest]]:
+    """Blobs reachable from manifest/index ``top``: (present, missing), ``top`` included."""
+    present: list[Digest] = []
+    missing: list[Digest] = []
+    seen: set[Digest] = set()
+    pending: list[tuple[Digest, bool]] = [(top, True)]
+    while pending:
+        digest, is_document = pending.pop()
+        if digest in seen:
+            continue
+        seen.add(digest)
+        if not store.has_blob(digest):
+            missing.append(digest)
+            continue
+        present.append(digest)
+        if not is_document:
+            continue
+        try:
+            document = json.loads(store.read_blob(digest, _MAX_DOCUMENT))
+        except (OcistageError, ValueError):
+            continue  # not JSON: reaches nothing more (verify reports a corrupt blob)
+        if not isinstance(document, dict):
+            continue
+        blobs, manifests = _children(document)
+        for text, child_is_document in [(b, False) for b in blobs] + [(m, True)
+                                                                     for m in manifests]:
+            with contextlib.suppress(OcistageError):
+                pending.append((Digest.parse(text), child_is_document))
+    return present, missing
+
+
+def _chain_ids(store: Store, manifest: Digest) -> tuple[Digest, ...]:
+    """ChainIDs of an image manifest's layer prefixes, from its config's diff_ids."""
+    try:
+        document = json.loads(store.read_blob(manifest, _MAX_DOCUMENT))
+        config = json.loads(store.read_blob(Digest.parse(str(document["config"]["digest"])),
+                                            _MAX_DOCUMENT))
+        diff_ids = [Digest.parse(str(d)) for d in config["rootfs"]["diff_ids"]]
+    except (OcistageError, ValueError, KeyError, TypeError):
+        return ()
+    return tuple(chain_ids(diff_ids))
+
+
+def read_refs(store: Store) -> list[Ref]:
+    """Every ref in index.json with the blobs it reaches (entries with a bad digest skipped)."""
+    refs: list[Ref] = []
+    for entry in store.read_index():
+        annotations = entry.get("annotations") or {}
+        try:
+            digest = Digest.parse(str(entry.get("digest", "")))
+        except OcistageError:
+            continue
+        present, missing = reachable(store, digest)
+        index_text = annotations.get(ANNOTATION_INDEX)
+        if index_text:
+            with contextlib.suppress(OcistageError):
+                index = Digest.parse(str(index_text))
+                (present if store.has_blob(index) else missing).append(index)
+        refs.append(Ref(name=str(annotations.get(REF_NAME, "")),
+                        platform=platform_text(entry), digest=digest,
+                        media_type=str(entry.get("mediaType", "")),
+                        resolved=annotations.get(ANNOTATION_RESOLVED),
+                        blobs=tuple(present), missing=tuple(missing), entry=entry,
+                        chain_ids=_chain_ids(store, digest)))
+    return refs
+
+
+# -- blobs ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Blob:
+    digest: Digest
+    path: Path
+    size: int      # st_size
+    disk: int      # allocated bytes
+    mtime: float
+
+
+def list_blobs(store: Store) -> dict[Digest, Blob]:
+    """Every published blob (temp files of writers and foreign names are not blobs)."""
+    result: dict[Digest, Blob] = {}
+    with contextlib.suppress(FileNotFoundError), os.scandir(store.blobs) as algorithms:
+        directories = [Path(a.path) for a in algorithms if a.is_dir(follow_symlinks=False)]
+    for directory in directories:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                try:
+                    digest = Digest.parse(f"{directory.name}:{entry.name}")
+                    st = entry.stat(follow_symlinks=False)
+                except (OcistageError, FileNotFoundError):
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    result[digest] = Blob(digest, Path(entry.path), st.st_size,
+                                          st.st_blocks * 512, st.st_mtime)
+    return result
+
+
+# -- bundles -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Bundle:
+    key: str
+    path: Path
+    manifest: Digest | None   # None: made before bundles recorded their image, or unreadable
+    image: str | None         # the ref name it was made for (informational)
+    mtime: float
+
+    @property
+    def target(self) -> str:
+        return f"bundle:{self.key}"
+
+
+def write_bundle_info(bundle_dir: Path, manifest: Digest, image: str) -> None:
+    """Record which manifest a cached bundle is made from (called before it is published)."""
+    data = {"manifest": str(manifest), "image": image}
+    try:
+        (bundle_dir / BUNDLE_INFO).write_text(json.dumps(data) + "\n")
+    except OSError as exc:
+        raise StoreError(f"cannot write {bundle_dir / BUNDLE_INFO}: {exc.strerror}") from exc
+
+
+def read_bundle_info(bundle_dir: Path) -> tuple[Digest | None, str | None]:
+    try:
+        fd = os.open(bundle_dir / BUNDLE_INFO, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as file:
+            data = json.loads(file.read(1 << 16))
+        return Digest.parse(str(data["manifest"])), str(data.get("image") or "") or None
+    except (OSError, ValueError, KeyError, TypeError, OcistageError):
+        return None, None
+
+
+def bundles_dir(store: Store) -> Path:
+    return store.root / "bundles"
+
+
+def list_bundles(store: Store) -> list[Bundle]:
+    """Published bundles in ``CACHE/bundles`` (scratch dirs of builds in progress excluded)."""
+    result: list[Bundle] = []
+    with contextlib.suppress(FileNotFoundError), os.scandir(bundles_dir(store)) as entries:
+        for entry in entries:
+            if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+                continue
+            path = Path(entry.path)
+            manifest, image = read_bundle_info(path)
+            with contextlib.suppress(FileNotFoundError):
+                result.append(Bundle(entry.name, path, manifest, image,
+                                     entry.stat(follow_symlinks=False).st_mtime))
+    return sorted(result, key=lambda b: b.key)
+
+
+def bundle_scratch_dirs(store: Store) -> list[Path]:
+    with contextlib.suppress(FileNotFoundError), os.scandir(bundles_dir(store)) as entries:
+        return [Path(e.path) for e in entries if scratch_target(Path(e.path)) is not None]
+    return []
+
+
+# -- sizes ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TreeSize:
+    logical: int
+    disk: int
+    files: int
+
+
+def tree_size(path: Path, seen: set[tuple[int, int]] | None = None) -> TreeSize:
+    """Sizes of everything under ``path`` (not following links); inodes in ``seen`` count once.
+
+    Pass one ``seen`` set to several calls to count inodes shared between trees once overall.
+    """
+    seen = set() if seen is None else seen
+    logical = disk = files = 0
+    stack = [os.fspath(path)]
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return TreeSize(0, 0, 0)
+    if not stat.S_ISDIR(st.st_mode):
+        seen.add((st.st_dev, st.st_ino))
+        return TreeSize(st.st_size, st.st_blocks * 512, 1)
+    disk += st.st_blocks * 512
+    while stack:
+        directory = stack.pop()
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    try:
+                        est = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    files += 1
+                    if stat.S_ISDIR(est.st_mode):
+                        stack.append(entry.path)
+                        disk += est.st_blocks * 512
+                        continue
+                    logical += est.st_size
+                    inode = (est.st_dev, est.st_ino)
+                    if inode not in seen:
+                        seen.add(inode)
+                        disk += est.st_blocks * 512
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+    return TreeSize(logical, disk, files)
+
+
+# -- last use --------------------------------------------------------------------------------------
+
+def _parse_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def ref_last_used(store: Store, ref: Ref, uses: dict[tuple[str, str], float]) -> float:
+    """Recorded last use of the ref's manifest, else its resolution time, else 0."""
+    recorded = uses.get(("image", ref.digest.hex))
+    if recorded is not None:
+        return recorded
+    return _parse_time(ref.resolved) or 0.0
+
+
+def bundle_last_used(bundle: Bundle, uses: dict[tuple[str, str], float]) -> float:
+    return uses.get(("bundle", bundle.key), bundle.mtime)
+
+
+def snapshot_target(snapshot: SnapshotInfo) -> str:
+    return f"snapshot:{snapshot.chain_id}"
+
+
+# -- cache ls ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LeaseRow:
+    id: str
+    target: str
+    holder: str
+    created: float
+    live: bool
+
+
+@dataclass(frozen=True)
+class ImageRow:
+    name: str
+    platform: str
+    digest: str
+    resolved: str | None
+    last_used: float
+    size: int                 # bytes of the blobs it reaches
+    unique_size: int          # bytes of the blobs no other ref reaches
+    missing: tuple[str, ...]  # blobs it reaches that are not in the cache
+    bundles: tuple[str, ...]  # keys of cached bundles made from it
+    leases: tuple[LeaseRow, ...]
+
+
+@dataclass(frozen=True)
+class BundleRow:
+    key: str
+    image: str | None
+    manifest: str | None
+    last_used: float
+    disk: int
+    orphan: bool              # no ref names its manifest any more
+    leases: tuple[LeaseRow, ...]
+
+
+@dataclass(frozen=True)
+class Listing:
+    images: tuple[ImageRow, ...]
+    bundles: tuple[BundleRow, ...]
+    leases: tuple[LeaseRow, ...]   # every lease, including those on staged bundles
+
+
+def lease_rows(leases: Iterable[Lease], states: dict[str, str] | None) -> list[LeaseRow]:
+    return [LeaseRow(lease.id, ", ".join(lease.targets), lease.holder.describe(),
+                     lease.created, is_live(lease, states)) for lease in leases]
+
+
+def job_states_of(leases: Iterable[Lease], job_states: JobStates) -> dict[str, str] | None:
+    jobs = [str(lease.holder.job_id) for lease in leases if lease.holder.kind == "slurm-job"]
+    return job_states(jobs) if jobs else {}
+
+
+def listing(store: Store, job_states: JobStates = squeue_states) -> Listing:
+    """What ``cache ls`` shows: images, cached bundles and leases."""
+    refs = read_refs(store)
+    blobs = list_blobs(store)
+    bundles = list_bundles(store)
+    leases = all_leases(store.root)
+    states = job_states_of(leases, job_states)
+    uses = usage.all_usage(store.root)
+    reached_by: dict[Digest, int] = {}
+    for ref in refs:
+        for digest in set(ref.blobs):
+            reached_by[digest] = reached_by.get(digest, 0) + 1
+
+    def leases_for(target: str) -> tuple[LeaseRow, ...]:
+        return tuple(lease_rows([x for x in leases if target in x.targets], states))
+
+    images = []
+    for ref in refs:
+        reached = set(ref.blobs)
+        images.append(ImageRow(
+            name=ref.name, platform=ref.platform, digest=str(ref.digest),
+            resolved=ref.resolved, last_used=ref_last_used(store, ref, uses),
+            size=sum(blobs[d].size for d in reached if d in blobs),
+            unique_size=sum(blobs[d].size for d in reached
+                            if d in blobs and reached_by.get(d) == 1),
+            missing=tuple(str(d) for d in ref.missing),
+            bundles=tuple(b.key for b in bundles if b.manifest == ref.digest),
+            leases=leases_for(ref.target)))
+    manifests = {ref.digest for ref in refs}
+    seen: set[tuple[int, int]] = set()
+    bundle_rows = tuple(
+        BundleRow(key=b.key, image=b.image, manifest=str(b.manifest) if b.manifest else None,
+                  last_used=bundle_last_used(b, uses), disk=tree_size(b.path, seen).disk,
+                  orphan=b.manifest not in manifests, leases=leases_for(b.target))
+        for b in bundles)
+    return Listing(tuple(sorted(images, key=lambda i: (i.name, i.platform))), bundle_rows,
+                   tuple(lease_rows(leases, states)))
+
+
+# -- cache du ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Usage:
+    """One part of the cache: how much it would take without dedup, and what it takes."""
+
+    logical: int
+    disk: int
+    count: int
+
+
+@dataclass(frozen=True)
+class DiskUsage:
+    images: Usage         # logical: every ref counting every blob it reaches
+    blobs: Usage          # unique blobs as stored
+    snapshots: Usage      # unpacked layer trees (cache.snapshots)
+    bundles: Usage        # files hard-linked to snapshots or each other count once on disk
+    scratch: Usage        # partial downloads, temp dirs, bundles being built
+    quarantine: Usage
+    other: Usage          # leases, last-use records, index.json, locks
+
+    @property
+    def total_disk(self) -> int:
+        return (self.blobs.disk + self.snapshots.disk + self.bundles.disk + self.scratch.disk
+                + self.quarantine.disk + self.other.disk)
+
+    @property
+    def total_logical(self) -> int:
+        return (self.images.logical + self.snapshots.logical + self.bundles.logical
+                + self.scratch.logical + self.quarantine.logical + self.other.logical)
+
+
+def _sum(sizes: Iterable[TreeSize]) -> Usage:
+    items = list(sizes)
+    return Usage(sum(s.logical for s in items), sum(s.disk for s in items), len(items))
+
+
+def disk_usage(store: Store) -> DiskUsage:
+    """What ``cache du`` shows (see the module docstring for logical vs disk)."""
+    refs = read_refs(store)
+    blobs = list_blobs(store)
+    images_logical = sum(blobs[d].size for ref in refs for d in set(ref.blobs) if d in blobs)
+    seen: set[tuple[int, int]] = set()
+    snapshot_sizes = [tree_size(s.path, seen) for s in list_snapshots(store)]
+    bundle_sizes = [tree_size(b.path, seen) for b in list_bundles(store)]
+    scratch_paths = bundle_scratch_dirs(store)
+    for directory in (store.ingest_dir, store.tmp_dir):
+        with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
+            scratch_paths.extend(Path(e.path) for e in entries)
+    quarantine_paths: list[Path] = []
+    with contextlib.suppress(FileNotFoundError), os.scandir(store.root / QUARANTINE) as q:
+        quarantine_paths.extend(Path(e.path) for e in q)
+    other_paths = [store.root / name for name in ("index.json", "oci-layout")]
+    for subdir in ("leases", usage.USED_DIR):
+        with contextlib.suppress(FileNotFoundError), os.scandir(store.root / subdir) as d:
+            other_paths.extend(Path(e.path) for e in d)
+    return DiskUsage(
+        images=Usage(images_logical, sum(b.disk for b in blobs.values()), len(refs)),
+        blobs=Usage(sum(b.size for b in blobs.values()), sum(b.disk for b in blobs.values()),
+                    len(blobs)),
+        snapshots=_sum(snapshot_sizes),
+        bundles=_sum(bundle_sizes),
+        scratch=_sum(tree_size(p, seen) for p in scratch_paths),
+        quarantine=_sum(tree_size(p, seen) for p in quarantine_paths),
+        other=_sum(tree_size(p, seen) for p in other_paths),
+    )
