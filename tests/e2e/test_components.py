@@ -442,6 +442,23 @@ def test_skopeo_pulls_through_proxy_fetching_each_blob_once(
         assert fault_proxy.count(f"/blobs/{digest}$") == 1
 
 
+def test_skopeo_pushes_through_proxy(images: dict[str, ImageRef], fault_proxy: FaultProxy,
+                                     fixture_layouts_built: FixtureLayouts) -> None:
+    """Request bodies (blob uploads, manifests) stream through; upload URLs point back at us."""
+    target = f"docker://{fault_proxy.host}/pushed-through-proxy/multilayer:latest"
+    result = skopeo("copy", "--dest-tls-verify=false",
+                    fixture_layouts_built.oci_ref("multilayer"), target)
+    assert result.returncode == 0, result.stderr
+    assert fault_proxy.count(r"/blobs/uploads/", ("POST",)) >= 1
+    assert fault_proxy.count(r"/manifests/latest$", ("PUT",)) == 1
+    check = skopeo("inspect", "--raw", "--tls-verify=false",
+                   f"docker://{images['multilayer'].registry.host}/pushed-through-proxy/"
+                   "multilayer:latest")
+    assert check.returncode == 0, check.stderr
+    digest = "sha256:" + hashlib.sha256(check.stdout.encode()).hexdigest()
+    assert digest == fixture_layouts_built.images["multilayer"].digest
+
+
 # --- the CLI runner -----------------------------------------------------------------------------
 
 def test_ocistage_runner_isolates_environment(ocistage: OcistageRunner) -> None:
