@@ -14,6 +14,7 @@ never half written. Re-staging an unchanged source (same manifest by stat) does 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -69,14 +70,58 @@ def _run(argv: list[str], what: str) -> None:
         raise StageError(f"{what} failed: {detail[-1] if detail else result.returncode}")
 
 
+def missing_mountpoints(source: Path) -> list[tuple[str, str]]:
+    """Mount destinations of ``source/config.json`` missing from its rootfs, as (path inside
+    the image, "d" or "f"), parents first.
+
+    A mounted image is read-only, so runc cannot create them at start (it would fail with
+    ENOSYS/EROFS): they are added to the image as empty directories or files. Destinations
+    inside another mount (``/dev/pts`` under the ``/dev`` tmpfs) are created there by runc.
+    """
+    try:
+        config = json.loads((source / "config.json").read_bytes())
+        root = str(config["root"]["path"]).strip("/") or "rootfs"
+        mounts = config.get("mounts", [])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    if "/" in root or root in (".", ".."):
+        return []
+    destinations = [str(m.get("destination", "")).rstrip("/") for m in mounts
+                    if isinstance(m, dict)]
+    result: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for mount, destination in zip(mounts, destinations, strict=True):
+        parts = [p for p in destination.split("/") if p]
+        if (not parts or ".." in parts or any(c.isspace() for c in destination)
+                or any(destination.startswith(other + "/") for other in destinations
+                       if other and other != destination)):
+            continue
+        source_path = str(mount.get("source", ""))
+        kind = "f" if mount.get("type") == "bind" and os.path.isfile(source_path) else "d"
+        for depth in range(1, len(parts) + 1):
+            rel = "/".join(parts[:depth])
+            if rel in seen:
+                continue
+            seen.add(rel)
+            if os.path.lexists(source / root / rel):
+                continue
+            result.append((f"{root}/{rel}", kind if depth == len(parts) else "d"))
+    return result
+
+
 def build_image(source: Path, image: Path, extra: Path | None = None, jobs: int = 2) -> None:
     """Make ``image`` from ``source`` (zstd); the files in ``extra`` replace top-level ones.
 
     ``image`` must not exist. Ownership is stored as found (a rootless bundle is the user's).
+    Missing mount points of the bundle's config.json are added (:func:`missing_mountpoints`).
     """
     mksquashfs = _tool("mksquashfs")
     argv = [mksquashfs, os.fspath(source), os.fspath(image), "-comp", "zstd", "-noappend",
             "-no-progress", "-quiet", "-no-recovery", "-processors", str(max(1, jobs))]
+    uid, gid = os.getuid(), os.getgid()
+    for path, kind in missing_mountpoints(source):
+        argv += ["-p", f"{path} d 755 {uid} {gid}" if kind == "d"
+                 else f"{path} f 644 {uid} {gid} true"]
     excluded = [MANIFEST_NAME, MARKER_NAME]
     if extra is not None:
         excluded += [name for name in os.listdir(extra) if name not in excluded]
@@ -97,10 +142,17 @@ def mount(image: Path, mountpoint: Path) -> bool:
         return False
     if os.geteuid() != 0 and not (shutil.which("fusermount3") or shutil.which("fusermount")):
         return False
-    result = subprocess.run([squashfuse, os.fspath(image), os.fspath(mountpoint)],
-                            capture_output=True, text=True, timeout=60,
-                            stdin=subprocess.DEVNULL, check=False)
-    return result.returncode == 0 and os.path.ismount(mountpoint)
+    # The container's processes run under other (mapped) uids than the mounting user, so
+    # the mount must allow other users; default_permissions makes the kernel check the
+    # image's modes and owners as on a directory bundle. An unprivileged user may lack
+    # user_allow_other in /etc/fuse.conf: then mount for the user alone.
+    for options in (["-o", "allow_other,default_permissions"], []):
+        result = subprocess.run([squashfuse, *options, os.fspath(image), os.fspath(mountpoint)],
+                                capture_output=True, text=True, timeout=60,
+                                stdin=subprocess.DEVNULL, check=False)
+        if result.returncode == 0 and os.path.ismount(mountpoint):
+            return True
+    return False
 
 
 def unmount(mountpoint: Path) -> None:

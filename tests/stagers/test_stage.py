@@ -188,13 +188,13 @@ def test_eight_concurrent_stagers_make_one_copy(tree: Path, tmp_path: Path,
 
 
 def test_a_killed_stager_leaves_nothing_visible_and_the_next_run_completes(
-        tmp_path: Path) -> None:
-    source = tmp_path / "big"
+        tmp_path: Path, other_fs: Path) -> None:
+    source = other_fs / "big"
     (source / "rootfs").mkdir(parents=True)
-    blob = os.urandom(32 << 10)
+    blob = os.urandom(16 << 10)
     for n in range(3000):
         (source / "rootfs" / f"f{n:05d}").write_bytes(blob[n % 1024:] + n.to_bytes(4, "big"))
-    to, cache = tmp_path / "t", tmp_path / "cache"
+    to, cache = other_fs / "t", tmp_path / "cache"
     child = _child(source, to, cache, "killed", link="copy")
     scratch_files = 0
     deadline = time.monotonic() + 60

@@ -1,0 +1,146 @@
+"""`ocistage stage` / `unstage` end to end: fixture images from the real registry are bundled,
+staged by every method, and the staged bundles run under rootless runc."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cache import leases
+from stagers.filemanifest import MARKER_NAME
+from stagers.remove import remove_path
+from tests.e2e.components import require_binary
+from tests.e2e.conftest import OcistageRunner
+from tests.e2e.images import ImageRef
+
+GREETING = "hello from busybox"
+
+
+def run_bundle(bundle: Path, state: Path) -> subprocess.CompletedProcess[str]:
+    require_binary("runc")
+    return subprocess.run(
+        ["runc", "--rootless=true", "--root", str(state), "run", "-b", str(bundle),
+         f"ocistage-stage-{uuid.uuid4().hex[:12]}"],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False)
+
+
+def stage(ocistage: OcistageRunner, *args: str) -> dict[str, object]:
+    result = ocistage("stage", *args, "--json", check=True)
+    doc: dict[str, object] = json.loads(result.stdout)
+    return doc
+
+
+@pytest.fixture
+def shm() -> Iterator[Path]:
+    """A node-local target on another filesystem than the cache (tmpfs)."""
+    if not os.access("/dev/shm", os.W_OK):
+        pytest.skip("/dev/shm is not writable here")
+    path = Path("/dev/shm") / f"ocistage-e2e-{uuid.uuid4().hex[:10]}"
+    path.mkdir()
+    yield path
+    remove_path(os.fspath(path))
+
+
+@pytest.mark.parametrize("mode", ["hardlink", "pool", "copy"])
+def test_staged_bundle_runs_under_runc(images: dict[str, ImageRef], ocistage: OcistageRunner,
+                                       tmp_path: Path, shm: Path, mode: str) -> None:
+    target = shm if mode == "pool" else tmp_path / "target"
+    extra = ["--copy"] if mode == "copy" else []
+    doc = stage(ocistage, images["busybox"].ref, "--to", str(target), *extra)
+    assert doc["method"] == mode
+    staged = Path(str(doc["path"]))
+    assert staged.parent == target
+    config = json.loads((staged / "config.json").read_text())
+    assert config["root"]["readonly"] is (mode != "copy")
+    result = run_bundle(staged, tmp_path / "runc")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == GREETING
+    again = stage(ocistage, images["busybox"].ref, "--to", str(target), *extra)
+    assert again["path"] == doc["path"]
+    assert again["unchanged"] == again["files"] and again["copied"] == 0
+    lease_id = str(doc["leaseId"])
+    assert [lease.id for lease in leases.leases_on(ocistage.cache, f"staged:{staged}")] \
+        == [lease_id]
+    removed = ocistage("unstage", str(staged), "--json", check=True)
+    assert json.loads(removed.stdout)["removed"] is True
+    assert not os.path.lexists(staged)
+    assert leases.leases_on(ocistage.cache, f"staged:{staged}") == []
+
+
+def test_multilayer_image_stages_and_unstages_completely(
+        images: dict[str, ImageRef], ocistage: OcistageRunner, shm: Path) -> None:
+    """Setuid files, a FIFO, a mode-000 file, a read-only dir and an escaping symlink."""
+    doc = stage(ocistage, images["multilayer"].ref, "--to", str(shm))
+    staged = Path(str(doc["path"]))
+    bundle = Path(str(json.loads(ocistage("bundle", images["multilayer"].ref, "--json",
+                                          check=True).stdout)["path"]))
+    names = sorted(str(p.relative_to(bundle)) for p in bundle.rglob("*"))
+    staged_names = sorted(str(p.relative_to(staged)) for p in staged.rglob("*")
+                          if p.name not in (MARKER_NAME, ".ocistage-manifest.json"))
+    assert staged_names == names
+    ocistage("unstage", str(staged), check=True)
+    assert sorted(os.listdir(shm)) == [".ocistage-pool", ".ocistage-tmp"]
+    assert [p for p in (shm / ".ocistage-pool").rglob("*") if p.is_file()] == []
+
+
+@pytest.mark.parametrize("mount", ["--mount", "--unpack"])
+def test_squashfs_staged_bundle_runs(images: dict[str, ImageRef], ocistage: OcistageRunner,
+                                     tmp_path: Path, mount: str) -> None:
+    require_binary("mksquashfs")
+    require_binary("unsquashfs")
+    if mount == "--mount":
+        require_binary("squashfuse")
+        if os.geteuid() != 0 and not any(
+                os.path.exists(f"/usr/bin/{t}") for t in ("fusermount3", "fusermount")):
+            pytest.skip("squashfuse needs fusermount for an unprivileged user")
+    target = tmp_path / "target"
+    doc = stage(ocistage, images["busybox"].ref, "--to", str(target), "--format", "squashfs",
+                mount)
+    staged = Path(str(doc["path"]))
+    try:
+        assert doc["method"] == ("squashfs-mount" if mount == "--mount" else "squashfs-unpack")
+        assert os.path.ismount(staged) is (mount == "--mount")
+        result = run_bundle(staged, tmp_path / "runc")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == GREETING
+    finally:
+        ocistage("unstage", str(staged), check=True)
+    assert not os.path.lexists(staged)
+    assert not (target / f"{staged.name}.sqfs").exists()
+
+
+def test_squashfs_image_through_a_file_url_runs(images: dict[str, ImageRef],
+                                                ocistage: OcistageRunner,
+                                                tmp_path: Path) -> None:
+    require_binary("mksquashfs")
+    require_binary("unsquashfs")
+    url = f"file://{tmp_path / 'store'}"
+    pushed = ocistage("stage", images["busybox"].ref, "--to", url, "--format", "squashfs",
+                      "--name", "busybox", check=True)
+    assert pushed.stdout.strip() == f"{url}/busybox.sqfs"
+    doc = stage(ocistage, f"{url}/busybox.sqfs", "--to", str(tmp_path / "node"), "--unpack")
+    staged = Path(str(doc["path"]))
+    assert staged == tmp_path / "node" / "busybox"
+    result = run_bundle(staged, tmp_path / "runc")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == GREETING
+    ocistage("unstage", str(staged), check=True)
+
+
+def test_any_directory_tree_can_be_staged(ocistage: OcistageRunner, tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "a" / "b").mkdir(parents=True)
+    (tree / "a" / "b" / "file").write_text("data\n")
+    out = ocistage("stage", str(tree), "--to", str(tmp_path / "t"), "--name", "x", check=True)
+    staged = Path(out.stdout.strip())
+    assert (staged / "a" / "b" / "file").read_text() == "data\n"
+    bad = ocistage("unstage", str(tree))
+    assert bad.returncode == 1 and "not staged by ocistage" in bad.stderr
+    assert (tree / "a" / "b" / "file").exists()
+    assert ocistage("unstage", str(staged)).returncode == 0

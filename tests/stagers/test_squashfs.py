@@ -1,0 +1,96 @@
+"""--format squashfs: images built with mksquashfs, mounted with squashfuse or unpacked."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cache import leases
+from cache.leases import Holder
+from stagers.filemanifest import MARKER_NAME, fill_hashes, scan
+from stagers.markers import Marker
+from stagers.stage import stage_directory
+from stagers.unstage import unstage
+from tests.e2e.components import require_binary
+
+
+def _view(root: Path) -> dict[str, tuple[object, ...]]:
+    entries, _ = fill_hashes(root, scan(root), None, jobs=1)
+    return {e.path: (e.type, e.mode, e.hash, e.target) for e in entries
+            if e.path != "config.json"}
+
+
+def _can_mount() -> bool:
+    return (shutil.which("squashfuse") is not None and os.path.exists("/dev/fuse")
+            and (os.geteuid() == 0 or shutil.which("fusermount3") is not None
+                 or shutil.which("fusermount") is not None))
+
+
+def test_unpacked_image_reproduces_the_tree(tree: Path, tmp_path: Path) -> None:
+    require_binary("mksquashfs")
+    require_binary("unsquashfs")
+    cache = tmp_path / "cache"
+    result = stage_directory(tree, tmp_path / "t", cache_root=cache, format="squashfs",
+                             squashfs_mount=False, holder=Holder.pin("sq"))
+    assert result.method == "squashfs-unpack"
+    assert (tmp_path / "t" / "bundle.sqfs").is_file()
+    assert _view(result.path) == _view(tree)
+    assert json.loads((result.path / "config.json").read_text())["root"]["readonly"] is True
+    marker = Marker.from_json((result.path / MARKER_NAME).read_bytes())
+    assert marker.id == result.lease_id and marker.image == "bundle.sqfs"
+    again = stage_directory(tree, tmp_path / "t", cache_root=cache, format="squashfs",
+                            squashfs_mount=False, holder=Holder.pin("sq"))
+    assert again.unchanged == result.files and again.copied == 0
+    (tree / "rootfs" / "bin" / "f4").write_text("changed\n")
+    changed = stage_directory(tree, tmp_path / "t", cache_root=cache, format="squashfs",
+                              squashfs_mount=False, holder=Holder.pin("sq"))
+    assert changed.copied == changed.files
+    assert (changed.path / "rootfs" / "bin" / "f4").read_text() == "changed\n"
+    assert unstage(changed.path, cache_root=cache)
+    assert sorted(os.listdir(tmp_path / "t")) == [".ocistage-tmp"]
+    assert leases.leases_on(cache, f"staged:{changed.path}") == []
+
+
+def test_mounted_image_is_the_tree_and_unstage_unmounts(tree: Path, tmp_path: Path) -> None:
+    require_binary("mksquashfs")
+    if not _can_mount():
+        pytest.skip("squashfuse cannot mount here (needs /dev/fuse and fusermount or root)")
+    cache = tmp_path / "cache"
+    result = stage_directory(tree, tmp_path / "t", cache_root=cache, format="squashfs",
+                             squashfs_mount=True)
+    try:
+        assert result.method == "squashfs-mount"
+        assert os.path.ismount(result.path)
+        assert _view(result.path) == _view(tree)
+        again = stage_directory(tree, tmp_path / "t", cache_root=cache, format="squashfs")
+        assert again.unchanged == result.files and again.method == "squashfs-mount"
+    finally:
+        removed = unstage(result.path, cache_root=cache)
+    assert removed
+    assert not os.path.ismount(result.path) and not os.path.lexists(result.path)
+    assert not (tmp_path / "t" / "bundle.sqfs").exists()
+
+
+def test_missing_mountpoints_are_listed_parents_first(tmp_path: Path) -> None:
+    from stagers.squashfs import missing_mountpoints
+
+    bundle = tmp_path / "b"
+    (bundle / "rootfs" / "dev").mkdir(parents=True)
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n")
+    (bundle / "config.json").write_text(json.dumps({"root": {"path": "rootfs"}, "mounts": [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+        {"destination": "/dev/pts", "type": "devpts", "source": "devpts"},
+        {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup"},
+        {"destination": "/etc/hosts", "type": "bind", "source": str(hosts)},
+        {"destination": "/../../escape", "type": "bind", "source": "/"},
+        {"destination": "/with space", "type": "bind", "source": "/"},
+    ]}))
+    assert missing_mountpoints(bundle) == [
+        ("rootfs/proc", "d"), ("rootfs/sys", "d"), ("rootfs/sys/fs", "d"),
+        ("rootfs/sys/fs/cgroup", "d"), ("rootfs/etc", "d"), ("rootfs/etc/hosts", "f")]
