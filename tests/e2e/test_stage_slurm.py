@@ -1,0 +1,74 @@
+"""`ocistage stage --all-nodes` inside a real Slurm job (the one-node cluster of .ci/slurm.sh):
+srun runs one stager per node, the staged bundle is leased by the job and runs with
+`srun --container`. Skips when no controller answers `sinfo` (fails under
+OCISTAGE_REQUIRE_E2E=1)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cache.leases import all_leases, dead_leases
+from tests.e2e.conftest import OcistageRunner
+from tests.e2e.images import ImageRef
+from tests.e2e.slurm import ensure_slurm, wait_until_gone_from_squeue
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def slurm() -> None:
+    ensure_slurm()
+
+
+@pytest.fixture
+def node_dir() -> Iterator[Path]:
+    """A scratch directory the job (root here) reaches; node-local on a one-node cluster."""
+    path = Path(tempfile.mkdtemp(prefix="ocistage-stage-slurm-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_stage_all_nodes_inside_a_job(slurm: None, ocistage: OcistageRunner,
+                                      images: dict[str, ImageRef], node_dir: Path) -> None:
+    bundle = Path(json.loads(ocistage("bundle", images["busybox"].ref, "--json",
+                                      check=True).stdout)["path"])
+    target = node_dir / "staged"
+    script = node_dir / "job.sh"
+    command = " ".join(f"'{part}'" for part in ocistage.command)
+    script.write_text(
+        "#!/bin/sh\nset -e\n"
+        f"{command} stage --all-nodes '{bundle}' --to '{target}' --json > '{node_dir}/out.json'\n"
+        f"srun --overlap --container=\"$(sed -n 's/.*\"path\": \"\\(.*\\)\".*/\\1/p' "
+        f"'{node_dir}/out.json' | head -n1)\" true\n"
+        "echo job=$SLURM_JOB_ID\n")
+    script.chmod(0o755)
+    result = subprocess.run(["srun", "--time=5", "-N1", str(script)], capture_output=True,
+                            text=True, timeout=300, env=ocistage.environment(),
+                            cwd=node_dir, check=False, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    job_id = result.stdout.strip().rsplit("job=", 1)[-1]
+    assert job_id.isdigit(), result.stdout
+    per_node = json.loads((node_dir / "out.json").read_text())
+    assert len(per_node) == 1
+    staged = Path(per_node[0]["path"])
+    assert staged.parent == target and (staged / "rootfs").is_dir()
+    assert per_node[0]["method"] == "hardlink"
+    job_leases = [lease for lease in all_leases(ocistage.cache)
+                  if lease.target == f"staged:{staged}"]
+    assert [(lease.holder.kind, lease.holder.job_id) for lease in job_leases] == [
+        ("slurm-job", job_id)]
+    assert json.loads((staged / ".ocistage-staged.json").read_text())["id"] == \
+        job_leases[0].id
+    wait_until_gone_from_squeue(job_id)
+    assert [lease.id for lease in dead_leases(ocistage.cache)] == [job_leases[0].id]
+    ocistage("unstage", str(staged), check=True)
+    assert not staged.exists()
+    assert all_leases(ocistage.cache) == []
