@@ -5,7 +5,8 @@ PYTEST_ARGS ?=
 .PHONY: deps demo test lint typecheck unit e2e bench clean
 
 DEBIAN_PACKAGES = docker-registry skopeo umoci runc crun squashfs-tools squashfuse lua5.3 \
-	lua-cjson rsync busybox-static zstd curl jq apache2-utils openssl uidmap
+	lua-cjson rsync busybox-static zstd curl jq apache2-utils openssl uidmap \
+	slurm-wlm slurm-client munge
 
 deps:  ## install Debian packages (needs root) and the Python package with test extras
 	@if [ "$$(id -u)" = 0 ]; then \

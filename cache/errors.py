@@ -23,6 +23,8 @@ them as one ``error: ...`` line plus a ``hint: ...`` line and exits with ``exit_
     ├── LayerError                    a layer cannot be applied (bad tar, unsafe entry)
     ├── StoreError                    the cache cannot be read or written (disk full, perms)
     │   └── LockTimeout               another process holds a lock for too long
+    ├── SlurmError                    a Slurm command is missing, failed or unreadable
+    ├── ScrunError                    a scrun stage hook cannot do its work
     └── NotImplementedYet             a command of the contract that a later release fills
 """
 
@@ -123,6 +125,17 @@ class StoreError(OcistageError):
 
 class LockTimeout(StoreError):
     default_hint = "another ocistage process is working on the same item; retry later"
+
+
+class SlurmError(OcistageError):
+    """A Slurm command is missing, failed, or printed something we cannot read."""
+
+    default_hint = ("check that Slurm's client commands are installed and that `sinfo` "
+                    "reaches the controller")
+
+
+class ScrunError(OcistageError):
+    """A stage hook cannot do its work (unreadable bundle, not a bundle we staged)."""
 
 
 class NotImplementedYet(OcistageError):

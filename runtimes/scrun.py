@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from cache.errors import OcistageError, UsageError
+from cache.errors import ScrunError, UsageError
 from cache.leases import Holder
 from cache.store import remove_tree, write_file_atomic
 
@@ -38,10 +38,6 @@ MAX_CONFIG_BYTES = 4 << 20
 OVERFLOW_ID = 65534
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class ScrunError(OcistageError):
-    """A stage hook cannot do its work (unreadable bundle, not a bundle we staged)."""
 
 
 # -- the Lua -----------------------------------------------------------------------------------

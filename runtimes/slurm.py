@@ -16,14 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache.errors import OcistageError, UsageError
-
-
-class SlurmError(OcistageError):
-    """A Slurm command is missing, failed, or printed something we cannot read."""
-
-    default_hint = ("check that Slurm's client commands are installed and that `sinfo` "
-                    "reaches the controller")
+from cache.errors import SlurmError, UsageError
 
 
 @dataclass(frozen=True, order=True)

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cache import leases
-from cache.errors import UsageError
+from cache.errors import SlurmError, UsageError
 from cache.leases import Holder
-from runtimes.slurm import SlurmError, cancel_job, release_job, sbatch, srun_argv
+from runtimes.slurm import cancel_job, release_job, sbatch, srun_argv
 
 
 @dataclass(frozen=True)
