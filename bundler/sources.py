@@ -125,8 +125,18 @@ class RegistryProvider:
 # -- OCI image layout (oci:PATH[:tag]) -------------------------------------------------------
 
 
-def _select_from_index(index: dict[str, Any], tag: str | None, where: str) -> dict[str, Any]:
-    manifests = [m for m in index.get("manifests", []) if isinstance(m, dict)]
+def _resolve_index(index_data: bytes, tag: str | None, where: str,
+                   manifest: Callable[[Digest], FetchedManifest]) -> FetchedManifest:
+    """The image that ``tag`` names in an OCI layout's index.json (any image if untagged).
+
+    One match is fetched with ``manifest``; several matches (the same tag for several
+    platforms) are handed over as an index of them, so platform selection applies as usual.
+    """
+    try:
+        index = json.loads(index_data)
+        manifests = [m for m in index.get("manifests", []) if isinstance(m, dict)]
+    except (ValueError, AttributeError) as exc:
+        raise SourceError(f"index.json of {where} is not a JSON object") from exc
     if tag is not None:
         matches = [m for m in manifests if m.get("annotations", {}).get(REF_NAME) == tag]
         if not matches:
@@ -135,16 +145,17 @@ def _select_from_index(index: dict[str, Any], tag: str | None, where: str) -> di
                            f"tags there: {', '.join(names) or 'none'}")
     else:
         matches = manifests
-    if len(matches) != 1:
-        if not matches:
-            raise NotFound(f"{where} holds no image")
-        if tag is None:
-            raise SourceError(f"{where} holds {len(matches)} images; name one with :TAG",
-                              "use oci:PATH:TAG (tags are the org.opencontainers.image.ref.name "
-                              "annotations in index.json)")
-        # the same tag for several platforms: hand over a synthetic index of them
-        return {"mediaType": mediatypes.OCI_INDEX, "manifests": matches, "synthetic": True}
-    return matches[0]
+    if not matches:
+        raise NotFound(f"{where} holds no image")
+    if len(matches) == 1:
+        return manifest(Digest.parse(str(matches[0].get("digest"))))
+    if tag is None:
+        raise SourceError(f"{where} holds {len(matches)} images; name one with :TAG",
+                          "use oci:PATH:TAG (tags are the org.opencontainers.image.ref.name "
+                          "annotations in index.json)")
+    index_of_matches = {"schemaVersion": 2, "mediaType": mediatypes.OCI_INDEX,
+                        "manifests": matches}
+    return _fetched(json.dumps(index_of_matches).encode(), None, f"index of {where}")
 
 
 class OciLayoutProvider:
@@ -164,15 +175,10 @@ class OciLayoutProvider:
 
     def resolve(self) -> FetchedManifest:
         try:
-            index = json.loads((self.root / "index.json").read_bytes())
-        except (OSError, ValueError) as exc:
+            index = (self.root / "index.json").read_bytes()
+        except OSError as exc:
             raise SourceError(f"cannot read {self.root / 'index.json'}: {exc}") from exc
-        chosen = _select_from_index(index, self.tag, str(self.root))
-        if chosen.get("synthetic"):
-            del chosen["synthetic"]
-            return _fetched(json.dumps({"schemaVersion": 2, **chosen}).encode(), None,
-                            f"index of {self.name}")
-        return self.manifest(Digest.parse(str(chosen.get("digest"))))
+        return _resolve_index(index, self.tag, str(self.root), self.manifest)
 
     def manifest(self, digest: Digest) -> FetchedManifest:
         with open(self._blob(digest), "rb") as blob:
@@ -257,16 +263,8 @@ class OciArchiveProvider:
             raise SourceError(f"{path} is not an OCI archive (no index.json)")
 
     def resolve(self) -> FetchedManifest:
-        try:
-            index = json.loads(self.archive.read("index.json"))
-        except ValueError as exc:
-            raise SourceError(f"index.json of {self.name} is not JSON") from exc
-        chosen = _select_from_index(index, self.tag, self.name)
-        if chosen.get("synthetic"):
-            del chosen["synthetic"]
-            return _fetched(json.dumps({"schemaVersion": 2, **chosen}).encode(), None,
-                            f"index of {self.name}")
-        return self.manifest(Digest.parse(str(chosen.get("digest"))))
+        return _resolve_index(self.archive.read("index.json"), self.tag, self.name,
+                              self.manifest)
 
     def manifest(self, digest: Digest) -> FetchedManifest:
         data = self.archive.read(f"blobs/{digest.algorithm}/{digest.hex}")
