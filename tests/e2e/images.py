@@ -603,9 +603,19 @@ def push(spec: PushSpec, fixtures: FixtureLayouts, scratch: Path) -> ImageRef:
 
 def push_all(specs: Iterable[PushSpec], fixtures: FixtureLayouts, scratch: Path,
              jobs: int = 4) -> dict[str, ImageRef]:
-    """Push every spec (in parallel: skopeo mostly waits on the registry)."""
+    """Push every spec: different repositories in parallel, one repository's pushes in turn.
+
+    distribution's filesystem storage answers 500 ("failed to read from destination
+    repository") when two uploads of the same blob into one repository overlap.
+    """
     scratch.mkdir(parents=True, exist_ok=True)
-    specs = list(specs)
+    groups: dict[tuple[str, str], list[PushSpec]] = {}
+    for spec in specs:
+        groups.setdefault((spec.registry.host, spec.repository), []).append(spec)
+
+    def push_group(group: list[PushSpec]) -> list[ImageRef]:
+        return [push(spec, fixtures, scratch) for spec in group]
+
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        refs = list(pool.map(lambda spec: push(spec, fixtures, scratch), specs))
-    return {ref.name: ref for ref in refs}
+        results = list(pool.map(push_group, groups.values()))
+    return {ref.name: ref for refs in results for ref in refs}
