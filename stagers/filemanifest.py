@@ -150,6 +150,50 @@ def scan(root: Path) -> list[Entry]:
     return entries
 
 
+def _stat_line(rel: str, kind: str, st: os.stat_result, target: str | None) -> bytes:
+    return (f"{rel}\0{kind}\0{stat.S_IMODE(st.st_mode)}\0{st.st_size}\0{st.st_mtime_ns}\0"
+            f"{st.st_dev}\0{st.st_ino}\0{target or ''}\n").encode("utf-8", "surrogateescape")
+
+
+def entries_digest(entries: Iterable[Entry]) -> str:
+    """xxh3-128 over the stat fields of ``entries``; equals :func:`stat_digest` of the tree
+    they were scanned from as long as nothing in it changed."""
+    hasher = xxhash.xxh3_128()
+    for e in entries:
+        hasher.update(
+            f"{e.path}\0{e.type}\0{e.mode}\0{e.size}\0{e.mtime_ns}\0{e.dev}\0{e.ino}\0"
+            f"{e.target or ''}\n".encode("utf-8", "surrogateescape"))
+    return hasher.hexdigest()
+
+
+def stat_digest(root: Path) -> str:
+    """The :func:`entries_digest` of ``scan(root)``, computed while walking (no entries are
+    built): the cheap "did anything change?" check of a re-stage."""
+    hasher = xxhash.xxh3_128()
+    stack: list[tuple[str, str]] = [(os.fspath(root), "")]
+    try:
+        while stack:
+            directory, prefix = stack.pop()
+            with os.scandir(directory) as listing:
+                children = sorted(listing, key=lambda e: e.name)
+            subdirs = []
+            for child in children:
+                if not prefix and child.name in RESERVED_NAMES:
+                    continue
+                st = child.stat(follow_symlinks=False)
+                kind = _entry_type(st.st_mode)
+                rel = prefix + child.name
+                target = os.readlink(child.path) if kind == "symlink" else None
+                hasher.update(_stat_line(rel, kind, st, target))
+                if kind == "dir":
+                    subdirs.append((child.path, rel + "/"))
+            stack.extend(subdirs)
+    except OSError as exc:
+        raise StageError(f"cannot read the source tree {root}: {exc.strerror} "
+                         f"({exc.filename})") from exc
+    return hasher.hexdigest()
+
+
 def hash_file(path: Path | str) -> str:
     """xxh3-128 hex digest of a file's content, read in chunks (never the whole file)."""
     hasher = xxhash.xxh3_128()

@@ -2,7 +2,8 @@
 
 ``<staged path>/.ocistage-staged.json`` says "ocistage made this": ``{"id": <lease id>,
 "source": <bundle or ref>, "created": <unix time>, "method": ..., "format": "dir"|"squashfs",
-"image": <file name of the squashfs image beside the path, if any>}``. ``ocistage unstage`` and
+"image": <file name of the squashfs image beside the path, if any>, "tree": <stat digest of
+the source>, "sealed": <identity of a sealed source>, "files": <count>}``. ``ocistage unstage`` and
 ``cache gc`` remove nothing without it. Every staging takes a lease
 ``staged:<absolute path>`` in the cache (see :mod:`cache.leases`) for its holder.
 
@@ -35,12 +36,20 @@ class Marker:
     method: str = ""
     format: str = "dir"
     image: str | None = None
+    tree: str = ""       # stat digest of the source tree staged (filemanifest.stat_digest)
+    sealed: str = ""     # identity of a sealed source (stagers.target.source_identity)
+    files: int = 0       # regular files staged
 
     def to_json(self) -> bytes:
         doc: dict[str, Any] = {"id": self.id, "source": self.source, "created": self.created,
                                "method": self.method, "format": self.format}
         if self.image is not None:
             doc["image"] = self.image
+        if self.tree:
+            doc["tree"] = self.tree
+        if self.sealed:
+            doc["sealed"] = self.sealed
+        doc["files"] = self.files
         return json.dumps(doc, indent=2).encode() + b"\n"
 
     @classmethod
@@ -54,7 +63,9 @@ class Marker:
             raise ValueError("bad image name in marker")
         return cls(id=doc["id"], source=str(doc.get("source", "")),
                    created=float(doc.get("created", 0)), method=str(doc.get("method", "")),
-                   format=str(doc.get("format", "dir")), image=image)
+                   format=str(doc.get("format", "dir")), image=image,
+                   tree=str(doc.get("tree", "")), sealed=str(doc.get("sealed", "")),
+                   files=int(doc.get("files", 0)))
 
 
 def read_marker_at(dir_fd: int) -> Marker | None:
@@ -110,6 +121,7 @@ def hold(cache_root: Path, path: Path, holder: Holder) -> Lease:
 
 
 def new_marker(lease: Lease, source: str, method: str, format: str = "dir",
-               image: str | None = None) -> Marker:
+               image: str | None = None, *, tree: str = "", sealed: str = "",
+               files: int = 0) -> Marker:
     return Marker(id=lease.id, source=source, created=time.time(), method=method,
-                  format=format, image=image)
+                  format=format, image=image, tree=tree, sealed=sealed, files=files)

@@ -46,9 +46,11 @@ from stagers.filemanifest import (
     Entry,
     Manifest,
     StageError,
+    entries_digest,
     fill_hashes,
+    load_manifest,
     scan,
-    unchanged,
+    stat_digest,
 )
 from stagers.markers import default_holder, hold, new_marker
 from stagers.parallel import map_batched
@@ -64,10 +66,10 @@ from stagers.target import (
     choose_method,
     clean_leftovers,
     drop_scratch,
-    existing,
     name_lock,
     new_scratch,
     publish,
+    read_existing_marker,
     readonly_config,
     source_identity,
     write_private,
@@ -224,23 +226,22 @@ def _stage_locked(source: Path, to: Path, name: str, cache_root: Path, holder: H
                   link: bool | None, jobs: int, label: str) -> StageResult:
     final = to / name
     method = choose_method(source, to, link)
-    previous, marker = existing(final)
+    marker = read_existing_marker(final)
     if os.path.lexists(final) and marker is None:
         raise StageError(f"{final} exists and was not staged by ocistage",
                          "choose another --name or target, or remove it yourself")
     identity = source_identity(source, cache_root)
-    if (previous is not None and previous.method == method and identity
-            and previous.source == identity):
+    # unchanged? a sealed source by its identity, anything else by one stat walk
+    if (marker is not None and marker.method == method and marker.format == "dir"
+            and ((identity and marker.sealed == identity)
+                 or (not identity and marker.tree and marker.tree == stat_digest(source)))):
         lease = hold(cache_root, final, holder)
-        files = sum(1 for e in previous.entries if e.type == "file")
-        return StageResult(final, files, 0, 0, files, 0, lease.id, method)
+        return StageResult(final, marker.files, 0, 0, marker.files, 0, lease.id, method)
+    previous = load_manifest(final / MANIFEST_NAME) if marker is not None else None
     entries = scan(source)
-    if (previous is not None and previous.method == method and not identity
-            and unchanged(entries, previous)):
-        lease = hold(cache_root, final, holder)
-        files = sum(1 for e in entries if e.type == "file")
-        return StageResult(final, files, 0, 0, files, 0, lease.id, method)
     entries, _hashed = fill_hashes(source, entries, previous, jobs)
+    tree = entries_digest(entries)
+    files = sum(1 for e in entries if e.type == "file")
     lease = hold(cache_root, final, holder)
     pool = Pool.of_target(to)
     if method == "pool":
@@ -252,8 +253,8 @@ def _stage_locked(source: Path, to: Path, name: str, cache_root: Path, holder: H
         manifest = Manifest(tuple(entries), source=identity, method=method,
                             readonly_root=method != "copy")
         write_private(scratch / MANIFEST_NAME, manifest.to_json())
-        write_private(scratch / MARKER_NAME,
-                       new_marker(lease, label, method).to_json())
+        write_private(scratch / MARKER_NAME, new_marker(
+            lease, label, method, tree=tree, sealed=identity, files=files).to_json())
         os.chmod(scratch, 0o755)
         old = publish(scratch, final)
         fsync_dir(to)
@@ -268,7 +269,6 @@ def _stage_locked(source: Path, to: Path, name: str, cache_root: Path, holder: H
     with contextlib.suppress(FileNotFoundError):
         (scratch.parent / f"{scratch.name}.owner").unlink()
     counts = builder.counts
-    files = sum(1 for e in entries if e.type == "file")
     return StageResult(final, files, counts.copied, counts.linked, counts.unchanged,
                        counts.bytes_copied, lease.id, method)
 

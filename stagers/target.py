@@ -151,6 +151,18 @@ def name_lock(to: Path, name: str) -> FileLock:
 
 # -- the staged state -----------------------------------------------------------------------
 
+def read_existing_marker(final: Path) -> Marker | None:
+    """The marker of what is staged at ``final``; None if nothing of ours is there."""
+    try:
+        fd = os.open(final, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return read_marker_at(fd)
+    finally:
+        os.close(fd)
+
+
 def existing(final: Path) -> tuple[Manifest | None, Marker | None]:
     """The manifest and marker of what is staged at ``final`` (None, None if nothing of ours)."""
     try:

@@ -94,3 +94,14 @@ def test_hash_file_streams_and_refuses_symlinks(tmp_path: Path) -> None:
     os.symlink(big, tmp_path / "link")
     with pytest.raises(OSError):
         hash_file(tmp_path / "link")
+
+
+def test_stat_digest_is_the_digest_of_the_scan(tree: Path) -> None:
+    from stagers.filemanifest import entries_digest, stat_digest
+
+    (tree / "rootfs" / "bin" / "sub" / "deeper").mkdir(parents=True)
+    (tree / "rootfs" / "bin" / "sub" / "deeper" / "x").write_text("x")
+    before = stat_digest(tree)
+    assert before == entries_digest(scan(tree))
+    (tree / "rootfs" / "bin" / "sub" / "deeper" / "x").write_text("y")
+    assert stat_digest(tree) != before
