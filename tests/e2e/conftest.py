@@ -38,13 +38,21 @@ from tests.e2e.components import (
     SigningKey,
     TlsMaterial,
     TokenAuth,
+    e2e_required,
     make_signing_key,
     make_tls,
     require_binary,
     running_registry,
 )
 from tests.e2e.faultproxy import FaultProxy, running_fault_proxy
-from tests.e2e.images import FixtureLayouts, ImageRef, PushSpec, fixture_layouts, push_all
+from tests.e2e.images import (
+    FixtureLayouts,
+    ImageRef,
+    PushSpec,
+    cache_root,
+    fixture_layouts,
+    push_all,
+)
 from tests.e2e.tokenissuer import TokenIssuer, running_token_issuer
 
 __all__ = ["HTPASSWD_PASSWORD", "HTPASSWD_USER", "TOKEN_PASSWORD", "TOKEN_USER",
@@ -56,6 +64,23 @@ TOKEN_SERVICE, TOKEN_ISSUER = "ocistage-test-registry", "ocistage-test-issuer"
 PUBLIC_REPOSITORIES = frozenset({"public/busybox"})
 
 _E2E_DIR = Path(__file__).parent
+
+
+def pytest_report_header() -> list[str]:
+    """Which real components this run uses, so a CI log says what was tested against."""
+    versions = []
+    for argv in (["docker-registry", "--version"], ["skopeo", "--version"],
+                 ["umoci", "--version"], ["runc", "--version"], ["crun", "--version"]):
+        if shutil.which(argv[0]) is None:
+            versions.append(f"{argv[0]}: missing")
+            continue
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=10,
+                                stdin=subprocess.DEVNULL, check=False)
+        first = (result.stdout or result.stderr).strip().splitlines()
+        versions.append(first[0] if first else f"{argv[0]}: ?")
+    required = "required" if e2e_required() else "optional: tests needing a missing one skip"
+    return [f"e2e components [{required}]: " + "; ".join(versions),
+            f"e2e fixture image cache: {cache_root()}"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
