@@ -1,39 +1,73 @@
 """``ocistage bundle``: a pulled image -> a runtime bundle (``rootfs/`` + ``config.json``).
 
-The bundle is built in a scratch directory beside its destination and published by one
-``rename()``: a crash leaves no half bundle at the final path. Each layer blob (already verified
-against its digest by the pull) is decompressed and applied in order; the uncompressed stream is
-hashed on the way and must equal the config's ``diff_id`` for that layer, or the bundle is
-thrown away. ``config.json`` is generated from the image config and validated before it is
-written.
+Layers are unpacked while they download (:mod:`bundler.snapshots`): the pull runs in a thread
+and tells this module when the config is known; every layer is then applied in order, read
+from its growing download, decompressed in a thread of its own, its uncompressed stream hashed
+and compared with the config's ``diff_id``. Nothing is published before the pull verified every
+blob and every diff_id matched.
+
+Where the tree is built depends on how the bundle shares data with the cache:
+
+- a bundle in the cache (no DEST) or with ``link=True`` is made from a *snapshot*
+  (:mod:`cache.snapshots`): the tree of the image's layers, kept in the cache by ChainID. The
+  bundle's ``rootfs/`` is a hard-linked clone of it (new directories, shared file inodes), so
+  a warm bundle costs a ``cp -al`` and an image sharing base layers with a cached one only
+  fetches and unpacks its new layers. A ``link`` bundle at DEST gets ``root.readonly: true``
+  so the container cannot write into the shared files.
+- a bundle at DEST without ``link`` is an independent tree, unpacked straight into a scratch
+  directory beside DEST.
+
+Either way the bundle is built in a scratch directory and published by one ``rename()``: a
+crash leaves no half bundle at the final path. ``config.json`` is generated from the image
+config and validated before it is written.
 
 Without DEST the bundle goes to ``CACHE/bundles/<key>``, keyed by the manifest digest and the
 options that shape the bundle, so asking twice for the same bundle returns the existing one.
+Such a bundle records the manifest it was made from (``cache.inventory.write_bundle_info``, so
+``cache gc`` knows when its image is gone) and its last use (``cache.usage``); the command
+holds a lease on it and on the image while it works, and GCs down to
+``PullOptions.max_size`` at the end.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
 
-from bundler.decompress import open_layer_stream
-from bundler.layers import apply_layer
 from bundler.manifest import Descriptor
 from bundler.pull import PulledImage, PullOptions, PullProgress, pull
 from bundler.reference import ImageSource
 from bundler.runtime_config import ConfigOptions, build_runtime_config, write_runtime_config
+from bundler.snapshots import (
+    AppliedLayers,
+    BlobFollower,
+    PullFailed,
+    StreamRestarted,
+    apply_layers,
+)
+from cache import usage
 from cache.digest import Digest
-from cache.errors import IntegrityError, StoreError, UsageError
-from cache.store import Store, fsync_dir, remove_tree
+from cache.errors import OcistageError, StoreError, UsageError
+from cache.gc import enforce_budget
+from cache.inventory import write_bundle_info
+from cache.leases import InUse
+from cache.snapshots import (
+    chain_ids,
+    find_snapshot,
+    lease_target,
+    link_tree,
+    publish_snapshot,
+)
+from cache.store import Store, fsync_dir, remove_dead_scratch, remove_tree, scratch_name
 
 BUNDLE_FORMAT = 1  # bump when the bundle layout or config generation changes meaning
-CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -42,66 +76,70 @@ class BundleResult:
     image: PulledImage
     reused: bool                      # an identical bundle existed already
     warnings: tuple[str, ...] = ()
-
-
-@dataclass
-class _HashingReader:
-    """Reads through ``raw`` while hashing what was read (the layer's diff_id)."""
-
-    raw: BinaryIO
-    hasher: Any = field(default_factory=hashlib.sha256)
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.raw.read(size)
-        self.hasher.update(data)
-        return data
-
-    def readinto(self, buffer: memoryview) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def drain(self) -> None:
-        while self.read(CHUNK):
-            pass
+    layers_applied: int = 0           # layers unpacked by this call (0: all from snapshots)
+    snapshot: Path | None = None      # the snapshot rootfs the bundle links to, if any
 
 
 def bundle_key(image: PulledImage, options: ConfigOptions) -> str:
     """The cache key of a bundle: manifest digest plus every option that changes the result."""
-    shape = {"format": BUNDLE_FORMAT, "manifest": str(image.manifest.digest),
+    return _bundle_key(image.manifest.digest, options)
+
+
+def _bundle_key(manifest_digest: Digest, options: ConfigOptions) -> str:
+    shape = {"format": BUNDLE_FORMAT, "manifest": str(manifest_digest),
              "options": asdict(options)}
     return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def apply_image_layers(store: Store, layers: tuple[Descriptor, ...],
-                       diff_ids: tuple[Digest, ...], rootfs: Path,
-                       on_layer: Callable[[int, Descriptor], None] | None = None) -> list[str]:
-    """Apply each layer blob onto ``rootfs`` in order, verifying every diff_id."""
-    warnings: list[str] = []
-    for n, (layer, diff_id) in enumerate(zip(layers, diff_ids, strict=True), start=1):
-        if on_layer is not None:
-            on_layer(n, layer)
-        with store.open_blob(layer.digest) as blob:
-            reader = _HashingReader(open_layer_stream(blob, layer.media_type))
-            report = apply_layer(reader, rootfs)  # type: ignore[arg-type]
-            reader.drain()
-        actual = reader.hasher.hexdigest()
-        if actual != diff_id.hex:
-            raise IntegrityError(
-                f"layer {n} ({layer.digest.short}) unpacks to sha256:{actual}, but the image "
-                f"config says its diff_id is {diff_id}")
-        warnings.extend(f"layer {n}: {w}" for w in report.warnings)
-    return warnings
-
-
 def _scratch_beside(dest: Path) -> Path:
-    scratch = dest.parent / f".{dest.name}.ocistage-{os.getpid()}-{os.urandom(4).hex()}"
+    remove_dead_scratch(dest.parent, dest.name)  # left by a build that was killed
+    scratch = dest.parent / scratch_name(dest.name)
     try:
         scratch.mkdir(mode=0o700)
     except OSError as exc:
         raise StoreError(f"cannot create {scratch}: {exc.strerror}",
                          "check that the destination's parent exists and is writable") from exc
     return scratch
+
+
+class _PullThread:
+    """``pull()`` running beside the unpacking, reporting to a :class:`BlobFollower`."""
+
+    def __init__(self, source: ImageSource, store: Store, options: PullOptions,
+                 progress: PullProgress | None, in_use: InUse) -> None:
+        self.follower = BlobFollower(store)
+        self._image: PulledImage | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(source, store, options, progress, in_use),
+            name="pull", daemon=True)
+        self._thread.start()
+
+    def _run(self, source: ImageSource, store: Store, options: PullOptions,
+             progress: PullProgress | None, in_use: InUse) -> None:
+        try:
+            self._image = pull(source, store, options, progress, in_use=in_use,
+                               observer=self.follower)
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self.follower.stop()
+
+    def result(self) -> PulledImage:
+        """The pulled image once every blob is verified and stored; the pull's error if not."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._image is not None
+        return self._image
+
+    def config(self) -> tuple[Digest, tuple[Descriptor, ...], tuple[Digest, ...], bytes]:
+        try:
+            manifest_digest, config, layers = self.follower.wait_config()
+        except PullFailed:
+            self.result()  # raises the pull's own error
+            raise
+        return manifest_digest, layers, config.diff_ids, config.raw
 
 
 def make_bundle(
@@ -113,31 +151,81 @@ def make_bundle(
     config_options: ConfigOptions | None = None,
     progress: PullProgress | None = None,
     on_layer: Callable[[int, Descriptor], None] | None = None,
+    link: bool = False,
 ) -> BundleResult:
-    """Pull ``source`` (reusing the cache) and make a bundle at ``dest`` or in the cache."""
-    config_options = config_options or ConfigOptions()
-    image = pull(source, store, pull_options, progress)
+    """Pull ``source`` (reusing the cache) and make a bundle at ``dest`` or in the cache.
+
+    ``link``: make ``dest`` from a cached snapshot by hard links, with a read-only root (see
+    the module docstring); ignored without ``dest`` (cached bundles always link).
+    ``on_layer(n, descriptor)`` is called before layer ``n`` is unpacked.
+    """
+    pull_options = pull_options or PullOptions()
+    with InUse(store.root) as in_use:
+        result = _make_bundle(source, store, dest, in_use,
+                              dataclasses.replace(pull_options, max_size=None),
+                              config_options or ConfigOptions(), progress, on_layer, link)
+        if pull_options.max_size is not None:
+            warnings = enforce_budget(store, pull_options.max_size, in_use.targets)
+            result = dataclasses.replace(result, warnings=result.warnings + warnings)
+    return result
+
+
+def _make_bundle(source: ImageSource, store: Store, dest: Path | None, in_use: InUse,
+                 pull_options: PullOptions, config_options: ConfigOptions,
+                 progress: PullProgress | None,
+                 on_layer: Callable[[int, Descriptor], None] | None,
+                 link: bool) -> BundleResult:
+    puller = _PullThread(source, store, pull_options, progress, in_use)
+    try:
+        return _build(puller, store, dest, in_use, config_options, on_layer, link)
+    except Exception:
+        with contextlib.suppress(BaseException):
+            puller.result()  # let the downloads finish into the cache; report our error
+        raise
+
+
+def _build(puller: _PullThread, store: Store, dest: Path | None, in_use: InUse,
+           config_options: ConfigOptions, on_layer: Callable[[int, Descriptor], None] | None,
+           link: bool) -> BundleResult:
+    manifest_digest, layers, diff_ids, raw_config = puller.config()
+    key = None
     if dest is None:
-        dest = store.root / "bundles" / bundle_key(image, config_options)
+        key = _bundle_key(manifest_digest, config_options)
+        in_use.protect([f"bundle:{key}"])
+        dest = store.root / "bundles" / key
         if (dest / "config.json").is_file():
+            image = puller.result()
+            usage.touch(store.root, "bundle", key)
             return BundleResult(dest, image, reused=True, warnings=image.warnings)
         dest.parent.mkdir(parents=True, exist_ok=True)
+        link = True
     else:
         dest = dest.absolute()
         dest.parent.mkdir(parents=True, exist_ok=True)
         if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
             raise UsageError(f"{dest} exists and is not an empty directory",
                              "choose a new destination, or remove it first")
-    scratch = _scratch_beside(dest)
+        if link:
+            config_options = dataclasses.replace(config_options, readonly=True)
+    snapshot: Path | None = None
+    scratch = None
     try:
-        rootfs = scratch / "rootfs"
-        rootfs.mkdir(mode=0o755)
-        warnings = apply_image_layers(store, image.layers, image.config.diff_ids, rootfs,
-                                      on_layer)
-        config = build_runtime_config(json.loads(image.config.raw), rootfs, config_options)
+        if link:
+            snapshot, applied = _snapshot(puller, store, in_use, layers, diff_ids, on_layer)
+            scratch = _scratch_beside(dest)
+            rootfs = scratch / "rootfs"
+            link_tree(snapshot, rootfs)
+        else:
+            scratch = _scratch_beside(dest)
+            rootfs = scratch / "rootfs"
+            applied = _unpack(puller, store, layers, diff_ids, rootfs, on_layer)
+        image = puller.result()  # every blob verified before anything is published
+        config = build_runtime_config(json.loads(raw_config), rootfs, config_options)
         write_runtime_config(scratch, config)
+        if key is not None:
+            write_bundle_info(scratch, image.manifest.digest, image.name)
         os.chmod(scratch, 0o755)
-        if dest.is_dir():
+        if key is None and dest.is_dir():
             dest.rmdir()  # an empty directory the user made for us
         try:
             os.rename(scratch, dest)
@@ -145,12 +233,77 @@ def make_bundle(
             if dest.exists() and (dest / "config.json").is_file():
                 # another process published the same cached bundle first; use theirs
                 remove_tree(scratch)
+                if key is not None:
+                    usage.touch(store.root, "bundle", key)
                 return BundleResult(dest, image, reused=True, warnings=image.warnings)
             raise StoreError(f"cannot publish the bundle at {dest}: {exc.strerror}") from exc
         fsync_dir(dest.parent)
     except BaseException:
-        with contextlib.suppress(OSError):
-            remove_tree(scratch)
+        if scratch is not None:
+            with contextlib.suppress(OSError):
+                remove_tree(scratch)
         raise
-    return BundleResult(dest, image, reused=False,
-                        warnings=image.warnings + tuple(warnings))
+    if key is not None:
+        usage.touch(store.root, "bundle", key)
+    return BundleResult(dest, image, reused=False, warnings=image.warnings + applied.warnings,
+                        layers_applied=applied.layers, snapshot=snapshot)
+
+
+def _unpack(puller: _PullThread, store: Store, layers: tuple[Descriptor, ...],
+            diff_ids: tuple[Digest, ...], rootfs: Path,
+            on_layer: Callable[[int, Descriptor], None] | None, *, first: int = 1,
+            base: Path | None = None) -> AppliedLayers:
+    """Apply ``layers`` onto a new ``rootfs`` (empty, or a linked clone of ``base``) while
+    they download; if a download had to start over, again from the verified blobs."""
+
+    def prepare() -> None:
+        if base is not None:
+            link_tree(base, rootfs)  # applying layers never writes into linked files
+        else:
+            rootfs.mkdir(mode=0o755)
+
+    prepare()
+    try:
+        return apply_layers(puller.follower.open, layers, diff_ids, rootfs, first=first,
+                            on_layer=on_layer)
+    except (StreamRestarted, OcistageError):
+        # Bytes that fail to unpack may be a bad download that the pull is retrying: the
+        # pull's verdict comes first, and a layer whose download started over is unpacked
+        # again from its verified blob.
+        puller.result()
+        if not puller.follower.discarded():
+            raise
+        remove_tree(rootfs)
+        prepare()
+        return apply_layers(store.open_blob, layers, diff_ids, rootfs, first=first,
+                            on_layer=on_layer)
+
+
+def _snapshot(puller: _PullThread, store: Store, in_use: InUse, layers: tuple[Descriptor, ...],
+              diff_ids: tuple[Digest, ...],
+              on_layer: Callable[[int, Descriptor], None] | None) -> tuple[Path, AppliedLayers]:
+    """The snapshot of all ``layers``: cached, or built on the longest cached prefix."""
+    chain = chain_ids(diff_ids)
+    in_use.protect([lease_target(c) for c in chain])
+    base: Path | None = None
+    cached = 0
+    for depth in range(len(chain), 0, -1):
+        base = find_snapshot(store, chain[depth - 1])
+        if base is not None:
+            cached = depth
+            break
+    if base is not None and cached == len(chain):
+        return base, AppliedLayers(0, 0, ())
+    work = store.temp_dir("snapshot")
+    try:
+        applied = _unpack(puller, store, layers[cached:], diff_ids[cached:], work / "rootfs",
+                          on_layer, first=cached + 1, base=base)
+        puller.result()  # every blob verified before the snapshot is published
+        published = publish_snapshot(store, work, chain[-1], diff_ids, applied.entries)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            store.remove_temp_dir(work)
+        raise
+    with contextlib.suppress(OSError):
+        (work.parent / f"{work.name}.owner").unlink()
+    return published, applied

@@ -10,10 +10,16 @@ The order of events is what keeps the cache consistent whatever happens:
    ``index.json``.
 
 A crash before step 4 leaves verified blobs and partial downloads, which the next pull reuses.
+
+Before step 3 the pull records a lease (:class:`cache.leases.InUse`) on the ref and every blob
+it is about to use, so a concurrent ``cache gc`` cannot take them; afterwards it records the
+image's last use (:mod:`cache.usage`) and, with ``PullOptions.max_size``, GCs the cache down to
+that budget without touching what it uses.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -34,9 +40,12 @@ from bundler.platform import Platform, host_platform
 from bundler.reference import ImageSource
 from bundler.registry import FetchedManifest, RegistryConfig
 from bundler.sources import ImageProvider, open_provider
+from cache import usage
 from cache.digest import Digest
 from cache.errors import IntegrityError, SchemaError, UnsupportedManifest
-from cache.store import Store
+from cache.gc import enforce_budget
+from cache.leases import InUse
+from cache.store import Ingest, Store
 
 ANNOTATION_RESOLVED = "io.ocistage.resolved"
 ANNOTATION_INDEX = "io.ocistage.index-digest"
@@ -54,11 +63,39 @@ class PullProgress(Protocol):
     def blob_finished(self, digest: Digest, reused: bool) -> None: ...
 
 
+class BlobSink(Protocol):
+    """Where a provider writes a blob (a :class:`cache.store.Ingest`, or a tee in front of it)."""
+
+    @property
+    def offset(self) -> int: ...
+
+    def write(self, chunk: bytes) -> None: ...
+
+    def restart(self) -> None: ...
+
+
+class PullObserver(Protocol):
+    """Follows a pull as it happens, so that layers can be unpacked while they download.
+
+    ``config_ready`` is called once the config is verified, before any layer is fetched;
+    ``sink`` wraps the ingest of each layer being downloaded; ``finished`` says that a blob is
+    in the store (``ok``) or that the bytes written so far were discarded (not ``ok``).
+    """
+
+    def config_ready(self, manifest_digest: Digest, config: ImageConfig,
+                     layers: tuple[Descriptor, ...]) -> None: ...
+
+    def sink(self, digest: Digest, ingest: Ingest) -> BlobSink: ...
+
+    def finished(self, digest: Digest, ok: bool) -> None: ...
+
+
 @dataclass(frozen=True)
 class PullOptions:
     platform: Platform | None = None  # None: the host's
     jobs: int = DEFAULT_JOBS
     registry: RegistryConfig = field(default_factory=RegistryConfig)
+    max_size: int | None = None  # cache budget (bytes) enforced after the pull
 
 
 @dataclass(frozen=True)
@@ -147,7 +184,8 @@ class BlobCounter:
 
 
 def fetch_blob(provider: ImageProvider, store: Store, descriptor: Descriptor, label: str,
-               progress: PullProgress | None, counter: BlobCounter) -> None:
+               progress: PullProgress | None, counter: BlobCounter,
+               observer: PullObserver | None = None) -> None:
     """Fetch one blob into the store unless it is there; retry once from scratch if corrupt."""
     digest = descriptor.digest
     for attempt in (1, 2):
@@ -156,6 +194,8 @@ def fetch_blob(provider: ImageProvider, store: Store, descriptor: Descriptor, la
                 counter.reuse()
                 if progress is not None:
                     progress.blob_finished(digest, reused=True)
+                if observer is not None:
+                    observer.finished(digest, ok=True)
                 return
             if progress is not None:
                 progress.blob_started(digest, descriptor.size, label, ingest.offset)
@@ -165,16 +205,25 @@ def fetch_blob(provider: ImageProvider, store: Store, descriptor: Descriptor, la
                 if progress is not None:
                     progress.blob_advanced(digest, n)
 
-            provider.fetch_blob(digest, descriptor.size, ingest, progress=advanced,
-                                urls=descriptor.urls)
+            sink: BlobSink = ingest if observer is None else observer.sink(digest, ingest)
             try:
+                provider.fetch_blob(digest, descriptor.size, sink, progress=advanced,
+                                    urls=descriptor.urls)
                 ingest.commit()
             except IntegrityError:
+                if observer is not None:
+                    observer.finished(digest, ok=False)
                 if attempt == 2:
                     raise
                 continue  # commit() discarded the bad bytes; download once more
+            except BaseException:
+                if observer is not None:
+                    observer.finished(digest, ok=False)
+                raise
             if progress is not None:
                 progress.blob_finished(digest, reused=False)
+            if observer is not None:
+                observer.finished(digest, ok=True)
             return
 
 
@@ -195,60 +244,87 @@ def _descriptor_json(descriptor: Descriptor, annotations: dict[str, str],
 def pull(source: ImageSource, store: Store, options: PullOptions | None = None,
          progress: PullProgress | None = None,
          provider_factory: Callable[[ImageSource, RegistryConfig], ImageProvider] = open_provider,
-         ) -> PulledImage:
-    """Fetch ``source`` into ``store`` and record it under :func:`ref_name`; see module doc."""
+         in_use: InUse | None = None, observer: PullObserver | None = None) -> PulledImage:
+    """Fetch ``source`` into ``store`` and record it under :func:`ref_name`; see module doc.
+
+    ``in_use``: the caller's lease, extended with what this pull uses (default: a lease of
+    this pull's own, ended when it returns). ``observer``: see :class:`PullObserver`.
+    """
     options = options or PullOptions()
     wanted = (options.platform or host_platform()).normalized()
     provider = provider_factory(source, options.registry)
     counter = BlobCounter()
+    lease = in_use if in_use is not None else InUse(store.root)
     try:
-        resolved = resolve(provider, wanted, explicit=options.platform is not None)
-        manifest = resolved.manifest
-        config_descriptor = manifest.config
-        fetch_blob(provider, store, config_descriptor, "config", progress, counter)
-        config = parse_image_config(store.read_blob(config_descriptor.digest))
-        if len(config.diff_ids) != len(manifest.layers):
-            raise SchemaError(
-                f"{provider.name}: the manifest has {len(manifest.layers)} layers but the "
-                f"config lists {len(config.diff_ids)} diff_ids",
-                "the image is malformed; rebuild or re-push it")
-        platform, warnings = _check_platform(config, wanted, options.platform is not None,
-                                             provider.name)
-        jobs = max(1, options.jobs)
-        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="pull") as pool:
-            futures = [
-                pool.submit(fetch_blob, provider, store, layer,
-                            f"layer {n}/{len(manifest.layers)}", progress, counter)
-                for n, layer in enumerate(manifest.layers, start=1)
-            ]
-            for future in futures:
-                future.result()
-        store.put_blob(resolved.manifest_fetched.data, resolved.manifest_fetched.digest)
-        if resolved.index_fetched is not None:
-            store.put_blob(resolved.index_fetched.data, resolved.index_fetched.digest)
-        descriptor = Descriptor(media_type=manifest.media_type,
-                                digest=resolved.manifest_fetched.digest,
-                                size=len(resolved.manifest_fetched.data))
-        annotations = {
-            ANNOTATION_RESOLVED: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            ANNOTATION_SOURCE: str(source),
-        }
-        if resolved.index_fetched is not None:
-            annotations[ANNOTATION_INDEX] = str(resolved.index_fetched.digest)
-        name = ref_name(source)
-        store.tag(name, _descriptor_json(descriptor, annotations, platform))
-        return PulledImage(
-            name=name,
-            source=str(source),
-            manifest=descriptor,
-            index_digest=resolved.index_fetched.digest if resolved.index_fetched else None,
-            platform=platform,
-            config=config,
-            config_digest=config_descriptor.digest,
-            layers=manifest.layers,
-            fetched_bytes=counter.fetched,
-            reused_blobs=counter.reused,
-            warnings=tuple(warnings) + resolved.warnings,
-        )
+        image = _pull(source, store, options, progress, provider, counter, wanted, lease,
+                      observer)
+        usage.touch(store.root, "image", image.manifest.digest.hex)
+        if options.max_size is not None:
+            warnings = enforce_budget(store, options.max_size, lease.targets)
+            image = dataclasses.replace(image, warnings=image.warnings + warnings)
+        return image
     finally:
         provider.close()
+        if in_use is None:
+            lease.release()
+
+
+def _pull(source: ImageSource, store: Store, options: PullOptions,
+          progress: PullProgress | None, provider: ImageProvider, counter: BlobCounter,
+          wanted: Platform, in_use: InUse,
+          observer: PullObserver | None = None) -> PulledImage:
+    resolved = resolve(provider, wanted, explicit=options.platform is not None)
+    manifest = resolved.manifest
+    config_descriptor = manifest.config
+    used = [resolved.manifest_fetched.digest, config_descriptor.digest,
+            *(layer.digest for layer in manifest.layers)]
+    if resolved.index_fetched is not None:
+        used.append(resolved.index_fetched.digest)
+    in_use.protect([f"image:{ref_name(source)}", *(f"blob:{d}" for d in used)])
+    fetch_blob(provider, store, config_descriptor, "config", progress, counter)
+    config = parse_image_config(store.read_blob(config_descriptor.digest))
+    if len(config.diff_ids) != len(manifest.layers):
+        raise SchemaError(
+            f"{provider.name}: the manifest has {len(manifest.layers)} layers but the "
+            f"config lists {len(config.diff_ids)} diff_ids",
+            "the image is malformed; rebuild or re-push it")
+    platform, warnings = _check_platform(config, wanted, options.platform is not None,
+                                         provider.name)
+    if observer is not None:
+        observer.config_ready(resolved.manifest_fetched.digest, config, manifest.layers)
+    jobs = max(1, options.jobs)
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="pull") as pool:
+        futures = [
+            pool.submit(fetch_blob, provider, store, layer,
+                        f"layer {n}/{len(manifest.layers)}", progress, counter, observer)
+            for n, layer in enumerate(manifest.layers, start=1)
+        ]
+        for future in futures:
+            future.result()
+    store.put_blob(resolved.manifest_fetched.data, resolved.manifest_fetched.digest)
+    if resolved.index_fetched is not None:
+        store.put_blob(resolved.index_fetched.data, resolved.index_fetched.digest)
+    descriptor = Descriptor(media_type=manifest.media_type,
+                            digest=resolved.manifest_fetched.digest,
+                            size=len(resolved.manifest_fetched.data))
+    annotations = {
+        ANNOTATION_RESOLVED: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        ANNOTATION_SOURCE: str(source),
+    }
+    if resolved.index_fetched is not None:
+        annotations[ANNOTATION_INDEX] = str(resolved.index_fetched.digest)
+    name = ref_name(source)
+    store.tag(name, _descriptor_json(descriptor, annotations, platform))
+    return PulledImage(
+        name=name,
+        source=str(source),
+        manifest=descriptor,
+        index_digest=resolved.index_fetched.digest if resolved.index_fetched else None,
+        platform=platform,
+        config=config,
+        config_digest=config_descriptor.digest,
+        layers=manifest.layers,
+        fetched_bytes=counter.fetched,
+        reused_blobs=counter.reused,
+        warnings=tuple(warnings) + resolved.warnings,
+    )

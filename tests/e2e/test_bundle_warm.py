@@ -1,0 +1,137 @@
+"""Streamed, snapshot-backed bundles against the real registry and the fault proxy.
+
+- warm bundles (from snapshots, by hard links) hold the same tree as cold ones;
+- an image sharing base layers with a cached one fetches and unpacks only its new layers;
+- kill -9 in the middle of a streamed bundle publishes nothing, and the rerun completes;
+- a corrupt download that is being unpacked is retried or refused, never published.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from bundler.bundle import BundleResult, make_bundle
+from bundler.reference import parse_reference
+from cache.errors import IntegrityError, LayerError
+from cache.snapshots import list_snapshots
+from cache.store import Store
+from tests.bundler.tarbuilder import Node, snapshot
+from tests.e2e.conftest import OcistageRunner
+from tests.e2e.faultproxy import Fault, FaultProxy
+from tests.e2e.images import ImageRef
+
+
+def tree(rootfs: Path) -> dict[str, Node]:
+    """The tree, ignoring hardlink "groups" of one name (linked files share their inode
+    with the snapshot, outside the tree)."""
+    return {name: node[:5] if len(node) == 6 and len(node[5]) == 1 else node  # type: ignore[arg-type]
+            for name, node in snapshot(rootfs).items()}
+
+
+def bundle(ref: str, cache: Path, dest: Path | None, link: bool = False) -> BundleResult:
+    return make_bundle(parse_reference(ref), Store.open(cache), dest, link=link)
+
+
+def test_warm_bundles_hold_the_same_tree_as_cold_ones(images: dict[str, ImageRef],
+                                                      ocistage: OcistageRunner,
+                                                      tmp_path: Path) -> None:
+    image = images["multilayer"]
+    cold = ocistage("bundle", image.ref, str(tmp_path / "cold"), check=True)
+    expected = tree(Path(cold.stdout.strip()) / "rootfs")
+    cached = json.loads(ocistage("bundle", "--json", image.ref, check=True).stdout)
+    assert cached["reused"] is False
+    assert tree(Path(cached["path"]) / "rootfs") == expected
+    warm = bundle(image.ref, ocistage.cache, tmp_path / "warm", link=True)
+    assert warm.layers_applied == 0  # everything came from the snapshot
+    assert tree(warm.path / "rootfs") == expected
+    config = json.loads((warm.path / "config.json").read_text())
+    assert config["root"]["readonly"] is True  # the files are shared with the cache
+    [snap] = list_snapshots(Store.open(ocistage.cache))
+    assert (warm.path / "rootfs/etc/passwd").stat().st_ino == \
+        (snap.rootfs / "etc/passwd").stat().st_ino
+
+
+def test_shared_base_layers_are_fetched_and_unpacked_once(images: dict[str, ImageRef],
+                                                          fault_proxy: FaultProxy,
+                                                          tmp_path: Path) -> None:
+    base, derived = images["busybox"], images["multilayer"]
+    shared = len(base.layer_digests)
+    assert derived.layer_digests[:shared] == base.layer_digests
+    cache = tmp_path / "cache"
+    first = bundle(base.via(fault_proxy.host), cache, None)
+    assert first.layers_applied == shared
+    before = len(fault_proxy.requests)
+    second = bundle(derived.via(fault_proxy.host), cache, None)
+    fetched = [r.path.rsplit("/", 1)[-1] for r in fault_proxy.requests[before:]
+               if r.method == "GET" and "/blobs/" in r.path]
+    assert sorted(d for d in fetched if d in derived.layer_digests) == \
+        sorted(derived.layer_digests[shared:])
+    assert second.layers_applied == len(derived.layer_digests) - shared
+    reference = bundle(derived.ref, tmp_path / "fresh", tmp_path / "reference")
+    assert reference.layers_applied == len(derived.layer_digests)
+    assert tree(second.path / "rootfs") == tree(reference.path / "rootfs")
+
+
+def test_kill_9_during_a_streamed_bundle_publishes_nothing(images: dict[str, ImageRef],
+                                                           ocistage: OcistageRunner,
+                                                           fault_proxy: FaultProxy,
+                                                           tmp_path: Path) -> None:
+    image = images["multilayer"]
+    layer = image.layer_digests[0]  # busybox's layer: bin/busybox comes first
+    fault_proxy.add(Fault(rf"/blobs/{layer}", "stall", after_bytes=300_000))
+    child = subprocess.Popen([*ocistage.command, "bundle", image.via(fault_proxy.host)],
+                             env=ocistage.environment(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, start_new_session=True)
+    scratch_bin = ocistage.cache / "tmp"
+    deadline = time.monotonic() + 60
+    # unpacking starts while the layer is still downloading (the download is stalled)
+    while not list(scratch_bin.glob("snapshot-*/rootfs/bin")):
+        assert time.monotonic() < deadline, "unpacking never started during the download"
+        assert child.poll() is None, child.communicate()
+        time.sleep(0.05)
+    assert (ocistage.cache / "ingest" / f"{layer[7:]}.partial").exists()
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    store = Store.open(ocistage.cache)  # cleans the dead process's scratch
+    assert list_snapshots(store) == []
+    bundles = ocistage.cache / "bundles"
+    assert not bundles.exists() or not [p for p in bundles.iterdir()
+                                        if (p / "config.json").exists()]
+    assert not list((ocistage.cache / "tmp").iterdir())
+    assert not (ocistage.cache / "blobs/sha256" / layer[7:]).exists()
+    fault_proxy.clear()
+    rerun = json.loads(ocistage("bundle", "--json", image.via(fault_proxy.host),
+                                check=True).stdout)
+    reference = bundle(image.ref, tmp_path / "fresh", tmp_path / "reference")
+    assert tree(Path(rerun["path"]) / "rootfs") == tree(reference.path / "rootfs")
+
+
+def test_corrupt_download_being_unpacked_is_retried_or_refused(images: dict[str, ImageRef],
+                                                               fault_proxy: FaultProxy,
+                                                               tmp_path: Path) -> None:
+    image = images["multilayer"]
+    layer = image.layer_digests[0]
+    # one corrupt transfer: the streamed unpack sees bad bytes, the pull refetches the blob,
+    # and the layer is unpacked again from the verified blob
+    fault_proxy.add(Fault(rf"/blobs/{layer}", "flip", after_bytes=150_000, times=1))
+    good = bundle(image.via(fault_proxy.host), tmp_path / "cache", tmp_path / "good")
+    reference = bundle(image.ref, tmp_path / "fresh", tmp_path / "reference")
+    assert tree(good.path / "rootfs") == tree(reference.path / "rootfs")
+    # always corrupt: refused, nothing published
+    fault_proxy.add(Fault(rf"/blobs/{layer}", "flip", after_bytes=150_000, times=100))
+    cache = tmp_path / "cache-bad"
+    for dest in (tmp_path / "bad", None):
+        try:
+            bundle(image.via(fault_proxy.host), cache, dest, link=dest is None)
+        except (IntegrityError, LayerError) as exc:
+            assert "digest" in str(exc) or "corrupt" in str(exc)
+        else:
+            raise AssertionError("a corrupt layer was accepted")
+    assert not (tmp_path / "bad").exists()
+    assert list_snapshots(Store.open(cache)) == []
+    assert not list((cache / "tmp").iterdir())
