@@ -1,0 +1,353 @@
+"""A cache a whole cluster can share, end to end: `kill -9` at chosen moments of real
+`ocistage pull`/`bundle` processes, 8 concurrent bundlers through the fault proxy, GC beside a
+running `runc` container, `cache verify` against a flipped byte, and the cache read by skopeo
+and umoci as an OCI layout after GC."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from cache import leases
+from cache.locks import _process_start_time
+from tests.bundler.tarbuilder import Node, snapshot
+from tests.e2e.components import require_binary
+from tests.e2e.conftest import OcistageRunner
+from tests.e2e.faultproxy import Fault, FaultProxy
+from tests.e2e.images import ImageRef
+
+# Runs the CLI with one function replaced by "mark that we got here, then hang", so that the
+# test can kill -9 the real process at exactly that point.
+PAUSING_CLI = textwrap.dedent("""
+    import importlib, sys, time
+    module_name, attribute, flag, when, *argv = sys.argv[1:]
+    module = importlib.import_module(module_name)
+    owner_name, _, name = attribute.rpartition(".")
+    owner = getattr(module, owner_name) if owner_name else module
+    original = getattr(owner, name)
+    after, _, count = when.partition(":")  # "before" or "after:N" (the Nth call)
+    calls = []
+
+    def paused(*args, **kwargs):
+        calls.append(1)
+        if after == "after":
+            result = original(*args, **kwargs)
+            if len(calls) == int(count or 1):
+                open(flag, "w").close()
+                time.sleep(3600)
+            return result
+        open(flag, "w").close()
+        time.sleep(3600)
+
+    setattr(owner, name, paused)
+    sys.argv = ["ocistage", *argv]
+    from bundler.cli import main
+    main()
+""")
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}", pytrace=False)
+        time.sleep(0.05)
+
+
+def spawn(ocistage: OcistageRunner, argv: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(argv, env=ocistage.environment(), cwd=ocistage.cwd,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def kill_9(process: subprocess.Popen[str]) -> None:
+    os.kill(process.pid, signal.SIGKILL)
+    process.communicate(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+
+
+def assert_cache_clean(ocistage: OcistageRunner) -> None:
+    """verify finds nothing; after a gc no leftovers and no leases remain."""
+    verify = ocistage("cache", "verify", check=True)
+    assert verify.stdout.strip().endswith(": ok"), verify.stdout
+    ocistage("cache", "gc", check=True)
+    cache = ocistage.cache
+    assert list((cache / "tmp").iterdir()) == []
+    assert list((cache / "ingest").iterdir()) == []
+    assert [p for p in (cache / "bundles").iterdir() if p.name.startswith(".")] == []
+    assert not (cache / "leases").exists() or list((cache / "leases").iterdir()) == []
+
+
+def bundle_json(ocistage: OcistageRunner, ref: str, *extra: str) -> dict[str, object]:
+    result = ocistage("bundle", "--json", *extra, ref, check=True)
+    value = json.loads(result.stdout)
+    assert isinstance(value, dict)
+    return value
+
+
+# -- kill -9 at chosen moments -------------------------------------------------------------------
+
+def test_kill_9_during_a_blob_download(images: dict[str, ImageRef], ocistage: OcistageRunner,
+                                       fault_proxy: FaultProxy) -> None:
+    image = images["multilayer"]
+    big = max(range(len(image.layer_digests)), key=lambda n: layer_size(image, n))
+    digest = image.layer_digests[big]
+    assert layer_size(image, big) > 300_000
+    fault_proxy.add(Fault(f"/blobs/{digest}", "stall", after_bytes=200_000))
+    ref = image.via(fault_proxy.host)
+    child = spawn(ocistage, [*ocistage.command, "bundle", "-q", ref])
+    partial = ocistage.cache / "ingest" / f"{digest.removeprefix('sha256:')}.partial"
+    wait_for(lambda: partial.exists() and partial.stat().st_size >= 64 << 10,
+             "the stalled download to reach the disk")
+    kill_9(child)
+    fault_proxy.release_stalled()
+    assert not (ocistage.cache / "blobs" / "sha256" / digest.removeprefix("sha256:")).exists()
+    made = bundle_json(ocistage, ref)
+    assert made["reused"] is False
+    resumed = [r for r in fault_proxy.requests if r.path.endswith(digest)][-1]
+    assert resumed.headers.get("Range", "").startswith("bytes=")  # resumed, not restarted
+    assert (Path(str(made["path"])) / "rootfs" / "bin" / "busybox").is_file()
+    assert_cache_clean(ocistage)
+
+
+def layer_size(image: ImageRef, n: int) -> int:
+    blob = image.layout / "blobs" / "sha256" / image.layer_digests[n].removeprefix("sha256:")
+    return blob.stat().st_size
+
+
+KILL_POINTS = {
+    # module, attribute, when ("before" the call, or "after:N" the Nth call), command
+    "during-layer-extraction": ("bundler.snapshots", "apply_layer", "after:1", "bundle"),
+    "snapshot-built-not-published": ("bundler.bundle", "publish_snapshot", "before", "bundle"),
+    "bundle-renamed-not-synced": ("bundler.bundle", "fsync_dir", "before", "bundle"),
+    "blobs-published-ref-not-tagged": ("cache.store", "Store.tag", "before", "pull"),
+}
+
+
+@pytest.mark.parametrize("point", sorted(KILL_POINTS))
+def test_kill_9_at_a_chosen_point_then_rerun_completes(
+        images: dict[str, ImageRef], ocistage: OcistageRunner, tmp_path: Path,
+        point: str) -> None:
+    module, attribute, when, command = KILL_POINTS[point]
+    image = images["multilayer"]
+    flag = tmp_path / "reached"
+    child = spawn(ocistage, [sys.executable, "-c", PAUSING_CLI, module, attribute, str(flag),
+                             when, command, "-q", image.ref])
+    wait_for(lambda: flag.exists() or child.poll() is not None, f"{point} to be reached")
+    assert child.poll() is None, child.communicate()
+    kill_9(child)
+    # the dead process's lease is still on disk: it must not protect anything
+    holders = [lease.holder for lease in leases.all_leases(ocistage.cache)]
+    assert all(h.kind == "pid" and h.pid == child.pid for h in holders)
+    if command == "pull":
+        assert ocistage("pull", "-q", image.ref, check=True).stdout.strip() == image.digest
+        made = bundle_json(ocistage, image.ref)
+    else:
+        made = bundle_json(ocistage, image.ref)
+    rootfs = Path(str(made["path"])) / "rootfs"
+    assert (rootfs / "bin" / "busybox").is_file()
+    assert_cache_clean(ocistage)
+    assert bundle_json(ocistage, image.ref)["path"] == made["path"]  # still cached after gc
+
+
+def tree(root: Path) -> dict[str, Node]:
+    """The tree's entries; a cached bundle's files are also linked from the snapshot it was
+    made from, so a "hardlink group" of one name (links outside the tree) is dropped."""
+    return {name: node if len(node) < 6 or len(node[5]) > 1 else node[:5]  # type: ignore[arg-type]
+            for name, node in snapshot(root, dir_mtimes=False).items()}
+
+
+# -- many bundlers, one cache ------------------------------------------------------------------
+
+def test_eight_concurrent_bundlers_download_each_blob_once(
+        images: dict[str, ImageRef], ocistage: OcistageRunner, fault_proxy: FaultProxy,
+        tmp_path: Path) -> None:
+    image = images["multilayer"]
+    ref = image.via(fault_proxy.host)
+    dests = [None, None, None, None, tmp_path / "d1", tmp_path / "d2", tmp_path / "d3",
+             tmp_path / "d4"]
+    children = [spawn(ocistage, [*ocistage.command, "bundle", "-q", ref,
+                                 *([str(d)] if d else [])]) for d in dests]
+    outputs = [child.communicate(timeout=240) for child in children]
+    for child, (_, err) in zip(children, outputs, strict=True):
+        assert child.returncode == 0, err
+    paths = [Path(out.strip()) for out, _ in outputs]
+    assert len(set(paths[:4])) == 1 and paths[4:] == dests[4:]
+    counts = fault_proxy.counts()
+    for digest in (*image.layer_digests, image.config_digest):
+        assert counts.get(f"/v2/{image.repository}/blobs/{digest}") == 1, (digest, counts)
+    cached = tree(paths[0] / "rootfs")
+    for dest in paths[4:]:
+        assert tree(dest / "rootfs") == cached
+    assert json.loads((paths[4] / "config.json").read_text())["process"] == json.loads(
+        (paths[0] / "config.json").read_text())["process"]
+    assert_cache_clean(ocistage)
+
+
+# -- GC beside a running container ----------------------------------------------------------------
+
+@pytest.fixture
+def runc_root(tmp_path: Path) -> Iterator[Path]:
+    require_binary("runc")
+    root = tmp_path / "runc-state"
+    yield root
+    listed = subprocess.run(["runc", "--root", str(root), "list", "-q"], capture_output=True,
+                            text=True)
+    for container in listed.stdout.split():
+        subprocess.run(["runc", "--root", str(root), "delete", "-f", container],
+                       capture_output=True)
+
+
+def runc_state(root: Path, container: str) -> str:
+    result = subprocess.run(["runc", "--root", str(root), "state", container],
+                            capture_output=True, text=True)
+    return str(json.loads(result.stdout)["status"]) if result.returncode == 0 else "gone"
+
+
+@pytest.mark.parametrize("holder_kind", ["pid", "pin"])
+def test_gc_never_removes_a_leased_bundle_that_runc_runs(
+        images: dict[str, ImageRef], ocistage: OcistageRunner, runc_root: Path,
+        holder_kind: str) -> None:
+    image = images["busybox"]
+    made = bundle_json(ocistage, image.ref, "--cmd", "echo started; exec sleep 300")
+    bundle = Path(str(made["path"]))
+    container = f"ocistage-gc-{uuid.uuid4().hex[:8]}"
+    runc = subprocess.Popen(["runc", "--rootless=true", "--root", str(runc_root), "run",
+                             "-b", str(bundle), container], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert runc.stdout is not None
+    try:
+        assert runc.stdout.readline().strip() == "started"
+        target = f"bundle:{bundle.name}"
+        holder = (leases.Holder("pid", host=socket.gethostname(), pid=runc.pid,
+                                start=_process_start_time(runc.pid))
+                  if holder_kind == "pid" else leases.Holder.pin("runc-test"))
+        lease = leases.acquire(ocistage.cache, target, holder)
+        gc = json.loads(ocistage("cache", "gc", "--max-size", "0", "--json",
+                                 check=True).stdout)
+        assert target in gc["protected"] and gc["overBudget"] is True
+        assert (bundle / "config.json").is_file() and (bundle / "rootfs/bin/busybox").is_file()
+        assert runc_state(runc_root, container) == "running"
+        listing = json.loads(ocistage("cache", "ls", "--json", check=True).stdout)
+        assert listing["images"] == []  # the unleased image went; its bundle stays
+        assert [b["key"] for b in listing["bundles"]] == [bundle.name]
+        exec_result = subprocess.run(["runc", "--root", str(runc_root), "exec", container,
+                                      "cat", "/etc/os-release"], capture_output=True,
+                                     text=True, timeout=30)
+        assert exec_result.returncode == 0 and "ocistage test busybox" in exec_result.stdout
+    finally:
+        subprocess.run(["runc", "--root", str(runc_root), "kill", container, "KILL"],
+                       capture_output=True)
+        runc.communicate(timeout=30)
+    if holder_kind == "pin":
+        still = json.loads(ocistage("cache", "gc", "--max-size", "0", "--json",
+                                    check=True).stdout)
+        assert target in still["protected"] and bundle.is_dir()
+        leases.release(ocistage.cache, lease.id)
+    subprocess.run(["runc", "--root", str(runc_root), "delete", "-f", container],
+                   capture_output=True)
+    gc = json.loads(ocistage("cache", "gc", "--max-size", "0", "--json", check=True).stdout)
+    assert {(r["kind"], r["name"]) for r in gc["removed"]} >= {("bundle", bundle.name)}
+    assert not bundle.exists() and gc["overBudget"] is False
+    assert leases.all_leases(ocistage.cache) == []
+
+
+# -- verify --------------------------------------------------------------------------------------
+
+def test_verify_catches_a_flipped_byte(images: dict[str, ImageRef],
+                                       ocistage: OcistageRunner) -> None:
+    image = images["busybox"]
+    ocistage("pull", "-q", image.ref, check=True)
+    assert ocistage("cache", "verify", check=True).returncode == 0
+    digest = image.layer_digests[0]
+    blob = ocistage.cache / "blobs" / "sha256" / digest.removeprefix("sha256:")
+    blob.chmod(0o644)
+    with open(blob, "r+b") as file:
+        file.seek(1234)
+        byte = file.read(1)
+        file.seek(1234)
+        file.write(bytes([byte[0] ^ 0x01]))
+    result = ocistage("cache", "verify")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: cache verify found 2 problems in {ocistage.cache}"]
+    assert "hint:" in result.stderr
+    assert f"corrupt-blob: {digest}" in result.stdout
+    assert f"broken-ref: {image.ref}" in result.stdout
+    assert not blob.exists()
+    [moved] = list((ocistage.cache / "quarantine").iterdir())
+    assert moved.read_bytes() != (image.layout / "blobs/sha256" / blob.name).read_bytes()
+    assert json.loads(ocistage("cache", "ls", "--json", check=True).stdout)["images"] == []
+    assert ocistage("pull", "-q", image.ref, check=True).stdout.strip() == image.digest
+    assert ocistage("cache", "verify", "--json", check=True).returncode == 0
+
+
+# -- the cache stays an OCI layout -----------------------------------------------------------------
+
+def test_skopeo_and_umoci_read_the_cache_after_gc(images: dict[str, ImageRef],
+                                                  ocistage: OcistageRunner,
+                                                  tmp_path: Path) -> None:
+    require_binary("skopeo")
+    require_binary("umoci")
+    busybox, multilayer = images["busybox"], images["multilayer"]
+    ocistage("bundle", "-q", busybox.ref, check=True)
+    ocistage("bundle", "-q", multilayer.ref, check=True)
+    removed = json.loads(ocistage("cache", "rm", "--json", multilayer.ref, check=True).stdout)
+    kinds = {r["kind"] for r in removed["removed"]}
+    assert {"ref", "blob", "bundle"} <= kinds
+    inspect = subprocess.run(["skopeo", "inspect", f"oci:{ocistage.cache}:{busybox.ref}"],
+                             capture_output=True, text=True)
+    assert inspect.returncode == 0, inspect.stderr
+    assert json.loads(inspect.stdout)["Digest"] == busybox.digest
+    gone = subprocess.run(["skopeo", "inspect", f"oci:{ocistage.cache}:{multilayer.ref}"],
+                          capture_output=True, text=True)
+    assert gone.returncode != 0
+    subprocess.run(["umoci", "unpack", "--rootless", "--image",
+                    f"{ocistage.cache}:{busybox.ref}", str(tmp_path / "umoci")], check=True,
+                   capture_output=True)
+    assert (tmp_path / "umoci" / "rootfs" / "bin" / "busybox").is_file()
+    layout = json.loads((ocistage.cache / "index.json").read_text())
+    assert [m["annotations"]["org.opencontainers.image.ref.name"]
+            for m in layout["manifests"]] == [busybox.ref]
+    ocistage("cache", "gc", "--max-size", "0", check=True)
+    assert json.loads((ocistage.cache / "index.json").read_text())["manifests"] == []
+    assert json.loads((ocistage.cache / "oci-layout").read_text()) == {
+        "imageLayoutVersion": "1.0.0"}
+
+
+# -- the commands' surface -----------------------------------------------------------------------
+
+def test_ls_du_gc_rm_render_and_fail_cleanly(images: dict[str, ImageRef],
+                                             ocistage: OcistageRunner) -> None:
+    image = images["busybox"]
+    made = bundle_json(ocistage, image.ref)
+    ls = ocistage("cache", "ls", check=True).stdout
+    assert image.ref in ls and "images" in ls and "bundles" in ls
+    du = json.loads(ocistage("cache", "du", "--json", check=True).stdout)
+    assert du["blobs"]["count"] == len(image.layer_digests) + 2
+    assert du["bundles"]["count"] == 1 and du["total"]["disk"] > du["blobs"]["disk"]
+    human = ocistage("cache", "du", check=True).stdout
+    assert "blobs" in human and "total" in human
+    dry = ocistage("cache", "gc", "--dry-run", "--older-than", "0s", check=True)
+    assert "would remove" in dry.stdout and Path(str(made["path"])).is_dir()
+    bad = ocistage("cache", "gc", "--max-size", "lots")
+    assert bad.returncode == 2 and "error: invalid size 'lots'" in bad.stderr
+    missing = ocistage("cache", "rm", "example.com/not/cached:1")
+    assert missing.returncode == 1 and "is not in the cache" in missing.stderr
+    assert "Traceback" not in missing.stderr + bad.stderr
+    removed = ocistage("cache", "rm", image.ref, check=True)
+    assert "removed ref" in removed.stdout and not Path(str(made["path"])).exists()
+    assert json.loads(ocistage("cache", "ls", "--json", check=True).stdout) == {
+        "images": [], "bundles": [], "leases": []}
