@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bundler.settings import load_settings
 from cache.errors import UsageError
 from cache.sizes import format_age, format_size, parse_age, parse_size
 
@@ -50,3 +53,21 @@ def test_formatted_sizes_parse_back_within_rounding(n: int) -> None:
 
 def test_format_age_uses_the_coarsest_unit() -> None:
     assert [format_age(s) for s in (5, 125, 7200, 3 * 86400 + 5)] == ["5s", "2m", "2h", "3d"]
+
+
+def test_max_size_setting_comes_from_option_env_or_config_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('max_size = "1.5G"\n')
+    monkeypatch.setenv("OCISTAGE_CONFIG", str(config))
+    monkeypatch.delenv("OCISTAGE_MAX_SIZE", raising=False)
+    assert load_settings(cache=tmp_path).max_size == int(1.5 * (1 << 30))
+    monkeypatch.setenv("OCISTAGE_MAX_SIZE", "20G")
+    assert load_settings(cache=tmp_path).max_size == 20 << 30
+    assert load_settings(cache=tmp_path, max_size="500M").max_size == 500 << 20
+    config.write_text("")
+    monkeypatch.delenv("OCISTAGE_MAX_SIZE")
+    assert load_settings(cache=tmp_path).max_size is None
+    config.write_text('max_size = "big"\n')
+    with pytest.raises(UsageError, match="invalid size"):
+        load_settings(cache=tmp_path)
