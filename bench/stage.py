@@ -40,6 +40,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,10 @@ def make_synthetic(root: Path, files: int = 20_000, total: int = 300 * MB) -> Pa
         if n % 100 == 0:
             directory.mkdir(parents=True, exist_ok=True)
         start = (n * 7919) % MB
-        data = block[start:start + size] if size <= MB else (block * (size // len(block) + 1))[:size]
+        if size <= MB:
+            data = block[start:start + size]
+        else:
+            data = (block * (size // len(block) + 1))[:size]
         (directory / f"f{n:05d}").write_bytes(n.to_bytes(4, "big") + data)
     for n in range(0, files, 500):  # some symlinks, as in real trees
         os.symlink(f"f{n:05d}", work / f"d{n // 2000:02d}" / f"e{n // 100:03d}" / f"l{n:05d}")
@@ -154,9 +158,9 @@ def run_case(tree: Path, target: Path, work: Path, reps: int,
         dests = {tool: target / f"{tool}-{rep}" for tool in ("lib", "cli", "rsync")}
         order = ["lib", "cli", "rsync"] if rep % 2 == 0 else ["rsync", "cli", "lib"]
         actions: dict[str, Callable[[], object]] = {
-            "lib": lambda d=dests["lib"]: ocistage_lib(tree, d, cache),
-            "cli": lambda d=dests["cli"]: ocistage_cli(tree, d, cache),
-            "rsync": lambda d=dests["rsync"]: rsync(tree, d),
+            "lib": partial(ocistage_lib, tree, dests["lib"], cache),
+            "cli": partial(ocistage_cli, tree, dests["cli"], cache),
+            "rsync": partial(rsync, tree, dests["rsync"]),
         }
         for case in ("first", "nochange"):
             for tool in order:
