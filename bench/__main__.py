@@ -32,12 +32,15 @@ def main(argv: list[str]) -> int:
                         help=f"comma-separated, from {', '.join(SPECS)} "
                              f"[default: {','.join(DEFAULT_IMAGES)}]")
     parser.add_argument("--reps", type=int, default=3, help="repetitions per tool [3]")
+    parser.add_argument("--keep-page-cache", action="store_true",
+                        help="do not drop the page cache before cold runs (it is dropped when "
+                             "allowed: root, /proc/sys/vm/drop_caches writable)")
     args = parser.parse_args(argv)
     names = [name for name in args.images.split(",") if name]
     unknown = [name for name in names if name not in SPECS]
     if unknown:
         parser.error(f"unknown images: {', '.join(unknown)}")
-    return bundle_main(names, max(1, args.reps))
+    return bundle_main(names, max(1, args.reps), drop=not args.keep_page_cache)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,12 @@ For each image the harness runs, alternating the order of the tools between repe
 - ``skopeo+umoci``   ``skopeo copy docker://REF oci:DIR`` then ``umoci unpack --rootless``
 - ``ch-image``       ``ch-image pull`` (only when Charliecloud is installed)
 - ``floor``          per layer ``curl BLOB | gzip -dc | tar -x`` (``zstd -dc`` for zstd), summed
-- ``warm``           ``ocistage bundle REF NEWDEST`` again, with the cache of the cold run
-- ``shared``         (``derived`` only) bundle ``derived`` with a cache holding ``multi``'s bundle
+- ``cold cache``     cold ``ocistage bundle REF`` into the cache (snapshot + hard-linked bundle)
+- ``warm``           ``ocistage bundle REF NEWDEST`` again, with the cache of a cold run
+- ``warm --link``    the same with ``--link`` (hard links from the snapshot, read-only root);
+                     ``make_bundle(link=True)`` in a Python process if the CLI lacks the option
+- ``shared``         (``derived`` only) ``ocistage bundle derived`` with a cache holding
+                     ``multi``'s bundle: only the two new layers are fetched and unpacked
 
 Wall time is measured around each process; peak RSS comes from ``wait4`` (the largest process
 of the run, pipelines included). Medians and ratios are printed; the raw numbers are written
@@ -22,6 +26,7 @@ import shlex
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,7 +39,8 @@ from bench.images import BuiltImage, build_all, cache_root, push
 from cache.store import remove_tree
 
 RESULTS = Path(__file__).parent / "results"
-DEFAULT_IMAGES = ("single", "multi", "zstd", "big")
+COLD_RUNS = frozenset({"ocistage", "skopeo+umoci", "ch-image", "floor", "cold cache"})
+DEFAULT_IMAGES = ("single", "multi", "derived", "zstd", "big")
 
 
 @dataclass
@@ -140,13 +146,40 @@ def ocistage_env(cache: Path, home: Path) -> dict[str, str]:
     return env
 
 
-def ocistage_bundle(ref: str, dest: Path, cache: Path, work: Workspace,
-                    extra: tuple[str, ...] = ()) -> Sample:
+# `make_bundle(..., link=True)` as a process, for a CLI without `--link` (same work, without
+# typer's start-up; the table says which one ran)
+LINK_SCRIPT = """
+import json, sys
+from pathlib import Path
+from bundler.bundle import make_bundle
+from bundler.reference import parse_reference
+from cache.store import Store
+result = make_bundle(parse_reference(sys.argv[1]), Store.open(sys.argv[2]), Path(sys.argv[3]),
+                     link=True)
+print(json.dumps({"path": str(result.path), "layers_applied": result.layers_applied,
+                  "image": {"fetched_bytes": result.image.fetched_bytes,
+                            "reused_blobs": result.image.reused_blobs}}))
+"""
+
+
+def cli_has_link() -> bool:
+    out = subprocess.run(["ocistage", "bundle", "--help"], capture_output=True, text=True,
+                         check=False, env={**os.environ, "COLUMNS": "200"}).stdout
+    return "--link" in out
+
+
+def ocistage_bundle(ref: str, dest: Path | None, cache: Path, work: Workspace,
+                    link: bool = False) -> Sample:
+    """``ocistage bundle`` (into ``dest``, or the cache when None); ``link``: --link mode."""
     home = work.root / "home"
     home.mkdir(exist_ok=True)
-    seconds, rss, out = run_timed(
-        [shutil.which("ocistage") or "ocistage", "bundle", "--json", *extra, ref, str(dest)],
-        env=ocistage_env(cache, home))
+    ocistage = shutil.which("ocistage") or "ocistage"
+    if link and dest is not None and not cli_has_link():
+        argv = [sys.executable, "-c", LINK_SCRIPT, ref, str(cache), str(dest)]
+    else:
+        argv = [ocistage, "bundle", "--json", *(["--link"] if link else []), ref,
+                *([str(dest)] if dest is not None else [])]
+    seconds, rss, out = run_timed(argv, env=ocistage_env(cache, home))
     report = json.loads(out)
     image = report.get("image", {})
     return Sample(seconds, rss, {"fetched_bytes": image.get("fetched_bytes"),
@@ -191,18 +224,24 @@ def run_floor(image: BuiltImage, registry: str, work: Workspace) -> Sample:
     return Sample(total, peak)
 
 
-def run_warm(ref: str, work: Workspace, extra: tuple[str, ...] = ()) -> Sample:
+def run_cold_cached(ref: str, work: Workspace) -> Sample:
+    """Cold ``ocistage bundle REF`` into the cache (snapshot + linked bundle)."""
+    return ocistage_bundle(ref, None, work.fresh("cache"), work)
+
+
+def run_warm(ref: str, work: Workspace, link: bool = False) -> Sample:
     """A cold bundle (not timed), then a bundle into a new directory with that cache."""
     cache = work.fresh("cache")
-    ocistage_bundle(ref, work.fresh("bundle"), cache, work)
-    return ocistage_bundle(ref, work.fresh("bundle"), cache, work, extra)
+    ocistage_bundle(ref, work.fresh("bundle"), cache, work, link)
+    return ocistage_bundle(ref, work.fresh("bundle"), cache, work, link)
 
 
 def run_shared(base_ref: str, derived_ref: str, work: Workspace) -> Sample:
-    """Bundle ``base_ref`` (not timed), then ``derived_ref`` which shares its base layers."""
+    """Bundle ``base_ref`` into the cache (not timed), then ``derived_ref``, which shares its
+    base layers, into the cache too (both through snapshots)."""
     cache = work.fresh("cache")
-    ocistage_bundle(base_ref, work.fresh("bundle"), cache, work)
-    return ocistage_bundle(derived_ref, work.fresh("bundle"), cache, work)
+    ocistage_bundle(base_ref, None, cache, work)
+    return ocistage_bundle(derived_ref, None, cache, work)
 
 
 def _median(samples: list[Sample]) -> Sample:
@@ -222,8 +261,9 @@ def bench_image(image: BuiltImage, registry: str, reps: int, work: Workspace,
     }
     if shutil.which("ch-image"):
         runners["ch-image"] = lambda: run_charliecloud(ref, work)
+    runners["cold cache"] = lambda: run_cold_cached(ref, work)
     runners["warm"] = lambda: run_warm(ref, work)
-    runners["warm --link"] = lambda: run_warm(ref, work, ("--link",))
+    runners["warm --link"] = lambda: run_warm(ref, work, link=True)
     if image.name == "derived" and "multi" in all_images:
         runners["shared"] = lambda: run_shared(all_images["multi"], ref, work)
     samples: dict[str, list[Sample]] = {name: [] for name in runners}
@@ -231,7 +271,7 @@ def bench_image(image: BuiltImage, registry: str, reps: int, work: Workspace,
     for rep in range(reps):
         order = names if rep % 2 == 0 else list(reversed(names))
         for name in order:
-            if can_drop:
+            if can_drop and name in COLD_RUNS:
                 drop_page_cache()
             try:
                 samples[name].append(runners[name]())
@@ -280,7 +320,7 @@ def render(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(names: list[str], reps: int) -> int:
+def main(names: list[str], reps: int, drop: bool = True) -> int:
     for tool in ("docker-registry", "skopeo", "umoci", "curl", "tar", "gzip", "zstd",
                  "ocistage"):
         if shutil.which(tool) is None:
@@ -289,9 +329,9 @@ def main(names: list[str], reps: int) -> int:
     wanted = list(dict.fromkeys([*names, *(["multi"] if "derived" in names else [])]))
     images = build_all(wanted)
     root = cache_root()
-    can_drop = drop_page_cache()
-    print("bench: page cache " + ("dropped before every run" if can_drop else
-                                  "NOT droppable here: every tool runs with a warm page cache"),
+    can_drop = drop and drop_page_cache()
+    print("bench: page cache " + ("dropped before every cold run" if can_drop else
+                                  "kept: every tool runs with a warm page cache"),
           flush=True)
     results = []
     with running_registry(root / "registry" / "storage") as registry:
