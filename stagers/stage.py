@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +79,8 @@ from stagers.target import (
 
 __all__ = ["StageResult", "stage_directory"]
 
+_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
 
 @dataclass
 class _Counts:
@@ -99,6 +103,56 @@ class _Builder:
         self.jobs = jobs
         self.counts = _Counts()
         self.copier = Copier()
+        self._old_dirs: dict[str, int | None] = {}
+        self._old_dirs_lock = threading.Lock()
+
+    def close(self) -> None:
+        for fd in self._old_dirs.values():
+            if fd is not None:
+                os.close(fd)
+        self._old_dirs.clear()
+
+    def _old_dir(self, rel_dir: str) -> int | None:
+        """A descriptor of directory ``rel_dir`` of the previous version, reached without
+        following any symlink (a container may have planted one in a writable copy)."""
+        with self._old_dirs_lock:
+            return self._open_old_dir(rel_dir)
+
+    def _open_old_dir(self, rel_dir: str) -> int | None:
+        if rel_dir in self._old_dirs:
+            return self._old_dirs[rel_dir]
+        fd: int | None = None
+        try:
+            if not rel_dir:
+                fd = os.open(self.final, _DIR_NOFOLLOW)
+            else:
+                parent_rel, _, name = rel_dir.rpartition("/")
+                parent = self._open_old_dir(parent_rel)
+                if parent is not None:
+                    fd = os.open(name, _DIR_NOFOLLOW, dir_fd=parent)
+        except OSError:
+            fd = None
+        self._old_dirs[rel_dir] = fd
+        return fd
+
+    def _carry_over(self, entry: Entry, dest: str) -> bool:
+        """Hardlink the previous version's copy of ``entry`` at ``dest`` if it still is a
+        plain file of the expected size and mode; False if not (then it is made anew)."""
+        rel_dir, _, name = entry.path.rpartition("/")
+        fd = self._old_dir(rel_dir)
+        if fd is None:
+            return False
+        try:
+            os.link(name, dest, src_dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            return False
+        st = os.lstat(dest)
+        rewritten = entry.path == "config.json" and self.method != "copy"  # private copy
+        if (not stat.S_ISREG(st.st_mode) or stat.S_IMODE(st.st_mode) != entry.mode
+                or (st.st_size != entry.size and not rewritten)):
+            os.unlink(dest)
+            return False
+        return True
 
     def build(self, entries: list[Entry]) -> None:
         scratch = os.fspath(self.scratch)
@@ -149,10 +203,9 @@ class _Builder:
         src = os.path.join(self.source, entry.path)
         dest = os.path.join(self.scratch, entry.path)
         before = self.previous.get(entry.path)
-        if self.carry_over and before is not None and before.same_content(entry):
-            with contextlib.suppress(FileNotFoundError):
-                os.link(os.path.join(self.final, entry.path), dest, follow_symlinks=False)
-                return "unchanged", 0
+        if (self.carry_over and before is not None and before.same_content(entry)
+                and self._carry_over(entry, dest)):
+            return "unchanged", 0
         if entry.path == "config.json" and self.method != "copy":
             written = self._private_config(src, dest, entry)
             if written is not None:
@@ -249,7 +302,10 @@ def _stage_locked(source: Path, to: Path, name: str, cache_root: Path, holder: H
     scratch = new_scratch(to, name)
     try:
         builder = _Builder(source, scratch, final, method, previous, pool, jobs)
-        builder.build(entries)
+        try:
+            builder.build(entries)
+        finally:
+            builder.close()
         manifest = Manifest(tuple(entries), source=identity, method=method,
                             readonly_root=method != "copy")
         write_private(scratch / MANIFEST_NAME, manifest.to_json())

@@ -215,3 +215,26 @@ def test_a_killed_stager_leaves_nothing_visible_and_the_next_run_completes(
     assert _tree_view(result.path) == _tree_view(source)
     leftovers = [p.name for p in (to / TMP_DIR).iterdir()]
     assert leftovers == [] or leftovers == ["big.lock"]
+
+
+def test_a_symlink_planted_in_a_writable_copy_is_not_followed_on_restage(
+        tree: Path, tmp_path: Path) -> None:
+    """A container may rewrite its (writable, --copy) rootfs: the next re-stage must not
+    hardlink host files in through a symlink it planted."""
+    cache = tmp_path / "cache"
+    host = tmp_path / "host-secrets"
+    (host / "bin").mkdir(parents=True)
+    for n in range(40):
+        (host / "bin" / f"f{n}").write_text("host secret\n")
+    first = _stage(tree, tmp_path / "t", cache, link=False)
+    staged_rootfs = first.path / "rootfs"
+    os.rename(staged_rootfs / "bin", tmp_path / "moved-bin")
+    os.symlink(host, staged_rootfs / "bin-link")
+    os.symlink(host / "bin", staged_rootfs / "bin")
+    (tree / "rootfs" / "etc" / "passwd").write_text("changed\n")  # force a rebuild
+    again = _stage(tree, tmp_path / "t", cache, link=False)
+    assert _tree_view(again.path) == _tree_view(tree)
+    for n in range(40):
+        staged = again.path / "rootfs" / "bin" / f"f{n}"
+        assert staged.stat().st_ino != (host / "bin" / f"f{n}").stat().st_ino
+    assert all((host / "bin" / f"f{n}").stat().st_nlink == 1 for n in range(40))
