@@ -253,6 +253,10 @@ def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | Non
         raise StageError(f"{source} is not a directory", "stage a bundle directory or a REF")
     name = check_name(name or source.name)
     to = Path(os.path.abspath(to))
+    real_source, real_to = os.path.realpath(source), os.path.realpath(to)
+    if os.path.commonpath([real_source, real_to]) == real_source:
+        raise StageError(f"the target {to} is inside the source {source}",
+                         "stage to a directory outside the tree being staged")
     try:
         to.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

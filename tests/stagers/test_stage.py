@@ -139,6 +139,9 @@ def test_names_and_foreign_paths_are_refused(tree: Path, tmp_path: Path) -> None
     with pytest.raises(OcistageError, match="not staged by ocistage"):
         _stage(tree, tmp_path / "t", tmp_path / "cache", name="mine")
     assert (tmp_path / "t" / "mine" / "data").read_text() == "user data"
+    with pytest.raises(OcistageError, match="inside the source"):
+        _stage(tree, tree / "rootfs" / "staged-here", tmp_path / "cache")
+    assert not (tree / "rootfs" / "staged-here").exists()
     with pytest.raises(OcistageError, match="different filesystems"):
         _stage(tree, Path("/dev/shm"), tmp_path / "cache", link=True, name="never")
 
