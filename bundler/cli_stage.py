@@ -74,10 +74,11 @@ def stage_command(
         metavar="REF|BUNDLE|DIR|URL",
         help="A bundle directory (has config.json), any directory tree, a squashfs image URL "
              "(file://, memory://, sftp://, s3://...), or an image reference (bundled first).")],
-    to: Annotated[str, typer.Option(
-        "--to", metavar="TARGET",
+    to: Annotated[str | None, typer.Option(
+        "--to", metavar="TARGET", envvar="OCISTAGE_STAGE_TO", show_envvar=True,
         help="Directory to stage into (shared or node-local), or an fsspec URL to store a "
-             "squashfs image (--format squashfs) or a tar archive (--format dir) at.")],
+             "squashfs image (--format squashfs) or a tar archive (--format dir) at "
+             "[default: the site's $OCISTAGE_STAGE_TO].")] = None,
     format: Annotated[str, typer.Option(
         "--format", metavar="dir|squashfs",
         help="dir: a directory bundle; squashfs: an image, mounted with squashfuse or "
@@ -113,6 +114,8 @@ def stage_command(
 ) -> None:
     """Stage a bundle onto a shared or node-local target; print the staged path."""
     setup_logging(verbose)
+    if not to:
+        raise UsageError("no stage target", "pass --to DIR|URL or set $OCISTAGE_STAGE_TO")
     if format not in ("dir", "squashfs"):
         raise UsageError(f"unknown format {format!r}", "use --format dir or --format squashfs")
     settings = settings_from(cache, insecure_registry, mirror, ca_file, None)
