@@ -21,7 +21,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import xxhash
+
 from stagers.copy import Copier, link_fd
+from stagers.filemanifest import CHUNK, hash_file
 
 POOL_DIR = ".ocistage-pool"
 
@@ -98,6 +101,66 @@ class Pool:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
+
+    def is_empty(self) -> bool:
+        """True when no content is pooled yet (the first stage into this target)."""
+        try:
+            with os.scandir(self.root) as fanout:
+                for directory in fanout:
+                    with os.scandir(directory.path) as entries:
+                        if any(not e.name.startswith(".") for e in entries):
+                            return False
+        except (FileNotFoundError, NotADirectoryError):
+            return True
+        return True
+
+    def ingest(self, source: str, mode: int, mtime_ns: int, dest: str) -> tuple[str, bool]:
+        """Copy ``source`` into the pool while hashing it, one pass, and hardlink it at ``dest``.
+
+        For a first stage into an empty pool: hashing first and copying after would read
+        everything twice. Returns (xxh3-128 hex, whether the content was new to the pool).
+        """
+        try:
+            fd = os.open(self.root, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise
+            content_hash = hash_file(source)
+            copied = self.link_into(source, pool_key(content_hash, mode), mode, mtime_ns, dest,
+                                    Copier())
+            return content_hash, copied
+        try:
+            hasher = xxhash.xxh3_128()
+            src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                while chunk := os.read(src, CHUNK):
+                    hasher.update(chunk)
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(fd, view):]
+            finally:
+                os.close(src)
+            content_hash = hasher.hexdigest()
+            key = pool_key(content_hash, mode)
+            pooled = os.path.join(self.root, key[:2], key)
+            os.fchmod(fd, mode)
+            os.utime(fd, ns=(mtime_ns, mtime_ns))
+            for _attempt in range(5):
+                try:
+                    link_fd(fd, pooled)
+                    new = True
+                except FileExistsError:
+                    new = False
+                try:
+                    os.link(pooled, dest, follow_symlinks=False)
+                    return content_hash, new
+                except FileNotFoundError:  # released by a concurrent unstage: publish ours
+                    if not os.path.isdir(os.path.dirname(dest)):
+                        raise
+            link_fd(fd, dest)
+            return content_hash, True
+        finally:
+            os.close(fd)
 
     def release(self, keys: set[str]) -> int:
         """Remove the entries among ``keys`` that no bundle links to any more; returns how many."""

@@ -36,7 +36,7 @@ import contextlib
 import os
 import stat
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cache.leases import Holder
@@ -50,6 +50,7 @@ from stagers.filemanifest import (
     StageError,
     entries_digest,
     fill_hashes,
+    hash_file,
     load_manifest,
     scan,
     stat_digest,
@@ -103,6 +104,7 @@ class _Builder:
         self.jobs = jobs
         self.counts = _Counts()
         self.copier = Copier()
+        self.hashes: dict[str, str] = {}  # computed while copying (first stage into a pool)
         self._old_dirs: dict[str, int | None] = {}
         self._old_dirs_lock = threading.Lock()
 
@@ -209,10 +211,16 @@ class _Builder:
         if entry.path == "config.json" and self.method != "copy":
             written = self._private_config(src, dest, entry)
             if written is not None:
+                if entry.hash is None:
+                    self.hashes[entry.path] = hash_file(src)
                 return "copied", written
         if self.method == "hardlink":
             os.link(src, dest, follow_symlinks=False)
             return "linked", 0
+        if self.method == "pool" and entry.hash is None:  # first stage: copy + hash at once
+            content_hash, new = self.pool.ingest(src, entry.mode, entry.mtime_ns, dest)
+            self.hashes[entry.path] = content_hash
+            return ("copied", entry.size) if new else ("linked", 0)
         if self.method == "pool":
             assert entry.hash is not None
             if self.pool.link_into(src, pool_key(entry.hash, entry.mode), entry.mode,
@@ -296,11 +304,13 @@ def _stage_locked(source: Path, to: Path, name: str, cache_root: Path, holder: H
         return StageResult(final, marker.files, 0, 0, marker.files, 0, lease.id, method)
     previous = load_manifest(final / MANIFEST_NAME) if marker is not None else None
     entries = scan(source)
-    entries, _hashed = fill_hashes(source, entries, previous, jobs)
+    pool = Pool.of_target(to)
+    one_pass = method == "pool" and previous is None and pool.is_empty()
+    if not one_pass:  # else each file is hashed while it is copied into the pool
+        entries, _hashed = fill_hashes(source, entries, previous, jobs)
     tree = entries_digest(entries)
     files = sum(1 for e in entries if e.type == "file")
     lease = hold(cache_root, final, holder)
-    pool = Pool.of_target(to)
     if method == "pool":
         pool.prepare()
     scratch = new_scratch(to, name)
@@ -310,6 +320,10 @@ def _stage_locked(source: Path, to: Path, name: str, cache_root: Path, holder: H
             builder.build(entries)
         finally:
             builder.close()
+        if builder.hashes:
+            entries = [replace(e, hash=builder.hashes[e.path]) if e.path in builder.hashes
+                       else e for e in entries]
+            entries = _hardlink_group_hashes(entries)
         manifest = Manifest(tuple(entries), source=identity, method=method,
                             readonly_root=method != "copy")
         write_private(scratch / MANIFEST_NAME, manifest.to_json())
@@ -331,6 +345,13 @@ def _stage_locked(source: Path, to: Path, name: str, cache_root: Path, holder: H
     counts = builder.counts
     return StageResult(final, files, counts.copied, counts.linked, counts.unchanged,
                        counts.bytes_copied, lease.id, method)
+
+
+def _hardlink_group_hashes(entries: list[Entry]) -> list[Entry]:
+    """Give members of a source hardlink group that were not hashed their group's hash."""
+    by_inode = {(e.dev, e.ino): e.hash for e in entries if e.type == "file" and e.hash}
+    return [replace(e, hash=by_inode.get((e.dev, e.ino))) if e.type == "file" and not e.hash
+            else e for e in entries]
 
 
 def _pool_keys(manifest: Manifest) -> set[str]:

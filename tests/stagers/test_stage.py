@@ -15,7 +15,14 @@ import pytest
 from cache import leases
 from cache.errors import OcistageError
 from cache.leases import Holder
-from stagers.filemanifest import MANIFEST_NAME, MARKER_NAME, fill_hashes, scan
+from stagers.filemanifest import (
+    MANIFEST_NAME,
+    MARKER_NAME,
+    fill_hashes,
+    hash_file,
+    load_manifest,
+    scan,
+)
 from stagers.markers import Marker
 from stagers.stage import StageResult, stage_directory
 from stagers.target import TMP_DIR
@@ -72,6 +79,10 @@ def test_restaging_is_incremental(tree: Path, tmp_path: Path, other_fs: Path,
     cache = tmp_path / "cache"
     first = _stage(tree, other_fs, cache, link=link)
     assert first.copied == first.files - 1  # one is a hardlink of another source file
+    manifest = load_manifest(first.path / MANIFEST_NAME)
+    assert manifest is not None
+    hashes = {e.path: e.hash for e in manifest.entries if e.type == "file"}
+    assert hashes == {e.path: hash_file(tree / e.path) for e in scan(tree) if e.type == "file"}
     again = _stage(tree, other_fs, cache, link=link)
     assert (again.unchanged, again.copied, again.linked) == (first.files, 0, 0)
     assert again.lease_id == first.lease_id  # the same holder keeps one lease
