@@ -343,7 +343,7 @@ def _evict(plan: _Plan, store: Store, options: GcOptions, now: float) -> list[st
     uses = usage.all_usage(store.root)
     candidates: list[tuple[float, int, Ref | Bundle | SnapshotInfo]] = []
     for ref in plan.refs:
-        candidates.append((ref_last_used(store, ref, uses), len(candidates), ref))
+        candidates.append((ref_last_used(ref, uses), len(candidates), ref))
     live_bundles = plan.live_bundles()
     for bundle in plan.bundles:
         if bundle.key in live_bundles:

@@ -312,7 +312,7 @@ def _parse_time(text: str | None) -> float | None:
         return None
 
 
-def ref_last_used(store: Store, ref: Ref, uses: dict[tuple[str, str], float]) -> float:
+def ref_last_used(ref: Ref, uses: dict[tuple[str, str], float]) -> float:
     """Recorded last use of the ref's manifest, else its resolution time, else 0."""
     recorded = uses.get(("image", ref.digest.hex))
     if recorded is not None:
@@ -402,7 +402,7 @@ def listing(store: Store, job_states: JobStates = squeue_states) -> Listing:
         reached = set(ref.blobs)
         images.append(ImageRow(
             name=ref.name, platform=ref.platform, digest=str(ref.digest),
-            resolved=ref.resolved, last_used=ref_last_used(store, ref, uses),
+            resolved=ref.resolved, last_used=ref_last_used(ref, uses),
             size=sum(blobs[d].size for d in reached if d in blobs),
             unique_size=sum(blobs[d].size for d in reached
                             if d in blobs and reached_by.get(d) == 1),

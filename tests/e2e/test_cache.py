@@ -351,3 +351,22 @@ def test_ls_du_gc_rm_render_and_fail_cleanly(images: dict[str, ImageRef],
     assert "removed ref" in removed.stdout and not Path(str(made["path"])).exists()
     assert json.loads(ocistage("cache", "ls", "--json", check=True).stdout) == {
         "images": [], "bundles": [], "leases": []}
+
+
+def test_gc_applies_the_configured_budget(images: dict[str, ImageRef],
+                                          ocistage: OcistageRunner) -> None:
+    image = images["busybox"]
+    ocistage("pull", "-q", image.ref, check=True)
+    config = ocistage.home / ".config" / "ocistage" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('max_size = "1G"\n')
+    kept = json.loads(ocistage("cache", "gc", "--json", check=True).stdout)
+    assert kept["max_size"] == 1 << 30 and kept["removed"] == []
+    config.write_text('max_size = "0"\n')
+    emptied = json.loads(ocistage("cache", "gc", "--json", check=True).stdout)
+    assert emptied["max_size"] == 0 and emptied["size_after"] == 0
+    assert {"ref", "blob"} <= {r["kind"] for r in emptied["removed"]}
+    ocistage("pull", "-q", image.ref, check=True)
+    override = json.loads(ocistage("cache", "gc", "--json", "--max-size", "1G",
+                                   check=True).stdout)
+    assert override["max_size"] == 1 << 30 and override["removed"] == []
