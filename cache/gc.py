@@ -181,13 +181,10 @@ def _dead_partials(store: Store, dry_run: bool) -> list[Removal]:
         try:
             with contextlib.suppress(FileNotFoundError):
                 size = partial.lstat().st_blocks * 512
-                if dry_run:
-                    removed.append(Removal("partial", str(partial), size,
-                                           "download nobody is finishing"))
-                else:
+                if not dry_run:
                     partial.unlink()
-                    removed.append(Removal("partial", str(partial), size,
-                                           "download nobody is finishing"))
+                removed.append(Removal("partial", str(partial), size,
+                                       "download nobody is finishing"))
         finally:
             lock.release()
     return removed
@@ -195,8 +192,8 @@ def _dead_partials(store: Store, dry_run: bool) -> list[Removal]:
 
 # -- leases and staged bundles -----------------------------------------------------------------
 
-def _staged_marker_id(path: Path) -> str | None:
-    """The lease id in a staged bundle's marker, read without following any link in ``path``."""
+def _staged_marker(path: Path) -> dict[str, object] | None:
+    """A staged bundle's marker, read without following a link at ``path`` or in it."""
     try:
         dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -205,28 +202,16 @@ def _staged_marker_id(path: Path) -> str | None:
         fd = os.open(STAGED_MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
         with os.fdopen(fd, "rb") as file:
             data = json.loads(file.read(1 << 16))
-        lease_id = data.get("id") if isinstance(data, dict) else None
-        return lease_id if isinstance(lease_id, str) and lease_id else None
     except (OSError, ValueError):
         return None
     finally:
         os.close(dir_fd)
+    return data if isinstance(data, dict) else None
 
 
-def _staged_image(path: Path) -> Path | None:
+def _staged_image(path: Path, marker: dict[str, object]) -> Path | None:
     """The squashfs image file beside a staged bundle that its marker names, if any."""
-    try:
-        dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        fd = os.open(STAGED_MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-        with os.fdopen(fd, "rb") as file:
-            image = json.loads(file.read(1 << 16)).get("image")
-    except (OSError, ValueError, AttributeError):
-        return None
-    finally:
-        os.close(dir_fd)
+    image = marker.get("image")
     if not isinstance(image, str) or "/" in image or image in ("", ".", ".."):
         return None
     candidate = path.parent / image
@@ -246,9 +231,9 @@ def _remove_staged(target: str, leases: list[Lease], dry_run: bool) -> list[Remo
     removed: list[Removal] = []
     ids = {lease.id for lease in leases}
     normal = path.is_absolute() and os.path.normpath(text) == text and text != "/"
-    marker_id = _staged_marker_id(path) if normal else None
-    if marker_id is not None and marker_id in ids:
-        image = _staged_image(path)
+    marker = _staged_marker(path) if normal else None
+    if marker is not None and marker.get("id") in ids:
+        image = _staged_image(path, marker)
         size = tree_size(path).disk + (tree_size(image).disk if image else 0)
         if not dry_run:
             remove_tree(path)
