@@ -291,6 +291,7 @@ class _Plan:
     snapshot_disk: dict[Digest, int]
     protected: set[str]
     scratch_disk: int
+    started: float
     evicted_refs: list[Ref] = field(default_factory=list)
     evicted_bundles: set[str] = field(default_factory=set)
     evicted_snapshots: set[Digest] = field(default_factory=set)
@@ -404,13 +405,17 @@ def _apply(plan: _Plan, store: Store, dry_run: bool) -> list[Removal]:
         removed.append(Removal("blob", str(digest), blob.disk, "no cached image uses it"))
     if not dry_run:
         removed.extend(_forget_stale_usage(store, {r.digest.hex for r in plan.kept_refs()},
-                                           live_bundles))
+                                           live_bundles, plan.started))
     return removed
 
 
-def _forget_stale_usage(store: Store, manifests: set[str], bundles: set[str]) -> list[Removal]:
+def _forget_stale_usage(store: Store, manifests: set[str], bundles: set[str],
+                        started: float) -> list[Removal]:
+    """Drop last-use records of gone entries (not those a running command touched since)."""
     removed: list[Removal] = []
-    for kind, key in usage.all_usage(store.root):
+    for (kind, key), used in usage.all_usage(store.root).items():
+        if used >= started:
+            continue
         if (kind == "image" and key not in manifests) or (kind == "bundle" and key not in bundles):
             usage.forget(store.root, "image" if kind == "image" else "bundle", key)
             removed.append(Removal("usage", f"{kind}-{key}", 0, "its entry is gone"))
@@ -451,6 +456,7 @@ def collect(store: Store, options: GcOptions | None = None,
 
 
 def _collect(store: Store, options: GcOptions, job_states: JobStates, now: float) -> GcReport:
+    started = time.time()
     removed = _leftovers(store, options.dry_run, now)
     leases = all_leases(store.root)
     states = job_states_of(leases, job_states)
@@ -463,7 +469,8 @@ def _collect(store: Store, options: GcOptions, job_states: JobStates, now: float
     plan = _Plan(refs=read_refs(store), blobs=list_blobs(store), bundles=bundles,
                  bundle_disk={b.key: tree_size(b.path, seen).disk for b in bundles},
                  snapshots=snapshots, snapshot_disk=snapshot_disk,
-                 protected=live | set(options.keep), scratch_disk=_scratch_disk(store))
+                 protected=live | set(options.keep), scratch_disk=_scratch_disk(store),
+                 started=started)
     protected_refs = {t.removeprefix("image:") for t in plan.protected if t.startswith("image:")}
     plan.protected |= {ref.target for ref in plan.refs if ref.name in protected_refs}
     size_before = (sum(b.disk for b in plan.blobs.values()) + sum(plan.bundle_disk.values())
