@@ -44,6 +44,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from cache import leases
 from cache.leases import Holder
 from stagers.remove import remove_path
 from stagers.stage import stage_directory
@@ -148,12 +149,15 @@ def touch_one_percent(tree: Path, round_: int) -> int:
 
 # -- the harness ----------------------------------------------------------------------------------
 
-def run_case(tree: Path, target: Path, work: Path, reps: int,
+def run_case(tree: Path, target: Path, cache: Path, reps: int,
              changeable: Path | None) -> dict[str, Any]:
-    """first / nochange / changed for one (tree, target); returns the samples."""
+    """first / nochange / changed for one (tree, target); returns the samples.
+
+    ``cache`` is the cache the bundle was made in (so a cache bundle is recognised as sealed,
+    as with ``ocistage stage REF``); the bench's leases in it are dropped afterwards.
+    """
     samples: dict[str, dict[str, list[float]]] = {
         case: {"lib": [], "cli": [], "rsync": []} for case in ("first", "nochange", "changed")}
-    cache = work / "cache"
     for rep in range(reps):
         dests = {tool: target / f"{tool}-{rep}" for tool in ("lib", "cli", "rsync")}
         order = ["lib", "cli", "rsync"] if rep % 2 == 0 else ["rsync", "cli", "lib"]
@@ -171,6 +175,9 @@ def run_case(tree: Path, target: Path, work: Path, reps: int,
                 samples["changed"][tool].append(timed(actions[tool]))
         for dest in dests.values():
             remove_path(os.fspath(dest))
+        for lease in leases.all_leases(cache):
+            if lease.holder.kind == "pin" and lease.holder.name == "bench":
+                leases.release(cache, lease.id)
     if changeable is None:
         del samples["changed"]
     return samples
@@ -229,7 +236,8 @@ def main(argv: list[str]) -> int:
                 try:
                     print(f"bench: {tree_name} -> {target_name} ({args.reps} reps)",
                           flush=True)
-                    samples = run_case(tree, target, work, args.reps, changeable)
+                    samples = run_case(tree, target, root / "stage-cache", args.reps,
+                                       changeable)
                 finally:
                     remove_path(os.fspath(target))
                 files = sum(1 for p in tree.rglob("*") if p.is_file())
