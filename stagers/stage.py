@@ -117,6 +117,8 @@ class _Builder:
     def _old_dir(self, rel_dir: str) -> int | None:
         """A descriptor of directory ``rel_dir`` of the previous version, reached without
         following any symlink (a container may have planted one in a writable copy)."""
+        if rel_dir in self._old_dirs:  # a plain dict read: no lock needed once opened
+            return self._old_dirs[rel_dir]
         with self._old_dirs_lock:
             return self._open_old_dir(rel_dir)
 
@@ -205,8 +207,19 @@ class _Builder:
         src = os.path.join(self.source, entry.path)
         dest = os.path.join(self.scratch, entry.path)
         before = self.previous.get(entry.path)
-        if (self.carry_over and before is not None and before.same_content(entry)
-                and self._carry_over(entry, dest)):
+        same = self.carry_over and before is not None and before.same_content(entry)
+        if same and self.method == "copy" and self._carry_over(entry, dest):
+            return "unchanged", 0
+        if same and entry.path == "config.json" and self.method != "copy" \
+                and self._carry_over(entry, dest):
+            return "unchanged", 0
+        if same and self.method == "hardlink":  # the previous version linked this very file
+            os.link(src, dest, follow_symlinks=False)
+            return "unchanged", 0
+        if same and self.method == "pool":  # linked from the pool, as before
+            assert entry.hash is not None
+            self.pool.link_into(src, pool_key(entry.hash, entry.mode), entry.mode,
+                                entry.mtime_ns, dest, self.copier)
             return "unchanged", 0
         if entry.path == "config.json" and self.method != "copy":
             written = self._private_config(src, dest, entry)
