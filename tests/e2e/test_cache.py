@@ -370,3 +370,32 @@ def test_gc_applies_the_configured_budget(images: dict[str, ImageRef],
     override = json.loads(ocistage("cache", "gc", "--json", "--max-size", "1G",
                                    check=True).stdout)
     assert override["max_size"] == 1 << 30 and override["removed"] == []
+
+
+def test_gc_racing_bundlers_never_breaks_them(images: dict[str, ImageRef],
+                                              ocistage: OcistageRunner,
+                                              fault_proxy: FaultProxy) -> None:
+    """`cache gc --max-size 0` in a loop while bundlers run, one of them stalled mid-download
+    for seconds with its other blobs already published but not yet referenced by any ref: the
+    bundlers' own leases keep what they use, every bundle succeeds, the cache stays consistent."""
+    names = ["busybox", "multilayer", "busybox-zstd", "multilayer-zstd", "busybox-v2s2"]
+    stalled = images["multilayer"]
+    big = max(range(len(stalled.layer_digests)), key=lambda n: layer_size(stalled, n))
+    fault_proxy.add(Fault(f"/blobs/{stalled.layer_digests[big]}", "stall", after_bytes=100_000,
+                          stall_seconds=3.0))
+    bundlers = [spawn(ocistage, [*ocistage.command, "bundle", "--json",
+                                 images[n].via(fault_proxy.host)]) for n in names]
+    gc_rounds = 0
+    while any(b.poll() is None for b in bundlers):
+        result = ocistage("cache", "gc", "--max-size", "0", "-q")
+        assert result.returncode == 0, result.stderr
+        gc_rounds += 1
+    for name, bundler in zip(names, bundlers, strict=True):
+        out, err = bundler.communicate()
+        assert bundler.returncode == 0, err
+        assert json.loads(out)["image"]["digest"] == images[name].digest
+    assert gc_rounds >= 3
+    assert fault_proxy.count(stalled.layer_digests[big]) == 2  # stalled, then resumed
+    assert_cache_clean(ocistage)
+    for name in names:  # whatever GC left is complete: bundling again works
+        assert Path(str(bundle_json(ocistage, images[name].ref)["path"])).is_dir()
