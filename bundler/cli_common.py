@@ -56,7 +56,8 @@ def settings_from(cache: Path | None, insecure: list[str] | None, mirror: list[s
 
 def pull_options(settings: Settings, platform: str | None) -> PullOptions:
     return PullOptions(platform=Platform.parse(platform) if platform else None,
-                       jobs=settings.jobs, registry=settings.registry_config())
+                       jobs=settings.jobs, registry=settings.registry_config(),
+                       max_size=settings.max_size)
 
 
 def setup_logging(verbose: bool) -> None:

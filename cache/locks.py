@@ -85,10 +85,11 @@ def owner_is_dead(path: Path, stale_after: float = STALE_AFTER_SECONDS) -> bool:
         return True
     except OSError:
         return False
-    owner = Owner.from_json(text)
+    # a lock file holds the owner's JSON on its first line (then the holder's token)
+    owner = Owner.from_json(text.partition("\n")[0])
     if owner is None:
         # half-written lock file: its creator died between create and write, or is writing now
-        return age > 5.0
+        return age > stale_after
     alive = owner.is_alive()
     if alive is None:
         return age > stale_after

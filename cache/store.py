@@ -342,6 +342,13 @@ class Store:
             for stale in self.ingest_dir.glob("*.lock.stale-*"):
                 with contextlib.suppress(FileNotFoundError):
                     stale.unlink()
+            for path in self.ingest_dir.glob("*.lock"):
+                # a dead owner's lock on a blob nobody fetches again would stay forever:
+                # break it (taking it over) and drop it
+                lock = FileLock(path)
+                if owner_is_dead(path) and lock.try_acquire():
+                    lock.release()
+                    removed.append(path)
         return removed
 
 

@@ -235,3 +235,24 @@ def test_eight_concurrent_writers_write_once(tmp_path: Path) -> None:
                            [(str(root), digest.hex, len(data), str(data_file))] * 8)
     assert sorted(results).count("reused") == 7, results
     assert Store(root).blob_path(digest).read_bytes() == data
+
+
+def test_dead_owner_lock_is_removed_and_live_one_kept(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    dead = tmp_path / "ingest" / f"{'d' * 64}.lock"
+    subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        from pathlib import Path
+        from cache.locks import FileLock
+        FileLock(Path({str(dead)!r})).try_acquire()  # exits without releasing
+    """)], check=True)
+    assert dead.exists()
+    from cache.locks import FileLock
+    live = FileLock(tmp_path / "ingest" / f"{'e' * 64}.lock")
+    assert live.try_acquire()
+    old = time.time() - 3600
+    os.utime(live.path, (old, old))  # a late heartbeat must not make a live owner look dead
+    try:
+        assert store.clean_leftovers() == [dead]
+        assert live.held()
+    finally:
+        live.release()
