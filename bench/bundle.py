@@ -352,7 +352,7 @@ def main(names: list[str], reps: int, drop: bool = True) -> int:
 
     with running_registry(root / "registry" / "storage") as registry:
         refs = {name: push(image, registry.host) for name, image in images.items()}
-        work = Workspace(root / "work")
+        work = Workspace(root / f"work-{os.getpid()}")
         try:
             for name in names:
                 print(f"bench: {name} ({reps} repetitions)", flush=True)
