@@ -207,7 +207,9 @@ class _Builder:
         src = os.path.join(self.source, entry.path)
         dest = os.path.join(self.scratch, entry.path)
         before = self.previous.get(entry.path)
-        same = self.carry_over and before is not None and before.same_content(entry)
+        # hardlink versions carry no content hashes: the source inode itself is staged
+        same = self.carry_over and before is not None and (
+            before.same_stat(entry) if self.method == "hardlink" else before.same_content(entry))
         if same and self.method == "copy" and self._carry_over(entry, dest):
             return "unchanged", 0
         if same and entry.path == "config.json" and self.method != "copy" \
@@ -319,7 +321,9 @@ def _stage_locked(source: Path, to: Path, name: str, cache_root: Path, holder: H
     entries = scan(source)
     pool = Pool.of_target(to)
     one_pass = method == "pool" and previous is None and pool.is_empty()
-    if not one_pass:  # else each file is hashed while it is copied into the pool
+    # pool: each file is hashed while it is copied into an empty pool (one pass);
+    # hardlink: the staged file is the source's inode, no hash is needed to stage it
+    if not one_pass and method != "hardlink":
         entries, _hashed = fill_hashes(source, entries, previous, jobs)
     tree = entries_digest(entries)
     files = sum(1 for e in entries if e.type == "file")
