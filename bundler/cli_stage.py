@@ -198,7 +198,8 @@ def _resolve(what: str, settings: Any, platform: str | None,
 
 
 def unstage_command(
-    path: Annotated[Path, typer.Argument(help="The path `ocistage stage` printed.")],
+    path: Annotated[Path, typer.Argument(
+        metavar="PATH", help="The path `ocistage stage` printed.")],
     pin: Annotated[str | None, typer.Option(
         "--pin", metavar="NAME", help="Release only this pin's lease; keep the bundle while "
                                       "other holders use it.")] = None,
