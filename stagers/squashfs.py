@@ -199,6 +199,9 @@ def stage_squashfs(source: Path, to: Path, name: str, *, cache_root: Path, holde
         if os.path.lexists(final) and marker is None and not _empty_dir(final):
             raise StageError(f"{final} exists and was not staged by ocistage",
                              "choose another --name or target, or remove it yourself")
+        if marker is not None and marker.format != "squashfs":
+            raise StageError(f"{final} holds a staged directory bundle, not a squashfs image",
+                             f"unstage it first (ocistage unstage {final}) or use --name")
         entries = scan(source)
         files = sum(1 for e in entries if e.type == "file")
         if (previous is not None and marker is not None and marker.format == "squashfs"

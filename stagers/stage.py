@@ -310,6 +310,9 @@ def _stage_locked(source: Path, to: Path, name: str, cache_root: Path, holder: H
     if os.path.lexists(final) and marker is None:
         raise StageError(f"{final} exists and was not staged by ocistage",
                          "choose another --name or target, or remove it yourself")
+    if marker is not None and marker.format != "dir":
+        raise StageError(f"{final} holds a staged {marker.format} image, not a directory",
+                         f"unstage it first (ocistage unstage {final}) or use --name")
     identity = source_identity(source, cache_root)
     # unchanged? a sealed source by its identity, anything else by one stat walk
     if (marker is not None and marker.method == method and marker.format == "dir"

@@ -94,3 +94,20 @@ def test_missing_mountpoints_are_listed_parents_first(tmp_path: Path) -> None:
     assert missing_mountpoints(bundle) == [
         ("rootfs/proc", "d"), ("rootfs/sys", "d"), ("rootfs/sys/fs", "d"),
         ("rootfs/sys/fs/cgroup", "d"), ("rootfs/etc", "d"), ("rootfs/etc/hosts", "f")]
+
+
+def test_formats_do_not_replace_each_other_under_one_name(tree: Path, tmp_path: Path) -> None:
+    require_binary("mksquashfs")
+    require_binary("unsquashfs")
+    from cache.errors import OcistageError
+
+    cache = tmp_path / "cache"
+    staged = stage_directory(tree, tmp_path / "t", cache_root=cache, name="one")
+    with pytest.raises(OcistageError, match="directory bundle"):
+        stage_directory(tree, tmp_path / "t", cache_root=cache, name="one", format="squashfs",
+                        squashfs_mount=False)
+    image = stage_directory(tree, tmp_path / "t", cache_root=cache, name="two",
+                            format="squashfs", squashfs_mount=False)
+    with pytest.raises(OcistageError, match="squashfs image"):
+        stage_directory(tree, tmp_path / "t", cache_root=cache, name="two")
+    assert unstage(staged.path, cache_root=cache) and unstage(image.path, cache_root=cache)
