@@ -39,7 +39,7 @@ from cache.leases import Holder
 from cache.store import Store
 from stagers.allnodes import stage_all_nodes
 from stagers.markers import default_holder
-from stagers.remote import is_url, local_work_dir, push_tree, remove_work_dir, stage_from_url
+from stagers.remote import is_url, push_tree, stage_from_url
 from stagers.stage import StageResult, stage_directory
 from stagers.unstage import unstage
 
@@ -120,7 +120,7 @@ def stage_command(
         raise UsageError(f"unknown format {format!r}", "use --format dir or --format squashfs")
     settings = settings_from(cache, insecure_registry, mirror, ca_file, None)
     cache_root = settings.cache
-    Store.open(cache_root)
+    store = Store.open(cache_root)
     source, label = _resolve(what, settings, platform, quiet or json_output or json_lines)
     if all_nodes:
         options: dict[str, Any] = {
@@ -140,12 +140,12 @@ def stage_command(
         if source is None:
             raise UsageError(f"cannot stage {what} to another URL",
                              "stage from a bundle, a directory or a REF to a URL")
-        work = local_work_dir(cache_root / "tmp")
+        work = store.temp_dir("push")  # owned by this process: removed if we die
         try:
             pushed = push_tree(source, to, name or source.name, format=format, work=work,
                                label=label, jobs=jobs)
         finally:
-            remove_work_dir(work)
+            store.remove_temp_dir(work)
         if json_output or json_lines:
             line = {"url": pushed.url, "format": pushed.format, "size": pushed.size}
             _emit(line, json_lines)

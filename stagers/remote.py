@@ -165,7 +165,7 @@ def stage_from_url(url: str, to: Path, *, cache_root: Path, name: str | None = N
     lock = name_lock(to, name)
     lock.acquire(timeout=LOCK_TIMEOUT)
     try:
-        clean_leftovers(to)
+        clean_leftovers(to, name)
         _previous, marker = existing(final)
         if marker is not None and marker.format == "squashfs":
             # an image fetched before: URLs carry no cheap change check; unstage to refresh

@@ -194,7 +194,7 @@ def stage_squashfs(source: Path, to: Path, name: str, *, cache_root: Path, holde
     lock = name_lock(to, name)
     lock.acquire(timeout=LOCK_TIMEOUT)
     try:
-        clean_leftovers(to)
+        clean_leftovers(to, name)
         previous, marker = existing(final)
         if os.path.lexists(final) and marker is None and not _empty_dir(final):
             raise StageError(f"{final} exists and was not staged by ocistage",

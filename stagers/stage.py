@@ -293,7 +293,7 @@ def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | Non
     try:
         lock.acquire(timeout=LOCK_TIMEOUT)
         try:
-            clean_leftovers(to)
+            clean_leftovers(to, name)
             return _stage_locked(source, to, name, cache_root, holder, link, jobs, label)
         finally:
             lock.release()

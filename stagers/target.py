@@ -10,7 +10,8 @@ Layout (``TO`` is ``--to``)::
 
 A version is built in a scratch dir and published by ``rename()``, or by an atomic
 ``renameat2(RENAME_EXCHANGE)`` with the previous version (then removed). Scratch dirs whose
-owner died (kill -9, node crash) are removed by the next stager of the same target.
+owner died (kill -9, node crash) are removed by the next stager of the same name, under its
+lock.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import ctypes
 import errno
 import json
 import os
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from cache.locks import FileLock, Owner, owner_is_dead
+from cache.locks import FileLock, Owner
 from stagers.copy import same_filesystem
 from stagers.filemanifest import MANIFEST_NAME, Manifest, StageError, load_manifest
 from stagers.markers import Marker, read_marker_at
@@ -118,17 +120,24 @@ def tmp_dir(to: Path) -> Path:
     return path
 
 
-def clean_leftovers(to: Path) -> None:
-    """Remove scratch dirs of stagers that died (their ``.owner`` file names a dead process)."""
+def clean_leftovers(to: Path, name: str) -> None:
+    """Remove the scratch dirs that earlier stagers of ``name`` left (killed, crashed).
+
+    Call it holding ``name``'s lock: no live stager of ``name`` can own a scratch dir then
+    (a lock is only broken when its owner is dead or stopped heart-beating), so their owners'
+    liveness need not be guessed — an ``.owner`` file is not heart-beaten, and on a shared
+    filesystem a builder on another node would look dead after a minute. Scratch dirs of other
+    names are left to their own stagers.
+    """
     tmp = to / TMP_DIR
-    with contextlib.suppress(FileNotFoundError):
-        for owner_file in tmp.glob("*.owner"):
-            if owner_is_dead(owner_file):
-                scratch = owner_file.with_suffix("")
-                remove_path(os.fspath(scratch))
-                remove_path(os.fspath(scratch) + ".old")
-                with contextlib.suppress(FileNotFoundError):
-                    owner_file.unlink()
+    pattern = re.compile(rf"{re.escape(name)}\.\d+-[0-9a-f]{{10}}(\.old|\.owner)?")
+    try:
+        names = os.listdir(tmp)
+    except FileNotFoundError:
+        return
+    for entry in names:
+        if pattern.fullmatch(entry):
+            remove_path(os.fspath(tmp / entry))
 
 
 def new_scratch(to: Path, name: str) -> Path:
