@@ -23,7 +23,7 @@ from cache import leases
 from cache.leases import Holder
 from stagers.filemanifest import MANIFEST_NAME, Manifest, StageError
 from stagers.markers import Marker, read_marker_at, same_holder, staged_target
-from stagers.pool import Pool, pool_key
+from stagers.pool import Pool
 from stagers.remove import remove_opened
 from stagers.squashfs import unmount
 
@@ -113,8 +113,7 @@ def _unstage_in(parent_fd: int, parent: Path, name: str, path: Path, cache_root:
             os.close(fd)
     _remove_image(parent_fd, marker)
     if manifest is not None and manifest.method == "pool":
-        Pool.of_target(parent).release({pool_key(e.hash, e.mode) for e in manifest.entries
-                                        if e.type == "file" and e.hash is not None})
+        Pool.of_target(parent).sweep()
     return True
 
 

@@ -49,3 +49,17 @@ def test_a_removed_entry_is_copied_again(tmp_path: Path) -> None:
     pool.path(key).unlink()  # a concurrent unstage released it
     assert pool.link_into(str(src), key, 0o600, 0, str(tmp_path / "t" / "b"), Copier())
     assert (tmp_path / "t" / "b").read_bytes() == b"again"
+
+
+def test_sweep_removes_every_unlinked_entry(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.write_bytes(b"x")
+    pool = Pool.of_target(tmp_path / "t")
+    (tmp_path / "t").mkdir()
+    keys = [pool_key(f"{n:02x}" * 16, 0o644) for n in range(5)]
+    for n, key in enumerate(keys):
+        pool.link_into(str(src), key, 0o644, 0, str(tmp_path / "t" / f"b{n}"), Copier())
+    for n in (1, 3):
+        (tmp_path / "t" / f"b{n}").unlink()  # e.g. a killed stager's scratch, removed
+    assert pool.sweep() == 2
+    assert [pool.path(k).exists() for k in keys] == [True, False, True, False, True]
