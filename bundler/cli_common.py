@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -16,7 +17,9 @@ from bundler.pull import PullOptions
 from bundler.settings import Settings, load_settings
 from cache.errors import NotImplementedYet
 
-stdout = Console(soft_wrap=True, highlight=False)
+# piped output is for grep and scripts: wide enough that table rows do not wrap
+stdout = Console(soft_wrap=True, highlight=False,
+                 width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 240)
 stderr = Console(stderr=True, soft_wrap=True, highlight=False)
 
 # -- shared options ----------------------------------------------------------------------------

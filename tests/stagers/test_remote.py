@@ -13,7 +13,14 @@ import pytest
 from cache.errors import OcistageError
 from cache.leases import Holder
 from stagers.filemanifest import fill_hashes, scan
-from stagers.remote import fetch_file, local_work_dir, push_file, push_tree, stage_from_url
+from stagers.remote import (
+    fetch_file,
+    is_url,
+    local_work_dir,
+    push_file,
+    push_tree,
+    stage_from_url,
+)
 from stagers.unstage import unstage
 from tests.e2e.components import require_binary
 
@@ -85,3 +92,12 @@ def test_only_squashfs_images_are_staged_from_urls(tmp_path: Path) -> None:
     with pytest.raises(OcistageError, match="not a squashfs image"):
         stage_from_url("memory://x/thing.tar", tmp_path, cache_root=tmp_path / "c",
                        holder=Holder.pin("r"))
+
+
+@pytest.mark.parametrize(("text", "url"), [
+    ("file:///tmp/x", True), ("memory://bundles", True), ("sftp://host/p", True),
+    ("s3://bucket/key", True), ("docker://alpine", False), ("oci:/path:tag", False),
+    ("/scratch/bundles", False), ("registry:5000/repo:tag", False),
+])
+def test_is_url_tells_urls_from_image_references(text: str, url: bool) -> None:
+    assert is_url(text) is url
