@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from cache import leases
+from cache.fsremove import remove_path
 from cache.leases import Holder
-from stagers.remove import remove_path
 from stagers.stage import stage_directory
 
 RESULTS = Path(__file__).parent / "results"

@@ -7,8 +7,12 @@ commands race-free):
    downloading, stale lock files; temp files of atomic writes and ownerless temp dirs (a
    removal that was interrupted) older than an hour; quarantined entries older than a week;
 2. leases: dead leases are dropped; a staged bundle whose leases are *all* dead is removed if
-   its marker ``<path>/.ocistage-staged.json`` names one of them (no symlink is followed), and
-   then its leases are dropped;
+   its marker ``<path>/.ocistage-staged.json`` (or, for a mounted image fetched from a URL,
+   the outer marker beside it) names one of them, and then its leases are dropped. Removal is
+   :func:`cache.staged.remove`: no symlink is followed, a squashfs mount is unmounted first,
+   the tree is removed through descriptors, the image beside it goes too, and the target's
+   pool is swept of entries no bundle links to any more. A removal that fails (a busy mount)
+   keeps the leases, so the next GC tries again;
 3. eviction, only when asked (``max_size``, ``older_than``): refs, cached bundles and layer
    snapshots, least recently used first, until the cache fits ``max_size``; those last used
    before ``older_than`` ago go whatever the size;
@@ -30,7 +34,7 @@ with the snapshot (so evicting a bundle frees only what is its own).
 from __future__ import annotations
 
 import contextlib
-import json
+import logging
 import os
 import stat
 import time
@@ -39,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from cache import usage
+from cache import staged, usage
 from cache.digest import Digest
 from cache.errors import LockTimeout, NotFound, StoreError
 from cache.inventory import (
@@ -71,7 +75,7 @@ from cache.sizes import format_size
 from cache.snapshots import SnapshotInfo, list_snapshots, remove_snapshot
 from cache.store import Store, remove_tree, scratch_is_dead
 
-STAGED_MARKER = ".ocistage-staged.json"
+log = logging.getLogger(__name__)
 LEFTOVER_TEMP_AGE = 3600.0
 QUARANTINE_KEEP = 7 * 86400.0
 RemovalKind = Literal["ref", "blob", "bundle", "snapshot", "staged", "lease", "scratch",
@@ -192,35 +196,6 @@ def _dead_partials(store: Store, dry_run: bool) -> list[Removal]:
 
 # -- leases and staged bundles -----------------------------------------------------------------
 
-def _staged_marker(path: Path) -> dict[str, object] | None:
-    """A staged bundle's marker, read without following a link at ``path`` or in it."""
-    try:
-        dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        fd = os.open(STAGED_MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-        with os.fdopen(fd, "rb") as file:
-            data = json.loads(file.read(1 << 16))
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(dir_fd)
-    return data if isinstance(data, dict) else None
-
-
-def _staged_image(path: Path, marker: dict[str, object]) -> Path | None:
-    """The squashfs image file beside a staged bundle that its marker names, if any."""
-    image = marker.get("image")
-    if not isinstance(image, str) or "/" in image or image in ("", ".", ".."):
-        return None
-    candidate = path.parent / image
-    try:
-        return candidate if stat.S_ISREG(os.lstat(candidate).st_mode) else None
-    except OSError:
-        return None
-
-
 def _remove_staged(target: str, leases: list[Lease], dry_run: bool) -> list[Removal]:
     """Remove a staged bundle all of whose ``leases`` are dead, if its marker says it is ours.
 
@@ -231,15 +206,20 @@ def _remove_staged(target: str, leases: list[Lease], dry_run: bool) -> list[Remo
     removed: list[Removal] = []
     ids = {lease.id for lease in leases}
     normal = path.is_absolute() and os.path.normpath(text) == text and text != "/"
-    marker = _staged_marker(path) if normal else None
-    if marker is not None and marker.get("id") in ids:
-        image = _staged_image(path, marker)
-        size = tree_size(path).disk + (tree_size(image).disk if image else 0)
-        if not dry_run:
-            remove_tree(path)
-            if image is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(image)
+    bundle = staged.open_staged(path) if normal else None
+    if bundle is not None and not bundle.lease_ids() & ids:
+        bundle.close()
+        bundle = None
+    if bundle is not None:
+        size = bundle.image_size() + (0 if bundle.mounted else tree_size(path).disk)
+        if dry_run:
+            bundle.close()
+        else:
+            try:
+                staged.remove(bundle)
+            except (OSError, StoreError) as exc:  # e.g. a mount that is busy: retry next time
+                log.warning("cannot remove staged bundle %s: %s", text, exc)
+                return []
         removed.append(Removal("staged", text, size, "staged bundle whose leases are all dead"))
         reason = "dead lease of a removed staged bundle"
     else:

@@ -23,10 +23,10 @@ from typing import Any, Literal
 import xxhash
 
 from cache.errors import OcistageError
+from cache.staged import MARKER_NAME as MARKER_NAME
 from stagers.parallel import map_batched
 
 MANIFEST_NAME = ".ocistage-manifest.json"
-MARKER_NAME = ".ocistage-staged.json"
 #: files ocistage itself writes at the top of a staged bundle; never taken from a source
 RESERVED_NAMES = frozenset({MANIFEST_NAME, MARKER_NAME})
 MANIFEST_VERSION = 1

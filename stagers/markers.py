@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cache import leases
+from cache import leases, usage
 from cache.leases import Holder, Lease
 from stagers.filemanifest import MARKER_NAME
 
@@ -113,11 +113,56 @@ def staged_target(path: Path) -> str:
 
 def hold(cache_root: Path, path: Path, holder: Holder) -> Lease:
     """This holder's lease on staged ``path``: an existing one is reused, else one is taken."""
+    return claim(cache_root, path, holder)[0]
+
+
+def claim(cache_root: Path, path: Path, holder: Holder) -> tuple[Lease, bool]:
+    """Hold staged ``path`` (see :func:`hold`), then wait until no ``cache gc`` runs.
+
+    Call it *before* looking at what is staged at ``path``: a GC that started earlier may be
+    removing it (all its other leases dead); once it has finished, either it saw this lease or
+    the path is gone. Returns the lease and whether it was taken now (release it if staging
+    fails before anything was published).
+    """
     target = staged_target(path)
     for lease in leases.leases_on(cache_root, target):
         if same_holder(lease.holder, holder):
-            return lease
-    return leases.acquire(cache_root, target, holder)
+            leases.wait_for_gc(cache_root)
+            return lease, False
+    lease = leases.acquire(cache_root, target, holder)
+    leases.wait_for_gc(cache_root)
+    return lease, True
+
+
+def release_if_unused(cache_root: Path, path: Path, lease: Lease, taken: bool) -> None:
+    """After a failed staging: drop ``lease`` if :func:`claim` took it for this staging and
+    what is staged at ``path`` (if anything) is not marked with it."""
+    if not taken:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        fd = -1
+    if fd >= 0:
+        try:
+            marker = read_marker_at(fd)
+        finally:
+            os.close(fd)
+        if marker is not None and marker.id == lease.id:
+            return
+    leases.release(cache_root, lease.id)
+
+
+def record_bundle_use(source: Path, cache_root: Path) -> None:
+    """Record a use of ``source`` if it is a bundle in the cache (``CACHE/bundles/<key>``), so
+    ``cache gc`` evicts it last among bundles; best effort."""
+    try:
+        real = Path(os.path.realpath(source))
+        if real.parent != Path(os.path.realpath(cache_root / "bundles")):
+            return
+        usage.touch(cache_root, "bundle", real.name)
+    except (OSError, ValueError):
+        return
 
 
 def new_marker(lease: Lease, source: str, method: str, format: str = "dir",

@@ -23,10 +23,9 @@ from pathlib import Path
 
 import xxhash
 
+from cache.staged import POOL_DIR, sweep_pool
 from stagers.copy import Copier, link_fd
 from stagers.filemanifest import CHUNK, hash_file
-
-POOL_DIR = ".ocistage-pool"
 
 
 def pool_key(content_hash: str, mode: int) -> str:
@@ -164,22 +163,8 @@ class Pool:
 
     def sweep(self) -> int:
         """Remove every entry no bundle links to (also those a killed stager left); returns
-        how many. Safe beside running stagers: one that loses an entry copies it again."""
-        removed = 0
-        try:
-            fanout = [e.path for e in os.scandir(self.root) if e.is_dir(follow_symlinks=False)]
-        except (FileNotFoundError, NotADirectoryError):
-            return 0
-        for directory in fanout:
-            with os.scandir(directory) as entries:
-                for entry in entries:
-                    try:
-                        if entry.stat(follow_symlinks=False).st_nlink == 1:
-                            os.unlink(entry.path)
-                            removed += 1
-                    except FileNotFoundError:
-                        continue
-        return removed
+        how many (:func:`cache.staged.sweep_pool`, which ``cache gc`` uses too)."""
+        return sweep_pool(self.root.parent)
 
     def release(self, keys: set[str]) -> int:
         """Remove the entries among ``keys`` that no bundle links to any more; returns how many."""

@@ -18,6 +18,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +26,11 @@ from typing import Any, BinaryIO
 
 import fsspec
 
-from cache.leases import Holder
+from cache.leases import Holder, Lease
+from cache.staged import outer_marker_name, read_json_at
+from cache.store import write_file_atomic
 from stagers.filemanifest import StageError, fill_hashes, scan
-from stagers.markers import Marker, hold
+from stagers.markers import Marker, claim, release_if_unused
 from stagers.squashfs import IMAGE_SUFFIX, install_image, make_image
 from stagers.target import (
     LOCK_TIMEOUT,
@@ -170,30 +173,60 @@ def stage_from_url(url: str, to: Path, *, cache_root: Path, name: str | None = N
     final = to / name
     lock = name_lock(to, name)
     lock.acquire(timeout=LOCK_TIMEOUT)
+    lease, taken = claim(cache_root, final, holder)  # before looking at what is staged
     try:
         clean_leftovers(to, name)
         _previous, marker = existing(final)
         if marker is not None and marker.format == "squashfs":
             # an image fetched before: URLs carry no cheap change check; unstage to refresh
-            lease = hold(cache_root, final, holder)
             return StageResult(final, 0, 0, 0, 0, 0, lease.id, marker.method)
         if os.path.lexists(final):
             raise StageError(f"{final} exists and was not staged by ocistage",
                              "choose another --name or target")
-        lease = hold(cache_root, final, holder)
         scratch = new_scratch(to, name)
         try:
             built = scratch / (name + IMAGE_SUFFIX)
             fetch_file(url, built)
-            return install_image(built, final, scratch, 0, lease.id, url, mount_image)
+            result = install_image(built, final, scratch, 0, lease.id, url, mount_image)
         except BaseException:
             with contextlib.suppress(OSError):
                 drop_scratch(scratch)
             raise
-    except OSError as exc:
-        raise StageError(f"staging {url} at {final} failed: {exc.strerror}") from exc
+        if result.method == "squashfs-mount":
+            write_outer_marker(final, lease, url)
+        return result
+    except BaseException as exc:
+        if taken and not _marked_with(final, lease):
+            release_if_unused(cache_root, final, lease, taken)
+        if isinstance(exc, OSError):
+            raise StageError(f"staging {url} at {final} failed: {exc.strerror}") from exc
+        raise
     finally:
         lock.release()
+
+
+def write_outer_marker(final: Path, lease: Lease, url: str) -> None:
+    """Name ``lease`` in ``TO/.NAME.ocistage-staged.json`` (:mod:`cache.staged`).
+
+    The marker inside a fetched image was written when it was pushed and names no lease of
+    this cache; the image is read-only, so ``cache gc`` learns from the outer marker which
+    lease the mount belongs to (and collects it once that lease is dead).
+    """
+    marker = Marker(id=lease.id, source=url, created=time.time(), method="squashfs-mount",
+                    format="squashfs", image=final.name + IMAGE_SUFFIX)
+    write_file_atomic(final.parent / outer_marker_name(final.name), marker.to_json())
+
+
+def _marked_with(final: Path, lease: Lease) -> bool:
+    try:
+        fd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        outer = read_json_at(fd, outer_marker_name(final.name))
+    finally:
+        os.close(fd)
+    return outer is not None and outer.get("id") == lease.id
 
 
 def local_work_dir(to: Path) -> Path:

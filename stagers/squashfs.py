@@ -21,7 +21,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from cache.fsremove import remove_path
 from cache.leases import Holder
+from cache.staged import unmount as unmount
 from stagers.filemanifest import (
     MANIFEST_NAME,
     MARKER_NAME,
@@ -32,8 +34,7 @@ from stagers.filemanifest import (
     scan,
     unchanged,
 )
-from stagers.markers import Marker, hold, new_marker
-from stagers.remove import remove_path
+from stagers.markers import Marker, claim, new_marker, release_if_unused
 from stagers.target import (
     LOCK_TIMEOUT,
     StageResult,
@@ -155,22 +156,6 @@ def mount(image: Path, mountpoint: Path) -> bool:
     return False
 
 
-def unmount(mountpoint: Path) -> None:
-    """Unmount a FUSE mount: ``fusermount3 -u``, ``fusermount -u`` or ``umount``."""
-    for tool in ("fusermount3", "fusermount", "umount"):
-        path = shutil.which(tool)
-        if path is None:
-            continue
-        argv = [path, "-u", os.fspath(mountpoint)] if tool != "umount" else [
-            path, os.fspath(mountpoint)]
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=60,
-                                stdin=subprocess.DEVNULL, check=False)
-        if result.returncode == 0 or not os.path.ismount(mountpoint):
-            return
-    raise StageError(f"cannot unmount {mountpoint}",
-                     f"unmount it yourself (fusermount -u {mountpoint}) and retry")
-
-
 def unpack(image: Path, dest: Path) -> None:
     """Unpack ``image`` into ``dest`` (must not exist) with unsquashfs."""
     _run([_tool("unsquashfs"), "-d", os.fspath(dest), "-no-progress", os.fspath(image)],
@@ -193,6 +178,7 @@ def stage_squashfs(source: Path, to: Path, name: str, *, cache_root: Path, holde
     image = to / f"{name}{IMAGE_SUFFIX}"
     lock = name_lock(to, name)
     lock.acquire(timeout=LOCK_TIMEOUT)
+    lease, taken = claim(cache_root, final, holder)  # before looking at what is staged
     try:
         clean_leftovers(to, name)
         previous, marker = existing(final)
@@ -206,10 +192,8 @@ def stage_squashfs(source: Path, to: Path, name: str, *, cache_root: Path, holde
         files = sum(1 for e in entries if e.type == "file")
         if (previous is not None and marker is not None and marker.format == "squashfs"
                 and unchanged(entries, previous)):
-            lease = hold(cache_root, final, holder)
             return StageResult(final, files, 0, 0, files, 0, lease.id, marker.method)
         entries, _ = fill_hashes(source, entries, previous, jobs)
-        lease = hold(cache_root, final, holder)
         scratch = new_scratch(to, name)
         try:
             method = "squashfs-mount" if mount_image is not False else "squashfs-unpack"
@@ -220,9 +204,12 @@ def stage_squashfs(source: Path, to: Path, name: str, *, cache_root: Path, holde
             with contextlib.suppress(OSError):
                 drop_scratch(scratch)
             raise
-    except OSError as exc:
-        raise StageError(f"staging {source} as squashfs at {final} failed: {exc.strerror} "
-                         f"({exc.filename})") from exc
+    except BaseException as exc:
+        release_if_unused(cache_root, final, lease, taken)
+        if isinstance(exc, OSError):
+            raise StageError(f"staging {source} as squashfs at {final} failed: "
+                             f"{exc.strerror} ({exc.filename})") from exc
+        raise
     finally:
         lock.release()
 

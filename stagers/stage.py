@@ -39,7 +39,8 @@ import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cache.leases import Holder
+from cache.fsremove import remove_path
+from cache.leases import Holder, Lease
 from cache.store import fsync_dir
 from stagers.copy import Copier
 from stagers.filemanifest import (
@@ -55,10 +56,9 @@ from stagers.filemanifest import (
     scan,
     stat_digest,
 )
-from stagers.markers import default_holder, hold, new_marker
+from stagers.markers import claim, default_holder, new_marker, record_bundle_use, release_if_unused
 from stagers.parallel import map_batched
 from stagers.pool import Pool, pool_key
-from stagers.remove import remove_path
 from stagers.squashfs import stage_squashfs
 from stagers.target import (
     LOCK_TIMEOUT,
@@ -286,6 +286,7 @@ def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | Non
         raise StageError(f"cannot create the target {to}: {exc.strerror}") from exc
     holder = holder or default_holder()
     label = source_label or os.fspath(source)
+    record_bundle_use(source, cache_root)
     if format == "squashfs":
         return stage_squashfs(source, to, name, cache_root=cache_root, holder=holder,
                               label=label, mount_image=squashfs_mount, jobs=jobs)
@@ -305,6 +306,17 @@ def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | Non
 def _stage_locked(source: Path, to: Path, name: str, cache_root: Path, holder: Holder,
                   link: bool | None, jobs: int, label: str) -> StageResult:
     final = to / name
+    lease, taken = claim(cache_root, final, holder)  # before looking at what is staged
+    try:
+        return _stage_claimed(source, to, name, cache_root, lease, link, jobs, label)
+    except BaseException:
+        release_if_unused(cache_root, final, lease, taken)
+        raise
+
+
+def _stage_claimed(source: Path, to: Path, name: str, cache_root: Path, lease: Lease,
+                   link: bool | None, jobs: int, label: str) -> StageResult:
+    final = to / name
     method = choose_method(source, to, link)
     marker = read_existing_marker(final)
     if os.path.lexists(final) and marker is None:
@@ -318,7 +330,6 @@ def _stage_locked(source: Path, to: Path, name: str, cache_root: Path, holder: H
     if (marker is not None and marker.method == method and marker.format == "dir"
             and ((identity and marker.sealed == identity)
                  or (not identity and marker.tree and marker.tree == stat_digest(source)))):
-        lease = hold(cache_root, final, holder)
         return StageResult(final, marker.files, 0, 0, marker.files, 0, lease.id, method)
     previous = load_manifest(final / MANIFEST_NAME) if marker is not None else None
     entries = scan(source)
@@ -330,7 +341,6 @@ def _stage_locked(source: Path, to: Path, name: str, cache_root: Path, holder: H
         entries, _hashed = fill_hashes(source, entries, previous, jobs)
     tree = entries_digest(entries)
     files = sum(1 for e in entries if e.type == "file")
-    lease = hold(cache_root, final, holder)
     if method == "pool":
         pool.prepare()
     scratch = new_scratch(to, name)

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from cache.fsremove import remove_path
 from cache.locks import FileLock, Owner
 from stagers.copy import same_filesystem
 from stagers.filemanifest import MANIFEST_NAME, Manifest, StageError, load_manifest
 from stagers.markers import Marker, read_marker_at
-from stagers.remove import remove_path
 
 TMP_DIR = ".ocistage-tmp"
 RESERVED_PREFIX = ".ocistage"

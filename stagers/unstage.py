@@ -2,7 +2,7 @@
 
 Only a directory carrying an ocistage marker (``.ocistage-staged.json``) is removed. The path's
 last component is opened with ``O_NOFOLLOW``: a symlink there is refused, never followed, and
-the removal itself works through directory descriptors (:mod:`stagers.remove`), so a symlink
+the removal itself works through directory descriptors (:mod:`cache.fsremove`), so a symlink
 swapped in at any level while it runs cannot redirect it outside the bundle. A squashfs mount is
 unmounted first and its image (named in the marker, beside the path) removed.
 
@@ -14,32 +14,15 @@ lease on the path is released. Pool entries no other bundle links to any more ar
 
 from __future__ import annotations
 
-import contextlib
 import os
-import stat
 from pathlib import Path
 
-from cache import leases
+from cache import leases, staged
 from cache.leases import Holder
-from stagers.filemanifest import MANIFEST_NAME, Manifest, StageError
-from stagers.markers import Marker, read_marker_at, same_holder, staged_target
-from stagers.pool import Pool
-from stagers.remove import remove_opened
-from stagers.squashfs import unmount
+from stagers.filemanifest import StageError
+from stagers.markers import read_marker_at, same_holder, staged_target
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _manifest_at(dir_fd: int) -> Manifest | None:
-    try:
-        fd = os.open(MANIFEST_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "rb") as file:
-            return Manifest.from_json(file.read())
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def _release_leases(cache_root: Path, path: Path, holder: Holder | None) -> bool:
@@ -92,38 +75,18 @@ def _unstage_in(parent_fd: int, parent: Path, name: str, path: Path, cache_root:
                          "give the path ocistage stage printed") from exc
     try:
         marker = read_marker_at(fd)
-        if marker is None:
+        document = staged.read_json_at(fd, staged.MARKER_NAME)
+        if marker is None or document is None:
             raise StageError(f"{path} was not staged by ocistage (no marker); not removing it",
                              "remove it yourself if it is yours")
         in_use = _release_leases(cache_root, path, holder)
         if in_use and not force:
             return False
-        manifest = _manifest_at(fd)
         mounted = os.fstat(fd).st_dev != os.fstat(parent_fd).st_dev
-        if mounted:
-            os.close(fd)
-            fd = -1
-            unmount(path)
-            with contextlib.suppress(FileNotFoundError):
-                os.rmdir(name, dir_fd=parent_fd)
-        else:
-            remove_opened(parent_fd, name, fd)
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    _remove_image(parent_fd, marker)
-    if manifest is not None and manifest.method == "pool":
-        Pool.of_target(parent).sweep()
+        bundle = staged.StagedBundle(parent_fd, parent, name, fd, document, None, mounted)
+    except BaseException:
+        os.close(fd)
+        raise
+    staged.take_down(bundle)   # closes fd
+    staged.remove_beside(bundle)
     return True
-
-
-def _remove_image(parent_fd: int, marker: Marker) -> None:
-    """Remove the squashfs image the marker names, if it is a regular file beside the path."""
-    if not marker.image:
-        return
-    try:
-        st = os.stat(marker.image, dir_fd=parent_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if stat.S_ISREG(st.st_mode):
-        os.unlink(marker.image, dir_fd=parent_fd)

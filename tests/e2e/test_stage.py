@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from cache import leases
+from cache.fsremove import remove_path
 from stagers.filemanifest import MARKER_NAME
-from stagers.remove import remove_path
 from tests.e2e.components import require_binary
 from tests.e2e.conftest import OcistageRunner
 from tests.e2e.images import ImageRef

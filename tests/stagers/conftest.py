@@ -48,6 +48,6 @@ def other_fs() -> Iterator[Path]:
     path = base / f"ocistage-test-{uuid.uuid4().hex[:10]}"
     path.mkdir()
     yield path
-    from stagers.remove import remove_path
+    from cache.fsremove import remove_path
 
     remove_path(os.fspath(path))

@@ -15,9 +15,9 @@ import pytest
 
 from cache import leases
 from cache.errors import OcistageError
+from cache.fsremove import remove_opened, remove_path
 from cache.leases import Holder
 from stagers.filemanifest import MARKER_NAME
-from stagers.remove import remove_opened, remove_path
 from stagers.stage import stage_directory
 from stagers.unstage import unstage
 
@@ -179,7 +179,7 @@ def test_an_unprivileged_owner_removes_mode_000_directories(open_dir: Path,
     for path in [tmp_path / "userdir", *(tmp_path / "userdir").rglob("*")]:
         os.lchown(path, 65534, 65534)
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r}); "
-            "from stagers.remove import remove_path; "
+            "from cache.fsremove import remove_path; "
             f"remove_path({str(staged)!r})")
     result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                              sys.executable, "-c", code], capture_output=True, text=True,

@@ -1,0 +1,232 @@
+"""Staged bundles as the cache sees them: the layout ``stagers/`` writes, and removing one.
+
+``stagers`` puts bundles outside the cache and records a lease ``staged:<path>`` for each;
+``cache gc`` removes a staged bundle once all its leases are dead. Both sides share this
+module (``stagers`` imports ``cache``, never the reverse), so the layout below is the contract
+(docs/staging.md):
+
+    TARGET/NAME/.ocistage-staged.json     the marker: {"id": <lease id>, "method", "format",
+                                          "image": <squashfs image file name beside NAME>}
+    TARGET/.NAME.ocistage-staged.json     the outer marker of a mounted image whose own marker
+                                          (read-only, inside the image) names no lease of this
+                                          cache: an image fetched from a URL
+    TARGET/NAME.sqfs                      the squashfs image of NAME (``--format squashfs``)
+    TARGET/.ocistage-pool/<hh>/<key>      file contents shared by the target's bundles; an
+                                          entry with link count 1 is used by no bundle
+
+Removal never follows a symlink: ``NAME`` is opened with ``O_NOFOLLOW`` relative to its
+parent, a squashfs mount (a different ``st_dev`` than the parent's) is unmounted first, and
+a directory is removed through descriptors (:mod:`cache.fsremove`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cache.errors import StoreError
+from cache.fsremove import remove_opened
+
+MARKER_NAME = ".ocistage-staged.json"
+POOL_DIR = ".ocistage-pool"
+UNMOUNT_TIMEOUT = 60
+TEMP_GRACE = 3600.0   # a named temp file in the pool younger than this may be being written
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def outer_marker_name(name: str) -> str:
+    """File name (beside ``NAME``) of the outer marker of the staged bundle ``NAME``."""
+    return f".{name}{MARKER_NAME}"
+
+
+def read_json_at(dir_fd: int, name: str) -> dict[str, object] | None:
+    """The JSON object in file ``name`` of ``dir_fd`` (not following a link); None if absent,
+    unreadable or not an object."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as file:
+            data = json.loads(file.read(1 << 16))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def image_name(marker: dict[str, object]) -> str | None:
+    """The squashfs image file name a marker names, if it is a plain name."""
+    image = marker.get("image")
+    if not isinstance(image, str) or "/" in image or image in ("", ".", ".."):
+        return None
+    return image
+
+
+@dataclass(frozen=True)
+class StagedBundle:
+    """A staged bundle opened for removal: ``fd`` is ``parent/name`` opened without following
+    a link; :meth:`close` (or :func:`remove`) closes it."""
+
+    parent_fd: int
+    parent: Path
+    name: str
+    fd: int
+    marker: dict[str, object]
+    outer: dict[str, object] | None   # the outer marker, if there is one
+    mounted: bool
+
+    def lease_ids(self) -> set[str]:
+        """Lease ids the markers name (the outer one counts only for a mounted image)."""
+        ids = {self.marker.get("id")}
+        if self.outer is not None and self.mounted:
+            ids.add(self.outer.get("id"))
+        return {i for i in ids if isinstance(i, str) and i}
+
+    def image(self) -> str | None:
+        """The image file beside the bundle that its marker names, if it is a regular file."""
+        image = image_name(self.marker)
+        if image is None:
+            return None
+        try:
+            st = os.stat(image, dir_fd=self.parent_fd, follow_symlinks=False)
+        except OSError:
+            return None
+        return image if stat.S_ISREG(st.st_mode) else None
+
+    def image_size(self) -> int:
+        image = self.image()
+        if image is None:
+            return 0
+        with contextlib.suppress(OSError):
+            return os.stat(image, dir_fd=self.parent_fd, follow_symlinks=False).st_blocks * 512
+        return 0
+
+    def close(self) -> None:
+        for fd in (self.fd, self.parent_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def open_staged(path: Path) -> StagedBundle | None:
+    """Open the staged bundle at ``path`` (absolute); None if it is absent, not a directory
+    (a symlink is never followed) or carries no marker."""
+    parent, name = os.path.split(path)
+    try:
+        parent_fd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fd = os.open(name, _DIR, dir_fd=parent_fd)
+    except OSError:
+        os.close(parent_fd)
+        return None
+    marker = read_json_at(fd, MARKER_NAME)
+    if marker is None:
+        os.close(fd)
+        os.close(parent_fd)
+        return None
+    mounted = os.fstat(fd).st_dev != os.fstat(parent_fd).st_dev
+    outer = read_json_at(parent_fd, outer_marker_name(name))
+    return StagedBundle(parent_fd, Path(parent), name, fd, marker, outer, mounted)
+
+
+def unmount(mountpoint: Path) -> None:
+    """Unmount a FUSE mount: ``fusermount3 -u``, ``fusermount -u`` or ``umount``."""
+    for tool in ("fusermount3", "fusermount", "umount"):
+        path = shutil.which(tool)
+        if path is None:
+            continue
+        argv = [path, "-u", os.fspath(mountpoint)] if tool != "umount" else [
+            path, os.fspath(mountpoint)]
+        try:
+            result = subprocess.run(argv, capture_output=True, text=True,
+                                    timeout=UNMOUNT_TIMEOUT, stdin=subprocess.DEVNULL,
+                                    check=False)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if result.returncode == 0 or not os.path.ismount(mountpoint):
+            return
+    raise StoreError(f"cannot unmount {mountpoint}",
+                     f"unmount it yourself (fusermount -u {mountpoint}) and retry")
+
+
+def take_down(bundle: StagedBundle) -> None:
+    """Remove the tree of ``bundle``: unmount a mounted image (then remove the empty mount
+    point), or remove the directory through descriptors. Closes ``bundle.fd``."""
+    if bundle.mounted:
+        os.close(bundle.fd)  # an open descriptor would keep the mount busy
+        unmount(bundle.parent / bundle.name)
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(bundle.name, dir_fd=bundle.parent_fd)
+        return
+    try:
+        remove_opened(bundle.parent_fd, bundle.name, bundle.fd)
+    finally:
+        os.close(bundle.fd)
+
+
+def remove_beside(bundle: StagedBundle) -> None:
+    """Remove what belongs to ``bundle`` beside it: the image its marker names, the outer
+    marker; and, for a pool bundle, every pool entry that no bundle links to any more."""
+    image = bundle.image()
+    if image is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(image, dir_fd=bundle.parent_fd)
+    with contextlib.suppress(FileNotFoundError):
+        st = os.stat(outer_marker_name(bundle.name), dir_fd=bundle.parent_fd,
+                     follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode):
+            os.unlink(outer_marker_name(bundle.name), dir_fd=bundle.parent_fd)
+    if bundle.marker.get("method") == "pool":
+        sweep_pool(bundle.parent)
+
+
+def remove(bundle: StagedBundle) -> None:
+    """Take ``bundle`` down and remove what belongs to it (see above); closes it."""
+    try:
+        take_down(bundle)
+        remove_beside(bundle)
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(bundle.parent_fd)
+
+
+def sweep_pool(target: Path) -> int:
+    """Remove every entry of ``target``'s pool that no bundle links to (link count 1: also
+    those a killed stager left); returns how many. Only regular files directly inside the
+    pool's fan-out directories are looked at; nothing is followed. Safe beside running
+    stagers: one that loses an entry copies it again."""
+    removed = 0
+    try:
+        pool_fd = os.open(target / POOL_DIR, _DIR)
+    except OSError:
+        return 0
+    try:
+        for fanout in os.listdir(pool_fd):
+            try:
+                fan_fd = os.open(fanout, _DIR, dir_fd=pool_fd)
+            except OSError:
+                continue
+            try:
+                for entry in os.scandir(fan_fd):
+                    with contextlib.suppress(FileNotFoundError):
+                        st = entry.stat(follow_symlinks=False)
+                        if (entry.name.endswith(".tmp")  # a stager writing it (no O_TMPFILE)
+                                and time.time() - st.st_mtime < TEMP_GRACE):
+                            continue
+                        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                            os.unlink(entry.name, dir_fd=fan_fd)
+                            removed += 1
+            finally:
+                os.close(fan_fd)
+    finally:
+        os.close(pool_fd)
+    return removed

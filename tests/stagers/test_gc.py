@@ -1,0 +1,195 @@
+"""Staging and ``cache gc`` together: GC collects what stagers made once its leases are dead
+(squashfs mounts unmounted, pool entries swept, images fetched from a URL too), and a stager
+never looks at a staged path while a GC runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cache import leases, staged, usage
+from cache.gc import GcOptions, GcReport, collect
+from cache.leases import GC_LOCK, Holder
+from cache.store import Store
+from stagers.filemanifest import StageError
+from stagers.remote import push_tree, stage_from_url
+from stagers.stage import stage_directory
+from tests.e2e.components import require_binary
+from tests.stagers.conftest import make_tree
+
+DEAD_JOB = Holder.slurm_job("424242")
+
+
+def no_jobs(job_ids: object) -> dict[str, str]:
+    """squeue's answer when none of the jobs is running any more."""
+    return {}
+
+
+def gc(cache: Path) -> GcReport:
+    return collect(Store.open(cache), GcOptions(), job_states=no_jobs)
+
+
+def staged_removed(report: GcReport) -> set[str]:
+    return {r.name for r in report.removed if r.kind == "staged"}
+
+
+def require_mount() -> None:
+    require_binary("mksquashfs")
+    if not (shutil.which("squashfuse") and os.path.exists("/dev/fuse")
+            and (os.geteuid() == 0 or shutil.which("fusermount3") or shutil.which("fusermount"))):
+        pytest.skip("squashfuse cannot mount here (needs /dev/fuse and fusermount or root)")
+
+
+def test_gc_unmounts_and_removes_a_mounted_image_of_a_dead_job(tree: Path,
+                                                                tmp_path: Path) -> None:
+    require_mount()
+    cache, target = tmp_path / "cache", tmp_path / "t"
+    result = stage_directory(tree, target, cache_root=cache, format="squashfs",
+                             squashfs_mount=True, holder=DEAD_JOB)
+    try:
+        assert result.method == "squashfs-mount" and os.path.ismount(result.path)
+        report = gc(cache)
+    finally:
+        if os.path.ismount(result.path):
+            staged.unmount(result.path)
+    assert staged_removed(report) == {str(result.path)}
+    assert not os.path.lexists(result.path)
+    assert sorted(os.listdir(target)) == [".ocistage-tmp"]  # the image went too
+    assert leases.all_leases(cache) == []
+    assert (tree / "config.json").exists()  # the source is untouched
+
+
+def test_gc_keeps_a_mounted_image_while_a_lease_lives(tree: Path, tmp_path: Path) -> None:
+    require_mount()
+    cache = tmp_path / "cache"
+    result = stage_directory(tree, tmp_path / "t", cache_root=cache, format="squashfs",
+                             squashfs_mount=True, holder=DEAD_JOB)
+    try:
+        stage_directory(tree, tmp_path / "t", cache_root=cache, format="squashfs",
+                        holder=Holder.pin("other"))
+        assert staged_removed(gc(cache)) == set()
+        assert os.path.ismount(result.path)
+    finally:
+        staged.unmount(result.path)
+
+
+def test_gc_collects_an_image_fetched_from_a_url_once_its_lease_is_dead(
+        tree: Path, tmp_path: Path) -> None:
+    require_mount()
+    cache, target = tmp_path / "cache", tmp_path / "t"
+    work = tmp_path / "work"
+    work.mkdir()
+    pushed = push_tree(tree, f"file://{tmp_path / 'remote'}", "img", format="squashfs",
+                       work=work, label="test")
+    result = stage_from_url(pushed.url, target, cache_root=cache, holder=DEAD_JOB,
+                            mount_image=True)
+    try:
+        assert result.method == "squashfs-mount"
+        outer = target / staged.outer_marker_name("img")
+        assert f'"id": "{result.lease_id}"' in outer.read_text()
+        report = gc(cache)
+    finally:
+        if os.path.ismount(result.path):
+            staged.unmount(result.path)
+    assert staged_removed(report) == {str(result.path)}
+    assert sorted(os.listdir(target)) == [".ocistage-tmp"]
+    assert (tmp_path / "remote" / "img.sqfs").is_file()  # the remote copy stays
+
+
+def test_gc_removes_a_dead_pool_bundle_and_sweeps_what_only_it_used(
+        tmp_path: Path, other_fs: Path) -> None:
+    cache = tmp_path / "cache"
+    dead_src = make_tree(tmp_path / "dead", files=30, seed=1)
+    live_src = make_tree(tmp_path / "live", files=30, seed=1)
+    for n in range(10):  # the first ten files differ between the two trees
+        (dead_src / "rootfs" / "bin" / f"f{n}").write_text(f"only in dead {n}\n")
+    outside = other_fs / "user-file"
+    outside.write_text("not ocistage's\n")
+    dead = stage_directory(dead_src, other_fs, cache_root=cache, holder=DEAD_JOB)
+    live = stage_directory(live_src, other_fs, cache_root=cache, holder=Holder.pin("keep"))
+    assert dead.method == live.method == "pool"
+    pool = other_fs / staged.POOL_DIR
+    before = {p.name for p in pool.glob("*/*")}
+    report = gc(cache)
+    assert staged_removed(report) == {str(dead.path)}
+    assert not dead.path.exists()
+    after = {p.name for p in pool.glob("*/*")}
+    assert len(before - after) == 10  # exactly the contents only the dead bundle used
+    assert all(p.stat().st_nlink > 1 for p in pool.glob("*/*"))
+    for n in range(30):
+        assert (live.path / "rootfs" / "bin" / f"f{n}").read_bytes() == \
+            (live_src / "rootfs" / "bin" / f"f{n}").read_bytes()
+    assert outside.read_text() == "not ocistage's\n"
+    assert sorted(os.listdir(other_fs)) == sorted(
+        [".ocistage-pool", ".ocistage-tmp", "live", "user-file"])
+
+
+def test_a_stager_waits_for_a_running_gc_before_looking(tree: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    Store.open(cache)
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from cache.locks import FileLock
+        lock = FileLock(Path({str(cache / GC_LOCK)!r}), heartbeat=0.5)
+        lock.acquire()
+        print("locked", flush=True)
+        sys.stdin.readline()
+        lock.release()
+        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdin is not None
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        done = threading.Event()
+
+        def stage() -> None:
+            stage_directory(tree, tmp_path / "t", cache_root=cache, holder=Holder.pin("p"))
+            done.set()
+
+        thread = threading.Thread(target=stage)
+        thread.start()
+        time.sleep(1.0)
+        assert not done.is_set()  # the lease is recorded, the stager waits for the GC
+        assert not (tmp_path / "t" / "bundle").exists()
+        assert [lease.target for lease in leases.all_leases(cache)] == [
+            f"staged:{tmp_path / 't' / 'bundle'}"]
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        thread.join(timeout=30)
+        assert done.is_set() and (tmp_path / "t" / "bundle" / "config.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_staging_a_cached_bundle_records_its_use(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    key = "ab" * 16
+    source = make_tree(cache / "bundles" / key)
+    assert usage.last_used(cache, "bundle", key) is None
+    stage_directory(source, tmp_path / "t", cache_root=cache, holder=Holder.pin("p"))
+    first = usage.last_used(cache, "bundle", key)
+    assert first is not None
+    os.utime(usage.usage_path(cache, "bundle", key), (1, 1))
+    stage_directory(source, tmp_path / "t", cache_root=cache, holder=Holder.pin("p"))
+    again = usage.last_used(cache, "bundle", key)
+    assert again is not None and again > 1  # an unchanged re-stage is a use too
+
+
+def test_a_failed_stage_leaves_no_lease(tree: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    (tmp_path / "t" / "bundle").mkdir(parents=True)  # not staged by ocistage
+    with pytest.raises(StageError, match="not staged by ocistage"):
+        stage_directory(tree, tmp_path / "t", cache_root=cache, holder=Holder.pin("p"))
+    assert leases.all_leases(cache) == []
+    done = stage_directory(tree, tmp_path / "t", cache_root=cache, name="b2",
+                           holder=Holder.pin("p"))
+    assert [lease.id for lease in leases.all_leases(cache)] == [done.lease_id]
