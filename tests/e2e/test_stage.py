@@ -144,3 +144,62 @@ def test_any_directory_tree_can_be_staged(ocistage: OcistageRunner, tmp_path: Pa
     assert bad.returncode == 1 and "not staged by ocistage" in bad.stderr
     assert (tree / "a" / "b" / "file").exists()
     assert ocistage("unstage", str(staged)).returncode == 0
+
+
+def _staged_by_dead_job(ocistage: OcistageRunner, *args: str) -> Path:
+    """Stage inside a Slurm job that squeue does not know (it ended long ago)."""
+    result = ocistage("stage", *args, "--json", env={"SLURM_JOB_ID": "987654321"}, check=True)
+    return Path(str(json.loads(result.stdout)["path"]))
+
+
+def test_cache_gc_unmounts_and_removes_a_squashfs_mount_of_an_ended_job(
+        images: dict[str, ImageRef], ocistage: OcistageRunner, tmp_path: Path) -> None:
+    require_binary("squeue")
+    require_binary("mksquashfs")
+    require_binary("squashfuse")
+    if os.geteuid() != 0 and not any(
+            os.path.exists(f"/usr/bin/{t}") for t in ("fusermount3", "fusermount")):
+        pytest.skip("squashfuse needs fusermount for an unprivileged user")
+    target = tmp_path / "target"
+    staged = _staged_by_dead_job(ocistage, images["busybox"].ref, "--to", str(target),
+                                 "--format", "squashfs", "--mount")
+    kept = stage(ocistage, images["busybox"].ref, "--to", str(target), "--name", "kept",
+                 "--format", "squashfs", "--mount", "--pin", "mine")
+    try:
+        assert os.path.ismount(staged)
+        ocistage("cache", "gc", check=True)
+        assert not os.path.lexists(staged) and not os.path.ismount(staged)
+        assert not (target / f"{staged.name}.sqfs").exists()
+        assert leases.leases_on(ocistage.cache, f"staged:{staged}") == []
+        assert os.path.ismount(str(kept["path"]))  # a live pin keeps its mount
+        assert ocistage("unstage", str(kept["path"])).returncode == 0
+    finally:
+        for path in (staged, Path(str(kept["path"]))):
+            if os.path.ismount(path):
+                subprocess.run(["umount", str(path)], check=False)
+    assert sorted(os.listdir(target)) == [".ocistage-tmp"]
+
+
+def test_cache_gc_removes_a_pool_bundle_of_an_ended_job_and_sweeps_its_pool(
+        images: dict[str, ImageRef], ocistage: OcistageRunner, shm: Path) -> None:
+    require_binary("squeue")
+    dead = _staged_by_dead_job(ocistage, images["multilayer"].ref, "--to", str(shm))
+    live = Path(str(stage(ocistage, images["busybox"].ref, "--to", str(shm),
+                          "--pin", "mine")["path"]))
+    (shm / "user-file").write_text("not ocistage's\n")
+    pool = shm / ".ocistage-pool"
+    live_files = {p.stat().st_ino for p in live.rglob("*") if p.is_file()
+                  and not p.is_symlink()}
+    before = {p for p in pool.rglob("*") if p.is_file()}
+    ocistage("cache", "gc", check=True)
+    assert not dead.exists()
+    after = {p for p in pool.rglob("*") if p.is_file()}
+    assert after < before  # what only the ended job's bundle used is gone ...
+    assert all(p.stat().st_nlink > 1 for p in after)  # ... and every entry left is in use
+    assert {p.stat().st_ino for p in after} <= live_files
+    assert (shm / "user-file").read_text() == "not ocistage's\n"
+    assert sorted(os.listdir(shm)) == [".ocistage-pool", ".ocistage-tmp", live.name,
+                                       "user-file"]
+    result = run_bundle(live, shm.parent / f"{shm.name}-runc")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == GREETING
