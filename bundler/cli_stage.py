@@ -75,10 +75,10 @@ def stage_command(
         help="A bundle directory (has config.json), any directory tree, a squashfs image URL "
              "(file://, memory://, sftp://, s3://...), or an image reference (bundled first).")],
     to: Annotated[str | None, typer.Option(
-        "--to", metavar="TARGET", envvar="OCISTAGE_STAGE_TO", show_envvar=True,
+        "--to", metavar="TARGET",
         help="Directory to stage into (shared or node-local), or an fsspec URL to store a "
              "squashfs image (--format squashfs) or a tar archive (--format dir) at "
-             "[default: the site's $OCISTAGE_STAGE_TO].")] = None,
+             "[default: $OCISTAGE_STAGE_TO, else stage_to in the config file].")] = None,
     format: Annotated[str, typer.Option(
         "--format", metavar="dir|squashfs",
         help="dir: a directory bundle; squashfs: an image, mounted with squashfuse or "
@@ -114,11 +114,14 @@ def stage_command(
 ) -> None:
     """Stage a bundle onto a shared or node-local target; print the staged path."""
     setup_logging(verbose)
-    if not to:
-        raise UsageError("no stage target", "pass --to DIR|URL or set $OCISTAGE_STAGE_TO")
     if format not in ("dir", "squashfs"):
         raise UsageError(f"unknown format {format!r}", "use --format dir or --format squashfs")
     settings = settings_from(cache, insecure_registry, mirror, ca_file, None)
+    to = to or settings.stage_to
+    if not to:
+        raise UsageError("no stage target",
+                         "pass --to DIR|URL, set $OCISTAGE_STAGE_TO, or put stage_to = \"DIR\" "
+                         "in the config file")
     cache_root = settings.cache
     store = Store.open(cache_root)
     source, label = _resolve(what, settings, platform, quiet or json_output or json_lines)

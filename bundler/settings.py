@@ -11,6 +11,8 @@ which the user's file overrides key by key::
                                             # fall back to HTTP (as Docker does)
     max_size = "50G"                        # cache budget: pulls GC down to it (LRU); also
                                             # $OCISTAGE_MAX_SIZE; sizes like 500M, 20G, 1.5T
+    stage_to = "/scratch/bundles"           # default target of `ocistage stage` (--to);
+                                            # also $OCISTAGE_STAGE_TO; a directory or a URL
 
     [registries."docker.io"]
     mirrors = ["https://mirror.site.example:5000"]   # tried before the origin
@@ -49,6 +51,7 @@ class Settings:
     mirrors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     loopback_insecure: bool = True
     max_size: int | None = None  # cache budget in bytes; None: unlimited
+    stage_to: str | None = None  # default stage target (`stage --to`); None: none configured
 
     def registry_config(self) -> RegistryConfig:
         return RegistryConfig(insecure_registries=self.insecure_registries,
@@ -129,6 +132,9 @@ def load_settings(
     jobs_value = jobs if jobs is not None else int(file.get("jobs", DEFAULT_JOBS))
     if jobs_value < 1:
         raise UsageError(f"--jobs must be at least 1, not {jobs_value}")
+    stage_to = os.environ.get("OCISTAGE_STAGE_TO") or file.get("stage_to") or None
+    if stage_to is not None and not isinstance(stage_to, str):
+        raise UsageError("`stage_to` in the config file must be a string (a directory or URL)")
     size_text = (max_size or os.environ.get("OCISTAGE_MAX_SIZE")
                  or (str(file["max_size"]) if file.get("max_size") not in (None, "") else None))
     return Settings(
@@ -139,4 +145,6 @@ def load_settings(
         mirrors={host: tuple(urls) for host, urls in mirror_map.items()},
         loopback_insecure=bool(file.get("loopback_insecure", True)),
         max_size=parse_size(size_text) if size_text else None,
+        stage_to=os.path.expanduser(stage_to) if stage_to and "://" not in stage_to
+        else stage_to,
     )

@@ -1,0 +1,83 @@
+"""Settings: the default stage target, ``stage_to`` — --to > $OCISTAGE_STAGE_TO > user file >
+site file — in the library and through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bundler import settings
+from bundler.settings import load_settings
+from cache.errors import UsageError
+
+
+@pytest.fixture
+def config_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """(site file, user file), both absent until a test writes them; no env overrides."""
+    site, user = tmp_path / "site.toml", tmp_path / "user.toml"
+    monkeypatch.setattr(settings, "SITE_CONFIG", site)
+    monkeypatch.setenv("OCISTAGE_CONFIG", str(user))
+    monkeypatch.delenv("OCISTAGE_STAGE_TO", raising=False)
+    return site, user
+
+
+def test_stage_to_precedence_env_over_user_over_site(config_files: tuple[Path, Path],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    site, user = config_files
+    assert load_settings().stage_to is None
+    site.write_text('stage_to = "/scratch/site"\n')
+    assert load_settings().stage_to == "/scratch/site"
+    user.write_text('stage_to = "/scratch/user"\n')
+    assert load_settings().stage_to == "/scratch/user"
+    monkeypatch.setenv("OCISTAGE_STAGE_TO", "/scratch/env")
+    assert load_settings().stage_to == "/scratch/env"
+
+
+def test_stage_to_expands_home_but_keeps_urls(config_files: tuple[Path, Path]) -> None:
+    _site, user = config_files
+    user.write_text('stage_to = "~/bundles"\n')
+    assert load_settings().stage_to == os.path.expanduser("~/bundles")
+    user.write_text('stage_to = "file:///scratch/images"\n')
+    assert load_settings().stage_to == "file:///scratch/images"
+
+
+def test_stage_to_must_be_a_string(config_files: tuple[Path, Path]) -> None:
+    _site, user = config_files
+    user.write_text("stage_to = 5\n")
+    with pytest.raises(UsageError, match="stage_to"):
+        load_settings()
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", "from bundler.cli import main; main()", *args],
+                          env=env, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL, check=False)
+
+
+def test_stage_without_to_uses_the_config_file_then_the_option(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "file").write_text("data\n")
+    config = tmp_path / "config.toml"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OCISTAGE_", "SLURM_"))}
+    env.update({"OCISTAGE_CONFIG": str(config), "OCISTAGE_CACHE": str(tmp_path / "cache"),
+                "HOME": str(tmp_path), "NO_COLOR": "1"})
+    missing = _cli("stage", str(tree), env=env)
+    assert missing.returncode == 2 and "no stage target" in missing.stderr
+    assert "stage_to" in missing.stderr
+    config.write_text(f'stage_to = "{tmp_path / "from-config"}"\n')
+    out = _cli("stage", str(tree), "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["path"] == str(tmp_path / "from-config" / "tree")
+    out = _cli("stage", str(tree), "--to", str(tmp_path / "from-option"), "--json",
+               env={**env, "OCISTAGE_STAGE_TO": str(tmp_path / "from-env")})
+    assert json.loads(out.stdout)["path"] == str(tmp_path / "from-option" / "tree")
+    out = _cli("stage", str(tree), "--json",
+               env={**env, "OCISTAGE_STAGE_TO": str(tmp_path / "from-env")})
+    assert json.loads(out.stdout)["path"] == str(tmp_path / "from-env" / "tree")
