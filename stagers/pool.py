@@ -25,7 +25,7 @@ import xxhash
 
 from cache.staged import POOL_DIR, sweep_pool
 from stagers.copy import Copier, link_fd
-from stagers.filemanifest import CHUNK, hash_file
+from stagers.filemanifest import CHUNK
 
 
 def pool_key(content_hash: str, mode: int) -> str:
@@ -113,53 +113,59 @@ class Pool:
             return True
         return True
 
-    def ingest(self, source: str, mode: int, mtime_ns: int, dest: str) -> tuple[str, bool]:
-        """Copy ``source`` into the pool while hashing it, one pass, and hardlink it at ``dest``.
+    def ingest(self, source: str, mode: int, mtime_ns: int, dest: str,
+               size: int = -1) -> tuple[str, bool]:
+        """Copy ``source`` to ``dest`` while hashing it, one pass, and publish it in the pool.
 
         For a first stage into an empty pool: hashing first and copying after would read
-        everything twice. Returns (xxh3-128 hex, whether the content was new to the pool).
+        everything twice. ``dest`` (in the caller's private scratch dir, must not exist) is
+        written and closed, then linked into the pool under its hash: a pool entry is never
+        visible half written, and no temp name or ``O_TMPFILE`` is needed (so it works on NFS
+        too). If the pool has the content already, ``dest`` becomes a link of that entry.
+        ``size`` (from the scan) lets a small file be read in one call. Returns (xxh3-128
+        hex, whether the content was new to the pool).
         """
+        hasher = xxhash.xxh3_128()
+        src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            fd = os.open(self.root, os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
-                raise
-            content_hash = hash_file(source)
-            copied = self.link_into(source, pool_key(content_hash, mode), mode, mtime_ns, dest,
-                                    Copier())
-            return content_hash, copied
-        try:
-            hasher = xxhash.xxh3_128()
-            src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                          | os.O_CLOEXEC, 0o600)
             try:
-                while chunk := os.read(src, CHUNK):
+                # asking for size+1 bytes reads a small file whole and sees its end at once
+                want = size + 1 if 0 <= size < CHUNK else CHUNK
+                total = 0
+                while chunk := os.read(src, want):
                     hasher.update(chunk)
                     view = memoryview(chunk)
                     while view:
-                        view = view[os.write(fd, view):]
+                        view = view[os.write(out, view):]
+                    total += len(chunk)
+                    if total == size and len(chunk) < want:
+                        break  # the scanned size, and a short read: at the end
+                    want = CHUNK
+                os.fchmod(out, mode)
+                os.utime(out, ns=(mtime_ns, mtime_ns))
             finally:
-                os.close(src)
-            content_hash = hasher.hexdigest()
-            key = pool_key(content_hash, mode)
-            pooled = os.path.join(self.root, key[:2], key)
-            os.fchmod(fd, mode)
-            os.utime(fd, ns=(mtime_ns, mtime_ns))
-            for _attempt in range(5):
-                try:
-                    link_fd(fd, pooled)
-                    new = True
-                except FileExistsError:
-                    new = False
-                try:
-                    os.link(pooled, dest, follow_symlinks=False)
-                    return content_hash, new
-                except FileNotFoundError:  # released by a concurrent unstage: publish ours
-                    if not os.path.isdir(os.path.dirname(dest)):
-                        raise
-            link_fd(fd, dest)
-            return content_hash, True
+                os.close(out)
         finally:
-            os.close(fd)
+            os.close(src)
+        content_hash = hasher.hexdigest()
+        key = pool_key(content_hash, mode)
+        pooled = os.path.join(self.root, key[:2], key)
+        for _attempt in range(5):
+            try:
+                os.link(dest, pooled, follow_symlinks=False)
+                return content_hash, True
+            except FileExistsError:
+                pass
+            twin = f"{dest}.ocistage-twin"
+            try:
+                os.link(pooled, twin, follow_symlinks=False)
+            except FileNotFoundError:  # released by a concurrent unstage: publish ours
+                continue
+            os.rename(twin, dest)  # share the pooled inode; our copy goes
+            return content_hash, False
+        return content_hash, True  # the pool keeps losing it: dest stays a private copy
 
     def sweep(self) -> int:
         """Remove every entry no bundle links to (also those a killed stager left); returns

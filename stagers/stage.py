@@ -36,6 +36,7 @@ import contextlib
 import os
 import stat
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -57,7 +58,7 @@ from stagers.filemanifest import (
     stat_digest,
 )
 from stagers.markers import claim, default_holder, new_marker, record_bundle_use, release_if_unused
-from stagers.parallel import map_batched
+from stagers.parallel import map_batched, map_processes, usable_cpus
 from stagers.pool import Pool, pool_key
 from stagers.squashfs import stage_squashfs
 from stagers.target import (
@@ -81,6 +82,8 @@ from stagers.target import (
 __all__ = ["StageResult", "stage_directory"]
 
 _DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: below this many files, forking workers costs more than it saves (threads are used)
+FORK_MIN_FILES = 2000
 
 
 @dataclass
@@ -182,9 +185,16 @@ class _Builder:
             else:
                 firsts.setdefault(key, entry)
                 singles.append(entry)
-        outcomes = map_batched(self._place, singles, self.jobs,
-                               weight=lambda e: e.size if self.method != "hardlink" else 0)
-        for outcome, size in outcomes:
+        weight: Callable[[Entry], int] = (
+            (lambda e: 0) if self.method == "hardlink" else (lambda e: e.size))
+        processes = min(self.jobs, usable_cpus())
+        if processes > 1 and len(singles) >= FORK_MIN_FILES:
+            outcomes = map_processes(self._place, singles, processes, weight=weight)
+        else:
+            outcomes = map_batched(self._place, singles, self.jobs, weight=weight)
+        for entry, (outcome, size, content_hash) in zip(singles, outcomes, strict=True):
+            if content_hash is not None:
+                self.hashes[entry.path] = content_hash
             if outcome == "copied":
                 self.counts.copied += 1
                 self.counts.bytes_copied += size
@@ -202,8 +212,10 @@ class _Builder:
             if entry.type == "dir":
                 os.chmod(dest, entry.mode)
 
-    def _place(self, entry: Entry) -> tuple[str, int]:
-        """Put one regular file into the scratch tree; returns (what happened, bytes copied)."""
+    def _place(self, entry: Entry) -> tuple[str, int, str | None]:
+        """Put one regular file into the scratch tree; returns (what happened, bytes copied,
+        the content hash if it was computed here). Runs in forked workers: it changes no
+        state of the builder but the copier's and the old-version descriptors' caches."""
         src = os.path.join(self.source, entry.path)
         dest = os.path.join(self.scratch, entry.path)
         before = self.previous.get(entry.path)
@@ -211,39 +223,37 @@ class _Builder:
         same = self.carry_over and before is not None and (
             before.same_stat(entry) if self.method == "hardlink" else before.same_content(entry))
         if same and self.method == "copy" and self._carry_over(entry, dest):
-            return "unchanged", 0
+            return "unchanged", 0, None
         if same and entry.path == "config.json" and self.method != "copy" \
                 and self._carry_over(entry, dest):
-            return "unchanged", 0
+            return "unchanged", 0, None
         if same and self.method == "hardlink":  # the previous version linked this very file
             os.link(src, dest, follow_symlinks=False)
-            return "unchanged", 0
+            return "unchanged", 0, None
         if same and self.method == "pool":  # linked from the pool, as before
             assert entry.hash is not None
             self.pool.link_into(src, pool_key(entry.hash, entry.mode), entry.mode,
                                 entry.mtime_ns, dest, self.copier)
-            return "unchanged", 0
+            return "unchanged", 0, None
         if entry.path == "config.json" and self.method != "copy":
             written = self._private_config(src, dest, entry)
             if written is not None:
-                if entry.hash is None:
-                    self.hashes[entry.path] = hash_file(src)
-                return "copied", written
+                return "copied", written, hash_file(src) if entry.hash is None else None
         if self.method == "hardlink":
             os.link(src, dest, follow_symlinks=False)
-            return "linked", 0
+            return "linked", 0, None
         if self.method == "pool" and entry.hash is None:  # first stage: copy + hash at once
-            content_hash, new = self.pool.ingest(src, entry.mode, entry.mtime_ns, dest)
-            self.hashes[entry.path] = content_hash
-            return ("copied", entry.size) if new else ("linked", 0)
+            content_hash, new = self.pool.ingest(src, entry.mode, entry.mtime_ns, dest,
+                                                 entry.size)
+            return ("copied", entry.size, content_hash) if new else ("linked", 0, content_hash)
         if self.method == "pool":
             assert entry.hash is not None
             if self.pool.link_into(src, pool_key(entry.hash, entry.mode), entry.mode,
                                    entry.mtime_ns, dest, self.copier):
-                return "copied", entry.size
-            return "linked", 0
+                return "copied", entry.size, None
+            return "linked", 0, None
         self.copier.copy_new(src, dest, entry.mode, entry.mtime_ns)
-        return "copied", entry.size
+        return "copied", entry.size, None
 
     def _private_config(self, src: str, dest: str, entry: Entry) -> int | None:
         """Write config.json with a read-only root as a file of its own; its size, or None."""
