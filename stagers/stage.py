@@ -37,7 +37,7 @@ import os
 import stat
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from cache.fsremove import remove_path
@@ -164,17 +164,19 @@ class _Builder:
     def build(self, entries: list[Entry]) -> None:
         scratch = os.fspath(self.scratch)
         files: list[Entry] = []
+        timed: list[Entry] = []  # directories and symlinks: their mtimes are set last
         for entry in entries:
-            dest = os.path.join(scratch, entry.path)
-            if entry.type == "dir":
-                os.mkdir(dest, 0o700)
+            if entry.type == "file":
+                files.append(entry)
+            elif entry.type == "dir":
+                os.mkdir(f"{scratch}/{entry.path}", 0o700)
+                timed.append(entry)
             elif entry.type == "symlink":
                 assert entry.target is not None
-                os.symlink(entry.target, dest)
+                os.symlink(entry.target, f"{scratch}/{entry.path}")
+                timed.append(entry)
             elif entry.type == "fifo":
-                os.mkfifo(dest, entry.mode)
-            elif entry.type == "file":
-                files.append(entry)
+                os.mkfifo(f"{scratch}/{entry.path}", entry.mode)
         firsts: dict[tuple[int, int], Entry] = {}
         groups: list[tuple[Entry, Entry]] = []
         singles: list[Entry] = []
@@ -205,10 +207,9 @@ class _Builder:
         for entry, first in groups:
             os.link(os.path.join(scratch, first.path), os.path.join(scratch, entry.path))
             self.counts.linked += 1
-        for entry in reversed(entries):  # children before parents
-            dest = os.path.join(scratch, entry.path)
-            if entry.type == "dir" or (entry.type == "symlink"):
-                os.utime(dest, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
+        for entry in reversed(timed):  # children before parents
+            dest = f"{scratch}/{entry.path}"
+            os.utime(dest, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
             if entry.type == "dir":
                 os.chmod(dest, entry.mode)
 
@@ -361,8 +362,9 @@ def _stage_claimed(source: Path, to: Path, name: str, cache_root: Path, lease: L
         finally:
             builder.close()
         if builder.hashes:
-            entries = [replace(e, hash=builder.hashes[e.path]) if e.path in builder.hashes
-                       else e for e in entries]
+            hashes = builder.hashes
+            entries = [e if e.path not in hashes else e.with_hash(hashes[e.path])
+                       for e in entries]
             entries = _hardlink_group_hashes(entries)
         manifest = Manifest(tuple(entries), source=identity, method=method,
                             readonly_root=method != "copy")
@@ -389,8 +391,10 @@ def _stage_claimed(source: Path, to: Path, name: str, cache_root: Path, lease: L
 
 def _hardlink_group_hashes(entries: list[Entry]) -> list[Entry]:
     """Give members of a source hardlink group that were not hashed their group's hash."""
+    if all(e.hash for e in entries if e.type == "file"):
+        return entries
     by_inode = {(e.dev, e.ino): e.hash for e in entries if e.type == "file" and e.hash}
-    return [replace(e, hash=by_inode.get((e.dev, e.ino))) if e.type == "file" and not e.hash
+    return [e.with_hash(by_inode.get((e.dev, e.ino))) if e.type == "file" and not e.hash
             else e for e in entries]
 
 
