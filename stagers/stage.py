@@ -99,6 +99,8 @@ class _Builder:
                  previous: Manifest | None, pool: Pool, jobs: int) -> None:
         self.source = source
         self.scratch = scratch
+        self._source_text = os.fspath(source)    # entry paths are appended per file
+        self._scratch_text = os.fspath(scratch)
         self.final = final
         self.method = method
         self.previous = previous.by_path() if previous is not None else {}
@@ -217,8 +219,8 @@ class _Builder:
         """Put one regular file into the scratch tree; returns (what happened, bytes copied,
         the content hash if it was computed here). Runs in forked workers: it changes no
         state of the builder but the copier's and the old-version descriptors' caches."""
-        src = os.path.join(self.source, entry.path)
-        dest = os.path.join(self.scratch, entry.path)
+        src = f"{self._source_text}/{entry.path}"
+        dest = f"{self._scratch_text}/{entry.path}"
         before = self.previous.get(entry.path)
         # hardlink versions carry no content hashes: the source inode itself is staged
         same = self.carry_over and before is not None and (
