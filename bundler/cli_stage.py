@@ -9,12 +9,11 @@ import shutil
 import socket
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 
-from bundler.bundle import make_bundle
 from bundler.cli_common import (
     CacheOpt,
     CaFileOpt,
@@ -32,16 +31,15 @@ from bundler.cli_common import (
     stderr,
     stdout,
 )
-from bundler.progress import RichPullProgress
-from bundler.reference import parse_reference
 from cache.errors import UsageError
 from cache.leases import Holder
 from cache.store import Store
-from stagers.allnodes import stage_all_nodes
-from stagers.markers import default_holder
-from stagers.remote import is_url, push_tree, stage_from_url
-from stagers.stage import StageResult, stage_directory
-from stagers.unstage import unstage
+
+if TYPE_CHECKING:
+    from stagers.stage import StageResult
+
+# The stagers, the bundler and their dependencies are imported inside the commands: every
+# `ocistage` invocation imports this module, few of them stage.
 
 
 def register(app: typer.Typer) -> None:
@@ -116,6 +114,11 @@ def stage_command(
     setup_logging(verbose)
     if format not in ("dir", "squashfs"):
         raise UsageError(f"unknown format {format!r}", "use --format dir or --format squashfs")
+    from stagers.allnodes import stage_all_nodes
+    from stagers.markers import default_holder
+    from stagers.remote import is_url, push_tree, stage_from_url
+    from stagers.stage import stage_directory
+
     settings = settings_from(cache, insecure_registry, mirror, ca_file, None)
     to = to or settings.stage_to
     if not to:
@@ -183,11 +186,17 @@ def _emit(doc: dict[str, Any], one_line: bool) -> None:
 def _resolve(what: str, settings: Any, platform: str | None,
              quiet: bool) -> tuple[Path | None, str]:
     """The directory to stage and its label; (None, url) for a URL source."""
+    from stagers.remote import is_url
+
     if is_url(what):
         return None, what
     path = Path(what)
     if path.is_dir():
         return path.absolute(), os.fspath(path.absolute())
+    from bundler.bundle import make_bundle
+    from bundler.progress import RichPullProgress
+    from bundler.reference import parse_reference
+
     source = parse_reference(what)
     store = Store.open(settings.cache)
     show_progress = stderr.is_terminal and not quiet
@@ -225,6 +234,8 @@ def unstage_command(
         holder = Holder.pin(pin)
     elif os.environ.get("SLURM_JOB_ID"):
         holder = Holder.slurm_job(os.environ["SLURM_JOB_ID"])
+    from stagers.unstage import unstage
+
     removed = unstage(path, cache_root=settings.cache, holder=holder, force=force)
     if json_output:
         print_json({"path": str(path.absolute()), "removed": removed})

@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import fsspec
-
 from cache.leases import Holder, Lease
 from cache.staged import outer_marker_name, read_json_at
 from cache.store import write_file_atomic
@@ -67,6 +65,8 @@ def is_url(text: str) -> bool:
 
 def _filesystem(url: str) -> tuple[Any, str]:
     try:
+        import fsspec  # imported when a URL is used: it costs ~40 ms at every CLI start
+
         return fsspec.core.url_to_fs(url)  # type: ignore[no-any-return]
     except (ImportError, ValueError) as exc:
         raise StageError(f"cannot use {url}: {exc}",
