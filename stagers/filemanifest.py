@@ -16,9 +16,9 @@ import json
 import os
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import xxhash
 
@@ -41,8 +41,10 @@ class StageError(OcistageError):
     default_hint = "check that the source is readable and the target directory is writable"
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
+    """One entry of a tree (a named tuple: a scan makes one per file, and a tuple is built
+    three times faster than a frozen dataclass)."""
+
     path: str            # relative, "/"-separated, never "" (the root itself is not listed)
     type: EntryType
     mode: int            # permission bits (S_IMODE)
@@ -68,8 +70,7 @@ class Entry:
                      self.ino, content_hash, self.target)
 
     def to_row(self) -> list[Any]:
-        return [self.path, self.type, self.mode, self.size, self.mtime_ns, self.dev, self.ino,
-                self.hash, self.target]
+        return list(self)
 
     @classmethod
     def from_row(cls, row: list[Any]) -> Entry:
@@ -92,7 +93,7 @@ class Manifest:
     def to_json(self) -> bytes:
         return json.dumps({"version": MANIFEST_VERSION, "source": self.source,
                            "method": self.method, "readonlyRoot": self.readonly_root,
-                           "entries": [e.to_row() for e in self.entries]},
+                           "entries": self.entries},  # tuples: JSON arrays, as to_row
                           separators=(",", ":")).encode()
 
     @classmethod
@@ -226,7 +227,7 @@ def fill_hashes(root: Path, entries: Iterable[Entry], previous: Manifest | None,
             continue
         before = old.get(entry.path)
         if before is not None and before.hash is not None and before.same_stat(entry):
-            result[n] = replace(entry, hash=before.hash)
+            result[n] = entry.with_hash(before.hash)
         else:
             todo.append(n)
 
@@ -238,7 +239,7 @@ def fill_hashes(root: Path, entries: Iterable[Entry], previous: Manifest | None,
     try:
         hashes = map_batched(work, todo, jobs, weight=lambda n: result[n].size)
         for n, digest in zip(todo, hashes, strict=True):
-            result[n] = replace(result[n], hash=digest)
+            result[n] = result[n].with_hash(digest)
     except OSError as exc:
         raise StageError(f"cannot read {exc.filename}: {exc.strerror}",
                          "the source files must be readable by you") from exc
