@@ -52,7 +52,7 @@ class Pool:
                   copier: Copier) -> bool:
         """Hardlink pool entry ``key`` at ``dest``, first copying ``source`` into the pool if
         the entry is missing. Returns True when bytes were copied."""
-        pooled = os.path.join(self.root, key[:2], key)
+        pooled = f"{os.fspath(self.root)}/{key[:2]}/{key}"
         copied = False
         for _attempt in range(5):
             try:
@@ -151,7 +151,7 @@ class Pool:
             os.close(src)
         content_hash = hasher.hexdigest()
         key = pool_key(content_hash, mode)
-        pooled = os.path.join(self.root, key[:2], key)
+        pooled = f"{os.fspath(self.root)}/{key[:2]}/{key}"
         for _attempt in range(5):
             try:
                 os.link(dest, pooled, follow_symlinks=False)
