@@ -14,19 +14,21 @@ lease on the path is released. Pool entries no other bundle links to any more ar
 
 from __future__ import annotations
 
+import contextlib
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from cache import leases, staged
-from cache.leases import Holder
+from cache.leases import Holder, Lease
 from stagers.filemanifest import StageError
-from stagers.markers import read_marker_at, same_holder, staged_target
+from stagers.markers import Marker, read_marker_at, same_holder, staged_target
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _release_leases(cache_root: Path, path: Path, holder: Holder | None) -> bool:
-    """Release this holder's (or every) lease on ``path``; True if other live leases remain."""
+def _release_leases(cache_root: Path, path: Path, holder: Holder | None) -> list[Lease]:
+    """Release this holder's (or every) lease on ``path``; returns the live leases left."""
     target = staged_target(path)
     remaining = []
     for lease in leases.leases_on(cache_root, target):
@@ -35,10 +37,42 @@ def _release_leases(cache_root: Path, path: Path, holder: Holder | None) -> bool
         else:
             remaining.append(lease)
     if not remaining:
-        return False
+        return []
     jobs = [str(lease.holder.job_id) for lease in remaining if lease.holder.kind == "slurm-job"]
     states = leases.squeue_states(jobs) if jobs else {}
-    return any(leases.is_live(lease, states) for lease in remaining)
+    return [lease for lease in remaining if leases.is_live(lease, states)]
+
+
+def _hand_over(parent_fd: int, name: str, fd: int, marker: Marker, mounted: bool,
+               live: list[Lease]) -> None:
+    """Make the marker name a lease that stays, if the one it named was just released.
+
+    ``cache gc`` removes a staged bundle only when its marker names one of its dead leases;
+    a marker naming a released lease would keep the bundle forever once the remaining
+    holders are gone. A mounted image is read-only: its outer marker is written instead.
+    """
+    if marker.id in {lease.id for lease in live}:
+        return
+    data = replace(marker, id=live[0].id).to_json()
+    if mounted:
+        _write_at(parent_fd, staged.outer_marker_name(name), data)
+    else:
+        _write_at(fd, staged.MARKER_NAME, data)
+
+
+def _write_at(dir_fd: int, name: str, data: bytes) -> None:
+    """Replace file ``name`` in ``dir_fd`` atomically (temp file, rename; no link followed)."""
+    temp = f".{name}.{os.getpid()}.tmp"
+    out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                  0o644, dir_fd=dir_fd)
+    try:
+        with os.fdopen(out, "wb") as file:
+            file.write(data)
+        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp, dir_fd=dir_fd)
+        raise
 
 
 def unstage(path: Path, *, cache_root: Path, holder: Holder | None = None,
@@ -79,10 +113,12 @@ def _unstage_in(parent_fd: int, parent: Path, name: str, path: Path, cache_root:
         if marker is None or document is None:
             raise StageError(f"{path} was not staged by ocistage (no marker); not removing it",
                              "remove it yourself if it is yours")
-        in_use = _release_leases(cache_root, path, holder)
-        if in_use and not force:
-            return False
+        live = _release_leases(cache_root, path, holder)
         mounted = os.fstat(fd).st_dev != os.fstat(parent_fd).st_dev
+        if live and not force:
+            _hand_over(parent_fd, name, fd, marker, mounted, live)
+            os.close(fd)
+            return False
         bundle = staged.StagedBundle(parent_fd, parent, name, fd, document, None, mounted)
     except BaseException:
         os.close(fd)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,7 @@ from cache.store import Store
 from stagers.filemanifest import StageError
 from stagers.remote import push_tree, stage_from_url
 from stagers.stage import stage_directory
+from stagers.unstage import unstage
 from tests.e2e.components import require_binary
 from tests.stagers.conftest import make_tree
 
@@ -193,3 +195,36 @@ def test_a_failed_stage_leaves_no_lease(tree: Path, tmp_path: Path) -> None:
     done = stage_directory(tree, tmp_path / "t", cache_root=cache, name="b2",
                            holder=Holder.pin("p"))
     assert [lease.id for lease in leases.all_leases(cache)] == [done.lease_id]
+
+
+@pytest.mark.parametrize("fmt", ["dir", "squashfs"])
+def test_unstage_by_the_first_holder_hands_the_marker_to_a_remaining_lease(
+        tree: Path, tmp_path: Path, fmt: str) -> None:
+    """The marker names the first stager's lease; when that holder unstages while another
+    still uses the bundle, GC must still be able to collect it once that one is gone too."""
+    if fmt == "squashfs":
+        require_mount()
+    cache, target = tmp_path / "cache", tmp_path / "t"
+    other = subprocess.Popen(["sleep", "60"])
+    other_holder = Holder("pid", host=socket.gethostname(), pid=other.pid)
+    try:
+        first = stage_directory(tree, target, cache_root=cache, holder=Holder.pin("first"),
+                                format="squashfs" if fmt == "squashfs" else "dir",
+                                squashfs_mount=True if fmt == "squashfs" else None)
+        again = stage_directory(tree, target, cache_root=cache, holder=other_holder,
+                                format="squashfs" if fmt == "squashfs" else "dir")
+        assert again.path == first.path and again.lease_id != first.lease_id
+        assert not unstage(first.path, cache_root=cache, holder=Holder.pin("first"))
+        assert first.path.exists()  # kept for the other, live holder
+        assert staged_removed(gc(cache)) == set()
+    finally:
+        other.kill()
+        other.wait()
+    try:
+        report = gc(cache)  # the other holder is gone now
+    finally:
+        if os.path.ismount(first.path):
+            staged.unmount(first.path)
+    assert staged_removed(report) == {str(first.path)}
+    assert sorted(os.listdir(target)) == [".ocistage-tmp"]
+    assert leases.all_leases(cache) == []
