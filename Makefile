@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PYTEST_ARGS ?=
 
-.PHONY: deps demo test lint typecheck unit e2e bench clean
+.PHONY: deps demo test lint typecheck unit bench clean
 
 DEBIAN_PACKAGES = docker-registry skopeo umoci runc crun squashfs-tools squashfuse lua5.3 \
 	lua-cjson rsync busybox-static zstd curl jq apache2-utils openssl uidmap \
@@ -29,6 +29,10 @@ unit:
 
 test: lint typecheck  ## everything CI runs
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
+
+bench:  ## benchmarks (bench/README.md): bundle vs skopeo+umoci and the floor; stage vs rsync
+	$(PYTHON) -m bench bundle
+	$(PYTHON) -m bench stage
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build *.egg-info

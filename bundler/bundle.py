@@ -12,8 +12,8 @@ Where the tree is built depends on how the bundle shares data with the cache:
   (:mod:`cache.snapshots`): the tree of the image's layers, kept in the cache by ChainID. The
   bundle's ``rootfs/`` is a hard-linked clone of it (new directories, shared file inodes), so
   a warm bundle costs a ``cp -al`` and an image sharing base layers with a cached one only
-  fetches and unpacks its new layers. A ``link`` bundle at DEST gets ``root.readonly: true``
-  so the container cannot write into the shared files.
+  fetches and unpacks its new layers. Such bundles get ``root.readonly: true`` so a container
+  cannot write into the shared files (a writable private bundle needs a DEST).
 - a bundle at DEST without ``link`` is an independent tree, unpacked straight into a scratch
   directory beside DEST.
 
@@ -205,8 +205,10 @@ def _build(puller: _PullThread, store: Store, dest: Path | None, in_use: InUse,
         if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
             raise UsageError(f"{dest} exists and is not an empty directory",
                              "choose a new destination, or remove it first")
-        if link:
-            config_options = dataclasses.replace(config_options, readonly=True)
+    if link:
+        # the rootfs shares file inodes with the cache's snapshot: a container writing into
+        # its root would change the cache and every other bundle linked to it
+        config_options = dataclasses.replace(config_options, readonly=True)
     snapshot: Path | None = None
     scratch = None
     try:

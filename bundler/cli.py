@@ -197,6 +197,9 @@ def bundle_command(
     map_root: Annotated[bool, typer.Option(
         "--map-root", help="Rootless: run as root inside the container instead of the image "
                            "user.")] = False,
+    link: Annotated[bool, typer.Option(
+        "--link", help="Make DEST from the cache's snapshot by hard links: fast, shares files "
+                       "with the cache, so the root filesystem is read-only.")] = False,
     gpus: Annotated[str | None, typer.Option(
         "--gpus", metavar="all|IDS", help="Expose NVIDIA GPUs (prestart hook + CDI "
                                           "annotation).")] = None,
@@ -223,7 +226,7 @@ def bundle_command(
     with contextlib.ExitStack() as stack:
         progress = stack.enter_context(RichPullProgress(stderr)) if show_progress else None
         result = make_bundle(source, store, dest, pull_options=pull_options(settings, platform),
-                             config_options=config_options, progress=progress)
+                             config_options=config_options, progress=progress, link=link)
     for warning in result.warnings:
         stderr.print(f"warning: {escape(warning)}")
     if json_output:

@@ -353,3 +353,14 @@ def test_documents_written_by_umoci_and_skopeo_validate(tmp_path: Path) -> None:
 
     run(umoci, "unpack", "--rootless", "--image", f"{layout}:t", str(tmp_path / "bundle"))
     validate(json.loads((tmp_path / "bundle" / "config.json").read_text()), "runtime-config")
+
+
+def test_every_schema_file_is_a_valid_draft_2020_12_schema() -> None:
+    from importlib import resources
+
+    from jsonschema import Draft202012Validator
+
+    files = list(resources.files("bundler").joinpath("schemas").iterdir())
+    assert len(files) >= len(KINDS)
+    for file in files:
+        Draft202012Validator.check_schema(json.loads(file.read_text("utf-8")))

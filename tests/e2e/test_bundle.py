@@ -134,6 +134,9 @@ def test_cached_bundle_is_reused(images: dict[str, ImageRef], ocistage: Ocistage
     assert first["path"] == second["path"]
     assert Path(first["path"]).parent == ocistage.cache / "bundles"
     assert (first["reused"], second["reused"]) == (False, True)
+    # a cached bundle shares file inodes with the cache's snapshot: its root is read-only
+    config = json.loads((Path(first["path"]) / "config.json").read_text())
+    assert config["root"]["readonly"] is True
     other = json.loads(ocistage("bundle", "--json", "--env", "A=1", image.ref, check=True).stdout)
     assert other["path"] != first["path"]
 
@@ -164,3 +167,23 @@ def test_bundle_dir_is_deletable_by_an_unprivileged_owner(images: dict[str, Imag
                 assert path.stat().st_mode & 0o700 == 0o700, path
     subprocess.run(["rm", "-rf", str(bundle)], check=True)
     assert not bundle.exists()
+
+
+def test_link_bundle_shares_the_snapshot_read_only(images: dict[str, ImageRef],
+                                                   ocistage: OcistageRunner,
+                                                   tmp_path: Path) -> None:
+    image = images["busybox"]
+    copy = bundle_of(ocistage, image.ref, tmp_path / "copy")
+    linked = bundle_of(ocistage, image.ref, tmp_path / "linked", "--link")
+    def tree(root: Path) -> dict[str, Node]:  # without in-tree hardlink groups: every linked
+        return {k: v[:5] for k, v in snapshot(root, xattrs=False).items()}  # file has nlink 2
+
+    assert tree(copy / "rootfs") == tree(linked / "rootfs")
+    busybox = linked / "rootfs/bin/busybox"
+    assert busybox.stat().st_nlink > 1  # shared with the cache's snapshot
+    assert (copy / "rootfs/bin/busybox").stat().st_nlink == 1
+    assert json.loads((linked / "config.json").read_text())["root"]["readonly"] is True
+    assert json.loads((copy / "config.json").read_text())["root"]["readonly"] is False
+    result = run_bundle(linked, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "hello from busybox"
