@@ -57,7 +57,12 @@ def test_staged_bundle_runs_under_runc(images: dict[str, ImageRef], ocistage: Oc
     staged = Path(str(doc["path"]))
     assert staged.parent == target
     config = json.loads((staged / "config.json").read_text())
-    assert config["root"]["readonly"] is (mode != "copy")
+    if mode == "copy":  # an independent copy keeps config.json as the bundle has it
+        bundle = Path(str(json.loads(ocistage("bundle", images["busybox"].ref, "--json",
+                                              check=True).stdout)["path"]))
+        assert config == json.loads((bundle / "config.json").read_text())
+    else:  # shared inodes: the container must not write through them
+        assert config["root"]["readonly"] is True
     result = run_bundle(staged, tmp_path / "runc")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == GREETING
