@@ -56,7 +56,7 @@ from cache import usage
 from cache.digest import Digest
 from cache.errors import OcistageError, StoreError, UsageError
 from cache.gc import enforce_budget
-from cache.inventory import write_bundle_info
+from cache.inventory import SHARED_ROOT_ANNOTATION, write_bundle_info
 from cache.leases import InUse
 from cache.snapshots import (
     chain_ids,
@@ -205,6 +205,7 @@ def _build(puller: _PullThread, store: Store, dest: Path | None, in_use: InUse,
         if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
             raise UsageError(f"{dest} exists and is not an empty directory",
                              "choose a new destination, or remove it first")
+    shared_root = link and not config_options.readonly
     if link:
         # the rootfs shares file inodes with the cache's snapshot: a container writing into
         # its root would change the cache and every other bundle linked to it
@@ -223,6 +224,8 @@ def _build(puller: _PullThread, store: Store, dest: Path | None, in_use: InUse,
             applied = _unpack(puller, store, layers, diff_ids, rootfs, on_layer)
         image = puller.result()  # every blob verified before anything is published
         config = build_runtime_config(json.loads(raw_config), rootfs, config_options)
+        if shared_root:  # read-only for the sharing only: a private copy may be writable
+            config.setdefault("annotations", {})[SHARED_ROOT_ANNOTATION] = "true"
         write_runtime_config(scratch, config)
         if key is not None:
             write_bundle_info(scratch, image.manifest.digest, image.name)

@@ -208,6 +208,11 @@ class Bundle:
         return f"bundle:{self.key}"
 
 
+#: config.json annotation of a bundle whose root is read-only only because its files are shared
+#: (hard links) with the cache or other bundles; a private copy of it may be writable again.
+SHARED_ROOT_ANNOTATION = "io.ocistage.root-shared"
+
+
 def write_bundle_info(bundle_dir: Path, manifest: Digest, image: str) -> None:
     """Record which manifest a cached bundle is made from (called before it is published)."""
     data = {"manifest": str(manifest), "image": image}

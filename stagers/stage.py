@@ -76,6 +76,7 @@ from stagers.target import (
     read_existing_marker,
     readonly_config,
     source_identity,
+    writable_config,
     write_private,
 )
 
@@ -238,8 +239,8 @@ class _Builder:
             self.pool.link_into(src, pool_key(entry.hash, entry.mode), entry.mode,
                                 entry.mtime_ns, dest, self.copier)
             return "unchanged", 0, None
-        if entry.path == "config.json" and self.method != "copy":
-            written = self._private_config(src, dest, entry)
+        if entry.path == "config.json":
+            written = self._private_config(src, dest, entry, shared=self.method != "copy")
             if written is not None:
                 return "copied", written, hash_file(src) if entry.hash is None else None
         if self.method == "hardlink":
@@ -258,12 +259,14 @@ class _Builder:
         self.copier.copy_new(src, dest, entry.mode, entry.mtime_ns)
         return "copied", entry.size, None
 
-    def _private_config(self, src: str, dest: str, entry: Entry) -> int | None:
-        """Write config.json with a read-only root as a file of its own; its size, or None."""
+    def _private_config(self, src: str, dest: str, entry: Entry, shared: bool) -> int | None:
+        """Write config.json as a file of its own: with a read-only root when the staged files
+        are shared, writable again in a private copy of a bundle that was read-only only for
+        sharing; its size, or None when the source's config.json can be staged as it is."""
         if entry.size > 16 << 20:
             return None
         with open(src, "rb") as file:
-            data = readonly_config(file.read())
+            data = readonly_config(file.read()) if shared else writable_config(file.read())
         if data is None:
             return None
         write_private(Path(dest), data)

@@ -26,9 +26,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from cache.fsremove import remove_path
+from cache.inventory import SHARED_ROOT_ANNOTATION
 from cache.locks import FileLock, Owner
 from stagers.copy import same_filesystem
 from stagers.filemanifest import MANIFEST_NAME, Manifest, StageError, load_manifest
@@ -217,15 +218,44 @@ def choose_method(source: Path, to: Path, link: bool | None) -> Method:
 
 
 
-def readonly_config(data: bytes) -> bytes | None:
-    """config.json with ``root.readonly`` set, or None if it is not a runtime config."""
+def _runtime_config(data: bytes) -> dict[str, Any] | None:
     try:
         config = json.loads(data)
     except ValueError:
         return None
     if not isinstance(config, dict) or not isinstance(config.get("root"), dict):
         return None
-    config["root"]["readonly"] = True
+    return config
+
+
+def readonly_config(data: bytes) -> bytes | None:
+    """config.json with ``root.readonly`` set, or None if it is not a runtime config.
+
+    A root made read-only here (because the staged files are shared) is marked with
+    :data:`SHARED_ROOT_ANNOTATION`, so that a private copy can be made writable again.
+    """
+    config = _runtime_config(data)
+    if config is None:
+        return None
+    if not config["root"].get("readonly"):
+        config["root"]["readonly"] = True
+        annotations = config.setdefault("annotations", {})
+        if isinstance(annotations, dict):
+            annotations[SHARED_ROOT_ANNOTATION] = "true"
+    return json.dumps(config, indent=2).encode() + b"\n"
+
+
+def writable_config(data: bytes) -> bytes | None:
+    """config.json of a private copy: the root writable again if it was read-only only because
+    its files were shared; None when nothing needs to change (or it is not a runtime config)."""
+    config = _runtime_config(data)
+    if config is None:
+        return None
+    annotations = config.get("annotations")
+    if not isinstance(annotations, dict) or SHARED_ROOT_ANNOTATION not in annotations:
+        return None
+    del annotations[SHARED_ROOT_ANNOTATION]
+    config["root"]["readonly"] = False
     return json.dumps(config, indent=2).encode() + b"\n"
 
 

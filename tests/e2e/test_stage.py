@@ -14,6 +14,7 @@ import pytest
 
 from cache import leases
 from cache.fsremove import remove_path
+from cache.inventory import SHARED_ROOT_ANNOTATION
 from stagers.filemanifest import MARKER_NAME
 from tests.e2e.components import require_binary
 from tests.e2e.conftest import OcistageRunner
@@ -57,10 +58,16 @@ def test_staged_bundle_runs_under_runc(images: dict[str, ImageRef], ocistage: Oc
     staged = Path(str(doc["path"]))
     assert staged.parent == target
     config = json.loads((staged / "config.json").read_text())
-    if mode == "copy":  # an independent copy keeps config.json as the bundle has it
+    if mode == "copy":
+        # the cache bundle is read-only only because it shares files with the cache's
+        # snapshot; an independent copy of it is writable again, otherwise the same config
         bundle = Path(str(json.loads(ocistage("bundle", images["busybox"].ref, "--json",
                                               check=True).stdout)["path"]))
-        assert config == json.loads((bundle / "config.json").read_text())
+        original = json.loads((bundle / "config.json").read_text())
+        assert original["root"]["readonly"] is True
+        assert original["annotations"].pop(SHARED_ROOT_ANNOTATION) == "true"
+        original["root"]["readonly"] = False
+        assert config == original
     else:  # shared inodes: the container must not write through them
         assert config["root"]["readonly"] is True
     result = run_bundle(staged, tmp_path / "runc")
