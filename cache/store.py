@@ -55,6 +55,29 @@ def _translate_oserror(exc: OSError, what: str) -> StoreError:
     return StoreError(f"{what} failed: {exc.strerror or exc}")
 
 
+_TEMP_RE = re.compile(r"^\..*\.ocistage@(?P<host>[A-Za-z0-9.-]*)-(?P<pid>\d+)-[^/]*\.tmp$")
+
+
+def _temp_tag() -> str:
+    return "ocistage@" + re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())
+
+
+def dead_writer_temp(name: str) -> bool:
+    """Whether ``name`` is a temp file of :func:`write_file_atomic` whose writer ran on this
+    host and has exited (a cache shared between nodes keeps other hosts' temp files; a reused
+    pid keeps one until that process exits too)."""
+    match = _TEMP_RE.match(name)
+    if match is None or f"ocistage@{match.group('host')}" != _temp_tag():
+        return False
+    try:
+        os.kill(int(match.group("pid")), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -65,7 +88,9 @@ def fsync_dir(path: Path) -> None:
 
 def write_file_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Write ``data`` to ``path`` through a temp file in the same directory, fsync and rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # the writer's host and pid in the name let clean_leftovers() drop a dead writer's temp
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_temp_tag()}-{os.getpid()}-",
+                               suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
@@ -338,6 +363,13 @@ class Store:
                     with contextlib.suppress(FileNotFoundError):
                         marker.unlink()
                     removed.append(work)
+        for directory in (self.root, self.root / "leases", self.blobs / "sha256"):
+            with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
+                for entry in entries:
+                    if entry.name.startswith(".") and dead_writer_temp(entry.name):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(entry.path)
+                        removed.append(Path(entry.path))
         with contextlib.suppress(FileNotFoundError):
             for stale in self.ingest_dir.glob("*.lock.stale-*"):
                 with contextlib.suppress(FileNotFoundError):

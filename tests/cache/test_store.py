@@ -17,7 +17,7 @@ import pytest
 
 from cache.digest import Digest
 from cache.errors import IntegrityError, StoreError
-from cache.store import Store, remove_tree
+from cache.store import Store, _temp_tag, remove_tree
 
 
 def digest_of(data: bytes) -> Digest:
@@ -256,3 +256,25 @@ def test_dead_owner_lock_is_removed_and_live_one_kept(tmp_path: Path) -> None:
         assert live.held()
     finally:
         live.release()
+
+
+def test_temp_files_of_dead_writers_are_removed(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    script = textwrap.dedent(f"""
+        import os
+        from pathlib import Path
+        import cache.store as store
+        # die between writing the temp file and renaming it
+        store.os.rename = lambda *a: os._exit(9)
+        store.write_file_atomic(Path({str(tmp_path / "leases" / "x.json")!r}), b"{{}}")
+    """)
+    (tmp_path / "leases").mkdir()
+    subprocess.run([sys.executable, "-c", script], check=False)
+    leftovers = [p for p in (tmp_path / "leases").iterdir() if p.name.endswith(".tmp")]
+    assert len(leftovers) == 1
+    mine = tmp_path / f".index.json.{_temp_tag()}-{os.getpid()}-x.tmp"
+    mine.write_text("in progress")
+    other_host = tmp_path / ".index.json.ocistage@elsewhere-1-x.tmp"
+    other_host.write_text("in progress elsewhere")
+    assert store.clean_leftovers() == leftovers
+    assert mine.exists() and other_host.exists()
