@@ -46,7 +46,7 @@ from types import TracebackType
 from typing import Literal
 
 from cache.errors import StoreError, UsageError
-from cache.locks import STALE_AFTER_SECONDS, Owner
+from cache.locks import Owner, lock_owner, owner_is_dead
 from cache.store import write_file_atomic
 
 HolderKind = Literal["pid", "slurm-job", "pin"]
@@ -255,22 +255,11 @@ def live_targets(cache_root: Path, job_states: JobStates = squeue_states) -> set
 
 
 def gc_running(cache_root: Path) -> bool:
-    """Whether a live ``cache gc`` holds ``CACHE/gc.lock`` (see the module docstring)."""
+    """Whether a live ``cache gc`` (other than this process) holds ``CACHE/gc.lock``."""
     path = cache_root / GC_LOCK
-    try:
-        text = path.read_text()
-        age = time.time() - path.stat().st_mtime
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
-    owner = Owner.from_json(text.partition("\n")[0])
-    if owner is None:
-        return age <= 5.0  # being written right now, or left half-written by a crash
-    if owner == Owner.me():
-        return False
-    alive = owner.is_alive()
-    return age <= STALE_AFTER_SECONDS if alive is None else alive
+    if lock_owner(path) == Owner.me():
+        return False  # the budget GC inside this very command
+    return not owner_is_dead(path)
 
 
 def wait_for_gc(cache_root: Path, poll: float = 0.2) -> None:

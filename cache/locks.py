@@ -76,6 +76,15 @@ class Owner:
         return self.start is None or _process_start_time(self.pid) == self.start
 
 
+def lock_owner(path: Path) -> Owner | None:
+    """The owner recorded on the first line of lock file ``path`` (None: absent, unreadable
+    or half-written)."""
+    try:
+        return Owner.from_json(path.read_text().partition("\n")[0])
+    except OSError:
+        return None
+
+
 def owner_is_dead(path: Path, stale_after: float = STALE_AFTER_SECONDS) -> bool:
     """Whether the owner recorded in lock or marker file ``path`` is known to be gone."""
     try:
