@@ -193,7 +193,8 @@ def test_cache_gc_unmounts_and_removes_a_squashfs_mount_of_an_ended_job(
 
 
 def test_cache_gc_removes_a_pool_bundle_of_an_ended_job_and_sweeps_its_pool(
-        images: dict[str, ImageRef], ocistage: OcistageRunner, shm: Path) -> None:
+        images: dict[str, ImageRef], ocistage: OcistageRunner, shm: Path,
+        tmp_path: Path) -> None:
     require_binary("squeue")
     dead = _staged_by_dead_job(ocistage, images["multilayer"].ref, "--to", str(shm))
     live = Path(str(stage(ocistage, images["busybox"].ref, "--to", str(shm),
@@ -212,6 +213,6 @@ def test_cache_gc_removes_a_pool_bundle_of_an_ended_job_and_sweeps_its_pool(
     assert (shm / "user-file").read_text() == "not ocistage's\n"
     assert sorted(os.listdir(shm)) == [".ocistage-pool", ".ocistage-tmp", live.name,
                                        "user-file"]
-    result = run_bundle(live, shm.parent / f"{shm.name}-runc")
+    result = run_bundle(live, tmp_path / "runc")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == GREETING
