@@ -241,7 +241,8 @@ def submit_command(
     ctx: typer.Context,
     stage_to: Annotated[Path | None, typer.Option(
         "--stage-to", metavar="DIR", envvar="OCISTAGE_STAGE_TO",
-        help="Staging directory that the compute nodes see [default: CACHE/staged].")
+        help="Staging directory that the compute nodes see [default: the stage_to setting, "
+             "else CACHE/staged].")
     ] = None,
     srun: Annotated[bool, typer.Option(
         "--srun", help="Run blocking with srun (interactive) instead of sbatch.")] = False,
@@ -276,7 +277,8 @@ def submit_command(
     for warning in bundle.warnings:
         stderr.print(f"warning: {escape(warning)}")
     result = submit(bundle.path, SubmitOptions(
-        stage_to=(stage_to or settings.cache / "staged").absolute(), options=options,
+        stage_to=(stage_to or (Path(settings.stage_to).expanduser() if settings.stage_to
+                               else settings.cache / "staged")).absolute(), options=options,
         command=command, srun=srun, copy=copy), cache_root=settings.cache)
     if json_output:
         print_json({"job_id": result.job_id, "staged": str(result.staged),
