@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -132,33 +132,40 @@ def scan(root: Path) -> list[Entry]:
 
     Top-level names in :data:`RESERVED_NAMES` are skipped: a staged bundle can be a source.
     """
-    entries: list[Entry] = []
-    stack: list[tuple[str, str]] = [(os.fspath(root), "")]
     try:
-        while stack:
-            directory, prefix = stack.pop()
-            with os.scandir(directory) as listing:
-                children = sorted(listing, key=lambda e: e.name)
-            for child in children:
-                if not prefix and child.name in RESERVED_NAMES:
-                    continue
-                st = child.stat(follow_symlinks=False)
-                kind = _entry_type(st.st_mode)
-                rel = prefix + child.name
-                target = os.readlink(child.path) if kind == "symlink" else None
-                entries.append(Entry(rel, kind, stat.S_IMODE(st.st_mode), st.st_size,
-                                     st.st_mtime_ns, st.st_dev, st.st_ino, target=target))
-                if kind == "dir":
-                    stack.append((child.path, rel + "/"))
+        return [Entry(rel, kind, stat.S_IMODE(st.st_mode), st.st_size, st.st_mtime_ns,
+                      st.st_dev, st.st_ino, target=target)
+                for rel, kind, st, target in _walk(root)]
     except OSError as exc:
         raise StageError(f"cannot read the source tree {root}: {exc.strerror} "
                          f"({exc.filename})") from exc
-    return entries
 
 
-def _stat_line(rel: str, kind: str, st: os.stat_result, target: str | None) -> bytes:
-    return (f"{rel}\0{kind}\0{stat.S_IMODE(st.st_mode)}\0{st.st_size}\0{st.st_mtime_ns}\0"
-            f"{st.st_dev}\0{st.st_ino}\0{target or ''}\n").encode("utf-8", "surrogateescape")
+def _walk(root: Path) -> Iterator[tuple[str, EntryType, os.stat_result, str | None]]:
+    """(relative path, type, lstat, symlink target) of every entry below ``root`` but the
+    reserved names at its top, depth first in a fixed order (the order of the manifest)."""
+    stack: list[tuple[str, str]] = [(os.fspath(root), "")]
+    while stack:
+        directory, prefix = stack.pop()
+        with os.scandir(directory) as listing:
+            children = sorted(listing, key=lambda e: e.name)
+        subdirs = []
+        for child in children:
+            if not prefix and child.name in RESERVED_NAMES:
+                continue
+            st = child.stat(follow_symlinks=False)
+            kind = _entry_type(st.st_mode)
+            rel = prefix + child.name
+            yield rel, kind, st, os.readlink(child.path) if kind == "symlink" else None
+            if kind == "dir":
+                subdirs.append((child.path, rel + "/"))
+        stack.extend(subdirs)
+
+
+def _digest_line(path: str, kind: str, mode: int, size: int, mtime_ns: int, dev: int, ino: int,
+                 target: str | None) -> bytes:
+    return (f"{path}\0{kind}\0{mode}\0{size}\0{mtime_ns}\0{dev}\0{ino}\0{target or ''}\n"
+            ).encode("utf-8", "surrogateescape")
 
 
 def entries_digest(entries: Iterable[Entry]) -> str:
@@ -166,9 +173,8 @@ def entries_digest(entries: Iterable[Entry]) -> str:
     they were scanned from as long as nothing in it changed."""
     hasher = xxhash.xxh3_128()
     for e in entries:
-        hasher.update(
-            f"{e.path}\0{e.type}\0{e.mode}\0{e.size}\0{e.mtime_ns}\0{e.dev}\0{e.ino}\0"
-            f"{e.target or ''}\n".encode("utf-8", "surrogateescape"))
+        hasher.update(_digest_line(e.path, e.type, e.mode, e.size, e.mtime_ns, e.dev, e.ino,
+                                   e.target))
     return hasher.hexdigest()
 
 
@@ -176,24 +182,10 @@ def stat_digest(root: Path) -> str:
     """The :func:`entries_digest` of ``scan(root)``, computed while walking (no entries are
     built): the cheap "did anything change?" check of a re-stage."""
     hasher = xxhash.xxh3_128()
-    stack: list[tuple[str, str]] = [(os.fspath(root), "")]
     try:
-        while stack:
-            directory, prefix = stack.pop()
-            with os.scandir(directory) as listing:
-                children = sorted(listing, key=lambda e: e.name)
-            subdirs = []
-            for child in children:
-                if not prefix and child.name in RESERVED_NAMES:
-                    continue
-                st = child.stat(follow_symlinks=False)
-                kind = _entry_type(st.st_mode)
-                rel = prefix + child.name
-                target = os.readlink(child.path) if kind == "symlink" else None
-                hasher.update(_stat_line(rel, kind, st, target))
-                if kind == "dir":
-                    subdirs.append((child.path, rel + "/"))
-            stack.extend(subdirs)
+        for rel, kind, st, target in _walk(root):
+            hasher.update(_digest_line(rel, kind, stat.S_IMODE(st.st_mode), st.st_size,
+                                       st.st_mtime_ns, st.st_dev, st.st_ino, target))
     except OSError as exc:
         raise StageError(f"cannot read the source tree {root}: {exc.strerror} "
                          f"({exc.filename})") from exc
