@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job, end to end on this machine: a local registry on 127.0.0.1, a small image built
-# on the spot from Debian's busybox-static, `ocistage pull`/`inspect`/`bundle`, then the bundle
-# actually running under rootless runc.
+# on the spot from Debian's busybox-static, `ocistage inspect`/`pull`/`bundle`, the bundle
+# actually running under rootless runc, then `ocistage stage` (and the staged bundle running),
+# `cache ls` and `unstage`.
 set -euo pipefail
 
 for tool in docker-registry umoci skopeo runc busybox ocistage; do
@@ -60,4 +61,13 @@ say "ocistage bundle 127.0.0.1:$port/demo/busybox:1 $work/bundle"
 ocistage bundle "127.0.0.1:$port/demo/busybox:1" "$work/bundle"
 say "runc --rootless=true run -b $work/bundle"
 runc --rootless=true --root "$work/runc" run -b "$work/bundle" "ocistage-demo-$$" </dev/null
+
+say "ocistage stage 127.0.0.1:$port/demo/busybox:1 --to $work/staged (as a job would)"
+staged=$(ocistage stage "127.0.0.1:$port/demo/busybox:1" --to "$work/staged")
+echo "$staged"
+runc --rootless=true --root "$work/runc" run -b "$staged" "ocistage-demo-staged-$$" </dev/null
+say "ocistage cache ls"
+ocistage cache ls
+say "ocistage unstage $staged"
+ocistage unstage "$staged"
 say "done"
