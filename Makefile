@@ -8,26 +8,36 @@ DEBIAN_PACKAGES = docker-registry skopeo umoci runc crun squashfs-tools squashfu
 	lua-cjson rsync busybox-static zstd curl jq apache2-utils openssl uidmap \
 	slurm-wlm slurm-client munge
 
-deps:  ## install Debian packages (needs root) and the Python package with test extras
-	@if [ "$$(id -u)" = 0 ]; then \
+DEPS_STAMP = .ci/state/deps.stamp
+
+deps: $(DEPS_STAMP)  ## install Debian packages (needs root) and the Python package with test extras
+
+$(DEPS_STAMP): pyproject.toml Makefile
+	@missing=$$(for p in $(DEBIAN_PACKAGES); do \
+		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' \
+			|| echo $$p; done); \
+	if [ -z "$$missing" ]; then echo "Debian packages: all installed"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "installing $$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-			--no-install-recommends $(DEBIAN_PACKAGES) >/dev/null; \
-	else echo "not root: install these Debian packages yourself: $(DEBIAN_PACKAGES)"; fi
+			--no-install-recommends $$missing >/dev/null; \
+	else echo "not root: install these Debian packages yourself: $$missing"; fi
 	$(PYTHON) -m pip install -q -e '.[test]'
+	@mkdir -p $(dir $@) && touch $@
 
 demo: deps  ## local registry + an image built on the spot -> pull -> bundle -> runc run
 	bash scripts/demo.sh
 
-lint:
+lint: deps
 	ruff check .
 
-typecheck:
+typecheck: deps
 	mypy
 
 unit:
 	$(PYTHON) -m pytest -q -m "not e2e" $(PYTEST_ARGS)
 
-test: lint typecheck  ## everything CI runs
+test: deps lint typecheck  ## everything CI runs
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
 
 bench:  ## benchmarks (bench/README.md): bundle vs skopeo+umoci and the floor; stage vs rsync
