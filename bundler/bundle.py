@@ -80,12 +80,8 @@ class BundleResult:
     snapshot: Path | None = None      # the snapshot rootfs the bundle links to, if any
 
 
-def bundle_key(image: PulledImage, options: ConfigOptions) -> str:
-    """The cache key of a bundle: manifest digest plus every option that changes the result."""
-    return _bundle_key(image.manifest.digest, options)
-
-
 def _bundle_key(manifest_digest: Digest, options: ConfigOptions) -> str:
+    """The cache key of a bundle: manifest digest plus every option that changes the result."""
     shape = {"format": BUNDLE_FORMAT, "manifest": str(manifest_digest),
              "options": asdict(options)}
     return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()

@@ -78,7 +78,7 @@ def inspect_image(source: ImageSource, store: Store,
     wanted = (options.platform or host_platform()).normalized()
     provider = open_provider(source, options.registry)
     try:
-        resolved = resolve(provider, wanted, explicit=options.platform is not None)
+        resolved = resolve(provider, wanted)
         top = resolved.index_fetched or resolved.manifest_fetched
         platforms: tuple[tuple[Platform | None, Descriptor], ...] = ()
         if isinstance(resolved.index, ImageIndex):

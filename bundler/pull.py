@@ -126,7 +126,6 @@ class ResolvedImage:
     index_fetched: FetchedManifest | None
     index: ImageIndex | None
     platform: Platform
-    warnings: tuple[str, ...]
 
 
 def ref_name(source: ImageSource) -> str:
@@ -134,11 +133,10 @@ def ref_name(source: ImageSource) -> str:
     return str(source)
 
 
-def resolve(provider: ImageProvider, wanted: Platform, explicit: bool) -> ResolvedImage:
+def resolve(provider: ImageProvider, wanted: Platform) -> ResolvedImage:
     """Resolve the provider's reference to the manifest for ``wanted``."""
     top = provider.resolve()
     document = parse_manifest(top.data, top.media_type)
-    warnings: list[str] = []
     if isinstance(document, ImageIndex):
         descriptor = select_manifest(document, wanted)
         fetched = provider.manifest(descriptor.digest)
@@ -148,8 +146,8 @@ def resolve(provider: ImageProvider, wanted: Platform, explicit: bool) -> Resolv
                 f"{provider.name}: the index entry for {wanted} is not an image manifest",
                 "nested indexes are not supported")
         platform = descriptor.platform or wanted
-        return ResolvedImage(fetched, manifest, top, document, platform, ())
-    return ResolvedImage(top, document, None, None, wanted, tuple(warnings))
+        return ResolvedImage(fetched, manifest, top, document, platform)
+    return ResolvedImage(top, document, None, None, wanted)
 
 
 def _check_platform(config: ImageConfig, wanted: Platform, explicit: bool,
@@ -273,7 +271,7 @@ def _pull(source: ImageSource, store: Store, options: PullOptions,
           progress: PullProgress | None, provider: ImageProvider, counter: BlobCounter,
           wanted: Platform, in_use: InUse,
           observer: PullObserver | None = None) -> PulledImage:
-    resolved = resolve(provider, wanted, explicit=options.platform is not None)
+    resolved = resolve(provider, wanted)
     manifest = resolved.manifest
     config_descriptor = manifest.config
     used = [resolved.manifest_fetched.digest, config_descriptor.digest,
@@ -326,5 +324,5 @@ def _pull(source: ImageSource, store: Store, options: PullOptions,
         layers=manifest.layers,
         fetched_bytes=counter.fetched,
         reused_blobs=counter.reused,
-        warnings=tuple(warnings) + resolved.warnings,
+        warnings=tuple(warnings),
     )
