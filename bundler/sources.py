@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from bundler import mediatypes
+from bundler.decompress import detect_compression
 from bundler.reference import (
     DockerArchiveReference,
     ImageSource,
@@ -39,6 +40,8 @@ MAX_DOCUMENT = 4 << 20
 REF_NAME = "org.opencontainers.image.ref.name"
 
 Progress = Callable[[int], None]
+_LAYER_TYPES = {"gzip": mediatypes.OCI_LAYER_GZIP, "zstd": mediatypes.OCI_LAYER_ZSTD,
+                "none": mediatypes.OCI_LAYER}
 
 
 class ImageProvider(Protocol):
@@ -238,6 +241,9 @@ class _TarSource:
         target = posixpath.normpath(posixpath.join(base, member.linkname).lstrip("/"))
         return self._resolve(target, depth + 1)
 
+    def size(self, name: str) -> int:
+        return self._resolve(posixpath.normpath(name.lstrip("/"))).size
+
     def read(self, name: str, limit: int = MAX_DOCUMENT) -> bytes:
         with self.open(name) as stream:
             data = stream.read(limit + 1)
@@ -315,19 +321,14 @@ class DockerArchiveProvider:
 
     def _layer_digest(self, member: str, diff_id: str | None) -> tuple[Digest, int, str]:
         with self.archive.open(member) as stream:
-            magic = stream.read(4)
-        info = self.archive._resolve(posixpath.normpath(member.lstrip("/")))
-        if magic[:2] == b"\x1f\x8b":
-            media_type = mediatypes.OCI_LAYER_GZIP
-        elif magic == b"\x28\xb5\x2f\xfd":
-            media_type = mediatypes.OCI_LAYER_ZSTD
-        else:
-            media_type = mediatypes.OCI_LAYER
+            compression = detect_compression(stream.read(4))
+        size = self.archive.size(member)
+        media_type = _LAYER_TYPES[compression]
+        if compression == "none" and diff_id is not None:
             # an uncompressed layer's digest is its diff_id; the copy verifies it anyway
-            if diff_id is not None:
-                return Digest.parse(diff_id), info.size, media_type
+            return Digest.parse(diff_id), size, media_type
         with self.archive.open(member) as stream:
-            return hash_file(stream), info.size, media_type  # type: ignore[arg-type]
+            return hash_file(stream), size, media_type  # type: ignore[arg-type]
 
     def resolve(self) -> FetchedManifest:
         if self._synthetic is not None:
