@@ -25,6 +25,7 @@ from typing import Any
 
 from cache import leases, usage
 from cache.leases import Holder, Lease
+from cache.staged import read_json_at
 from stagers.filemanifest import MARKER_NAME
 
 
@@ -54,7 +55,10 @@ class Marker:
 
     @classmethod
     def from_json(cls, data: bytes) -> Marker:
-        doc = json.loads(data)
+        return cls.from_doc(json.loads(data))
+
+    @classmethod
+    def from_doc(cls, doc: object) -> Marker:
         if not isinstance(doc, dict) or not isinstance(doc.get("id"), str) or not doc["id"]:
             raise ValueError("not an ocistage marker")
         image = doc.get("image")
@@ -70,14 +74,12 @@ class Marker:
 
 def read_marker_at(dir_fd: int) -> Marker | None:
     """The marker inside the open directory ``dir_fd``; None if absent or not ours."""
-    try:
-        fd = os.open(MARKER_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
+    doc = read_json_at(dir_fd, MARKER_NAME)
+    if doc is None:
         return None
     try:
-        with os.fdopen(fd, "rb") as file:
-            return Marker.from_json(file.read(1 << 16))
-    except (OSError, ValueError, TypeError):
+        return Marker.from_doc(doc)
+    except (ValueError, TypeError):
         return None
 
 
