@@ -7,7 +7,6 @@ line (exit 1, or 2 for usage errors); tracebacks are shown only with ``-v``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import sys
@@ -30,8 +29,10 @@ from bundler.cli_common import (
     QuietOpt,
     RefArg,
     VerboseOpt,
+    download_progress,
     human_size,
     print_json,
+    print_warnings,
     pull_options,
     settings_from,
     setup_logging,
@@ -39,7 +40,6 @@ from bundler.cli_common import (
     stdout,
 )
 from bundler.inspect import ImageReport, inspect_image
-from bundler.progress import RichPullProgress
 from bundler.pull import PulledImage, pull
 from bundler.reference import parse_reference
 from bundler.runtime_config import ConfigOptions
@@ -99,12 +99,9 @@ def pull_command(
     settings = settings_from(cache, insecure_registry, mirror, ca_file, jobs)
     store = Store.open(settings.cache)
     options = pull_options(settings, platform)
-    show_progress = stderr.is_terminal and not quiet and not json_output
-    with contextlib.ExitStack() as stack:
-        progress = stack.enter_context(RichPullProgress(stderr)) if show_progress else None
+    with download_progress(quiet or json_output) as progress:
         image = pull(source, store, options, progress)
-    for warning in image.warnings:
-        stderr.print(f"warning: {escape(warning)}")
+    print_warnings(image.warnings)
     if json_output:
         print_json(_pulled_json(image, settings.cache))
         return
@@ -222,13 +219,10 @@ def bundle_command(
         rootless=rootless, args=cmd or None, entrypoint=entrypoint or None, env=env or (),
         mounts=mount or (), readonly=readonly, hostname=hostname, gpus=gpus,
         map_root=map_root)
-    show_progress = stderr.is_terminal and not quiet and not json_output
-    with contextlib.ExitStack() as stack:
-        progress = stack.enter_context(RichPullProgress(stderr)) if show_progress else None
+    with download_progress(quiet or json_output) as progress:
         result = make_bundle(source, store, dest, pull_options=pull_options(settings, platform),
                              config_options=config_options, progress=progress, link=link)
-    for warning in result.warnings:
-        stderr.print(f"warning: {escape(warning)}")
+    print_warnings(result.warnings)
     if json_output:
         print_json({"path": str(result.path), "reused": result.reused,
                      "image": _pulled_json(result.image, settings.cache)})

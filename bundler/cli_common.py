@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from bundler.platform import Platform
-from bundler.pull import PullOptions
+from bundler.pull import PullOptions, PullProgress
 from bundler.settings import Settings, load_settings
 from cache.errors import NotImplementedYet
 
@@ -66,6 +69,23 @@ def pull_options(settings: Settings, platform: str | None) -> PullOptions:
 def setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+@contextlib.contextmanager
+def download_progress(quiet: bool) -> Iterator[PullProgress | None]:
+    """Progress bars on stderr while downloading, when stderr is a terminal and not ``quiet``."""
+    if quiet or not stderr.is_terminal:
+        yield None
+        return
+    from bundler.progress import RichPullProgress
+
+    with RichPullProgress(stderr) as progress:
+        yield progress
+
+
+def print_warnings(warnings: Iterable[str]) -> None:
+    for warning in warnings:
+        stderr.print(f"warning: {escape(warning)}")
 
 
 def print_json(value: Any) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -21,14 +20,15 @@ from bundler.cli_common import (
     QuietOpt,
     RefArg,
     VerboseOpt,
+    download_progress,
     print_json,
+    print_warnings,
     pull_options,
     settings_from,
     setup_logging,
     stderr,
     stdout,
 )
-from bundler.progress import RichPullProgress
 from bundler.reference import parse_reference
 from bundler.runtime_config import ConfigOptions
 from cache.errors import UsageError
@@ -268,14 +268,11 @@ def submit_command(
     source = parse_reference(ref)
     settings = settings_from(cache, insecure_registry, None, None, None)
     store = Store.open(settings.cache)
-    show_progress = stderr.is_terminal and not quiet and not json_output
-    with contextlib.ExitStack() as stack:
-        progress = stack.enter_context(RichPullProgress(stderr)) if show_progress else None
+    with download_progress(quiet or json_output) as progress:
         bundle = make_bundle(source, store, pull_options=pull_options(settings, platform),
                              config_options=ConfigOptions(map_root=map_root),
                              progress=progress)
-    for warning in bundle.warnings:
-        stderr.print(f"warning: {escape(warning)}")
+    print_warnings(bundle.warnings)
     result = submit(bundle.path, SubmitOptions(
         stage_to=(stage_to or (Path(settings.stage_to).expanduser() if settings.stage_to
                                else settings.cache / "staged")).absolute(), options=options,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -23,8 +22,10 @@ from bundler.cli_common import (
     PlatformOpt,
     QuietOpt,
     VerboseOpt,
+    download_progress,
     human_size,
     print_json,
+    print_warnings,
     pull_options,
     settings_from,
     setup_logging,
@@ -194,18 +195,14 @@ def _resolve(what: str, settings: Any, platform: str | None,
     if path.is_dir():
         return path.absolute(), os.fspath(path.absolute())
     from bundler.bundle import make_bundle
-    from bundler.progress import RichPullProgress
     from bundler.reference import parse_reference
 
     source = parse_reference(what)
     store = Store.open(settings.cache)
-    show_progress = stderr.is_terminal and not quiet
-    with contextlib.ExitStack() as stack:
-        progress = stack.enter_context(RichPullProgress(stderr)) if show_progress else None
+    with download_progress(quiet) as progress:
         bundle = make_bundle(source, store, None,
                              pull_options=pull_options(settings, platform), progress=progress)
-    for warning in bundle.warnings:
-        stderr.print(f"warning: {escape(warning)}")
+    print_warnings(bundle.warnings)
     return bundle.path, what
 
 
