@@ -11,6 +11,10 @@ DEBIAN_PACKAGES = docker-registry skopeo umoci runc crun squashfs-tools squashfu
 DEPS_STAMP = .ci/state/deps.stamp
 
 deps: $(DEPS_STAMP)  ## install Debian packages (needs root) and the Python package with test extras
+	@# the stamp is per checkout, the editable install per interpreter: reinstall when it points
+	@# at another checkout (a moved or copied tree) or is gone
+	@cd / && $(PYTHON) -c 'import sys, bundler; sys.exit(bundler.__file__ != "$(CURDIR)/bundler/__init__.py")' \
+		2>/dev/null || $(PYTHON) -m pip install -q -e '$(CURDIR)[test]'
 
 $(DEPS_STAMP): pyproject.toml Makefile
 	@missing=$$(for p in $(DEBIAN_PACKAGES); do \
