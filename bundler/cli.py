@@ -11,13 +11,12 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 
 from bundler import cli_cache, cli_slurm, cli_stage
-from bundler.bundle import make_bundle
 from bundler.cli_common import (
     CacheOpt,
     CaFileOpt,
@@ -39,12 +38,14 @@ from bundler.cli_common import (
     stderr,
     stdout,
 )
-from bundler.inspect import ImageReport, inspect_image
-from bundler.pull import PulledImage, pull
-from bundler.reference import parse_reference
-from bundler.runtime_config import ConfigOptions
 from cache.errors import OcistageError
-from cache.store import Store
+
+if TYPE_CHECKING:
+    from bundler.inspect import ImageReport
+    from bundler.pull import PulledImage
+
+# The library is imported inside the commands: each command line loads what it uses only
+# (see bundler.cli_common).
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -94,6 +95,10 @@ def pull_command(
     verbose: VerboseOpt = False,
 ) -> None:
     """Fetch an image's manifest, config and layers into the cache; print the manifest digest."""
+    from bundler.pull import pull
+    from bundler.reference import parse_reference
+    from cache.store import Store
+
     setup_logging(verbose)
     source = parse_reference(ref)
     settings = settings_from(cache, insecure_registry, mirror, ca_file, jobs)
@@ -152,6 +157,10 @@ def inspect_command(
     verbose: VerboseOpt = False,
 ) -> None:
     """Show an image's manifest, config, platforms and layer sizes (layers are not fetched)."""
+    from bundler.inspect import inspect_image
+    from bundler.reference import parse_reference
+    from cache.store import Store
+
     setup_logging(verbose)
     source = parse_reference(ref)
     settings = settings_from(cache, insecure_registry, mirror, ca_file, None)
@@ -211,6 +220,11 @@ def bundle_command(
     verbose: VerboseOpt = False,
 ) -> None:
     """Make a rootless OCI bundle (rootfs/ + config.json) from an image; print its path."""
+    from bundler.bundle import make_bundle
+    from bundler.reference import parse_reference
+    from bundler.runtime_config import ConfigOptions
+    from cache.store import Store
+
     setup_logging(verbose)
     source = parse_reference(ref)
     settings = settings_from(cache, insecure_registry, mirror, ca_file, jobs)

@@ -5,22 +5,24 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from bundler.cli_common import CacheOpt, JsonOpt, QuietOpt, RefArg, print_json, stderr, stdout
-from bundler.pull import ref_name
-from bundler.reference import parse_reference
-from bundler.settings import Settings, load_settings
 from cache.errors import IntegrityError
-from cache.gc import GcOptions, GcReport, collect, remove_ref
-from cache.inventory import DiskUsage, LeaseRow, Listing, disk_usage, listing
 from cache.sizes import format_age, format_size, parse_age, parse_size
-from cache.store import Store
-from cache.verify import VerifyReport, verify
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from bundler.settings import Settings
+    from cache.gc import GcReport
+    from cache.inventory import DiskUsage, LeaseRow, Listing
+    from cache.store import Store
+
+# The cache modules are imported inside the commands (see bundler.cli_common).
 
 cache_app = typer.Typer(help="Inspect and clean the content-addressed cache.",
     rich_markup_mode=None, no_args_is_help=True)
@@ -37,7 +39,15 @@ DryRunOpt = Annotated[bool, typer.Option(
 
 
 def _settings(cache: Path | None, max_size: str | None = None) -> Settings:
+    from bundler.settings import load_settings
+
     return load_settings(cache=cache, max_size=max_size)
+
+
+def _store(settings: Settings) -> Store:
+    from cache.store import Store
+
+    return Store.open(settings.cache)
 
 
 def _ago(when: float) -> str:
@@ -52,6 +62,8 @@ def _lease_text(leases: tuple[LeaseRow, ...]) -> str:
 
 def _table(title: str | None, columns: list[str], right: tuple[str, ...] = ()) -> Table:
     """A plain table; the last column (a name or path) folds, the others never wrap."""
+    from rich.table import Table
+
     table = Table(title=title, title_justify="left", box=None, pad_edge=False)
     for column in columns:
         last = column == columns[-1]
@@ -91,8 +103,9 @@ def _render_listing(result: Listing) -> None:
 @cache_app.command("ls")
 def cache_ls(cache: CacheOpt = None, json_output: JsonOpt = False) -> None:
     """List cached images and bundles with sizes, last use and leases."""
-    store = Store.open(_settings(cache).cache)
-    result = listing(store)
+    from cache.inventory import listing
+
+    result = listing(_store(_settings(cache)))
     if json_output:
         print_json(asdict(result))
     else:
@@ -102,6 +115,8 @@ def cache_ls(cache: CacheOpt = None, json_output: JsonOpt = False) -> None:
 # -- du --------------------------------------------------------------------------------------------
 
 def _render_du(usage: DiskUsage) -> None:
+    from rich.table import Table
+
     table = Table(box=None, pad_edge=False)
     for column, justify in (("PART", "left"), ("COUNT", "right"), ("LOGICAL", "right"),
                             ("ON DISK", "right")):
@@ -120,8 +135,9 @@ def _render_du(usage: DiskUsage) -> None:
 @cache_app.command("du")
 def cache_du(cache: CacheOpt = None, json_output: JsonOpt = False) -> None:
     """Show the cache's logical size (without dedup) and its size on disk."""
-    store = Store.open(_settings(cache).cache)
-    usage = disk_usage(store)
+    from cache.inventory import disk_usage
+
+    usage = disk_usage(_store(_settings(cache)))
     if json_output:
         print_json({**asdict(usage), "total": {"logical": usage.total_logical,
                                                "disk": usage.total_disk}})
@@ -163,8 +179,10 @@ def cache_gc(
     quiet: QuietOpt = False,
 ) -> None:
     """Remove orphans and leftovers, then least recently used content; never leased content."""
+    from cache.gc import GcOptions, collect
+
     settings = _settings(cache, max_size)
-    store = Store.open(settings.cache)
+    store = _store(settings)
     options = GcOptions(max_size=parse_size(max_size) if max_size else settings.max_size,
                         older_than=parse_age(older_than) if older_than else None,
                         dry_run=dry_run)
@@ -189,7 +207,11 @@ def cache_rm(
     quiet: QuietOpt = False,
 ) -> None:
     """Drop REF from the cache and, right away, what only it used (unless leased)."""
-    store = Store.open(_settings(cache).cache)
+    from bundler.pull import ref_name
+    from bundler.reference import parse_reference
+    from cache.gc import remove_ref
+
+    store = _store(_settings(cache))
     name = ref_name(parse_reference(ref))
     report = remove_ref(store, name, platform=platform, force=force)
     if json_output:
@@ -209,8 +231,10 @@ def cache_verify(
     json_output: JsonOpt = False,
 ) -> None:
     """Re-hash every blob and check refs and bundles; quarantine what is corrupt (exit 1)."""
-    store = Store.open(_settings(cache).cache)
-    report: VerifyReport = verify(store, jobs=jobs, dry_run=dry_run)
+    from cache.verify import verify
+
+    store = _store(_settings(cache))
+    report = verify(store, jobs=jobs, dry_run=dry_run)
     if json_output:
         print_json({**asdict(report), "ok": report.ok})
     else:

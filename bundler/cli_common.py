@@ -1,4 +1,10 @@
-"""What every command module of the CLI shares: consoles, option types, small renderers."""
+"""What every command module of the CLI shares: consoles, option types, small renderers.
+
+Every ``ocistage`` command line imports this module and the command modules, so they import
+only typer and rich at the top: the library modules (and requests, jsonschema, ... behind
+them) are imported inside the functions that use them. ``tests/bundler/test_cli_imports.py``
+checks that ``--help`` and the light commands stay free of them.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +15,17 @@ import os
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from bundler.platform import Platform
-from bundler.pull import PullOptions, PullProgress
-from bundler.settings import Settings, load_settings
 from cache.errors import NotImplementedYet
+
+if TYPE_CHECKING:
+    from bundler.pull import PullOptions, PullProgress
+    from bundler.settings import Settings
 
 # piped output is for grep and scripts: wide enough that table rows do not wrap
 stdout = Console(soft_wrap=True, highlight=False,
@@ -56,11 +63,16 @@ VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Log what happ
 
 def settings_from(cache: Path | None, insecure: list[str] | None, mirror: list[str] | None,
               ca_file: Path | None, jobs: int | None) -> Settings:
+    from bundler.settings import load_settings
+
     return load_settings(cache=cache, jobs=jobs, ca_file=str(ca_file) if ca_file else None,
                          insecure=insecure or (), mirrors=mirror or ())
 
 
 def pull_options(settings: Settings, platform: str | None) -> PullOptions:
+    from bundler.platform import Platform
+    from bundler.pull import PullOptions
+
     return PullOptions(platform=Platform.parse(platform) if platform else None,
                        jobs=settings.jobs, registry=settings.registry_config(),
                        max_size=settings.max_size)

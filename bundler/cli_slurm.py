@@ -7,12 +7,11 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 
-from bundler.bundle import make_bundle
 from bundler.cli_common import (
     CacheOpt,
     InsecureOpt,
@@ -29,27 +28,16 @@ from bundler.cli_common import (
     stderr,
     stdout,
 )
-from bundler.reference import parse_reference
-from bundler.runtime_config import ConfigOptions
 from cache.errors import UsageError
-from cache.store import Store
-from runtimes.engines import (
-    DEFAULT_SCRUN,
-    docker_daemon_json,
-    docker_run_flags,
-    podman_containers_conf,
-)
-from runtimes.oci_conf import RUNTIMES, Mode, OciConfOptions, lint_oci_conf, render_oci_conf
-from runtimes.scrun import (
-    ScrunLuaOptions,
-    StageInRequest,
-    read_job_env,
-    render_scrun_lua,
-    stage_in,
-    stage_out,
-)
-from runtimes.slurm import SlurmVersion, installed_version
-from runtimes.submit import SubmitOptions, check_options, submit
+
+# light modules whose constants the options show; the rest is imported inside the commands
+# (see bundler.cli_common)
+from runtimes.engines import DEFAULT_SCRUN
+from runtimes.oci_conf import RUNTIMES
+
+if TYPE_CHECKING:
+    from runtimes.oci_conf import Mode
+    from runtimes.slurm import SlurmVersion
 
 runtime_app = typer.Typer(help="Generate Slurm runtime configuration (oci.conf, scrun.lua).",
     rich_markup_mode=None, no_args_is_help=True)
@@ -72,6 +60,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _slurm_version(text: str | None) -> SlurmVersion:
+    from runtimes.slurm import SlurmVersion, installed_version
+
     return SlurmVersion.parse(text) if text else installed_version()
 
 
@@ -101,6 +91,8 @@ def runtime_oci_conf(
         help="Lint FILE instead: one line per problem, exit 1 if there are any.")] = None,
 ) -> None:
     """Print an oci.conf for Slurm for a given runtime (runc, crun, nvidia, ...)."""
+    from runtimes.oci_conf import OciConfOptions, lint_oci_conf, render_oci_conf
+
     version = _slurm_version(slurm_version)
     if check is not None:
         try:
@@ -148,6 +140,8 @@ def runtime_scrun_lua(
         help="Cache (leases) the hooks use [default: each user's own].")] = None,
 ) -> None:
     """Print a scrun.lua whose stage hooks call `ocistage scrun ...`."""
+    from runtimes.scrun import ScrunLuaOptions, render_scrun_lua
+
     if stage_to not in ("shared", "node-local"):
         raise UsageError(f"unknown --stage-to {stage_to!r}", "choose shared or node-local")
     options = ScrunLuaOptions(ocistage=(ocistage or _ocistage_command(),),
@@ -159,6 +153,8 @@ def runtime_scrun_lua(
 @runtime_app.command("docker-config")
 def runtime_docker_config(scrun: ScrunOpt = DEFAULT_SCRUN) -> None:
     """Print ~/.config/docker/daemon.json for rootless Docker with scrun as its runtime."""
+    from runtimes.engines import docker_daemon_json, docker_run_flags
+
     stdout.print(docker_daemon_json(scrun), end="", markup=False)
     stderr.print("# also pass to docker run: " + " ".join(docker_run_flags()), markup=False)
 
@@ -166,6 +162,8 @@ def runtime_docker_config(scrun: ScrunOpt = DEFAULT_SCRUN) -> None:
 @runtime_app.command("podman-config")
 def runtime_podman_config(scrun: ScrunOpt = DEFAULT_SCRUN) -> None:
     """Print ~/.config/containers/containers.conf for rootless Podman with scrun."""
+    from runtimes.engines import podman_containers_conf
+
     stdout.print(podman_containers_conf(scrun), end="", markup=False)
 
 
@@ -192,6 +190,8 @@ def scrun_stage_in(
     verbose: VerboseOpt = False,
 ) -> None:
     """Stage-in entry point called by scrun.lua; prints one JSON line."""
+    from runtimes.scrun import StageInRequest, read_job_env, stage_in
+
     setup_logging(verbose)
     del stage_to  # where this runs is the Lua's choice; recorded for the logs only
     request = StageInRequest(
@@ -213,6 +213,8 @@ def scrun_stage_out(
     verbose: VerboseOpt = False,
 ) -> None:
     """Stage-out entry point called by scrun.lua; prints one JSON line."""
+    from runtimes.scrun import stage_out
+
     setup_logging(verbose)
     removed = stage_out(bundle, cache_root=_cache_root(cache))
     sys.stdout.write(json.dumps({"bundle": str(bundle), "root_path": root_path,
@@ -262,6 +264,12 @@ def submit_command(
     verbose: VerboseOpt = False,
 ) -> None:
     """Pull, bundle and stage REF, then sbatch --container it: REF [SBATCH OPTS] -- CMD."""
+    from bundler.bundle import make_bundle
+    from bundler.reference import parse_reference
+    from bundler.runtime_config import ConfigOptions
+    from cache.store import Store
+    from runtimes.submit import SubmitOptions, check_options, submit
+
     setup_logging(verbose)
     options, command = _split_submit_args(list(ctx.args), sys.argv)
     check_options(options)

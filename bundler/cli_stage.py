@@ -33,14 +33,14 @@ from bundler.cli_common import (
     stdout,
 )
 from cache.errors import UsageError
-from cache.leases import Holder
-from cache.store import Store
 
 if TYPE_CHECKING:
+    from bundler.settings import Settings
+    from cache.leases import Holder
     from stagers.stage import StageResult
 
-# The stagers, the bundler and their dependencies are imported inside the commands: every
-# `ocistage` invocation imports this module, few of them stage.
+# The stagers, the cache, the bundler and their dependencies are imported inside the commands:
+# every `ocistage` invocation imports this module, few of them stage (see bundler.cli_common).
 
 
 def register(app: typer.Typer) -> None:
@@ -115,6 +115,7 @@ def stage_command(
     setup_logging(verbose)
     if format not in ("dir", "squashfs"):
         raise UsageError(f"unknown format {format!r}", "use --format dir or --format squashfs")
+    from cache.store import Store
     from stagers.allnodes import stage_all_nodes
     from stagers.markers import default_holder
     from stagers.remote import is_url, push_tree, stage_from_url
@@ -184,7 +185,7 @@ def _emit(doc: dict[str, Any], one_line: bool) -> None:
         print_json(doc)
 
 
-def _resolve(what: str, settings: Any, platform: str | None,
+def _resolve(what: str, settings: Settings, platform: str | None,
              quiet: bool) -> tuple[Path | None, str]:
     """The directory to stage and its label; (None, url) for a URL source."""
     from stagers.remote import is_url
@@ -196,6 +197,7 @@ def _resolve(what: str, settings: Any, platform: str | None,
         return path.absolute(), os.fspath(path.absolute())
     from bundler.bundle import make_bundle
     from bundler.reference import parse_reference
+    from cache.store import Store
 
     source = parse_reference(what)
     store = Store.open(settings.cache)
@@ -224,6 +226,9 @@ def unstage_command(
     Inside a Slurm job only that job's lease is released, and the bundle stays while other
     jobs hold it; outside a job every lease on it is released and it is removed.
     """
+    from cache.leases import Holder
+    from stagers.unstage import unstage
+
     setup_logging(verbose)
     settings = settings_from(cache, None, None, None, None)
     holder: Holder | None = None
@@ -231,8 +236,6 @@ def unstage_command(
         holder = Holder.pin(pin)
     elif os.environ.get("SLURM_JOB_ID"):
         holder = Holder.slurm_job(os.environ["SLURM_JOB_ID"])
-    from stagers.unstage import unstage
-
     removed = unstage(path, cache_root=settings.cache, holder=holder, force=force)
     if json_output:
         print_json({"path": str(path.absolute()), "removed": removed})

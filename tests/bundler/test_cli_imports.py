@@ -1,0 +1,97 @@
+"""The CLI's start-up imports: ``--help`` and the light commands must not load the heavy library.
+
+Every ``ocistage`` command line (and every Slurm job's ``scrun stage-in`` hook) pays for what
+``bundler.cli`` imports. The command modules import the library inside the commands; these
+tests run a fresh interpreter and look at ``sys.modules``, so an eager import added back at the
+top of a CLI module fails here (no timing involved).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# what a command line that does not fetch, validate or stage must not load
+HEAVY = frozenset({
+    "requests", "urllib3", "charset_normalizer", "jsonschema", "referencing", "fsspec",
+    "zstandard", "rich.table", "rich.progress",
+    "bundler.registry", "bundler.transport", "bundler.pull", "bundler.bundle",
+    "bundler.schema", "bundler.runtime_config", "bundler.settings", "bundler.snapshots",
+    "bundler.inspect", "cache.gc", "cache.inventory", "cache.verify", "cache.store",
+    "stagers.stage", "stagers.remote", "runtimes.scrun", "runtimes.submit",
+})
+# the third-party libraries behind fetching, validating and remote staging
+THIRD_PARTY = frozenset({"requests", "urllib3", "charset_normalizer", "jsonschema",
+                         "referencing", "fsspec", "zstandard"})
+
+_PROBE = """
+import json, sys
+sys.argv = ["ocistage", *json.loads(sys.argv[1])]
+from bundler.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+sys.stderr.write("\\nMODULES " + json.dumps(sorted(sys.modules)) + "\\n")
+"""
+
+
+def _modules_after(argv: list[str], tmp_path: Path) -> set[str]:
+    env = {**os.environ, "OCISTAGE_CACHE": str(tmp_path / "cache"),
+           "XDG_CONFIG_HOME": str(tmp_path / "config"), "COLUMNS": "100"}
+    env.pop("SLURM_JOB_ID", None)
+    result = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(argv)], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=120, check=False)
+    marker = result.stderr.rfind("MODULES ")
+    assert marker >= 0, result.stderr
+    return set(json.loads(result.stderr[marker + len("MODULES "):]))
+
+
+def test_importing_the_cli_loads_no_library_module(tmp_path: Path) -> None:
+    code = "import json, sys, bundler.cli; print(json.dumps(sorted(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120, check=True)
+    loaded = set(json.loads(result.stdout))
+    assert {"bundler.cli", "bundler.cli_common", "typer"} <= loaded  # the probe sees imports
+    assert sorted(HEAVY & loaded) == []
+
+
+@pytest.mark.parametrize("argv", [
+    ["--help"],
+    ["bundle", "--help"],
+    ["pull", "--help"],
+    ["stage", "--help"],
+    ["unstage", "--help"],
+    ["submit", "--help"],
+    ["cache", "ls", "--help"],
+    ["cache", "gc", "--help"],
+    ["runtime", "oci-conf", "--help"],
+    ["scrun", "stage-in", "--help"],
+    ["scrun", "stage-out", "--help"],
+])
+def test_help_loads_no_library_module(argv: list[str], tmp_path: Path) -> None:
+    loaded = _modules_after(argv, tmp_path)
+    assert "bundler.cli" in loaded
+    assert sorted(HEAVY & loaded) == []
+
+
+def test_runtime_commands_load_no_library_module(tmp_path: Path) -> None:
+    for argv in (["runtime", "oci-conf", "--slurm-version", "23.11"],
+                 ["runtime", "docker-config"],
+                 ["runtime", "scrun-lua", "--ocistage", "/usr/bin/ocistage"]):
+        loaded = _modules_after(argv, tmp_path)
+        assert "runtimes.oci_conf" in loaded
+        assert sorted((THIRD_PARTY | {"bundler.pull", "bundler.bundle", "stagers.stage"})
+                      & loaded) == [], argv
+
+
+def test_cache_ls_loads_neither_schemas_nor_stagers(tmp_path: Path) -> None:
+    loaded = _modules_after(["cache", "ls"], tmp_path)
+    assert "cache.inventory" in loaded
+    assert sorted({"jsonschema", "bundler.schema", "bundler.bundle", "stagers.stage",
+                   "rich.progress"} & loaded) == []
