@@ -8,20 +8,14 @@ snapshot store run for real; registries and faults are covered in tests/e2e.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
-import tarfile
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from bundler.bundle import make_bundle
-from bundler.layers import _ForwardReader, _TarInfo
 from bundler.reference import parse_reference
 from bundler.runtime_config import ConfigOptions
 from bundler.snapshots import BlobFollower, StreamRestarted
@@ -261,98 +255,3 @@ def test_follower_reads_a_growing_blob_and_detects_a_restart(tmp_path: Path) -> 
         while reader.read(1 << 16):
             pass
     writer.join()
-
-
-# -- the tar parsing fast path of bundler.layers (exactly tarfile's results) ---------------------
-
-FIELDS = ("name", "mode", "uid", "gid", "size", "mtime", "chksum", "type", "linkname", "uname",
-          "gname", "devmajor", "devminor")
-
-
-def _parsed(parse: Callable[[bytes], tarfile.TarInfo], buf: bytes) -> object:
-    try:
-        info = parse(buf)
-    except tarfile.HeaderError as exc:
-        return type(exc).__name__
-    return tuple(getattr(info, name) for name in FIELDS)
-
-
-def _header(fields: dict[str, bytes], fix_checksum: bool) -> bytes:
-    layout = {"name": (0, 100), "mode": (100, 8), "uid": (108, 8), "gid": (116, 8),
-              "size": (124, 12), "mtime": (136, 12), "chksum": (148, 8), "type": (156, 1),
-              "linkname": (157, 100), "magic": (257, 8), "uname": (265, 32),
-              "gname": (297, 32), "devmajor": (329, 8), "devminor": (337, 8),
-              "prefix": (345, 155)}
-    buf = bytearray(512)
-    for key, value in fields.items():
-        offset, width = layout[key]
-        buf[offset:offset + width] = value[:width].ljust(width, b"\0")
-    if fix_checksum:
-        buf[148:156] = b" " * 8
-        buf[148:156] = b"%06o\0 " % sum(buf)
-    return bytes(buf)
-
-
-NUMBER = st.one_of(
-    st.integers(0, 0o7777777).map(lambda n: b"%07o" % n),
-    st.integers(0, 0o7777777).map(lambda n: b" %o \0" % n),
-    st.binary(min_size=0, max_size=12),
-    st.sampled_from([b"", b"\x80\0\0\0\0\0\x01\x00", b"\xff" * 8, b"0_7", b"+7", b"\x1c7",
-                     b"9", b"07\x00garbage"]),
-)
-TEXT = st.one_of(st.text(max_size=40).map(lambda t: t.encode("utf-8", "surrogatepass")),
-                 st.binary(max_size=120))
-
-
-@settings(max_examples=400, deadline=None)
-@given(name=TEXT, prefix=TEXT, linkname=TEXT, mode=NUMBER, uid=NUMBER, size=NUMBER,
-       mtime=NUMBER, devmajor=NUMBER, type_=st.sampled_from(
-           [b"0", b"\0", b"5", b"2", b"1", b"x", b"g", b"L", b"S", b"3", b"7", b"Z"]),
-       magic=st.sampled_from([b"ustar\x0000", b"ustar  \0", b""]),
-       fix_checksum=st.booleans())
-def test_fast_header_parser_gives_tarfiles_results(name: bytes, prefix: bytes, linkname: bytes,
-                                                   mode: bytes, uid: bytes, size: bytes,
-                                                   mtime: bytes, devmajor: bytes, type_: bytes,
-                                                   magic: bytes, fix_checksum: bool) -> None:
-    buf = _header({"name": name, "prefix": prefix, "linkname": linkname, "mode": mode,
-                   "uid": uid, "size": size, "mtime": mtime, "devmajor": devmajor,
-                   "type": type_, "magic": magic, "uname": b"root", "gname": b"root"},
-                  fix_checksum)
-    for candidate in (buf, buf[:300], b"", b"\0" * 512):
-        ours = _parsed(lambda b: _TarInfo.frombuf(b, "utf-8", "surrogateescape"), candidate)
-        theirs = _parsed(lambda b: tarfile.TarInfo.frombuf(b, "utf-8", "surrogateescape"),
-                         candidate)
-        assert ours == theirs
-
-
-@settings(max_examples=200, deadline=None)
-@given(data=st.binary(min_size=0, max_size=5000),
-       steps=st.lists(st.tuples(st.sampled_from(["read", "skip"]), st.integers(0, 1500)),
-                      max_size=30),
-       chunk=st.integers(1, 700))
-def test_forward_reader_reads_and_skips_like_a_file(data: bytes, steps: list[tuple[str, int]],
-                                                    chunk: int) -> None:
-    class Trickle(io.RawIOBase):  # a source that returns short reads, as a pipe does
-        def __init__(self) -> None:
-            self.pos = 0
-
-        def read(self, size: int = -1) -> bytes:
-            out = data[self.pos:self.pos + min(chunk, size if size >= 0 else chunk)]
-            self.pos += len(out)
-            return out
-
-    reader = _ForwardReader(Trickle())  # type: ignore[arg-type]
-    reference = io.BytesIO(data)
-    for op, n in steps:
-        if op == "read":
-            assert reader.read(n) == reference.read(n)
-        else:
-            target = min(reference.tell() + n, len(data))
-            reference.seek(target)
-            assert reader.seek(target) == target
-        assert reader.tell() == reference.tell()
-    assert reader.read() == reference.read()
-    assert reader.seek(len(data) + 10) == len(data)  # past the end: stops there, as tarfile needs
-    assert reader.read(1) == b""
-    with pytest.raises(OSError):
-        reader.seek(reader.tell() - 1)  # backwards: refused

@@ -1,0 +1,241 @@
+"""The tar parsing fast paths of bundler.layers give exactly tarfile's results.
+
+``_TarInfo.frombuf`` (ustar headers) and ``_TarInfo._proc_pax`` (PAX extended headers) take the
+common cases and defer the rest to tarfile; every test here compares them with tarfile's own
+parser on the same bytes, including malformed ones.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bundler.layers import _ForwardReader, _pax_records, _TarInfo
+
+FIELDS = ("name", "mode", "uid", "gid", "size", "mtime", "chksum", "type", "linkname", "uname",
+          "gname", "devmajor", "devminor")
+
+
+def _parsed(parse: Callable[[bytes], tarfile.TarInfo], buf: bytes) -> object:
+    try:
+        info = parse(buf)
+    except tarfile.HeaderError as exc:
+        return type(exc).__name__
+    return tuple(getattr(info, name) for name in FIELDS)
+
+
+def _header(fields: dict[str, bytes], fix_checksum: bool) -> bytes:
+    layout = {"name": (0, 100), "mode": (100, 8), "uid": (108, 8), "gid": (116, 8),
+              "size": (124, 12), "mtime": (136, 12), "chksum": (148, 8), "type": (156, 1),
+              "linkname": (157, 100), "magic": (257, 8), "uname": (265, 32),
+              "gname": (297, 32), "devmajor": (329, 8), "devminor": (337, 8),
+              "prefix": (345, 155)}
+    buf = bytearray(512)
+    for key, value in fields.items():
+        offset, width = layout[key]
+        buf[offset:offset + width] = value[:width].ljust(width, b"\0")
+    if fix_checksum:
+        buf[148:156] = b" " * 8
+        buf[148:156] = b"%06o\0 " % sum(buf)
+    return bytes(buf)
+
+
+NUMBER = st.one_of(
+    st.integers(0, 0o7777777).map(lambda n: b"%07o" % n),
+    st.integers(0, 0o7777777).map(lambda n: b" %o \0" % n),
+    st.binary(min_size=0, max_size=12),
+    st.sampled_from([b"", b"\x80\0\0\0\0\0\x01\x00", b"\xff" * 8, b"0_7", b"+7", b"\x1c7",
+                     b"9", b"07\x00garbage"]),
+)
+TEXT = st.one_of(st.text(max_size=40).map(lambda t: t.encode("utf-8", "surrogatepass")),
+                 st.binary(max_size=120))
+
+
+@settings(max_examples=400, deadline=None)
+@given(name=TEXT, prefix=TEXT, linkname=TEXT, mode=NUMBER, uid=NUMBER, size=NUMBER,
+       mtime=NUMBER, devmajor=NUMBER, type_=st.sampled_from(
+           [b"0", b"\0", b"5", b"2", b"1", b"x", b"g", b"L", b"S", b"3", b"7", b"Z"]),
+       magic=st.sampled_from([b"ustar\x0000", b"ustar  \0", b""]),
+       fix_checksum=st.booleans())
+def test_fast_header_parser_gives_tarfiles_results(name: bytes, prefix: bytes, linkname: bytes,
+                                                   mode: bytes, uid: bytes, size: bytes,
+                                                   mtime: bytes, devmajor: bytes, type_: bytes,
+                                                   magic: bytes, fix_checksum: bool) -> None:
+    buf = _header({"name": name, "prefix": prefix, "linkname": linkname, "mode": mode,
+                   "uid": uid, "size": size, "mtime": mtime, "devmajor": devmajor,
+                   "type": type_, "magic": magic, "uname": b"root", "gname": b"root"},
+                  fix_checksum)
+    for candidate in (buf, buf[:300], b"", b"\0" * 512):
+        ours = _parsed(lambda b: _TarInfo.frombuf(b, "utf-8", "surrogateescape"), candidate)
+        theirs = _parsed(lambda b: tarfile.TarInfo.frombuf(b, "utf-8", "surrogateescape"),
+                         candidate)
+        assert ours == theirs
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(min_size=0, max_size=5000),
+       steps=st.lists(st.tuples(st.sampled_from(["read", "skip"]), st.integers(0, 1500)),
+                      max_size=30),
+       chunk=st.integers(1, 700))
+def test_forward_reader_reads_and_skips_like_a_file(data: bytes, steps: list[tuple[str, int]],
+                                                    chunk: int) -> None:
+    class Trickle(io.RawIOBase):  # a source that returns short reads, as a pipe does
+        def __init__(self) -> None:
+            self.pos = 0
+
+        def read(self, size: int = -1) -> bytes:
+            out = data[self.pos:self.pos + min(chunk, size if size >= 0 else chunk)]
+            self.pos += len(out)
+            return out
+
+    reader = _ForwardReader(Trickle())  # type: ignore[arg-type]
+    reference = io.BytesIO(data)
+    for op, n in steps:
+        if op == "read":
+            assert reader.read(n) == reference.read(n)
+        else:
+            target = min(reference.tell() + n, len(data))
+            reference.seek(target)
+            assert reader.seek(target) == target
+        assert reader.tell() == reference.tell()
+    assert reader.read() == reference.read()
+    assert reader.seek(len(data) + 10) == len(data)  # past the end: stops there, as tarfile needs
+    assert reader.read(1) == b""
+    with pytest.raises(OSError):
+        reader.seek(reader.tell() - 1)  # backwards: refused
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(min_size=0, max_size=5000),
+       steps=st.lists(st.tuples(st.sampled_from(["read", "skip", "peek"]), st.integers(0, 1500)),
+                      max_size=30),
+       chunk=st.integers(1, 700))
+def test_forward_reader_peeks_without_consuming(data: bytes, steps: list[tuple[str, int]],
+                                                chunk: int) -> None:
+    source = io.BytesIO(data)
+
+    class Trickle(io.RawIOBase):
+        def read(self, size: int = -1) -> bytes:
+            return source.read(min(chunk, size if size >= 0 else chunk))
+
+    reader = _ForwardReader(Trickle())  # type: ignore[arg-type]
+    reference = io.BytesIO(data)
+    for op, n in steps:
+        if op == "peek":
+            here = reference.tell()
+            assert reader.peek_exact(n) == data[here:here + n]
+        elif op == "read":
+            assert reader.read(n) == reference.read(n)
+        else:
+            target = min(reference.tell() + n, len(data))
+            reference.seek(target)
+            assert reader.seek(target) == target
+        assert reader.tell() == reference.tell()
+    assert reader.read() == reference.read()
+
+
+# -- PAX extended headers --------------------------------------------------------------------
+
+MEMBER_FIELDS = ("name", "size", "mtime", "uid", "gid", "uname", "gname", "linkname", "type",
+                 "mode", "offset", "offset_data", "pax_headers")
+
+
+def _pax_header(payload: bytes, kind: bytes = tarfile.XHDTYPE) -> bytes:
+    header = tarfile.TarInfo("././@PaxHeader")
+    header.type = kind
+    header.size = len(payload)
+    block = header.tobuf(tarfile.USTAR_FORMAT)
+    padding = -len(payload) % tarfile.BLOCKSIZE
+    return block + payload + b"\0" * padding
+
+
+def _archive(pax_payload: bytes, kind: bytes = tarfile.XHDTYPE) -> bytes:
+    """A PAX header with ``pax_payload``, a file of 700 bytes, then a symlink; end blocks."""
+    out = io.BytesIO()
+    out.write(_pax_header(pax_payload, kind))
+    member = tarfile.TarInfo("dir/file")
+    member.size = 700
+    out.write(member.tobuf(tarfile.USTAR_FORMAT))
+    out.write(b"x" * 700 + b"\0" * (-700 % tarfile.BLOCKSIZE))
+    link = tarfile.TarInfo("dir/link")
+    link.type = tarfile.SYMTYPE
+    link.linkname = "file"
+    out.write(link.tobuf(tarfile.USTAR_FORMAT))
+    out.write(b"\0" * tarfile.BLOCKSIZE * 2)
+    return out.getvalue()
+
+
+def _members(data: bytes, fast: bool) -> object:
+    """What tarfile (or our fast path) makes of ``data``: each member's fields, or the error."""
+    found: list[object] = []
+    stream = _ForwardReader(io.BytesIO(data)) if fast else io.BytesIO(data)
+    try:
+        with tarfile.open(fileobj=stream, mode="r:",  # type: ignore[call-overload]
+                          tarinfo=_TarInfo if fast else tarfile.TarInfo) as archive:
+            while (member := archive.next()) is not None:
+                found.append(repr([getattr(member, name) for name in MEMBER_FIELDS]))  # NaN
+                if member.isreg():
+                    source = archive.extractfile(member)
+                    assert source is not None
+                    found.append(source.read(1024))  # sizes come from the records
+    except (tarfile.TarError, ValueError) as exc:  # tarfile's sparse code raises ValueError
+        found.append((type(exc).__name__, str(exc)))
+    return found
+
+
+def _record(keyword: bytes, value: bytes) -> bytes:
+    body = b" " + keyword + b"=" + value + b"\n"
+    length = len(body) + 1
+    while len(str(length).encode()) + len(body) != length:
+        length += 1
+    return str(length).encode() + body
+
+
+KEYWORDS = st.sampled_from([b"path", b"linkpath", b"size", b"mtime", b"uid", b"gid", b"uname",
+                            b"gname", b"atime", b"comment", b"SCHILY.xattr.user.k",
+                            b"hdrcharset", b"GNU.sparse.size", b"a b", b"k\xff", b""])
+VALUES = st.one_of(
+    st.sampled_from([b"", b"0", b"12", b"1700000000.123456789", b"-3", b"x" * 300, b"a=b",
+                     b"line\nbreak", b"dir/other", b"BINARY", b"\xff\xfe", b"4096"]),
+    st.text(max_size=30).map(lambda t: t.encode("utf-8", "surrogatepass")),
+)
+RECORD = st.one_of(
+    st.tuples(KEYWORDS, VALUES).map(lambda kv: _record(*kv)),
+    st.binary(max_size=40),                                       # garbage
+    st.tuples(KEYWORDS, VALUES, st.integers(-5, 5)).map(          # a wrong length
+        lambda kvd: (lambda r: str(int(r.split(b" ", 1)[0]) + kvd[2]).encode() + b" "
+                     + r.split(b" ", 1)[1])(_record(kvd[0], kvd[1]))),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(records=st.lists(RECORD, max_size=6),
+       padding=st.sampled_from([b"", b"\0" * 3, b"junk"]),
+       kind=st.sampled_from([tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE]))
+def test_fast_pax_parser_gives_tarfiles_results(records: list[bytes], padding: bytes,
+                                                kind: bytes) -> None:
+    data = _archive(b"".join(records) + padding, kind)
+    assert _members(data, fast=True) == _members(data, fast=False)
+
+
+def test_fast_pax_parser_takes_plain_records_and_defers_the_rest() -> None:
+    plain = _record(b"path", "dír/fïle".encode()) + _record(b"mtime", b"1.5")
+    assert _pax_records(plain + b"\0" * 10) == {"path": "dír/fïle", "mtime": "1.5"}
+    for deferred in (_record(b"hdrcharset", b"BINARY"), _record(b"GNU.sparse.size", b"1"),
+                     _record(b"path", b"\xff"), b"7 path\n", plain + b"junk",
+                     b"99 path=x\n", b"x" * 5):
+        assert _pax_records(plain + deferred) is None, deferred
+    assert _members(_archive(plain), fast=True) == _members(_archive(plain), fast=False)
+
+
+def test_pax_size_moves_the_next_header_as_tarfile_does() -> None:
+    # a PAX size that disagrees with the ustar header: tarfile trusts PAX; so do we
+    data = _archive(_record(b"size", b"1024"))
+    assert _members(data, fast=True) == _members(data, fast=False)
+    for cut in (512, 1024, 1500, 2000):  # truncated anywhere: the same error as tarfile's
+        assert _members(data[:cut], fast=True) == _members(data[:cut], fast=False)
