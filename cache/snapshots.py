@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import heapq
 import json
 import os
 import shutil
+import stat
 import subprocess
 import time
 import uuid
@@ -209,28 +211,212 @@ def remove_snapshot(store: Store, chain_id: Digest) -> None:
         raise _translate_oserror(exc, f"removing snapshot {chain_id.short}") from exc
 
 
-def link_tree(source: Path, dest: Path) -> None:
+def link_tree(source: Path, dest: Path, parts: int | None = None) -> None:
     """Make ``dest`` (absent) a copy of the trusted tree ``source``, hard-linking its files.
 
-    Directories are new (with the source's modes and times); every other entry is a hard link
-    to the source's inode. Used on snapshots, which are built by ocistage and never contain
-    anything but directories, regular files, symlinks and FIFOs. GNU ``cp -al`` does this in
-    C (``-P``: symlinks are never followed), about twice as fast as a Python walk (measured).
+    Directories are new (with the source's modes, owners, xattrs and times); every other entry
+    is a hard link to the source's inode. Used on snapshots, which are built by ocistage and
+    never contain anything but directories, regular files, symlinks and FIFOs. GNU ``cp -al``
+    does this in C (``-P``: symlinks are never followed), about twice as fast as a Python walk
+    (measured). The work is kernel time per entry, so a large tree is split into disjoint
+    subtrees of about equal weight, each cloned by a ``cp -al`` of its own, ``parts`` at once
+    (default: :func:`free_cpus`; see :func:`split_tree`). Measured on 2 cores, ext4, 18k
+    entries: 1.3x as fast with the second core idle, 1.15x slower with it busy
+    (docs/performance.md).
     """
-    _cp(["-al"], source, dest)
+    if os.path.lexists(dest):  # cp would merge into it
+        raise StoreError(f"cannot copy {source} to {dest}: it exists",
+                         "remove it first, or choose a new destination")
+    count = free_cpus() if parts is None else parts
+    plan = split_tree(source, count) if count > 1 else None
+    if plan is None:
+        _cp(["-al", "--no-target-directory", "--", str(source), str(dest)], source, dest)
+        return
+    try:
+        for rel in plan.dirs:  # parents first; writable until their entries are in
+            os.mkdir(dest / rel if rel else dest, 0o700)
+    except OSError as exc:
+        raise _translate_oserror(exc, f"linking {source} to {dest}") from exc
+    _cp_parallel([["-al", "--parents", "-t", str(dest), "--", *group] for group in plan.groups],
+                 source, dest)
+    try:
+        for rel in reversed(plan.dirs):  # children first: a parent's mode may forbid entering
+            _copy_dir_attributes(source / rel if rel else source, dest / rel if rel else dest)
+    except OSError as exc:
+        raise _translate_oserror(exc, f"linking {source} to {dest}") from exc
 
 
 def copy_tree(source: Path, dest: Path) -> None:
     """Make ``dest`` (absent) an independent copy of ``source`` (reflinks where supported)."""
-    _cp(["-a", "--reflink=auto"], source, dest)
+    _cp(["-a", "--reflink=auto", "--no-target-directory", "--", str(source), str(dest)],
+        source, dest)
 
 
-def _cp(flags: list[str], source: Path, dest: Path) -> None:
-    cp = shutil.which("cp") or "/bin/cp"
-    result = subprocess.run([cp, *flags, "--no-target-directory", "--", str(source), str(dest)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, check=False)
+# -- splitting a clone -----------------------------------------------------------------------
+
+MAX_LINK_PARTS = 4
+MIN_SPLIT_WEIGHT = 4000       # below this a single cp is as fast (the walk costs ~2 us/entry)
+_DIR_WEIGHT = 8               # mkdir costs about 8 hard links on ext4 (strace -c of cp -al)
+_MAX_SPLIT_DIRS = 256         # directories made here, one by one, before the copies start
+_MAX_ARGV_BYTES = 512 * 1024  # per cp; a plan needing more is not used
+
+
+@dataclass(frozen=True)
+class TreeSplit:
+    """How :func:`link_tree` clones a tree in parallel.
+
+    ``dirs``: relative paths of the directories :func:`link_tree` makes itself (``""``: the
+    root; parents before children); ``groups``: for each ``cp``, the relative paths of the
+    entries it clones (whole subtrees, or single non-directories), disjoint.
+    """
+
+    dirs: tuple[str, ...]
+    groups: tuple[tuple[str, ...], ...]
+
+
+@dataclass
+class _Dir:
+    rel: str
+    files: list[str]
+    subdirs: list[_Dir]
+    weight: int = 0
+
+
+def _scan(source: Path) -> _Dir:
+    """Every directory under ``source`` with its non-directory entries (never follows links)."""
+    root = _Dir("", [], [])
+    order = [root]
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        with os.scandir(source / node.rel if node.rel else source) as entries:
+            for entry in entries:
+                rel = f"{node.rel}/{entry.name}" if node.rel else entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    child = _Dir(rel, [], [])
+                    node.subdirs.append(child)
+                    order.append(child)
+                    stack.append(child)
+                else:
+                    node.files.append(rel)
+    for node in reversed(order):  # children were found after their parents
+        node.weight = _DIR_WEIGHT + len(node.files) + sum(d.weight for d in node.subdirs)
+    return root
+
+
+def split_tree(source: Path, parts: int) -> TreeSplit | None:
+    """Split the tree at ``source`` into ``parts`` groups of about equal weight, or ``None``
+    when a single ``cp`` is the better choice (a small tree, an unreadable directory, a plan
+    too large for a command line).
+
+    The heaviest directory is expanded (made by :func:`link_tree`, its entries cloned one by
+    one) until no subtree weighs more than an eighth of a group; the subtrees and loose
+    entries are then dealt out, heaviest first, to the lightest group.
+    """
+    if parts < 2 or not source.is_dir() or source.is_symlink():
+        return None
+    try:
+        root = _scan(source)
+    except OSError:
+        return None  # cp reports it, as it did before the split existed
+    if root.weight < MIN_SPLIT_WEIGHT:
+        return None
+    limit = root.weight / parts / 8
+    dirs: list[_Dir] = []  # expanded; a directory only after its parent
+    units: list[tuple[int, str]] = []
+    heap: list[tuple[int, int, _Dir]] = [(-root.weight, 0, root)]
+    serial = 0
+    while heap and (-heap[0][0] > limit or not dirs) and len(dirs) < _MAX_SPLIT_DIRS:
+        _weight, _n, node = heapq.heappop(heap)
+        dirs.append(node)
+        units.extend((1, rel) for rel in node.files)
+        for child in node.subdirs:
+            serial += 1
+            heapq.heappush(heap, (-child.weight, serial, child))
+    units.extend((-weight, node.rel) for weight, _n, node in heap)
+    groups: list[list[str]] = [[] for _ in range(parts)]
+    loads = [0] * parts
+    for weight, rel in sorted(units, key=lambda unit: -unit[0]):
+        lightest = loads.index(min(loads))
+        groups[lightest].append(rel)
+        loads[lightest] += weight
+    if any(sum(len(os.fsencode(rel)) + 1 for rel in group) > _MAX_ARGV_BYTES
+           for group in groups):
+        return None
+    return TreeSplit(tuple(node.rel for node in dirs),
+                     tuple(tuple(group) for group in groups if group))
+
+
+def _copy_dir_attributes(source: Path, dest: Path) -> None:
+    """Owner, xattrs, mode and times of directory ``source`` onto ``dest``, as ``cp -a``
+    does: owner and xattrs where permitted, mode and times always."""
+    info = os.lstat(source)
+    made = os.lstat(dest)
+    if (made.st_uid, made.st_gid) != (info.st_uid, info.st_gid):
+        with contextlib.suppress(PermissionError):
+            os.chown(dest, info.st_uid, info.st_gid, follow_symlinks=False)
+    with contextlib.suppress(OSError):
+        for name in os.listxattr(source, follow_symlinks=False):
+            with contextlib.suppress(OSError):
+                os.setxattr(dest, name, os.getxattr(source, name, follow_symlinks=False),
+                            follow_symlinks=False)
+    os.chmod(dest, stat.S_IMODE(info.st_mode))
+    os.utime(dest, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
+
+
+def free_cpus() -> int:
+    """The CPUs this process may use that nothing else runs on right now (1 to
+    :data:`MAX_LINK_PARTS`): a split clone is slower than one ``cp`` on a busy machine."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:  # "0.52 0.58 0.59 2/143 ...": runnable tasks right now, this one included
+        running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return 1
+    return max(1, min(MAX_LINK_PARTS, cpus - max(0, running - 1)))
+
+
+# -- running cp ----------------------------------------------------------------------------------
+
+
+def _cp_binary() -> str:
+    return shutil.which("cp") or "/bin/cp"
+
+
+def _cp(arguments: list[str], source: Path, dest: Path) -> None:
+    result = subprocess.run([_cp_binary(), *arguments], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
     if result.returncode != 0:
-        message = result.stderr.decode(errors="replace").strip().splitlines()
-        raise StoreError(f"cannot copy {source} to {dest}: "
-                         f"{message[-1] if message else 'cp failed'}")
+        raise _cp_error(result.stderr, source, dest)
+
+
+def _cp_parallel(argument_lists: list[list[str]], source: Path, dest: Path) -> None:
+    """Run one ``cp`` per argument list at once (in ``source``); the first failure raised."""
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        for arguments in argument_lists:
+            processes.append(subprocess.Popen(
+                [_cp_binary(), *arguments], cwd=source, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        failures = []
+        for process in processes:
+            _out, err = process.communicate()
+            if process.returncode != 0:
+                failures.append(err)
+    except OSError as exc:
+        raise StoreError(f"cannot copy {source} to {dest}: {exc.strerror or exc}") from exc
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    if failures:
+        raise _cp_error(failures[0], source, dest)
+
+
+def _cp_error(stderr: bytes, source: Path, dest: Path) -> StoreError:
+    message = stderr.decode(errors="replace").strip().splitlines()
+    return StoreError(f"cannot copy {source} to {dest}: "
+                      f"{message[-1] if message else 'cp failed'}")
