@@ -9,8 +9,20 @@ from typing import BinaryIO
 import pytest
 import zstandard
 
+import bundler.decompress
 from bundler.decompress import detect_compression, open_layer_stream
 from cache.errors import LayerError
+
+
+@pytest.fixture(autouse=True, params=["isal", "zlib"])
+def inflate(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs with ISA-L's inflate and with zlib's (the fallback without isal)."""
+    if request.param == "isal":
+        from isal import isal_zlib
+        assert bundler.decompress._INFLATE is isal_zlib  # isal is a dependency: it is used
+    else:
+        monkeypatch.setattr(bundler.decompress, "_INFLATE", zlib)
+    return str(request.param)
 
 
 class TrickleReader(io.RawIOBase):
