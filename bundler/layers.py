@@ -23,7 +23,6 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import BinaryIO, Self
 
-from bundler.filewriter import FileMeta, FileWriter, set_xattrs
 from bundler.safepath import (
     Parts,
     SafeRoot,
@@ -42,6 +41,8 @@ COPY_CHUNK = 1 << 20
 READ_CHUNK = 1 << 20  # what _ForwardReader asks its source for at once
 
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_XATTR_SKIPPABLE = {errno.EPERM, errno.EACCES, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EINVAL,
+                    errno.ERANGE, errno.E2BIG}
 _CORRUPT_HINT = ("the layer blob is corrupt or not a tar archive; remove it from the cache "
                  "and pull again")
 
@@ -64,8 +65,8 @@ def apply_layer(stream: BinaryIO, rootfs: Path, *, rootless: bool = True) -> App
     """
     report = ApplyReport()
     try:
-        with SafeRoot(rootfs) as root, FileWriter(report.warnings.append) as writer:
-            applier = _Applier(root, rootless, report, writer)
+        with SafeRoot(rootfs) as root:
+            applier = _Applier(root, rootless, report)
             # "r:" over a forward-only reader: the same parsing as "r|" without its _Stream,
             # which copies its whole buffer on every header read (measured: see
             # docs/performance.md)
@@ -74,7 +75,6 @@ def apply_layer(stream: BinaryIO, rootfs: Path, *, rootless: bool = True) -> App
                 while (member := archive.next()) is not None:
                     archive.members.clear()  # tarfile keeps every member: memory would grow
                     applier.apply(archive, member)
-            writer.close()  # every file written and closed before directory times are set
             applier.finish()
     except tarfile.TarError as exc:
         raise LayerError(f"cannot read layer tar: {exc}", _CORRUPT_HINT) from exc
@@ -301,12 +301,10 @@ class _DirMeta:
 class _Applier:
     """The state of one layer being applied (paths it created, directory metadata to set)."""
 
-    def __init__(self, root: SafeRoot, rootless: bool, report: ApplyReport,
-                 writer: FileWriter) -> None:
+    def __init__(self, root: SafeRoot, rootless: bool, report: ApplyReport) -> None:
         self.root = root
         self.rootless = rootless
         self.report = report
-        self.writer = writer
         self.created: set[Parts] = set()
         self.created_ancestors: set[Parts] = set()
         self.dirs: dict[Parts, _DirMeta] = {}
@@ -403,7 +401,7 @@ class _Applier:
             fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
                          dir_fd=parent_fd)
             try:
-                set_xattrs(fd, display(path), xattrs, self._warn)
+                self._set_xattrs(fd, path, xattrs)
             finally:
                 os.close(fd)
 
@@ -417,21 +415,26 @@ class _Applier:
     def _make_file(self, archive: tarfile.TarFile, parent_fd: int, name: str, path: Parts,
                    member: tarfile.TarInfo) -> None:
         fd = self._create_file(parent_fd, name)
-        # from here on the writer owns fd: it writes the data and closes it
         try:
             if member.size:
                 for chunk in _member_data(archive, member):
-                    self.writer.write(fd, chunk)
+                    _write_all(fd, chunk)
                     self.report.bytes_written += len(chunk)
-        except BaseException:
-            self.writer.discard(fd)
-            raise
-        self.writer.finish(fd, self._file_meta(member, path))
+            self._finish_inode(fd, member, path)
+        finally:
+            os.close(fd)
 
-    def _file_meta(self, member: tarfile.TarInfo, path: Parts) -> FileMeta:
-        return FileMeta(stat.S_IMODE(member.mode), _mtime_ns(member),
-                        None if self.rootless else (member.uid, member.gid),
-                        _xattrs(member), display(path))
+    def _finish_inode(self, fd: int, member: tarfile.TarInfo, path: Parts) -> None:
+        """Owner, mode, xattrs and times of a file opened for writing (the mode after the
+        data and the owner: both clear setuid bits)."""
+        if not self.rootless:
+            os.fchown(fd, member.uid, member.gid)
+        os.fchmod(fd, stat.S_IMODE(member.mode))
+        xattrs = _xattrs(member)
+        if xattrs:
+            self._set_xattrs(fd, path, xattrs)
+        mtime = _mtime_ns(member)
+        os.utime(fd, ns=(mtime, mtime))
 
     def _make_symlink(self, parent_fd: int, name: str, member: tarfile.TarInfo) -> None:
         try:
@@ -499,7 +502,10 @@ class _Applier:
             self._warn(f"{display(path)}: {kind} device {member.devmajor}:{member.devminor} "
                        f"replaced by an empty file (rootless)")
             fd = self._create_file(parent_fd, name)
-            self.writer.finish(fd, self._file_meta(member, path))
+            try:
+                self._finish_inode(fd, member, path)
+            finally:
+                os.close(fd)
             return
         if member.isfifo():
             kind_bits = stat.S_IFIFO
@@ -525,6 +531,15 @@ class _Applier:
             self._warn(f"skipped xattrs of special file {display(path)}")
         mtime = _mtime_ns(member)
         os.utime(name, ns=(mtime, mtime), dir_fd=parent_fd, follow_symlinks=False)
+
+    def _set_xattrs(self, fd: int, path: Parts, xattrs: dict[str, bytes]) -> None:
+        for key, value in xattrs.items():
+            try:
+                os.setxattr(fd, key, value)
+            except OSError as exc:
+                if exc.errno not in _XATTR_SKIPPABLE:
+                    raise
+                self._warn(f"{display(path)}: xattr {key} not set ({exc.strerror})")
 
     # -- whiteouts -----------------------------------------------------------------------------
 
@@ -614,6 +629,12 @@ def _list_dir(dir_fd: int) -> list[str]:
         return os.listdir(fd)
     finally:
         os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _member_data(archive: tarfile.TarFile, member: tarfile.TarInfo) -> Iterator[bytes]:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -446,3 +447,33 @@ def test_same_tree_as_umoci_unpack_rootless(tmp_path: Path, kind: str) -> None:
     theirs["ro"] = (ro_kind, ro_mode | 0o700, *ro_rest)
     assert mine == theirs
     assert warnings == ["/dev/null: character device 1:3 replaced by an empty file (rootless)"]
+
+
+def open_fds() -> set[int]:
+    return {int(name) for name in os.listdir("/proc/self/fd")}
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mountpoint = tmp_path / "tiny"
+    mountpoint.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mountpoint)],
+                   check=True)
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+
+
+def test_a_full_filesystem_is_a_layer_error_with_a_hint(tiny_tmpfs: Path) -> None:
+    before = open_fds()
+    rootfs = tiny_tmpfs / "rootfs"
+    rootfs.mkdir()
+    layer = build_tar([file(f"data/f{n}", b"y" * 100_000) for n in range(8)])
+    with pytest.raises(LayerError) as raised:
+        apply_layer(io.BytesIO(layer), rootfs)
+    assert "No space left on device" in str(raised.value)
+    assert "free some space" in (raised.value.hint or "")
+    assert open_fds() == before
