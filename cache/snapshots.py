@@ -371,11 +371,23 @@ def free_cpus() -> int:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    try:  # "0.52 0.58 0.59 2/143 ...": runnable tasks right now, this one included
+    try:  # "0.52 0.58 0.59 3/143 ...": runnable tasks right now, this process's included
         running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
     except (OSError, ValueError, IndexError):
         return 1
-    return max(1, min(MAX_LINK_PARTS, cpus - max(0, running - 1)))
+    others = max(0, running - _own_running_threads())
+    return max(1, min(MAX_LINK_PARTS, cpus - others))
+
+
+def _own_running_threads() -> int:
+    """Threads of this process that are runnable (state ``R``) right now; at least this one."""
+    count = 0
+    with contextlib.suppress(OSError):
+        for task in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError, IndexError):
+                text = Path(f"/proc/self/task/{task}/stat").read_text()
+                count += text[text.rindex(")") + 2] == "R"
+    return max(1, count)
 
 
 # -- running cp ----------------------------------------------------------------------------------
