@@ -54,6 +54,11 @@ class Inode:
 @dataclass
 class Dir:
     mode: int
+    live: int | None = None  # the mode on disk while a layer is applied (None: ``mode``)
+
+    @property
+    def current(self) -> int:
+        return self.mode if self.live is None else self.live
 
 
 Node = Inode | Dir
@@ -93,7 +98,7 @@ class Model:
             if node is None:
                 if not create:
                     return None
-                self.tree[here] = Dir(0o755)
+                self.tree[here] = Dir(0o755 | self.inherited(done))
                 made.add(here)
                 node = self.tree[here]
             if isinstance(node, Inode) and node.kind == "symlink":
@@ -110,7 +115,20 @@ class Model:
             done = here
         return done
 
+    def inherited(self, parent: P) -> int:
+        """A directory made inside a setgid directory is setgid too (Linux; tar and umoci make
+        missing parents the same way). Modes of a layer's directories are set at its end, so
+        what counts is the parent's mode on disk at the time."""
+        node = self.tree.get(parent)
+        return node.current & stat.S_ISGID if isinstance(node, Dir) else 0
+
     def apply(self, entries: list[tuple[str, str, str, int]]) -> None:
+        self._apply(entries)
+        for node in self.tree.values():
+            if isinstance(node, Dir):
+                node.live = None
+
+    def _apply(self, entries: list[tuple[str, str, str, int]]) -> None:
         created: set[P] = set()
 
         def mark(path: P) -> None:
@@ -150,10 +168,11 @@ class Model:
             existing = self.tree.get(path)
             if kind == "dir":
                 if isinstance(existing, Dir):
+                    existing.live = existing.current
                     existing.mode = mode | 0o700
                 else:
                     self.remove(path)
-                    self.tree[path] = Dir(mode | 0o700)
+                    self.tree[path] = Dir(mode | 0o700, live=0o700 | self.inherited(parent))
             elif kind == "hardlink":
                 target = lexical((), extra)
                 source_parent = self.resolve_dir(target[:-1], False, set()) if target else None
