@@ -55,7 +55,6 @@ from bundler.snapshots import (
 from cache import usage
 from cache.digest import Digest
 from cache.errors import OcistageError, StoreError, UsageError
-from cache.gc import enforce_budget
 from cache.inventory import SHARED_ROOT_ANNOTATION, write_bundle_info
 from cache.leases import InUse
 from cache.snapshots import (
@@ -161,6 +160,9 @@ def make_bundle(
                               dataclasses.replace(pull_options, max_size=None),
                               config_options or ConfigOptions(), progress, on_layer, link)
         if pull_options.max_size is not None:
+            # only with a budget: cache.gc and cache.inventory are not needed otherwise
+            from cache.gc import enforce_budget
+
             warnings = enforce_budget(store, pull_options.max_size, in_use.targets)
             result = dataclasses.replace(result, warnings=result.warnings + warnings)
     return result

@@ -39,18 +39,17 @@ from bundler.manifest import (
 from bundler.platform import Platform, host_platform
 from bundler.reference import ImageSource
 from bundler.registry import FetchedManifest, RegistryConfig
+from bundler.settings import DEFAULT_JOBS
 from bundler.sources import ImageProvider, open_provider
 from cache import usage
 from cache.digest import Digest
 from cache.errors import IntegrityError, SchemaError, UnsupportedManifest
-from cache.gc import enforce_budget
 from cache.leases import InUse
 from cache.store import Ingest, Store
 
 ANNOTATION_RESOLVED = "io.ocistage.resolved"
 ANNOTATION_INDEX = "io.ocistage.index-digest"
 ANNOTATION_SOURCE = "io.ocistage.source"
-DEFAULT_JOBS = 6
 
 
 class PullProgress(Protocol):
@@ -258,6 +257,9 @@ def pull(source: ImageSource, store: Store, options: PullOptions | None = None,
                       observer)
         usage.touch(store.root, "image", image.manifest.digest.hex)
         if options.max_size is not None:
+            # only with a budget: cache.gc and cache.inventory are not needed otherwise
+            from cache.gc import enforce_budget
+
             warnings = enforce_budget(store, options.max_size, lease.targets)
             image = dataclasses.replace(image, warnings=image.warnings + warnings)
         return image

@@ -31,13 +31,16 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bundler.pull import DEFAULT_JOBS
-from bundler.registry import RegistryConfig
 from cache.errors import UsageError
 from cache.sizes import parse_size
 from cache.store import Store
+
+if TYPE_CHECKING:
+    from bundler.registry import RegistryConfig
+
+DEFAULT_JOBS = 6  # parallel blob downloads (bundler.pull's default too)
 
 SITE_CONFIG = Path("/etc/ocistage/config.toml")
 
@@ -54,6 +57,9 @@ class Settings:
     stage_to: str | None = None  # default stage target (`stage --to`); None: none configured
 
     def registry_config(self) -> RegistryConfig:
+        # requests: only commands that talk to a registry import it
+        from bundler.registry import RegistryConfig
+
         return RegistryConfig(insecure_registries=self.insecure_registries,
                               ca_file=self.ca_file, mirrors=dict(self.mirrors),
                               loopback_insecure=self.loopback_insecure)

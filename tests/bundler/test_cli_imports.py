@@ -45,7 +45,9 @@ def _modules_after(argv: list[str], tmp_path: Path) -> set[str]:
     env = {**os.environ, "OCISTAGE_CACHE": str(tmp_path / "cache"),
            "XDG_CONFIG_HOME": str(tmp_path / "config"), "COLUMNS": "100"}
     env.pop("SLURM_JOB_ID", None)
-    result = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(argv)], cwd=tmp_path,
+    cwd = tmp_path / "cwd"  # python -c puts the cwd first on sys.path: no cache/ dir there
+    cwd.mkdir(exist_ok=True)
+    result = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(argv)], cwd=cwd,
                             env=env, capture_output=True, text=True, timeout=120, check=False)
     marker = result.stderr.rfind("MODULES ")
     assert marker >= 0, result.stderr
@@ -95,3 +97,18 @@ def test_cache_ls_loads_neither_schemas_nor_stagers(tmp_path: Path) -> None:
     assert "cache.inventory" in loaded
     assert sorted({"jsonschema", "bundler.schema", "bundler.bundle", "stagers.stage",
                    "rich.progress"} & loaded) == []
+
+
+def test_commands_that_talk_to_no_registry_load_no_http_client(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "rootfs").mkdir(parents=True)
+    (tree / "rootfs" / "file").write_text("x")
+    (tree / "config.json").write_text("{}")
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    for argv in (["cache", "ls"], ["stage", str(tree), "--to", str(staged)],
+                 ["unstage", str(staged / "tree")]):
+        loaded = _modules_after(argv, tmp_path)
+        assert "bundler.settings" in loaded, argv  # the command ran and read the settings
+        assert sorted({"requests", "urllib3", "bundler.registry", "bundler.transport",
+                       "bundler.pull"} & loaded) == [], argv
