@@ -10,6 +10,8 @@ For each image the harness runs, alternating the order of the tools between repe
 - ``warm``           ``ocistage bundle REF NEWDEST`` again, with the cache of a cold run
 - ``warm --link``    the same with ``--link`` (hard links from the snapshot, read-only root);
                      ``make_bundle(link=True)`` in a Python process if the CLI lacks the option
+- ``warm cached``    ``ocistage bundle REF`` again into the cache that made it: the bundle a
+                     Slurm job names with ``--container=$(ocistage bundle REF)`` is found again
 - ``shared``         (``derived`` only) ``ocistage bundle derived`` with a cache holding
                      ``multi``'s bundle: only the two new layers are fetched and unpacked
 
@@ -260,6 +262,13 @@ def run_warm(ref: str, work: Workspace, link: bool = False) -> Sample:
     return ocistage_bundle(ref, work.fresh("bundle"), cache, work, link)
 
 
+def run_warm_cached(ref: str, work: Workspace) -> Sample:
+    """A cold bundle into the cache (not timed), then the same command again."""
+    cache = work.fresh("cache")
+    ocistage_bundle(ref, None, cache, work)
+    return ocistage_bundle(ref, None, cache, work)
+
+
 def run_shared(base_ref: str, derived_ref: str, work: Workspace) -> Sample:
     """Bundle ``base_ref`` into the cache (not timed), then ``derived_ref``, which shares its
     base layers, into the cache too (both through snapshots)."""
@@ -288,6 +297,7 @@ def bench_image(image: BuiltImage, registry: str, reps: int, work: Workspace,
     runners["cold cache"] = lambda: run_cold_cached(ref, work)
     runners["warm"] = lambda: run_warm(ref, work)
     runners["warm --link"] = lambda: run_warm(ref, work, link=True)
+    runners["warm cached"] = lambda: run_warm_cached(ref, work)
     if image.name == "derived" and "multi" in all_images:
         runners["shared"] = lambda: run_shared(all_images["multi"], ref, work)
     samples: dict[str, list[Sample]] = {name: [] for name in runners}
@@ -337,7 +347,8 @@ def render(results: list[dict[str, Any]]) -> str:
         parts = [f"peer/ocistage {m['skopeo+umoci']['seconds'] / cold:.2f}",
                  f"ocistage/floor {cold / m['floor']['seconds']:.2f}",
                  f"warm/cold {m['warm']['seconds'] / cold:.3f}",
-                 f"warm-link/cold {m['warm --link']['seconds'] / cold:.3f}"]
+                 f"warm-link/cold {m['warm --link']['seconds'] / cold:.3f}",
+                 f"warm-cached/cold {m['warm cached']['seconds'] / cold:.3f}"]
         if "shared" in m:
             parts.append(f"shared/cold {m['shared']['seconds'] / cold:.3f}")
         lines.append(f"{result['image']['name']:9} " + ", ".join(parts))
