@@ -25,6 +25,7 @@ from bundler.cli_common import (
     JsonOpt,
     MirrorOpt,
     PlatformOpt,
+    PullOpt,
     QuietOpt,
     RefArg,
     VerboseOpt,
@@ -90,6 +91,7 @@ def pull_command(
     mirror: MirrorOpt = None,
     ca_file: CaFileOpt = None,
     jobs: JobsOpt = None,
+    pull_policy: PullOpt = None,
     json_output: JsonOpt = False,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -101,7 +103,7 @@ def pull_command(
 
     setup_logging(verbose)
     source = parse_reference(ref)
-    settings = settings_from(cache, insecure_registry, mirror, ca_file, jobs)
+    settings = settings_from(cache, insecure_registry, mirror, ca_file, jobs, pull_policy)
     store = Store.open(settings.cache)
     options = pull_options(settings, platform)
     with download_progress(quiet or json_output) as progress:
@@ -215,6 +217,7 @@ def bundle_command(
     mirror: MirrorOpt = None,
     ca_file: CaFileOpt = None,
     jobs: JobsOpt = None,
+    pull_policy: PullOpt = None,
     json_output: JsonOpt = False,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -227,7 +230,7 @@ def bundle_command(
 
     setup_logging(verbose)
     source = parse_reference(ref)
-    settings = settings_from(cache, insecure_registry, mirror, ca_file, jobs)
+    settings = settings_from(cache, insecure_registry, mirror, ca_file, jobs, pull_policy)
     store = Store.open(settings.cache)
     config_options = ConfigOptions(
         rootless=rootless, args=cmd or None, entrypoint=entrypoint or None, env=env or (),

@@ -56,17 +56,22 @@ CaFileOpt = Annotated[Path | None, typer.Option(
     "--ca-file", metavar="FILE", help="Extra CA bundle to verify HTTPS registries with.")]
 JobsOpt = Annotated[int | None, typer.Option(
     "--jobs", "-j", min=1, max=64, help="Parallel blob downloads [default: 6].")]
+PullOpt = Annotated[str | None, typer.Option(
+    "--pull", metavar="always|missing|never",
+    help="always: ask the registry for the reference; missing: use a complete cached copy "
+         "as is, without the network; never: the cache only [default: always; also "
+         "$OCISTAGE_PULL, `pull` in the config file].")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress, only the result.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens (stderr).")]
 
 
 def settings_from(cache: Path | None, insecure: list[str] | None, mirror: list[str] | None,
-              ca_file: Path | None, jobs: int | None) -> Settings:
+              ca_file: Path | None, jobs: int | None, pull: str | None = None) -> Settings:
     from bundler.settings import load_settings
 
     return load_settings(cache=cache, jobs=jobs, ca_file=str(ca_file) if ca_file else None,
-                         insecure=insecure or (), mirrors=mirror or ())
+                         insecure=insecure or (), mirrors=mirror or (), pull=pull)
 
 
 def pull_options(settings: Settings, platform: str | None) -> PullOptions:
@@ -75,7 +80,7 @@ def pull_options(settings: Settings, platform: str | None) -> PullOptions:
 
     return PullOptions(platform=Platform.parse(platform) if platform else None,
                        jobs=settings.jobs, registry=settings.registry_config(),
-                       max_size=settings.max_size)
+                       max_size=settings.max_size, policy=settings.pull)
 
 
 def setup_logging(verbose: bool) -> None:

@@ -16,6 +16,7 @@ from bundler.cli_common import (
     CacheOpt,
     InsecureOpt,
     PlatformOpt,
+    PullOpt,
     QuietOpt,
     RefArg,
     VerboseOpt,
@@ -258,6 +259,7 @@ def submit_command(
     cache: CacheOpt = None,
     platform: PlatformOpt = None,
     insecure_registry: InsecureOpt = None,
+    pull_policy: PullOpt = None,
     json_output: Annotated[bool, typer.Option("--json", help="Machine-readable output.")
     ] = False,
     quiet: QuietOpt = False,
@@ -274,7 +276,7 @@ def submit_command(
     options, command = _split_submit_args(list(ctx.args), sys.argv)
     check_options(options)
     source = parse_reference(ref)
-    settings = settings_from(cache, insecure_registry, None, None, None)
+    settings = settings_from(cache, insecure_registry, None, None, None, pull_policy)
     store = Store.open(settings.cache)
     with download_progress(quiet or json_output) as progress:
         bundle = make_bundle(source, store, pull_options=pull_options(settings, platform),

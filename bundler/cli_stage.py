@@ -20,6 +20,7 @@ from bundler.cli_common import (
     JsonOpt,
     MirrorOpt,
     PlatformOpt,
+    PullOpt,
     QuietOpt,
     VerboseOpt,
     download_progress,
@@ -107,6 +108,7 @@ def stage_command(
     insecure_registry: InsecureOpt = None,
     mirror: MirrorOpt = None,
     ca_file: CaFileOpt = None,
+    pull_policy: PullOpt = None,
     json_output: JsonOpt = False,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -121,7 +123,7 @@ def stage_command(
     from stagers.remote import is_url, push_tree, stage_from_url
     from stagers.stage import stage_directory
 
-    settings = settings_from(cache, insecure_registry, mirror, ca_file, None)
+    settings = settings_from(cache, insecure_registry, mirror, ca_file, None, pull_policy)
     to = to or settings.stage_to
     if not to:
         raise UsageError("no stage target",

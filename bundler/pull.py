@@ -36,14 +36,20 @@ from bundler.manifest import (
     parse_manifest,
     select_manifest,
 )
-from bundler.platform import Platform, host_platform
+from bundler.platform import Platform, host_platform, select_platform
 from bundler.reference import ImageSource
 from bundler.registry import FetchedManifest, RegistryConfig
 from bundler.settings import DEFAULT_JOBS
-from bundler.sources import ImageProvider, open_provider
+from bundler.sources import ImageProvider, OciLayoutProvider, open_provider
 from cache import usage
 from cache.digest import Digest
-from cache.errors import IntegrityError, SchemaError, UnsupportedManifest
+from cache.errors import (
+    IntegrityError,
+    OcistageError,
+    SchemaError,
+    SourceError,
+    UnsupportedManifest,
+)
 from cache.leases import InUse
 from cache.store import Ingest, Store
 
@@ -95,6 +101,9 @@ class PullOptions:
     jobs: int = DEFAULT_JOBS
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     max_size: int | None = None  # cache budget (bytes) enforced after the pull
+    # always: resolve at the source; missing: a complete cached copy of the reference for the
+    # platform is used without asking the source; never: only the cache, else an error
+    policy: str = "always"
 
 
 @dataclass(frozen=True)
@@ -130,6 +139,45 @@ class ResolvedImage:
 def ref_name(source: ImageSource) -> str:
     """The name under which an image is recorded in the cache's index.json."""
     return str(source)
+
+
+class CachedImage(OciLayoutProvider):
+    """The cache's own copy of an image (the store is an OCI image layout), as a source."""
+
+    def __init__(self, store: Store, name: str, digest: Digest) -> None:
+        super().__init__(store.root, name)
+        self.name = f"{name} (cached)"
+        self._digest = digest
+
+    def resolve(self) -> FetchedManifest:
+        return self.manifest(self._digest)
+
+
+def cached_image(source: ImageSource, store: Store, wanted: Platform) -> CachedImage | None:
+    """The cache's copy of ``source`` for ``wanted`` if the cache holds all of it, else None.
+
+    What ``pull`` recorded under :func:`ref_name` is used: the best platform match among its
+    entries whose manifest, config and layers are all in the store.
+    """
+    name = ref_name(source)
+    complete: list[tuple[Platform, Digest]] = []
+    for entry in store.lookup(name):
+        recorded = entry.get("platform")
+        try:
+            digest = Digest.parse(str(entry.get("digest")))
+            kind = entry.get("mediaType")
+            manifest = parse_manifest(store.read_blob(digest),
+                                      kind if isinstance(kind, str) else None)
+        except OcistageError:
+            continue
+        if not isinstance(manifest, ImageManifest) or not isinstance(recorded, dict):
+            continue
+        if all(store.has_blob(d.digest) for d in (manifest.config, *manifest.layers)):
+            complete.append((Platform(str(recorded.get("os", "")),
+                                      str(recorded.get("architecture", "")),
+                                      recorded.get("variant")), digest))
+    best = select_platform([platform for platform, _ in complete], wanted)
+    return None if best is None else CachedImage(store, name, complete[best][1])
 
 
 def resolve(provider: ImageProvider, wanted: Platform) -> ResolvedImage:
@@ -249,7 +297,12 @@ def pull(source: ImageSource, store: Store, options: PullOptions | None = None,
     """
     options = options or PullOptions()
     wanted = (options.platform or host_platform()).normalized()
-    provider = provider_factory(source, options.registry)
+    cached = cached_image(source, store, wanted) if options.policy != "always" else None
+    if cached is None and options.policy == "never":
+        raise SourceError(f"{source} ({wanted}) is not in the cache",
+                          "pull it first (ocistage pull), or use --pull missing")
+    provider: ImageProvider = (cached if cached is not None
+                               else provider_factory(source, options.registry))
     counter = BlobCounter()
     lease = in_use if in_use is not None else InUse(store.root)
     try:
@@ -314,7 +367,8 @@ def _pull(source: ImageSource, store: Store, options: PullOptions,
     if resolved.index_fetched is not None:
         annotations[ANNOTATION_INDEX] = str(resolved.index_fetched.digest)
     name = ref_name(source)
-    store.tag(name, _descriptor_json(descriptor, annotations, platform))
+    if not isinstance(provider, CachedImage):  # a cached copy keeps its record as it is
+        store.tag(name, _descriptor_json(descriptor, annotations, platform))
     return PulledImage(
         name=name,
         source=str(source),

@@ -13,6 +13,9 @@ which the user's file overrides key by key::
                                             # $OCISTAGE_MAX_SIZE; sizes like 500M, 20G, 1.5T
     stage_to = "/scratch/bundles"           # default target of `ocistage stage` (--to);
                                             # also $OCISTAGE_STAGE_TO; a directory or a URL
+    pull = "missing"                        # like --pull / $OCISTAGE_PULL: always (ask the
+                                            # registry), missing (a complete cached copy is
+                                            # used as is), never (the cache only)
 
     [registries."docker.io"]
     mirrors = ["https://mirror.site.example:5000"]   # tried before the origin
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
     from bundler.registry import RegistryConfig
 
 DEFAULT_JOBS = 6  # parallel blob downloads (bundler.pull's default too)
+PULL_POLICIES = ("always", "missing", "never")
 
 SITE_CONFIG = Path("/etc/ocistage/config.toml")
 
@@ -55,6 +59,7 @@ class Settings:
     loopback_insecure: bool = True
     max_size: int | None = None  # cache budget in bytes; None: unlimited
     stage_to: str | None = None  # default stage target (`stage --to`); None: none configured
+    pull: str = "always"  # one of PULL_POLICIES
 
     def registry_config(self) -> RegistryConfig:
         # requests: only commands that talk to a registry import it
@@ -111,6 +116,7 @@ def load_settings(
     insecure: Sequence[str] = (),
     mirrors: Sequence[str] = (),
     max_size: str | None = None,
+    pull: str | None = None,
 ) -> Settings:
     """Settings from options (arguments), environment and config files, in that precedence."""
     file = _merge(_read_toml(SITE_CONFIG), _read_toml(user_config_path()))
@@ -141,6 +147,11 @@ def load_settings(
     stage_to = os.environ.get("OCISTAGE_STAGE_TO") or file.get("stage_to") or None
     if stage_to is not None and not isinstance(stage_to, str):
         raise UsageError("`stage_to` in the config file must be a string (a directory or URL)")
+    policy = pull or os.environ.get("OCISTAGE_PULL") or str(file.get("pull", "always"))
+    if policy not in PULL_POLICIES:
+        raise UsageError(f"invalid pull policy {policy!r}",
+                         f"use one of {', '.join(PULL_POLICIES)} (--pull, $OCISTAGE_PULL or "
+                         "`pull` in the config file)")
     size_text = (max_size or os.environ.get("OCISTAGE_MAX_SIZE")
                  or (str(file["max_size"]) if file.get("max_size") not in (None, "") else None))
     return Settings(
@@ -153,4 +164,5 @@ def load_settings(
         max_size=parse_size(size_text) if size_text else None,
         stage_to=os.path.expanduser(stage_to) if stage_to and "://" not in stage_to
         else stage_to,
+        pull=policy,
     )

@@ -135,3 +135,26 @@ def test_corrupt_download_being_unpacked_is_retried_or_refused(images: dict[str,
     assert not (tmp_path / "bad").exists()
     assert list_snapshots(Store.open(cache)) == []
     assert not list((cache / "tmp").iterdir())
+
+
+def test_pull_missing_bundles_a_cached_image_without_the_registry(
+        images: dict[str, ImageRef], ocistage: OcistageRunner, fault_proxy: FaultProxy,
+        tmp_path: Path) -> None:
+    image = images["busybox"]
+    ref = image.via(fault_proxy.host)
+    refused = ocistage("bundle", "--pull", "never", ref, str(tmp_path / "b0"))
+    assert refused.returncode == 1
+    assert "is not in the cache" in refused.stderr and "pull it first" in refused.stderr
+    assert fault_proxy.requests == []  # never: not even a ping
+    ocistage("pull", ref, check=True)
+    fault_proxy.clear()
+    fault_proxy.add(Fault(r".", "status", status=404, times=1000))  # the registry is gone
+    for policy in ("missing", "never"):
+        made = ocistage("bundle", "--json", "--pull", policy, ref, str(tmp_path / policy),
+                        check=True)
+        report = json.loads(made.stdout)
+        assert report["image"]["fetchedBytes"] == 0
+        assert (tmp_path / policy / "rootfs" / "bin" / "busybox").is_file()
+    assert fault_proxy.requests == []
+    down = ocistage("bundle", "--pull", "always", ref, str(tmp_path / "always"))
+    assert down.returncode == 1  # the default asks the registry, which is gone
