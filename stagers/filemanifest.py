@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -127,21 +127,48 @@ def _entry_type(mode: int) -> EntryType:
     return "other"
 
 
+#: what a walk yields per entry: relative path, type, lstat, a symlink's target
+Record = tuple[str, EntryType, os.stat_result, str | None]
+
+
 def scan(root: Path) -> list[Entry]:
     """Every entry under ``root`` (not following symlinks), parents before children.
 
     Top-level names in :data:`RESERVED_NAMES` are skipped: a staged bundle can be a source.
     """
     try:
-        return [Entry(rel, kind, stat.S_IMODE(st.st_mode), st.st_size, st.st_mtime_ns,
-                      st.st_dev, st.st_ino, target=target)
-                for rel, kind, st, target in _walk(root)]
+        return entries_of(_walk(root))
     except OSError as exc:
         raise StageError(f"cannot read the source tree {root}: {exc.strerror} "
                          f"({exc.filename})") from exc
 
 
-def _walk(root: Path) -> Iterator[tuple[str, EntryType, os.stat_result, str | None]]:
+def entries_of(records: Iterable[Record], before: Mapping[str, Entry] | None = None,
+               ) -> list[Entry]:
+    """The entries of a walk's records (see :func:`walk_digest`). With ``before`` (the
+    previous manifest by path), a file whose stat fields are unchanged keeps its hash, as in
+    :func:`fill_hashes` — in the same pass, so :func:`fill_missing_hashes` only reads what
+    changed."""
+    if not before:
+        return [Entry(rel, kind, stat.S_IMODE(st.st_mode), st.st_size, st.st_mtime_ns,
+                      st.st_dev, st.st_ino, target=target)
+                for rel, kind, st, target in records]
+    result = []
+    get = before.get
+    for rel, kind, st, target in records:
+        mode, size, mtime_ns = stat.S_IMODE(st.st_mode), st.st_size, st.st_mtime_ns
+        content_hash = None
+        if kind == "file":
+            old = get(rel)
+            if old is not None and old[1:7] == (kind, mode, size, mtime_ns, st.st_dev,
+                                                st.st_ino):  # Entry.same_stat
+                content_hash = old.hash
+        result.append(Entry(rel, kind, mode, size, mtime_ns, st.st_dev, st.st_ino,
+                            content_hash, target))
+    return result
+
+
+def _walk(root: Path) -> Iterator[Record]:
     """(relative path, type, lstat, symlink target) of every entry below ``root`` but the
     reserved names at its top, depth first in a fixed order (the order of the manifest)."""
     stack: list[tuple[str, str]] = [(os.fspath(root), "")]
@@ -181,11 +208,22 @@ def entries_digest(entries: Iterable[Entry]) -> str:
 def stat_digest(root: Path) -> str:
     """The :func:`entries_digest` of ``scan(root)``, computed while walking (no entries are
     built): the cheap "did anything change?" check of a re-stage."""
+    return walk_digest(root, None)
+
+
+def walk_digest(root: Path, records: list[Record] | None) -> str:
+    """:func:`stat_digest` of ``root``, appending what the walk saw to ``records`` (unless
+    None) on the way: when the digest says the tree changed, :func:`entries_of` turns them
+    into its entries without a second walk (one ``lstat`` per entry, not two)."""
     hasher = xxhash.xxh3_128()
+    keep = records.append if records is not None else None
     try:
-        for rel, kind, st, target in _walk(root):
+        for record in _walk(root):
+            rel, kind, st, target = record
             hasher.update(_digest_line(rel, kind, stat.S_IMODE(st.st_mode), st.st_size,
                                        st.st_mtime_ns, st.st_dev, st.st_ino, target))
+            if keep is not None:
+                keep(record)
     except OSError as exc:
         raise StageError(f"cannot read the source tree {root}: {exc.strerror} "
                          f"({exc.filename})") from exc
@@ -211,18 +249,29 @@ def fill_hashes(root: Path, entries: Iterable[Entry], previous: Manifest | None,
     Returns the entries and how many files were hashed. Files are hashed in a thread pool
     (reads and xxh3 release the GIL), in batches of about equal bytes.
     """
-    old = previous.by_path() if previous is not None else {}
+    return fill_hashes_by_path(root, entries, previous.by_path() if previous else {}, jobs)
+
+
+def fill_hashes_by_path(root: Path, entries: Iterable[Entry], old: Mapping[str, Entry],
+                        jobs: int = 8) -> tuple[list[Entry], int]:
+    """:func:`fill_hashes` with the previous manifest given as ``Manifest.by_path()``."""
     result = list(entries)
-    todo: list[int] = []
     for n, entry in enumerate(result):
         if entry.type != "file":
             continue
         before = old.get(entry.path)
         if before is not None and before.hash is not None and before.same_stat(entry):
             result[n] = entry.with_hash(before.hash)
-        else:
-            todo.append(n)
+    return fill_missing_hashes(root, result, jobs)
 
+
+def fill_missing_hashes(root: Path, entries: list[Entry], jobs: int = 8,
+                        ) -> tuple[list[Entry], int]:
+    """``entries`` with the content hash of every file that has none yet (read in batches
+    of about equal bytes on a thread pool: reads and xxh3 release the GIL); returns them and
+    how many files were read."""
+    result = list(entries)
+    todo = [n for n, e in enumerate(result) if e.type == "file" and e.hash is None]
     base = os.fspath(root)
 
     def work(n: int) -> str:

@@ -70,14 +70,24 @@ def map_processes(function: Callable[[T], R], items: Sequence[T], processes: int
     results come back pickled through a pipe. A child's exception is re-raised here after
     every child has ended.
     """
+    def run(part: Sequence[T]) -> list[R]:
+        return [function(item) for item in part]
+
+    return map_parts(run, items, processes, weight)
+
+
+def map_parts(function: Callable[[Sequence[T]], list[R]], items: Sequence[T], processes: int,
+              weight: Callable[[T], int] = lambda _item: 0) -> list[R]:
+    """:func:`map_processes` for a ``function`` that takes a whole slice and returns one
+    result per item (so it can keep state, e.g. open directories, across its slice)."""
     parts = batches(items, weight, processes)
     if len(parts) <= 1:
-        return [function(item) for item in items]
+        return function(items)
     children: list[tuple[int, int]] = []
     try:
         for part in parts[1:]:
             children.append(_fork_worker(function, part))
-        results = [function(item) for item in parts[0]]
+        results = function(parts[0])
     finally:
         outcomes = [_collect(pid, fd) for pid, fd in children]
     for ok, value in outcomes:
@@ -87,7 +97,8 @@ def map_processes(function: Callable[[T], R], items: Sequence[T], processes: int
     return results
 
 
-def _fork_worker(function: Callable[[T], R], part: Sequence[T]) -> tuple[int, int]:
+def _fork_worker(function: Callable[[Sequence[T]], list[R]],
+                 part: Sequence[T]) -> tuple[int, int]:
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into the parent's code
@@ -96,7 +107,7 @@ def _fork_worker(function: Callable[[T], R], part: Sequence[T]) -> tuple[int, in
             os.close(read_fd)
             with os.fdopen(write_fd, "wb") as out:
                 try:
-                    payload: tuple[bool, object] = (True, [function(item) for item in part])
+                    payload: tuple[bool, object] = (True, function(part))
                     status = 0
                 except BaseException as exc:  # handed to the parent
                     payload = (False, exc)

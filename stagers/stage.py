@@ -36,11 +36,10 @@ import contextlib
 import os
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache.fsremove import remove_path
 from cache.leases import Holder, Lease
 from cache.store import fsync_dir
 from stagers.copy import Copier
@@ -49,17 +48,18 @@ from stagers.filemanifest import (
     MARKER_NAME,
     Entry,
     Manifest,
+    Record,
     StageError,
-    entries_digest,
-    fill_hashes,
+    entries_of,
+    fill_missing_hashes,
     hash_file,
     load_manifest,
-    scan,
-    stat_digest,
+    walk_digest,
 )
 from stagers.markers import claim, default_holder, new_marker, record_bundle_use, release_if_unused
-from stagers.parallel import map_batched, map_processes, usable_cpus
+from stagers.parallel import map_batched, map_parts, usable_cpus
 from stagers.pool import Pool, pool_key
+from stagers.removal import remove_tree
 from stagers.squashfs import stage_squashfs
 from stagers.target import (
     LOCK_TIMEOUT,
@@ -97,28 +97,47 @@ class _Counts:
 
 class _Builder:
     def __init__(self, source: Path, scratch: Path, final: Path, method: Method,
-                 previous: Manifest | None, pool: Pool, jobs: int) -> None:
+                 previous: Manifest | None, pool: Pool, jobs: int,
+                 old: dict[str, Entry] | None = None) -> None:
         self.source = source
         self.scratch = scratch
         self._source_text = os.fspath(source)    # entry paths are appended per file
         self._scratch_text = os.fspath(scratch)
         self.final = final
         self.method = method
-        self.previous = previous.by_path() if previous is not None else {}
+        if old is None:
+            old = previous.by_path() if previous is not None else {}
+        self.previous = old
         self.carry_over = previous is not None and previous.method == method
         self.pool = pool
         self.jobs = jobs
         self.counts = _Counts()
         self.copier = Copier()
         self.hashes: dict[str, str] = {}  # computed while copying (first stage into a pool)
+        self.replaced: list[Entry] = []  # files not staged unchanged (new or changed)
         self._old_dirs: dict[str, int | None] = {}
         self._old_dirs_lock = threading.Lock()
+        # descriptors that files are linked through (see _place_part); -1: not opened
+        self._scratch_fd = os.open(scratch, _DIR_NOFOLLOW)
+        self._source_fd = self._pool_fd = -1
+        try:
+            if method == "hardlink":
+                self._source_fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            elif method == "pool":
+                self._pool_fd = os.open(pool.root, _DIR_NOFOLLOW)
+        except BaseException:
+            os.close(self._scratch_fd)
+            raise
 
     def close(self) -> None:
         for fd in self._old_dirs.values():
             if fd is not None:
                 os.close(fd)
         self._old_dirs.clear()
+        for fd in (self._scratch_fd, self._source_fd, self._pool_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._scratch_fd = self._source_fd = self._pool_fd = -1
 
     def _old_dir(self, rel_dir: str) -> int | None:
         """A descriptor of directory ``rel_dir`` of the previous version, reached without
@@ -180,33 +199,41 @@ class _Builder:
                 timed.append(entry)
             elif entry.type == "fifo":
                 os.mkfifo(f"{scratch}/{entry.path}", entry.mode)
-        firsts: dict[tuple[int, int], Entry] = {}
         groups: list[tuple[Entry, Entry]] = []
-        singles: list[Entry] = []
-        for entry in files:
-            key = (entry.dev, entry.ino)
-            if self.method == "copy" and key in firsts:
-                groups.append((entry, firsts[key]))  # hardlink group inside the source
-            else:
-                firsts.setdefault(key, entry)
-                singles.append(entry)
+        singles: list[Entry] = files
+        if self.method == "copy":
+            firsts: dict[tuple[int, int], Entry] = {}
+            singles = []
+            for entry in files:
+                key = (entry.dev, entry.ino)
+                if key in firsts:
+                    groups.append((entry, firsts[key]))  # hardlink group inside the source
+                else:
+                    firsts[key] = entry
+                    singles.append(entry)
+        # batches of equal work: a link weighs nothing but its per-file cost, a copy its bytes
         weight: Callable[[Entry], int] = (
-            (lambda e: 0) if self.method == "hardlink" else (lambda e: e.size))
+            (lambda e: 0) if self.method == "hardlink"
+            else (lambda e: 0 if self._link_from(e) is not None else e.size))
         processes = min(self.jobs, usable_cpus())
         if processes > 1 and len(singles) >= FORK_MIN_FILES:
-            outcomes = map_processes(self._place, singles, processes, weight=weight)
-        else:
+            outcomes = map_parts(self._place_part, singles, processes, weight=weight)
+        elif self.method == "copy" or any(self._link_from(e) is None for e in singles):
             outcomes = map_batched(self._place, singles, self.jobs, weight=weight)
+        else:  # links only: threads would only contend for the GIL
+            outcomes = self._place_part(singles)
         for entry, (outcome, size, content_hash) in zip(singles, outcomes, strict=True):
+            if outcome == "unchanged":
+                self.counts.unchanged += 1
+                continue
+            self.replaced.append(entry)
             if content_hash is not None:
                 self.hashes[entry.path] = content_hash
             if outcome == "copied":
                 self.counts.copied += 1
                 self.counts.bytes_copied += size
-            elif outcome == "linked":
-                self.counts.linked += 1
             else:
-                self.counts.unchanged += 1
+                self.counts.linked += 1
         for entry, first in groups:
             os.link(os.path.join(scratch, first.path), os.path.join(scratch, entry.path))
             self.counts.linked += 1
@@ -215,6 +242,59 @@ class _Builder:
             os.utime(dest, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
             if entry.type == "dir":
                 os.chmod(dest, entry.mode)
+
+    def _link_from(self, entry: Entry) -> tuple[int, str, str] | None:
+        """Where ``entry`` is linked from when that link is all there is to do: (directory
+        fd, name in it, outcome) — the source file (``hardlink``) or the pool entry of an
+        unchanged file (``pool``); None when :meth:`_place` must decide."""
+        if entry.path == "config.json":  # may be written as a private copy
+            return None
+        if self.method == "hardlink":
+            before = self.previous.get(entry.path)
+            same = self.carry_over and before is not None and before.same_stat(entry)
+            return self._source_fd, entry.path, "unchanged" if same else "linked"
+        if self.method == "pool" and self.carry_over and entry.hash is not None:
+            before = self.previous.get(entry.path)
+            if before is not None and before.same_content(entry):
+                key = pool_key(entry.hash, entry.mode)
+                return self._pool_fd, f"{key[:2]}/{key}", "unchanged"
+        return None
+
+    def _place_part(self, part: Sequence[Entry]) -> list[tuple[str, int, str | None]]:
+        """:meth:`_place` for a slice of the files (in a forked worker, or here), with the
+        common case — one ``link()`` from the source or the pool — done through directory
+        descriptors: no per-file path walk down the scratch tree, no per-file decisions
+        beyond a dict lookup."""
+        results: list[tuple[str, int, str | None]] = []
+        dest_dir, dest_fd = None, -1
+        try:
+            for entry in part:
+                plan = self._link_from(entry)
+                if plan is None:
+                    results.append(self._place(entry))
+                    continue
+                src_fd, src_name, outcome = plan
+                rel_dir, _, name = entry.path.rpartition("/")
+                if rel_dir != dest_dir:
+                    if dest_fd >= 0:
+                        os.close(dest_fd)
+                        dest_fd = -1
+                    # our own scratch tree: every directory in it was made by build()
+                    dest_fd = os.open(rel_dir or ".", _DIR_NOFOLLOW, dir_fd=self._scratch_fd)
+                    dest_dir = rel_dir
+                try:
+                    os.link(src_name, name, src_dir_fd=src_fd, dst_dir_fd=dest_fd,
+                            follow_symlinks=False)
+                except FileNotFoundError:
+                    if src_fd != self._pool_fd:
+                        raise
+                    results.append(self._place(entry))  # released meanwhile: copy again
+                    continue
+                results.append((outcome, 0, None))
+        finally:
+            if dest_fd >= 0:
+                os.close(dest_fd)
+        return results
 
     def _place(self, entry: Entry) -> tuple[str, int, str | None]:
         """Put one regular file into the scratch tree; returns (what happened, bytes copied,
@@ -342,26 +422,32 @@ def _stage_claimed(source: Path, to: Path, name: str, cache_root: Path, lease: L
         raise StageError(f"{final} holds a staged {marker.format} image, not a directory",
                          f"unstage it first (ocistage unstage {final}) or use --name")
     identity = source_identity(source, cache_root)
-    # unchanged? a sealed source by its identity, anything else by one stat walk
-    if (marker is not None and marker.method == method and marker.format == "dir"
-            and ((identity and marker.sealed == identity)
-                 or (not identity and marker.tree and marker.tree == stat_digest(source)))):
+    # unchanged? a sealed source by its identity, anything else by one stat walk — whose
+    # records are kept, so a changed tree is not walked a second time for its entries
+    same_kind = marker is not None and marker.method == method and marker.format == "dir"
+    if same_kind and identity and marker is not None and marker.sealed == identity:
+        return StageResult(final, marker.files, 0, 0, marker.files, 0, lease.id, method)
+    records: list[Record] = []
+    tree = walk_digest(source, records)
+    if same_kind and not identity and marker is not None and marker.tree == tree:
         return StageResult(final, marker.files, 0, 0, marker.files, 0, lease.id, method)
     previous = load_manifest(final / MANIFEST_NAME) if marker is not None else None
-    entries = scan(source)
+    before = previous.by_path() if previous is not None else {}
+    # unchanged files keep their hashes from the previous manifest (never read again)
+    entries = entries_of(records, before if method != "hardlink" else None)
+    del records
     pool = Pool.of_target(to)
     one_pass = method == "pool" and previous is None and pool.is_empty()
     # pool: each file is hashed while it is copied into an empty pool (one pass);
     # hardlink: the staged file is the source's inode, no hash is needed to stage it
     if not one_pass and method != "hardlink":
-        entries, _hashed = fill_hashes(source, entries, previous, jobs)
-    tree = entries_digest(entries)
+        entries, _hashed = fill_missing_hashes(source, entries, jobs)
     files = sum(1 for e in entries if e.type == "file")
     if method == "pool":
         pool.prepare()
     scratch = new_scratch(to, name)
     try:
-        builder = _Builder(source, scratch, final, method, previous, pool, jobs)
+        builder = _Builder(source, scratch, final, method, previous, pool, jobs, before)
         try:
             builder.build(entries)
         finally:
@@ -377,16 +463,18 @@ def _stage_claimed(source: Path, to: Path, name: str, cache_root: Path, lease: L
         write_private(scratch / MARKER_NAME, new_marker(
             lease, label, method, tree=tree, sealed=identity, files=files).to_json())
         os.chmod(scratch, 0o755)
-        old = publish(scratch, final)
+        replaced = publish(scratch, final)
         fsync_dir(to)
     except BaseException:
         with contextlib.suppress(OSError):
             drop_scratch(scratch)
         raise
-    if old is not None:
-        remove_path(os.fspath(old))
+    if replaced is not None:
+        processes = min(jobs, usable_cpus()) if files >= FORK_MIN_FILES else 1
+        remove_tree(os.fspath(replaced), processes)
         if previous is not None and previous.method == "pool":
-            pool.release(_pool_keys(previous) - _pool_keys(manifest))
+            pool.release(_released_keys(previous, manifest, before, builder.replaced,
+                                         builder.counts.unchanged))
     with contextlib.suppress(FileNotFoundError):
         (scratch.parent / f"{scratch.name}.owner").unlink()
     counts = builder.counts
@@ -403,8 +491,26 @@ def _hardlink_group_hashes(entries: list[Entry]) -> list[Entry]:
             else e for e in entries]
 
 
-def _pool_keys(manifest: Manifest) -> set[str]:
-    return {pool_key(e.hash, e.mode) for e in manifest.entries
-            if e.type == "file" and e.hash is not None}
-
-
+def _released_keys(previous: Manifest, current: Manifest, before: dict[str, Entry],
+                   replaced: list[Entry], unchanged: int) -> set[str]:
+    """Pool keys the previous version used for a path that now has other content, or that is
+    gone: the only entries the new version may have left unused. ``replaced``: the files of
+    the new version not staged unchanged, ``unchanged``: how many were (both from
+    :meth:`_Builder.build`); ``before``: ``previous.by_path()``. :meth:`Pool.release` then
+    removes those no bundle links to any more (a key still used elsewhere, e.g. by a moved
+    file, has more links and stays). Costs a look at the replaced files only, unless some
+    path of the previous version is gone."""
+    keys = set()
+    kept = 0  # replaced files whose path was a file before
+    for entry in replaced:
+        old = before.get(entry.path)
+        if old is not None and old.type == "file":
+            kept += 1
+            if old.hash is not None and (old.hash, old.mode) != (entry.hash, entry.mode):
+                keys.add(pool_key(old.hash, old.mode))
+    if sum(1 for e in previous.entries if e.type == "file") != unchanged + kept:
+        now = {e.path: (e.hash, e.mode) for e in current.entries if e.type == "file"}
+        keys.update(pool_key(e.hash, e.mode) for e in previous.entries
+                    if e.type == "file" and e.hash is not None
+                    and now.get(e.path) != (e.hash, e.mode))
+    return keys

@@ -105,3 +105,32 @@ def test_stat_digest_is_the_digest_of_the_scan(tree: Path) -> None:
     assert before == entries_digest(scan(tree))
     (tree / "rootfs" / "bin" / "sub" / "deeper" / "x").write_text("y")
     assert stat_digest(tree) != before
+
+
+def test_one_walk_gives_the_digest_and_the_entries(tree: Path) -> None:
+    from stagers.filemanifest import Record, entries_of, stat_digest, walk_digest
+
+    records: list[Record] = []
+    assert walk_digest(tree, records) == stat_digest(tree)
+    assert entries_of(records) == scan(tree)
+    assert walk_digest(tree, None) == stat_digest(tree)
+
+
+def test_entries_of_keeps_hashes_of_files_whose_stat_is_unchanged(tree: Path) -> None:
+    from stagers.filemanifest import Record, entries_of, fill_missing_hashes, walk_digest
+
+    hashed, _ = fill_hashes(tree, scan(tree), None, jobs=1)
+    # a hash that is not the content's: kept as long as the stat matches (never read again)
+    before = {e.path: e.with_hash("0" * 32) if e.type == "file" else e for e in hashed}
+    (tree / "rootfs" / "bin" / "f2").write_bytes(b"new content\n")
+    records: list[Record] = []
+    walk_digest(tree, records)
+    entries = entries_of(records, before)
+    by_path = {e.path: e for e in entries}
+    assert by_path["rootfs/bin/f2"].hash is None
+    assert by_path["rootfs/bin/f5"].hash == "0" * 32
+    assert all(e.hash is None for e in entries if e.type != "file")
+    filled, read = fill_missing_hashes(tree, entries, jobs=2)
+    assert read == 1
+    assert {e.path: e.hash for e in filled}["rootfs/bin/f2"] == hash_file(
+        tree / "rootfs" / "bin" / "f2")

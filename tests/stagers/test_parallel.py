@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import xxhash
 from cache.leases import Holder
 from stagers import stage as stage_module
 from stagers.filemanifest import MANIFEST_NAME
-from stagers.parallel import batches, map_processes
+from stagers.parallel import batches, map_parts, map_processes
 from stagers.stage import stage_directory
 
 
@@ -81,3 +82,81 @@ def test_a_first_stage_of_thousands_of_files_through_forked_workers(
     again = stage_directory(source, other_fs, cache_root=tmp_path / "cache",
                             holder=Holder.pin("t"), jobs=4)
     assert again.unchanged == again.files
+
+
+def _slice_in_child(part: Sequence[int]) -> list[tuple[int, int, int]]:
+    first = part[0]  # state kept across one slice: its first item
+    return [(n, first, os.getpid()) for n in part]
+
+
+def test_map_parts_hands_each_process_one_contiguous_slice() -> None:
+    results = map_parts(_slice_in_child, list(range(300)), 3)
+    assert [n for n, _first, _pid in results] == list(range(300))
+    slices: dict[int, list[int]] = {}
+    for n, first, _pid in results:
+        slices.setdefault(first, []).append(n)
+    assert len(slices) == 3 and len({pid for _n, _f, pid in results}) == 3
+    for first, members in slices.items():
+        assert members == list(range(first, first + len(members)))
+    assert map_parts(_slice_in_child, [7], 3) == [(7, 7, os.getpid())]
+
+
+@pytest.mark.parametrize("where", ["same-fs", "other-fs"])
+def test_a_restage_through_forked_workers_reads_and_copies_only_what_changed(
+        tmp_path: Path, other_fs: Path, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stagers import filemanifest
+    from stagers.pool import pool_key
+
+    monkeypatch.setattr(stage_module, "FORK_MIN_FILES", 100)
+    monkeypatch.setattr(stage_module, "usable_cpus", lambda: 2)
+    source = tmp_path / "src"
+    for n in range(400):
+        directory = source / f"d{n % 5}" / f"e{n % 3}"
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / f"f{n}").write_bytes(b"content %d\n" % n)
+    to = other_fs if where == "other-fs" else tmp_path / "to"
+    cache = tmp_path / "cache"
+    first = stage_directory(source, to, cache_root=cache, holder=Holder.pin("t"), jobs=4)
+    assert first.method == ("pool" if where == "other-fs" else "hardlink")
+    read: list[str] = []
+    real_hash_file = filemanifest.hash_file
+
+    def spy(path: Path | str) -> str:
+        read.append(os.fspath(path))
+        return real_hash_file(path)
+
+    monkeypatch.setattr(filemanifest, "hash_file", spy)
+    (source / "d1" / "e1" / "f1").write_bytes(b"changed\n")       # new content
+    (source / "d2" / "e2" / "f2").unlink()                          # gone
+    (source / "d3" / "e0" / "f3").rename(source / "d3" / "moved")  # same content, new path
+    (source / "d4" / "new").write_bytes(b"added\n")
+    if first.method == "pool":  # an unchanged file's pool entry vanished meanwhile
+        manifest = filemanifest.load_manifest(first.path / MANIFEST_NAME)
+        assert manifest is not None
+        f4 = {e.path: e for e in manifest.entries}["d4/e1/f4"]
+        assert f4.hash is not None
+        (to / ".ocistage-pool" / f4.hash[:2] / pool_key(f4.hash, f4.mode)).unlink()
+    again = stage_directory(source, to, cache_root=cache, holder=Holder.pin("t"), jobs=4)
+    assert again.files == 400
+    if first.method == "pool":
+        assert sorted(read) == sorted(os.fspath(source / p)
+                                      for p in ("d1/e1/f1", "d3/moved", "d4/new"))
+        assert again.copied == 2  # the changed and the added file
+        assert again.linked == 1  # the moved file: its content is in the pool
+        assert again.unchanged == 397  # f4 among them: copied into the pool again, unchanged
+    else:
+        assert read == []  # hardlinks: nothing is hashed
+        assert (again.unchanged, again.linked, again.copied) == (397, 3, 0)
+    for path in source.rglob("*"):
+        staged = again.path / path.relative_to(source)
+        if path.is_file():
+            assert staged.read_bytes() == path.read_bytes()
+            if first.method == "hardlink":
+                assert staged.stat().st_ino == path.stat().st_ino
+    staged_files = {p.relative_to(again.path) for p in again.path.rglob("*")
+                    if p.is_file() and not p.name.startswith(".ocistage")}
+    assert staged_files == {p.relative_to(source) for p in source.rglob("*") if p.is_file()}
+    if first.method == "pool":  # exactly the contents in use are pooled, each linked twice
+        pooled = [p for p in (to / ".ocistage-pool").rglob("*") if p.is_file()]
+        assert len(pooled) == 400 and all(p.stat().st_nlink == 2 for p in pooled)
+    assert [n for n in os.listdir(to / ".ocistage-tmp") if n != "src.lock"] == []
