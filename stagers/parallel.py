@@ -22,12 +22,12 @@ def batches(items: Sequence[T], weight: Callable[[T], int], count: int) -> list[
     """Split ``items`` into at most ``count`` contiguous slices of about equal total weight."""
     if count <= 1 or len(items) <= 1:
         return [items] if items else []
-    total = sum(weight(item) + 4096 for item in items)
-    share = total / count
+    weights = [weight(item) + 4096 for item in items]
+    share = sum(weights) / count
     result: list[Sequence[T]] = []
     start, acc = 0, 0.0
-    for n, item in enumerate(items):
-        acc += weight(item) + 4096
+    for n, item_weight in enumerate(weights):
+        acc += item_weight
         if acc >= share and len(result) < count - 1:
             result.append(items[start:n + 1])
             start, acc = n + 1, 0.0

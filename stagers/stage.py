@@ -211,10 +211,12 @@ class _Builder:
                 else:
                     firsts[key] = entry
                     singles.append(entry)
-        # batches of equal work: a link weighs nothing but its per-file cost, a copy its bytes
+        # batches of equal work: a link weighs only its per-file cost, a copy its bytes; a
+        # re-stage of the same method links most files (all hashes known): count them equally
         weight: Callable[[Entry], int] = (
             (lambda e: 0) if self.method == "hardlink"
-            else (lambda e: 0 if self._link_from(e) is not None else e.size))
+            else (lambda e: 0 if e.hash is not None else e.size) if self.carry_over
+            else (lambda e: e.size))
         processes = min(self.jobs, usable_cpus())
         if processes > 1 and len(singles) >= FORK_MIN_FILES:
             outcomes = map_parts(self._place_part, singles, processes, weight=weight)
