@@ -28,6 +28,7 @@ from bundler.runtime_config import (
 )
 from bundler.schema import validate
 from cache.errors import SchemaError, StoreError, UsageError, UserResolutionError
+from tests.e2e.components import require_binary
 
 PASSWD = "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/app:/bin/sh\n"
 GROUP = "root:x:0:\napp:x:1000:\nvideo:x:44:app\n"
@@ -433,19 +434,10 @@ def test_write_runtime_config_missing_bundle_is_a_store_error(rootfs: Path,
 # --- real runs under runc and crun -----------------------------------------------------------
 
 
-def require_tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        if os.environ.get("OCISTAGE_REQUIRE_E2E") == "1":
-            pytest.fail(f"{name} is required (OCISTAGE_REQUIRE_E2E=1) but not installed")
-        pytest.skip(f"{name} not installed")
-    return path
-
-
 def run_spec(tool: str, where: Path) -> str:
     workdir = where / f"{tool}-spec"
     workdir.mkdir()
-    subprocess.run([require_tool(tool), "spec", "--rootless"], cwd=workdir, check=True,
+    subprocess.run([require_binary(tool), "spec", "--rootless"], cwd=workdir, check=True,
                    timeout=30)
     return (workdir / "config.json").read_text()
 
@@ -453,7 +445,7 @@ def run_spec(tool: str, where: Path) -> str:
 def busybox_rootfs(dest: Path) -> Path:
     busybox = shutil.which("busybox") or "/bin/busybox"
     if not os.path.exists(busybox):
-        require_tool("busybox")
+        require_binary("busybox")
     for sub in ("bin", "etc", "work", "home/app"):
         (dest / sub).mkdir(parents=True, exist_ok=True)
     shutil.copy2(busybox, dest / "bin" / "busybox")
@@ -473,17 +465,17 @@ def hybrid_cgroups() -> bool:
 
 def runtime_command(runtime: str, bundle: Path, state: Path, name: str, rootless: bool,
                     as_nobody: bool) -> list[str]:
-    command = [require_tool(runtime), f"--rootless={'true' if rootless else 'false'}",
+    command = [require_binary(runtime), f"--rootless={'true' if rootless else 'false'}",
                "--root", str(state), "run", "-b", str(bundle), name]
     if as_nobody:
-        command = [require_tool("setpriv"), f"--reuid={NOBODY}", f"--regid={NOBODY}",
+        command = [require_binary("setpriv"), f"--reuid={NOBODY}", f"--regid={NOBODY}",
                    "--clear-groups", "env", f"XDG_RUNTIME_DIR={state}", f"HOME={state}",
                    *command]
     if runtime == "crun" and hybrid_cgroups():
         if os.geteuid() != 0:
             pytest.skip("crun refuses this hybrid cgroup host and we cannot hide cgroup v2")
         # Test-host workaround only: hide the v2 hierarchy in a private mount namespace.
-        command = [require_tool("unshare"), "-m", "--propagation", "private", "sh", "-c",
+        command = [require_binary("unshare"), "-m", "--propagation", "private", "sh", "-c",
                    'umount /sys/fs/cgroup/unified && exec "$@"', "sh", *command]
     return command
 
@@ -603,7 +595,7 @@ def _nobody_options(args: Sequence[str], **changes: Any) -> ConfigOptions:
 def test_unprivileged_caller_crun_image_user(bundles: Bundles) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to switch to an unprivileged user (we are already one)")
-    require_tool("setpriv")
+    require_binary("setpriv")
     bundle, _ = bundles.make(_nobody_options(["sh", "-c", "id -u; cat /proc/self/uid_map"]),
                              User="app")
     out = lines(bundles.run("crun", bundle, as_nobody=True))
@@ -615,7 +607,7 @@ def test_unprivileged_caller_crun_image_user(bundles: Bundles) -> None:
 def test_unprivileged_caller_runc_map_root(bundles: Bundles) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to switch to an unprivileged user (we are already one)")
-    require_tool("setpriv")
+    require_binary("setpriv")
     bundle, _ = bundles.make(_nobody_options(["sh", "-c", "id -u; cat /proc/self/uid_map"],
                                              map_root=True, readonly=True), User="app")
     out = lines(bundles.run("runc", bundle, as_nobody=True))

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +13,7 @@ import pytest
 
 from bundler.schema import KINDS, Kind, validate
 from cache.errors import SchemaError
+from tests.e2e.components import require_binary
 
 SHA_A = "sha256:" + "a" * 64
 SHA_B = "sha256:" + "b" * 64
@@ -125,17 +124,8 @@ SAMPLES: dict[Kind, dict[str, Any]] = {
 }
 
 
-def require_tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        if os.environ.get("OCISTAGE_REQUIRE_E2E") == "1":
-            pytest.fail(f"{name} is required (OCISTAGE_REQUIRE_E2E=1) but not installed")
-        pytest.skip(f"{name} not installed")
-    return path
-
-
 def runtime_spec(tool: str, tmp_path: Path, *flags: str) -> dict[str, Any]:
-    subprocess.run([require_tool(tool), "spec", *flags], cwd=tmp_path, check=True, timeout=30)
+    subprocess.run([require_binary(tool), "spec", *flags], cwd=tmp_path, check=True, timeout=30)
     document = json.loads((tmp_path / "config.json").read_text())
     assert isinstance(document, dict)
     return document
@@ -324,7 +314,7 @@ def _blob(layout: Path, digest: str) -> Any:
 
 
 def test_documents_written_by_umoci_and_skopeo_validate(tmp_path: Path) -> None:
-    umoci, skopeo = require_tool("umoci"), require_tool("skopeo")
+    umoci, skopeo = require_binary("umoci"), require_binary("skopeo")
     layout = tmp_path / "layout"
 
     def run(*command: str) -> None:
