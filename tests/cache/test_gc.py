@@ -11,7 +11,6 @@ import os
 import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -44,6 +43,7 @@ from cache.locks import FileLock
 from cache.snapshots import chain_ids, list_snapshots
 from cache.store import Ingest, Store, scratch_name
 from cache.verify import verify
+from tests.cache.gclock import gc_lock_held
 from tests.cache.test_inventory import BASE, bundle_ref, image_ref, pull_ref, set_last_use
 
 
@@ -251,19 +251,7 @@ def test_slurm_job_leases_last_while_the_job_runs(store: Store, tmp_path: Path) 
 
 
 def test_in_use_waits_for_a_running_gc(store: Store, tmp_path: Path) -> None:
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import sys, time
-        from pathlib import Path
-        from cache.locks import FileLock
-        lock = FileLock(Path({str(store.root / GC_LOCK)!r}), heartbeat=0.5)
-        lock.acquire()
-        print("locked", flush=True)
-        sys.stdin.readline()
-        lock.release()
-        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert holder.stdout is not None and holder.stdin is not None
-    try:
-        assert holder.stdout.readline().strip() == "locked"
+    with gc_lock_held(store.root) as release:
         assert gc_running(store.root)
         done = threading.Event()
         in_use = InUse(store.root)
@@ -277,8 +265,7 @@ def test_in_use_waits_for_a_running_gc(store: Store, tmp_path: Path) -> None:
         time.sleep(1.0)
         assert not done.is_set()  # the lease is written, but we wait for the GC
         assert [lease.targets for lease in all_leases(store.root)] == [("image:x",)]
-        holder.stdin.write("\n")
-        holder.stdin.flush()
+        release()
         thread.join(timeout=10)
         assert done.is_set()
         in_use.protect(["image:x", "blob:sha256:" + "a" * 64])
@@ -286,9 +273,6 @@ def test_in_use_waits_for_a_running_gc(store: Store, tmp_path: Path) -> None:
             ("image:x", "blob:sha256:" + "a" * 64)]
         in_use.release()
         assert all_leases(store.root) == []
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 def test_a_gc_lock_of_a_dead_process_is_no_obstacle(store: Store) -> None:

@@ -8,8 +8,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -18,12 +16,13 @@ import pytest
 
 from cache import leases, staged, usage
 from cache.gc import GcOptions, GcReport, collect
-from cache.leases import GC_LOCK, Holder
+from cache.leases import Holder
 from cache.store import Store
 from stagers.filemanifest import StageError
 from stagers.remote import push_tree, stage_from_url
 from stagers.stage import stage_directory
 from stagers.unstage import unstage
+from tests.cache.gclock import gc_lock_held
 from tests.e2e.components import require_binary
 from tests.stagers.conftest import make_tree
 
@@ -137,19 +136,7 @@ def test_gc_removes_a_dead_pool_bundle_and_sweeps_what_only_it_used(
 def test_a_stager_waits_for_a_running_gc_before_looking(tree: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     Store.open(cache)
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import sys
-        from pathlib import Path
-        from cache.locks import FileLock
-        lock = FileLock(Path({str(cache / GC_LOCK)!r}), heartbeat=0.5)
-        lock.acquire()
-        print("locked", flush=True)
-        sys.stdin.readline()
-        lock.release()
-        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert holder.stdout is not None and holder.stdin is not None
-    try:
-        assert holder.stdout.readline().strip() == "locked"
+    with gc_lock_held(cache) as release:
         done = threading.Event()
 
         def stage() -> None:
@@ -163,13 +150,9 @@ def test_a_stager_waits_for_a_running_gc_before_looking(tree: Path, tmp_path: Pa
         assert not (tmp_path / "t" / "bundle").exists()
         assert [lease.target for lease in leases.all_leases(cache)] == [
             f"staged:{tmp_path / 't' / 'bundle'}"]
-        holder.stdin.write("\n")
-        holder.stdin.flush()
+        release()
         thread.join(timeout=30)
         assert done.is_set() and (tmp_path / "t" / "bundle" / "config.json").exists()
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 def test_staging_a_cached_bundle_records_its_use(tmp_path: Path) -> None:
