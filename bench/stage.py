@@ -44,6 +44,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from bench.images import cache_root
 from cache import leases
 from cache.fsremove import remove_path
 from cache.leases import Holder
@@ -52,14 +53,6 @@ from stagers.stage import stage_directory
 RESULTS = Path(__file__).parent / "results"
 SYNTHETIC_VERSION = 1
 MB = 1 << 20
-
-
-def bench_root() -> Path:
-    env = os.environ.get("OCISTAGE_BENCH_CACHE")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "ocistage-bench"
 
 
 # -- trees -------------------------------------------------------------------------------------
@@ -205,7 +198,7 @@ def main(argv: list[str]) -> int:
     if shutil.which("rsync") is None:
         print("bench: rsync is not installed", file=sys.stderr)
         return 1
-    root = bench_root()
+    root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     work = root / f"stage-work-{os.getpid()}"
     work.mkdir()
