@@ -20,6 +20,7 @@ import tarfile
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -86,22 +87,31 @@ def _copy_stream(src: BinaryIO, dst: BinaryIO) -> int:
     return total
 
 
-def push_file(local: Path, url: str) -> int:
-    """Upload ``local`` to ``url`` (streamed, then moved into place); returns the size."""
+@contextlib.contextmanager
+def _uploading(url: str) -> Iterator[tuple[Any, str]]:
+    """(filesystem, partial path) to write ``url``'s content to; moved into place at the end.
+
+    The parent is made first; on an error the partial file is removed and a StageError raised.
+    """
     fs, path = _filesystem(url)
     partial = f"{path}.{uuid.uuid4().hex[:10]}.partial"
     try:
         parent = path.rsplit("/", 1)[0] if "/" in path else ""
         if parent:
             fs.makedirs(parent, exist_ok=True)
-        with open(local, "rb") as src, fs.open(partial, "wb") as dst:
-            size = _copy_stream(src, dst)
+        yield fs, partial
         fs.mv(partial, path)
     except OSError as exc:
         with contextlib.suppress(Exception):
             fs.rm(partial)
         raise StageError(f"uploading to {url} failed: {exc}") from exc
-    return size
+
+
+def push_file(local: Path, url: str) -> int:
+    """Upload ``local`` to ``url`` (streamed, then moved into place); returns the size."""
+    with _uploading(url) as (fs, partial), open(local, "rb") as src, \
+            fs.open(partial, "wb") as dst:
+        return _copy_stream(src, dst)
 
 
 def fetch_file(url: str, dest: Path) -> int:
@@ -141,22 +151,12 @@ def push_tree(source: Path, url: str, name: str, *, format: str, work: Path,
         finally:
             shutil.rmtree(build, ignore_errors=True)
     target = join(url, name + TAR_SUFFIX)
-    fs, path = _filesystem(target)
-    partial = f"{path}.{uuid.uuid4().hex[:10]}.partial"
-    try:
-        parent = path.rsplit("/", 1)[0] if "/" in path else ""
-        if parent:
-            fs.makedirs(parent, exist_ok=True)
+    with _uploading(target) as (fs, partial):
         with fs.open(partial, "wb") as out, tarfile.open(fileobj=out, mode="w|",
                                                         format=tarfile.PAX_FORMAT) as tar:
             for entry in scan(source):
                 tar.add(source / entry.path, arcname=entry.path, recursive=False)
         size = int(fs.size(partial))
-        fs.mv(partial, path)
-    except OSError as exc:
-        with contextlib.suppress(Exception):
-            fs.rm(partial)
-        raise StageError(f"uploading to {target} failed: {exc}") from exc
     return PushResult(target, "tar", size)
 
 
