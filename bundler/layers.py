@@ -33,6 +33,7 @@ from bundler.safepath import (
     remove_tree,
 )
 from cache.errors import LayerError, OcistageError
+from cache.fdio import write_all
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_MARKER = ".wh..wh..opq"
@@ -418,7 +419,7 @@ class _Applier:
         try:
             if member.size:
                 for chunk in _member_data(archive, member):
-                    _write_all(fd, chunk)
+                    write_all(fd, chunk)
                     self.report.bytes_written += len(chunk)
             self._finish_inode(fd, member, path)
         finally:
@@ -629,12 +630,6 @@ def _list_dir(dir_fd: int) -> list[str]:
         return os.listdir(fd)
     finally:
         os.close(fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _member_data(archive: tarfile.TarFile, member: tarfile.TarInfo) -> Iterator[bytes]:

@@ -16,6 +16,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cache.fdio import write_all
+
 FICLONE = 0x40049409  # _IOW(0x94, 9, int) from linux/fs.h
 CHUNK = 1 << 30  # per copy_file_range/sendfile call; the kernel caps it anyway
 _UNSUPPORTED = frozenset({errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL,
@@ -60,9 +62,7 @@ def _sendfile(src_fd: int, dst_fd: int, count: int) -> int:
 
 def _read_write(src_fd: int, dst_fd: int) -> None:
     while chunk := os.read(src_fd, 1 << 20):
-        view = memoryview(chunk)
-        while view:
-            view = view[os.write(dst_fd, view):]
+        write_all(dst_fd, chunk)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import xxhash
 
+from cache.fdio import write_all
 from cache.staged import POOL_DIR, sweep_pool
 from stagers.copy import Copier, link_fd
 from stagers.filemanifest import CHUNK
@@ -136,9 +137,7 @@ class Pool:
                 total = 0
                 while chunk := os.read(src, want):
                     hasher.update(chunk)
-                    view = memoryview(chunk)
-                    while view:
-                        view = view[os.write(out, view):]
+                    write_all(out, chunk)
                     total += len(chunk)
                     if total == size and len(chunk) < want:
                         break  # the scanned size, and a short read: at the end
