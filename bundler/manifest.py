@@ -139,11 +139,12 @@ def parse_manifest(data: bytes, media_type: str | None) -> ImageManifest | Image
     annotations = _string_map(doc.get("annotations"), "annotations")
     if mediatypes.is_index(kind):
         entries = _require(doc, "manifests", list, "index")
-        manifests = tuple(_descriptor(item, f"manifests[{i}]") for i, item in enumerate(entries))
+        manifests = tuple(parse_descriptor(item, f"manifests[{i}]")
+                          for i, item in enumerate(entries))
         return ImageIndex(kind, manifests, annotations, data)
-    config = _descriptor(_require(doc, "config", dict, "manifest"), "config")
+    config = parse_descriptor(_require(doc, "config", dict, "manifest"), "config")
     layer_list = _require(doc, "layers", list, "manifest")
-    layers = tuple(_descriptor(item, f"layers[{i}]") for i, item in enumerate(layer_list))
+    layers = tuple(parse_descriptor(item, f"layers[{i}]") for i, item in enumerate(layer_list))
     return ImageManifest(kind, config, layers, annotations, data)
 
 
@@ -285,7 +286,8 @@ def _validate_schema(doc: Mapping[str, Any], kind: str) -> None:
     validate(doc, kind)
 
 
-def _descriptor(item: Any, where: str) -> Descriptor:
+def parse_descriptor(item: Any, where: str) -> Descriptor:
+    """A descriptor (an index entry, a manifest's config or layer) as JSON; SchemaError if not."""
     if not isinstance(item, dict):
         raise SchemaError(f"{where} is not a descriptor object")
     media_type = _require(item, "mediaType", str, where)

@@ -32,6 +32,7 @@ from bundler.manifest import (
     ImageConfig,
     ImageIndex,
     ImageManifest,
+    parse_descriptor,
     parse_image_config,
     parse_manifest,
     select_manifest,
@@ -162,20 +163,15 @@ def cached_image(source: ImageSource, store: Store, wanted: Platform) -> CachedI
     name = ref_name(source)
     complete: list[tuple[Platform, Digest]] = []
     for entry in store.lookup(name):
-        recorded = entry.get("platform")
         try:
-            digest = Digest.parse(str(entry.get("digest")))
-            kind = entry.get("mediaType")
-            manifest = parse_manifest(store.read_blob(digest),
-                                      kind if isinstance(kind, str) else None)
+            recorded = parse_descriptor(entry, f"the cache's index.json entry for {name}")
+            manifest = parse_manifest(store.read_blob(recorded.digest), recorded.media_type)
         except OcistageError:
             continue
-        if not isinstance(manifest, ImageManifest) or not isinstance(recorded, dict):
+        if recorded.platform is None or not isinstance(manifest, ImageManifest):
             continue
         if all(store.has_blob(d.digest) for d in (manifest.config, *manifest.layers)):
-            complete.append((Platform(str(recorded.get("os", "")),
-                                      str(recorded.get("architecture", "")),
-                                      recorded.get("variant")), digest))
+            complete.append((recorded.platform, recorded.digest))
     best = select_platform([platform for platform, _ in complete], wanted)
     return None if best is None else CachedImage(store, name, complete[best][1])
 
