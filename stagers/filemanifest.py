@@ -137,7 +137,7 @@ def scan(root: Path) -> list[Entry]:
     Top-level names in :data:`RESERVED_NAMES` are skipped: a staged bundle can be a source.
     """
     try:
-        return entries_of(_walk(root))
+        return entries_of(walk(root))
     except OSError as exc:
         raise StageError(f"cannot read the source tree {root}: {exc.strerror} "
                          f"({exc.filename})") from exc
@@ -168,24 +168,40 @@ def entries_of(records: Iterable[Record], before: Mapping[str, Entry] | None = N
     return result
 
 
-def _walk(root: Path) -> Iterator[Record]:
-    """(relative path, type, lstat, symlink target) of every entry below ``root`` but the
-    reserved names at its top, depth first in a fixed order (the order of the manifest)."""
-    stack: list[tuple[str, str]] = [(os.fspath(root), "")]
+def children(directory: str, prefix: str) -> tuple[list[Record], list[tuple[str, str]]]:
+    """One step of a walk: the records of the entries in ``directory`` (whose relative path
+    is ``prefix``, "" or ending in "/"), sorted by name, and its subdirectories as
+    (absolute path, relative prefix) in the same order. Reserved names are skipped at the
+    top (``prefix == ""``)."""
+    with os.scandir(directory) as listing:
+        found = sorted(listing, key=lambda e: e.name)
+    records: list[Record] = []
+    subdirs: list[tuple[str, str]] = []
+    for child in found:
+        if not prefix and child.name in RESERVED_NAMES:
+            continue
+        st = child.stat(follow_symlinks=False)
+        kind = _entry_type(st.st_mode)
+        rel = prefix + child.name
+        records.append((rel, kind, st, os.readlink(child.path) if kind == "symlink" else None))
+        if kind == "dir":
+            subdirs.append((child.path, rel + "/"))
+    return records, subdirs
+
+
+def walk(root: Path | str, below: str = "") -> Iterator[Record]:
+    """(relative path, type, lstat, symlink target) of every entry below ``root`` (or only
+    below its subdirectory ``below``) but the reserved names at its top, depth first in a
+    fixed order, the order of the manifest: a directory's listing (sorted by name), then the
+    subtrees of its subdirectories, the last name first. The records of any subtree come out
+    contiguous, so a walk can be split by subtrees and spliced back (:mod:`stagers.fresh`)."""
+    base = os.fspath(root)
+    stack: list[tuple[str, str]] = [(f"{base}/{below}" if below else base,
+                                     f"{below}/" if below else "")]
     while stack:
         directory, prefix = stack.pop()
-        with os.scandir(directory) as listing:
-            children = sorted(listing, key=lambda e: e.name)
-        subdirs = []
-        for child in children:
-            if not prefix and child.name in RESERVED_NAMES:
-                continue
-            st = child.stat(follow_symlinks=False)
-            kind = _entry_type(st.st_mode)
-            rel = prefix + child.name
-            yield rel, kind, st, os.readlink(child.path) if kind == "symlink" else None
-            if kind == "dir":
-                subdirs.append((child.path, rel + "/"))
+        records, subdirs = children(directory, prefix)
+        yield from records
         stack.extend(subdirs)
 
 
@@ -218,7 +234,7 @@ def walk_digest(root: Path, records: list[Record] | None) -> str:
     hasher = xxhash.xxh3_128()
     keep = records.append if records is not None else None
     try:
-        for record in _walk(root):
+        for record in walk(root):
             rel, kind, st, target = record
             hasher.update(_digest_line(rel, kind, stat.S_IMODE(st.st_mode), st.st_size,
                                        st.st_mtime_ns, st.st_dev, st.st_ino, target))

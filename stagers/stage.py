@@ -34,15 +34,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
-import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from cache.leases import Holder, Lease
 from cache.store import fsync_dir
-from stagers.copy import Copier
+from stagers.builder import FORK_MIN_FILES, Builder
 from stagers.filemanifest import (
     MANIFEST_NAME,
     MARKER_NAME,
@@ -52,19 +48,17 @@ from stagers.filemanifest import (
     StageError,
     entries_of,
     fill_missing_hashes,
-    hash_file,
     load_manifest,
     walk_digest,
 )
 from stagers.markers import claim, default_holder, new_marker, record_bundle_use, release_if_unused
-from stagers.parallel import map_batched, map_parts, usable_cpus
+from stagers.parallel import usable_cpus
 from stagers.pool import Pool, pool_key
 from stagers.removal import remove_tree
 from stagers.squashfs import stage_squashfs
 from stagers.target import (
     LOCK_TIMEOUT,
     Format,
-    Method,
     StageResult,
     check_name,
     choose_method,
@@ -74,287 +68,11 @@ from stagers.target import (
     new_scratch,
     publish,
     read_existing_marker,
-    readonly_config,
     source_identity,
-    writable_config,
     write_private,
 )
 
 __all__ = ["StageResult", "stage_directory"]
-
-_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-#: below this many files, forking workers costs more than it saves (threads are used)
-FORK_MIN_FILES = 2000
-
-
-@dataclass
-class _Counts:
-    copied: int = 0
-    linked: int = 0
-    unchanged: int = 0
-    bytes_copied: int = 0
-
-
-class _Builder:
-    def __init__(self, source: Path, scratch: Path, final: Path, method: Method,
-                 previous: Manifest | None, pool: Pool, jobs: int,
-                 old: dict[str, Entry] | None = None) -> None:
-        self.source = source
-        self.scratch = scratch
-        self._source_text = os.fspath(source)    # entry paths are appended per file
-        self._scratch_text = os.fspath(scratch)
-        self.final = final
-        self.method = method
-        if old is None:
-            old = previous.by_path() if previous is not None else {}
-        self.previous = old
-        self.carry_over = previous is not None and previous.method == method
-        self.pool = pool
-        self.jobs = jobs
-        self.counts = _Counts()
-        self.copier = Copier()
-        self.hashes: dict[str, str] = {}  # computed while copying (first stage into a pool)
-        self.replaced: list[Entry] = []  # files not staged unchanged (new or changed)
-        self._old_dirs: dict[str, int | None] = {}
-        self._old_dirs_lock = threading.Lock()
-        # descriptors that files are linked through (see _place_part); -1: not opened
-        self._scratch_fd = os.open(scratch, _DIR_NOFOLLOW)
-        self._source_fd = self._pool_fd = -1
-        try:
-            if method == "hardlink":
-                self._source_fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            elif method == "pool":
-                self._pool_fd = os.open(pool.root, _DIR_NOFOLLOW)
-        except BaseException:
-            os.close(self._scratch_fd)
-            raise
-
-    def close(self) -> None:
-        for fd in self._old_dirs.values():
-            if fd is not None:
-                os.close(fd)
-        self._old_dirs.clear()
-        for fd in (self._scratch_fd, self._source_fd, self._pool_fd):
-            if fd >= 0:
-                os.close(fd)
-        self._scratch_fd = self._source_fd = self._pool_fd = -1
-
-    def _old_dir(self, rel_dir: str) -> int | None:
-        """A descriptor of directory ``rel_dir`` of the previous version, reached without
-        following any symlink (a container may have planted one in a writable copy)."""
-        if rel_dir in self._old_dirs:  # a plain dict read: no lock needed once opened
-            return self._old_dirs[rel_dir]
-        with self._old_dirs_lock:
-            return self._open_old_dir(rel_dir)
-
-    def _open_old_dir(self, rel_dir: str) -> int | None:
-        if rel_dir in self._old_dirs:
-            return self._old_dirs[rel_dir]
-        fd: int | None = None
-        try:
-            if not rel_dir:
-                fd = os.open(self.final, _DIR_NOFOLLOW)
-            else:
-                parent_rel, _, name = rel_dir.rpartition("/")
-                parent = self._open_old_dir(parent_rel)
-                if parent is not None:
-                    fd = os.open(name, _DIR_NOFOLLOW, dir_fd=parent)
-        except OSError:
-            fd = None
-        self._old_dirs[rel_dir] = fd
-        return fd
-
-    def _carry_over(self, entry: Entry, dest: str) -> bool:
-        """Hardlink the previous version's copy of ``entry`` at ``dest`` if it still is a
-        plain file of the expected size and mode; False if not (then it is made anew)."""
-        rel_dir, _, name = entry.path.rpartition("/")
-        fd = self._old_dir(rel_dir)
-        if fd is None:
-            return False
-        try:
-            os.link(name, dest, src_dir_fd=fd, follow_symlinks=False)
-        except OSError:
-            return False
-        st = os.lstat(dest)
-        rewritten = entry.path == "config.json" and self.method != "copy"  # private copy
-        if (not stat.S_ISREG(st.st_mode) or stat.S_IMODE(st.st_mode) != entry.mode
-                or (st.st_size != entry.size and not rewritten)):
-            os.unlink(dest)
-            return False
-        return True
-
-    def build(self, entries: list[Entry]) -> None:
-        scratch = os.fspath(self.scratch)
-        files: list[Entry] = []
-        timed: list[Entry] = []  # directories and symlinks: their mtimes are set last
-        for entry in entries:
-            if entry.type == "file":
-                files.append(entry)
-            elif entry.type == "dir":
-                os.mkdir(f"{scratch}/{entry.path}", 0o700)
-                timed.append(entry)
-            elif entry.type == "symlink":
-                assert entry.target is not None
-                os.symlink(entry.target, f"{scratch}/{entry.path}")
-                timed.append(entry)
-            elif entry.type == "fifo":
-                os.mkfifo(f"{scratch}/{entry.path}", entry.mode)
-        groups: list[tuple[Entry, Entry]] = []
-        singles: list[Entry] = files
-        if self.method == "copy":
-            firsts: dict[tuple[int, int], Entry] = {}
-            singles = []
-            for entry in files:
-                key = (entry.dev, entry.ino)
-                if key in firsts:
-                    groups.append((entry, firsts[key]))  # hardlink group inside the source
-                else:
-                    firsts[key] = entry
-                    singles.append(entry)
-        # batches of equal work: a link weighs only its per-file cost, a copy its bytes; a
-        # re-stage of the same method links most files (all hashes known): count them equally
-        weight: Callable[[Entry], int] = (
-            (lambda e: 0) if self.method == "hardlink"
-            else (lambda e: 0 if e.hash is not None else e.size) if self.carry_over
-            else (lambda e: e.size))
-        processes = min(self.jobs, usable_cpus())
-        if processes > 1 and len(singles) >= FORK_MIN_FILES:
-            outcomes = map_parts(self._place_part, singles, processes, weight=weight)
-        elif self.method == "copy" or any(self._link_from(e) is None for e in singles):
-            outcomes = map_batched(self._place, singles, self.jobs, weight=weight)
-        else:  # links only: threads would only contend for the GIL
-            outcomes = self._place_part(singles)
-        for entry, (outcome, size, content_hash) in zip(singles, outcomes, strict=True):
-            if outcome == "unchanged":
-                self.counts.unchanged += 1
-                continue
-            self.replaced.append(entry)
-            if content_hash is not None:
-                self.hashes[entry.path] = content_hash
-            if outcome == "copied":
-                self.counts.copied += 1
-                self.counts.bytes_copied += size
-            else:
-                self.counts.linked += 1
-        for entry, first in groups:
-            os.link(os.path.join(scratch, first.path), os.path.join(scratch, entry.path))
-            self.counts.linked += 1
-        for entry in reversed(timed):  # children before parents
-            dest = f"{scratch}/{entry.path}"
-            os.utime(dest, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)
-            if entry.type == "dir":
-                os.chmod(dest, entry.mode)
-
-    def _link_from(self, entry: Entry) -> tuple[int, str, str] | None:
-        """Where ``entry`` is linked from when that link is all there is to do: (directory
-        fd, name in it, outcome) — the source file (``hardlink``) or the pool entry of an
-        unchanged file (``pool``); None when :meth:`_place` must decide."""
-        if entry.path == "config.json":  # may be written as a private copy
-            return None
-        if self.method == "hardlink":
-            before = self.previous.get(entry.path)
-            same = self.carry_over and before is not None and before.same_stat(entry)
-            return self._source_fd, entry.path, "unchanged" if same else "linked"
-        if self.method == "pool" and self.carry_over and entry.hash is not None:
-            before = self.previous.get(entry.path)
-            if before is not None and before.same_content(entry):
-                key = pool_key(entry.hash, entry.mode)
-                return self._pool_fd, f"{key[:2]}/{key}", "unchanged"
-        return None
-
-    def _place_part(self, part: Sequence[Entry]) -> list[tuple[str, int, str | None]]:
-        """:meth:`_place` for a slice of the files (in a forked worker, or here), with the
-        common case — one ``link()`` from the source or the pool — done through directory
-        descriptors: no per-file path walk down the scratch tree, no per-file decisions
-        beyond a dict lookup."""
-        results: list[tuple[str, int, str | None]] = []
-        dest_dir, dest_fd = None, -1
-        try:
-            for entry in part:
-                plan = self._link_from(entry)
-                if plan is None:
-                    results.append(self._place(entry))
-                    continue
-                src_fd, src_name, outcome = plan
-                rel_dir, _, name = entry.path.rpartition("/")
-                if rel_dir != dest_dir:
-                    if dest_fd >= 0:
-                        os.close(dest_fd)
-                        dest_fd = -1
-                    # our own scratch tree: every directory in it was made by build()
-                    dest_fd = os.open(rel_dir or ".", _DIR_NOFOLLOW, dir_fd=self._scratch_fd)
-                    dest_dir = rel_dir
-                try:
-                    os.link(src_name, name, src_dir_fd=src_fd, dst_dir_fd=dest_fd,
-                            follow_symlinks=False)
-                except FileNotFoundError:
-                    if src_fd != self._pool_fd:
-                        raise
-                    results.append(self._place(entry))  # released meanwhile: copy again
-                    continue
-                results.append((outcome, 0, None))
-        finally:
-            if dest_fd >= 0:
-                os.close(dest_fd)
-        return results
-
-    def _place(self, entry: Entry) -> tuple[str, int, str | None]:
-        """Put one regular file into the scratch tree; returns (what happened, bytes copied,
-        the content hash if it was computed here). Runs in forked workers: it changes no
-        state of the builder but the copier's and the old-version descriptors' caches."""
-        src = f"{self._source_text}/{entry.path}"
-        dest = f"{self._scratch_text}/{entry.path}"
-        before = self.previous.get(entry.path)
-        # hardlink versions carry no content hashes: the source inode itself is staged
-        same = self.carry_over and before is not None and (
-            before.same_stat(entry) if self.method == "hardlink" else before.same_content(entry))
-        if same and self.method == "copy" and self._carry_over(entry, dest):
-            return "unchanged", 0, None
-        if same and entry.path == "config.json" and self.method != "copy" \
-                and self._carry_over(entry, dest):
-            return "unchanged", 0, None
-        if same and self.method == "hardlink":  # the previous version linked this very file
-            os.link(src, dest, follow_symlinks=False)
-            return "unchanged", 0, None
-        if same and self.method == "pool":  # linked from the pool, as before
-            assert entry.hash is not None
-            self.pool.link_into(src, pool_key(entry.hash, entry.mode), entry.mode,
-                                entry.mtime_ns, dest, self.copier)
-            return "unchanged", 0, None
-        if entry.path == "config.json":
-            written = self._private_config(src, dest, entry, shared=self.method != "copy")
-            if written is not None:
-                return "copied", written, hash_file(src) if entry.hash is None else None
-        if self.method == "hardlink":
-            os.link(src, dest, follow_symlinks=False)
-            return "linked", 0, None
-        if self.method == "pool" and entry.hash is None:  # first stage: copy + hash at once
-            content_hash, new = self.pool.ingest(src, entry.mode, entry.mtime_ns, dest,
-                                                 entry.size)
-            return ("copied", entry.size, content_hash) if new else ("linked", 0, content_hash)
-        if self.method == "pool":
-            assert entry.hash is not None
-            if self.pool.link_into(src, pool_key(entry.hash, entry.mode), entry.mode,
-                                   entry.mtime_ns, dest, self.copier):
-                return "copied", entry.size, None
-            return "linked", 0, None
-        self.copier.copy_new(src, dest, entry.mode, entry.mtime_ns)
-        return "copied", entry.size, None
-
-    def _private_config(self, src: str, dest: str, entry: Entry, shared: bool) -> int | None:
-        """Write config.json as a file of its own: with a read-only root when the staged files
-        are shared, writable again in a private copy of a bundle that was read-only only for
-        sharing; its size, or None when the source's config.json can be staged as it is."""
-        if entry.size > 16 << 20:
-            return None
-        with open(src, "rb") as file:
-            data = readonly_config(file.read()) if shared else writable_config(file.read())
-        if data is None:
-            return None
-        write_private(Path(dest), data)
-        os.chmod(dest, entry.mode)
-        return len(data)
-
 
 # -- the entry point ------------------------------------------------------------------------
 
@@ -449,7 +167,7 @@ def _stage_claimed(source: Path, to: Path, name: str, cache_root: Path, lease: L
         pool.prepare()
     scratch = new_scratch(to, name)
     try:
-        builder = _Builder(source, scratch, final, method, previous, pool, jobs, before)
+        builder = Builder(source, scratch, final, method, previous, pool, jobs, before)
         try:
             builder.build(entries)
         finally:
@@ -498,7 +216,7 @@ def _released_keys(previous: Manifest, current: Manifest, before: dict[str, Entr
     """Pool keys the previous version used for a path that now has other content, or that is
     gone: the only entries the new version may have left unused. ``replaced``: the files of
     the new version not staged unchanged, ``unchanged``: how many were (both from
-    :meth:`_Builder.build`); ``before``: ``previous.by_path()``. :meth:`Pool.release` then
+    :meth:`Builder.build`); ``before``: ``previous.by_path()``. :meth:`Pool.release` then
     removes those no bundle links to any more (a key still used elsewhere, e.g. by a moved
     file, has more links and stays). Costs a look at the replaced files only, unless some
     path of the previous version is gone."""

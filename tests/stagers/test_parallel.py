@@ -13,7 +13,7 @@ import pytest
 import xxhash
 
 from cache.leases import Holder
-from stagers import stage as stage_module
+from stagers import builder as builder_module
 from stagers.filemanifest import MANIFEST_NAME
 from stagers.parallel import batches, map_parts, map_processes
 from stagers.stage import stage_directory
@@ -50,8 +50,8 @@ def test_batches_are_contiguous_and_cover_everything() -> None:
 
 def test_a_first_stage_of_thousands_of_files_through_forked_workers(
         tmp_path: Path, other_fs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stage_module, "FORK_MIN_FILES", 100)
-    monkeypatch.setattr(stage_module, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(builder_module, "FORK_MIN_FILES", 100)
+    monkeypatch.setattr(builder_module, "usable_cpus", lambda: 2)
     source = tmp_path / "src"
     for n in range(600):
         directory = source / f"d{n % 7}"
@@ -107,8 +107,8 @@ def test_a_restage_through_forked_workers_reads_and_copies_only_what_changed(
     from stagers import filemanifest
     from stagers.pool import pool_key
 
-    monkeypatch.setattr(stage_module, "FORK_MIN_FILES", 100)
-    monkeypatch.setattr(stage_module, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(builder_module, "FORK_MIN_FILES", 100)
+    monkeypatch.setattr(builder_module, "usable_cpus", lambda: 2)
     source = tmp_path / "src"
     for n in range(400):
         directory = source / f"d{n % 5}" / f"e{n % 3}"
