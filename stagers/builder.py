@@ -21,14 +21,15 @@ from pathlib import Path
 from stagers.copy import Copier
 from stagers.filemanifest import Entry, Manifest, hash_file
 from stagers.parallel import map_batched, map_parts, usable_cpus
-from stagers.pool import Pool, pool_key
+from stagers.pool import Pool, pool_key, process_umask
 from stagers.target import Method, readonly_config, writable_config, write_private
 
 #: what placing a file did: "copied", "linked" or "unchanged", bytes copied, and the content
 #: hash when it was computed on the way (a first stage into an empty pool)
 Outcome = tuple[str, int, str | None]
 
-_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_DIR_NOFOLLOW = _DIR | os.O_NOFOLLOW
 #: below this many files, forking workers costs more than it saves (threads are used)
 FORK_MIN_FILES = 2000
 
@@ -66,10 +67,11 @@ class Builder:
         # descriptors that files are linked through (see place_part); -1: not opened
         self._scratch_fd = os.open(scratch, _DIR_NOFOLLOW)
         self._source_fd = self._pool_fd = -1
+        self._umask = process_umask()
         try:
-            if method == "hardlink":
-                self._source_fd = os.open(source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            elif method == "pool":
+            if method != "copy":
+                self._source_fd = os.open(source, _DIR)
+            if method == "pool":
                 self._pool_fd = os.open(pool.root, _DIR_NOFOLLOW)
         except BaseException:
             os.close(self._scratch_fd)
@@ -187,7 +189,7 @@ class Builder:
         processes = min(self.jobs, usable_cpus())
         if processes > 1 and len(singles) >= FORK_MIN_FILES:
             outcomes = map_parts(self.place_part, singles, processes, weight=weight)
-        elif self.method == "copy" or any(self._link_from(e) is None for e in singles):
+        elif any(self._plan(e) in (None, ("ingest", "")) for e in singles):  # copies
             outcomes = map_batched(self._place, singles, self.jobs, weight=weight)
         else:  # links only: threads would only contend for the GIL
             outcomes = self.place_part(singles)
@@ -212,57 +214,83 @@ class Builder:
             else:
                 self.counts.linked += 1
 
-    def _link_from(self, entry: Entry) -> tuple[int, str, str] | None:
-        """Where ``entry`` is linked from when that link is all there is to do: (directory
-        fd, name in it, outcome) — the source file (``hardlink``) or the pool entry of an
-        unchanged file (``pool``); None when :meth:`_place` must decide."""
+    def with_hashes(self, entries: list[Entry]) -> list[Entry]:
+        """``entries`` with the hashes computed while placing them (:attr:`hashes`)."""
+        hashes = self.hashes
+        if not hashes:
+            return entries
+        return [e if e.path not in hashes else e.with_hash(hashes[e.path]) for e in entries]
+
+    def _plan(self, entry: Entry) -> tuple[str, str] | None:
+        """How :meth:`place_part` places ``entry`` through directory descriptors: ("source",
+        outcome) links the source file (``hardlink``), ("pool", "unchanged") the pool entry
+        of an unchanged file, ("ingest", "") copies it into an empty pool while hashing it;
+        None when :meth:`_place` must decide."""
         if entry.path == "config.json":  # may be written as a private copy
             return None
         if self.method == "hardlink":
             before = self.previous.get(entry.path)
             same = self.carry_over and before is not None and before.same_stat(entry)
-            return self._source_fd, entry.path, "unchanged" if same else "linked"
+            return "source", "unchanged" if same else "linked"
+        if self.method == "pool" and entry.hash is None and not self.previous:
+            return "ingest", ""
         if self.method == "pool" and self.carry_over and entry.hash is not None:
             before = self.previous.get(entry.path)
             if before is not None and before.same_content(entry):
-                key = pool_key(entry.hash, entry.mode)
-                return self._pool_fd, f"{key[:2]}/{key}", "unchanged"
+                return "pool", "unchanged"
         return None
 
     def place_part(self, part: Sequence[Entry]) -> list[Outcome]:
         """:meth:`_place` for a slice of the files (in a forked worker, or here), with the
-        common case — one ``link()`` from the source or the pool — done through directory
-        descriptors: no per-file path walk down the scratch tree, no per-file decisions
-        beyond a dict lookup."""
+        common cases — one ``link()`` from the source or the pool, or a copy into an empty
+        pool — done through descriptors of the file's directories: no per-file path walk,
+        no per-file decisions beyond a dict lookup."""
         results: list[Outcome] = []
-        dest_dir, dest_fd = None, -1
+        current: str | None = None
+        dest_fd = src_fd = -1
         try:
             for entry in part:
-                plan = self._link_from(entry)
+                plan = self._plan(entry)
                 if plan is None:
                     results.append(self._place(entry))
                     continue
-                src_fd, src_name, outcome = plan
+                how, outcome = plan
                 rel_dir, _, name = entry.path.rpartition("/")
-                if rel_dir != dest_dir:
-                    if dest_fd >= 0:
-                        os.close(dest_fd)
-                        dest_fd = -1
-                    # our own scratch tree: every directory in it was made by build()
+                if rel_dir != current:
+                    for fd in (dest_fd, src_fd):
+                        if fd >= 0:
+                            os.close(fd)
+                    dest_fd = src_fd = -1
+                    # our own scratch tree: every directory in it was made by make_nodes()
                     dest_fd = os.open(rel_dir or ".", _DIR_NOFOLLOW, dir_fd=self._scratch_fd)
-                    dest_dir = rel_dir
-                try:
-                    os.link(src_name, name, src_dir_fd=src_fd, dst_dir_fd=dest_fd,
-                            follow_symlinks=False)
-                except FileNotFoundError:
-                    if src_fd != self._pool_fd:
-                        raise
-                    results.append(self._place(entry))  # released meanwhile: copy again
+                    current = rel_dir
+                if how == "pool":
+                    assert entry.hash is not None
+                    key = pool_key(entry.hash, entry.mode)
+                    try:
+                        os.link(f"{key[:2]}/{key}", name, src_dir_fd=self._pool_fd,
+                                dst_dir_fd=dest_fd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        results.append(self._place(entry))  # released meanwhile: copy again
+                        continue
+                    results.append((outcome, 0, None))
                     continue
-                results.append((outcome, 0, None))
+                if src_fd < 0:
+                    src_fd = os.open(rel_dir or ".", _DIR, dir_fd=self._source_fd)
+                if how == "source":
+                    os.link(name, name, src_dir_fd=src_fd, dst_dir_fd=dest_fd,
+                            follow_symlinks=False)
+                    results.append((outcome, 0, None))
+                    continue
+                content_hash, new = self.pool.ingest(
+                    name, entry.mode, entry.mtime_ns, name, entry.size, source_dir=src_fd,
+                    dest_dir=dest_fd, umask=self._umask)
+                results.append(("copied", entry.size, content_hash) if new
+                               else ("linked", 0, content_hash))
         finally:
-            if dest_fd >= 0:
-                os.close(dest_fd)
+            for fd in (dest_fd, src_fd):
+                if fd >= 0:
+                    os.close(fd)
         return results
 
     def _place(self, entry: Entry) -> Outcome:
@@ -297,7 +325,7 @@ class Builder:
             return "linked", 0, None
         if self.method == "pool" and entry.hash is None:  # first stage: copy + hash at once
             content_hash, new = self.pool.ingest(src, entry.mode, entry.mtime_ns, dest,
-                                                 entry.size)
+                                                 entry.size, umask=self._umask)
             return ("copied", entry.size, content_hash) if new else ("linked", 0, content_hash)
         if self.method == "pool":
             assert entry.hash is not None

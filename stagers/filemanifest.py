@@ -115,7 +115,7 @@ def load_manifest(path: Path) -> Manifest | None:
         return None
 
 
-def _entry_type(mode: int) -> EntryType:
+def entry_type(mode: int) -> EntryType:
     if stat.S_ISDIR(mode):
         return "dir"
     if stat.S_ISREG(mode):
@@ -168,20 +168,26 @@ def entries_of(records: Iterable[Record], before: Mapping[str, Entry] | None = N
     return result
 
 
+def listing(directory: str, prefix: str) -> list[os.DirEntry[str]]:
+    """The entries of ``directory`` (relative path ``prefix``, "" or ending in "/") in the
+    order of a walk (by name), without the reserved names at the top (``prefix == ""``)."""
+    with os.scandir(directory) as found:
+        entries = sorted(found, key=lambda e: e.name)
+    if not prefix:
+        entries = [e for e in entries if e.name not in RESERVED_NAMES]
+    return entries
+
+
 def children(directory: str, prefix: str) -> tuple[list[Record], list[tuple[str, str]]]:
     """One step of a walk: the records of the entries in ``directory`` (whose relative path
     is ``prefix``, "" or ending in "/"), sorted by name, and its subdirectories as
     (absolute path, relative prefix) in the same order. Reserved names are skipped at the
     top (``prefix == ""``)."""
-    with os.scandir(directory) as listing:
-        found = sorted(listing, key=lambda e: e.name)
     records: list[Record] = []
     subdirs: list[tuple[str, str]] = []
-    for child in found:
-        if not prefix and child.name in RESERVED_NAMES:
-            continue
+    for child in listing(directory, prefix):
         st = child.stat(follow_symlinks=False)
-        kind = _entry_type(st.st_mode)
+        kind = entry_type(st.st_mode)
         rel = prefix + child.name
         records.append((rel, kind, st, os.readlink(child.path) if kind == "symlink" else None))
         if kind == "dir":
@@ -189,15 +195,12 @@ def children(directory: str, prefix: str) -> tuple[list[Record], list[tuple[str,
     return records, subdirs
 
 
-def walk(root: Path | str, below: str = "") -> Iterator[Record]:
-    """(relative path, type, lstat, symlink target) of every entry below ``root`` (or only
-    below its subdirectory ``below``) but the reserved names at its top, depth first in a
-    fixed order, the order of the manifest: a directory's listing (sorted by name), then the
-    subtrees of its subdirectories, the last name first. The records of any subtree come out
-    contiguous, so a walk can be split by subtrees and spliced back (:mod:`stagers.fresh`)."""
-    base = os.fspath(root)
-    stack: list[tuple[str, str]] = [(f"{base}/{below}" if below else base,
-                                     f"{below}/" if below else "")]
+def walk(root: Path | str) -> Iterator[Record]:
+    """(relative path, type, lstat, symlink target) of every entry below ``root`` but the
+    reserved names at its top, depth first in a fixed order, the order of the manifest: a
+    directory's listing (by name), then the subtrees of its subdirectories, the last name
+    first (:mod:`stagers.fresh` produces the same order without this walk)."""
+    stack: list[tuple[str, str]] = [(os.fspath(root), "")]
     while stack:
         directory, prefix = stack.pop()
         records, subdirs = children(directory, prefix)

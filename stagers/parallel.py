@@ -3,19 +3,29 @@
 Submitting one future per file costs more than a ``link()`` itself; work is handed out in
 batches (contiguous slices of about equal byte weight): to a thread pool
 (:func:`map_batched`), or — for thousands of files, where the GIL serialises the Python code
-between the syscalls — to forked processes, one per CPU (:func:`map_processes`).
+between the syscalls — to forked processes, one per CPU (:func:`map_processes`,
+:func:`map_parts`); tasks of unknown size go to forked processes one at a time from a queue
+(:func:`map_queue`).
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import struct
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, TypeVar
+
+from cache.fdio import write_all
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+_TASK = struct.Struct("=I")
+#: tasks whose numbers fit in a pipe's default 64 KiB buffer (written before the first fork)
+MAX_QUEUE = (64 << 10) // _TASK.size
 
 
 def batches(items: Sequence[T], weight: Callable[[T], int], count: int) -> list[Sequence[T]]:
@@ -86,7 +96,7 @@ def map_parts(function: Callable[[Sequence[T]], list[R]], items: Sequence[T], pr
     children: list[tuple[int, int]] = []
     try:
         for part in parts[1:]:
-            children.append(_fork_worker(function, part))
+            children.append(_fork_worker(partial(function, part)))
         results = function(parts[0])
     finally:
         outcomes = [_collect(pid, fd) for pid, fd in children]
@@ -97,8 +107,55 @@ def map_parts(function: Callable[[Sequence[T]], list[R]], items: Sequence[T], pr
     return results
 
 
-def _fork_worker(function: Callable[[Sequence[T]], list[R]],
-                 part: Sequence[T]) -> tuple[int, int]:
+def map_queue(function: Callable[[T], R], tasks: Sequence[T], processes: int) -> list[R]:
+    """``[function(task) for task in tasks]``, the tasks handed out one at a time to
+    ``processes`` forked workers (this process is one of them) as each becomes free.
+
+    For tasks of unknown and unequal size (subtrees of a directory tree): a worker that
+    drew a large task takes no more while the others drain the rest. The queue is a pipe of
+    task numbers, written whole and closed before the first fork; each worker reads 4 bytes
+    at a time (one pipe read is atomic) until EOF. A worker that fails empties the queue, so
+    the others stop soon. ``function`` obeys the rules of :func:`map_processes`; results
+    come back in task order.
+    """
+    if processes <= 1 or len(tasks) <= 1:
+        return [function(task) for task in tasks]
+    if len(tasks) > MAX_QUEUE:
+        raise ValueError(f"at most {MAX_QUEUE} tasks fit in the queue")
+    read_fd, write_fd = os.pipe()
+    try:
+        write_all(write_fd, b"".join(_TASK.pack(n) for n in range(len(tasks))))
+    finally:
+        os.close(write_fd)
+
+    def drain() -> dict[int, R]:
+        done: dict[int, R] = {}
+        try:
+            while len(number := os.read(read_fd, _TASK.size)) == _TASK.size:
+                (n,) = _TASK.unpack(number)
+                done[n] = function(tasks[n])
+        except BaseException:
+            while os.read(read_fd, 1 << 16):  # nobody starts another task
+                pass
+            raise
+        return done
+
+    children: list[tuple[int, int]] = []
+    try:
+        for _ in range(processes - 1):
+            children.append(_fork_worker(drain))
+        results = drain()
+    finally:
+        outcomes = [_collect(pid, fd) for pid, fd in children]
+        os.close(read_fd)
+    for ok, value in outcomes:
+        if not ok:
+            raise value
+        results.update(value)
+    return [results[n] for n in range(len(tasks))]
+
+
+def _fork_worker(function: Callable[[], object]) -> tuple[int, int]:
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into the parent's code
@@ -107,7 +164,7 @@ def _fork_worker(function: Callable[[Sequence[T]], list[R]],
             os.close(read_fd)
             with os.fdopen(write_fd, "wb") as out:
                 try:
-                    payload: tuple[bool, object] = (True, function(part))
+                    payload: tuple[bool, object] = (True, function())
                     status = 0
                 except BaseException as exc:  # handed to the parent
                     payload = (False, exc)

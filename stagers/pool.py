@@ -33,6 +33,19 @@ def pool_key(content_hash: str, mode: int) -> str:
     return f"{content_hash}-{mode:04o}"
 
 
+def process_umask() -> int | None:
+    """This process's umask, from ``/proc/self/status`` (``os.umask`` can only read it by
+    changing it, which races with other threads); None where that cannot be read."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 @dataclass(frozen=True)
 class Pool:
     root: Path
@@ -114,8 +127,9 @@ class Pool:
             return True
         return True
 
-    def ingest(self, source: str, mode: int, mtime_ns: int, dest: str,
-               size: int = -1) -> tuple[str, bool]:
+    def ingest(self, source: str, mode: int, mtime_ns: int, dest: str, size: int = -1, *,
+               source_dir: int | None = None, dest_dir: int | None = None,
+               umask: int | None = None) -> tuple[str, bool]:
         """Copy ``source`` to ``dest`` while hashing it, one pass, and publish it in the pool.
 
         For a first stage into an empty pool: hashing first and copying after would read
@@ -123,14 +137,20 @@ class Pool:
         written and closed, then linked into the pool under its hash: a pool entry is never
         visible half written, and no temp name or ``O_TMPFILE`` is needed (so it works on NFS
         too). If the pool has the content already, ``dest`` becomes a link of that entry.
-        ``size`` (from the scan) lets a small file be read in one call. Returns (xxh3-128
-        hex, whether the content was new to the pool).
+        ``size`` (from the scan) lets a small file be read in one call. ``source`` and
+        ``dest`` are relative to the directory descriptors ``source_dir`` and ``dest_dir``
+        when given (no path walk per file). ``umask``, the process's (:func:`process_umask`),
+        lets ``dest`` be created with its final mode instead of being chmod'ed after.
+        Returns (xxh3-128 hex, whether the content was new to the pool).
         """
         hasher = xxhash.xxh3_128()
-        src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=source_dir)
         try:
+            # created with its final mode when the umask keeps it (a write by a non-root
+            # owner would clear set-id bits: those are always set after writing)
+            exact = umask is not None and mode & (0o7000 | umask) == 0
             out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                          | os.O_CLOEXEC, 0o600)
+                          | os.O_CLOEXEC, mode if exact else 0o600, dir_fd=dest_dir)
             try:
                 # asking for size+1 bytes reads a small file whole and sees its end at once
                 want = size + 1 if 0 <= size < CHUNK else CHUNK
@@ -142,7 +162,8 @@ class Pool:
                     if total == size and len(chunk) < want:
                         break  # the scanned size, and a short read: at the end
                     want = CHUNK
-                os.fchmod(out, mode)
+                if not exact:
+                    os.fchmod(out, mode)
                 os.utime(out, ns=(mtime_ns, mtime_ns))
             finally:
                 os.close(out)
@@ -153,16 +174,16 @@ class Pool:
         pooled = f"{os.fspath(self.root)}/{key[:2]}/{key}"
         for _attempt in range(5):
             try:
-                os.link(dest, pooled, follow_symlinks=False)
+                os.link(dest, pooled, src_dir_fd=dest_dir, follow_symlinks=False)
                 return content_hash, True
             except FileExistsError:
                 pass
             twin = f"{dest}.ocistage-twin"
             try:
-                os.link(pooled, twin, follow_symlinks=False)
+                os.link(pooled, twin, dst_dir_fd=dest_dir, follow_symlinks=False)
             except FileNotFoundError:  # released by a concurrent unstage: publish ours
                 continue
-            os.rename(twin, dest)  # share the pooled inode; our copy goes
+            os.rename(twin, dest, src_dir_fd=dest_dir, dst_dir_fd=dest_dir)  # share the inode
             return content_hash, False
         return content_hash, True  # the pool keeps losing it: dest stays a private copy
 

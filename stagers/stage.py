@@ -51,6 +51,7 @@ from stagers.filemanifest import (
     load_manifest,
     walk_digest,
 )
+from stagers.fresh import build_first
 from stagers.markers import claim, default_holder, new_marker, record_bundle_use, release_if_unused
 from stagers.parallel import usable_cpus
 from stagers.pool import Pool, pool_key
@@ -147,36 +148,44 @@ def _stage_claimed(source: Path, to: Path, name: str, cache_root: Path, lease: L
     same_kind = marker is not None and marker.method == method and marker.format == "dir"
     if same_kind and identity and marker is not None and marker.sealed == identity:
         return StageResult(final, marker.files, 0, 0, marker.files, 0, lease.id, method)
-    records: list[Record] = []
-    tree = walk_digest(source, records)
-    if same_kind and not identity and marker is not None and marker.tree == tree:
-        return StageResult(final, marker.files, 0, 0, marker.files, 0, lease.id, method)
-    previous = load_manifest(final / MANIFEST_NAME) if marker is not None else None
-    before = previous.by_path() if previous is not None else {}
-    # unchanged files keep their hashes from the previous manifest (never read again)
-    entries = entries_of(records, before if method != "hardlink" else None)
-    del records
     pool = Pool.of_target(to)
-    one_pass = method == "pool" and previous is None and pool.is_empty()
+    # a first stage (nothing staged under this name) of a tree that is not copied walks
+    # and places at once (stagers.fresh); otherwise the walk comes first, to compare
+    first = marker is None and method != "copy"
+    previous: Manifest | None = None
+    before: dict[str, Entry] = {}
+    entries: list[Entry] = []
+    tree = ""
+    if not first:
+        records: list[Record] = []
+        tree = walk_digest(source, records)
+        if same_kind and not identity and marker is not None and marker.tree == tree:
+            return StageResult(final, marker.files, 0, 0, marker.files, 0, lease.id, method)
+        previous = load_manifest(final / MANIFEST_NAME) if marker is not None else None
+        before = previous.by_path() if previous is not None else {}
+        # unchanged files keep their hashes from the previous manifest (never read again)
+        entries = entries_of(records, before if method != "hardlink" else None)
+        del records
     # pool: each file is hashed while it is copied into an empty pool (one pass);
     # hardlink: the staged file is the source's inode, no hash is needed to stage it
-    if not one_pass and method != "hardlink":
+    one_pass = method == "pool" and previous is None and pool.is_empty()
+    hash_first = method == "pool" and not one_pass
+    if not first and not one_pass and method != "hardlink":
         entries, _hashed = fill_missing_hashes(source, entries, jobs)
-    files = sum(1 for e in entries if e.type == "file")
     if method == "pool":
         pool.prepare()
     scratch = new_scratch(to, name)
     try:
         builder = Builder(source, scratch, final, method, previous, pool, jobs, before)
         try:
-            builder.build(entries)
+            if first:  # the entries come with the hashes computed on the way
+                entries, tree = build_first(builder, min(jobs, usable_cpus()), hash_first)
+            else:
+                builder.build(entries)
+                entries = _hardlink_group_hashes(builder.with_hashes(entries))
         finally:
             builder.close()
-        if builder.hashes:
-            hashes = builder.hashes
-            entries = [e if e.path not in hashes else e.with_hash(hashes[e.path])
-                       for e in entries]
-            entries = _hardlink_group_hashes(entries)
+        files = sum(1 for e in entries if e.type == "file")
         manifest = Manifest(tuple(entries), source=identity, method=method,
                             readonly_root=method != "copy")
         write_private(scratch / MANIFEST_NAME, manifest.to_json())

@@ -15,7 +15,7 @@ import xxhash
 from cache.leases import Holder
 from stagers import builder as builder_module
 from stagers.filemanifest import MANIFEST_NAME
-from stagers.parallel import batches, map_parts, map_processes
+from stagers.parallel import MAX_QUEUE, batches, map_parts, map_processes, map_queue
 from stagers.stage import stage_directory
 
 
@@ -160,3 +160,34 @@ def test_a_restage_through_forked_workers_reads_and_copies_only_what_changed(
         pooled = [p for p in (to / ".ocistage-pool").rglob("*") if p.is_file()]
         assert len(pooled) == 400 and all(p.stat().st_nlink == 2 for p in pooled)
     assert [n for n in os.listdir(to / ".ocistage-tmp") if n != "src.lock"] == []
+
+
+def _task_in_child(n: int) -> tuple[int, int]:
+    return n * 3, os.getpid()
+
+
+def test_map_queue_hands_out_tasks_to_every_process_and_keeps_their_order() -> None:
+    import time
+
+    def timed_task(n: int) -> tuple[int, int]:
+        # the process that draws task 0 takes no other while the others drain the queue
+        time.sleep(0.4 if n == 0 else 0.005)
+        return _task_in_child(n)
+
+    results = map_queue(timed_task, list(range(60)), 3)
+    assert [r for r, _pid in results] == [n * 3 for n in range(60)]
+    by_pid: dict[int, int] = {}
+    for _r, pid in results:
+        by_pid[pid] = by_pid.get(pid, 0) + 1
+    assert len(by_pid) == 3 and os.getpid() in by_pid
+    assert by_pid[results[0][1]] == 1
+    assert map_queue(_task_in_child, [5], 3) == [(15, os.getpid())]
+    assert map_queue(_task_in_child, [1, 2], 1) == [(3, os.getpid()), (6, os.getpid())]
+
+
+def test_map_queue_raises_a_workers_error_and_refuses_an_oversized_queue() -> None:
+    with pytest.raises(FileNotFoundError) as info:
+        map_queue(_fail_on_400, list(range(500)), 2)
+    assert info.value.filename == "/x/400"
+    with pytest.raises(ValueError):
+        map_queue(_task_in_child, list(range(MAX_QUEUE + 1)), 2)
