@@ -22,6 +22,7 @@ import os
 import stat
 from collections.abc import Sequence
 from functools import partial
+from typing import Any
 
 from stagers.builder import FORK_MIN_FILES, Builder, Outcome
 from stagers.filemanifest import (
@@ -79,7 +80,9 @@ def build_first(builder: Builder, processes: int, hash_first: bool) -> tuple[lis
                math.ceil(len(pending) / MAX_QUEUE))
     runs = [pending[n:n + size] for n in range(0, len(pending), size)]
     work = partial(_stat_and_place, builder, source, hash_first)
-    for run, (entries, outcomes) in zip(runs, map_queue(work, runs, processes), strict=True):
+    make = Entry._make
+    for run, (rows, outcomes) in zip(runs, map_queue(work, runs, processes), strict=True):
+        entries = [make(row) for row in rows]
         for (position, _rel), entry in zip(run, entries, strict=True):
             order[position] = entry
         builder.count([entry for entry in entries if entry.type == "file"], outcomes)
@@ -142,12 +145,12 @@ def _stat_run(source: str, run: Sequence[_Pending]) -> list[Entry]:
     return entries
 
 
-def _stat_and_place(builder: Builder, source: str, hash_first: bool,
-                    run: Sequence[_Pending]) -> tuple[list[Entry], list[Outcome]]:
+def _stat_and_place(builder: Builder, source: str, hash_first: bool, run: Sequence[_Pending],
+                    ) -> tuple[list[tuple[Any, ...]], list[Outcome]]:
     """In a worker: the entries of ``run`` (:func:`_stat_run`, hashed first if asked), made
-    in the scratch tree; returns them, with the hashes computed while copying, and what
-    placing each file did (:meth:`Builder.count` is the caller's: a forked worker's state
-    is lost)."""
+    in the scratch tree; returns them as rows, with the hashes computed while copying, and
+    what placing each file did (:meth:`Builder.count` is the caller's: a forked worker's
+    state is lost)."""
     entries = _stat_run(source, run)
     if hash_first:
         entries = [entry.with_hash(hash_file(f"{source}/{entry.path}"))
@@ -161,4 +164,5 @@ def _stat_and_place(builder: Builder, source: str, hash_first: bool,
     if hashes:  # computed while copying: into the entries here, in parallel
         entries = [entry.with_hash(hashes[entry.path]) if entry.path in hashes else entry
                    for entry in entries]
-    return entries, outcomes
+    # plain tuples: pickled and unpickled 3-5x faster than named tuples
+    return [tuple(entry) for entry in entries], outcomes
