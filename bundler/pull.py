@@ -39,7 +39,7 @@ from bundler.manifest import (
 )
 from bundler.platform import Platform, host_platform, select_platform
 from bundler.reference import ImageSource
-from bundler.registry import FetchedManifest, RegistryConfig
+from bundler.registry_types import FetchedManifest, RegistryConfig
 from bundler.settings import DEFAULT_JOBS
 from bundler.sources import ImageProvider, OciLayoutProvider, open_provider
 from cache import usage

@@ -22,15 +22,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol, TypeVar
+from typing import TypeVar
 from urllib.parse import urljoin, urlsplit
 
 import requests
 
 from bundler.auth import RETRYABLE_STATUS, Authenticator, TokenCache
 from bundler.credentials import Credentials, CredentialStore
+from bundler.registry_types import BlobSink as BlobSink
+from bundler.registry_types import FetchedManifest as FetchedManifest
+from bundler.registry_types import RegistryConfig as RegistryConfig
 from bundler.transport import (
     BodyInterrupted,
     ConnectionFailed,
@@ -74,40 +77,6 @@ _CONTENT_RANGE_RE = re.compile(r"^bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)$")
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class RegistryConfig:
-    """How to reach registries; one config serves every client of a run."""
-
-    insecure_registries: frozenset[str] = frozenset()
-    ca_file: str | None = None
-    mirrors: Mapping[str, Sequence[str]] = field(default_factory=dict)
-    credentials: CredentialStore | None = None
-    max_retries: int = 5
-    backoff_base: float = 0.5
-    backoff_max: float = 30.0
-    timeout: float = 60.0
-    user_agent: str = "ocistage/0.1"
-    loopback_insecure: bool = True  # localhost/127.0.0.0/8/::1 accept plain HTTP, as Docker does
-
-
-@dataclass(frozen=True)
-class FetchedManifest:
-    """A manifest or index as served; ``data`` has been verified against ``digest``."""
-
-    media_type: str
-    digest: Digest
-    data: bytes
-
-
-class BlobSink(Protocol):
-    """Where a blob's bytes go; the caller verifies the digest when it commits."""
-
-    @property
-    def offset(self) -> int: ...
-
-    def write(self, chunk: bytes) -> None: ...
-
-    def restart(self) -> None: ...
 
 
 @dataclass

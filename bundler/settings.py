@@ -41,7 +41,7 @@ from cache.sizes import parse_size
 from cache.store import Store
 
 if TYPE_CHECKING:
-    from bundler.registry import RegistryConfig
+    from bundler.registry_types import RegistryConfig
 
 DEFAULT_JOBS = 6  # parallel blob downloads (bundler.pull's default too)
 PULL_POLICIES = ("always", "missing", "never")
@@ -63,7 +63,7 @@ class Settings:
 
     def registry_config(self) -> RegistryConfig:
         # requests: only commands that talk to a registry import it
-        from bundler.registry import RegistryConfig
+        from bundler.registry_types import RegistryConfig
 
         return RegistryConfig(insecure_registries=self.insecure_registries,
                               ca_file=self.ca_file, mirrors=dict(self.mirrors),

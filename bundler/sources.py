@@ -19,7 +19,7 @@ import tarfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from bundler import mediatypes
 from bundler.decompress import detect_compression
@@ -31,9 +31,12 @@ from bundler.reference import (
     RegistryReference,
     parse_registry_reference,
 )
-from bundler.registry import BlobSink, FetchedManifest, RegistryClient, RegistryConfig
+from bundler.registry_types import BlobSink, FetchedManifest, RegistryConfig
 from cache.digest import Digest, hash_file
 from cache.errors import IntegrityError, InvalidReference, NotFound, SourceError
+
+if TYPE_CHECKING:
+    from bundler.registry import RegistryClient
 
 CHUNK = 1 << 20
 MAX_DOCUMENT = 4 << 20
@@ -104,9 +107,11 @@ def _fetched(data: bytes, digest: Digest | None, what: str) -> FetchedManifest:
 
 class RegistryProvider:
     def __init__(self, reference: RegistryReference, config: RegistryConfig) -> None:
+        from bundler.registry import RegistryClient  # the HTTP client: only for registries
+
         self.reference = reference
         self.name = str(reference)
-        self.client = RegistryClient(reference.registry, config)
+        self.client: RegistryClient = RegistryClient(reference.registry, config)
 
     def resolve(self) -> FetchedManifest:
         return self.client.get_manifest(self.reference.repository, self.reference.reference,

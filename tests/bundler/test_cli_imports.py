@@ -112,3 +112,17 @@ def test_commands_that_talk_to_no_registry_load_no_http_client(tmp_path: Path) -
         assert "bundler.settings" in loaded, argv  # the command ran and read the settings
         assert sorted({"requests", "urllib3", "bundler.registry", "bundler.transport",
                        "bundler.pull"} & loaded) == [], argv
+
+
+def test_bundling_from_an_image_layout_loads_no_http_client(tmp_path: Path) -> None:
+    from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
+
+    write_oci_layout(tmp_path / "layout", [build_tar([file("hello.txt", b"hello")])],
+                     tag="v1", kind="gzip")
+    for argv in (["bundle", "-q", f"oci:{tmp_path / 'layout'}:v1"],   # cold
+                 ["bundle", "-q", f"oci:{tmp_path / 'layout'}:v1"]):  # in the cache
+        loaded = _modules_after(argv, tmp_path)
+        assert "bundler.bundle" in loaded and "bundler.sources" in loaded
+        assert sorted({"requests", "urllib3", "bundler.registry", "bundler.transport"}
+                      & loaded) == [], argv
+    assert (tmp_path / "cache" / "bundles").is_dir()
