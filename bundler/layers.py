@@ -17,6 +17,7 @@ import os
 import stat
 import struct
 import tarfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -172,6 +173,8 @@ class _ForwardReader:
 
 
 _HEADER = struct.Struct("100s8s8s8s12s12s8s1s100s8s32s32s8s8s155s")
+_NUL_TO_BLANK = bytes.maketrans(b"\0", b" ")
+_BLANK8 = b" " * 8  # a device number field of NULs (GNU and Python's tarfile leave them so)
 _PAX_FAST_LIMIT = 1 << 16  # larger extended headers go through tarfile's own parser
 _PAX_DEFER = (b"hdrcharset", b"GNU.sparse")  # charsets and sparse maps: tarfile's code
 
@@ -195,14 +198,20 @@ class _TarInfo(tarfile.TarInfo):
          devmajor, devminor, prefix) = _HEADER.unpack_from(buf)
         try:
             # int() of bytes accepts what tarfile's nti accepts of plain fields (digits, ASCII
-            # blanks around them, "_", "+", "0o"); anything else (base-256, NUL-padded
-            # oddities, non-ASCII) raises ValueError, and tarfile decides
-            checksum = _octal(chksum)
-            fields = (_octal(mode), _octal(uid), _octal(gid), _octal(size), _octal(mtime),
-                      _octal(devmajor), _octal(devminor))
+            # blanks around them, "_", "+", "0o") once the NULs are blanks; anything else
+            # (base-256, text after a NUL, non-ASCII, an empty field but for the device
+            # numbers) raises ValueError, and tarfile decides
+            nul = _NUL_TO_BLANK
+            checksum = int(chksum.translate(nul), 8)
+            major, minor = devmajor.translate(nul), devminor.translate(nul)
+            fields = (int(mode.translate(nul), 8), int(uid.translate(nul), 8),
+                      int(gid.translate(nul), 8), int(size.translate(nul), 8),
+                      int(mtime.translate(nul), 8),
+                      0 if major == _BLANK8 else int(major, 8),
+                      0 if minor == _BLANK8 else int(minor, 8))
         except ValueError:
             return super().frombuf(buf, encoding, errors)
-        unsigned = 256 + sum(buf) - sum(chksum)
+        unsigned = 256 + _byte_sum(buf) - sum(chksum)
         if checksum != unsigned:
             if buf.count(0) == tarfile.BLOCKSIZE:
                 return super().frombuf(buf, encoding, errors)  # raises its "empty header"
@@ -286,9 +295,11 @@ def _pax_records(buf: bytes) -> dict[str, str] | None:
     return records
 
 
-def _octal(field: bytes) -> int:
-    """tarfile's ``nti`` for plain octal fields; ValueError for anything else."""
-    return int(field.split(b"\0", 1)[0].strip() or b"0", 8)
+def _byte_sum(block: bytes | bytearray) -> int:
+    """``sum(block)`` of a 512-byte header, 4x faster: the low 16 bits of an Adler-32 are
+    1 + the byte sum modulo 65521, and each 256-byte half sums to at most 65280."""
+    view = memoryview(block)
+    return (zlib.adler32(view[:256]) & 0xFFFF) + (zlib.adler32(view[256:]) & 0xFFFF) - 2
 
 
 @dataclass

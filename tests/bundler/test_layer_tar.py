@@ -50,26 +50,27 @@ NUMBER = st.one_of(
     st.integers(0, 0o7777777).map(lambda n: b" %o \0" % n),
     st.binary(min_size=0, max_size=12),
     st.sampled_from([b"", b"\x80\0\0\0\0\0\x01\x00", b"\xff" * 8, b"0_7", b"+7", b"\x1c7",
-                     b"9", b"07\x00garbage"]),
+                     b"9", b"07\x00garbage", b"\0" * 8, b" " * 8, b"  \0\0", b"\t12\0",
+                     b"07 \x0012", b"0o17", b"-7"]),
 )
 TEXT = st.one_of(st.text(max_size=40).map(lambda t: t.encode("utf-8", "surrogatepass")),
                  st.binary(max_size=120))
 
 
 @settings(max_examples=400, deadline=None)
-@given(name=TEXT, prefix=TEXT, linkname=TEXT, mode=NUMBER, uid=NUMBER, size=NUMBER,
-       mtime=NUMBER, devmajor=NUMBER, type_=st.sampled_from(
+@given(name=TEXT, prefix=TEXT, linkname=TEXT, mode=NUMBER, uid=NUMBER, gid=NUMBER,
+       size=NUMBER, mtime=NUMBER, devmajor=NUMBER, devminor=NUMBER, type_=st.sampled_from(
            [b"0", b"\0", b"5", b"2", b"1", b"x", b"g", b"L", b"S", b"3", b"7", b"Z"]),
        magic=st.sampled_from([b"ustar\x0000", b"ustar  \0", b""]),
        fix_checksum=st.booleans())
-def test_fast_header_parser_gives_tarfiles_results(name: bytes, prefix: bytes, linkname: bytes,
-                                                   mode: bytes, uid: bytes, size: bytes,
-                                                   mtime: bytes, devmajor: bytes, type_: bytes,
-                                                   magic: bytes, fix_checksum: bool) -> None:
+def test_fast_header_parser_gives_tarfiles_results(
+        name: bytes, prefix: bytes, linkname: bytes, mode: bytes, uid: bytes, gid: bytes,
+        size: bytes, mtime: bytes, devmajor: bytes, devminor: bytes, type_: bytes,
+        magic: bytes, fix_checksum: bool) -> None:
     buf = _header({"name": name, "prefix": prefix, "linkname": linkname, "mode": mode,
-                   "uid": uid, "size": size, "mtime": mtime, "devmajor": devmajor,
-                   "type": type_, "magic": magic, "uname": b"root", "gname": b"root"},
-                  fix_checksum)
+                   "uid": uid, "gid": gid, "size": size, "mtime": mtime, "devmajor": devmajor,
+                   "devminor": devminor, "type": type_, "magic": magic, "uname": b"root",
+                   "gname": b"root"}, fix_checksum)
     for candidate in (buf, buf[:300], b"", b"\0" * 512):
         ours = _parsed(lambda b: _TarInfo.frombuf(b, "utf-8", "surrogateescape"), candidate)
         theirs = _parsed(lambda b: tarfile.TarInfo.frombuf(b, "utf-8", "surrogateescape"),
