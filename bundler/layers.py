@@ -34,7 +34,7 @@ from bundler.safepath import (
     remove_tree,
 )
 from cache.errors import LayerError, OcistageError
-from cache.fdio import write_all
+from cache.fdio import created_exactly, process_umask, write_all
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_MARKER = ".wh..wh..opq"
@@ -321,6 +321,7 @@ class _Applier:
         self.created_ancestors: set[Parts] = set()
         self.dirs: dict[Parts, _DirMeta] = {}
         self.saved_mtimes: dict[Parts, tuple[int, int]] = {}
+        self.umask = process_umask()
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
@@ -417,31 +418,36 @@ class _Applier:
             finally:
                 os.close(fd)
 
-    def _create_file(self, parent_fd: int, name: str) -> int:
+    def _create_file(self, parent_fd: int, name: str, mode: int = 0o600) -> int:
         try:
-            return os.open(name, _CREATE_FLAGS, 0o600, dir_fd=parent_fd)
+            return os.open(name, _CREATE_FLAGS, mode, dir_fd=parent_fd)
         except FileExistsError:
             self._clear(parent_fd, name)
-            return os.open(name, _CREATE_FLAGS, 0o600, dir_fd=parent_fd)
+            return os.open(name, _CREATE_FLAGS, mode, dir_fd=parent_fd)
 
     def _make_file(self, archive: tarfile.TarFile, parent_fd: int, name: str, path: Parts,
                    member: tarfile.TarInfo) -> None:
-        fd = self._create_file(parent_fd, name)
+        mode = stat.S_IMODE(member.mode)
+        # rootless, with no chown to come: created with its mode where the umask keeps it
+        exact = self.rootless and created_exactly(mode, self.umask)
+        fd = self._create_file(parent_fd, name, mode if exact else 0o600)
         try:
             if member.size:
                 for chunk in _member_data(archive, member):
                     write_all(fd, chunk)
                     self.report.bytes_written += len(chunk)
-            self._finish_inode(fd, member, path)
+            self._finish_inode(fd, member, path, mode_set=exact)
         finally:
             os.close(fd)
 
-    def _finish_inode(self, fd: int, member: tarfile.TarInfo, path: Parts) -> None:
-        """Owner, mode, xattrs and times of a file opened for writing (the mode after the
-        data and the owner: both clear setuid bits)."""
+    def _finish_inode(self, fd: int, member: tarfile.TarInfo, path: Parts,
+                      mode_set: bool = False) -> None:
+        """Owner, mode (unless ``mode_set`` at creation), xattrs and times of a file opened
+        for writing (the mode after the data and the owner: both clear setuid bits)."""
         if not self.rootless:
             os.fchown(fd, member.uid, member.gid)
-        os.fchmod(fd, stat.S_IMODE(member.mode))
+        if not mode_set:
+            os.fchmod(fd, stat.S_IMODE(member.mode))
         xattrs = _xattrs(member)
         if xattrs:
             self._set_xattrs(fd, path, xattrs)

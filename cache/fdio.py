@@ -1,4 +1,5 @@
-"""Writing to file descriptors: ``os.write`` may write less than it was given."""
+"""Writing to file descriptors and creating files: ``os.write`` may write less than it was
+given, and a file can only be created with its final mode when the umask keeps that mode."""
 
 from __future__ import annotations
 
@@ -10,3 +11,23 @@ def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def process_umask() -> int | None:
+    """This process's umask, from ``/proc/self/status`` (``os.umask`` can only read it by
+    changing it, which races with other threads); None where that cannot be read."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def created_exactly(mode: int, umask: int | None) -> bool:
+    """Whether ``open(..., O_CREAT, mode)`` gives a file exactly ``mode``, so no ``fchmod``
+    is needed after writing it: no bit the umask strips, and no set-id or sticky bit (a
+    write by an owner without CAP_FSETID clears set-id bits: those are set after)."""
+    return umask is not None and mode & (0o7000 | umask) == 0

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import xxhash
 
-from cache.fdio import write_all
+from cache.fdio import created_exactly, write_all
 from cache.staged import POOL_DIR, sweep_pool
 from stagers.copy import Copier, link_fd
 from stagers.filemanifest import CHUNK
@@ -31,19 +31,6 @@ from stagers.filemanifest import CHUNK
 
 def pool_key(content_hash: str, mode: int) -> str:
     return f"{content_hash}-{mode:04o}"
-
-
-def process_umask() -> int | None:
-    """This process's umask, from ``/proc/self/status`` (``os.umask`` can only read it by
-    changing it, which races with other threads); None where that cannot be read."""
-    try:
-        with open("/proc/self/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 @dataclass(frozen=True)
@@ -139,8 +126,9 @@ class Pool:
         too). If the pool has the content already, ``dest`` becomes a link of that entry.
         ``size`` (from the scan) lets a small file be read in one call. ``source`` and
         ``dest`` are relative to the directory descriptors ``source_dir`` and ``dest_dir``
-        when given (no path walk per file). ``umask``, the process's (:func:`process_umask`),
-        lets ``dest`` be created with its final mode instead of being chmod'ed after.
+        when given (no path walk per file). ``umask``, the process's (``process_umask()``),
+        lets ``dest`` be created with its final mode instead of being chmod'ed after
+        (:func:`cache.fdio.created_exactly`).
         Returns (xxh3-128 hex, whether the content was new to the pool).
         """
         hasher = xxhash.xxh3_128()
@@ -148,7 +136,7 @@ class Pool:
         try:
             # created with its final mode when the umask keeps it (a write by a non-root
             # owner would clear set-id bits: those are always set after writing)
-            exact = umask is not None and mode & (0o7000 | umask) == 0
+            exact = created_exactly(mode, umask)
             out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                           | os.O_CLOEXEC, mode if exact else 0o600, dir_fd=dest_dir)
             try:

@@ -87,6 +87,19 @@ def test_files_dirs_symlinks_fifos_with_modes_and_times(rootfs: Path) -> None:
     assert (rootfs / "usr/bin/wall").stat().st_mtime == MTIME
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o000, 0o027])
+def test_file_modes_do_not_depend_on_the_umask(rootfs: Path, umask: int) -> None:
+    modes = [0o644, 0o755, 0o666, 0o777, 0o600, 0o444, 0o000, 0o4755, 0o2711, 0o1644]
+    old = os.umask(umask)
+    try:
+        apply(rootfs, [file(f"f{mode:04o}", b"data", mode) for mode in modes])
+    finally:
+        os.umask(old)
+    assert {mode: mode_of(rootfs / f"f{mode:04o}") for mode in modes} == \
+        {mode: mode for mode in modes}
+    assert all((rootfs / f"f{mode:04o}").read_bytes() == b"data" for mode in modes)
+
+
 def test_big_file_is_streamed_intact(rootfs: Path) -> None:
     data = os.urandom(3 << 20) + b"tail"
     report = apply(rootfs, [file("big", data)])
