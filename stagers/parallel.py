@@ -24,8 +24,9 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _TASK = struct.Struct("=I")
-#: tasks whose numbers fit in a pipe's default 64 KiB buffer (written before the first fork)
-MAX_QUEUE = (64 << 10) // _TASK.size
+#: tasks whose numbers fit in any pipe's buffer, written before the first fork: at least one
+#: page (a user over ``pipe-user-pages-soft`` gets pipes of one page, not 64 KiB)
+MAX_QUEUE = 4096 // _TASK.size
 
 
 def batches(items: Sequence[T], weight: Callable[[T], int], count: int) -> list[Sequence[T]]:
