@@ -126,7 +126,8 @@ class Pool:
         too). If the pool has the content already, ``dest`` becomes a link of that entry.
         ``size`` (from the scan) lets a small file be read in one call. ``source`` and
         ``dest`` are relative to the directory descriptors ``source_dir`` and ``dest_dir``
-        when given (no path walk per file). ``umask``, the process's (``process_umask()``),
+        when given (no path walk per file). ``umask``, the process's
+        (:func:`cache.fdio.process_umask`),
         lets ``dest`` be created with its final mode instead of being chmod'ed after
         (:func:`cache.fdio.created_exactly`).
         Returns (xxh3-128 hex, whether the content was new to the pool).
