@@ -8,6 +8,7 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import xxhash
@@ -50,8 +51,18 @@ def test_batches_are_contiguous_and_cover_everything() -> None:
 
 def test_a_first_stage_of_thousands_of_files_through_forked_workers(
         tmp_path: Path, other_fs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(builder_module, "FORK_MIN_FILES", 100)
-    monkeypatch.setattr(builder_module, "usable_cpus", lambda: 2)
+    from stagers import fresh
+
+    monkeypatch.setattr(fresh, "FORK_MIN_FILES", 100)  # the first stage's queue of runs
+    monkeypatch.setattr("stagers.stage.usable_cpus", lambda: 2)
+    queued: list[tuple[int, int]] = []
+    real_map_queue = fresh.map_queue
+
+    def spy(function: Any, tasks: Sequence[Any], processes: int) -> list[Any]:
+        queued.append((len(tasks), processes))
+        return real_map_queue(function, tasks, processes)
+
+    monkeypatch.setattr(fresh, "map_queue", spy)
     source = tmp_path / "src"
     for n in range(600):
         directory = source / f"d{n % 7}"
@@ -77,6 +88,7 @@ def test_a_first_stage_of_thousands_of_files_through_forked_workers(
         assert links >= 2  # the bundle's name and the pool's (and equal files elsewhere)
         if links == 2:  # a pooled file keeps the mtime of its first copy
             assert staged.stat().st_mtime_ns == (source / path).stat().st_mtime_ns
+    assert queued == [(10, 2)]  # 601 files in runs of 64, two processes
     twins = {p.name for p in other_fs.rglob("*.ocistage-twin")}
     assert twins == set()
     again = stage_directory(source, other_fs, cache_root=tmp_path / "cache",
