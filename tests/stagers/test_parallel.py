@@ -56,11 +56,10 @@ def test_a_first_stage_of_thousands_of_files_through_forked_workers(
     monkeypatch.setattr(fresh, "FORK_MIN_FILES", 100)  # the first stage's queue of runs
     monkeypatch.setattr("stagers.stage.usable_cpus", lambda: 2)
     queued: list[tuple[int, int]] = []
-    real_map_queue = fresh.map_queue
 
     def spy(function: Any, tasks: Sequence[Any], processes: int) -> list[Any]:
         queued.append((len(tasks), processes))
-        return real_map_queue(function, tasks, processes)
+        return map_queue(function, tasks, processes)
 
     monkeypatch.setattr(fresh, "map_queue", spy)
     source = tmp_path / "src"
