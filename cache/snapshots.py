@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cache.cpus import usable_cpus
 from cache.digest import Digest
 from cache.errors import OcistageError, StoreError
 from cache.store import Store, _translate_oserror, fsync_dir, remove_tree
@@ -367,10 +368,7 @@ def _copy_dir_attributes(source: Path, dest: Path) -> None:
 def free_cpus() -> int:
     """The CPUs this process may use that nothing else runs on right now (1 to
     :data:`MAX_LINK_PARTS`): a split clone is slower than one ``cp`` on a busy machine."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
+    cpus = usable_cpus()
     try:  # "0.52 0.58 0.59 3/143 ...": runnable tasks right now, this process's included
         running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
     except (OSError, ValueError, IndexError):

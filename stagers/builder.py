@@ -18,10 +18,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cache.cpus import usable_cpus
 from cache.fdio import process_umask
 from stagers.copy import Copier
 from stagers.filemanifest import Entry, Manifest, hash_file
-from stagers.parallel import map_batched, map_parts, usable_cpus
+from stagers.parallel import map_batched, map_parts
 from stagers.pool import Pool, pool_key
 from stagers.target import Method, readonly_config, writable_config, write_private
 

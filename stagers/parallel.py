@@ -62,13 +62,6 @@ def map_batched(function: Callable[[T], R], items: Sequence[T], jobs: int,
         return [result for chunk in pool.map(run, parts) for result in chunk]
 
 
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def map_processes(function: Callable[[T], R], items: Sequence[T], processes: int,
                   weight: Callable[[T], int] = lambda _item: 0) -> list[R]:
     """``[function(item) for item in items]``, split into ``processes`` contiguous slices of

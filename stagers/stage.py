@@ -36,6 +36,7 @@ import contextlib
 import os
 from pathlib import Path
 
+from cache.cpus import usable_cpus
 from cache.leases import Holder, Lease
 from cache.store import fsync_dir
 from stagers.builder import FORK_MIN_FILES, Builder
@@ -53,7 +54,6 @@ from stagers.filemanifest import (
 )
 from stagers.fresh import build_first
 from stagers.markers import claim, default_holder, new_marker, record_bundle_use, release_if_unused
-from stagers.parallel import usable_cpus
 from stagers.pool import Pool, pool_key
 from stagers.removal import remove_tree
 from stagers.squashfs import stage_squashfs
