@@ -10,8 +10,11 @@ between the syscalls — to forked processes, one per CPU (:func:`map_processes`
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import pickle
+import signal
 import struct
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -151,10 +154,12 @@ def map_queue(function: Callable[[T], R], tasks: Sequence[T], processes: int) ->
 
 def _fork_worker(function: Callable[[], object]) -> tuple[int, int]:
     read_fd, write_fd = os.pipe()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # the child: never returns into the parent's code
         status = 1
         try:
+            _die_with(parent)
             os.close(read_fd)
             with os.fdopen(write_fd, "wb") as out:
                 try:
@@ -171,6 +176,20 @@ def _fork_worker(function: Callable[[], object]) -> tuple[int, int]:
             os._exit(status)
     os.close(write_fd)
     return pid, read_fd
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent: int) -> None:
+    """In a forked worker: have the kernel kill it when the stager dies (``kill -9``
+    included), so no orphan goes on writing into a scratch tree that the next stager
+    removes. The stager's thread waits for its workers, so only its death can end it first.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it died before the request was made
+        os._exit(1)
 
 
 def _collect(pid: int, read_fd: int) -> tuple[bool, Any]:

@@ -202,3 +202,53 @@ def test_map_queue_raises_a_workers_error_and_refuses_an_oversized_queue() -> No
     assert info.value.filename == "/x/400"
     with pytest.raises(ValueError):
         map_queue(_task_in_child, list(range(MAX_QUEUE + 1)), 2)
+
+
+_KILLED_STAGER = """
+import os, sys, time
+from pathlib import Path
+from stagers.parallel import map_queue
+marks = Path(sys.argv[1])
+
+def task(n):
+    (marks / str(os.getpid())).touch()  # who works on it
+    time.sleep(30)
+    return n
+
+map_queue(task, list(range(4)), 3)
+"""
+
+
+def test_workers_die_with_a_killed_stager(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    repo = Path(__file__).resolve().parents[2]
+    stager = subprocess.Popen([sys.executable, "-c", _KILLED_STAGER, str(tmp_path)],
+                              cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)})
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(tmp_path.iterdir())) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        workers = {int(p.name) for p in tmp_path.iterdir()} - {stager.pid}
+        assert len(workers) == 2  # the stager and two forked workers each took a task
+        stager.send_signal(signal.SIGKILL)
+        stager.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(pid) for pid in workers)
+    finally:
+        stager.kill()
+        stager.wait()
+
+
+def _alive(pid: int) -> bool:
+    """A process that runs (a zombie waiting for its reaper counts as dead)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
