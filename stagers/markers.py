@@ -72,15 +72,27 @@ class Marker:
                    files=int(doc.get("files", 0)))
 
 
-def read_marker_at(dir_fd: int) -> Marker | None:
-    """The marker inside the open directory ``dir_fd``; None if absent or not ours."""
-    doc = read_json_at(dir_fd, MARKER_NAME)
+def marker_of(doc: dict[str, object] | None) -> Marker | None:
+    """The marker a JSON document read from a marker file holds; None if it holds none."""
     if doc is None:
         return None
     try:
         return Marker.from_doc(doc)
     except (ValueError, TypeError):
         return None
+
+
+def read_marker(path: Path) -> Marker | None:
+    """The marker of what is staged at ``path``; None if nothing of ours is there (a symlink
+    at ``path`` is not followed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return marker_of(read_json_at(fd, MARKER_NAME))
+    finally:
+        os.close(fd)
 
 
 def default_holder(pin: str | None = None,
@@ -141,17 +153,9 @@ def release_if_unused(cache_root: Path, path: Path, lease: Lease, taken: bool) -
     what is staged at ``path`` (if anything) is not marked with it."""
     if not taken:
         return
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        fd = -1
-    if fd >= 0:
-        try:
-            marker = read_marker_at(fd)
-        finally:
-            os.close(fd)
-        if marker is not None and marker.id == lease.id:
-            return
+    marker = read_marker(path)
+    if marker is not None and marker.id == lease.id:
+        return
     leases.release(cache_root, lease.id)
 
 

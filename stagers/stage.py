@@ -53,7 +53,14 @@ from stagers.filemanifest import (
     walk_digest,
 )
 from stagers.fresh import build_first
-from stagers.markers import claim, default_holder, new_marker, record_bundle_use, release_if_unused
+from stagers.markers import (
+    claim,
+    default_holder,
+    new_marker,
+    read_marker,
+    record_bundle_use,
+    release_if_unused,
+)
 from stagers.pool import Pool, pool_key
 from stagers.removal import remove_tree
 from stagers.squashfs import stage_squashfs
@@ -68,7 +75,6 @@ from stagers.target import (
     name_lock,
     new_scratch,
     publish,
-    read_existing_marker,
     source_identity,
     write_private,
 )
@@ -135,7 +141,7 @@ def _stage_claimed(source: Path, to: Path, name: str, cache_root: Path, lease: L
                    link: bool | None, jobs: int, label: str) -> StageResult:
     final = to / name
     method = choose_method(source, to, link)
-    marker = read_existing_marker(final)
+    marker = read_marker(final)
     if os.path.lexists(final) and marker is None:
         raise StageError(f"{final} exists and was not staged by ocistage",
                          "choose another --name or target, or remove it yourself")

@@ -33,7 +33,7 @@ from cache.inventory import SHARED_ROOT_ANNOTATION
 from cache.locks import FileLock, Owner
 from stagers.copy import same_filesystem
 from stagers.filemanifest import MANIFEST_NAME, Manifest, StageError, load_manifest
-from stagers.markers import Marker, read_marker_at
+from stagers.markers import Marker, read_marker
 
 TMP_DIR = ".ocistage-tmp"
 RESERVED_PREFIX = ".ocistage"
@@ -161,28 +161,9 @@ def name_lock(to: Path, name: str) -> FileLock:
 
 # -- the staged state -----------------------------------------------------------------------
 
-def read_existing_marker(final: Path) -> Marker | None:
-    """The marker of what is staged at ``final``; None if nothing of ours is there."""
-    try:
-        fd = os.open(final, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return read_marker_at(fd)
-    finally:
-        os.close(fd)
-
-
 def existing(final: Path) -> tuple[Manifest | None, Marker | None]:
     """The manifest and marker of what is staged at ``final`` (None, None if nothing of ours)."""
-    try:
-        fd = os.open(final, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None, None
-    try:
-        marker = read_marker_at(fd)
-    finally:
-        os.close(fd)
+    marker = read_marker(final)
     if marker is None:
         return None, None
     return load_manifest(final / MANIFEST_NAME), marker

@@ -22,7 +22,7 @@ from pathlib import Path
 from cache import leases, staged
 from cache.leases import Holder, Lease
 from stagers.filemanifest import StageError
-from stagers.markers import Marker, read_marker_at, same_holder, staged_target
+from stagers.markers import Marker, marker_of, same_holder, staged_target
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -108,8 +108,8 @@ def _unstage_in(parent_fd: int, parent: Path, name: str, path: Path, cache_root:
         raise StageError(f"{path} is not a staged bundle (not a directory, or a symlink)",
                          "give the path ocistage stage printed") from exc
     try:
-        marker = read_marker_at(fd)
-        document = staged.read_json_at(fd, staged.MARKER_NAME)
+        document = staged.read_json_at(fd, staged.MARKER_NAME)  # read once: both views
+        marker = marker_of(document)
         if marker is None or document is None:
             raise StageError(f"{path} was not staged by ocistage (no marker); not removing it",
                              "remove it yourself if it is yours")
