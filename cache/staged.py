@@ -90,8 +90,7 @@ class StagedBundle:
             ids.add(self.outer.get("id"))
         return {i for i in ids if isinstance(i, str) and i}
 
-    def image(self) -> str | None:
-        """The image file beside the bundle that its marker names, if it is a regular file."""
+    def _image_stat(self) -> tuple[str, os.stat_result] | None:
         image = image_name(self.marker)
         if image is None:
             return None
@@ -99,15 +98,17 @@ class StagedBundle:
             st = os.stat(image, dir_fd=self.parent_fd, follow_symlinks=False)
         except OSError:
             return None
-        return image if stat.S_ISREG(st.st_mode) else None
+        return (image, st) if stat.S_ISREG(st.st_mode) else None
+
+    def image(self) -> str | None:
+        """The image file beside the bundle that its marker names, if it is a regular file."""
+        found = self._image_stat()
+        return found[0] if found is not None else None
 
     def image_size(self) -> int:
-        image = self.image()
-        if image is None:
-            return 0
-        with contextlib.suppress(OSError):
-            return os.stat(image, dir_fd=self.parent_fd, follow_symlinks=False).st_blocks * 512
-        return 0
+        """The disk space of :meth:`image` (0 if there is none)."""
+        found = self._image_stat()
+        return found[1].st_blocks * 512 if found is not None else 0
 
     def close(self) -> None:
         for fd in (self.fd, self.parent_fd):
