@@ -40,7 +40,6 @@ from stagers.target import (
     existing,
     name_lock,
     new_scratch,
-    tmp_dir,
 )
 
 CHUNK = 4 << 20
@@ -196,7 +195,7 @@ def stage_from_url(url: str, to: Path, *, cache_root: Path, name: str | None = N
             write_outer_marker(final, lease, url)
         return result
     except BaseException as exc:
-        if taken and not _marked_with(final, lease):
+        if not _marked_with(final, lease):
             release_if_unused(cache_root, final, lease, taken)
         if isinstance(exc, OSError):
             raise StageError(f"staging {url} at {final} failed: {exc.strerror}") from exc
@@ -227,15 +226,3 @@ def _marked_with(final: Path, lease: Lease) -> bool:
     finally:
         os.close(fd)
     return outer is not None and outer.get("id") == lease.id
-
-
-def local_work_dir(to: Path) -> Path:
-    """A scratch dir for building what is pushed (the cache's tmp/ is a good ``to``)."""
-    work = tmp_dir(to) / f"push-{os.getpid()}-{uuid.uuid4().hex[:10]}"
-    work.mkdir(mode=0o700)
-    return work
-
-
-def remove_work_dir(work: Path) -> None:
-    shutil.rmtree(work, ignore_errors=True)
-

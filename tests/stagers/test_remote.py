@@ -16,7 +16,6 @@ from stagers.filemanifest import fill_hashes, scan
 from stagers.remote import (
     fetch_file,
     is_url,
-    local_work_dir,
     push_file,
     push_tree,
     stage_from_url,
@@ -60,7 +59,8 @@ def test_file_round_trip_streams_and_publishes_whole(base_url: str, tmp_path: Pa
 def test_squashfs_image_round_trip(base_url: str, tree: Path, tmp_path: Path) -> None:
     require_binary("mksquashfs")
     require_binary("unsquashfs")
-    work = local_work_dir(tmp_path / "work")
+    work = tmp_path / "work"
+    work.mkdir()
     pushed = push_tree(tree, base_url, "img", format="squashfs", work=work, label="test")
     assert pushed.url == f"{base_url}/img.sqfs" and pushed.size > 0
     cache = tmp_path / "cache"
@@ -74,7 +74,8 @@ def test_squashfs_image_round_trip(base_url: str, tree: Path, tmp_path: Path) ->
 
 
 def test_tar_archive_round_trip(base_url: str, tree: Path, tmp_path: Path) -> None:
-    work = local_work_dir(tmp_path / "work")
+    work = tmp_path / "work"
+    work.mkdir()
     pushed = push_tree(tree, base_url, "arch", format="dir", work=work, label="test")
     assert pushed.url == f"{base_url}/arch.tar"
     back = tmp_path / "arch.tar"
