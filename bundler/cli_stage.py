@@ -38,6 +38,7 @@ from cache.errors import UsageError
 if TYPE_CHECKING:
     from bundler.settings import Settings
     from cache.leases import Holder
+    from cache.store import Store
     from stagers.stage import StageResult
 
 # The stagers, the cache, the bundler and their dependencies are imported inside the commands:
@@ -131,7 +132,8 @@ def stage_command(
                          "in the config file")
     cache_root = settings.cache
     store = Store.open(cache_root)
-    source, label = _resolve(what, settings, platform, quiet or json_output or json_lines)
+    source, label = _resolve(what, settings, store, platform,
+                             quiet or json_output or json_lines)
     if all_nodes:
         options: dict[str, Any] = {
             "--format": format, "--name": name, "--pin": pin, "--jobs": jobs,
@@ -187,7 +189,7 @@ def _emit(doc: dict[str, Any], one_line: bool) -> None:
         print_json(doc)
 
 
-def _resolve(what: str, settings: Settings, platform: str | None,
+def _resolve(what: str, settings: Settings, store: Store, platform: str | None,
              quiet: bool) -> tuple[Path | None, str]:
     """The directory to stage and its label; (None, url) for a URL source."""
     from stagers.remote import is_url
@@ -199,10 +201,8 @@ def _resolve(what: str, settings: Settings, platform: str | None,
         return path.absolute(), os.fspath(path.absolute())
     from bundler.bundle import make_bundle
     from bundler.reference import parse_reference
-    from cache.store import Store
 
     source = parse_reference(what)
-    store = Store.open(settings.cache)
     with download_progress(quiet) as progress:
         bundle = make_bundle(source, store, None,
                              pull_options=pull_options(settings, platform), progress=progress)

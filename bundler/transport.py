@@ -144,10 +144,11 @@ class Transport:
             if session is None:
                 session = requests.Session()
                 session.trust_env = False  # no ~/.netrc credentials sent to registries
-                if not is_loopback(urlsplit(url).netloc):
+                netloc = urlsplit(url).netloc
+                if not is_loopback(netloc):
                     session.proxies.update(requests.utils.get_environ_proxies(url))
                 session.headers["User-Agent"] = self._user_agent
-                if key[0] == "https" and self._tls.is_insecure(urlsplit(url).netloc):
+                if key[0] == "https" and self._tls.is_insecure(netloc):
                     session.mount("https://", _UnverifiedTLSAdapter())
                 self._sessions[key] = session
             return session
