@@ -3,9 +3,8 @@
 Submitting one future per file costs more than a ``link()`` itself; work is handed out in
 batches (contiguous slices of about equal byte weight): to a thread pool
 (:func:`map_batched`), or — for thousands of files, where the GIL serialises the Python code
-between the syscalls — to forked processes, one per CPU (:func:`map_processes`,
-:func:`map_parts`); tasks of unknown size go to forked processes one at a time from a queue
-(:func:`map_queue`).
+between the syscalls — to forked processes, one per CPU (:func:`map_parts`); tasks of
+unknown size go to forked processes one at a time from a queue (:func:`map_queue`).
 """
 
 from __future__ import annotations
@@ -65,10 +64,12 @@ def map_batched(function: Callable[[T], R], items: Sequence[T], jobs: int,
         return [result for chunk in pool.map(run, parts) for result in chunk]
 
 
-def map_processes(function: Callable[[T], R], items: Sequence[T], processes: int,
-                  weight: Callable[[T], int] = lambda _item: 0) -> list[R]:
-    """``[function(item) for item in items]``, split into ``processes`` contiguous slices of
-    about equal weight, each run by a forked child (the first by this process).
+def map_parts(function: Callable[[Sequence[T]], list[R]], items: Sequence[T], processes: int,
+              weight: Callable[[T], int] = lambda _item: 0) -> list[R]:
+    """``function`` over ``items`` split into ``processes`` contiguous slices of about equal
+    weight, each run by a forked child (the first by this process); ``function`` takes a whole
+    slice and returns one result per item (so it can keep state, e.g. open directories,
+    across its slice). The results come back in order.
 
     For many small file operations a thread pool is held back by the GIL: each ``open``,
     ``write`` or ``link`` is a few microseconds of kernel work around Python code that holds
@@ -77,16 +78,6 @@ def map_processes(function: Callable[[T], R], items: Sequence[T], processes: int
     results come back pickled through a pipe. A child's exception is re-raised here after
     every child has ended.
     """
-    def run(part: Sequence[T]) -> list[R]:
-        return [function(item) for item in part]
-
-    return map_parts(run, items, processes, weight)
-
-
-def map_parts(function: Callable[[Sequence[T]], list[R]], items: Sequence[T], processes: int,
-              weight: Callable[[T], int] = lambda _item: 0) -> list[R]:
-    """:func:`map_processes` for a ``function`` that takes a whole slice and returns one
-    result per item (so it can keep state, e.g. open directories, across its slice)."""
     parts = batches(items, weight, processes)
     if len(parts) <= 1:
         return function(items)
@@ -112,7 +103,7 @@ def map_queue(function: Callable[[T], R], tasks: Sequence[T], processes: int) ->
     drew a large task takes no more while the others drain the rest. The queue is a pipe of
     task numbers, written whole and closed before the first fork; each worker reads 4 bytes
     at a time (one pipe read is atomic) until EOF. A worker that fails empties the queue, so
-    the others stop soon. ``function`` obeys the rules of :func:`map_processes`; results
+    the others stop soon. ``function`` obeys the rules of :func:`map_parts`; results
     come back in task order.
     """
     if processes <= 1 or len(tasks) <= 1:

@@ -16,16 +16,16 @@ import xxhash
 from cache.leases import Holder
 from stagers import builder as builder_module
 from stagers.filemanifest import MANIFEST_NAME
-from stagers.parallel import MAX_QUEUE, batches, map_parts, map_processes, map_queue
+from stagers.parallel import MAX_QUEUE, batches, map_parts, map_queue
 from stagers.stage import stage_directory
 
 
-def _square_in_child(n: int) -> tuple[int, int]:
-    return n * n, os.getpid()
+def _squares_in_child(part: Sequence[int]) -> list[tuple[int, int]]:
+    return [(n * n, os.getpid()) for n in part]
 
 
 def test_results_come_back_in_order_from_several_processes() -> None:
-    results = map_processes(_square_in_child, list(range(500)), 3)
+    results = map_parts(_squares_in_child, list(range(500)), 3)
     assert [r for r, _pid in results] == [n * n for n in range(500)]
     assert len({pid for _r, pid in results}) == 3
     assert os.getpid() in {pid for _r, pid in results}  # the caller does a share too
@@ -37,9 +37,13 @@ def _fail_on_400(n: int) -> int:
     return n
 
 
+def _fail_on_400_in_child(part: Sequence[int]) -> list[int]:
+    return [_fail_on_400(n) for n in part]
+
+
 def test_an_error_in_a_child_is_raised_in_the_caller() -> None:
     with pytest.raises(FileNotFoundError) as info:
-        map_processes(_fail_on_400, list(range(500)), 2)
+        map_parts(_fail_on_400_in_child, list(range(500)), 2)
     assert info.value.filename == "/x/400" and info.value.errno == errno.ENOENT
 
 
