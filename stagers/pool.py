@@ -24,7 +24,7 @@ from pathlib import Path
 import xxhash
 
 from cache.fdio import created_exactly, write_all
-from cache.staged import POOL_DIR, sweep_pool
+from cache.staged import POOL_DIR
 from stagers.copy import Copier, link_fd
 from stagers.filemanifest import CHUNK
 
@@ -175,11 +175,6 @@ class Pool:
             os.rename(twin, dest, src_dir_fd=dest_dir, dst_dir_fd=dest_dir)  # share the inode
             return content_hash, False
         return content_hash, True  # the pool keeps losing it: dest stays a private copy
-
-    def sweep(self) -> int:
-        """Remove every entry no bundle links to (also those a killed stager left); returns
-        how many (:func:`cache.staged.sweep_pool`, which ``cache gc`` uses too)."""
-        return sweep_pool(self.root.parent)
 
     def release(self, keys: set[str]) -> int:
         """Remove the entries among ``keys`` that no bundle links to any more; returns how many."""

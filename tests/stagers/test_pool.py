@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from cache.staged import sweep_pool
 from stagers.copy import Copier
 from stagers.pool import Pool, pool_key
 
@@ -61,5 +62,5 @@ def test_sweep_removes_every_unlinked_entry(tmp_path: Path) -> None:
         pool.link_into(str(src), key, 0o644, 0, str(tmp_path / "t" / f"b{n}"), Copier())
     for n in (1, 3):
         (tmp_path / "t" / f"b{n}").unlink()  # e.g. a killed stager's scratch, removed
-    assert pool.sweep() == 2
+    assert sweep_pool(tmp_path / "t") == 2  # what cache gc and unstage run
     assert [pool.path(k).exists() for k in keys] == [True, False, True, False, True]
