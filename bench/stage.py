@@ -44,6 +44,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from bench.bundle import ocistage_script
 from bench.images import cache_root
 from cache import leases
 from cache.fsremove import remove_path
@@ -101,8 +102,8 @@ def real_bundle(root: Path) -> Path:
 
 
 def ocistage_command() -> list[str]:
-    script = shutil.which("ocistage")
-    return [script] if script else [sys.executable, "-m", "bundler.cli"]
+    """The real ``ocistage`` entry point of this interpreter (no version manager's shim)."""
+    return [ocistage_script()]
 
 
 # -- the tools ----------------------------------------------------------------------------------
