@@ -1,52 +1,74 @@
-# ocistage — developer entry points. `make demo` and `make test` work on a fresh Debian 12.
+# ocistage — developer entry points. `make demo` and `make test` work on a fresh Debian 12, as
+# root or as a user with sudo: the Python side lives in a virtual environment, $(VENV), made
+# with $(PYTHON) (Debian's python3 is "externally managed", PEP 668: no pip into it).
 PYTHON ?= python3
+VENV ?= .venv
 PYTEST_ARGS ?=
 
-.PHONY: deps demo test lint typecheck unit bench clean
+.PHONY: deps venv demo test lint typecheck unit bench clean
 
-DEBIAN_PACKAGES = docker-registry skopeo umoci runc crun squashfs-tools squashfuse lua5.3 \
+DEBIAN_PACKAGES = python3-venv \
+	docker-registry skopeo umoci runc crun squashfs-tools squashfuse lua5.3 \
 	lua-cjson rsync busybox-static zstd curl jq apache2-utils openssl uidmap \
 	slurm-wlm slurm-client munge
 
 DEPS_STAMP = .ci/state/deps.stamp
+VENV_BIN = $(CURDIR)/$(VENV)/bin
+VENV_STAMP = $(VENV)/ocistage-installed.stamp
+# runc and other tools live in /usr/sbin, which a Debian user's PATH lacks
+RUN_PATH = $(VENV_BIN):$(PATH):/usr/local/sbin:/usr/sbin:/sbin
+# root runs apt-get itself; anyone else through sudo (which asks for a password when it must)
+SUDO = $(if $(filter 0,$(shell id -u)),,sudo)
 
-deps: $(DEPS_STAMP)  ## install Debian packages (needs root) and the Python package with test extras
-	@# the stamp is per checkout, the editable install per interpreter: reinstall when it points
-	@# at another checkout (a moved or copied tree) or is gone
-	@cd / && $(PYTHON) -c 'import sys, bundler; sys.exit(bundler.__file__ != "$(CURDIR)/bundler/__init__.py")' \
-		2>/dev/null || $(PYTHON) -m pip install -q -e '$(CURDIR)[test]'
+deps: $(DEPS_STAMP) venv  ## Debian packages (as root or with sudo), then the venv with the package
 
-$(DEPS_STAMP): pyproject.toml Makefile
+# The editable install in $(VENV) with its test extras. The stamp is per venv; the install is
+# redone when it points at another checkout (a moved or copied tree) or is gone.
+venv: $(VENV_STAMP)
+	@cd / && $(VENV_BIN)/python -c 'import sys, bundler; sys.exit(bundler.__file__ != "$(CURDIR)/bundler/__init__.py")' \
+		2>/dev/null || $(VENV_BIN)/python -m pip install -q -e '$(CURDIR)[test]'
+
+$(VENV_STAMP): pyproject.toml
+	@$(VENV_BIN)/python -c '' 2>/dev/null || $(PYTHON) -m venv --clear $(VENV) || { \
+		echo "make: '$(PYTHON) -m venv' failed; on Debian it needs python3-venv: $(SUDO) apt-get install python3-venv" >&2; \
+		exit 1; }
+	$(VENV_BIN)/python -m pip install -q -e '.[test]'
+	@touch $@
+	@echo "ocistage is installed in $(VENV): '. $(VENV)/bin/activate' puts it on PATH (README.md)"
+
+$(DEPS_STAMP): Makefile
 	@missing=$$(for p in $(DEBIAN_PACKAGES); do \
 		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' \
 			|| echo $$p; done); \
 	if [ -z "$$missing" ]; then echo "Debian packages: all installed"; \
-	elif [ "$$(id -u)" = 0 ]; then \
-		echo "installing $$missing"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	elif [ -n "$(SUDO)" ] && ! command -v $(SUDO) >/dev/null; then \
+		echo "make: not root and no sudo: install these Debian packages as root:" $$missing >&2; exit 1; \
+	else \
+		echo "installing" $$missing; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 			--no-install-recommends $$missing >/dev/null; \
-	else echo "not root: install these Debian packages yourself: $$missing"; fi
-	$(PYTHON) -m pip install -q -e '.[test]'
+	fi
 	@mkdir -p $(dir $@) && touch $@
 
 demo: deps  ## local registry + an image built on the spot -> pull -> bundle -> runc run
-	bash scripts/demo.sh
+	PATH="$(RUN_PATH)" bash scripts/demo.sh
 
 lint: deps
-	ruff check .
+	$(VENV_BIN)/ruff check .
 
 typecheck: deps
-	mypy
+	$(VENV_BIN)/mypy
 
-unit:
-	$(PYTHON) -m pytest -q -m "not e2e" $(PYTEST_ARGS)
+unit: deps
+	PATH="$(RUN_PATH)" $(VENV_BIN)/python -m pytest -q -m "not e2e" $(PYTEST_ARGS)
 
 test: deps lint typecheck  ## everything CI runs
-	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
+	PATH="$(RUN_PATH)" $(VENV_BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-bench:  ## benchmarks (bench/README.md): bundle vs skopeo+umoci and the floor; stage vs rsync
-	$(PYTHON) -m bench bundle
-	$(PYTHON) -m bench stage
+bench:  deps ## benchmarks (bench/README.md): bundle vs skopeo+umoci and the floor; stage vs rsync
+	PATH="$(RUN_PATH)" $(VENV_BIN)/python -m bench bundle
+	PATH="$(RUN_PATH)" $(VENV_BIN)/python -m bench stage
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build *.egg-info
