@@ -53,17 +53,25 @@ umoci config --image "$work/layout:demo" --config.user app --config.workingdir /
 skopeo copy -q --dest-tls-verify=false "oci:$work/layout:demo" "docker://127.0.0.1:$port/demo/busybox:1"
 
 export OCISTAGE_CACHE="$work/cache"
+# runc 1.1 (Debian 12) run by a user other than root needs container root mapped to that user
+# (docs/runtime-config.md, map_root): the bundle runs as root inside, not as the image's `app`.
+map_root=()
+stage_source="127.0.0.1:$port/demo/busybox:1"
+if [ "$(id -u)" != 0 ]; then
+    map_root=(--map-root)
+    stage_source="$work/bundle"
+fi
 say "ocistage inspect 127.0.0.1:$port/demo/busybox:1"
 ocistage inspect "127.0.0.1:$port/demo/busybox:1"
 say "ocistage pull 127.0.0.1:$port/demo/busybox:1"
 ocistage pull "127.0.0.1:$port/demo/busybox:1"
-say "ocistage bundle 127.0.0.1:$port/demo/busybox:1 $work/bundle"
-ocistage bundle "127.0.0.1:$port/demo/busybox:1" "$work/bundle"
+say "ocistage bundle ${map_root[*]} 127.0.0.1:$port/demo/busybox:1 $work/bundle"
+ocistage bundle "${map_root[@]}" "127.0.0.1:$port/demo/busybox:1" "$work/bundle"
 say "runc --rootless=true run -b $work/bundle"
 runc --rootless=true --root "$work/runc" run -b "$work/bundle" "ocistage-demo-$$" </dev/null
 
-say "ocistage stage 127.0.0.1:$port/demo/busybox:1 --to $work/staged (as a job would)"
-staged=$(ocistage stage "127.0.0.1:$port/demo/busybox:1" --to "$work/staged")
+say "ocistage stage $stage_source --to $work/staged (as a job would)"
+staged=$(ocistage stage "$stage_source" --to "$work/staged")
 echo "$staged"
 runc --rootless=true --root "$work/runc" run -b "$staged" "ocistage-demo-staged-$$" </dev/null
 say "ocistage cache ls"
