@@ -165,8 +165,9 @@ def _render_gc(report: GcReport, quiet: bool) -> None:
     stdout.print(f"{verb} {len(report.removed)} entries, {format_size(report.freed)}; "
                  f"cache {format_size(report.size_before)} -> {format_size(report.size_after)}")
     if report.over_budget and report.max_size is not None:
-        stderr.print(f"warning: the cache is still over {format_size(report.max_size)}: "
-                     "what remains is leased or in use")
+        stderr.print(f"warning: the cache holds {format_size(report.size_after)}, over its "
+                     f"budget of {format_size(report.max_size)}: what remains is leased or "
+                     "in use")
 
 
 @cache_app.command("gc")

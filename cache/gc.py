@@ -27,8 +27,13 @@ only entries that still point where they did), then bundles and snapshots (renam
 dir, then deleted, so no half tree is ever visible at its path), then blobs: the cache stays a
 valid OCI layout at every moment.
 
-Sizes are blocks on disk; a file hard-linked between a snapshot and bundles is counted once,
-with the snapshot (so evicting a bundle frees only what is its own).
+Sizes are blocks on disk counted as ``du`` counts them (:mod:`cache.footprint`): a file
+hard-linked between a snapshot and bundles counts once, and removing one of them frees only
+what no remaining part of the cache links (evicting a snapshot that a kept bundle links frees
+its directories, not the bundle's files). The cache is measured once, before anything is
+removed, and every removal is charged what it frees, so ``size_before - size_after`` is the sum
+of the removals inside the cache, and ``size_after`` is what ``du`` shows afterwards. A dry run
+lists exactly what the real run would remove, with the same sizes.
 """
 
 from __future__ import annotations
@@ -39,13 +44,14 @@ import os
 import stat
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 from cache import staged, usage
 from cache.digest import Digest
 from cache.errors import LockTimeout, NotFound, StoreError
+from cache.footprint import Footprint, measure
 from cache.inventory import (
     QUARANTINE,
     Blob,
@@ -70,7 +76,7 @@ from cache.leases import (
     release,
     squeue_states,
 )
-from cache.locks import FileLock
+from cache.locks import FileLock, owner_is_dead
 from cache.sizes import format_size
 from cache.snapshots import SnapshotInfo, list_snapshots, remove_snapshot
 from cache.store import Store, remove_tree, scratch_is_dead
@@ -95,7 +101,7 @@ class GcOptions:
 class Removal:
     kind: RemovalKind
     name: str
-    size: int          # bytes on disk this frees (0 for bookkeeping)
+    size: int          # bytes on disk this frees (inside the cache: as du counts them)
     reason: str
 
 
@@ -103,10 +109,12 @@ class Removal:
 class GcReport:
     removed: tuple[Removal, ...]
     protected: tuple[str, ...]     # what eviction would have taken but a lease or keep kept
-    size_before: int               # blobs + bundles + scratch on disk
-    size_after: int
+    size_before: int               # the cache on disk, as du counts it
+    size_after: int                # the same once the removals are done
     max_size: int | None
     dry_run: bool
+    size_floor: int = 0            # of size_after, what no GC removes: directories, records
+
 
     @property
     def freed(self) -> int:
@@ -114,23 +122,27 @@ class GcReport:
 
     @property
     def over_budget(self) -> bool:
-        return self.max_size is not None and self.size_after > self.max_size
+        """Content that GC may not remove (leased, in use) keeps the cache over its budget."""
+        return (self.max_size is not None
+                and self.size_after > max(self.max_size, self.size_floor))
 
 
 # -- leftovers ---------------------------------------------------------------------------------
 
-def _leftovers(store: Store, dry_run: bool, now: float) -> list[Removal]:
+def _leftovers(store: Store, dry_run: bool, now: float, footprint: Footprint) -> list[Removal]:
     removed: list[Removal] = []
-    if not dry_run:
-        for path in store.clean_leftovers():
-            removed.append(Removal("scratch", str(path), 0, "temp dir of a dead process"))
+    for path in store.clean_leftovers(dry_run=dry_run):
+        size = footprint.drop(path)
+        if path.parent == store.tmp_dir:
+            size += footprint.drop(path.with_name(f"{path.name}.owner"))
+        removed.append(Removal("scratch", str(path), size, "temp dir of a dead process"))
     for path in bundle_scratch_dirs(store):
         if scratch_is_dead(path, now):
-            size = tree_size(path).disk
+            size = footprint.drop(path)
             if not dry_run:
                 remove_tree(path)
             removed.append(Removal("scratch", str(path), size, "bundle build of a dead process"))
-    removed.extend(_dead_partials(store, dry_run))
+    removed.extend(_dead_partials(store, dry_run, footprint))
     with contextlib.suppress(FileNotFoundError), os.scandir(store.tmp_dir) as entries:
         tmp_entries = [Path(e.path) for e in entries]
     for path in tmp_entries:  # no owner file: a rename-then-delete that a crash interrupted
@@ -138,7 +150,7 @@ def _leftovers(store: Store, dry_run: bool, now: float) -> list[Removal]:
             continue
         with contextlib.suppress(FileNotFoundError):
             if now - os.lstat(path).st_mtime > LEFTOVER_TEMP_AGE:
-                size = tree_size(path).disk
+                size = footprint.drop(path)
                 if not dry_run:
                     remove_tree(path)
                 removed.append(Removal("scratch", str(path), size,
@@ -154,13 +166,13 @@ def _leftovers(store: Store, dry_run: bool, now: float) -> list[Removal]:
                     if stat.S_ISREG(st.st_mode) and now - st.st_mtime > LEFTOVER_TEMP_AGE:
                         if not dry_run:
                             os.unlink(entry.path)
-                        removed.append(Removal("leftover", entry.path, st.st_blocks * 512,
+                        removed.append(Removal("leftover", entry.path, footprint.drop(entry.path),
                                                "temp file of an interrupted write"))
     with contextlib.suppress(FileNotFoundError), os.scandir(store.root / QUARANTINE) as q:
         for entry in q:
             with contextlib.suppress(FileNotFoundError):
                 if now - entry.stat(follow_symlinks=False).st_mtime > QUARANTINE_KEEP:
-                    size = tree_size(Path(entry.path)).disk
+                    size = footprint.drop(entry.path)
                     if not dry_run:
                         remove_tree(Path(entry.path))
                     removed.append(Removal("quarantine", entry.path, size,
@@ -168,8 +180,9 @@ def _leftovers(store: Store, dry_run: bool, now: float) -> list[Removal]:
     return removed
 
 
-def _dead_partials(store: Store, dry_run: bool) -> list[Removal]:
-    """Partial downloads and lock files that no live process owns (taken over by their lock)."""
+def _dead_partials(store: Store, dry_run: bool, footprint: Footprint) -> list[Removal]:
+    """Partial downloads that no live process owns (taken over by their lock; a dry run only
+    asks whether the lock's owner is gone)."""
     removed: list[Removal] = []
     names: set[str] = set()
     with contextlib.suppress(FileNotFoundError), os.scandir(store.ingest_dir) as entries:
@@ -180,14 +193,19 @@ def _dead_partials(store: Store, dry_run: bool) -> list[Removal]:
     for stem in sorted(names):
         partial = store.ingest_dir / f"{stem}.partial"
         lock = FileLock(store.ingest_dir / f"{stem}.lock")
+        if dry_run:
+            if not owner_is_dead(lock.path):
+                continue  # a live process is downloading this blob
+            if partial.exists():
+                removed.append(Removal("partial", str(partial), footprint.drop(partial),
+                                       "download nobody is finishing"))
+            continue
         if not lock.try_acquire():
-            continue  # a live process is downloading this blob
+            continue
         try:
             with contextlib.suppress(FileNotFoundError):
-                size = partial.lstat().st_blocks * 512
-                if not dry_run:
-                    partial.unlink()
-                removed.append(Removal("partial", str(partial), size,
+                partial.unlink()
+                removed.append(Removal("partial", str(partial), footprint.drop(partial),
                                        "download nobody is finishing"))
         finally:
             lock.release()
@@ -229,8 +247,12 @@ def _remove_staged(target: str, leases: list[Lease], dry_run: bool) -> list[Remo
     return removed
 
 
+def _lease_file(store: Store, lease_id: str) -> Path:
+    return store.root / "leases" / f"{lease_id}.json"
+
+
 def _expire(store: Store, leases: list[Lease], states: dict[str, str] | None,
-            dry_run: bool) -> tuple[list[Removal], set[str]]:
+            dry_run: bool, footprint: Footprint) -> tuple[list[Removal], set[str]]:
     """Drop dead leases (staged bundles included); return the removals and the live targets."""
     removed: list[Removal] = []
     live: set[str] = set()
@@ -244,15 +266,18 @@ def _expire(store: Store, leases: list[Lease], states: dict[str, str] | None,
         else:
             if not dry_run:
                 release(store.root, lease.id)
-            removed.append(Removal("lease", lease.id, 0,
+            removed.append(Removal("lease", lease.id,
+                                   footprint.drop(_lease_file(store, lease.id)),
                                    f"holder is gone ({lease.holder.describe()})"))
     for target, group in staged.items():
         if any(is_live(lease, states) for lease in group):
             live.add(target)
             continue
         for removal in _remove_staged(target, group, dry_run):
-            if removal.kind == "lease" and not dry_run:
-                release(store.root, removal.name)
+            if removal.kind == "lease":
+                if not dry_run:
+                    release(store.root, removal.name)
+                removal = replace(removal, size=footprint.drop(_lease_file(store, removal.name)))
             removed.append(removal)
     return removed, live
 
@@ -266,11 +291,9 @@ class _Plan:
     refs: list[Ref]
     blobs: dict[Digest, Blob]
     bundles: list[Bundle]
-    bundle_disk: dict[str, int]
     snapshots: list[SnapshotInfo]
-    snapshot_disk: dict[Digest, int]
     protected: set[str]
-    scratch_disk: int
+    footprint: Footprint
     started: float
     evicted_refs: list[Ref] = field(default_factory=list)
     evicted_bundles: set[str] = field(default_factory=set)
@@ -297,11 +320,26 @@ class _Plan:
                 if snapshot_target(s) in self.protected
                 or (s.chain_id not in self.evicted_snapshots and s.chain_id in chains)}
 
+    def settle(self) -> None:
+        """Charge the footprint with what is no longer live: bundles, snapshots, then blobs
+        (the order in which :func:`_apply` removes them)."""
+        live_bundles = self.live_bundles()
+        for bundle in self.bundles:
+            if bundle.key not in live_bundles:
+                self.footprint.drop(bundle.path)
+        live_snapshots = self.live_snapshots()
+        for snapshot in self.snapshots:
+            if snapshot.chain_id not in live_snapshots:
+                self.footprint.drop(snapshot.path)
+        live_blobs = self.live_blobs()
+        for digest, blob in sorted(self.blobs.items()):
+            if digest not in live_blobs:
+                self.footprint.drop(blob.path)
+
     def size(self) -> int:
-        blobs = sum(self.blobs[d].disk for d in self.live_blobs() if d in self.blobs)
-        bundles = sum(self.bundle_disk[k] for k in self.live_bundles())
-        snapshots = sum(self.snapshot_disk[c] for c in self.live_snapshots())
-        return blobs + bundles + snapshots + self.scratch_disk
+        """The cache's size on disk once what is not live is gone."""
+        self.settle()
+        return self.footprint.size()
 
 
 def _evict(plan: _Plan, store: Store, options: GcOptions, now: float) -> list[str]:
@@ -344,6 +382,7 @@ def _apply(plan: _Plan, store: Store, dry_run: bool) -> list[Removal]:
     if evicted:
         if not dry_run:
             store.untag(lambda entry: any(ref.same_entry(entry) for ref in evicted))
+            plan.footprint.refresh(store.root / "index.json")
         for ref in evicted:
             label = f"{ref.name} ({ref.platform})" if ref.platform else ref.name
             removed.append(Removal("ref", label, 0, "least recently used"))
@@ -362,9 +401,7 @@ def _apply(plan: _Plan, store: Store, dry_run: bool) -> list[Removal]:
         reason = ("least recently used" if bundle.key in plan.evicted_bundles
                   else "its image is no longer cached" if bundle.manifest is not None
                   else "made from an unknown image")
-        removed.append(Removal("bundle", bundle.key, plan.bundle_disk[bundle.key], reason))
-        if not dry_run:
-            usage.forget(store.root, "bundle", bundle.key)
+        removed.append(Removal("bundle", bundle.key, plan.footprint.drop(bundle.path), reason))
     live_snapshots = plan.live_snapshots()
     for snapshot in plan.snapshots:
         if snapshot.chain_id in live_snapshots:
@@ -374,7 +411,7 @@ def _apply(plan: _Plan, store: Store, dry_run: bool) -> list[Removal]:
         reason = ("least recently used" if snapshot.chain_id in plan.evicted_snapshots
                   else "no cached image has these layers")
         removed.append(Removal("snapshot", str(snapshot.chain_id),
-                               plan.snapshot_disk[snapshot.chain_id], reason))
+                               plan.footprint.drop(snapshot.path), reason))
     live_blobs = plan.live_blobs()
     for digest, blob in sorted(plan.blobs.items()):
         if digest in live_blobs:
@@ -382,35 +419,29 @@ def _apply(plan: _Plan, store: Store, dry_run: bool) -> list[Removal]:
         if not dry_run:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(blob.path)
-        removed.append(Removal("blob", str(digest), blob.disk, "no cached image uses it"))
-    if not dry_run:
-        removed.extend(_forget_stale_usage(store, {r.digest.hex for r in plan.kept_refs()},
-                                           live_bundles, plan.started))
+        removed.append(Removal("blob", str(digest), plan.footprint.drop(blob.path),
+                               "no cached image uses it"))
+    removed.extend(_forget_stale_usage(store, {r.digest.hex for r in plan.kept_refs()},
+                                       live_bundles, {b.key for b in doomed}, plan.started,
+                                       plan.footprint, dry_run))
     return removed
 
 
-def _forget_stale_usage(store: Store, manifests: set[str], bundles: set[str],
-                        started: float) -> list[Removal]:
-    """Drop last-use records of gone entries (not those a running command touched since)."""
+def _forget_stale_usage(store: Store, manifests: set[str], bundles: set[str], doomed: set[str],
+                        started: float, footprint: Footprint, dry_run: bool) -> list[Removal]:
+    """Drop last-use records of removed bundles and of gone entries (not those a running
+    command touched since)."""
     removed: list[Removal] = []
     for (kind, key), used in usage.all_usage(store.root).items():
-        if used >= started:
+        if used >= started and not (kind == "bundle" and key in doomed):
             continue
         if (kind == "image" and key not in manifests) or (kind == "bundle" and key not in bundles):
-            usage.forget(store.root, "image" if kind == "image" else "bundle", key)
-            removed.append(Removal("usage", f"{kind}-{key}", 0, "its entry is gone"))
+            usage_kind: usage.UsageKind = "image" if kind == "image" else "bundle"
+            if not dry_run:
+                usage.forget(store.root, usage_kind, key)
+            size = footprint.drop(usage.usage_path(store.root, usage_kind, key))
+            removed.append(Removal("usage", f"{kind}-{key}", size, "its entry is gone"))
     return removed
-
-
-def _scratch_disk(store: Store) -> int:
-    total = 0
-    paths = bundle_scratch_dirs(store)
-    for directory in (store.ingest_dir, store.tmp_dir):
-        with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
-            paths.extend(Path(e.path) for e in entries)
-    for path in paths:
-        total += tree_size(path).disk
-    return total
 
 
 # -- the entry points --------------------------------------------------------------------------
@@ -437,31 +468,26 @@ def collect(store: Store, options: GcOptions | None = None,
 
 def _collect(store: Store, options: GcOptions, job_states: JobStates, now: float) -> GcReport:
     started = time.time()
-    removed = _leftovers(store, options.dry_run, now)
+    footprint = measure(store.root, skip=(GC_LOCK,))
+    size_before = footprint.size()
+    removed = _leftovers(store, options.dry_run, now, footprint)
     leases = all_leases(store.root)
     states = job_states_of(leases, job_states)
-    expired, live = _expire(store, leases, states, options.dry_run)
+    expired, live = _expire(store, leases, states, options.dry_run, footprint)
     removed.extend(expired)
-    bundles = list_bundles(store)
-    snapshots = list_snapshots(store)
-    seen: set[tuple[int, int]] = set()  # snapshots first: linked files count with them
-    snapshot_disk = {s.chain_id: tree_size(s.path, seen).disk for s in snapshots}
-    plan = _Plan(refs=read_refs(store), blobs=list_blobs(store), bundles=bundles,
-                 bundle_disk={b.key: tree_size(b.path, seen).disk for b in bundles},
-                 snapshots=snapshots, snapshot_disk=snapshot_disk,
-                 protected=live | set(options.keep), scratch_disk=_scratch_disk(store),
-                 started=started)
+    plan = _Plan(refs=read_refs(store), blobs=list_blobs(store), bundles=list_bundles(store),
+                 snapshots=list_snapshots(store), protected=live | set(options.keep),
+                 footprint=footprint, started=started)
     protected_refs = {t.removeprefix("image:") for t in plan.protected if t.startswith("image:")}
     plan.protected |= {ref.target for ref in plan.refs if ref.name in protected_refs}
-    size_before = (sum(b.disk for b in plan.blobs.values()) + sum(plan.bundle_disk.values())
-                   + sum(plan.snapshot_disk.values()) + plan.scratch_disk)
     kept: list[str] = []
     if options.max_size is not None or options.older_than is not None:
         kept = _evict(plan, store, options, now)
     removed.extend(_apply(plan, store, options.dry_run))
     return GcReport(removed=tuple(removed), protected=tuple(dict.fromkeys(kept)),
                     size_before=size_before, size_after=plan.size(),
-                    max_size=options.max_size, dry_run=options.dry_run)
+                    max_size=options.max_size, dry_run=options.dry_run,
+                    size_floor=footprint.floor())
 
 
 def remove_ref(store: Store, name: str, platform: str | None = None, force: bool = False,
@@ -498,7 +524,7 @@ def remove_ref(store: Store, name: str, platform: str | None = None, force: bool
                             "removed on request") for r in refs)
     return GcReport(removed=dropped + report.removed, protected=report.protected,
                     size_before=report.size_before, size_after=report.size_after,
-                    max_size=None, dry_run=False)
+                    max_size=None, dry_run=False, size_floor=report.size_floor)
 
 
 def enforce_budget(store: Store, max_size: int, keep: Iterable[str] = (),

@@ -266,10 +266,13 @@ class TreeSize:
     files: int
 
 
-def tree_size(path: Path, seen: set[tuple[int, int]] | None = None) -> TreeSize:
+def tree_size(path: Path, seen: set[tuple[int, int]] | None = None,
+              linked: dict[tuple[int, int], int] | None = None) -> TreeSize:
     """Sizes of everything under ``path`` (not following links); inodes in ``seen`` count once.
 
     Pass one ``seen`` set to several calls to count inodes shared between trees once overall.
+    ``linked`` collects the bytes on disk of each inode counted here that has more than one
+    link (what another tree may share).
     """
     seen = set() if seen is None else seen
     logical = disk = files = 0
@@ -280,6 +283,8 @@ def tree_size(path: Path, seen: set[tuple[int, int]] | None = None) -> TreeSize:
         return TreeSize(0, 0, 0)
     if not stat.S_ISDIR(st.st_mode):
         seen.add((st.st_dev, st.st_ino))
+        if linked is not None and st.st_nlink > 1:
+            linked[(st.st_dev, st.st_ino)] = st.st_blocks * 512
         return TreeSize(st.st_size, st.st_blocks * 512, 1)
     disk += st.st_blocks * 512
     while stack:
@@ -301,6 +306,8 @@ def tree_size(path: Path, seen: set[tuple[int, int]] | None = None) -> TreeSize:
                     if inode not in seen:
                         seen.add(inode)
                         disk += est.st_blocks * 512
+                        if linked is not None and est.st_nlink > 1:
+                            linked[inode] = est.st_blocks * 512
         except (FileNotFoundError, NotADirectoryError, PermissionError):
             continue
     return TreeSize(logical, disk, files)

@@ -352,33 +352,45 @@ class Store:
         with contextlib.suppress(FileNotFoundError):
             (path.parent / f"{path.name}.owner").unlink()
 
-    def clean_leftovers(self) -> list[Path]:
-        """Remove scratch dirs and partial downloads of dead owners; return what was removed."""
+    def clean_leftovers(self, dry_run: bool = False) -> list[Path]:
+        """Remove scratch dirs and partial downloads of dead owners; return what was removed
+        (with ``dry_run``, what would be, removing nothing)."""
         removed: list[Path] = []
         with contextlib.suppress(FileNotFoundError):
             for marker in self.tmp_dir.glob("*.owner"):
                 if owner_is_dead(marker):
                     work = marker.with_suffix("")
-                    remove_tree(work)
-                    with contextlib.suppress(FileNotFoundError):
-                        marker.unlink()
+                    if not dry_run:
+                        remove_tree(work)
+                        with contextlib.suppress(FileNotFoundError):
+                            marker.unlink()
                     removed.append(work)
         for directory in (self.root, self.root / "leases", self.blobs / "sha256"):
             with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
                 for entry in entries:
                     if entry.name.startswith(".") and dead_writer_temp(entry.name):
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(entry.path)
+                        if not dry_run:
+                            with contextlib.suppress(FileNotFoundError):
+                                os.unlink(entry.path)
                         removed.append(Path(entry.path))
         with contextlib.suppress(FileNotFoundError):
             for stale in self.ingest_dir.glob("*.lock.stale-*"):
+                if dry_run:
+                    removed.append(stale)
+                    continue
                 with contextlib.suppress(FileNotFoundError):
                     stale.unlink()
+                    removed.append(stale)
             for path in self.ingest_dir.glob("*.lock"):
                 # a dead owner's lock on a blob nobody fetches again would stay forever:
                 # break it (taking it over) and drop it
+                if not owner_is_dead(path):
+                    continue
+                if dry_run:
+                    removed.append(path)
+                    continue
                 lock = FileLock(path)
-                if owner_is_dead(path) and lock.try_acquire():
+                if lock.try_acquire():
                     lock.release()
                     removed.append(path)
         return removed

@@ -21,6 +21,7 @@ import pytest
 
 from cache import leases
 from cache.locks import _process_start_time
+from cache.sizes import format_size
 from tests.bundler.tarbuilder import Node, snapshot
 from tests.e2e.components import require_binary
 from tests.e2e.conftest import OcistageRunner
@@ -353,6 +354,42 @@ def test_ls_du_gc_rm_render_and_fail_cleanly(images: dict[str, ImageRef],
         "images": [], "bundles": [], "leases": []}
 
 
+def du(path: Path) -> int:
+    out = subprocess.run(["du", "-s", "--block-size=1", str(path)], capture_output=True,
+                         text=True, check=True).stdout
+    return int(out.split()[0])
+
+
+def test_gc_says_what_du_then_shows(images: dict[str, ImageRef],
+                                    ocistage: OcistageRunner) -> None:
+    """`cache gc` on a cache of real bundles (hard links into their snapshots): the dry run
+    lists what the real run removes, both give the sizes `du` shows, and a lease that keeps
+    the cache over its budget is said."""
+    for name in ("busybox", "multilayer"):
+        bundle_json(ocistage, images[name].ref)
+    for snapshot_json in (ocistage.cache / "snapshots").glob("*/snapshot.json"):
+        os.utime(snapshot_json, (1, 1))  # the snapshots go first; their bundles still link them
+    before = du(ocistage.cache)
+    budget = str(before // 2)
+    dry = json.loads(ocistage("cache", "gc", "--dry-run", "--json", "--max-size", budget,
+                              check=True).stdout)
+    real = json.loads(ocistage("cache", "gc", "--json", "--max-size", budget,
+                               check=True).stdout)
+    after = du(ocistage.cache)
+    assert dry["removed"] == real["removed"] and "snapshot" in {r["kind"] for r in dry["removed"]}
+    assert (dry["size_before"], dry["size_after"]) == (real["size_before"], real["size_after"])
+    assert (real["size_before"], real["size_after"]) == (before, after)
+    assert real["freed"] == before - after
+    assert after <= before // 2 and real["overBudget"] is False
+    ocistage("pull", "-q", images["busybox"].ref, check=True)
+    pulled = json.loads(ocistage("cache", "ls", "--json", check=True).stdout)["images"]
+    lease = leases.acquire(ocistage.cache, f"image:{pulled[0]['name']}", leases.Holder.pin("t"))
+    over = ocistage("cache", "gc", "--max-size", "1", check=True)
+    assert "over its budget of 1 B: what remains is leased or in use" in over.stderr
+    assert f"-> {format_size(du(ocistage.cache))}" in over.stdout
+    leases.release(ocistage.cache, lease.id)
+
+
 def test_gc_applies_the_configured_budget(images: dict[str, ImageRef],
                                           ocistage: OcistageRunner) -> None:
     image = images["busybox"]
@@ -364,7 +401,8 @@ def test_gc_applies_the_configured_budget(images: dict[str, ImageRef],
     assert kept["max_size"] == 1 << 30 and kept["removed"] == []
     config.write_text('max_size = "0"\n')
     emptied = json.loads(ocistage("cache", "gc", "--json", check=True).stdout)
-    assert emptied["max_size"] == 0 and emptied["size_after"] == 0
+    assert emptied["max_size"] == 0 and emptied["size_after"] == emptied["size_floor"]
+    assert emptied["overBudget"] is False  # only the layout's directories and records remain
     assert {"ref", "blob"} <= {r["kind"] for r in emptied["removed"]}
     ocistage("pull", "-q", image.ref, check=True)
     override = json.loads(ocistage("cache", "gc", "--json", "--max-size", "1G",
