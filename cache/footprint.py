@@ -45,7 +45,9 @@ class Footprint:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._dev = os.stat(root).st_dev
+        st = os.stat(root)
+        self._dev = st.st_dev
+        self._block = st.st_blksize
         self._parts: dict[str, _Part] = {}
         self._blocks: dict[Inode, int] = {}   # bytes on disk of each linked inode
         self._holders: dict[Inode, int] = {}  # live parts linking it
@@ -107,6 +109,20 @@ class Footprint:
             self._floor -= part.own
         self._freed[key] = freed
         return freed
+
+    def predict(self, path: Path, size: int) -> None:
+        """Count the file at ``path`` (one link) as if (re)written with ``size`` bytes: whole
+        blocks of the cache's filesystem (a dry run's estimate of what the real run measures)."""
+        key = self._key(path)
+        part = self._parts.get(key, _Part(own=0, linked=()))
+        own = -(-size // self._block) * self._block
+        self._parts[key] = _Part(own=own, linked=part.linked)
+        self._size += own - part.own
+        if not _is_content(key):
+            self._floor += own - part.own
+
+    def has(self, path: Path) -> bool:
+        return self._key(path) in self._parts
 
     def refresh(self, path: Path) -> None:
         """Measure the part at ``path`` again (a file rewritten in place, ``index.json``)."""

@@ -46,7 +46,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from cache import staged, usage
 from cache.digest import Digest
@@ -298,6 +298,7 @@ class _Plan:
     evicted_refs: list[Ref] = field(default_factory=list)
     evicted_bundles: set[str] = field(default_factory=set)
     evicted_snapshots: set[Digest] = field(default_factory=set)
+    alias_indexes: set[Digest] = field(default_factory=set)  # what evictions made REF name
 
     def kept_refs(self) -> list[Ref]:
         gone = {id(r) for r in self.evicted_refs}
@@ -306,6 +307,7 @@ class _Plan:
     def live_blobs(self) -> set[Digest]:
         keep = {d for ref in self.kept_refs() for d in ref.blobs}
         keep |= {d for d in self.blobs if f"blob:{d}" in self.protected}
+        keep |= self.alias_indexes
         return keep
 
     def live_bundles(self) -> set[str]:
@@ -380,12 +382,27 @@ def _apply(plan: _Plan, store: Store, dry_run: bool) -> list[Removal]:
     removed: list[Removal] = []
     evicted = plan.evicted_refs
     if evicted:
-        if not dry_run:
-            store.untag(lambda entry: any(ref.same_entry(entry) for ref in evicted))
-            plan.footprint.refresh(store.root / "index.json")
-        for ref in evicted:
+        def chosen(entry: dict[str, Any]) -> bool:
+            return any(ref.same_entry(entry) for ref in evicted)
+
+        size = plan.footprint.size()
+        index_size, documents = store.preview_untag(chosen)
+        plan.alias_indexes |= {Digest.of_bytes(d) for d in documents}
+        aliases = [(store.blob_path(Digest.of_bytes(d)), len(d)) for d in documents]
+        aliases = [(path, n) for path, n in aliases if not plan.footprint.has(path)]
+        if dry_run:
+            plan.footprint.predict(store.root / "index.json", index_size)
+            for path, n in aliases:
+                plan.footprint.predict(path, n)
+        else:
+            store.untag(chosen)
+            for path in [store.root / "index.json", *(path for path, _ in aliases)]:
+                plan.footprint.refresh(path)
+        # index.json's change and new alias indexes (cache.refnames): charged to the first ref
+        shrunk = size - plan.footprint.size()
+        for n, ref in enumerate(evicted):
             label = f"{ref.name} ({ref.platform})" if ref.platform else ref.name
-            removed.append(Removal("ref", label, 0, "least recently used"))
+            removed.append(Removal("ref", label, 0 if n else shrunk, "least recently used"))
     live_bundles = plan.live_bundles()
     doomed = [b for b in plan.bundles if b.key not in live_bundles]
     if doomed and not dry_run:

@@ -31,8 +31,9 @@ from cache import usage
 from cache.digest import Digest
 from cache.errors import OcistageError, StoreError
 from cache.leases import JobStates, Lease, all_leases, is_live, squeue_states
+from cache.refnames import INDEX_MEDIA_TYPE, REF_NAME, is_alias, platform_path, record_name
 from cache.snapshots import SnapshotInfo, chain_ids, list_snapshots
-from cache.store import REF_NAME, Store, scratch_target
+from cache.store import Store, scratch_target
 
 BUNDLE_INFO = ".ocistage-bundle.json"
 ANNOTATION_RESOLVED = "io.ocistage.resolved"
@@ -63,19 +64,13 @@ class Ref:
 
     def same_entry(self, other: dict[str, Any]) -> bool:
         """Whether index.json entry ``other`` is still this ref (same name, platform, digest)."""
-        return (other.get("annotations", {}).get(REF_NAME) == self.name
+        return (record_name(other) == self.name
                 and other.get("platform") == self.entry.get("platform")
                 and other.get("digest") == str(self.digest))
 
 
 def platform_text(entry: dict[str, Any]) -> str:
-    platform = entry.get("platform")
-    if not isinstance(platform, dict):
-        return ""
-    parts = [str(platform.get("os", "")), str(platform.get("architecture", ""))]
-    if platform.get("variant"):
-        parts.append(str(platform["variant"]))
-    return "/".join(parts)
+    return platform_path(entry.get("platform"))
 
 
 def _children(document: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -137,22 +132,34 @@ def _chain_ids(store: Store, manifest: Digest) -> tuple[Digest, ...]:
     return tuple(chain_ids(diff_ids))
 
 
+def _alias_indexes(entries: list[dict[str, Any]]) -> dict[str, str]:
+    """ref name -> the digest of the index its alias names (cache.refnames)."""
+    return {str(entry["annotations"].get(REF_NAME)): str(entry.get("digest"))
+            for entry in entries if is_alias(entry) and entry.get("mediaType") == INDEX_MEDIA_TYPE}
+
+
 def read_refs(store: Store) -> list[Ref]:
-    """Every ref in index.json with the blobs it reaches (entries with a bad digest skipped)."""
+    """Every ref in index.json, one per platform (its record; see cache.refnames), with the
+    blobs it reaches, the index its alias names included (entries with a bad digest skipped)."""
     refs: list[Ref] = []
-    for entry in store.read_index():
+    entries = store.read_index()
+    aliases = _alias_indexes(entries)
+    for entry in entries:
+        name = record_name(entry)
+        if name is None:
+            continue
         annotations = entry.get("annotations") or {}
         try:
             digest = Digest.parse(str(entry.get("digest", "")))
         except OcistageError:
             continue
         present, missing = reachable(store, digest)
-        index_text = annotations.get(ANNOTATION_INDEX)
-        if index_text:
-            with contextlib.suppress(OcistageError):
-                index = Digest.parse(str(index_text))
-                (present if store.has_blob(index) else missing).append(index)
-        refs.append(Ref(name=str(annotations.get(REF_NAME, "")),
+        for index_text in (annotations.get(ANNOTATION_INDEX), aliases.get(name)):
+            if index_text:
+                with contextlib.suppress(OcistageError):
+                    index = Digest.parse(str(index_text))
+                    (present if store.has_blob(index) else missing).append(index)
+        refs.append(Ref(name=name,
                         platform=platform_text(entry), digest=digest,
                         media_type=str(entry.get("mediaType", "")),
                         resolved=annotations.get(ANNOTATION_RESOLVED),

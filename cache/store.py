@@ -39,10 +39,9 @@ from typing import Any, BinaryIO
 from cache.digest import Digest
 from cache.errors import IntegrityError, StoreError
 from cache.locks import FileLock, Owner, owner_is_dead
+from cache.refnames import INDEX_MEDIA_TYPE, record, record_name, rename
 
 OCI_LAYOUT_VERSION = "1.0.0"
-INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
-REF_NAME = "org.opencontainers.image.ref.name"
 CHUNK = 1 << 20
 
 
@@ -160,6 +159,25 @@ class Ingest:
         except OSError as exc:
             raise _translate_oserror(exc, f"publishing blob {self.digest.short}") from exc
         return self.final
+
+
+def _without(manifests: list[dict[str, Any]], match: Callable[[dict[str, Any]], bool]
+             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the entries kept, the records removed) when the records ``match`` selects go."""
+    removed = [m for m in manifests if record_name(m) is not None and match(m)]
+    return [m for m in manifests if not any(m is r for r in removed)], removed
+
+
+def _renamed(manifests: list[dict[str, Any]], names: set[str]
+             ) -> tuple[list[dict[str, Any]], list[bytes]]:
+    """``manifests`` with the records and alias of each of ``names`` renamed (cache.refnames),
+    and the index documents the aliases name."""
+    documents: list[bytes] = []
+    for name in sorted(names):
+        manifests, document = rename(manifests, name)
+        if document is not None:
+            documents.append(document)
+    return manifests, documents
 
 
 class Store:
@@ -304,35 +322,44 @@ class Store:
         return [m for m in manifests if isinstance(m, dict)]
 
     def tag(self, name: str, descriptor: dict[str, Any]) -> None:
-        """Point ref ``name`` (for the descriptor's platform) at ``descriptor`` in index.json."""
-        entry = dict(descriptor)
-        entry["annotations"] = {**entry.get("annotations", {}), REF_NAME: name}
-        platform = entry.get("platform")
+        """Record ``descriptor`` as ref ``name`` for the descriptor's platform in index.json
+        (replacing the record of that platform); see :mod:`cache.refnames` for the names."""
+        platform = descriptor.get("platform")
         with FileLock(self.root / "index.json.lock"):
             manifests = [m for m in self.read_index()
-                         if not (m.get("annotations", {}).get(REF_NAME) == name
-                                 and m.get("platform") == platform)]
-            manifests.append(entry)
-            try:
-                write_file_atomic(self.root / "index.json", self._render_index(manifests))
-            except OSError as exc:
-                raise _translate_oserror(exc, "updating index.json") from exc
+                         if not (record_name(m) == name and m.get("platform") == platform)]
+            manifests.append(record(name, descriptor))
+            self._write_index(manifests, {name})
 
     def untag(self, match: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
-        """Remove the index.json entries for which ``match`` is true; returns them."""
+        """Remove the index.json records for which ``match`` is true; returns them."""
         with FileLock(self.root / "index.json.lock"):
-            manifests = self.read_index()
-            removed = [m for m in manifests if match(m)]
+            kept, removed = _without(self.read_index(), match)
             if removed:
-                kept = [m for m in manifests if not match(m)]
-                try:
-                    write_file_atomic(self.root / "index.json", self._render_index(kept))
-                except OSError as exc:
-                    raise _translate_oserror(exc, "updating index.json") from exc
+                self._write_index(kept, {str(record_name(m)) for m in removed})
         return removed
 
+    def preview_untag(self, match: Callable[[dict[str, Any]], bool]) -> tuple[int, list[bytes]]:
+        """What ``untag(match)`` would write: the size of index.json, and the index documents
+        of the aliases it would name (stored as blobs unless they are there)."""
+        kept, removed = _without(self.read_index(), match)
+        manifests, documents = _renamed(kept, {str(record_name(m)) for m in removed})
+        return len(self._render_index(manifests)), documents
+
+    def _write_index(self, manifests: list[dict[str, Any]], names: set[str]) -> None:
+        """Publish ``manifests`` with the records and alias of each of ``names`` renamed; an
+        index an alias names is stored first, so the layout never names a missing blob."""
+        manifests, documents = _renamed(manifests, names)
+        for document in documents:
+            self.put_blob(document)
+        try:
+            write_file_atomic(self.root / "index.json", self._render_index(manifests))
+        except OSError as exc:
+            raise _translate_oserror(exc, "updating index.json") from exc
+
     def lookup(self, name: str) -> list[dict[str, Any]]:
-        return [m for m in self.read_index() if m.get("annotations", {}).get(REF_NAME) == name]
+        """The records of ref ``name``: one per cached platform."""
+        return [m for m in self.read_index() if record_name(m) == name]
 
     # -- scratch space -------------------------------------------------------------------------
 

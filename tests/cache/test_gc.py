@@ -47,6 +47,8 @@ from cache.store import Ingest, Store, scratch_name
 from cache.verify import verify
 from tests.cache.gclock import gc_lock_held
 from tests.cache.test_inventory import BASE, bundle_ref, image_ref, pull_ref, set_last_use
+from tests.cache.test_refnames import NAMES, PLATFORMS, manifest
+from tests.cache.test_refnames import check as check_names
 
 
 @pytest.fixture
@@ -631,3 +633,19 @@ def test_a_partial_download_counts_at_its_size_on_disk(store: Store, tmp_path: P
     assert [(r.kind, r.name) for r in report.removed] == [("partial", str(partial))]
     assert report.removed[0].size >= len(data)
     assert report.size_before - report.size_after == report.removed[0].size
+
+
+def test_evicting_one_platform_of_three_leaves_an_index_of_two_and_du_agrees(
+        store: Store) -> None:
+    """REF's alias is rewritten to an index of the platforms that stay; GC stores that index
+    first, keeps it, and counts it (and index.json's new size) as du does."""
+    name = NAMES[0]
+    now = time.time()
+    for p in range(3):
+        resolved = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now - (3 - p) * 86400))
+        store.tag(name, {**manifest(store, p), "platform": PLATFORMS[p],
+                         "annotations": {"io.ocistage.resolved": resolved}})
+    report = assert_accounting_matches_du(store, None, older_than=2.5 * 86400)
+    assert removed(report, "ref") == {f"{name} (linux/amd64)"}
+    check_names(store, {(name, 1): 1, (name, 2): 2})
+    assert_layout_consistent(store)
