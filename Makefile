@@ -13,7 +13,7 @@ DEBIAN_PACKAGES = python3-venv \
 	slurm-wlm slurm-client munge
 
 DEPS_STAMP = .ci/state/deps.stamp
-VENV_BIN = $(CURDIR)/$(VENV)/bin
+VENV_BIN = $(abspath $(VENV))/bin
 VENV_STAMP = $(VENV)/ocistage-installed.stamp
 # runc and other tools live in /usr/sbin, which a Debian user's PATH lacks
 RUN_PATH = $(VENV_BIN):$(PATH):/usr/local/sbin:/usr/sbin:/sbin
