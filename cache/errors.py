@@ -25,6 +25,7 @@ them as one ``error: ...`` line plus a ``hint: ...`` line and exits with ``exit_
     │   └── LockTimeout               another process holds a lock for too long
     ├── SlurmError                    a Slurm command is missing, failed or unreadable
     ├── ScrunError                    a scrun stage hook cannot do its work
+    ├── StageError (stagers/errors.py) staging or unstaging failed
     └── NotImplementedYet             a command of the contract that a later release fills
 """
 

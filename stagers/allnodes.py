@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cache.errors import UsageError
-from stagers.filemanifest import StageError
+from stagers.errors import StageError
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from typing import Any, Literal, NamedTuple
 
 import xxhash
 
-from cache.errors import OcistageError
 from cache.staged import MARKER_NAME as MARKER_NAME
+from stagers.errors import StageError
 from stagers.parallel import map_batched
 
 MANIFEST_NAME = ".ocistage-manifest.json"
@@ -33,12 +33,6 @@ MANIFEST_VERSION = 1
 CHUNK = 1 << 20
 
 EntryType = Literal["dir", "file", "symlink", "fifo", "other"]
-
-
-class StageError(OcistageError):
-    """Staging or unstaging failed (source unreadable, target not writable, unsafe path)."""
-
-    default_hint = "check that the source is readable and the target directory is writable"
 
 
 class Entry(NamedTuple):

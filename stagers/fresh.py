@@ -25,9 +25,9 @@ from functools import partial
 from typing import Any
 
 from stagers.builder import FORK_MIN_FILES, Builder, Outcome
+from stagers.errors import StageError
 from stagers.filemanifest import (
     Entry,
-    StageError,
     entries_digest,
     entry_type,
     fill_missing_hashes,

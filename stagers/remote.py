@@ -28,7 +28,8 @@ from typing import Any, BinaryIO
 from cache.leases import Holder, Lease
 from cache.staged import outer_marker_name, read_json_at
 from cache.store import write_file_atomic
-from stagers.filemanifest import StageError, fill_hashes, scan
+from stagers.errors import StageError
+from stagers.filemanifest import fill_hashes, scan
 from stagers.markers import Marker, claim, release_if_unused
 from stagers.squashfs import IMAGE_SUFFIX, install_image, make_image
 from stagers.target import (

@@ -24,12 +24,12 @@ from pathlib import Path
 from cache.fsremove import remove_path
 from cache.leases import Holder
 from cache.staged import unmount as unmount
+from stagers.errors import StageError
 from stagers.filemanifest import (
     MANIFEST_NAME,
     MARKER_NAME,
     Entry,
     Manifest,
-    StageError,
     fill_hashes,
     scan,
     unchanged,

@@ -40,13 +40,13 @@ from cache.cpus import usable_cpus
 from cache.leases import Holder, Lease
 from cache.store import fsync_dir
 from stagers.builder import FORK_MIN_FILES, Builder
+from stagers.errors import StageError
 from stagers.filemanifest import (
     MANIFEST_NAME,
     MARKER_NAME,
     Entry,
     Manifest,
     Record,
-    StageError,
     entries_of,
     fill_missing_hashes,
     load_manifest,

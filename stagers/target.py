@@ -32,7 +32,8 @@ from cache.fsremove import remove_path
 from cache.inventory import SHARED_ROOT_ANNOTATION
 from cache.locks import FileLock, Owner
 from stagers.copy import same_filesystem
-from stagers.filemanifest import MANIFEST_NAME, Manifest, StageError, load_manifest
+from stagers.errors import StageError
+from stagers.filemanifest import MANIFEST_NAME, Manifest, load_manifest
 from stagers.markers import Marker, read_marker
 
 TMP_DIR = ".ocistage-tmp"

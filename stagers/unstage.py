@@ -21,7 +21,7 @@ from pathlib import Path
 
 from cache import leases, staged
 from cache.leases import Holder, Lease
-from stagers.filemanifest import StageError
+from stagers.errors import StageError
 from stagers.markers import Marker, marker_of, same_holder, staged_target
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

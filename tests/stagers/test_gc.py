@@ -18,7 +18,7 @@ from cache import leases, staged, usage
 from cache.gc import GcOptions, GcReport, collect
 from cache.leases import Holder
 from cache.store import Store
-from stagers.filemanifest import StageError
+from stagers.errors import StageError
 from stagers.remote import push_tree, stage_from_url
 from stagers.stage import stage_directory
 from stagers.unstage import unstage
