@@ -25,7 +25,7 @@ from typing import Any
 
 from cache import leases, usage
 from cache.leases import Holder, Lease
-from cache.staged import read_json_at
+from cache.staged import outer_marker_name, read_json_at
 from stagers.filemanifest import MARKER_NAME
 
 
@@ -150,13 +150,28 @@ def claim(cache_root: Path, path: Path, holder: Holder) -> tuple[Lease, bool]:
 
 def release_if_unused(cache_root: Path, path: Path, lease: Lease, taken: bool) -> None:
     """After a failed staging: drop ``lease`` if :func:`claim` took it for this staging and
-    what is staged at ``path`` (if anything) is not marked with it."""
+    what is staged at ``path`` (if anything) is not marked with it, by its own marker or by
+    the outer marker beside it (:func:`cache.staged.outer_marker_name`)."""
     if not taken:
         return
     marker = read_marker(path)
     if marker is not None and marker.id == lease.id:
         return
+    outer = marker_of(_read_beside(path, outer_marker_name(path.name)))
+    if outer is not None and outer.id == lease.id:
+        return
     leases.release(cache_root, lease.id)
+
+
+def _read_beside(path: Path, name: str) -> dict[str, object] | None:
+    try:
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return read_json_at(fd, name)
+    finally:
+        os.close(fd)
 
 
 def record_bundle_use(source: Path, cache_root: Path) -> None:

@@ -26,22 +26,14 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from cache.leases import Holder, Lease
-from cache.staged import outer_marker_name, read_json_at
+from cache.staged import outer_marker_name
 from cache.store import write_file_atomic
 from stagers.errors import StageError
 from stagers.filemanifest import fill_hashes, scan
-from stagers.markers import Marker, claim, release_if_unused
-from stagers.squashfs import IMAGE_SUFFIX, install_image, make_image
-from stagers.target import (
-    LOCK_TIMEOUT,
-    StageResult,
-    check_name,
-    clean_leftovers,
-    drop_scratch,
-    existing,
-    name_lock,
-    new_scratch,
-)
+from stagers.markers import Marker
+from stagers.session import Staging
+from stagers.squashfs import install_image, make_image
+from stagers.target import IMAGE_SUFFIX, StageResult, check_name, image_path
 
 CHUNK = 4 << 20
 TAR_SUFFIX = ".tar"
@@ -167,42 +159,19 @@ def stage_from_url(url: str, to: Path, *, cache_root: Path, name: str | None = N
     if not base.endswith(IMAGE_SUFFIX):
         raise StageError(f"{url} is not a squashfs image (*{IMAGE_SUFFIX})",
                          "fetch tar archives yourself; ocistage stages .sqfs images from URLs")
-    name = check_name(name or base[: -len(IMAGE_SUFFIX)])
-    to = Path(os.path.abspath(to))
-    to.mkdir(parents=True, exist_ok=True)
-    final = to / name
-    lock = name_lock(to, name)
-    lock.acquire(timeout=LOCK_TIMEOUT)
-    lease, taken = claim(cache_root, final, holder)  # before looking at what is staged
-    try:
-        clean_leftovers(to, name)
-        _previous, marker = existing(final)
-        if marker is not None and marker.format == "squashfs":
+    name = name or base[: -len(IMAGE_SUFFIX)]
+    with Staging(to, name, cache_root=cache_root, holder=holder, what=url) as staging:
+        staging.refuse_foreign("squashfs")
+        if staging.marker is not None:
             # an image fetched before: URLs carry no cheap change check; unstage to refresh
-            return StageResult(final, 0, 0, 0, 0, 0, lease.id, marker.method)
-        if os.path.lexists(final):
-            raise StageError(f"{final} exists and was not staged by ocistage",
-                             "choose another --name or target")
-        scratch = new_scratch(to, name)
-        try:
-            built = scratch / (name + IMAGE_SUFFIX)
-            fetch_file(url, built)
-            result = install_image(built, final, scratch, 0, lease.id, url, mount_image)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                drop_scratch(scratch)
-            raise
-        if result.method == "squashfs-mount":
-            write_outer_marker(final, lease, url)
-        return result
-    except BaseException as exc:
-        if not _marked_with(final, lease):
-            release_if_unused(cache_root, final, lease, taken)
-        if isinstance(exc, OSError):
-            raise StageError(f"staging {url} at {final} failed: {exc.strerror}") from exc
-        raise
-    finally:
-        lock.release()
+            return staging.unchanged(0, staging.marker.method)
+        built = staging.scratch() / image_path(staging.final).name
+        fetch_file(url, built)
+        method = install_image(staging, built, url, mount_image)
+        if method == "squashfs-mount":
+            write_outer_marker(staging.final, staging.lease, url)
+        return StageResult(staging.final, 0, 0, 0, 0, os.path.getsize(image_path(staging.final)),
+                           staging.lease.id, method)
 
 
 def write_outer_marker(final: Path, lease: Lease, url: str) -> None:
@@ -215,15 +184,3 @@ def write_outer_marker(final: Path, lease: Lease, url: str) -> None:
     marker = Marker(id=lease.id, source=url, created=time.time(), method="squashfs-mount",
                     format="squashfs", image=final.name + IMAGE_SUFFIX)
     write_file_atomic(final.parent / outer_marker_name(final.name), marker.to_json())
-
-
-def _marked_with(final: Path, lease: Lease) -> bool:
-    try:
-        fd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        outer = read_json_at(fd, outer_marker_name(final.name))
-    finally:
-        os.close(fd)
-    return outer is not None and outer.get("id") == lease.id

@@ -18,11 +18,9 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
-from cache.fsremove import remove_path
-from cache.leases import Holder
+from cache.cpus import usable_cpus
 from cache.staged import unmount as unmount
 from stagers.errors import StageError
 from stagers.filemanifest import (
@@ -34,20 +32,10 @@ from stagers.filemanifest import (
     scan,
     unchanged,
 )
-from stagers.markers import Marker, claim, new_marker, release_if_unused
-from stagers.target import (
-    LOCK_TIMEOUT,
-    StageResult,
-    clean_leftovers,
-    drop_scratch,
-    existing,
-    name_lock,
-    new_scratch,
-    publish,
-    readonly_config,
-)
+from stagers.markers import Marker
+from stagers.session import Staging
+from stagers.target import StageResult, image_path, readonly_config
 
-IMAGE_SUFFIX = ".sqfs"
 TOOL_TIMEOUT = 3600
 
 
@@ -171,47 +159,25 @@ def _readonly_config_file(source: Path, extra: Path) -> None:
         (extra / "config.json").write_bytes(data)
 
 
-def stage_squashfs(source: Path, to: Path, name: str, *, cache_root: Path, holder: Holder,
-                   label: str, mount_image: bool | None = None, jobs: int = 8) -> StageResult:
-    """Stage ``source`` as ``to/name.sqfs`` + ``to/name`` (mounted or unpacked)."""
-    final = to / name
-    image = to / f"{name}{IMAGE_SUFFIX}"
-    lock = name_lock(to, name)
-    lock.acquire(timeout=LOCK_TIMEOUT)
-    lease, taken = claim(cache_root, final, holder)  # before looking at what is staged
-    try:
-        clean_leftovers(to, name)
-        previous, marker = existing(final)
-        if os.path.lexists(final) and marker is None and not _empty_dir(final):
-            raise StageError(f"{final} exists and was not staged by ocistage",
-                             "choose another --name or target, or remove it yourself")
-        if marker is not None and marker.format != "squashfs":
-            raise StageError(f"{final} holds a staged directory bundle, not a squashfs image",
-                             f"unstage it first (ocistage unstage {final}) or use --name")
-        entries = scan(source)
-        files = sum(1 for e in entries if e.type == "file")
-        if (previous is not None and marker is not None and marker.format == "squashfs"
-                and unchanged(entries, previous)):
-            return StageResult(final, files, 0, 0, files, 0, lease.id, marker.method)
-        entries, _ = fill_hashes(source, entries, previous, jobs)
-        scratch = new_scratch(to, name)
-        try:
-            method = "squashfs-mount" if mount_image is not False else "squashfs-unpack"
-            built = make_image(source, entries, scratch, image.name,
-                               new_marker(lease, label, method, "squashfs", image.name), jobs)
-            return install_image(built, final, scratch, files, lease.id, label, mount_image)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                drop_scratch(scratch)
-            raise
-    except BaseException as exc:
-        release_if_unused(cache_root, final, lease, taken)
-        if isinstance(exc, OSError):
-            raise StageError(f"staging {source} as squashfs at {final} failed: "
-                             f"{exc.strerror} ({exc.filename})") from exc
-        raise
-    finally:
-        lock.release()
+def stage_squashfs(staging: Staging, source: Path, label: str, *,
+                   mount_image: bool | None = None, jobs: int = 8) -> StageResult:
+    """The squashfs strategy: build ``NAME.sqfs`` from ``source`` in a scratch dir and
+    install it (:func:`install_image`) at ``staging.final``."""
+    staging.refuse_foreign("squashfs")
+    entries = scan(source)
+    files = sum(1 for e in entries if e.type == "file")
+    previous = staging.previous()
+    if staging.marker is not None and previous is not None and unchanged(entries, previous):
+        return staging.unchanged(files, staging.marker.method)
+    entries, _ = fill_hashes(source, entries, previous, jobs)
+    scratch = staging.scratch()
+    method = "squashfs-mount" if mount_image is not False else "squashfs-unpack"
+    image = image_path(staging.final)
+    built = make_image(source, entries, scratch, image.name,
+                       staging.new_marker(label, method, "squashfs", image.name), jobs)
+    method = install_image(staging, built, label, mount_image)
+    return StageResult(staging.final, files, files, 0, 0, os.path.getsize(image),
+                       staging.lease.id, method)
 
 
 def make_image(source: Path, entries: list[Entry], scratch: Path, image_name: str,
@@ -225,49 +191,34 @@ def make_image(source: Path, entries: list[Entry], scratch: Path, image_name: st
     (extra / MANIFEST_NAME).write_bytes(manifest.to_json())
     (extra / MARKER_NAME).write_bytes(marker.to_json())
     built = scratch / image_name
-    build_image(source, built, extra, jobs=min(jobs, os.cpu_count() or 1))
+    build_image(source, built, extra, jobs=min(jobs, usable_cpus()))
     return built
 
 
-def install_image(built: Path, final: Path, scratch: Path, files: int, lease_id: str,
-                  label: str, mount_image: bool | None) -> StageResult:
-    """Move the image ``built`` (in ``scratch``) to ``final.sqfs`` and mount or unpack it at
-    ``final``; removes ``scratch``. The caller holds the name lock."""
-    image = final.with_name(final.name + IMAGE_SUFFIX)
+def install_image(staging: Staging, built: Path, label: str,
+                  mount_image: bool | None) -> str:
+    """Move the image ``built`` (in a scratch dir of ``staging``) to ``NAME.sqfs`` and mount
+    or unpack it at ``NAME``; returns the method (squashfs-mount or squashfs-unpack)."""
+    final = staging.final
+    image = image_path(final)
     _take_down(final)
     os.rename(built, image)
-    size = os.path.getsize(image)
     if not os.path.isdir(final):
         os.mkdir(final, 0o755)
     if mount_image is not False and mount(image, final):
-        drop_scratch(scratch)
-        return StageResult(final, files, files, 0, 0, size, lease_id, "squashfs-mount")
+        return "squashfs-mount"
     if mount_image is True:
         raise StageError(f"cannot mount {image} with squashfuse",
                          "install squashfuse and fuse3, or let ocistage unpack it")
-    unpacked = scratch / "bundle"
+    unpacked = built.parent / "bundle"
     unpack(image, unpacked)
     # the marker inside the image says how it was meant to be used; record what was done
     with contextlib.suppress(FileNotFoundError):
         os.unlink(unpacked / MARKER_NAME)
-    marker = Marker(id=lease_id, source=label, created=time.time(), method="squashfs-unpack",
-                    format="squashfs", image=image.name)
+    marker = staging.new_marker(label, "squashfs-unpack", "squashfs", image.name)
     (unpacked / MARKER_NAME).write_bytes(marker.to_json())
-    os.chmod(unpacked, 0o755)
-    if _empty_dir(final):
-        os.rmdir(final)
-    old = publish(unpacked, final)
-    if old is not None:
-        remove_path(os.fspath(old))
-    drop_scratch(scratch)
-    return StageResult(final, files, files, 0, 0, size, lease_id, "squashfs-unpack")
-
-
-def _empty_dir(path: Path) -> bool:
-    try:
-        return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
-    except OSError:
-        return False
+    staging.publish(unpacked)
+    return "squashfs-unpack"
 
 
 def _take_down(final: Path) -> None:

@@ -32,13 +32,12 @@ re-staging does not even walk it.
 
 from __future__ import annotations
 
-import contextlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from cache.cpus import usable_cpus
-from cache.leases import Holder, Lease
-from cache.store import fsync_dir
+from cache.leases import Holder
 from stagers.builder import FORK_MIN_FILES, Builder
 from stagers.errors import StageError
 from stagers.filemanifest import (
@@ -49,32 +48,19 @@ from stagers.filemanifest import (
     Record,
     entries_of,
     fill_missing_hashes,
-    load_manifest,
     walk_digest,
 )
 from stagers.fresh import build_first
-from stagers.markers import (
-    claim,
-    default_holder,
-    new_marker,
-    read_marker,
-    record_bundle_use,
-    release_if_unused,
-)
+from stagers.markers import default_holder, record_bundle_use
 from stagers.pool import Pool, pool_key
-from stagers.removal import remove_tree
+from stagers.session import Staging, make_target
 from stagers.squashfs import stage_squashfs
 from stagers.target import (
-    LOCK_TIMEOUT,
     Format,
+    Method,
     StageResult,
     check_name,
     choose_method,
-    clean_leftovers,
-    drop_scratch,
-    name_lock,
-    new_scratch,
-    publish,
     source_identity,
     write_private,
 )
@@ -103,118 +89,99 @@ def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | Non
     if os.path.commonpath([real_source, real_to]) == real_source:
         raise StageError(f"the target {to} is inside the source {source}",
                          "stage to a directory outside the tree being staged")
-    try:
-        to.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise StageError(f"cannot create the target {to}: {exc.strerror}") from exc
-    holder = holder or default_holder()
+    make_target(to)
     label = source_label or os.fspath(source)
     record_bundle_use(source, cache_root)
-    if format == "squashfs":
-        return stage_squashfs(source, to, name, cache_root=cache_root, holder=holder,
-                              label=label, mount_image=squashfs_mount, jobs=jobs)
-    lock = name_lock(to, name)
-    try:
-        lock.acquire(timeout=LOCK_TIMEOUT)
-        try:
-            clean_leftovers(to, name)
-            return _stage_locked(source, to, name, cache_root, holder, link, jobs, label)
-        finally:
-            lock.release()
-    except OSError as exc:
-        raise StageError(f"staging {source} to {to / name} failed: {exc.strerror} "
-                         f"({exc.filename})") from exc
+    with Staging(to, name, cache_root=cache_root, holder=holder or default_holder(),
+                 what=os.fspath(source)) as staging:
+        if format == "squashfs":
+            return stage_squashfs(staging, source, label, mount_image=squashfs_mount,
+                                  jobs=jobs)
+        return _stage_tree(staging, source, label, link, jobs)
 
 
-def _stage_locked(source: Path, to: Path, name: str, cache_root: Path, holder: Holder,
-                  link: bool | None, jobs: int, label: str) -> StageResult:
-    final = to / name
-    lease, taken = claim(cache_root, final, holder)  # before looking at what is staged
-    try:
-        return _stage_claimed(source, to, name, cache_root, lease, link, jobs, label)
-    except BaseException:
-        release_if_unused(cache_root, final, lease, taken)
-        raise
+# -- the directory strategy: fill a scratch tree by hardlink, pool or copy ---------------------
+
+@dataclass
+class _Compared:
+    """What the walk of a re-stage found: the previous version and the source's entries."""
+
+    previous: Manifest | None
+    before: dict[str, Entry]     # previous.by_path()
+    entries: list[Entry]         # unchanged files keep their previous hashes
+    tree: str                    # stat digest of the source
 
 
-def _stage_claimed(source: Path, to: Path, name: str, cache_root: Path, lease: Lease,
-                   link: bool | None, jobs: int, label: str) -> StageResult:
-    final = to / name
-    method = choose_method(source, to, link)
-    marker = read_marker(final)
-    if os.path.lexists(final) and marker is None:
-        raise StageError(f"{final} exists and was not staged by ocistage",
-                         "choose another --name or target, or remove it yourself")
-    if marker is not None and marker.format != "dir":
-        raise StageError(f"{final} holds a staged {marker.format} image, not a directory",
-                         f"unstage it first (ocistage unstage {final}) or use --name")
-    identity = source_identity(source, cache_root)
+def _stage_tree(staging: Staging, source: Path, label: str, link: bool | None,
+                jobs: int) -> StageResult:
+    staging.refuse_foreign("dir")
+    method = choose_method(source, staging.to, link)
+    identity = source_identity(source, staging.cache_root)
+    marker = staging.marker
+    same = marker if marker is not None and marker.method == method else None
     # unchanged? a sealed source by its identity, anything else by one stat walk — whose
     # records are kept, so a changed tree is not walked a second time for its entries
-    same_kind = marker is not None and marker.method == method and marker.format == "dir"
-    if same_kind and identity and marker is not None and marker.sealed == identity:
-        return StageResult(final, marker.files, 0, 0, marker.files, 0, lease.id, method)
-    pool = Pool.of_target(to)
-    # a first stage (nothing staged under this name) of a tree that is not copied walks
-    # and places at once (stagers.fresh); otherwise the walk comes first, to compare
-    first = marker is None and method != "copy"
-    previous: Manifest | None = None
-    before: dict[str, Entry] = {}
-    entries: list[Entry] = []
-    tree = ""
-    if not first:
-        records: list[Record] = []
-        tree = walk_digest(source, records)
-        if same_kind and not identity and marker is not None and marker.tree == tree:
-            return StageResult(final, marker.files, 0, 0, marker.files, 0, lease.id, method)
-        previous = load_manifest(final / MANIFEST_NAME) if marker is not None else None
-        before = previous.by_path() if previous is not None else {}
-        # unchanged files keep their hashes from the previous manifest (never read again)
-        entries = entries_of(records, before if method != "hardlink" else None)
-        del records
+    if same is not None and identity and same.sealed == identity:
+        return staging.unchanged(same.files, method)
+    compared: _Compared | None = None
+    if marker is not None or method == "copy":
+        compared = _compare(staging, source, method)
+        if same is not None and not identity and same.tree == compared.tree:
+            return staging.unchanged(same.files, method)
+    return _build(staging, source, label, method, identity, compared, jobs)
+
+
+def _compare(staging: Staging, source: Path, method: Method) -> _Compared:
+    """Walk ``source`` once (stat digest and entries) and load the previous manifest."""
+    records: list[Record] = []
+    tree = walk_digest(source, records)
+    previous = staging.previous()
+    before = previous.by_path() if previous is not None else {}
+    # unchanged files keep their hashes from the previous manifest (never read again)
+    entries = entries_of(records, before if method != "hardlink" else None)
+    return _Compared(previous, before, entries, tree)
+
+
+def _build(staging: Staging, source: Path, label: str, method: Method, identity: str,
+           compared: _Compared | None, jobs: int) -> StageResult:
+    """Build the new version in a scratch dir and publish it. ``compared`` None: a first
+    stage, which walks and places at once (stagers.fresh)."""
+    pool = Pool.of_target(staging.to)
+    previous = compared.previous if compared is not None else None
+    before = compared.before if compared is not None else {}
     # pool: each file is hashed while it is copied into an empty pool (one pass);
     # hardlink: the staged file is the source's inode, no hash is needed to stage it
     one_pass = method == "pool" and previous is None and pool.is_empty()
     hash_first = method == "pool" and not one_pass
-    if not first and not one_pass and method != "hardlink":
-        entries, _hashed = fill_missing_hashes(source, entries, jobs)
     if method == "pool":
-        pool.prepare()
-    scratch = new_scratch(to, name)
+        staging.use_pool()
+    scratch = staging.scratch()
+    builder = Builder(source, scratch, staging.final, method, previous, pool, jobs, before)
     try:
-        builder = Builder(source, scratch, final, method, previous, pool, jobs, before)
-        try:
-            if first:  # the entries come with the hashes computed on the way
-                entries, tree = build_first(builder, min(jobs, usable_cpus()), hash_first)
-            else:
-                builder.build(entries)
-                entries = _hardlink_group_hashes(builder.with_hashes(entries))
-        finally:
-            builder.close()
-        files = sum(1 for e in entries if e.type == "file")
-        manifest = Manifest(tuple(entries), source=identity, method=method,
-                            readonly_root=method != "copy")
-        write_private(scratch / MANIFEST_NAME, manifest.to_json())
-        write_private(scratch / MARKER_NAME, new_marker(
-            lease, label, method, tree=tree, sealed=identity, files=files).to_json())
-        os.chmod(scratch, 0o755)
-        replaced = publish(scratch, final)
-        fsync_dir(to)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            drop_scratch(scratch)
-        raise
-    if replaced is not None:
-        processes = min(jobs, usable_cpus()) if files >= FORK_MIN_FILES else 1
-        remove_tree(os.fspath(replaced), processes)
-        if previous is not None and previous.method == "pool":
-            pool.release(_released_keys(previous, manifest, before, builder.replaced,
-                                         builder.counts.unchanged))
-    with contextlib.suppress(FileNotFoundError):
-        (scratch.parent / f"{scratch.name}.owner").unlink()
+        if compared is None:  # the entries come with the hashes computed on the way
+            entries, tree = build_first(builder, min(jobs, usable_cpus()), hash_first)
+        else:
+            entries, tree = compared.entries, compared.tree
+            if not one_pass and method != "hardlink":
+                entries, _hashed = fill_missing_hashes(source, entries, jobs)
+            builder.build(entries)
+            entries = _hardlink_group_hashes(builder.with_hashes(entries))
+    finally:
+        builder.close()
+    files = sum(1 for e in entries if e.type == "file")
+    manifest = Manifest(tuple(entries), source=identity, method=method,
+                        readonly_root=method != "copy")
+    write_private(scratch / MANIFEST_NAME, manifest.to_json())
+    write_private(scratch / MARKER_NAME, staging.new_marker(
+        label, method, tree=tree, sealed=identity, files=files).to_json())
+    processes = min(jobs, usable_cpus()) if files >= FORK_MIN_FILES else 1
+    if staging.publish(scratch, processes) and previous is not None \
+            and previous.method == "pool":
+        pool.release(_released_keys(previous, manifest, before, builder.replaced,
+                                     builder.counts.unchanged))
     counts = builder.counts
-    return StageResult(final, files, counts.copied, counts.linked, counts.unchanged,
-                       counts.bytes_copied, lease.id, method)
+    return StageResult(staging.final, files, counts.copied, counts.linked, counts.unchanged,
+                       counts.bytes_copied, staging.lease.id, method)
 
 
 def _hardlink_group_hashes(entries: list[Entry]) -> list[Entry]:

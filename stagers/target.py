@@ -33,10 +33,9 @@ from cache.inventory import SHARED_ROOT_ANNOTATION
 from cache.locks import FileLock, Owner
 from stagers.copy import same_filesystem
 from stagers.errors import StageError
-from stagers.filemanifest import MANIFEST_NAME, Manifest, load_manifest
-from stagers.markers import Marker, read_marker
 
 TMP_DIR = ".ocistage-tmp"
+IMAGE_SUFFIX = ".sqfs"
 RESERVED_PREFIX = ".ocistage"
 Method = Literal["hardlink", "pool", "copy"]
 Format = Literal["dir", "squashfs"]
@@ -53,6 +52,11 @@ class StageResult:
     bytes_copied: int
     lease_id: str | None
     method: str          # hardlink | pool | copy | squashfs-mount | squashfs-unpack
+
+
+def image_path(final: Path) -> Path:
+    """``TO/NAME.sqfs``: where the squashfs image of the bundle staged at ``final`` lives."""
+    return final.with_name(final.name + IMAGE_SUFFIX)
 
 
 def check_name(name: str) -> str:
@@ -161,14 +165,6 @@ def name_lock(to: Path, name: str) -> FileLock:
 
 
 # -- the staged state -----------------------------------------------------------------------
-
-def existing(final: Path) -> tuple[Manifest | None, Marker | None]:
-    """The manifest and marker of what is staged at ``final`` (None, None if nothing of ours)."""
-    marker = read_marker(final)
-    if marker is None:
-        return None, None
-    return load_manifest(final / MANIFEST_NAME), marker
-
 
 def source_identity(source: Path, cache_root: Path) -> str:
     """A token that changes whenever a *sealed* source could have changed; "" if not sealed.

@@ -1,0 +1,228 @@
+"""One staging of ``NAME`` under a target: the sequence every kind of staging goes through.
+
+Directory trees (:mod:`stagers.stage`), squashfs images (:mod:`stagers.squashfs`) and images
+fetched from a URL (:mod:`stagers.remote`) differ only in how they fill a scratch tree; the
+sequence around that is this module's, written once::
+
+    with Staging(to, name, cache_root=..., holder=..., what=...) as staging:
+        staging.refuse_foreign("dir")        # what is at TO/NAME must be ours and of this format
+        scratch = staging.scratch()          # TO/.ocistage-tmp/NAME.<pid>-<random>
+        ...                                  # the strategy fills it
+        staging.publish(scratch)             # rename (or exchange) into TO/NAME
+
+Entering: make ``TO`` (a file there is refused), take ``NAME``'s lock, claim the holder's lease
+*before* looking at what is staged (a GC that started earlier finishes first), remove the
+scratch dirs of killed stagers of ``NAME``, read the marker. Leaving normally: scratch dirs and
+their ``.owner`` files are removed. Leaving by an exception: the scratch dirs are dropped, the
+lease is released unless something published names it, pool entries that no bundle links to are
+swept (a stage killed by a full disk leaves nothing behind that ``cache gc`` would never see),
+and an ``OSError`` becomes one :class:`StageError` (a full disk says so, with a hint). The lock
+is released either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from pathlib import Path
+from types import TracebackType
+
+from cache.leases import Holder, Lease
+from cache.staged import sweep_pool
+from cache.store import fsync_dir
+from stagers.errors import StageError
+from stagers.filemanifest import MANIFEST_NAME, Manifest, load_manifest
+from stagers.markers import Marker, claim, new_marker, read_marker, release_if_unused
+from stagers.pool import Pool
+from stagers.removal import remove_tree
+from stagers.target import (
+    LOCK_TIMEOUT,
+    StageResult,
+    check_name,
+    clean_leftovers,
+    drop_scratch,
+    image_path,
+    name_lock,
+    new_scratch,
+    publish,
+)
+
+#: errno values that mean "the target's filesystem is full" (space or quota)
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+_FORMATS = {"dir": "directory bundle", "squashfs": "squashfs image"}
+
+
+def make_target(to: Path) -> Path:
+    """``to`` made absolute and created if missing; a StageError if it is not a directory."""
+    to = Path(os.path.abspath(to))
+    try:
+        to.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise StageError(f"the target {to} is not a directory",
+                         "give --to a directory (it is created if missing) or a URL") from exc
+    except OSError as exc:
+        raise staging_error(exc, f"cannot create the target {to}", to) from exc
+    return to
+
+
+def staging_error(exc: OSError, what: str, to: Path) -> StageError:
+    """One StageError for ``exc`` met while doing ``what`` on the target ``to``."""
+    if exc.errno in _FULL:
+        return StageError(f"{what}: no space left on the filesystem of {to}",
+                          "free space there or stage elsewhere (--to); the partial copy "
+                          "was removed")
+    detail = exc.strerror or str(exc)
+    if exc.filename:
+        detail += f" ({exc.filename})"
+    return StageError(f"{what}: {detail}")
+
+
+class Staging:
+    """The lock, lease, marker, scratch dirs and publication of one staging of ``to/name``."""
+
+    def __init__(self, to: Path, name: str, *, cache_root: Path, holder: Holder,
+                 what: str) -> None:
+        self.name = check_name(name)
+        self.to = make_target(to)
+        self.final = self.to / self.name
+        self.cache_root = cache_root
+        self.holder = holder
+        self.what = what              # the source, for messages
+        self.marker: Marker | None = None
+        self._lease: Lease | None = None
+        self._taken = False
+        self._scratches: list[Path] = []
+        self._pool: Pool | None = None
+        self._lock = name_lock(self.to, self.name)
+
+    @property
+    def lease(self) -> Lease:
+        assert self._lease is not None, "use Staging as a context manager"
+        return self._lease
+
+    # -- the sequence -----------------------------------------------------------------------
+
+    def __enter__(self) -> Staging:
+        try:
+            self._lock.acquire(timeout=LOCK_TIMEOUT)
+        except OSError as exc:
+            raise staging_error(exc, f"cannot lock {self.final}", self.to) from exc
+        try:
+            self._lease, self._taken = claim(self.cache_root, self.final, self.holder)
+            clean_leftovers(self.to, self.name)
+            self.marker = read_marker(self.final)
+        except OSError as exc:
+            self._undo()
+            raise self._error(exc) from exc
+        except BaseException:
+            self._undo()
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if exc is None:
+            try:
+                for scratch in self._scratches:
+                    drop_scratch(scratch)
+            finally:
+                self._lock.release()
+            return
+        self._undo()
+        if isinstance(exc, OSError):
+            raise self._error(exc) from exc
+
+    def _undo(self) -> None:
+        """After a failure: drop the scratch dirs, release the lease unless something
+        published names it, sweep unused pool entries; release the lock."""
+        try:
+            for scratch in self._scratches:
+                with contextlib.suppress(OSError):
+                    drop_scratch(scratch)
+            if self._lease is not None:
+                with contextlib.suppress(OSError):
+                    release_if_unused(self.cache_root, self.final, self._lease, self._taken)
+            if self._pool is not None:
+                with contextlib.suppress(OSError):
+                    sweep_pool(self.to)
+        finally:
+            self._lock.release()
+
+    def _error(self, exc: OSError) -> StageError:
+        return staging_error(exc, f"staging {self.what} to {self.final} failed", self.to)
+
+    # -- what is staged ---------------------------------------------------------------------
+
+    def refuse_foreign(self, format: str) -> None:
+        """Refuse ``TO/NAME`` unless it is absent, staged by ocistage as ``format``, or the
+        empty mount point of a squashfs image of ``NAME`` (unmounted: the image is beside it).
+        """
+        marker = self.marker
+        if marker is None and os.path.lexists(self.final):
+            if not _empty_dir(self.final):
+                raise StageError(f"{self.final} exists and was not staged by ocistage",
+                                 "choose another --name or target, or remove it yourself")
+            if not os.path.isfile(image_path(self.final)):
+                raise StageError(f"{self.final} exists and was not staged by ocistage "
+                                 "(an empty directory)",
+                                 "choose another --name or target, or remove it yourself")
+            found = "squashfs"
+        elif marker is None:
+            return
+        else:
+            found = marker.format
+        if found != format:
+            raise StageError(f"{self.final} holds a staged {_FORMATS.get(found, found)}, "
+                             f"not a {_FORMATS.get(format, format)}",
+                             f"unstage it first (ocistage unstage {self.final}) or use --name")
+
+    def previous(self) -> Manifest | None:
+        """The manifest of the version staged now (None if nothing of ours is there)."""
+        if self.marker is None:
+            return None
+        return load_manifest(self.final / MANIFEST_NAME)
+
+    def unchanged(self, files: int, method: str) -> StageResult:
+        """The result of a staging that found nothing to do."""
+        return StageResult(self.final, files, 0, 0, files, 0, self.lease.id, method)
+
+    def new_marker(self, source: str, method: str, format: str = "dir",
+                   image: str | None = None, *, tree: str = "", sealed: str = "",
+                   files: int = 0) -> Marker:
+        """The marker of the version being made, naming this staging's lease."""
+        return new_marker(self.lease, source, method, format, image, tree=tree,
+                          sealed=sealed, files=files)
+
+    # -- making and publishing a version ----------------------------------------------------
+
+    def scratch(self) -> Path:
+        """A new private scratch dir beside ``TO/NAME``; removed when the staging ends."""
+        scratch = new_scratch(self.to, self.name)
+        self._scratches.append(scratch)
+        return scratch
+
+    def use_pool(self) -> None:
+        """Make the fan-out directories of the target's pool; if the staging fails, pool
+        entries no bundle links to (those it added) are swept."""
+        self._pool = Pool.of_target(self.to)
+        self._pool.prepare()
+
+    def publish(self, tree: Path, processes: int = 1) -> bool:
+        """Make ``tree`` (in a scratch dir) ``TO/NAME`` by one rename, or an exchange with the
+        previous version, which is then removed (in ``processes`` workers). True if a previous
+        version was replaced."""
+        os.chmod(tree, 0o755)
+        replaced = publish(tree, self.final)
+        fsync_dir(self.to)
+        if replaced is None:
+            return False
+        remove_tree(os.fspath(replaced), processes)
+        return True
+
+
+def _empty_dir(path: Path) -> bool:
+    try:
+        return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
+    except OSError:
+        return False
