@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import sys
 from pathlib import Path
@@ -36,10 +35,9 @@ from bundler.cli_common import (
 from cache.errors import UsageError
 
 if TYPE_CHECKING:
-    from bundler.settings import Settings
+    from bundler.staging import Staged
     from cache.leases import Holder
-    from cache.store import Store
-    from stagers.stage import StageResult
+    from stagers.target import StageResult
 
 # The stagers, the cache, the bundler and their dependencies are imported inside the commands:
 # every `ocistage` invocation imports this module, few of them stage (see bundler.cli_common).
@@ -57,24 +55,15 @@ def _result_json(result: StageResult, source: str) -> dict[str, Any]:
             "bytesCopied": result.bytes_copied, "leaseId": result.lease_id}
 
 
-def _inner_argv(source: str, to: str, cache: Path, options: dict[str, Any]) -> list[str]:
-    """The ``ocistage stage`` argv each node runs: the resolved source, one JSON line out."""
-    command = shutil.which("ocistage")
-    argv = [command] if command else [sys.executable, "-m", "bundler.cli"]
-    argv += ["stage", source, "--to", to, "--cache", os.fspath(cache), "--json-lines"]
-    for option, value in options.items():
-        if value is True:
-            argv.append(option)
-        elif value is not None and value is not False:
-            argv += [option, str(value)]
-    return argv
-
-
 def stage_command(
     what: Annotated[str, typer.Argument(
         metavar="REF|BUNDLE|DIR|URL",
         help="A bundle directory (has config.json), any directory tree, a squashfs image URL "
-             "(file://, memory://, sftp://, s3://...), or an image reference (bundled first).")],
+             "(file://, memory://, sftp://, s3://...), or an image reference that names its "
+             "registry or transport (docker.io/library/alpine, localhost:5000/app, "
+             "docker://alpine, oci:DIR), bundled first. Anything that looks like a path is a "
+             "path, and a bare name such as `mybundle` that is no directory here is an error "
+             "(no registry is guessed).")],
     to: Annotated[str | None, typer.Option(
         "--to", metavar="TARGET",
         help="Directory to stage into (shared or node-local), or an fsspec URL to store a "
@@ -116,13 +105,8 @@ def stage_command(
 ) -> None:
     """Stage a bundle onto a shared or node-local target; print the staged path."""
     setup_logging(verbose)
-    if format not in ("dir", "squashfs"):
-        raise UsageError(f"unknown format {format!r}", "use --format dir or --format squashfs")
+    from bundler.staging import StageOptions, stage
     from cache.store import Store
-    from stagers.allnodes import stage_all_nodes
-    from stagers.markers import default_holder
-    from stagers.remote import is_url, push_tree, stage_from_url
-    from stagers.stage import stage_directory
 
     settings = settings_from(cache, insecure_registry, mirror, ca_file, None, pull_policy)
     to = to or settings.stage_to
@@ -130,56 +114,42 @@ def stage_command(
         raise UsageError("no stage target",
                          "pass --to DIR|URL, set $OCISTAGE_STAGE_TO, or put stage_to = \"DIR\" "
                          "in the config file")
-    cache_root = settings.cache
-    store = Store.open(cache_root)
-    source, label = _resolve(what, settings, store, platform,
-                             quiet or json_output or json_lines)
-    if all_nodes:
-        options: dict[str, Any] = {
-            "--format": format, "--name": name, "--pin": pin, "--jobs": jobs,
-            "--link": link is True, "--copy": link is False,
-            "--mount": mount is True, "--unpack": mount is False}
-        results = stage_all_nodes(_inner_argv(os.fspath(source) if source else what, to,
-                                              cache_root.absolute(), options))
+    silent = quiet or json_output or json_lines
+    staged = stage(what, StageOptions(to=to, format=format, name=name, pin=pin,
+                                      all_nodes=all_nodes, link=link, mount=mount, jobs=jobs),
+                   store=Store.open(settings.cache),
+                   pull_options=lambda: pull_options(settings, platform),
+                   progress=lambda: download_progress(silent))
+    print_warnings(staged.warnings)
+    _render(staged, json_output, json_lines, quiet)
+
+
+def _render(staged: Staged, json_output: bool, json_lines: bool, quiet: bool) -> None:
+    from stagers.remote import PushResult
+
+    outcome = staged.outcome
+    if isinstance(outcome, list):  # --all-nodes: one result per node
         if json_output:
-            print_json([r.result for r in results])
+            print_json([r.result for r in outcome])
             return
-        for r in results:
+        for r in outcome:
             stdout.print(f"{escape(r.node)}: {escape(str(r.result.get('path')))}")
         return
-    holder = default_holder(pin)
-    if is_url(to):
-        if source is None:
-            raise UsageError(f"cannot stage {what} to another URL",
-                             "stage from a bundle, a directory or a REF to a URL")
-        work = store.temp_dir("push")  # owned by this process: removed if we die
-        try:
-            pushed = push_tree(source, to, name or source.name, format=format, work=work,
-                               label=label, jobs=jobs)
-        finally:
-            store.remove_temp_dir(work)
+    if isinstance(outcome, PushResult):
         if json_output or json_lines:
-            line = {"url": pushed.url, "format": pushed.format, "size": pushed.size}
-            _emit(line, json_lines)
+            _emit({"url": outcome.url, "format": outcome.format, "size": outcome.size},
+                  json_lines)
             return
-        stdout.print(pushed.url)
+        stdout.print(outcome.url)
         return
-    if source is None:
-        result = stage_from_url(what, Path(to), cache_root=cache_root, name=name,
-                                holder=holder, mount_image=mount)
-    else:
-        result = stage_directory(source, Path(to), cache_root=cache_root, name=name,
-                                 holder=holder, link=link, jobs=jobs,
-                                 format="squashfs" if format == "squashfs" else "dir",
-                                 source_label=label, squashfs_mount=mount)
     if json_output or json_lines:
-        _emit(_result_json(result, label), json_lines)
+        _emit(_result_json(outcome, staged.label), json_lines)
         return
     if not quiet:
-        stderr.print(f"staged {escape(label)} ({result.method}: {result.files} files, "
-                     f"{result.copied} copied ({human_size(result.bytes_copied)}), "
-                     f"{result.linked} linked, {result.unchanged} unchanged)")
-    stdout.print(str(result.path))
+        stderr.print(f"staged {escape(staged.label)} ({outcome.method}: {outcome.files} files, "
+                     f"{outcome.copied} copied ({human_size(outcome.bytes_copied)}), "
+                     f"{outcome.linked} linked, {outcome.unchanged} unchanged)")
+    stdout.print(str(outcome.path))
 
 
 def _emit(doc: dict[str, Any], one_line: bool) -> None:
@@ -187,27 +157,6 @@ def _emit(doc: dict[str, Any], one_line: bool) -> None:
         sys.stdout.write(json.dumps(doc) + "\n")
     else:
         print_json(doc)
-
-
-def _resolve(what: str, settings: Settings, store: Store, platform: str | None,
-             quiet: bool) -> tuple[Path | None, str]:
-    """The directory to stage and its label; (None, url) for a URL source."""
-    from stagers.remote import is_url
-
-    if is_url(what):
-        return None, what
-    path = Path(what)
-    if path.is_dir():
-        return path.absolute(), os.fspath(path.absolute())
-    from bundler.bundle import make_bundle
-    from bundler.reference import parse_reference
-
-    source = parse_reference(what)
-    with download_progress(quiet) as progress:
-        bundle = make_bundle(source, store, None,
-                             pull_options=pull_options(settings, platform), progress=progress)
-    print_warnings(bundle.warnings)
-    return bundle.path, what
 
 
 def unstage_command(

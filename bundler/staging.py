@@ -1,0 +1,178 @@
+"""``stage()``: the library call behind ``ocistage stage`` — one entry point for every source
+and target.
+
+``what`` is resolved first, by one rule: anything that looks like a path is a path.
+
+- a URL (``file://``, ``memory://``, ``sftp://``, ``s3://`` ...) names a squashfs image to fetch;
+- an existing directory is staged as it is (a bundle, or any tree);
+- something that looks like a path (``/x``, ``./x``, ``../x``, ``~/x``, ``x/`` or ``a/b`` whose
+  ``a`` is a directory here) and is not a directory is an error: *no such directory*;
+- an image reference is bundled into the cache first (:func:`bundler.bundle.make_bundle`) —
+  but only one that names its registry (``docker.io/library/alpine``, ``localhost:5000/x``) or
+  its transport (``docker://alpine``, ``oci:``, ``oci-archive:``, ``docker-archive:``). A bare
+  name such as ``mybundle`` is most likely a mistyped directory; as skopeo does, ocistage does
+  not guess Docker Hub for it (a careful podman refuses ambiguous short names too).
+
+Then it is staged on this node (:func:`stagers.stage.stage_directory`,
+:func:`stagers.remote.stage_from_url`), stored at a URL (:func:`stagers.remote.push_tree`), or
+staged on every node of the Slurm allocation (:func:`stagers.allnodes.stage_all_nodes`).
+
+This module is why ``bundler`` imports ``stagers`` (docs/architecture.md): a REF must become
+a bundle before it can be staged, and ``stagers`` knows nothing of images.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cache.errors import UsageError
+from stagers.errors import StageError
+
+if TYPE_CHECKING:
+    from bundler.pull import PullOptions, PullProgress
+    from cache.store import Store
+    from stagers.allnodes import NodeResult
+    from stagers.remote import PushResult
+    from stagers.target import StageResult
+
+#: explicit transports of an image reference (bundler.reference)
+_TRANSPORTS = ("docker://", "oci:", "oci-archive:", "docker-archive:")
+
+
+@dataclass(frozen=True)
+class StageOptions:
+    to: str                       # a directory, or an fsspec URL to store the bundle at
+    format: str = "dir"           # dir | squashfs
+    name: str | None = None       # default: the source directory's name
+    pin: str | None = None        # default holder: the Slurm job, else the pin stage:USER
+    all_nodes: bool = False
+    link: bool | None = None      # True: only hardlinks; False: independent copies
+    mount: bool | None = None     # squashfs: True mount, False unpack, None either
+    jobs: int = 8
+
+
+@dataclass(frozen=True)
+class Staged:
+    label: str                    # what was staged: the REF, directory or URL
+    outcome: StageResult | PushResult | list[NodeResult]
+    warnings: tuple[str, ...] = ()   # from bundling a REF
+
+
+ProgressFactory = Callable[[], AbstractContextManager["PullProgress | None"]]
+
+
+def stage(what: str, options: StageOptions, *, store: Store,
+          pull_options: Callable[[], PullOptions] | None = None,
+          progress: ProgressFactory | None = None) -> Staged:
+    """Resolve ``what`` (module docstring) and stage it as ``options`` say.
+
+    ``pull_options`` and ``progress`` are called only when a REF is bundled (staging a
+    directory loads no registry client)."""
+    if options.format not in ("dir", "squashfs"):
+        raise UsageError(f"unknown format {options.format!r}",
+                         "use --format dir or --format squashfs")
+    source, label, warnings = _resolve(what, store, pull_options, progress)
+    return Staged(label, _dispatch(source, label, options, store), warnings)
+
+
+def _resolve(what: str, store: Store, pull_options: Callable[[], PullOptions] | None,
+             progress: ProgressFactory | None) -> tuple[Path | str, str, tuple[str, ...]]:
+    """The directory (or URL) to stage, its label, and warnings of making it."""
+    from stagers.remote import is_url
+
+    if is_url(what):
+        return what, what, ()
+    path = Path(what).expanduser()
+    if path.is_dir():
+        return path.absolute(), os.fspath(path.absolute()), ()
+    if _looks_like_path(what):
+        if os.path.lexists(path):
+            raise StageError(f"{what} is not a directory",
+                             "stage a bundle directory, a tree, a squashfs image URL "
+                             "(file://...) or an image reference")
+        raise StageError(f"no such directory: {what}",
+                         "give an existing bundle directory, or an image reference")
+    from bundler.bundle import make_bundle
+    from bundler.reference import RegistryReference, parse_reference
+
+    reference = parse_reference(what)
+    if isinstance(reference, RegistryReference) and not _names_registry(what):
+        raise StageError(f"no such directory: {what}",
+                         f"to stage the image {reference}, name its registry: "
+                         f"{reference.registry}/{reference.repository} or docker://{what}")
+    with (progress or contextlib.nullcontext)() as bars:
+        bundle = make_bundle(reference, store, None,
+                             pull_options=pull_options() if pull_options else None,
+                             progress=bars)
+    return bundle.path, what, tuple(bundle.warnings)
+
+
+def _looks_like_path(what: str) -> bool:
+    if what in (".", "..") or what.startswith(("/", "./", "../", "~")) or what.endswith("/"):
+        return True
+    first, slash, _ = what.partition("/")
+    return bool(slash) and os.path.isdir(first)
+
+
+def _names_registry(what: str) -> bool:
+    """Whether a registry reference names its registry or transport (not a short name)."""
+    if what.startswith(_TRANSPORTS):
+        return True
+    first, slash, _ = what.partition("/")
+    return bool(slash) and (any(c in first for c in ".:") or first == "localhost")
+
+
+def _dispatch(source: Path | str, label: str, options: StageOptions,
+              store: Store) -> StageResult | PushResult | list[NodeResult]:
+    from stagers.allnodes import stage_all_nodes
+    from stagers.markers import default_holder
+    from stagers.remote import is_url, push_tree, stage_from_url
+    from stagers.stage import stage_directory
+
+    cache_root = store.root
+    if options.all_nodes:
+        return stage_all_nodes(_node_argv(os.fspath(source), options, cache_root.absolute()))
+    if is_url(options.to):
+        if not isinstance(source, Path):
+            raise UsageError(f"cannot stage {label} to another URL",
+                             "stage from a bundle, a directory or a REF to a URL")
+        work = store.temp_dir("push")  # owned by this process: removed if we die
+        try:
+            return push_tree(source, options.to, options.name or source.name,
+                             format=options.format, work=work, label=label, jobs=options.jobs)
+        finally:
+            store.remove_temp_dir(work)
+    holder = default_holder(options.pin)
+    if isinstance(source, str):
+        return stage_from_url(source, Path(options.to), cache_root=cache_root,
+                              name=options.name, holder=holder, mount_image=options.mount)
+    return stage_directory(source, Path(options.to), cache_root=cache_root, name=options.name,
+                           holder=holder, link=options.link, jobs=options.jobs,
+                           format="squashfs" if options.format == "squashfs" else "dir",
+                           source_label=label,
+                           squashfs_mount=options.mount)
+
+
+def _node_argv(source: str, options: StageOptions, cache_root: Path) -> list[str]:
+    """The ``ocistage stage`` argv each node runs: the resolved source, one JSON line out."""
+    command = shutil.which("ocistage")
+    argv = [command] if command else [sys.executable, "-m", "bundler.cli"]
+    argv += ["stage", source, "--to", options.to, "--cache", os.fspath(cache_root),
+             "--json-lines", "--format", options.format, "--jobs", str(options.jobs)]
+    if options.name is not None:
+        argv += ["--name", options.name]
+    if options.pin is not None:
+        argv += ["--pin", options.pin]
+    if options.link is not None:
+        argv.append("--link" if options.link else "--copy")
+    if options.mount is not None:
+        argv.append("--mount" if options.mount else "--unpack")
+    return argv

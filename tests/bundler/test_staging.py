@@ -1,0 +1,81 @@
+"""bundler.staging.stage: one entry point; anything that looks like a path is a path."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bundler.staging import Staged, StageOptions, stage
+from cache.errors import UsageError
+from cache.store import Store
+from stagers.errors import StageError
+from stagers.target import StageResult
+from tests.stagers.conftest import make_tree
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    return make_tree(tmp_path / "bundle")
+
+
+def _stage(what: str, tmp_path: Path, **options: object) -> Staged:
+    to = str(options.pop("to", tmp_path / "t"))
+    return stage(what, StageOptions(to=to, pin="test", **options),  # type: ignore[arg-type]
+                 store=Store.open(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("what", ["./mybundel", "/nonexistent/dir", "~/no-such-bundle-here",
+                                  "mybundel/", "../mybundel"])
+def test_a_path_that_is_no_directory_says_so(what: str, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StageError, match="no such directory"):
+        _stage(what, tmp_path)
+
+
+def test_a_path_below_a_directory_here_is_a_path(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StageError, match="no such directory: work/mybundel"):
+        _stage("work/mybundel", tmp_path)
+
+
+def test_a_file_is_not_a_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "image.tar").write_bytes(b"x")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StageError, match=r"\./image\.tar is not a directory"):
+        _stage("./image.tar", tmp_path)
+
+
+@pytest.mark.parametrize("what", ["mybundel", "library/mybundel", "mybundel:1.0"])
+def test_a_bare_name_is_not_sent_to_docker_hub(what: str, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StageError, match=f"no such directory: {what}") as caught:
+        _stage(what, tmp_path)
+    assert "docker.io/library/mybundel" in str(caught.value.hint)
+    assert "docker://" in str(caught.value.hint)
+    assert not (tmp_path / "cache" / "blobs" / "sha256").exists() or not os.listdir(
+        tmp_path / "cache" / "blobs" / "sha256")
+
+
+def test_a_directory_is_staged_and_the_label_is_its_path(tree: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tree.parent)
+    staged = _stage(f"./{tree.name}", tmp_path)
+    assert isinstance(staged.outcome, StageResult)
+    assert staged.outcome.path == tmp_path / "t" / tree.name
+    assert staged.label == os.fspath(tree)
+
+
+def test_unknown_format_is_a_usage_error(tree: Path, tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="unknown format"):
+        _stage(os.fspath(tree), tmp_path, format="zip")
+
+
+def test_a_url_cannot_be_staged_to_a_url(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="to another URL"):
+        _stage("file:///a/b.sqfs", tmp_path, to="memory://x")
