@@ -1,18 +1,26 @@
-"""Staged bundles as the cache sees them: the layout ``stagers/`` writes, and removing one.
+"""Staged bundles: the one definition of the layout ``stagers/`` writes into a target, and
+removing a staged bundle.
 
 ``stagers`` puts bundles outside the cache and records a lease ``staged:<path>`` for each;
-``cache gc`` removes a staged bundle once all its leases are dead. Both sides share this
-module (``stagers`` imports ``cache``, never the reverse), so the layout below is the contract
-(docs/staging.md):
+``cache gc`` removes a staged bundle once all its leases are dead. Both sides need the layout,
+and ``stagers`` imports ``cache``, never the reverse: so the layout is defined here, once, and
+``stagers`` takes every name below from this module (docs/staging.md)::
 
+    TARGET/NAME/                          a staged tree
+    TARGET/NAME/.ocistage-manifest.json   its file manifest (stagers.filemanifest)
     TARGET/NAME/.ocistage-staged.json     the marker: {"id": <lease id>, "method", "format",
-                                          "image": <squashfs image file name beside NAME>}
+                                          "image": <squashfs image file name beside NAME>, ...}
     TARGET/.NAME.ocistage-staged.json     the outer marker of a mounted image whose own marker
                                           (read-only, inside the image) names no lease of this
                                           cache: an image fetched from a URL
     TARGET/NAME.sqfs                      the squashfs image of NAME (``--format squashfs``)
     TARGET/.ocistage-pool/<hh>/<key>      file contents shared by the target's bundles; an
-                                          entry with link count 1 is used by no bundle
+                                          entry with link count 1 is used by no bundle;
+                                          ``<key>.<pid>-<random>.tmp``: one being written
+    TARGET/.ocistage-tmp/NAME.lock        the lock of a stager working on NAME (cache.locks)
+    TARGET/.ocistage-tmp/NAME.<pid>-<random>[.owner]   scratch dir of a stager, its owner
+
+Names starting with ``.ocistage`` are reserved: no bundle may be staged under one.
 
 Removal never follows a symlink: ``NAME`` is opened with ``O_NOFOLLOW`` relative to its
 parent, a squashfs mount (a different ``st_dev`` than the parent's) is unmounted first, and
@@ -34,8 +42,13 @@ from pathlib import Path
 from cache.errors import StoreError
 from cache.fsremove import remove_opened
 
+RESERVED_PREFIX = ".ocistage"
 MARKER_NAME = ".ocistage-staged.json"
+MANIFEST_NAME = ".ocistage-manifest.json"
 POOL_DIR = ".ocistage-pool"
+POOL_TEMP_SUFFIX = ".tmp"
+TMP_DIR = ".ocistage-tmp"
+IMAGE_SUFFIX = ".sqfs"
 UNMOUNT_TIMEOUT = 60
 TEMP_GRACE = 3600.0   # a named temp file in the pool younger than this may be being written
 
@@ -45,6 +58,11 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 def outer_marker_name(name: str) -> str:
     """File name (beside ``NAME``) of the outer marker of the staged bundle ``NAME``."""
     return f".{name}{MARKER_NAME}"
+
+
+def image_path(final: Path) -> Path:
+    """``TARGET/NAME.sqfs``: where the squashfs image of the bundle staged at ``final`` lives."""
+    return final.with_name(final.name + IMAGE_SUFFIX)
 
 
 def read_json_at(dir_fd: int, name: str) -> dict[str, object] | None:
@@ -65,9 +83,12 @@ def read_json_at(dir_fd: int, name: str) -> dict[str, object] | None:
 def image_name(marker: dict[str, object]) -> str | None:
     """The squashfs image file name a marker names, if it is a plain name."""
     image = marker.get("image")
-    if not isinstance(image, str) or "/" in image or image in ("", ".", ".."):
-        return None
-    return image
+    return image if isinstance(image, str) and plain_name(image) else None
+
+
+def plain_name(name: str) -> bool:
+    """One path component: no ``/``, not empty, ``.`` or ``..``."""
+    return "/" not in name and name not in ("", ".", "..")
 
 
 @dataclass(frozen=True)
@@ -220,7 +241,7 @@ def sweep_pool(target: Path) -> int:
                 for entry in os.scandir(fan_fd):
                     with contextlib.suppress(FileNotFoundError):
                         st = entry.stat(follow_symlinks=False)
-                        if (entry.name.endswith(".tmp")  # a stager writing it (no O_TMPFILE)
+                        if (entry.name.endswith(POOL_TEMP_SUFFIX)  # being written (no O_TMPFILE)
                                 and time.time() - st.st_mtime < TEMP_GRACE):
                             continue
                         if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:

@@ -22,11 +22,11 @@ from typing import Any, Literal, NamedTuple
 
 import xxhash
 
+from cache.staged import MANIFEST_NAME as MANIFEST_NAME
 from cache.staged import MARKER_NAME as MARKER_NAME
 from stagers.errors import StageError
 from stagers.parallel import map_batched
 
-MANIFEST_NAME = ".ocistage-manifest.json"
 #: files ocistage itself writes at the top of a staged bundle; never taken from a source
 RESERVED_NAMES = frozenset({MANIFEST_NAME, MARKER_NAME})
 MANIFEST_VERSION = 1

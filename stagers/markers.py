@@ -25,7 +25,7 @@ from typing import Any
 
 from cache import leases, usage
 from cache.leases import Holder, Lease
-from cache.staged import outer_marker_name, read_json_at
+from cache.staged import image_name, outer_marker_name, read_json_at
 from stagers.filemanifest import MARKER_NAME
 
 
@@ -62,8 +62,7 @@ class Marker:
         if not isinstance(doc, dict) or not isinstance(doc.get("id"), str) or not doc["id"]:
             raise ValueError("not an ocistage marker")
         image = doc.get("image")
-        if image is not None and (not isinstance(image, str) or "/" in image
-                                  or image in ("", ".", "..")):
+        if image is not None and image_name(doc) is None:
             raise ValueError("bad image name in marker")
         return cls(id=doc["id"], source=str(doc.get("source", "")),
                    created=float(doc.get("created", 0)), method=str(doc.get("method", "")),

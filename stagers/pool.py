@@ -24,7 +24,7 @@ from pathlib import Path
 import xxhash
 
 from cache.fdio import created_exactly, write_all
-from cache.staged import POOL_DIR
+from cache.staged import POOL_DIR, POOL_TEMP_SUFFIX
 from stagers.copy import Copier, link_fd
 from stagers.filemanifest import CHUNK
 
@@ -93,7 +93,7 @@ class Pool:
 
     def _add_named(self, source: str, pooled: str, mode: int, mtime_ns: int,
                    copier: Copier) -> None:
-        temp = f"{pooled}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+        temp = f"{pooled}.{os.getpid()}-{uuid.uuid4().hex[:8]}{POOL_TEMP_SUFFIX}"
         try:
             copier.copy_new(source, temp, mode, mtime_ns)
             with contextlib.suppress(FileExistsError):

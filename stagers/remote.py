@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from cache.leases import Holder, Lease
-from cache.staged import outer_marker_name
+from cache.staged import IMAGE_SUFFIX, image_path, outer_marker_name
 from cache.store import write_file_atomic
 from stagers.errors import StageError
 from stagers.filemanifest import fill_hashes, scan
 from stagers.markers import Marker
 from stagers.session import Staging
 from stagers.squashfs import install_image, make_image
-from stagers.target import IMAGE_SUFFIX, StageResult, check_name, image_path
+from stagers.target import StageResult, check_name
 
 CHUNK = 4 << 20
 TAR_SUFFIX = ".tar"

@@ -29,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 
 from cache.leases import Holder, Lease
-from cache.staged import sweep_pool
+from cache.staged import image_path, sweep_pool
 from cache.store import fsync_dir
 from stagers.errors import StageError
 from stagers.filemanifest import MANIFEST_NAME, Manifest, load_manifest
@@ -42,7 +42,6 @@ from stagers.target import (
     check_name,
     clean_leftovers,
     drop_scratch,
-    image_path,
     name_lock,
     new_scratch,
     publish,

@@ -21,6 +21,7 @@ import subprocess
 from pathlib import Path
 
 from cache.cpus import usable_cpus
+from cache.staged import image_path
 from cache.staged import unmount as unmount
 from stagers.errors import StageError
 from stagers.filemanifest import (
@@ -34,7 +35,7 @@ from stagers.filemanifest import (
 )
 from stagers.markers import Marker
 from stagers.session import Staging
-from stagers.target import StageResult, image_path, readonly_config
+from stagers.target import StageResult, readonly_config
 
 TOOL_TIMEOUT = 3600
 

@@ -1,11 +1,7 @@
 """``stage_directory``: put a bundle (or any tree) at ``TO/NAME``, incrementally and atomically.
 
-Target layout (``TO`` is ``--to``)::
-
-    TO/NAME/                      the staged tree + .ocistage-manifest.json + .ocistage-staged.json
-    TO/NAME.sqfs                  the squashfs image of NAME (``--format squashfs`` only)
-    TO/.ocistage-pool/<hh>/<key>  file contents shared by the bundles in TO (see stagers.pool)
-    TO/.ocistage-tmp/             per-name lock files and scratch dirs of running stagers
+The target's layout is :mod:`cache.staged`'s; the sequence around a staging is
+:class:`stagers.session.Staging`'s. This module is the directory strategy.
 
 How files get there (``method``):
 

@@ -1,17 +1,9 @@
 """The target directory of staging: names, per-name locks, scratch dirs, atomic publish.
 
-Layout (``TO`` is ``--to``)::
-
-    TO/NAME/                      a staged tree + .ocistage-manifest.json + .ocistage-staged.json
-    TO/NAME.sqfs                  the squashfs image of NAME (``--format squashfs`` only)
-    TO/.ocistage-pool/<hh>/<key>  file contents shared by the bundles in TO (stagers.pool)
-    TO/.ocistage-tmp/NAME.lock    the lock of a stager working on NAME (cache.locks)
-    TO/.ocistage-tmp/NAME.<pid>-<random>[.owner]   scratch dir of a running stager, its owner
-
-A version is built in a scratch dir and published by ``rename()``, or by an atomic
-``renameat2(RENAME_EXCHANGE)`` with the previous version (then removed). Scratch dirs whose
-owner died (kill -9, node crash) are removed by the next stager of the same name, under its
-lock.
+The layout of a target is defined once, in :mod:`cache.staged`. A version is built in a
+scratch dir and published by ``rename()``, or by an atomic ``renameat2(RENAME_EXCHANGE)`` with
+the previous version (then removed). Scratch dirs whose owner died (kill -9, node crash) are
+removed by the next stager of the same name, under its lock.
 """
 
 from __future__ import annotations
@@ -31,12 +23,10 @@ from typing import Any, Literal
 from cache.fsremove import remove_path
 from cache.inventory import SHARED_ROOT_ANNOTATION
 from cache.locks import FileLock, Owner
+from cache.staged import RESERVED_PREFIX, TMP_DIR, plain_name
 from stagers.copy import same_filesystem
 from stagers.errors import StageError
 
-TMP_DIR = ".ocistage-tmp"
-IMAGE_SUFFIX = ".sqfs"
-RESERVED_PREFIX = ".ocistage"
 Method = Literal["hardlink", "pool", "copy"]
 Format = Literal["dir", "squashfs"]
 LOCK_TIMEOUT = 3600.0
@@ -54,14 +44,8 @@ class StageResult:
     method: str          # hardlink | pool | copy | squashfs-mount | squashfs-unpack
 
 
-def image_path(final: Path) -> Path:
-    """``TO/NAME.sqfs``: where the squashfs image of the bundle staged at ``final`` lives."""
-    return final.with_name(final.name + IMAGE_SUFFIX)
-
-
 def check_name(name: str) -> str:
-    if (not name or "/" in name or "\0" in name or name in (".", "..")
-            or name.startswith(RESERVED_PREFIX)):
+    if not plain_name(name) or "\0" in name or name.startswith(RESERVED_PREFIX):
         raise StageError(f"invalid staged name {name!r}",
                          "a name is one path component and must not start with '.ocistage'")
     return name

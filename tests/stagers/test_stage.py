@@ -15,6 +15,7 @@ import pytest
 from cache import leases
 from cache.errors import OcistageError
 from cache.leases import Holder
+from cache.staged import TMP_DIR
 from stagers.filemanifest import (
     MANIFEST_NAME,
     MARKER_NAME,
@@ -25,7 +26,6 @@ from stagers.filemanifest import (
 )
 from stagers.markers import Marker
 from stagers.stage import StageResult, stage_directory
-from stagers.target import TMP_DIR
 from tests.stagers.conftest import make_tree
 
 REPO = Path(__file__).resolve().parents[2]
