@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -52,7 +54,7 @@ def _result_json(result: StageResult, source: str) -> dict[str, Any]:
     return {"path": str(result.path), "source": source, "node": socket.gethostname(),
             "method": result.method, "files": result.files, "copied": result.copied,
             "linked": result.linked, "unchanged": result.unchanged,
-            "bytesCopied": result.bytes_copied, "leaseId": result.lease_id}
+            "bytes_copied": result.bytes_copied, "lease_id": result.lease_id}
 
 
 def stage_command(
@@ -115,13 +117,34 @@ def stage_command(
                          "pass --to DIR|URL, set $OCISTAGE_STAGE_TO, or put stage_to = \"DIR\" "
                          "in the config file")
     silent = quiet or json_output or json_lines
-    staged = stage(what, StageOptions(to=to, format=format, name=name, pin=pin,
-                                      all_nodes=all_nodes, link=link, mount=mount, jobs=jobs),
-                   store=Store.open(settings.cache),
-                   pull_options=lambda: pull_options(settings, platform),
-                   progress=lambda: download_progress(silent))
+    with _image_progress(silent or format != "squashfs") as image_progress:
+        staged = stage(what, StageOptions(to=to, format=format, name=name, pin=pin,
+                                          all_nodes=all_nodes, link=link, mount=mount,
+                                          jobs=jobs),
+                       store=Store.open(settings.cache),
+                       pull_options=lambda: pull_options(settings, platform),
+                       progress=lambda: download_progress(silent),
+                       image_progress=image_progress)
     print_warnings(staged.warnings)
     _render(staged, json_output, json_lines, quiet)
+
+
+@contextlib.contextmanager
+def _image_progress(silent: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on stderr while a squashfs image is built, on a terminal only."""
+    if silent or not stderr.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(TextColumn("building squashfs image"), BarColumn(), MofNCompleteColumn(),
+                  console=stderr, transient=True) as bars:
+        task = bars.add_task("image", total=None)
+
+        def update(done: int, total: int) -> None:
+            bars.update(task, completed=done, total=total)
+
+        yield update
 
 
 def _render(staged: Staged, json_output: bool, json_lines: bool, quiet: bool) -> None:

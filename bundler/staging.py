@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from cache.store import Store
     from stagers.allnodes import NodeResult
     from stagers.remote import PushResult
+    from stagers.squashfs import ImageProgress
     from stagers.target import StageResult
 
 #: explicit transports of an image reference (bundler.reference)
@@ -71,16 +72,18 @@ ProgressFactory = Callable[[], AbstractContextManager["PullProgress | None"]]
 
 def stage(what: str, options: StageOptions, *, store: Store,
           pull_options: Callable[[], PullOptions] | None = None,
-          progress: ProgressFactory | None = None) -> Staged:
+          progress: ProgressFactory | None = None,
+          image_progress: ImageProgress | None = None) -> Staged:
     """Resolve ``what`` (module docstring) and stage it as ``options`` say.
 
     ``pull_options`` and ``progress`` are called only when a REF is bundled (staging a
-    directory loads no registry client)."""
+    directory loads no registry client); ``image_progress`` is told (files done, files) while
+    a squashfs image is built on this node."""
     if options.format not in ("dir", "squashfs"):
         raise UsageError(f"unknown format {options.format!r}",
                          "use --format dir or --format squashfs")
     source, label, warnings = _resolve(what, store, pull_options, progress)
-    return Staged(label, _dispatch(source, label, options, store), warnings)
+    return Staged(label, _dispatch(source, label, options, store, image_progress), warnings)
 
 
 def _resolve(what: str, store: Store, pull_options: Callable[[], PullOptions] | None,
@@ -130,8 +133,9 @@ def _names_registry(what: str) -> bool:
     return bool(slash) and (any(c in first for c in ".:") or first == "localhost")
 
 
-def _dispatch(source: Path | str, label: str, options: StageOptions,
-              store: Store) -> StageResult | PushResult | list[NodeResult]:
+def _dispatch(source: Path | str, label: str, options: StageOptions, store: Store,
+              image_progress: ImageProgress | None,
+              ) -> StageResult | PushResult | list[NodeResult]:
     from stagers.allnodes import stage_all_nodes
     from stagers.markers import default_holder
     from stagers.remote import is_url, push_tree, stage_from_url
@@ -157,8 +161,8 @@ def _dispatch(source: Path | str, label: str, options: StageOptions,
     return stage_directory(source, Path(options.to), cache_root=cache_root, name=options.name,
                            holder=holder, link=options.link, jobs=options.jobs,
                            format="squashfs" if options.format == "squashfs" else "dir",
-                           source_label=label,
-                           squashfs_mount=options.mount)
+                           source_label=label, squashfs_mount=options.mount,
+                           image_progress=image_progress)
 
 
 def _node_argv(source: str, options: StageOptions, cache_root: Path) -> list[str]:

@@ -29,10 +29,10 @@ from cache.leases import Holder, Lease
 from cache.staged import IMAGE_SUFFIX, image_path, outer_marker_name
 from cache.store import write_file_atomic
 from stagers.errors import StageError
-from stagers.filemanifest import fill_hashes, scan
+from stagers.filemanifest import MANIFEST_NAME, fill_hashes, load_manifest, scan
 from stagers.markers import Marker
 from stagers.session import Staging
-from stagers.squashfs import install_image, make_image
+from stagers.squashfs import install_image, make_image, tree_size
 from stagers.target import StageResult, check_name
 
 CHUNK = 4 << 20
@@ -170,7 +170,11 @@ def stage_from_url(url: str, to: Path, *, cache_root: Path, name: str | None = N
         method = install_image(staging, built, url, mount_image)
         if method == "squashfs-mount":
             write_outer_marker(staging.final, staging.lease, url)
-        return StageResult(staging.final, 0, 0, 0, 0, os.path.getsize(image_path(staging.final)),
+        # the image carries the manifest of its tree: report that tree, as a local image does
+        manifest = load_manifest(staging.final / MANIFEST_NAME)
+        entries = list(manifest.entries) if manifest is not None else []
+        files = sum(1 for e in entries if e.type == "file")
+        return StageResult(staging.final, files, files, 0, 0, tree_size(entries),
                            staging.lease.id, method)
 
 

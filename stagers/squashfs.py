@@ -16,8 +16,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from cache.cpus import usable_cpus
@@ -60,6 +63,37 @@ def _run(argv: list[str], what: str) -> None:
         raise StageError(f"{what} failed: {detail[-1] if detail else result.returncode}")
 
 
+#: called with (files done, files in all) while mksquashfs builds an image
+ImageProgress = Callable[[int, int], None]
+#: mksquashfs's progress bar, rewritten in place with \r: ``[====/    ] 120/300  40%``
+_BAR = re.compile(rb"\]\s+(\d+)/(\d+)\s+\d+%")
+
+
+def _run_reporting(argv: list[str], what: str, progress: ImageProgress) -> None:
+    """:func:`_run` of a mksquashfs that draws its progress bar, reported to ``progress``."""
+    try:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT)
+    except OSError as exc:
+        raise StageError(f"{what} failed: {exc}") from exc
+    assert process.stdout is not None
+    said: deque[bytes] = deque(maxlen=8)  # what it printed besides the bar, for an error
+    pending = b""
+    with process:
+        while chunk := os.read(process.stdout.fileno(), 1 << 16):
+            *parts, pending = re.split(rb"[\r\n]", pending + chunk)
+            pending = pending[-4096:]  # a bar is short; never hold an endless line
+            for part in parts:
+                bar = _BAR.search(part)
+                if bar is not None:
+                    progress(int(bar[1]), int(bar[2]))
+                elif part.strip():
+                    said.append(part.strip())
+    if process.returncode != 0:
+        detail = said[-1].decode(errors="replace") if said else str(process.returncode)
+        raise StageError(f"{what} failed: {detail}")
+
+
 def missing_mountpoints(source: Path) -> list[tuple[str, str]]:
     """Mount destinations of ``source/config.json`` missing from its rootfs, as (path inside
     the image, "d" or "f"), parents first.
@@ -99,15 +133,19 @@ def missing_mountpoints(source: Path) -> list[tuple[str, str]]:
     return result
 
 
-def build_image(source: Path, image: Path, extra: Path | None = None, jobs: int = 2) -> None:
+def build_image(source: Path, image: Path, extra: Path | None = None, jobs: int = 2,
+                progress: ImageProgress | None = None) -> None:
     """Make ``image`` from ``source`` (zstd); the files in ``extra`` replace top-level ones.
 
     ``image`` must not exist. Ownership is stored as found (a rootless bundle is the user's).
     Missing mount points of the bundle's config.json are added (:func:`missing_mountpoints`).
+    ``progress`` is told how far mksquashfs is, from its progress bar.
     """
     mksquashfs = _tool("mksquashfs")
     argv = [mksquashfs, os.fspath(source), os.fspath(image), "-comp", "zstd", "-noappend",
-            "-no-progress", "-quiet", "-no-recovery", "-processors", str(max(1, jobs))]
+            "-quiet", "-no-recovery", "-processors", str(max(1, jobs))]
+    if progress is None:
+        argv.append("-no-progress")
     uid, gid = os.getuid(), os.getgid()
     for path, kind in missing_mountpoints(source):
         argv += ["-p", f"{path} d 755 {uid} {gid}" if kind == "d"
@@ -118,7 +156,10 @@ def build_image(source: Path, image: Path, extra: Path | None = None, jobs: int 
     present = [name for name in excluded if os.path.lexists(source / name)]
     if present:
         argv += ["-e", *present]
-    _run(argv, f"mksquashfs of {source}")
+    if progress is None:
+        _run(argv, f"mksquashfs of {source}")
+    else:
+        _run_reporting(argv, f"mksquashfs of {source}", progress)
     if extra is not None:
         _run([mksquashfs, os.fspath(extra), os.fspath(image), "-no-progress", "-quiet",
               "-no-recovery"], f"adding ocistage files to {image.name}")
@@ -161,7 +202,8 @@ def _readonly_config_file(source: Path, extra: Path) -> None:
 
 
 def stage_squashfs(staging: Staging, source: Path, label: str, *,
-                   mount_image: bool | None = None, jobs: int = 8) -> StageResult:
+                   mount_image: bool | None = None, jobs: int = 8,
+                   progress: ImageProgress | None = None) -> StageResult:
     """The squashfs strategy: build ``NAME.sqfs`` from ``source`` in a scratch dir and
     install it (:func:`install_image`) at ``staging.final``."""
     staging.refuse_foreign("squashfs")
@@ -175,14 +217,21 @@ def stage_squashfs(staging: Staging, source: Path, label: str, *,
     method = "squashfs-mount" if mount_image is not False else "squashfs-unpack"
     image = image_path(staging.final)
     built = make_image(source, entries, scratch, image.name,
-                       staging.new_marker(label, method, "squashfs", image.name), jobs)
+                       staging.new_marker(label, method, "squashfs", image.name), jobs,
+                       progress)
     method = install_image(staging, built, label, mount_image)
-    return StageResult(staging.final, files, files, 0, 0, os.path.getsize(image),
+    return StageResult(staging.final, files, files, 0, 0, tree_size(entries),
                        staging.lease.id, method)
 
 
+def tree_size(entries: list[Entry]) -> int:
+    """The bytes of the regular files of a tree: what a squashfs staging reports as copied,
+    as a first directory staging does (not the compressed image's size)."""
+    return sum(e.size for e in entries if e.type == "file")
+
+
 def make_image(source: Path, entries: list[Entry], scratch: Path, image_name: str,
-               marker: Marker, jobs: int = 8) -> Path:
+               marker: Marker, jobs: int = 8, progress: ImageProgress | None = None) -> Path:
     """Build ``scratch/image_name`` from ``source`` with its manifest (``entries`` with hashes),
     ``marker`` and a read-only-root ``config.json``; returns its path."""
     extra = scratch / "extra"
@@ -192,7 +241,7 @@ def make_image(source: Path, entries: list[Entry], scratch: Path, image_name: st
     (extra / MANIFEST_NAME).write_bytes(manifest.to_json())
     (extra / MARKER_NAME).write_bytes(marker.to_json())
     built = scratch / image_name
-    build_image(source, built, extra, jobs=min(jobs, usable_cpus()))
+    build_image(source, built, extra, jobs=min(jobs, usable_cpus()), progress=progress)
     return built
 
 

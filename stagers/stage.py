@@ -50,7 +50,7 @@ from stagers.fresh import build_first
 from stagers.markers import default_holder, record_bundle_use
 from stagers.pool import Pool, pool_key
 from stagers.session import Staging, make_target
-from stagers.squashfs import stage_squashfs
+from stagers.squashfs import ImageProgress, stage_squashfs
 from stagers.target import (
     Format,
     Method,
@@ -68,13 +68,15 @@ __all__ = ["StageResult", "stage_directory"]
 def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | None = None,
                     holder: Holder | None = None, link: bool | None = None, jobs: int = 8,
                     format: Format = "dir", source_label: str | None = None,
-                    squashfs_mount: bool | None = None) -> StageResult:
+                    squashfs_mount: bool | None = None,
+                    image_progress: ImageProgress | None = None) -> StageResult:
     """Stage the tree ``source`` at ``to/name`` (see the module docstring); print nothing.
 
     ``link``: None shares inodes where possible (hardlink or pool), False makes independent
     copies, True insists on hardlinks from the source. ``source_label`` is what the marker
     records as the source (default: the source path). ``squashfs_mount``: None mounts the
     image where FUSE works and unpacks it elsewhere, True insists on mounting, False unpacks.
+    ``image_progress``: told (files done, files) while a squashfs image is built.
     """
     source = Path(os.path.abspath(source))
     if not source.is_dir():
@@ -92,7 +94,7 @@ def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | Non
                  what=os.fspath(source)) as staging:
         if format == "squashfs":
             return stage_squashfs(staging, source, label, mount_image=squashfs_mount,
-                                  jobs=jobs)
+                                  jobs=jobs, progress=image_progress)
         return _stage_tree(staging, source, label, link, jobs)
 
 

@@ -76,7 +76,7 @@ def test_staged_bundle_runs_under_runc(images: dict[str, ImageRef], ocistage: Oc
     again = stage(ocistage, images["busybox"].ref, "--to", str(target), *extra)
     assert again["path"] == doc["path"]
     assert again["unchanged"] == again["files"] and again["copied"] == 0
-    lease_id = str(doc["leaseId"])
+    lease_id = str(doc["lease_id"])
     assert [lease.id for lease in leases.leases_on(ocistage.cache, f"staged:{staged}")] \
         == [lease_id]
     removed = ocistage("unstage", str(staged), "--json", check=True)
@@ -234,3 +234,66 @@ def test_a_path_is_a_path_and_a_bare_name_goes_to_no_registry(
     result = ocistage("stage", str(tree), "--to", str(afile))
     assert result.returncode == 1 and f"the target {afile} is not a directory" in result.stderr
     assert "source is readable" not in result.stderr
+
+
+#: the keys of `ocistage stage --json` on one node (docs/staging.md, "JSON output")
+STAGE_KEYS = {"path", "source", "node", "method", "files", "copied", "linked", "unchanged",
+              "bytes_copied", "lease_id"}
+
+
+def test_stage_json_is_snake_case_and_squashfs_reports_the_tree(
+        ocistage: OcistageRunner, tmp_path: Path) -> None:
+    """14.9: stage said bytesCopied/leaseId, and squashfs the compressed image's size."""
+    require_binary("mksquashfs")
+    require_binary("unsquashfs")
+    tree = tmp_path / "tree"
+    (tree / "rootfs").mkdir(parents=True)
+    for n in range(20):
+        (tree / "rootfs" / f"f{n}").write_bytes(b"compressible " * (1000 + n))
+    size = sum(p.stat().st_size for p in (tree / "rootfs").iterdir())
+    copied = stage(ocistage, str(tree), "--to", str(tmp_path / "a"), "--copy")
+    image = stage(ocistage, str(tree), "--to", str(tmp_path / "b"), "--format", "squashfs",
+                  "--unpack")
+    for doc in (copied, image):
+        assert set(doc) == STAGE_KEYS
+    assert copied["bytes_copied"] == image["bytes_copied"] == size
+    assert image["files"] == copied["files"] == 20
+    for doc in (copied, image):
+        removed = ocistage("unstage", str(doc["path"]), "--json", check=True)
+        assert json.loads(removed.stdout) == {"path": doc["path"], "removed": True}
+
+
+def test_squashfs_staging_shows_progress_on_a_terminal(ocistage: OcistageRunner,
+                                                       tmp_path: Path) -> None:
+    """14.9: `--format squashfs` showed nothing while mksquashfs ran."""
+    require_binary("mksquashfs")
+    require_binary("unsquashfs")
+    import pty
+
+    tree = tmp_path / "tree"
+    (tree / "rootfs").mkdir(parents=True)
+    (tree / "rootfs" / "f").write_bytes(b"x" * 100000)
+    controller, terminal = pty.openpty()
+    shown = b""
+    try:
+        process = subprocess.Popen(
+            [*ocistage.command, "stage", str(tree), "--to", str(tmp_path / "t"), "--format",
+             "squashfs", "--unpack"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=terminal, env=ocistage.environment({"TERM": "xterm"}), cwd=ocistage.cwd)
+        os.close(terminal)
+        terminal = -1
+        while True:  # read while it runs: a full terminal buffer would block the child
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: the child's side is closed and all was read
+                break
+            if not chunk:
+                break
+            shown += chunk
+        process.wait(timeout=120)
+    finally:
+        os.close(controller)
+        if terminal >= 0:
+            os.close(terminal)
+    assert process.returncode == 0, shown
+    assert b"building squashfs image" in shown

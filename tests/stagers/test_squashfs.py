@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -111,3 +112,20 @@ def test_formats_do_not_replace_each_other_under_one_name(tree: Path, tmp_path: 
     with pytest.raises(OcistageError, match="squashfs image"):
         stage_directory(tree, tmp_path / "t", cache_root=cache, name="two")
     assert unstage(staged.path, cache_root=cache) and unstage(image.path, cache_root=cache)
+
+
+def test_building_an_image_reports_mksquashfs_progress(tmp_path: Path) -> None:
+    require_binary("mksquashfs")
+    from stagers.squashfs import build_image
+
+    source = tmp_path / "src"
+    source.mkdir()
+    for n in range(50):
+        (source / f"f{n}").write_bytes(os.urandom(1000 + n))
+    seen: list[tuple[int, int]] = []
+    build_image(source, tmp_path / "img.sqfs", progress=lambda done, total: seen.append(
+        (done, total)))
+    assert seen, "mksquashfs's progress bar was not read"
+    assert seen[-1][0] == seen[-1][1] >= 50
+    assert all(a[0] <= b[0] for a, b in itertools.pairwise(seen))
+    assert (tmp_path / "img.sqfs").stat().st_size > 0
