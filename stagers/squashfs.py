@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 from collections import deque
 from collections.abc import Callable
@@ -186,10 +187,93 @@ def mount(image: Path, mountpoint: Path) -> bool:
     return False
 
 
-def unpack(image: Path, dest: Path) -> None:
-    """Unpack ``image`` into ``dest`` (must not exist) with unsquashfs."""
-    _run([_tool("unsquashfs"), "-d", os.fspath(dest), "-no-progress", os.fspath(image)],
-         f"unsquashfs of {image.name}")
+#: a device node in ``unsquashfs -lln``:
+#: ``crw-rw-rw- 0/0  1,  3 2024-01-01 00:00 squashfs-root/dev/null``
+_DEVICE_LINE = re.compile(rb"[cb]\S{9} \S+\s+\d+,\s*\d+ \S+ \S+ squashfs-root/(.+)")
+_SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID
+
+
+def unpack(image: Path, dest: Path, *, rootless: bool = True) -> None:
+    """Unpack ``image`` into ``dest`` (must not exist; its parent is private) with unsquashfs.
+
+    ``rootless`` (the default, as for layers, :func:`bundler.layers.apply_layer`): an image is
+    hostile until proven otherwise, so no device node is created (they are left out), no file
+    keeps a setuid or setgid bit, and only ``user.*`` xattrs are extracted (no file
+    capabilities). ``rootless=False`` unpacks everything as it is, and only for root.
+    """
+    unsquashfs = _tool("unsquashfs")
+    if not rootless and os.geteuid() == 0:
+        _run([unsquashfs, "-d", os.fspath(dest), "-no-progress", os.fspath(image)],
+             f"unsquashfs of {image.name}")
+        return
+    excluded = dest.parent / f"{dest.name}.devices"
+    with open(excluded, "wb") as out:
+        out.writelines(name + b"\n" for name in _device_nodes(unsquashfs, image))
+    try:
+        _run([unsquashfs, "-d", os.fspath(dest), "-no-progress", "-user-xattrs",
+              "-no-wildcards", "-exclude-file", os.fspath(excluded), os.fspath(image)],
+             f"unsquashfs of {image.name}")
+    finally:
+        os.unlink(excluded)
+    make_rootless(dest)
+
+
+def _device_nodes(unsquashfs: str, image: Path) -> list[bytes]:
+    """Paths of the device nodes in ``image`` (from its listing, streamed)."""
+    found = []
+    try:
+        with subprocess.Popen([unsquashfs, "-lln", os.fspath(image)], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as listing:
+            assert listing.stdout is not None
+            for line in listing.stdout:
+                device = _DEVICE_LINE.fullmatch(line.rstrip(b"\n"))
+                if device is not None:
+                    found.append(device[1])
+    except OSError as exc:
+        raise StageError(f"listing {image.name} failed: {exc}") from exc
+    if listing.returncode != 0:
+        raise StageError(f"listing {image.name} failed: unsquashfs exited with "
+                         f"{listing.returncode}")
+    return found
+
+
+def make_rootless(root: Path) -> None:
+    """In the private tree ``root``: remove device nodes, clear setuid and setgid bits.
+
+    Iterative and through directory descriptors (any depth, no symlink followed)."""
+    stack = [os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)]
+    try:
+        while stack:
+            dir_fd = stack.pop()
+            try:
+                _make_rootless_in(dir_fd, stack)
+            finally:
+                os.close(dir_fd)
+    finally:
+        for fd in stack:
+            os.close(fd)
+
+
+def _make_rootless_in(dir_fd: int, subdirs: list[int]) -> None:
+    with os.scandir(dir_fd) as entries:
+        for entry in entries:
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                subdirs.append(os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                                       | os.O_CLOEXEC, dir_fd=dir_fd))
+            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                os.unlink(entry.name, dir_fd=dir_fd)
+            elif stat.S_ISREG(st.st_mode) and st.st_mode & _SPECIAL_BITS:
+                _chmod_at(dir_fd, entry.name, stat.S_IMODE(st.st_mode) & ~_SPECIAL_BITS)
+
+
+def _chmod_at(dir_fd: int, name: str, mode: int) -> None:
+    """chmod of the very inode ``name`` in ``dir_fd`` names (never a symlink's target)."""
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        os.chmod(f"/proc/self/fd/{fd}", mode)
+    finally:
+        os.close(fd)
 
 
 def _readonly_config_file(source: Path, extra: Path) -> None:

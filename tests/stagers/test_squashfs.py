@@ -6,6 +6,8 @@ import itertools
 import json
 import os
 import shutil
+import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -129,3 +131,64 @@ def test_building_an_image_reports_mksquashfs_progress(tmp_path: Path) -> None:
     assert seen[-1][0] == seen[-1][1] >= 50
     assert all(a[0] <= b[0] for a, b in itertools.pairwise(seen))
     assert (tmp_path / "img.sqfs").stat().st_size > 0
+
+
+def _hostile_image(tmp_path: Path) -> Path:
+    """A squashfs image whose pseudo files are what an attacker would ship: device nodes, a
+    setuid-root and a setgid-root program (mksquashfs -p, so no root is needed to build it)."""
+    require_binary("mksquashfs")
+    src = tmp_path / "hostile-src"
+    (src / "rootfs" / "bin").mkdir(parents=True)
+    (src / "rootfs" / "bin" / "tool").write_text("plain\n")
+    (src / "config.json").write_text('{"root": {"path": "rootfs"}}\n')
+    image = tmp_path / "hostile.sqfs"
+    subprocess.run(
+        ["mksquashfs", str(src), str(image), "-noappend", "-quiet", "-no-progress",
+         "-p", "rootfs/dev d 755 0 0", "-p", "rootfs/dev/mem c 666 0 0 1 1",
+         "-p", "rootfs/dev/sda b 666 0 0 8 0", "-p", "rootfs/bin/su f 4755 0 0 echo root",
+         "-p", "rootfs/bin/sg f 2755 0 0 echo group", "-p", "\"rootfs/odd name\" c 600 0 0 1 3"],
+        check=True, capture_output=True)
+    return image
+
+
+def _special_files(root: Path) -> list[str]:
+    found = []
+    for directory, dirs, files in os.walk(root):
+        for name in dirs + files:
+            mode = os.lstat(os.path.join(directory, name)).st_mode
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or mode & (stat.S_ISUID | stat.S_ISGID):
+                found.append(os.path.relpath(os.path.join(directory, name), root))
+    return sorted(found)
+
+
+def test_a_hostile_image_unpacks_without_devices_or_setuid(tmp_path: Path) -> None:
+    """13.3: `stage URL.sqfs --unpack` ran unsquashfs as is: as root it made device nodes and
+    setuid-root files from the image."""
+    require_binary("unsquashfs")
+    from stagers.remote import stage_from_url
+
+    image = _hostile_image(tmp_path)
+    cache = tmp_path / "cache"
+    staged = stage_from_url(f"file://{image}", tmp_path / "t", cache_root=cache,
+                            holder=Holder.pin("test"), mount_image=False)
+    assert staged.method == "squashfs-unpack"
+    assert _special_files(staged.path) == []
+    assert (staged.path / "rootfs" / "bin" / "tool").read_text() == "plain\n"
+    su = staged.path / "rootfs" / "bin" / "su"
+    assert su.read_text() == "root\n" and stat.S_IMODE(su.stat().st_mode) == 0o755
+    assert unstage(staged.path, cache_root=cache)
+
+
+def test_unpacking_everything_is_for_root_who_asks(tmp_path: Path) -> None:
+    require_binary("unsquashfs")
+    if os.geteuid() != 0:
+        pytest.skip("only root may unpack device nodes")
+    from stagers.squashfs import unpack
+
+    image = _hostile_image(tmp_path)
+    (tmp_path / "private").mkdir(mode=0o700)
+    unpack(image, tmp_path / "private" / "as-is", rootless=False)
+    assert _special_files(tmp_path / "private" / "as-is") == [
+        "rootfs/bin/sg", "rootfs/bin/su", "rootfs/dev/mem", "rootfs/dev/sda", "rootfs/odd name"]
+    unpack(image, tmp_path / "private" / "rootless")
+    assert _special_files(tmp_path / "private" / "rootless") == []
