@@ -112,8 +112,11 @@ class StagedBundle:
         return {i for i in ids if isinstance(i, str) and i}
 
     def _image_stat(self) -> tuple[str, os.stat_result] | None:
-        image = image_name(self.marker)
-        if image is None:
+        # the image of NAME is NAME.sqfs by the layout; the marker only says there is one (a
+        # marker is a file anyone who can write the bundle can edit: it never names what to
+        # remove, or an edited one would make unstage or gc delete a sibling)
+        image = self.name + IMAGE_SUFFIX
+        if image_name(self.marker) != image:
             return None
         try:
             st = os.stat(image, dir_fd=self.parent_fd, follow_symlinks=False)

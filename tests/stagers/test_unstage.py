@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -187,3 +188,23 @@ def test_an_unprivileged_owner_removes_mode_000_directories(open_dir: Path,
     assert result.returncode == 0, result.stderr
     assert not staged.exists()
     _intact(canary)
+
+
+@pytest.mark.parametrize("named", ["sibling.txt", "other", "other.sqfs"])
+def test_an_edited_marker_never_makes_unstage_delete_a_sibling(tree: Path, tmp_path: Path,
+                                                               named: str) -> None:
+    """13.11: unstage removed whatever file the marker's `image` named beside the bundle."""
+    cache = tmp_path / "cache"
+    target = tmp_path / "t"
+    staged = stage_directory(tree, target, cache_root=cache, name="mine", holder=Holder.pin("p"))
+    other = stage_directory(tree, target, cache_root=cache, name="other",
+                            holder=Holder.pin("p"))
+    (target / "sibling.txt").write_text("someone's data\n")
+    (target / "other.sqfs").write_text("someone's image\n")
+    marker = json.loads((staged.path / MARKER_NAME).read_text())
+    marker["image"] = named
+    (staged.path / MARKER_NAME).write_text(json.dumps(marker))
+    assert unstage(staged.path, cache_root=cache, holder=Holder.pin("p"))
+    assert (target / "sibling.txt").read_text() == "someone's data\n"
+    assert (target / "other.sqfs").read_text() == "someone's image\n"
+    assert (other.path / "config.json").exists()
