@@ -235,25 +235,6 @@ def dead_leases(cache_root: Path, job_states: JobStates = squeue_states) -> list
     return [lease for lease in leases if not is_live(lease, states)]
 
 
-def expire_dead(cache_root: Path, job_states: JobStates = squeue_states) -> list[Lease]:
-    """Delete the leases whose holders are gone; returns them.
-
-    Leases on ``staged:`` targets are left alone: ``cache gc`` drops them together with the
-    staged bundle they protect (the bundle's marker names one of them).
-    """
-    dead = [lease for lease in dead_leases(cache_root, job_states)
-            if not lease.target.startswith("staged:")]
-    for lease in dead:
-        release(cache_root, lease.id)
-    return dead
-
-
-def live_targets(cache_root: Path, job_states: JobStates = squeue_states) -> set[str]:
-    dead = {lease.id for lease in dead_leases(cache_root, job_states)}
-    return {target for lease in all_leases(cache_root) if lease.id not in dead
-            for target in lease.targets}
-
-
 def gc_running(cache_root: Path) -> bool:
     """Whether a live ``cache gc`` (other than this process) holds ``CACHE/gc.lock``."""
     path = cache_root / GC_LOCK

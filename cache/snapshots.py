@@ -247,12 +247,6 @@ def link_tree(source: Path, dest: Path, parts: int | None = None) -> None:
         raise _translate_oserror(exc, f"linking {source} to {dest}") from exc
 
 
-def copy_tree(source: Path, dest: Path) -> None:
-    """Make ``dest`` (absent) an independent copy of ``source`` (reflinks where supported)."""
-    _cp(["-a", "--reflink=auto", "--no-target-directory", "--", str(source), str(dest)],
-        source, dest)
-
-
 # -- splitting a clone -----------------------------------------------------------------------
 
 MAX_LINK_PARTS = 4

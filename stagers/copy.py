@@ -1,6 +1,6 @@
 """Moving one file's bytes: hardlink, reflink (FICLONE), ``copy_file_range``, ``sendfile``.
 
-:func:`clone_or_copy` tries the cheapest way that gives an independent file: a reflink shares
+:class:`Copier` tries the cheapest way that gives an independent file: a reflink shares
 extents copy-on-write (btrfs, XFS, bcachefs), ``copy_file_range`` lets the kernel (or an NFS
 server) copy without the bytes passing through user space, ``sendfile`` does the same across
 filesystems, and a plain read/write loop is the last resort. Each step falls back on the errors
@@ -116,11 +116,6 @@ class Copier:
         finally:
             os.close(dst_fd)
         return method
-
-
-def clone_or_copy(src: str, dst: str, mode: int, *, allow_reflink: bool = True) -> str:
-    """Create ``dst`` (must not exist) with ``src``'s content and permission bits ``mode``."""
-    return Copier(reflink=allow_reflink).copy_new(src, dst, mode)
 
 
 _AT_FDCWD = -100

@@ -63,9 +63,6 @@ class Entry(NamedTuple):
         return Entry(self.path, self.type, self.mode, self.size, self.mtime_ns, self.dev,
                      self.ino, content_hash, self.target)
 
-    def to_row(self) -> list[Any]:
-        return list(self)
-
     @classmethod
     def from_row(cls, row: list[Any]) -> Entry:
         path, kind, mode, size, mtime_ns, dev, ino, digest, target = row
@@ -87,7 +84,7 @@ class Manifest:
     def to_json(self) -> bytes:
         return json.dumps({"version": MANIFEST_VERSION, "source": self.source,
                            "method": self.method, "readonlyRoot": self.readonly_root,
-                           "entries": self.entries},  # tuples: JSON arrays, as to_row
+                           "entries": self.entries},  # tuples: JSON arrays, read by from_row
                           separators=(",", ":")).encode()
 
     @classmethod

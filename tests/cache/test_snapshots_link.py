@@ -1,4 +1,4 @@
-"""cache.snapshots.link_tree / copy_tree / split_tree: clones of snapshot trees.
+"""cache.snapshots.link_tree / split_tree: clones of snapshot trees.
 
 A linked clone has new directories with the source's modes, owners, xattrs and times, and
 every other entry (files, symlinks, FIFOs) hard-linked, symlinks never followed — whether one
@@ -17,7 +17,6 @@ from cache.errors import StoreError
 from cache.snapshots import (
     MAX_LINK_PARTS,
     MIN_SPLIT_WEIGHT,
-    copy_tree,
     free_cpus,
     link_tree,
     split_tree,
@@ -173,14 +172,3 @@ def test_linking_across_filesystems_fails_as_store_error(tmp_path: Path) -> None
             link_tree(source, dest, parts=2)
     finally:
         os.system(f"chmod -R u+rwx {dest} 2>/dev/null; rm -rf {dest}")
-
-
-def test_copy_tree_makes_independent_files(tmp_path: Path) -> None:
-    source = tmp_path / "src"
-    (source / "d").mkdir(parents=True)
-    (source / "d" / "file").write_text("original")
-    copy_tree(source, tmp_path / "copy")
-    (tmp_path / "copy" / "d" / "file").write_text("changed")
-    assert (source / "d" / "file").read_text() == "original"
-    assert os.lstat(tmp_path / "copy" / "d" / "file").st_ino != os.lstat(
-        source / "d" / "file").st_ino

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stagers.copy import Copier, clone_or_copy, link_fd
+from stagers.copy import Copier, link_fd
 
 
 def _source(tmp_path: Path, size: int) -> Path:
@@ -44,12 +44,12 @@ def test_copy_never_follows_symlinks(tmp_path: Path) -> None:
     src = _source(tmp_path, 10)
     os.symlink(src, tmp_path / "link")
     with pytest.raises(OSError):
-        clone_or_copy(str(tmp_path / "link"), str(tmp_path / "x"), 0o644)
+        Copier().copy_new(str(tmp_path / "link"), str(tmp_path / "x"), 0o644)
     victim = tmp_path / "victim"
     victim.write_text("keep")
     os.symlink(victim, tmp_path / "dst-link")
     with pytest.raises(OSError):
-        clone_or_copy(str(src), str(tmp_path / "dst-link"), 0o644)
+        Copier().copy_new(str(src), str(tmp_path / "dst-link"), 0o644)
     assert victim.read_text() == "keep"
 
 
