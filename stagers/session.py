@@ -29,6 +29,7 @@ from pathlib import Path
 from types import TracebackType
 
 from cache.leases import Holder, Lease
+from cache.locks import FileLock
 from cache.staged import image_path, sweep_pool
 from cache.store import fsync_dir
 from stagers.errors import StageError
@@ -69,8 +70,8 @@ def staging_error(exc: OSError, what: str, to: Path) -> StageError:
     """One StageError for ``exc`` met while doing ``what`` on the target ``to``."""
     if exc.errno in _FULL:
         return StageError(f"{what}: no space left on the filesystem of {to}",
-                          "free space there or stage elsewhere (--to); the partial copy "
-                          "was removed")
+                          "free space there or stage elsewhere (--to); nothing partial "
+                          "was left behind")
     detail = exc.strerror or str(exc)
     if exc.filename:
         detail += f" ({exc.filename})"
@@ -93,7 +94,7 @@ class Staging:
         self._taken = False
         self._scratches: list[Path] = []
         self._pool: Pool | None = None
-        self._lock = name_lock(self.to, self.name)
+        self._lock: FileLock | None = None
 
     @property
     def lease(self) -> Lease:
@@ -104,9 +105,11 @@ class Staging:
 
     def __enter__(self) -> Staging:
         try:
-            self._lock.acquire(timeout=LOCK_TIMEOUT)
+            lock = name_lock(self.to, self.name)
+            lock.acquire(timeout=LOCK_TIMEOUT)
         except OSError as exc:
             raise staging_error(exc, f"cannot lock {self.final}", self.to) from exc
+        self._lock = lock
         try:
             self._lease, self._taken = claim(self.cache_root, self.final, self.holder)
             clean_leftovers(self.to, self.name)
@@ -124,9 +127,10 @@ class Staging:
         if exc is None:
             try:
                 for scratch in self._scratches:
-                    drop_scratch(scratch)
+                    with contextlib.suppress(OSError):  # else the next stager of NAME does
+                        drop_scratch(scratch)
             finally:
-                self._lock.release()
+                self._release_lock()
             return
         self._undo()
         if isinstance(exc, OSError):
@@ -146,7 +150,12 @@ class Staging:
                 with contextlib.suppress(OSError):
                     sweep_pool(self.to)
         finally:
+            self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
             self._lock.release()
+            self._lock = None
 
     def _error(self, exc: OSError) -> StageError:
         return staging_error(exc, f"staging {self.what} to {self.final} failed", self.to)
