@@ -49,7 +49,7 @@ from stagers.filemanifest import (
 from stagers.fresh import build_first
 from stagers.markers import default_holder, record_bundle_use
 from stagers.pool import Pool, pool_key
-from stagers.session import Staging, make_target
+from stagers.session import Staging
 from stagers.squashfs import ImageProgress, stage_squashfs
 from stagers.target import (
     Format,
@@ -63,7 +63,7 @@ from stagers.target import (
 
 __all__ = ["StageResult", "stage_directory"]
 
-# -- the entry point ------------------------------------------------------------------------
+# -- staging a tree (the library call of runtimes, bench and bundler.staging) ----------------
 
 def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | None = None,
                     holder: Holder | None = None, link: bool | None = None, jobs: int = 8,
@@ -87,7 +87,6 @@ def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | Non
     if os.path.commonpath([real_source, real_to]) == real_source:
         raise StageError(f"the target {to} is inside the source {source}",
                          "stage to a directory outside the tree being staged")
-    make_target(to)
     label = source_label or os.fspath(source)
     record_bundle_use(source, cache_root)
     with Staging(to, name, cache_root=cache_root, holder=holder or default_holder(),
