@@ -163,6 +163,11 @@ def test_stage_in_then_again_is_incremental_and_stage_out_removes(tmp_path: Path
         ("slurm-job", "4242")]
     again = stage_in(request, cache_root=cache)
     assert (again.copied, again.unchanged, again.files) == (0, 7, 7)
+    # the JSON line scrun.lua decodes: the keys docs/slurm.md lists, snake_case like every
+    # ocistage command's JSON
+    assert list(again.to_json()) == ["bundle", "root_path", "config", "files", "copied",
+                                     "linked", "unchanged", "bytes_copied", "lease_id",
+                                     "method", "dropped"]
     assert stage_out(first.bundle, cache_root=cache) is True
     assert not first.bundle.exists() and not first.root_path.exists()
     assert all_leases(cache) == []
