@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
 import sys
 from collections.abc import Callable, Iterator
@@ -38,7 +37,6 @@ from cache.errors import UsageError
 
 if TYPE_CHECKING:
     from bundler.staging import Staged
-    from cache.leases import Holder
     from stagers.target import StageResult
 
 # The stagers, the cache, the bundler and their dependencies are imported inside the commands:
@@ -200,17 +198,13 @@ def unstage_command(
     Inside a Slurm job only that job's lease is released, and the bundle stays while other
     jobs hold it; outside a job every lease on it is released and it is removed.
     """
-    from cache.leases import Holder
+    from stagers.markers import releasing_holder
     from stagers.unstage import unstage
 
     setup_logging(verbose)
     settings = settings_from(cache, None, None, None, None)
-    holder: Holder | None = None
-    if pin:
-        holder = Holder.pin(pin)
-    elif os.environ.get("SLURM_JOB_ID"):
-        holder = Holder.slurm_job(os.environ["SLURM_JOB_ID"])
-    removed = unstage(path, cache_root=settings.cache, holder=holder, force=force)
+    removed = unstage(path, cache_root=settings.cache, holder=releasing_holder(pin),
+                      force=force)
     if json_output:
         print_json({"path": str(path.absolute()), "removed": removed})
         return

@@ -110,6 +110,17 @@ def default_holder(pin: str | None = None,
     return Holder.pin(f"stage:{user}")
 
 
+def releasing_holder(pin: str | None = None,
+                     environ: Mapping[str, str] | None = None) -> Holder | None:
+    """Whose leases ``unstage`` releases: ``--pin NAME``, else the Slurm job we run in, else
+    None (every holder's)."""
+    env = os.environ if environ is None else environ
+    if pin:
+        return Holder.pin(pin)
+    job = env.get("SLURM_JOB_ID")
+    return Holder.slurm_job(job) if job else None
+
+
 def same_holder(a: Holder, b: Holder) -> bool:
     if a.kind != b.kind:
         return False

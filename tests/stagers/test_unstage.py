@@ -208,3 +208,15 @@ def test_an_edited_marker_never_makes_unstage_delete_a_sibling(tree: Path, tmp_p
     assert (target / "sibling.txt").read_text() == "someone's data\n"
     assert (target / "other.sqfs").read_text() == "someone's image\n"
     assert (other.path / "config.json").exists()
+
+
+def test_whose_leases_unstage_releases() -> None:
+    from stagers.markers import default_holder, releasing_holder
+
+    job = {"SLURM_JOB_ID": "77"}
+    assert releasing_holder("mine", job) == Holder.pin("mine")
+    assert releasing_holder(None, job) == Holder.slurm_job("77")
+    assert releasing_holder(None, {}) is None  # outside a job: every holder's
+    # staging and unstaging agree on the pin and the job
+    assert default_holder("mine", job) == releasing_holder("mine", job)
+    assert default_holder(None, job) == releasing_holder(None, job)
