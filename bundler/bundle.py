@@ -55,6 +55,7 @@ from bundler.snapshots import (
 from cache import usage
 from cache.digest import Digest
 from cache.errors import OcistageError, StoreError, UsageError
+from cache.fsops import release_owned_dir, remove_tree
 from cache.inventory import SHARED_ROOT_ANNOTATION, write_bundle_info
 from cache.leases import InUse
 from cache.snapshots import (
@@ -64,7 +65,7 @@ from cache.snapshots import (
     link_tree,
     publish_snapshot,
 )
-from cache.store import Store, fsync_dir, remove_dead_scratch, remove_tree, scratch_name
+from cache.store import Store, fsync_dir, remove_dead_scratch, scratch_name
 
 BUNDLE_FORMAT = 1  # bump when the bundle layout or config generation changes meaning
 
@@ -308,5 +309,5 @@ def _snapshot(puller: _PullThread, store: Store, in_use: InUse, layers: tuple[De
             store.remove_temp_dir(work)
         raise
     with contextlib.suppress(OSError):
-        (work.parent / f"{work.name}.owner").unlink()
+        release_owned_dir(work)
     return published, applied

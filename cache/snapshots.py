@@ -48,7 +48,8 @@ from pathlib import Path
 from cache.cpus import usable_cpus
 from cache.digest import Digest
 from cache.errors import OcistageError, StoreError
-from cache.store import Store, _translate_oserror, fsync_dir, remove_tree
+from cache.fsops import remove_tree
+from cache.store import Store, _translate_oserror, fsync_dir
 
 SNAPSHOTS = "snapshots"
 METADATA = "snapshot.json"

@@ -16,7 +16,7 @@ module (``stagers`` imports ``cache``, never the reverse), so the layout below i
 
 Removal never follows a symlink: ``NAME`` is opened with ``O_NOFOLLOW`` relative to its
 parent, a squashfs mount (a different ``st_dev`` than the parent's) is unmounted first, and
-a directory is removed through descriptors (:mod:`cache.fsremove`).
+a directory is removed through descriptors (:mod:`cache.fsops`).
 """
 
 from __future__ import annotations
@@ -32,14 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cache.errors import StoreError
-from cache.fsremove import remove_opened
+from cache.fsops import DIR_FOLLOW, DIR_READ, remove_opened
 
 MARKER_NAME = ".ocistage-staged.json"
 POOL_DIR = ".ocistage-pool"
 UNMOUNT_TIMEOUT = 60
 TEMP_GRACE = 3600.0   # a named temp file in the pool younger than this may be being written
-
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def outer_marker_name(name: str) -> str:
@@ -121,11 +119,11 @@ def open_staged(path: Path) -> StagedBundle | None:
     (a symlink is never followed) or carries no marker."""
     parent, name = os.path.split(path)
     try:
-        parent_fd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        parent_fd = os.open(parent or "/", DIR_FOLLOW)
     except OSError:
         return None
     try:
-        fd = os.open(name, _DIR, dir_fd=parent_fd)
+        fd = os.open(name, DIR_READ, dir_fd=parent_fd)
     except OSError:
         os.close(parent_fd)
         return None
@@ -207,13 +205,13 @@ def sweep_pool(target: Path) -> int:
     stagers: one that loses an entry copies it again."""
     removed = 0
     try:
-        pool_fd = os.open(target / POOL_DIR, _DIR)
+        pool_fd = os.open(target / POOL_DIR, DIR_READ)
     except OSError:
         return 0
     try:
         for fanout in os.listdir(pool_fd):
             try:
-                fan_fd = os.open(fanout, _DIR, dir_fd=pool_fd)
+                fan_fd = os.open(fanout, DIR_READ, dir_fd=pool_fd)
             except OSError:
                 continue
             try:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from cache.cpus import usable_cpus
 from cache.fdio import process_umask
+from cache.fsops import DIR_FOLLOW, DIR_READ
 from stagers.copy import Copier
 from stagers.filemanifest import Entry, Manifest, hash_file
 from stagers.parallel import map_batched, map_parts
@@ -30,8 +31,6 @@ from stagers.target import Method, readonly_config, writable_config, write_priva
 #: hash when it was computed on the way (a first stage into an empty pool)
 Outcome = tuple[str, int, str | None]
 
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-_DIR_NOFOLLOW = _DIR | os.O_NOFOLLOW
 #: below this many files, forking workers costs more than it saves (threads are used)
 FORK_MIN_FILES = 2000
 
@@ -67,14 +66,14 @@ class Builder:
         self._old_dirs: dict[str, int | None] = {}
         self._old_dirs_lock = threading.Lock()
         # descriptors that files are linked through (see place_part); -1: not opened
-        self._scratch_fd = os.open(scratch, _DIR_NOFOLLOW)
+        self._scratch_fd = os.open(scratch, DIR_READ)
         self._source_fd = self._pool_fd = -1
         self._umask = process_umask()
         try:
             if method != "copy":
-                self._source_fd = os.open(source, _DIR)
+                self._source_fd = os.open(source, DIR_FOLLOW)
             if method == "pool":
-                self._pool_fd = os.open(pool.root, _DIR_NOFOLLOW)
+                self._pool_fd = os.open(pool.root, DIR_READ)
         except BaseException:
             os.close(self._scratch_fd)
             raise
@@ -103,12 +102,12 @@ class Builder:
         fd: int | None = None
         try:
             if not rel_dir:
-                fd = os.open(self.final, _DIR_NOFOLLOW)
+                fd = os.open(self.final, DIR_READ)
             else:
                 parent_rel, _, name = rel_dir.rpartition("/")
                 parent = self._open_old_dir(parent_rel)
                 if parent is not None:
-                    fd = os.open(name, _DIR_NOFOLLOW, dir_fd=parent)
+                    fd = os.open(name, DIR_READ, dir_fd=parent)
         except OSError:
             fd = None
         self._old_dirs[rel_dir] = fd
@@ -264,7 +263,7 @@ class Builder:
                             os.close(fd)
                     dest_fd = src_fd = -1
                     # our own scratch tree: every directory in it was made by make_nodes()
-                    dest_fd = os.open(rel_dir or ".", _DIR_NOFOLLOW, dir_fd=self._scratch_fd)
+                    dest_fd = os.open(rel_dir or ".", DIR_READ, dir_fd=self._scratch_fd)
                     current = rel_dir
                 if how == "pool":
                     assert entry.hash is not None
@@ -278,7 +277,7 @@ class Builder:
                     results.append((outcome, 0, None))
                     continue
                 if src_fd < 0:
-                    src_fd = os.open(rel_dir or ".", _DIR, dir_fd=self._source_fd)
+                    src_fd = os.open(rel_dir or ".", DIR_FOLLOW, dir_fd=self._source_fd)
                 if how == "source":
                     os.link(name, name, src_dir_fd=src_fd, dst_dir_fd=dest_fd,
                             follow_symlinks=False)

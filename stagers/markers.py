@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cache import leases, usage
+from cache.fsops import DIR_READ
 from cache.leases import Holder, Lease
 from cache.staged import read_json_at
 from stagers.filemanifest import MARKER_NAME
@@ -86,7 +87,7 @@ def read_marker(path: Path) -> Marker | None:
     """The marker of what is staged at ``path``; None if nothing of ours is there (a symlink
     at ``path`` is not followed)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, DIR_READ)
     except OSError:
         return None
     try:

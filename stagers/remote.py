@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import tarfile
 import tempfile
 import time
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from cache.fsops import DIR_FOLLOW, remove_tree
 from cache.leases import Holder, Lease
 from cache.staged import outer_marker_name, read_json_at
 from cache.store import write_file_atomic
@@ -148,7 +148,8 @@ def push_tree(source: Path, url: str, name: str, *, format: str, work: Path,
             target = join(url, name + IMAGE_SUFFIX)
             return PushResult(target, "squashfs", push_file(image, target))
         finally:
-            shutil.rmtree(build, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                remove_tree(build)
     target = join(url, name + TAR_SUFFIX)
     with _uploading(target) as (fs, partial):
         with fs.open(partial, "wb") as out, tarfile.open(fileobj=out, mode="w|",
@@ -218,7 +219,7 @@ def write_outer_marker(final: Path, lease: Lease, url: str) -> None:
 
 def _marked_with(final: Path, lease: Lease) -> bool:
     try:
-        fd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = os.open(final.parent, DIR_FOLLOW)
     except OSError:
         return False
     try:

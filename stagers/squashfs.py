@@ -21,7 +21,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from cache.fsremove import remove_path
+from cache.fsops import remove_tree
 from cache.leases import Holder
 from cache.staged import unmount as unmount
 from stagers.filemanifest import (
@@ -258,7 +258,7 @@ def install_image(built: Path, final: Path, scratch: Path, files: int, lease_id:
         os.rmdir(final)
     old = publish(unpacked, final)
     if old is not None:
-        remove_path(os.fspath(old))
+        remove_tree(old)
     drop_scratch(scratch)
     return StageResult(final, files, files, 0, 0, size, lease_id, "squashfs-unpack")
 

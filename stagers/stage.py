@@ -37,6 +37,7 @@ import os
 from pathlib import Path
 
 from cache.cpus import usable_cpus
+from cache.fsops import release_owned_dir
 from cache.leases import Holder, Lease
 from cache.store import fsync_dir
 from stagers.builder import FORK_MIN_FILES, Builder
@@ -62,7 +63,7 @@ from stagers.markers import (
     release_if_unused,
 )
 from stagers.pool import Pool, pool_key
-from stagers.removal import remove_tree
+from stagers.removal import remove_in_workers
 from stagers.squashfs import stage_squashfs
 from stagers.target import (
     LOCK_TIMEOUT,
@@ -206,12 +207,11 @@ def _stage_claimed(source: Path, to: Path, name: str, cache_root: Path, lease: L
         raise
     if replaced is not None:
         processes = min(jobs, usable_cpus()) if files >= FORK_MIN_FILES else 1
-        remove_tree(os.fspath(replaced), processes)
+        remove_in_workers(replaced, processes)
         if previous is not None and previous.method == "pool":
             pool.release(_released_keys(previous, manifest, before, builder.replaced,
                                          builder.counts.unchanged))
-    with contextlib.suppress(FileNotFoundError):
-        (scratch.parent / f"{scratch.name}.owner").unlink()
+    release_owned_dir(scratch)
     counts = builder.counts
     return StageResult(final, files, counts.copied, counts.linked, counts.unchanged,
                        counts.bytes_copied, lease.id, method)

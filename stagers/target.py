@@ -16,7 +16,6 @@ lock.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import json
@@ -28,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from cache.fsremove import remove_path
+from cache.fsops import OWNER_SUFFIX, drop_owned_dir, make_owned_dir, remove_tree
 from cache.inventory import SHARED_ROOT_ANNOTATION
-from cache.locks import FileLock, Owner
+from cache.locks import FileLock
 from stagers.copy import same_filesystem
 from stagers.filemanifest import MANIFEST_NAME, Manifest, StageError, load_manifest
 from stagers.markers import Marker, read_marker
@@ -131,28 +130,23 @@ def clean_leftovers(to: Path, name: str) -> None:
     names are left to their own stagers.
     """
     tmp = to / TMP_DIR
-    pattern = re.compile(rf"{re.escape(name)}\.\d+-[0-9a-f]{{10}}(\.old|\.owner)?")
+    pattern = re.compile(
+        rf"{re.escape(name)}\.\d+-[0-9a-f]{{10}}(\.old|{re.escape(OWNER_SUFFIX)})?")
     try:
         names = os.listdir(tmp)
     except FileNotFoundError:
         return
     for entry in names:
         if pattern.fullmatch(entry):
-            remove_path(os.fspath(tmp / entry))
+            remove_tree(tmp / entry)
 
 
 def new_scratch(to: Path, name: str) -> Path:
-    owner = Owner.me()
-    scratch = tmp_dir(to) / f"{name}.{owner.pid}-{uuid.uuid4().hex[:10]}"
-    (scratch.parent / f"{scratch.name}.owner").write_text(owner.to_json())
-    scratch.mkdir(mode=0o700)
-    return scratch
+    return make_owned_dir(tmp_dir(to) / f"{name}.{os.getpid()}-{uuid.uuid4().hex[:10]}")
 
 
 def drop_scratch(scratch: Path) -> None:
-    remove_path(os.fspath(scratch))
-    with contextlib.suppress(FileNotFoundError):
-        (scratch.parent / f"{scratch.name}.owner").unlink()
+    drop_owned_dir(scratch)
 
 
 def name_lock(to: Path, name: str) -> FileLock:
