@@ -55,11 +55,13 @@ from bundler.snapshots import (
 from cache import usage
 from cache.digest import Digest
 from cache.errors import OcistageError, StoreError, UsageError
-from cache.fsops import release_owned_dir, remove_tree
+from cache.fsops import hardlinks_work, release_owned_dir, remove_tree
 from cache.inventory import SHARED_ROOT_ANNOTATION, write_bundle_info
 from cache.leases import InUse
+from cache.snapshots import METADATA as SNAPSHOT_METADATA
 from cache.snapshots import (
     chain_ids,
+    copy_tree,
     find_snapshot,
     lease_target,
     link_tree,
@@ -204,11 +206,6 @@ def _build(puller: _PullThread, store: Store, dest: Path | None, in_use: InUse,
         if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
             raise UsageError(f"{dest} exists and is not an empty directory",
                              "choose a new destination, or remove it first")
-    shared_root = link and not config_options.readonly
-    if link:
-        # the rootfs shares file inodes with the cache's snapshot: a container writing into
-        # its root would change the cache and every other bundle linked to it
-        config_options = dataclasses.replace(config_options, readonly=True)
     snapshot: Path | None = None
     scratch = None
     try:
@@ -216,11 +213,18 @@ def _build(puller: _PullThread, store: Store, dest: Path | None, in_use: InUse,
             snapshot, applied = _snapshot(puller, store, in_use, layers, diff_ids, on_layer)
             scratch = _scratch_beside(dest)
             rootfs = scratch / "rootfs"
-            link_tree(snapshot, rootfs)
+            # another mount point of the same filesystem refuses links (EXDEV): copy then
+            link = hardlinks_work(snapshot.parent / SNAPSHOT_METADATA, scratch)
+            (link_tree if link else copy_tree)(snapshot, rootfs)
         else:
             scratch = _scratch_beside(dest)
             rootfs = scratch / "rootfs"
             applied = _unpack(puller, store, layers, diff_ids, rootfs, on_layer)
+        shared_root = link and not config_options.readonly
+        if link:
+            # the rootfs shares file inodes with the cache's snapshot: a container writing
+            # into its root would change the cache and every other bundle linked to it
+            config_options = dataclasses.replace(config_options, readonly=True)
         image = puller.result()  # every blob verified before anything is published
         config = build_runtime_config(json.loads(raw_config), rootfs, config_options)
         if shared_root:  # read-only for the sharing only: a private copy may be writable

@@ -403,6 +403,33 @@ def path_stats(path: str | os.PathLike[str]) -> Iterator[os.stat_result]:
         os.close(parent_fd)
 
 
+# -- hard links -------------------------------------------------------------------------------
+
+#: ``link()`` errors that mean "no hard link here, copy instead": another mount (two mount
+#: points of one filesystem give EXDEV although ``st_dev`` is the same), a source we do not
+#: own under ``protected_hardlinks``, a file at its link limit
+LINK_REFUSED = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK})
+
+
+def link_refused(exc: OSError) -> bool:
+    """Whether ``exc`` from ``link()`` means the caller should copy instead."""
+    return exc.errno in LINK_REFUSED
+
+
+def hardlinks_work(source: Path, directory: Path) -> bool:
+    """Whether the regular file ``source`` can be hard-linked into ``directory``: tried for
+    real with a probe name that is removed again (comparing ``st_dev`` is not enough)."""
+    probe = directory / f".ocistage-link-probe-{os.getpid()}-{os.urandom(4).hex()}"
+    try:
+        os.link(source, probe, follow_symlinks=False)
+    except OSError as exc:
+        if link_refused(exc):
+            return False
+        raise
+    os.unlink(probe)
+    return True
+
+
 # -- scratch directories with an owner file ----------------------------------------------------
 
 def owner_file(directory: Path) -> Path:

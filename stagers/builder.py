@@ -20,7 +20,7 @@ from pathlib import Path
 
 from cache.cpus import usable_cpus
 from cache.fdio import process_umask
-from cache.fsops import DIR_FOLLOW, DIR_READ
+from cache.fsops import DIR_FOLLOW, DIR_READ, link_refused
 from stagers.copy import Copier
 from stagers.filemanifest import Entry, Manifest, hash_file
 from stagers.parallel import map_batched, map_parts
@@ -271,16 +271,24 @@ class Builder:
                     try:
                         os.link(f"{key[:2]}/{key}", name, src_dir_fd=self._pool_fd,
                                 dst_dir_fd=dest_fd, follow_symlinks=False)
-                    except FileNotFoundError:
-                        results.append(self._place(entry))  # released meanwhile: copy again
+                    except OSError as exc:  # released meanwhile, or refused: copy again
+                        if not (isinstance(exc, FileNotFoundError) or link_refused(exc)):
+                            raise
+                        results.append(self._place(entry))
                         continue
                     results.append((outcome, 0, None))
                     continue
                 if src_fd < 0:
                     src_fd = os.open(rel_dir or ".", DIR_FOLLOW, dir_fd=self._source_fd)
                 if how == "source":
-                    os.link(name, name, src_dir_fd=src_fd, dst_dir_fd=dest_fd,
-                            follow_symlinks=False)
+                    try:
+                        os.link(name, name, src_dir_fd=src_fd, dst_dir_fd=dest_fd,
+                                follow_symlinks=False)
+                    except OSError as exc:
+                        if not link_refused(exc):
+                            raise
+                        results.append(self._place(entry))  # copies where links fail
+                        continue
                     results.append((outcome, 0, None))
                     continue
                 content_hash, new = self.pool.ingest(
@@ -310,8 +318,7 @@ class Builder:
                 and self._carry_over(entry, dest):
             return "unchanged", 0, None
         if same and self.method == "hardlink":  # the previous version linked this very file
-            os.link(src, dest, follow_symlinks=False)
-            return "unchanged", 0, None
+            return self._link_or_copy(src, dest, entry, "unchanged")
         if same and self.method == "pool":  # linked from the pool, as before
             assert entry.hash is not None
             self.pool.link_into(src, pool_key(entry.hash, entry.mode), entry.mode,
@@ -322,8 +329,7 @@ class Builder:
             if written is not None:
                 return "copied", written, hash_file(src) if entry.hash is None else None
         if self.method == "hardlink":
-            os.link(src, dest, follow_symlinks=False)
-            return "linked", 0, None
+            return self._link_or_copy(src, dest, entry, "linked")
         if self.method == "pool" and entry.hash is None:  # first stage: copy + hash at once
             content_hash, new = self.pool.ingest(src, entry.mode, entry.mtime_ns, dest,
                                                  entry.size, umask=self._umask)
@@ -336,6 +342,18 @@ class Builder:
             return "linked", 0, None
         self.copier.copy_new(src, dest, entry.mode, entry.mtime_ns)
         return "copied", entry.size, None
+
+    def _link_or_copy(self, src: str, dest: str, entry: Entry, outcome: str) -> Outcome:
+        """Hard-link ``src`` at ``dest``, or copy it where the link is refused (a mount point
+        inside the source, EXDEV; a file at its link limit)."""
+        try:
+            os.link(src, dest, follow_symlinks=False)
+        except OSError as exc:
+            if not link_refused(exc):
+                raise
+            self.copier.copy_new(src, dest, entry.mode, entry.mtime_ns)
+            return "copied", entry.size, None
+        return outcome, 0, None
 
     def _private_config(self, src: str, dest: str, entry: Entry, shared: bool) -> int | None:
         """Write config.json as a file of its own: with a read-only root when the staged files

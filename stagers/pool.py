@@ -24,6 +24,7 @@ from pathlib import Path
 import xxhash
 
 from cache.fdio import created_exactly, write_all
+from cache.fsops import link_refused
 from cache.staged import POOL_DIR
 from stagers.copy import Copier, link_fd
 from stagers.filemanifest import CHUNK
@@ -55,16 +56,22 @@ class Pool:
         the entry is missing. Returns True when bytes were copied."""
         pooled = f"{os.fspath(self.root)}/{key[:2]}/{key}"
         copied = False
-        for _attempt in range(5):
-            try:
-                os.link(pooled, dest, follow_symlinks=False)
-                return copied
-            except FileNotFoundError:
-                if not os.path.isdir(os.path.dirname(dest)):
-                    raise
-            self._add(source, pooled, mode, mtime_ns, copier)
+        try:
+            for _attempt in range(5):
+                try:
+                    os.link(pooled, dest, follow_symlinks=False)
+                    return copied
+                except FileNotFoundError:
+                    if not os.path.isdir(os.path.dirname(dest)):
+                        raise
+                self._add(source, pooled, mode, mtime_ns, copier)
+                copied = True
+            os.link(pooled, dest, follow_symlinks=False)
+        except OSError as exc:
+            if not link_refused(exc):  # the pool is on another mount: a private copy
+                raise
+            copier.copy_new(source, dest, mode, mtime_ns)
             copied = True
-        os.link(pooled, dest, follow_symlinks=False)
         return copied
 
     def _add(self, source: str, pooled: str, mode: int, mtime_ns: int, copier: Copier) -> None:
@@ -167,11 +174,19 @@ class Pool:
                 return content_hash, True
             except FileExistsError:
                 pass
+            except OSError as exc:
+                if link_refused(exc):  # the pool is on another mount: dest stays private
+                    return content_hash, True
+                raise
             twin = f"{dest}.ocistage-twin"
             try:
                 os.link(pooled, twin, dst_dir_fd=dest_dir, follow_symlinks=False)
             except FileNotFoundError:  # released by a concurrent unstage: publish ours
                 continue
+            except OSError as exc:  # EEXIST is checked before EXDEV: another mount
+                if link_refused(exc):
+                    return content_hash, True
+                raise
             os.rename(twin, dest, src_dir_fd=dest_dir, dst_dir_fd=dest_dir)  # share the inode
             return content_hash, False
         return content_hash, True  # the pool keeps losing it: dest stays a private copy

@@ -16,21 +16,28 @@ lock.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
 import os
 import re
+import stat
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from cache.fsops import OWNER_SUFFIX, drop_owned_dir, make_owned_dir, remove_tree
+from cache.fsops import (
+    OWNER_SUFFIX,
+    drop_owned_dir,
+    hardlinks_work,
+    make_owned_dir,
+    remove_tree,
+)
 from cache.inventory import SHARED_ROOT_ANNOTATION
 from cache.locks import FileLock
-from stagers.copy import same_filesystem
 from stagers.filemanifest import MANIFEST_NAME, Manifest, StageError, load_manifest
 from stagers.markers import Marker, read_marker
 
@@ -184,11 +191,27 @@ def source_identity(source: Path, cache_root: Path) -> str:
 def choose_method(source: Path, to: Path, link: bool | None) -> Method:
     if link is False:
         return "copy"
-    same = same_filesystem(source, to)
+    same = hardlinks_between(source, to)
     if link is True and not same:
-        raise StageError(f"cannot hardlink: {source} and {to} are on different filesystems",
-                         "drop --link to copy through the target's pool instead")
+        raise StageError(f"cannot hardlink: {source} and {to} are on different filesystems "
+                         f"or mount points", "drop --link to copy through the target's pool "
+                                             "instead")
     return "hardlink" if same else "pool"
+
+
+def hardlinks_between(source: Path, to: Path) -> bool:
+    """Whether files of the tree ``source`` can be hard-linked into ``to``: a regular file at
+    its top (``config.json`` first) is linked into ``TO/.ocistage-tmp`` for real, since two
+    mount points of one filesystem (bind mounts, per-job tmpfs namespaces) share ``st_dev``
+    but refuse links with EXDEV. A tree without such a file compares ``st_dev``."""
+    candidates = [source / "config.json"]
+    with contextlib.suppress(OSError), os.scandir(source) as entries:
+        candidates.extend(Path(e.path) for e in entries if e.is_file(follow_symlinks=False))
+    for candidate in candidates:
+        with contextlib.suppress(OSError):
+            if stat.S_ISREG(os.lstat(candidate).st_mode):
+                return hardlinks_work(candidate, tmp_dir(to))
+    return os.stat(source).st_dev == os.stat(to).st_dev
 
 
 
