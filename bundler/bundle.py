@@ -55,7 +55,7 @@ from bundler.snapshots import (
 from cache import usage
 from cache.digest import Digest
 from cache.errors import OcistageError, StoreError, UsageError
-from cache.fsops import hardlinks_work, release_owned_dir, remove_tree
+from cache.fsops import check_shared_parent, hardlinks_work, release_owned_dir, remove_tree
 from cache.inventory import SHARED_ROOT_ANNOTATION, write_bundle_info
 from cache.leases import InUse
 from cache.snapshots import METADATA as SNAPSHOT_METADATA
@@ -203,6 +203,7 @@ def _build(puller: _PullThread, store: Store, dest: Path | None, in_use: InUse,
     else:
         dest = dest.absolute()
         dest.parent.mkdir(parents=True, exist_ok=True)
+        check_shared_parent(dest.parent, "destination directory")  # docs/trust.md
         if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
             raise UsageError(f"{dest} exists and is not an empty directory",
                              "choose a new destination, or remove it first")

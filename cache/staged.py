@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cache.errors import StoreError
-from cache.fsops import DIR_FOLLOW, DIR_READ, remove_opened
+from cache.fsops import DIR_FOLLOW, DIR_READ, remove_opened, trust_problem
 
 MARKER_NAME = ".ocistage-staged.json"
 POOL_DIR = ".ocistage-pool"
@@ -208,7 +208,10 @@ def sweep_pool(target: Path) -> int:
         pool_fd = os.open(target / POOL_DIR, DIR_READ)
     except OSError:
         return 0
+    uid = os.geteuid()
     try:
+        if trust_problem(os.fstat(pool_fd)) is not None:
+            return 0  # not our pool (docs/trust.md): nothing in it is ours to remove
         for fanout in os.listdir(pool_fd):
             try:
                 fan_fd = os.open(fanout, DIR_READ, dir_fd=pool_fd)
@@ -221,7 +224,7 @@ def sweep_pool(target: Path) -> int:
                         if (entry.name.endswith(".tmp")  # a stager writing it (no O_TMPFILE)
                                 and time.time() - st.st_mtime < TEMP_GRACE):
                             continue
-                        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == uid:
                             os.unlink(entry.name, dir_fd=fan_fd)
                             removed += 1
             finally:

@@ -39,6 +39,7 @@ from cache.digest import Digest
 from cache.errors import IntegrityError, StoreError, UntrustedPath
 from cache.fsops import (
     DIR_FOLLOW,
+    check_trusted_dir,
     drop_owned_dir,
     make_owned_dir,
     owned_by_caller,
@@ -213,6 +214,9 @@ class Store:
         try:
             for directory in (self.root, self.blobs / "sha256", self.ingest_dir, self.tmp_dir):
                 directory.mkdir(parents=True, exist_ok=True)
+            check_trusted_dir(self.root, "cache", group_shared=True, follow=True)
+            for directory in (self.blobs, self.blobs / "sha256", self.ingest_dir, self.tmp_dir):
+                check_trusted_dir(directory, "cache directory", group_shared=True)
             layout = self.root / "oci-layout"
             if not layout.exists():
                 write_file_atomic(layout, json.dumps(

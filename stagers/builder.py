@@ -20,7 +20,7 @@ from pathlib import Path
 
 from cache.cpus import usable_cpus
 from cache.fdio import process_umask
-from cache.fsops import DIR_FOLLOW, DIR_READ, link_refused
+from cache.fsops import DIR_FOLLOW, DIR_READ, identity, link_refused
 from stagers.copy import Copier
 from stagers.filemanifest import Entry, Manifest, hash_file
 from stagers.parallel import map_batched, map_parts
@@ -268,6 +268,9 @@ class Builder:
                 if how == "pool":
                     assert entry.hash is not None
                     key = pool_key(entry.hash, entry.mode)
+                    if not self._pool_entry_ok(entry, key, rel_dir, name):
+                        results.append(self._place(entry))  # verified, or a private copy
+                        continue
                     try:
                         os.link(f"{key[:2]}/{key}", name, src_dir_fd=self._pool_fd,
                                 dst_dir_fd=dest_fd, follow_symlinks=False)
@@ -342,6 +345,23 @@ class Builder:
             return "linked", 0, None
         self.copier.copy_new(src, dest, entry.mode, entry.mtime_ns)
         return "copied", entry.size, None
+
+    def _pool_entry_ok(self, entry: Entry, key: str, rel_dir: str, name: str) -> bool:
+        """Whether pool entry ``key`` may be linked for the unchanged ``entry``: a regular
+        file of ours with the right mode and size, and either the very inode the previous
+        version linked (verified then) or holding the right content (hashed now)."""
+        pooled = f"{key[:2]}/{key}"
+        if self.pool.entry_problem(pooled, key, entry.size, dir_fd=self._pool_fd,
+                                   content=False) is not None:
+            return False
+        old = self._old_dir(rel_dir)
+        try:
+            if old is not None and identity(os.stat(name, dir_fd=old, follow_symlinks=False)) \
+                    == identity(os.stat(pooled, dir_fd=self._pool_fd, follow_symlinks=False)):
+                return True
+        except OSError:
+            pass
+        return self.pool.entry_problem(pooled, key, entry.size, dir_fd=self._pool_fd) is None
 
     def _link_or_copy(self, src: str, dest: str, entry: Entry, outcome: str) -> Outcome:
         """Hard-link ``src`` at ``dest``, or copy it where the link is refused (a mount point

@@ -31,6 +31,8 @@ from typing import Any, Literal
 
 from cache.fsops import (
     OWNER_SUFFIX,
+    check_shared_parent,
+    check_trusted_dir,
     drop_owned_dir,
     hardlinks_work,
     make_owned_dir,
@@ -122,8 +124,15 @@ def publish(scratch: Path, final: Path) -> Path | None:
 # -- scratch space and locks ------------------------------------------------------------------
 
 def tmp_dir(to: Path) -> Path:
+    """``TO/.ocistage-tmp``, made if needed; ``TO`` and it must be trusted (docs/trust.md):
+    ``TO`` owned by the caller or root and not writable by others, or a sticky directory
+    like ``/tmp`` (then ``.ocistage-tmp`` must be the caller's)."""
+    to.mkdir(mode=0o755, parents=True, exist_ok=True)
+    check_shared_parent(to, "stage target")
     path = to / TMP_DIR
-    path.mkdir(mode=0o755, parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o755)
+    check_trusted_dir(path, "staging scratch directory")
     return path
 
 

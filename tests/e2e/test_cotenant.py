@@ -3,6 +3,7 @@ writes into or removes from directories others can write (issue 13.1, 13.2)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import xxhash
 
 from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
 from tests.e2e.conftest import OcistageRunner
@@ -75,3 +77,109 @@ def test_a_planted_dead_looking_scratch_dir_beside_dest_is_not_touched(
     assert (root_only / "precious").read_text() == "keep me"
     assert sorted(p.name for p in planted.iterdir()) == ["link", "rootlink", "sub"]
     assert (planted / "sub" / "theirs").exists()
+
+
+@pytest.fixture
+def shm_shared() -> Iterator[Path]:
+    """A sticky, world-writable directory on another filesystem than the bundles (tmpfs), so
+    that staging goes through the target's pool."""
+    base = Path(tempfile.mkdtemp(prefix="ocistage-cotenant-", dir="/dev/shm"))
+    base.chmod(0o755)
+    (base / "shared").mkdir()
+    (base / "shared").chmod(0o1777)
+    yield base / "shared"
+    shutil.rmtree(base)
+
+
+IMAGE_FILES = {"bin/sh": (b"#!/bin/true\n", 0o755), "etc/motd": (b"hello from the image\n", 0o644)}
+
+
+def files_image(tmp_path: Path) -> str:
+    layout = tmp_path / "layout-files"
+    write_oci_layout(layout, [build_tar([file(name, data, mode)
+                                         for name, (data, mode) in IMAGE_FILES.items()])],
+                     tag="files")
+    return f"oci:{layout}:files"
+
+
+def plant_pool(pool: Path, outside: Path) -> None:
+    """As the co-tenant: pool entries under the keys of the image's files (computable from
+    the public image), holding planted bytes, and one that is a symlink to ``outside``."""
+    as_nobody("mkdir", "-p", str(pool))
+    for index, (data, mode) in enumerate(IMAGE_FILES.values()):
+        key = f"{xxhash.xxh3_128_hexdigest(data)}-{mode:04o}"
+        as_nobody("mkdir", "-p", str(pool / key[:2]))
+        if index == 0:
+            as_nobody("ln", "-s", str(outside), str(pool / key[:2] / key))
+        else:
+            as_nobody("sh", "-c", f"printf planted > {pool / key[:2] / key}; "
+                                  f"chmod {mode:o} {pool / key[:2] / key}")
+
+
+def assert_no_planted_data(root: Path) -> None:
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert path.read_bytes() != b"planted", path
+
+
+def test_a_target_another_user_made_first_is_refused(
+        tmp_path: Path, ocistage: OcistageRunner, shm_shared: Path) -> None:
+    bundle = tmp_path / "bundle"
+    ocistage("bundle", files_image(tmp_path), str(bundle), "--cmd", "/bin/sh", check=True)
+    target = shm_shared / "target"
+    as_nobody("mkdir", str(target))
+    plant_pool(target / ".ocistage-pool", tmp_path)
+    result = ocistage("stage", str(bundle), "--to", str(target))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"refusing stage target {target}" in result.stderr
+    assert "nobody (uid 65534)" in result.stderr
+    assert sorted(p.name for p in target.iterdir()) == [".ocistage-pool"]
+
+
+@pytest.mark.parametrize("planted", [".ocistage-pool", ".ocistage-tmp"])
+def test_a_pool_or_tmp_another_user_made_in_a_sticky_target_is_refused(
+        tmp_path: Path, ocistage: OcistageRunner, shm_shared: Path, planted: str) -> None:
+    bundle = tmp_path / "bundle"
+    ocistage("bundle", files_image(tmp_path), str(bundle), "--cmd", "/bin/sh", check=True)
+    if planted == ".ocistage-pool":
+        plant_pool(shm_shared / planted, tmp_path)
+    else:
+        as_nobody("mkdir", str(shm_shared / planted))
+    result = ocistage("stage", str(bundle), "--to", str(shm_shared), "--name", "mine")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"{shm_shared / planted}: it is owned by nobody (uid 65534)" in result.stderr
+    assert not (shm_shared / "mine").exists()
+
+
+def test_pool_entries_that_fail_verification_are_never_linked(
+        tmp_path: Path, ocistage: OcistageRunner, shm_shared: Path) -> None:
+    """In the caller's own pool, entries under the right keys with the wrong owner, type or
+    content (as only root or the caller could make them) are ignored: private copies."""
+    bundle = tmp_path / "bundle"
+    ocistage("bundle", files_image(tmp_path), str(bundle), "--cmd", "/bin/sh", check=True)
+    target = shm_shared / "target"
+    target.mkdir()
+    pool = target / ".ocistage-pool"
+    keys = []
+    for data, mode in IMAGE_FILES.values():
+        key = f"{xxhash.xxh3_128_hexdigest(data)}-{mode:04o}"
+        (pool / key[:2]).mkdir(parents=True, exist_ok=True)
+        keys.append(pool / key[:2] / key)
+    keys[0].symlink_to(tmp_path)
+    keys[1].write_bytes(b"planted")
+    keys[1].chmod(0o644)
+    extra = IMAGE_FILES["etc/motd"]
+    for staged_name in ("first", "second"):
+        staged = json.loads(ocistage("stage", str(bundle), "--to", str(target), "--name",
+                                     staged_name, "--json", check=True).stdout)
+        assert staged["method"] == "pool"
+        rootfs = Path(staged["path"]) / "rootfs"
+        assert (rootfs / "etc" / "motd").read_bytes() == extra[0]
+        assert (rootfs / "bin" / "sh").read_bytes() == IMAGE_FILES["bin/sh"][0]
+        assert_no_planted_data(rootfs)
+    os.chown(keys[1], NOBODY, NOBODY)  # right content, but another user's
+    keys[1].write_bytes(extra[0])
+    third = json.loads(ocistage("stage", str(bundle), "--to", str(target), "--name", "third",
+                                "--json", check=True).stdout)
+    motd = Path(third["path"]) / "rootfs" / "etc" / "motd"
+    assert motd.read_bytes() == extra[0] and motd.stat().st_uid == os.geteuid()
