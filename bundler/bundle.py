@@ -203,7 +203,7 @@ def _build(puller: _PullThread, store: Store, dest: Path | None, in_use: InUse,
     else:
         dest = dest.absolute()
         dest.parent.mkdir(parents=True, exist_ok=True)
-        check_shared_parent(dest.parent, "destination directory")  # docs/trust.md
+        check_shared_parent(dest.parent, "destination directory", group_shared=True)
         if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
             raise UsageError(f"{dest} exists and is not an empty directory",
                              "choose a new destination, or remove it first")

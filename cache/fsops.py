@@ -14,10 +14,14 @@ Walks (:func:`remove_at`, :func:`tree_stats`) are iterative and indifferent to d
 (``st_dev``, ``st_ino``) that was left: a directory moved away meanwhile stops the walk with
 :class:`~cache.errors.StoreError` instead of touching whatever is there now.
 
-The ownership rule of removal (docs/trust.md): in a directory that others can write
-(:func:`others_can_write`: a sticky ``/tmp``, a world- or group-writable directory, or one owned
-by somebody else than the caller or root), only entries the caller owns are touched; others'
-entries are left and reported by :class:`~cache.errors.UntrustedPath` at the end.
+The ownership rule of removal (docs/trust.md): the entry removed must be the caller's when the
+directory holding it is one others can write (:func:`others_can_write`: a sticky ``/tmp``, a
+world- or group-writable directory, or one owned by somebody else than the caller or root);
+inside the tree, in every world-writable directory (an image's ``/tmp``), only the caller's
+entries are touched. Others' entries are left and reported by
+:class:`~cache.errors.UntrustedPath` at the end. (Entries of other owners in the tree's other
+directories — an image's files unpacked as root with their own uids — are the tree's own
+content and go with it: nothing reached through descriptors leads outside the tree.)
 
 Scratch directories with an owner file (``NAME`` + ``NAME.owner``, the owner's host and pid as
 :class:`cache.locks.Owner` JSON) are made, dropped and released here too
@@ -65,6 +69,11 @@ def others_can_write(st: os.stat_result, uid: int | None = None) -> bool:
     the directory ``st``: it is group- or world-writable, or another user owns it."""
     uid = os.geteuid() if uid is None else uid
     return st.st_uid not in (uid, 0) or bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def world_writable(st: os.stat_result) -> bool:
+    """Whether every user can add entries to the directory ``st`` (sticky or not)."""
+    return bool(st.st_mode & stat.S_IWOTH)
 
 
 def owned_by_caller(st: os.stat_result) -> bool:
@@ -133,7 +142,7 @@ def check_trusted_dir(path: Path, what: str, *, group_shared: bool = False,
         raise UntrustedPath(f"refusing {what} {path}: it {problem}")
 
 
-def check_shared_parent(path: Path, what: str) -> None:
+def check_shared_parent(path: Path, what: str, *, group_shared: bool = False) -> None:
     """Like :func:`check_trusted_dir` for a directory that may also be a sticky one others
     write into, such as ``/tmp`` or ``/scratch`` (then only the caller's entries in it are
     used, each checked by :func:`check_trusted_dir`)."""
@@ -144,7 +153,7 @@ def check_shared_parent(path: Path, what: str) -> None:
     if st.st_mode & stat.S_ISVTX and stat.S_ISDIR(st.st_mode) and st.st_uid in (
             os.geteuid(), 0):
         return
-    check_trusted_dir(path, what, follow=True)
+    check_trusted_dir(path, what, group_shared=group_shared, follow=True)
 
 
 # -- opening and chmod -------------------------------------------------------------------------
@@ -322,7 +331,7 @@ class _Removal:
         if not self.may_touch(parent_shared, st, name):
             return
         walk = _Walk(parent_fd)
-        walk.push(_Frame(name, os.dup(fd), identity(st), others_can_write(st, self.uid)))
+        walk.push(_Frame(name, os.dup(fd), identity(st), world_writable(st)))
         try:
             while walk.stack:
                 top = walk.stack[-1]
@@ -348,7 +357,7 @@ class _Removal:
                         raise StoreError(f"{child} is a mount point inside a tree being "
                                          f"removed; not crossing into it", "unmount it first")
                     walk.push(_Frame(child, child_fd, identity(child_st),
-                                     others_can_write(child_st, self.uid)))
+                                     world_writable(child_st)))
                     continue
                 done, holder = walk.pop()
                 try:

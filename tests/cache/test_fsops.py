@@ -197,6 +197,18 @@ def test_in_a_directory_others_can_write_only_the_callers_entries_go(open_base: 
     assert (shared / "planted").is_dir()
 
 
+@needs_root
+def test_other_owners_inside_a_private_tree_go_with_it(tmp_path: Path) -> None:
+    """An image unpacked as root keeps its files' owners; such a tree is removed whole."""
+    tree = tmp_path / "tree"
+    (tree / "home" / "user").mkdir(parents=True)
+    (tree / "home" / "user" / "f").write_text("x")
+    for path in (tree / "home" / "user", tree / "home" / "user" / "f"):
+        os.chown(path, NOBODY, NOBODY)
+    remove_tree(tree)
+    assert not tree.exists()
+
+
 def test_owned_dirs_carry_an_owner_file_until_released_or_dropped(tmp_path: Path) -> None:
     kept = make_owned_dir(tmp_path / "kept")
     assert owner_file(kept).read_text().startswith("{")
