@@ -394,13 +394,16 @@ def remove_at(parent_fd: int, name: str) -> None:
     except FileNotFoundError:
         return
     except OSError as exc:
-        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP, errno.EACCES):
             raise
         try:
             st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
         except FileNotFoundError:
             return
-        if removal.may_touch(shared, st, name):
+        allowed = removal.may_touch(shared, st, name)
+        if allowed and exc.errno == errno.EACCES:
+            raise  # a directory we may remove but cannot open
+        if allowed:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name, dir_fd=parent_fd)  # a symlink or file: unlink, never follow
         removal.report(name)

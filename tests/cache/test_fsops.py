@@ -8,6 +8,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -271,3 +272,26 @@ def test_a_directory_of_another_user_is_refused_unless_group_shared(tmp_path: Pa
     group.chmod(0o775)  # not marked as group-shared
     with pytest.raises(UntrustedPath):
         fsops.check_trusted_dir(group, "cache", group_shared=True)
+
+
+@needs_root
+def test_an_unreadable_directory_of_another_user_is_reported_not_opened(
+        open_base: Path) -> None:
+    shared = open_base / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (shared / "roots").mkdir(mode=0o700)
+    (shared / "roots" / "f").write_text("x")
+    repo = Path(__file__).resolve().parents[2]
+    code = (f"import sys; sys.path.insert(0, {str(repo)!r}); "
+            "from cache.errors import UntrustedPath; from cache.fsops import remove_tree\n"
+            "try:\n"
+            f"    remove_tree({str(shared / 'roots')!r})\n"
+            "except UntrustedPath as exc:\n"
+            "    print(exc)\n")
+    result = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
+                             "--clear-groups", sys.executable, "-c", code],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "roots (owner uid 0)" in result.stdout
+    assert (shared / "roots" / "f").read_text() == "x"
