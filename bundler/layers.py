@@ -27,7 +27,7 @@ from typing import BinaryIO, Self
 from bundler.safepath import Parts, SafeRoot, display, normalize, open_readable_dir
 from cache.errors import LayerError, OcistageError
 from cache.fdio import created_exactly, process_umask, write_all
-from cache.fsops import DIR_READ, chmod_path_fd, remove_at
+from cache.fsops import DIR_READ, chmod_path_fd, chown_path_fd, remove_at
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_MARKER = ".wh..wh..opq"
@@ -533,7 +533,7 @@ class _Applier:
             if stat.S_ISLNK(os.fstat(fd).st_mode):  # pragma: no cover - we just made it
                 raise LayerError(f"{display(path)} changed while being created")
             if not self.rootless:
-                os.chown(f"/proc/self/fd/{fd}", member.uid, member.gid)
+                chown_path_fd(fd, member.uid, member.gid)
             chmod_path_fd(fd, mode)
         finally:
             os.close(fd)

@@ -168,6 +168,11 @@ def chmod_path_fd(path_fd: int, mode: int) -> None:
     os.chmod(f"/proc/self/fd/{path_fd}", mode)
 
 
+def chown_path_fd(path_fd: int, uid: int, gid: int) -> None:
+    """``chown`` the inode behind an ``O_PATH`` descriptor, as :func:`chmod_path_fd`."""
+    os.chown(f"/proc/self/fd/{path_fd}", uid, gid)
+
+
 def open_dir(name: str, dir_fd: int | None) -> int:
     """Open directory ``name`` (relative to ``dir_fd``) for listing, never through a link.
 

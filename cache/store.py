@@ -39,6 +39,7 @@ from cache.digest import Digest
 from cache.errors import IntegrityError, StoreError, UntrustedPath
 from cache.fsops import (
     DIR_FOLLOW,
+    OWNER_SUFFIX,
     check_trusted_dir,
     drop_owned_dir,
     make_owned_dir,
@@ -391,7 +392,7 @@ class Store:
         (with ``dry_run``, what would be, removing nothing)."""
         removed: list[Path] = []
         with contextlib.suppress(FileNotFoundError):
-            for marker in self.tmp_dir.glob("*.owner"):
+            for marker in self.tmp_dir.glob(f"*{OWNER_SUFFIX}"):
                 if owner_is_dead(marker):
                     work = marker.with_suffix("")
                     if not dry_run:
