@@ -183,3 +183,28 @@ def test_pool_entries_that_fail_verification_are_never_linked(
                                 "--json", check=True).stdout)
     motd = Path(third["path"]) / "rootfs" / "etc" / "motd"
     assert motd.read_bytes() == extra[0] and motd.stat().st_uid == os.geteuid()
+
+
+def test_a_restage_does_not_link_a_pool_entry_replaced_since(
+        tmp_path: Path, ocistage: OcistageRunner, shm_shared: Path) -> None:
+    """Unchanged files of a re-stage are linked from the pool by key: an entry that is no
+    longer the inode the previous version linked is hashed first, and not linked if wrong."""
+    bundle = tmp_path / "bundle"
+    ocistage("bundle", files_image(tmp_path), str(bundle), "--cmd", "/bin/sh", check=True)
+    target = shm_shared / "target"
+    first = json.loads(ocistage("stage", str(bundle), "--to", str(target), "--json",
+                                check=True).stdout)
+    data, mode = IMAGE_FILES["etc/motd"]
+    key = f"{xxhash.xxh3_128_hexdigest(data)}-{mode:04o}"
+    entry = target / ".ocistage-pool" / key[:2] / key
+    assert entry.stat().st_nlink == 2  # the pool's name and the staged file
+    entry.unlink()
+    entry.write_bytes(b"planted")  # same name, same owner and mode, other inode and bytes
+    entry.chmod(mode)
+    (bundle / "rootfs" / "bin" / "new").write_bytes(b"a change, so the tree is staged again")
+    again = json.loads(ocistage("stage", str(bundle), "--to", str(target), "--json",
+                                check=True).stdout)
+    assert again["path"] == first["path"] and again["method"] == "pool"
+    rootfs = Path(again["path"]) / "rootfs"
+    assert (rootfs / "etc" / "motd").read_bytes() == data
+    assert_no_planted_data(rootfs)

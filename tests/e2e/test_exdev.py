@@ -80,3 +80,31 @@ def test_stage_and_bundle_link_fall_back_to_copies_across_bind_mounts(
     config = json.loads((linked / "config.json").read_text())
     assert config["root"].get("readonly") is not True  # a copy: no reason to make it read-only
     assert "different filesystems or mount points" in (tmp_path / "forced.err").read_text()
+
+
+def test_files_on_a_mount_inside_the_source_are_copied_by_a_hardlink_stage(
+        tmp_path: Path, ocistage: OcistageRunner) -> None:
+    """The target takes links from the source's top (method hardlink), but a directory of the
+    source is a bind mount: its files give EXDEV one by one and are copied instead."""
+    bundle, other = tmp_path / "bundle", tmp_path / "other"
+    ocistage("bundle", image(tmp_path), str(bundle), "--cmd", "/bin/sh", check=True)
+    (bundle / "rootfs" / "mnt").mkdir()
+    other.mkdir()
+    for n in range(3):
+        (other / f"f{n}").write_bytes(b"mounted %d" % n)
+    q = shlex.quote
+    result = in_mount_namespace(ocistage, f"""
+        mount --bind {q(str(other))} {q(str(bundle / "rootfs" / "mnt"))}
+        $OCISTAGE stage {q(str(bundle))} --to {q(str(tmp_path / "target"))} --json \\
+            > {q(str(tmp_path / "staged.json"))}
+    """)
+    assert result.returncode == 0, result.stdout + result.stderr
+    doc = json.loads((tmp_path / "staged.json").read_text())
+    assert doc["method"] == "hardlink" and doc["copied"] >= 3
+    staged = Path(doc["path"]) / "rootfs"
+    for n in range(3):
+        copy = staged / "mnt" / f"f{n}"
+        assert copy.read_bytes() == b"mounted %d" % n
+        assert copy.stat().st_ino != (other / f"f{n}").stat().st_ino
+    assert (staged / "etc" / "data").stat().st_ino \
+        == (bundle / "rootfs" / "etc" / "data").stat().st_ino  # linked where links work
