@@ -306,11 +306,19 @@ class _Removal:
         frame.pending = []
         with os.scandir(frame.fd) as listing:
             entries = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in listing]
+        pending, fd = frame.pending, frame.fd
         for name, is_dir in entries:
             if is_dir:
-                frame.pending.append(name)
-            else:
+                pending.append(name)
+            elif frame.shared:
                 self.unlink(frame, name)
+            else:  # the common case inline: one unlinkat per file
+                try:
+                    os.unlink(name, dir_fd=fd)
+                except FileNotFoundError:
+                    pass
+                except IsADirectoryError:  # replaced by a directory since the listing
+                    pending.append(name)
 
     def rmdir(self, parent_fd: int, top: _Frame) -> None:
         """Remove the emptied directory ``top`` from its parent — unless its name no longer
