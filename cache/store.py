@@ -492,7 +492,9 @@ def remove_dead_scratch(parent: Path, name: str | None = None) -> list[Path]:
         except FileNotFoundError:
             continue
         if mine and scratch_target(path) is not None and scratch_is_dead(path):
-            with contextlib.suppress(UntrustedPath):  # left, as it is not all ours
+            try:
                 remove_tree(path)
+            except UntrustedPath:
+                continue  # others' entries inside are left, and so is the directory
             removed.append(path)
     return removed
