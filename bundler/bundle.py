@@ -216,7 +216,16 @@ def _build(puller: _PullThread, store: Store, dest: Path | None, in_use: InUse,
             rootfs = scratch / "rootfs"
             # another mount point of the same filesystem refuses links (EXDEV): copy then
             link = hardlinks_work(snapshot.parent / SNAPSHOT_METADATA, scratch)
-            (link_tree if link else copy_tree)(snapshot, rootfs)
+            try:
+                (link_tree if link else copy_tree)(snapshot, rootfs)
+            except StoreError:
+                # cp cannot clone every tree (a path longer than PATH_MAX): the verified
+                # layers are unpacked again, through descriptors, straight into the bundle
+                remove_tree(rootfs)
+                rootfs.mkdir(mode=0o755)
+                applied = apply_layers(store.open_blob, layers, diff_ids, rootfs,
+                                       on_layer=on_layer)
+                link, snapshot = False, None
         else:
             scratch = _scratch_beside(dest)
             rootfs = scratch / "rootfs"
