@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.images import BuiltImage, build_all, cache_root, push
-from cache.store import remove_tree
+from cache.fsops import remove_tree
 
 RESULTS = Path(__file__).parent / "results"
 COLD_RUNS = frozenset({"ocistage", "skopeo+umoci", "ch-image", "floor", "cold cache"})

@@ -47,7 +47,7 @@ from typing import Any
 from bench.bundle import ocistage_script
 from bench.images import cache_root
 from cache import leases
-from cache.fsremove import remove_path
+from cache.fsops import remove_tree
 from cache.leases import Holder
 from stagers.stage import stage_directory
 
@@ -168,7 +168,7 @@ def run_case(tree: Path, target: Path, cache: Path, reps: int,
             for tool in order:
                 samples["changed"][tool].append(timed(actions[tool]))
         for dest in dests.values():
-            remove_path(os.fspath(dest))
+            remove_tree(dest)
         for lease in leases.all_leases(cache):
             if lease.holder.kind == "pin" and lease.holder.name == "bench":
                 leases.release(cache, lease.id)
@@ -233,12 +233,12 @@ def main(argv: list[str]) -> int:
                     samples = run_case(tree, target, root / "stage-cache", args.reps,
                                        changeable)
                 finally:
-                    remove_path(os.fspath(target))
+                    remove_tree(target)
                 files = sum(1 for p in tree.rglob("*") if p.is_file())
                 results.append({"tree": tree_name, "target": target_name, "files": files,
                                 "samples": samples, "summary": summarise(samples)})
     finally:
-        remove_path(os.fspath(work))
+        remove_tree(work)
     print(render(results))
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"stage-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"

@@ -55,16 +55,19 @@ from bundler.snapshots import (
 from cache import usage
 from cache.digest import Digest
 from cache.errors import OcistageError, StoreError, UsageError
+from cache.fsops import check_shared_parent, hardlinks_work, release_owned_dir, remove_tree
 from cache.inventory import SHARED_ROOT_ANNOTATION, write_bundle_info
 from cache.leases import InUse
+from cache.snapshots import METADATA as SNAPSHOT_METADATA
 from cache.snapshots import (
     chain_ids,
+    copy_tree,
     find_snapshot,
     lease_target,
     link_tree,
     publish_snapshot,
 )
-from cache.store import Store, fsync_dir, remove_dead_scratch, remove_tree, scratch_name
+from cache.store import Store, fsync_dir, remove_dead_scratch, scratch_name
 
 BUNDLE_FORMAT = 1  # bump when the bundle layout or config generation changes meaning
 
@@ -200,14 +203,10 @@ def _build(puller: _PullThread, store: Store, dest: Path | None, in_use: InUse,
     else:
         dest = dest.absolute()
         dest.parent.mkdir(parents=True, exist_ok=True)
+        check_shared_parent(dest.parent, "destination directory", group_shared=True)
         if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
             raise UsageError(f"{dest} exists and is not an empty directory",
                              "choose a new destination, or remove it first")
-    shared_root = link and not config_options.readonly
-    if link:
-        # the rootfs shares file inodes with the cache's snapshot: a container writing into
-        # its root would change the cache and every other bundle linked to it
-        config_options = dataclasses.replace(config_options, readonly=True)
     snapshot: Path | None = None
     scratch = None
     try:
@@ -215,11 +214,27 @@ def _build(puller: _PullThread, store: Store, dest: Path | None, in_use: InUse,
             snapshot, applied = _snapshot(puller, store, in_use, layers, diff_ids, on_layer)
             scratch = _scratch_beside(dest)
             rootfs = scratch / "rootfs"
-            link_tree(snapshot, rootfs)
+            # another mount point of the same filesystem refuses links (EXDEV): copy then
+            link = hardlinks_work(snapshot.parent / SNAPSHOT_METADATA, scratch)
+            try:
+                (link_tree if link else copy_tree)(snapshot, rootfs)
+            except StoreError:
+                # cp cannot clone every tree (a path longer than PATH_MAX): the verified
+                # layers are unpacked again, through descriptors, straight into the bundle
+                remove_tree(rootfs)
+                rootfs.mkdir(mode=0o755)
+                applied = apply_layers(store.open_blob, layers, diff_ids, rootfs,
+                                       on_layer=on_layer)
+                link, snapshot = False, None
         else:
             scratch = _scratch_beside(dest)
             rootfs = scratch / "rootfs"
             applied = _unpack(puller, store, layers, diff_ids, rootfs, on_layer)
+        shared_root = link and not config_options.readonly
+        if link:
+            # the rootfs shares file inodes with the cache's snapshot: a container writing
+            # into its root would change the cache and every other bundle linked to it
+            config_options = dataclasses.replace(config_options, readonly=True)
         image = puller.result()  # every blob verified before anything is published
         config = build_runtime_config(json.loads(raw_config), rootfs, config_options)
         if shared_root:  # read-only for the sharing only: a private copy may be writable
@@ -308,5 +323,5 @@ def _snapshot(puller: _PullThread, store: Store, in_use: InUse, layers: tuple[De
             store.remove_temp_dir(work)
         raise
     with contextlib.suppress(OSError):
-        (work.parent / f"{work.name}.owner").unlink()
+        release_owned_dir(work)
     return published, applied

@@ -207,7 +207,8 @@ def bundle_command(
                            "user.")] = False,
     link: Annotated[bool, typer.Option(
         "--link", help="Make DEST from the cache's snapshot by hard links: fast, shares files "
-                       "with the cache, so the root filesystem is read-only.")] = False,
+                       "with the cache, so the root filesystem is read-only (a copy where "
+                       "DEST refuses links from the cache, e.g. another mount).")] = False,
     gpus: Annotated[str | None, typer.Option(
         "--gpus", metavar="all|IDS", help="Expose NVIDIA GPUs (prestart hook + CDI "
                                           "annotation).")] = None,

@@ -24,17 +24,10 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import BinaryIO, Self
 
-from bundler.safepath import (
-    Parts,
-    SafeRoot,
-    chmod_path_fd,
-    display,
-    normalize,
-    open_readable_dir,
-    remove_tree,
-)
+from bundler.safepath import Parts, SafeRoot, display, normalize, open_readable_dir
 from cache.errors import LayerError, OcistageError
 from cache.fdio import created_exactly, process_umask, write_all
+from cache.fsops import DIR_READ, chmod_path_fd, chown_path_fd, remove_at
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_MARKER = ".wh..wh..opq"
@@ -360,7 +353,7 @@ class _Applier:
             info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
         except FileNotFoundError:
             return
-        remove_tree(parent_fd, name)
+        remove_at(parent_fd, name)
         if stat.S_ISDIR(info.st_mode) or stat.S_ISLNK(info.st_mode):
             self.root.invalidate()
 
@@ -411,8 +404,7 @@ class _Applier:
         self.dirs[path] = self._dir_meta(member)
         xattrs = _xattrs(member)
         if xattrs:
-            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         dir_fd=parent_fd)
+            fd = os.open(name, DIR_READ, dir_fd=parent_fd)
             try:
                 self._set_xattrs(fd, path, xattrs)
             finally:
@@ -541,7 +533,7 @@ class _Applier:
             if stat.S_ISLNK(os.fstat(fd).st_mode):  # pragma: no cover - we just made it
                 raise LayerError(f"{display(path)} changed while being created")
             if not self.rootless:
-                os.chown(f"/proc/self/fd/{fd}", member.uid, member.gid)
+                chown_path_fd(fd, member.uid, member.gid)
             chmod_path_fd(fd, mode)
         finally:
             os.close(fd)
@@ -594,8 +586,7 @@ class _Applier:
             return
         if path in self.created or path in self.created_ancestors:
             if stat.S_ISDIR(info.st_mode):
-                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             dir_fd=parent_fd)
+                fd = os.open(name, DIR_READ, dir_fd=parent_fd)
                 try:
                     for child in _list_dir(fd):
                         self._remove_lower(fd, path, child)
@@ -603,7 +594,7 @@ class _Applier:
                     os.close(fd)
             return
         self._save_mtime(parent, parent_fd)
-        remove_tree(parent_fd, name)
+        remove_at(parent_fd, name)
         if stat.S_ISDIR(info.st_mode) or stat.S_ISLNK(info.st_mode):
             self.root.invalidate()
 

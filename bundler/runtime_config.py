@@ -34,6 +34,7 @@ from bundler.idmap import RootPlaceholder, detect_root_placeholder, mappings
 from bundler.schema import validate
 from bundler.userdb import ResolvedUser, resolve_user
 from cache.errors import SchemaError, StoreError, UsageError
+from cache.store import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -141,11 +142,7 @@ def write_runtime_config(bundle: Path, config: Mapping[str, Any]) -> Path:
         except BaseException:
             Path(temp_name).unlink(missing_ok=True)
             raise
-        dir_fd = os.open(bundle, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_dir(bundle)
     except OSError as exc:
         raise StoreError(f"cannot write {target}: {exc.strerror or exc}",
                          "check free space and permissions of the bundle directory") from exc

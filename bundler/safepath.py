@@ -30,12 +30,10 @@ from pathlib import Path
 from types import TracebackType
 
 from cache.errors import LayerError
+from cache.fsops import DIR_PATH, DIR_READ
 
 MAX_SYMLINK_HOPS = 40
 """Symlinks followed while resolving one path, as Linux's ``MAXSYMLINKS``."""
-
-_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 Parts = tuple[str, ...]
 
@@ -72,7 +70,7 @@ class SafeRoot:
 
     def __init__(self, root: Path, cache_size: int = 128) -> None:
         self.root = root
-        self.root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.root_fd = os.open(root, DIR_PATH & ~os.O_NOFOLLOW)
         self._cache: OrderedDict[Parts, int] = OrderedDict()
         self._cache_size = max(cache_size, 4)
         self._closing: list[int] = []
@@ -132,14 +130,14 @@ class SafeRoot:
                 resolved, fd = key, hit
                 continue
             try:
-                next_fd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                next_fd = os.open(name, DIR_PATH, dir_fd=fd)
             except FileNotFoundError:
                 if not create:
                     return None
                 os.mkdir(name, 0o755, dir_fd=fd)
                 if on_create is not None:
                     on_create(key)
-                next_fd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                next_fd = os.open(name, DIR_PATH, dir_fd=fd)
             except OSError as exc:
                 if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
                     raise
@@ -165,60 +163,6 @@ class SafeRoot:
         return fd, resolved
 
 
-def remove_tree(dir_fd: int, name: str) -> None:
-    """Remove ``name`` in ``dir_fd`` and, for a directory, everything below it.
-
-    Entirely descriptor-based: directories are opened with ``O_NOFOLLOW`` relative to their
-    parent's descriptor and symlinks inside are unlinked, never followed.
-    """
-    info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    if not stat.S_ISDIR(info.st_mode):
-        os.unlink(name, dir_fd=dir_fd)
-        return
-    stack: list[tuple[int, str, int]] = []  # (parent fd, name, fd of the directory)
-    stack.append((dir_fd, name, _open_writable_dir(dir_fd, name, info.st_mode)))
-    try:
-        while stack:
-            parent, current_name, current = stack[-1]
-            descended = False
-            with os.scandir(current) as entries:
-                for entry in entries:
-                    if entry.is_dir(follow_symlinks=False):
-                        mode = entry.stat(follow_symlinks=False).st_mode
-                        stack.append((current, entry.name,
-                                      _open_writable_dir(current, entry.name, mode)))
-                        descended = True
-                        break
-                    os.unlink(entry.name, dir_fd=current)
-            if descended:
-                continue
-            stack.pop()
-            os.close(current)
-            os.rmdir(current_name, dir_fd=parent)
-    finally:
-        for _, _, fd in stack:
-            os.close(fd)
-
-
-def _open_writable_dir(parent: int, name: str, mode: int) -> int:
-    if mode & 0o700 != 0o700:
-        path_fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
-        try:
-            chmod_path_fd(path_fd, stat.S_IMODE(mode) | 0o700)
-        finally:
-            os.close(path_fd)
-    return os.open(name, _READ_DIR_FLAGS, dir_fd=parent)
-
-
-def chmod_path_fd(path_fd: int, mode: int) -> None:
-    """``chmod`` the inode behind an ``O_PATH`` descriptor (never a symlink's target).
-
-    ``fchmod`` refuses ``O_PATH`` descriptors, so this goes through ``/proc/self/fd``, whose
-    entry names exactly that inode. Callers check that the inode is not a symlink.
-    """
-    os.chmod(f"/proc/self/fd/{path_fd}", mode)
-
-
 def open_readable_dir(dir_fd: int) -> int:
     """A readable descriptor for the directory behind an ``O_PATH`` descriptor."""
-    return os.open(".", _READ_DIR_FLAGS, dir_fd=dir_fd)
+    return os.open(".", DIR_READ, dir_fd=dir_fd)

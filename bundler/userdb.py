@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from cache.errors import UserResolutionError
+from cache.fsops import DIR_PATH
 
 MAX_ID = 2**32 - 2  # uint32 without the (uid_t)-1 sentinel
 _MAX_SYMLINKS = 40
@@ -194,8 +195,7 @@ def open_in_rootfs(rootfs: Path, relpath: str) -> BinaryIO | None:
     Symlinks are resolved by hand against the rootfs and every component is opened with
     ``O_NOFOLLOW``, so neither ``..`` nor absolute link targets can reach outside the rootfs.
     """
-    dir_flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    stack = [os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
+    stack = [os.open(rootfs, DIR_PATH & ~os.O_NOFOLLOW)]
     parts = deque(_components(relpath))
     links = 0
     try:
@@ -221,7 +221,7 @@ def open_in_rootfs(rootfs: Path, relpath: str) -> BinaryIO | None:
             elif parts:
                 if not stat.S_ISDIR(info.st_mode):
                     return None
-                stack.append(os.open(name, dir_flags, dir_fd=stack[-1]))
+                stack.append(os.open(name, DIR_PATH, dir_fd=stack[-1]))
             else:
                 return _open_regular(name, stack[-1], relpath)
         raise IsADirectoryError(21, "is a directory", relpath)

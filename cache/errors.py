@@ -22,6 +22,7 @@ them as one ``error: ...`` line plus a ``hint: ...`` line and exits with ``exit_
     ├── UserResolutionError           the image's User is not in its /etc/passwd or /etc/group
     ├── LayerError                    a layer cannot be applied (bad tar, unsafe entry)
     ├── StoreError                    the cache cannot be read or written (disk full, perms)
+    │   ├── UntrustedPath             a directory or entry fails the trust rule (docs/trust.md)
     │   └── LockTimeout               another process holds a lock for too long
     ├── SlurmError                    a Slurm command is missing, failed or unreadable
     ├── ScrunError                    a scrun stage hook cannot do its work
@@ -122,6 +123,14 @@ class StoreError(OcistageError):
     default_hint = (
         "check free space and permissions of the cache directory (--cache / $OCISTAGE_CACHE)"
     )
+
+
+class UntrustedPath(StoreError):
+    """A directory or entry fails the trust rule (docs/trust.md): owned by somebody else, or
+    writable by others where ocistage writes or reads back."""
+
+    default_hint = ("use a directory that you (or root) own and that others cannot write, "
+                    "e.g. chmod go-w DIR")
 
 
 class LockTimeout(StoreError):

@@ -52,6 +52,7 @@ from cache import staged, usage
 from cache.digest import Digest
 from cache.errors import LockTimeout, NotFound, StoreError
 from cache.footprint import Footprint, measure
+from cache.fsops import OWNER_SUFFIX, owner_file, remove_tree
 from cache.inventory import (
     QUARANTINE,
     Blob,
@@ -79,7 +80,7 @@ from cache.leases import (
 from cache.locks import FileLock, owner_is_dead
 from cache.sizes import format_size
 from cache.snapshots import SnapshotInfo, list_snapshots, remove_snapshot
-from cache.store import Store, remove_tree, scratch_is_dead
+from cache.store import Store, scratch_is_dead
 
 log = logging.getLogger(__name__)
 LEFTOVER_TEMP_AGE = 3600.0
@@ -134,7 +135,7 @@ def _leftovers(store: Store, dry_run: bool, now: float, footprint: Footprint) ->
     for path in store.clean_leftovers(dry_run=dry_run):
         size = footprint.drop(path)
         if path.parent == store.tmp_dir:
-            size += footprint.drop(path.with_name(f"{path.name}.owner"))
+            size += footprint.drop(owner_file(path))
         removed.append(Removal("scratch", str(path), size, "temp dir of a dead process"))
     for path in bundle_scratch_dirs(store):
         if scratch_is_dead(path, now):
@@ -146,7 +147,7 @@ def _leftovers(store: Store, dry_run: bool, now: float, footprint: Footprint) ->
     with contextlib.suppress(FileNotFoundError), os.scandir(store.tmp_dir) as entries:
         tmp_entries = [Path(e.path) for e in entries]
     for path in tmp_entries:  # no owner file: a rename-then-delete that a crash interrupted
-        if path.name.endswith(".owner") or path.with_name(f"{path.name}.owner").exists():
+        if path.name.endswith(OWNER_SUFFIX) or owner_file(path).exists():
             continue
         with contextlib.suppress(FileNotFoundError):
             if now - os.lstat(path).st_mtime > LEFTOVER_TEMP_AGE:

@@ -30,6 +30,7 @@ from typing import Any
 from cache import usage
 from cache.digest import Digest
 from cache.errors import OcistageError, StoreError
+from cache.fsops import path_stats
 from cache.leases import JobStates, Lease, all_leases, is_live, squeue_states
 from cache.refnames import INDEX_MEDIA_TYPE, REF_NAME, is_alias, platform_path, record_name
 from cache.snapshots import SnapshotInfo, chain_ids, list_snapshots
@@ -279,14 +280,14 @@ def tree_size(path: Path, seen: set[tuple[int, int]] | None = None,
 
     Pass one ``seen`` set to several calls to count inodes shared between trees once overall.
     ``linked`` collects the bytes on disk of each inode counted here that has more than one
-    link (what another tree may share).
+    link (what another tree may share). The walk goes through descriptors
+    (:func:`cache.fsops.path_stats`): any depth, any path length.
     """
     seen = set() if seen is None else seen
     logical = disk = files = 0
-    stack = [os.fspath(path)]
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
+    stats = path_stats(path)
+    st = next(stats, None)
+    if st is None:
         return TreeSize(0, 0, 0)
     if not stat.S_ISDIR(st.st_mode):
         seen.add((st.st_dev, st.st_ino))
@@ -294,29 +295,18 @@ def tree_size(path: Path, seen: set[tuple[int, int]] | None = None,
             linked[(st.st_dev, st.st_ino)] = st.st_blocks * 512
         return TreeSize(st.st_size, st.st_blocks * 512, 1)
     disk += st.st_blocks * 512
-    while stack:
-        directory = stack.pop()
-        try:
-            with os.scandir(directory) as entries:
-                for entry in entries:
-                    try:
-                        est = entry.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-                    files += 1
-                    if stat.S_ISDIR(est.st_mode):
-                        stack.append(entry.path)
-                        disk += est.st_blocks * 512
-                        continue
-                    logical += est.st_size
-                    inode = (est.st_dev, est.st_ino)
-                    if inode not in seen:
-                        seen.add(inode)
-                        disk += est.st_blocks * 512
-                        if linked is not None and est.st_nlink > 1:
-                            linked[inode] = est.st_blocks * 512
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
+    for est in stats:
+        files += 1
+        if stat.S_ISDIR(est.st_mode):
+            disk += est.st_blocks * 512
             continue
+        logical += est.st_size
+        inode = (est.st_dev, est.st_ino)
+        if inode not in seen:
+            seen.add(inode)
+            disk += est.st_blocks * 512
+            if linked is not None and est.st_nlink > 1:
+                linked[inode] = est.st_blocks * 512
     return TreeSize(logical, disk, files)
 
 

@@ -48,7 +48,8 @@ from pathlib import Path
 from cache.cpus import usable_cpus
 from cache.digest import Digest
 from cache.errors import OcistageError, StoreError
-from cache.store import Store, _translate_oserror, fsync_dir, remove_tree
+from cache.fsops import remove_tree
+from cache.store import Store, _translate_oserror, fsync_dir
 
 SNAPSHOTS = "snapshots"
 METADATA = "snapshot.json"
@@ -245,6 +246,12 @@ def link_tree(source: Path, dest: Path, parts: int | None = None) -> None:
             _copy_dir_attributes(source / rel if rel else source, dest / rel if rel else dest)
     except OSError as exc:
         raise _translate_oserror(exc, f"linking {source} to {dest}") from exc
+
+
+def copy_tree(source: Path, dest: Path) -> None:
+    """Make ``dest`` (absent) an independent copy of ``source`` (reflinks where supported)."""
+    _cp(["-a", "--reflink=auto", "--no-target-directory", "--", str(source), str(dest)],
+        source, dest)
 
 
 # -- splitting a clone -----------------------------------------------------------------------

@@ -24,7 +24,7 @@ Names starting with ``.ocistage`` are reserved: no bundle may be staged under on
 
 Removal never follows a symlink: ``NAME`` is opened with ``O_NOFOLLOW`` relative to its
 parent, a squashfs mount (a different ``st_dev`` than the parent's) is unmounted first, and
-a directory is removed through descriptors (:mod:`cache.fsremove`).
+a directory is removed through descriptors (:mod:`cache.fsops`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cache.errors import StoreError
-from cache.fsremove import remove_opened
+from cache.fsops import DIR_FOLLOW, DIR_READ, remove_opened, trust_problem
 
 RESERVED_PREFIX = ".ocistage"
 MARKER_NAME = ".ocistage-staged.json"
@@ -51,8 +51,6 @@ TMP_DIR = ".ocistage-tmp"
 IMAGE_SUFFIX = ".sqfs"
 UNMOUNT_TIMEOUT = 60
 TEMP_GRACE = 3600.0   # a named temp file in the pool younger than this may be being written
-
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def outer_marker_name(name: str) -> str:
@@ -145,11 +143,11 @@ def open_staged(path: Path) -> StagedBundle | None:
     (a symlink is never followed) or carries no marker."""
     parent, name = os.path.split(path)
     try:
-        parent_fd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        parent_fd = os.open(parent or "/", DIR_FOLLOW)
     except OSError:
         return None
     try:
-        fd = os.open(name, _DIR, dir_fd=parent_fd)
+        fd = os.open(name, DIR_READ, dir_fd=parent_fd)
     except OSError:
         os.close(parent_fd)
         return None
@@ -231,13 +229,16 @@ def sweep_pool(target: Path) -> int:
     stagers: one that loses an entry copies it again."""
     removed = 0
     try:
-        pool_fd = os.open(target / POOL_DIR, _DIR)
+        pool_fd = os.open(target / POOL_DIR, DIR_READ)
     except OSError:
         return 0
+    uid = os.geteuid()
     try:
+        if trust_problem(os.fstat(pool_fd)) is not None:
+            return 0  # not our pool (docs/trust.md): nothing in it is ours to remove
         for fanout in os.listdir(pool_fd):
             try:
-                fan_fd = os.open(fanout, _DIR, dir_fd=pool_fd)
+                fan_fd = os.open(fanout, DIR_READ, dir_fd=pool_fd)
             except OSError:
                 continue
             try:
@@ -247,7 +248,7 @@ def sweep_pool(target: Path) -> int:
                         if (entry.name.endswith(POOL_TEMP_SUFFIX)  # being written (no O_TMPFILE)
                                 and time.time() - st.st_mtime < TEMP_GRACE):
                             continue
-                        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == uid:
                             os.unlink(entry.name, dir_fd=fan_fd)
                             removed += 1
             finally:

@@ -27,7 +27,6 @@ import json
 import os
 import re
 import socket
-import stat
 import tempfile
 import time
 import uuid
@@ -37,7 +36,16 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from cache.digest import Digest
-from cache.errors import IntegrityError, StoreError
+from cache.errors import IntegrityError, StoreError, UntrustedPath
+from cache.fsops import (
+    DIR_FOLLOW,
+    OWNER_SUFFIX,
+    check_trusted_dir,
+    drop_owned_dir,
+    make_owned_dir,
+    owned_by_caller,
+    remove_tree,
+)
 from cache.locks import FileLock, Owner, owner_is_dead
 from cache.refnames import INDEX_MEDIA_TYPE, record, record_name, rename
 
@@ -78,7 +86,7 @@ def dead_writer_temp(name: str) -> bool:
 
 
 def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(path, DIR_FOLLOW)
     try:
         os.fsync(fd)
     finally:
@@ -207,6 +215,9 @@ class Store:
         try:
             for directory in (self.root, self.blobs / "sha256", self.ingest_dir, self.tmp_dir):
                 directory.mkdir(parents=True, exist_ok=True)
+            check_trusted_dir(self.root, "cache", group_shared=True, follow=True)
+            for directory in (self.blobs, self.blobs / "sha256", self.ingest_dir, self.tmp_dir):
+                check_trusted_dir(directory, "cache directory", group_shared=True)
             layout = self.root / "oci-layout"
             if not layout.exists():
                 write_file_atomic(layout, json.dumps(
@@ -368,29 +379,24 @@ class Store:
         owner = Owner.me()
         path = self.tmp_dir / f"{prefix}-{owner.host}-{owner.pid}-{uuid.uuid4().hex[:12]}"
         try:
-            path.mkdir()
-            (path.parent / f"{path.name}.owner").write_text(owner.to_json())
+            make_owned_dir(path, 0o777)
         except OSError as exc:
             raise _translate_oserror(exc, "creating a temporary directory in the cache") from exc
         return path
 
     def remove_temp_dir(self, path: Path) -> None:
-        remove_tree(path)
-        with contextlib.suppress(FileNotFoundError):
-            (path.parent / f"{path.name}.owner").unlink()
+        drop_owned_dir(path)
 
     def clean_leftovers(self, dry_run: bool = False) -> list[Path]:
         """Remove scratch dirs and partial downloads of dead owners; return what was removed
         (with ``dry_run``, what would be, removing nothing)."""
         removed: list[Path] = []
         with contextlib.suppress(FileNotFoundError):
-            for marker in self.tmp_dir.glob("*.owner"):
+            for marker in self.tmp_dir.glob(f"*{OWNER_SUFFIX}"):
                 if owner_is_dead(marker):
                     work = marker.with_suffix("")
                     if not dry_run:
-                        remove_tree(work)
-                        with contextlib.suppress(FileNotFoundError):
-                            marker.unlink()
+                        drop_owned_dir(work)
                     removed.append(work)
         for directory in (self.root, self.root / "leases", self.blobs / "sha256"):
             with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
@@ -421,37 +427,6 @@ class Store:
                     lock.release()
                     removed.append(path)
         return removed
-
-
-def remove_tree(path: Path) -> None:
-    """Remove a tree we own, even with read-only dirs and mode-000 entries; never follows links.
-
-    Directories are made ``u+rwx`` before they are listed, so images with read-only or mode-000
-    directories can always be deleted.
-    """
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(path)
-        return
-    stack: list[tuple[str, bool]] = [(os.fspath(path), False)]
-    while stack:
-        directory, listed = stack.pop()
-        if listed:
-            os.rmdir(directory)
-            continue
-        mode = os.lstat(directory).st_mode
-        if mode & 0o700 != 0o700:
-            os.chmod(directory, stat.S_IMODE(mode) | 0o700)
-        stack.append((directory, True))
-        with os.scandir(directory) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append((entry.path, False))
-                else:
-                    os.unlink(entry.path)
 
 
 def hostname() -> str:
@@ -502,13 +477,24 @@ def scratch_is_dead(path: Path, now: float | None = None) -> bool:
 
 
 def remove_dead_scratch(parent: Path, name: str | None = None) -> list[Path]:
-    """Remove scratch dirs in ``parent`` (those building ``name``, or all) of dead builders."""
+    """Remove scratch dirs in ``parent`` (those building ``name``, or all) of dead builders.
+
+    Only scratch dirs the caller owns are candidates: in a directory others can write (a
+    sticky ``/tmp``), a name that looks like ours may have been planted by anybody.
+    """
     removed: list[Path] = []
     prefix = "." if name is None else f".{name}.ocistage-"
     with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(parent) as it:
         candidates = [Path(e.path) for e in it if e.name.startswith(prefix)]
     for path in candidates:
-        if scratch_target(path) is not None and scratch_is_dead(path):
-            remove_tree(path)
+        try:
+            mine = owned_by_caller(os.lstat(path))
+        except FileNotFoundError:
+            continue
+        if mine and scratch_target(path) is not None and scratch_is_dead(path):
+            try:
+                remove_tree(path)
+            except UntrustedPath:
+                continue  # others' entries inside are left, and so is the directory
             removed.append(path)
     return removed

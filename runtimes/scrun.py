@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cache.errors import ScrunError, UsageError
+from cache.fsops import remove_tree
 from cache.leases import Holder
-from cache.store import remove_tree, write_file_atomic
+from cache.store import write_file_atomic
 
 StageTo = Literal["shared", "node-local"]
 MARKER = ".ocistage-scrun.json"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from cache.cpus import usable_cpus
 from cache.fdio import process_umask
+from cache.fsops import DIR_FOLLOW, DIR_READ, identity, link_refused
 from stagers.copy import Copier
 from stagers.filemanifest import Entry, Manifest, hash_file
 from stagers.parallel import map_batched, map_parts
@@ -30,8 +31,6 @@ from stagers.target import Method, readonly_config, writable_config, write_priva
 #: hash when it was computed on the way (a first stage into an empty pool)
 Outcome = tuple[str, int, str | None]
 
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-_DIR_NOFOLLOW = _DIR | os.O_NOFOLLOW
 #: below this many files, forking workers costs more than it saves (threads are used)
 FORK_MIN_FILES = 2000
 
@@ -67,14 +66,14 @@ class Builder:
         self._old_dirs: dict[str, int | None] = {}
         self._old_dirs_lock = threading.Lock()
         # descriptors that files are linked through (see place_part); -1: not opened
-        self._scratch_fd = os.open(scratch, _DIR_NOFOLLOW)
+        self._scratch_fd = os.open(scratch, DIR_READ)
         self._source_fd = self._pool_fd = -1
         self._umask = process_umask()
         try:
             if method != "copy":
-                self._source_fd = os.open(source, _DIR)
+                self._source_fd = os.open(source, DIR_FOLLOW)
             if method == "pool":
-                self._pool_fd = os.open(pool.root, _DIR_NOFOLLOW)
+                self._pool_fd = os.open(pool.root, DIR_READ)
         except BaseException:
             os.close(self._scratch_fd)
             raise
@@ -103,12 +102,12 @@ class Builder:
         fd: int | None = None
         try:
             if not rel_dir:
-                fd = os.open(self.final, _DIR_NOFOLLOW)
+                fd = os.open(self.final, DIR_READ)
             else:
                 parent_rel, _, name = rel_dir.rpartition("/")
                 parent = self._open_old_dir(parent_rel)
                 if parent is not None:
-                    fd = os.open(name, _DIR_NOFOLLOW, dir_fd=parent)
+                    fd = os.open(name, DIR_READ, dir_fd=parent)
         except OSError:
             fd = None
         self._old_dirs[rel_dir] = fd
@@ -264,24 +263,35 @@ class Builder:
                             os.close(fd)
                     dest_fd = src_fd = -1
                     # our own scratch tree: every directory in it was made by make_nodes()
-                    dest_fd = os.open(rel_dir or ".", _DIR_NOFOLLOW, dir_fd=self._scratch_fd)
+                    dest_fd = os.open(rel_dir or ".", DIR_READ, dir_fd=self._scratch_fd)
                     current = rel_dir
                 if how == "pool":
                     assert entry.hash is not None
                     key = pool_key(entry.hash, entry.mode)
+                    if not self._pool_entry_ok(entry, key, rel_dir, name):
+                        results.append(self._place(entry))  # verified, or a private copy
+                        continue
                     try:
                         os.link(f"{key[:2]}/{key}", name, src_dir_fd=self._pool_fd,
                                 dst_dir_fd=dest_fd, follow_symlinks=False)
-                    except FileNotFoundError:
-                        results.append(self._place(entry))  # released meanwhile: copy again
+                    except OSError as exc:  # released meanwhile, or refused: copy again
+                        if not (isinstance(exc, FileNotFoundError) or link_refused(exc)):
+                            raise
+                        results.append(self._place(entry))
                         continue
                     results.append((outcome, 0, None))
                     continue
                 if src_fd < 0:
-                    src_fd = os.open(rel_dir or ".", _DIR, dir_fd=self._source_fd)
+                    src_fd = os.open(rel_dir or ".", DIR_FOLLOW, dir_fd=self._source_fd)
                 if how == "source":
-                    os.link(name, name, src_dir_fd=src_fd, dst_dir_fd=dest_fd,
-                            follow_symlinks=False)
+                    try:
+                        os.link(name, name, src_dir_fd=src_fd, dst_dir_fd=dest_fd,
+                                follow_symlinks=False)
+                    except OSError as exc:
+                        if not link_refused(exc):
+                            raise
+                        results.append(self._place(entry))  # copies where links fail
+                        continue
                     results.append((outcome, 0, None))
                     continue
                 content_hash, new = self.pool.ingest(
@@ -311,8 +321,7 @@ class Builder:
                 and self._carry_over(entry, dest):
             return "unchanged", 0, None
         if same and self.method == "hardlink":  # the previous version linked this very file
-            os.link(src, dest, follow_symlinks=False)
-            return "unchanged", 0, None
+            return self._link_or_copy(src, dest, entry, "unchanged")
         if same and self.method == "pool":  # linked from the pool, as before
             assert entry.hash is not None
             self.pool.link_into(src, pool_key(entry.hash, entry.mode), entry.mode,
@@ -323,8 +332,7 @@ class Builder:
             if written is not None:
                 return "copied", written, hash_file(src) if entry.hash is None else None
         if self.method == "hardlink":
-            os.link(src, dest, follow_symlinks=False)
-            return "linked", 0, None
+            return self._link_or_copy(src, dest, entry, "linked")
         if self.method == "pool" and entry.hash is None:  # first stage: copy + hash at once
             content_hash, new = self.pool.ingest(src, entry.mode, entry.mtime_ns, dest,
                                                  entry.size, umask=self._umask)
@@ -337,6 +345,35 @@ class Builder:
             return "linked", 0, None
         self.copier.copy_new(src, dest, entry.mode, entry.mtime_ns)
         return "copied", entry.size, None
+
+    def _pool_entry_ok(self, entry: Entry, key: str, rel_dir: str, name: str) -> bool:
+        """Whether pool entry ``key`` may be linked for the unchanged ``entry``: a regular
+        file of ours with the right mode and size, and either the very inode the previous
+        version linked (verified then) or holding the right content (hashed now)."""
+        pooled = f"{key[:2]}/{key}"
+        if self.pool.entry_problem(pooled, key, entry.size, dir_fd=self._pool_fd,
+                                   content=False) is not None:
+            return False
+        old = self._old_dir(rel_dir)
+        try:
+            if old is not None and identity(os.stat(name, dir_fd=old, follow_symlinks=False)) \
+                    == identity(os.stat(pooled, dir_fd=self._pool_fd, follow_symlinks=False)):
+                return True
+        except OSError:
+            pass
+        return self.pool.entry_problem(pooled, key, entry.size, dir_fd=self._pool_fd) is None
+
+    def _link_or_copy(self, src: str, dest: str, entry: Entry, outcome: str) -> Outcome:
+        """Hard-link ``src`` at ``dest``, or copy it where the link is refused (a mount point
+        inside the source, EXDEV; a file at its link limit)."""
+        try:
+            os.link(src, dest, follow_symlinks=False)
+        except OSError as exc:
+            if not link_refused(exc):
+                raise
+            self.copier.copy_new(src, dest, entry.mode, entry.mtime_ns)
+            return "copied", entry.size, None
+        return outcome, 0, None
 
     def _private_config(self, src: str, dest: str, entry: Entry, shared: bool) -> int | None:
         """Write config.json as a file of its own: with a read-only root when the staged files

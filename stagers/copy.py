@@ -147,8 +147,3 @@ def link_fd(fd: int, dest: str) -> None:
         err = ctypes.get_errno()
         raise FileExistsError(err, os.strerror(err), dest) if err == errno.EEXIST else \
             OSError(err, os.strerror(err), dest)
-
-
-def same_filesystem(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
-    """Whether two existing paths are on one filesystem (so hardlinks between them work)."""
-    return os.stat(a).st_dev == os.stat(b).st_dev

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
+from cache.fsops import DIR_FOLLOW
 from stagers.builder import FORK_MIN_FILES, Builder, Outcome
 from stagers.errors import StageError
 from stagers.filemanifest import (
@@ -40,7 +41,6 @@ from stagers.parallel import MAX_QUEUE, map_queue
 RUNS_PER_PROCESS = 16
 MIN_RUN = 64
 
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 #: one entry to stat and place: its position in the walk order, its relative path
 _Pending = tuple[int, str]
 
@@ -129,7 +129,7 @@ def _stat_run(source: str, run: Sequence[_Pending]) -> list[Entry]:
                 if fd >= 0:
                     os.close(fd)
                     fd = -1
-                fd = os.open(f"{source}/{rel_dir}" if rel_dir else source, _DIR)
+                fd = os.open(f"{source}/{rel_dir}" if rel_dir else source, DIR_FOLLOW)
                 current = rel_dir
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             kind = entry_type(st.st_mode)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cache import leases, usage
+from cache.fsops import DIR_FOLLOW, DIR_READ, trust_problem
 from cache.leases import Holder, Lease
 from cache.staged import image_name, outer_marker_name, read_json_at
 from stagers.filemanifest import MARKER_NAME
@@ -83,12 +84,15 @@ def marker_of(doc: dict[str, object] | None) -> Marker | None:
 
 def read_marker(path: Path) -> Marker | None:
     """The marker of what is staged at ``path``; None if nothing of ours is there (a symlink
-    at ``path`` is not followed)."""
+    at ``path`` is not followed; a directory of another user, or one others can write, holds
+    no marker we trust)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, DIR_READ)
     except OSError:
         return None
     try:
+        if trust_problem(os.fstat(fd)) is not None:
+            return None
         return marker_of(read_json_at(fd, MARKER_NAME))
     finally:
         os.close(fd)
@@ -175,7 +179,7 @@ def release_if_unused(cache_root: Path, path: Path, lease: Lease, taken: bool) -
 
 def _read_beside(path: Path, name: str) -> dict[str, object] | None:
     try:
-        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = os.open(path.parent, DIR_FOLLOW)
     except OSError:
         return None
     try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from pathlib import Path
 import xxhash
 
 from cache.fdio import created_exactly, write_all
+from cache.fsops import check_trusted_dir, identity, link_refused
 from cache.staged import POOL_DIR, POOL_TEMP_SUFFIX
 from stagers.copy import Copier, link_fd
 from stagers.filemanifest import CHUNK
@@ -45,9 +47,50 @@ class Pool:
         return self.root / key[:2] / key
 
     def prepare(self) -> None:
-        """Create the 256 fan-out directories once, instead of checking per file."""
+        """Create the pool and its 256 fan-out directories once, instead of checking per
+        file; the pool must be trusted (docs/trust.md: the caller's or root's, not writable
+        by others), or another user could have planted its entries."""
+        self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
+        check_trusted_dir(self.root, "pool")
         for n in range(256):
             os.makedirs(os.path.join(self.root, f"{n:02x}"), exist_ok=True)
+
+    def entry_problem(self, name: str, key: str, size: int | None = None, *,
+                      dir_fd: int | None = None, content: bool = True) -> str | None:
+        """Why the pool entry ``name`` (relative to ``dir_fd``) may not be linked into a
+        bundle as ``key``, or None: it must be a regular file of the caller with the key's
+        mode (and ``size``) and, with ``content``, hold the key's xxh3-128. "missing" when
+        there is none."""
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return "missing"
+        content_hash, _, mode = key.rpartition("-")
+        if not stat.S_ISREG(st.st_mode):
+            return "not a regular file"
+        if st.st_uid != os.geteuid():
+            return f"owned by uid {st.st_uid}"
+        if f"{stat.S_IMODE(st.st_mode):04o}" != mode:
+            return f"mode {stat.S_IMODE(st.st_mode):04o}, not {mode}"
+        if size is not None and size >= 0 and st.st_size != size:
+            return f"{st.st_size} bytes, not {size}"
+        if content:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                             dir_fd=dir_fd)
+            except FileNotFoundError:
+                return "missing"
+            try:
+                if identity(os.fstat(fd)) != identity(st):
+                    return "replaced while it was checked"
+                hasher = xxhash.xxh3_128()
+                while chunk := os.read(fd, CHUNK):
+                    hasher.update(chunk)
+            finally:
+                os.close(fd)
+            if hasher.hexdigest() != content_hash:
+                return "content does not match its key"
+        return None
 
     def link_into(self, source: str, key: str, mode: int, mtime_ns: int, dest: str,
                   copier: Copier) -> bool:
@@ -55,17 +98,25 @@ class Pool:
         the entry is missing. Returns True when bytes were copied."""
         pooled = f"{os.fspath(self.root)}/{key[:2]}/{key}"
         copied = False
-        for _attempt in range(5):
-            try:
-                os.link(pooled, dest, follow_symlinks=False)
-                return copied
-            except FileNotFoundError:
-                if not os.path.isdir(os.path.dirname(dest)):
-                    raise
-            self._add(source, pooled, mode, mtime_ns, copier)
-            copied = True
-        os.link(pooled, dest, follow_symlinks=False)
-        return copied
+        try:
+            for _attempt in range(5):
+                # an entry this call just added needs no hashing: it is a copy of source
+                problem = self.entry_problem(pooled, key, content=not copied)
+                if problem is not None and problem != "missing":
+                    break  # not to be trusted: dest becomes a private copy
+                try:
+                    os.link(pooled, dest, follow_symlinks=False)
+                    return copied
+                except FileNotFoundError:
+                    if not os.path.isdir(os.path.dirname(dest)):
+                        raise
+                self._add(source, pooled, mode, mtime_ns, copier)
+                copied = True
+        except OSError as exc:
+            if not link_refused(exc):  # the pool is on another mount: a private copy
+                raise
+        copier.copy_new(source, dest, mode, mtime_ns)
+        return True
 
     def _add(self, source: str, pooled: str, mode: int, mtime_ns: int, copier: Copier) -> None:
         """Publish a copy of ``source`` as ``pooled``; a no-op if someone else did first.
@@ -167,11 +218,21 @@ class Pool:
                 return content_hash, True
             except FileExistsError:
                 pass
+            except OSError as exc:
+                if link_refused(exc):  # the pool is on another mount: dest stays private
+                    return content_hash, True
+                raise
+            if self.entry_problem(pooled, key, total) is not None:
+                return content_hash, True  # a pooled entry not to be trusted: dest stays
             twin = f"{dest}.ocistage-twin"
             try:
                 os.link(pooled, twin, dst_dir_fd=dest_dir, follow_symlinks=False)
             except FileNotFoundError:  # released by a concurrent unstage: publish ours
                 continue
+            except OSError as exc:  # EEXIST is checked before EXDEV: another mount
+                if link_refused(exc):
+                    return content_hash, True
+                raise
             os.rename(twin, dest, src_dir_fd=dest_dir, dst_dir_fd=dest_dir)  # share the inode
             return content_hash, False
         return content_hash, True  # the pool keeps losing it: dest stays a private copy

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import tarfile
 import tempfile
 import time
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from cache.fsops import remove_tree
 from cache.leases import Holder, Lease
 from cache.staged import IMAGE_SUFFIX, image_path, outer_marker_name
 from cache.store import write_file_atomic
@@ -141,7 +141,8 @@ def push_tree(source: Path, url: str, name: str, *, format: str, work: Path,
             target = join(url, name + IMAGE_SUFFIX)
             return PushResult(target, "squashfs", push_file(image, target))
         finally:
-            shutil.rmtree(build, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                remove_tree(build)
     target = join(url, name + TAR_SUFFIX)
     with _uploading(target) as (fs, partial):
         with fs.open(partial, "wb") as out, tarfile.open(fileobj=out, mode="w|",

@@ -2,9 +2,9 @@
 
 A re-stage publishes a complete new version and then removes the old one: one ``unlink`` per
 file (20k files: ~0.07 s on tmpfs in one process). The removal is done through descriptors by
-:mod:`cache.fsremove` (no symlink is ever followed, also not one swapped in meanwhile); here
-the tree is split into disjoint subtrees, each removed by ``cache.fsremove.remove_entry``
-relative to the descriptor of its parent, in one forked worker per CPU (as the build in
+:mod:`cache.fsops` (no symlink is ever followed, also not one swapped in meanwhile); here the
+tree is split into disjoint subtrees, each removed by ``cache.fsops.remove_at`` relative to the
+descriptor of its parent, in one forked worker per CPU (as the build in
 :mod:`stagers.parallel`). What is left — files near the top and the emptied directories — is
 removed by ``remove_opened`` of the root, which checks that the name still is that directory.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from cache.fsremove import open_dir, remove_entry, remove_opened, remove_path
+from cache.fsops import open_dir, open_parent, remove_at, remove_opened, remove_tree
 from stagers.parallel import map_parts
 
 #: subtrees to split into per worker process (contiguous batches of about equal count)
@@ -22,19 +22,18 @@ SPLIT_PER_PROCESS = 16
 MAX_DEPTH = 4
 
 
-def remove_tree(path: str, processes: int) -> None:
-    """:func:`cache.fsremove.remove_path` of ``path``, its subtrees removed in ``processes``
+def remove_in_workers(path: str | os.PathLike[str], processes: int) -> None:
+    """:func:`cache.fsops.remove_tree` of ``path``, its subtrees removed in ``processes``
     forked workers. Missing is fine; a symlink at ``path`` is only unlinked."""
     if processes <= 1:
-        remove_path(path)
+        remove_tree(path)
         return
-    parent, name = os.path.split(os.path.abspath(path))
-    parent_fd = os.open(parent or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    parent_fd, name = open_parent(path)
     try:
         try:
             root_fd = open_dir(name, parent_fd)
         except OSError:  # missing, or not a directory: nothing to split
-            remove_entry(parent_fd, name)
+            remove_at(parent_fd, name)
             return
         opened = [root_fd]
         try:
@@ -77,5 +76,5 @@ def split(root_fd: int, want: int, opened: list[int]) -> list[tuple[int, str]]:
 
 def _remove_part(part: Sequence[tuple[int, str]]) -> list[None]:
     for parent_fd, name in part:
-        remove_entry(parent_fd, name)
+        remove_at(parent_fd, name)
     return [None] * len(part)

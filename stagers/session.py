@@ -36,7 +36,7 @@ from stagers.errors import StageError
 from stagers.filemanifest import MANIFEST_NAME, Manifest, load_manifest
 from stagers.markers import Marker, claim, new_marker, read_marker, release_if_unused
 from stagers.pool import Pool
-from stagers.removal import remove_tree
+from stagers.removal import remove_in_workers
 from stagers.target import (
     LOCK_TIMEOUT,
     StageResult,
@@ -225,7 +225,7 @@ class Staging:
         fsync_dir(self.to)
         if replaced is None:
             return False
-        remove_tree(os.fspath(replaced), processes)
+        remove_in_workers(replaced, processes)
         return True
 
 

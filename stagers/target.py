@@ -14,17 +14,25 @@ import errno
 import json
 import os
 import re
+import stat
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from cache.fsremove import remove_path
+from cache.fsops import (
+    OWNER_SUFFIX,
+    check_shared_parent,
+    check_trusted_dir,
+    drop_owned_dir,
+    hardlinks_work,
+    make_owned_dir,
+    remove_tree,
+)
 from cache.inventory import SHARED_ROOT_ANNOTATION
-from cache.locks import FileLock, Owner
+from cache.locks import FileLock
 from cache.staged import RESERVED_PREFIX, TMP_DIR, plain_name
-from stagers.copy import same_filesystem
 from stagers.errors import StageError
 
 Method = Literal["hardlink", "pool", "copy"]
@@ -105,8 +113,15 @@ def publish(scratch: Path, final: Path) -> Path | None:
 # -- scratch space and locks ------------------------------------------------------------------
 
 def tmp_dir(to: Path) -> Path:
+    """``TO/.ocistage-tmp``, made if needed; ``TO`` and it must be trusted (docs/trust.md):
+    ``TO`` owned by the caller or root and not writable by others, or a sticky directory
+    like ``/tmp`` (then ``.ocistage-tmp`` must be the caller's)."""
+    to.mkdir(mode=0o755, parents=True, exist_ok=True)
+    check_shared_parent(to, "stage target")
     path = to / TMP_DIR
-    path.mkdir(mode=0o755, parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o755)
+    check_trusted_dir(path, "staging scratch directory")
     return path
 
 
@@ -120,28 +135,23 @@ def clean_leftovers(to: Path, name: str) -> None:
     names are left to their own stagers.
     """
     tmp = to / TMP_DIR
-    pattern = re.compile(rf"{re.escape(name)}\.\d+-[0-9a-f]{{10}}(\.old|\.owner)?")
+    pattern = re.compile(
+        rf"{re.escape(name)}\.\d+-[0-9a-f]{{10}}(\.old|{re.escape(OWNER_SUFFIX)})?")
     try:
         names = os.listdir(tmp)
     except FileNotFoundError:
         return
     for entry in names:
         if pattern.fullmatch(entry):
-            remove_path(os.fspath(tmp / entry))
+            remove_tree(tmp / entry)
 
 
 def new_scratch(to: Path, name: str) -> Path:
-    owner = Owner.me()
-    scratch = tmp_dir(to) / f"{name}.{owner.pid}-{uuid.uuid4().hex[:10]}"
-    (scratch.parent / f"{scratch.name}.owner").write_text(owner.to_json())
-    scratch.mkdir(mode=0o700)
-    return scratch
+    return make_owned_dir(tmp_dir(to) / f"{name}.{os.getpid()}-{uuid.uuid4().hex[:10]}")
 
 
 def drop_scratch(scratch: Path) -> None:
-    remove_path(os.fspath(scratch))
-    with contextlib.suppress(FileNotFoundError):
-        (scratch.parent / f"{scratch.name}.owner").unlink()
+    drop_owned_dir(scratch)
 
 
 def name_lock(to: Path, name: str) -> FileLock:
@@ -171,11 +181,27 @@ def source_identity(source: Path, cache_root: Path) -> str:
 def choose_method(source: Path, to: Path, link: bool | None) -> Method:
     if link is False:
         return "copy"
-    same = same_filesystem(source, to)
+    same = hardlinks_between(source, to)
     if link is True and not same:
-        raise StageError(f"cannot hardlink: {source} and {to} are on different filesystems",
-                         "drop --link to copy through the target's pool instead")
+        raise StageError(f"cannot hardlink: {source} and {to} are on different filesystems "
+                         f"or mount points", "drop --link to copy through the target's pool "
+                                             "instead")
     return "hardlink" if same else "pool"
+
+
+def hardlinks_between(source: Path, to: Path) -> bool:
+    """Whether files of the tree ``source`` can be hard-linked into ``to``: a regular file at
+    its top (``config.json`` first) is linked into ``TO/.ocistage-tmp`` for real, since two
+    mount points of one filesystem (bind mounts, per-job tmpfs namespaces) share ``st_dev``
+    but refuse links with EXDEV. A tree without such a file compares ``st_dev``."""
+    candidates = [source / "config.json"]
+    with contextlib.suppress(OSError), os.scandir(source) as entries:
+        candidates.extend(Path(e.path) for e in entries if e.is_file(follow_symlinks=False))
+    for candidate in candidates:
+        with contextlib.suppress(OSError):
+            if stat.S_ISREG(os.lstat(candidate).st_mode):
+                return hardlinks_work(candidate, tmp_dir(to))
+    return os.stat(source).st_dev == os.stat(to).st_dev
 
 
 

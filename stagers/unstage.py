@@ -2,7 +2,7 @@
 
 Only a directory carrying an ocistage marker (``.ocistage-staged.json``) is removed. The path's
 last component is opened with ``O_NOFOLLOW``: a symlink there is refused, never followed, and
-the removal itself works through directory descriptors (:mod:`cache.fsremove`), so a symlink
+the removal itself works through directory descriptors (:mod:`cache.fsops`), so a symlink
 swapped in at any level while it runs cannot redirect it outside the bundle. A squashfs mount is
 unmounted first and its image (named in the marker, beside the path) removed.
 
@@ -20,11 +20,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from cache import leases, staged
+from cache.fsops import DIR_READ
 from cache.leases import Holder, Lease
 from stagers.errors import StageError
 from stagers.markers import Marker, marker_of, same_holder, staged_target
-
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _release_leases(cache_root: Path, path: Path, holder: Holder | None) -> list[Lease]:
@@ -82,7 +81,7 @@ def unstage(path: Path, *, cache_root: Path, holder: Holder | None = None,
     path = Path(os.path.abspath(path))
     parent, name = os.path.split(path)
     try:
-        parent_fd = os.open(parent, _DIR)
+        parent_fd = os.open(parent, DIR_READ)
     except OSError as exc:
         if isinstance(exc, FileNotFoundError):
             _release_leases(cache_root, path, holder)
@@ -100,7 +99,7 @@ def unstage(path: Path, *, cache_root: Path, holder: Holder | None = None,
 def _unstage_in(parent_fd: int, parent: Path, name: str, path: Path, cache_root: Path,
                 holder: Holder | None, force: bool) -> bool:
     try:
-        fd = os.open(name, _DIR, dir_fd=parent_fd)
+        fd = os.open(name, DIR_READ, dir_fd=parent_fd)
     except FileNotFoundError:
         _release_leases(cache_root, path, holder)
         return False

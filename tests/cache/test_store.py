@@ -17,7 +17,7 @@ import pytest
 
 from cache.digest import Digest
 from cache.errors import IntegrityError, StoreError
-from cache.store import Store, _temp_tag, remove_tree
+from cache.store import Store, _temp_tag
 
 
 def digest_of(data: bytes) -> Digest:
@@ -129,24 +129,6 @@ def test_read_missing_blob_is_a_store_error(tmp_path: Path) -> None:
     store = Store.open(tmp_path)
     with pytest.raises(StoreError, match="not in the cache"):
         store.open_blob(digest_of(b"nope"))
-
-
-def test_remove_tree_handles_read_only_and_mode_000(tmp_path: Path) -> None:
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "keep").write_text("x")
-    tree = tmp_path / "tree"
-    (tree / "ro/sub").mkdir(parents=True)
-    (tree / "ro/sub/f").write_text("x")
-    (tree / "zero").mkdir()
-    (tree / "zero/f").write_text("x")
-    (tree / "link").symlink_to(outside)
-    os.chmod(tree / "ro/sub", 0o555)
-    os.chmod(tree / "ro", 0o555)
-    os.chmod(tree / "zero", 0)
-    remove_tree(tree)
-    assert not tree.exists()
-    assert (outside / "keep").read_text() == "x"
 
 
 def test_scratch_of_dead_owner_is_removed_on_open(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cache import leases
-from cache.fsremove import remove_path
+from cache.fsops import remove_tree
 from cache.inventory import SHARED_ROOT_ANNOTATION
 from stagers.filemanifest import MARKER_NAME
 from tests.e2e.components import require_binary
@@ -45,7 +45,7 @@ def shm() -> Iterator[Path]:
     path = Path("/dev/shm") / f"ocistage-e2e-{uuid.uuid4().hex[:10]}"
     path.mkdir()
     yield path
-    remove_path(os.fspath(path))
+    remove_tree(path)
 
 
 @pytest.mark.parametrize("mode", ["hardlink", "pool", "copy"])

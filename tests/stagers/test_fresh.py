@@ -17,7 +17,7 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cache.fsremove import remove_path
+from cache.fsops import remove_tree
 from cache.leases import Holder
 from stagers import builder as builder_module
 from stagers import fresh
@@ -84,7 +84,7 @@ def scratch_dirs() -> Iterator[tuple[Path, Path]]:
         try:
             yield Path(here), shm
         finally:
-            remove_path(os.fspath(shm))
+            remove_tree(shm)
 
 
 @pytest.mark.usefixtures("forked")

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from cache.staged import sweep_pool
 from stagers.copy import Copier
+from stagers.filemanifest import hash_file
 from stagers.pool import Pool, pool_key
 
 
@@ -15,7 +16,7 @@ def test_equal_contents_are_stored_once(tmp_path: Path) -> None:
     pool.prepare()
     out = tmp_path / "target" / "b"
     out.mkdir()
-    key = pool_key("ab" * 16, 0o644)
+    key = pool_key(hash_file(src), 0o644)
     copier = Copier()
     assert pool.link_into(str(src), key, 0o644, 1_000_000_000, str(out / "one"), copier)
     assert not pool.link_into(str(src), key, 0o644, 1_000_000_000, str(out / "two"), copier)

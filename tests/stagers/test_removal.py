@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from stagers.removal import remove_tree, split
+from stagers.removal import remove_in_workers, split
 
 
 def _nested(root: Path, dirs: int = 6, files: int = 5) -> None:
@@ -26,7 +26,7 @@ def test_a_tree_is_removed_by_several_processes(tmp_path: Path) -> None:
     (old / "a1" / "ro").chmod(0o500)
     (old / "a2" / "b0" / "locked").mkdir()
     (old / "a2" / "b0" / "locked").chmod(0)
-    remove_tree(os.fspath(old), processes=3)
+    remove_in_workers(os.fspath(old), processes=3)
     assert not old.exists()
     assert os.listdir(tmp_path) == []
 
@@ -39,14 +39,14 @@ def test_symlinks_inside_and_at_the_path_are_unlinked_not_followed(tmp_path: Pat
     _nested(old)
     os.symlink(outside, old / "a0" / "escape")       # a planted link to a directory
     os.symlink(outside, old / "a3" / "b1" / "deep")
-    remove_tree(os.fspath(old), processes=2)
+    remove_in_workers(os.fspath(old), processes=2)
     assert not old.exists()
     assert (outside / "keep").read_bytes() == b"keep me\n"
     link = tmp_path / "link"
     os.symlink(outside, link)
-    remove_tree(os.fspath(link), processes=2)
+    remove_in_workers(os.fspath(link), processes=2)
     assert not os.path.lexists(link) and (outside / "keep").exists()
-    remove_tree(os.fspath(tmp_path / "missing"), processes=2)  # missing is fine
+    remove_in_workers(os.fspath(tmp_path / "missing"), processes=2)  # missing is fine
 
 
 def test_split_takes_the_first_level_with_enough_directories(tmp_path: Path) -> None:

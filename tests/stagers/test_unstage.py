@@ -16,7 +16,7 @@ import pytest
 
 from cache import leases
 from cache.errors import OcistageError
-from cache.fsremove import remove_opened, remove_path
+from cache.fsops import remove_opened, remove_tree
 from cache.leases import Holder
 from stagers.filemanifest import MARKER_NAME
 from stagers.stage import stage_directory
@@ -131,7 +131,7 @@ def test_racing_symlink_swaps_inside_the_tree_never_escape(tmp_path: Path,
         thread = threading.Thread(target=swapper)
         thread.start()
         try:
-            remove_path(os.fspath(staged))
+            remove_tree(staged)
         except OSError:
             pass  # losing a race is allowed; escaping is not
         finally:
@@ -161,7 +161,7 @@ def open_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="ocistage-unstage-"))
     path.chmod(0o755)
     yield path
-    remove_path(os.fspath(path))
+    remove_tree(path)
 
 
 def test_an_unprivileged_owner_removes_mode_000_directories(open_dir: Path,
@@ -180,8 +180,8 @@ def test_an_unprivileged_owner_removes_mode_000_directories(open_dir: Path,
     for path in [tmp_path / "userdir", *(tmp_path / "userdir").rglob("*")]:
         os.lchown(path, 65534, 65534)
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r}); "
-            "from cache.fsremove import remove_path; "
-            f"remove_path({str(staged)!r})")
+            "from cache.fsops import remove_tree; "
+            f"remove_tree({str(staged)!r})")
     result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                              sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, check=False)

@@ -1,0 +1,210 @@
+"""A hostile co-tenant (a second uid through ``setpriv``) against what ocistage run as root
+writes into or removes from directories others can write (issue 13.1, 13.2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
+from tests.e2e.conftest import OcistageRunner
+
+NOBODY = 65534
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                                reason="a co-tenant needs root and setpriv")
+
+
+def as_nobody(*argv: str) -> None:
+    subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                    *argv], check=True, timeout=60)
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A sticky, world-writable directory like /tmp or /scratch (pytest's tmp_path is
+    private to its owner)."""
+    base = Path(tempfile.mkdtemp(prefix="ocistage-cotenant-"))
+    base.chmod(0o755)
+    (base / "shared").mkdir(mode=0o1777)
+    (base / "shared").chmod(0o1777)
+    yield base / "shared"
+    shutil.rmtree(base)
+
+
+@pytest.fixture
+def root_only(tmp_path: Path) -> Path:
+    """A directory only root may change, with a file the attack aims at."""
+    secret = tmp_path / "root-only"
+    secret.mkdir(mode=0o700)
+    (secret / "precious").write_text("keep me")
+    return secret
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def small_image(tmp_path: Path) -> str:
+    layout = tmp_path / "layout"
+    write_oci_layout(layout, [build_tar([file("bin/sh", b"#!/bin/true\n", 0o755)])],
+                     tag="small")
+    return f"oci:{layout}:small"
+
+
+def test_a_planted_dead_looking_scratch_dir_beside_dest_is_not_touched(
+        tmp_path: Path, ocistage: OcistageRunner, shared: Path, root_only: Path) -> None:
+    planted = shared / f".dest.ocistage-{socket.gethostname()}-{dead_pid()}-0badc0de"
+    as_nobody("mkdir", "-p", f"{planted}/sub")
+    as_nobody("touch", f"{planted}/sub/theirs")
+    # the link is there before ocistage looks: a removal following it would empty root-only
+    as_nobody("ln", "-s", str(root_only), f"{planted}/link")
+    os.symlink(root_only, planted / "rootlink")  # even a link root planted is not followed
+    made = ocistage("bundle", small_image(tmp_path), str(shared / "dest"), "--cmd", "/bin/sh")
+    assert made.returncode == 0, made.stderr
+    assert (shared / "dest" / "rootfs" / "bin" / "sh").is_file()
+    assert (root_only / "precious").read_text() == "keep me"
+    assert sorted(p.name for p in planted.iterdir()) == ["link", "rootlink", "sub"]
+    assert (planted / "sub" / "theirs").exists()
+
+
+@pytest.fixture
+def shm_shared() -> Iterator[Path]:
+    """A sticky, world-writable directory on another filesystem than the bundles (tmpfs), so
+    that staging goes through the target's pool."""
+    base = Path(tempfile.mkdtemp(prefix="ocistage-cotenant-", dir="/dev/shm"))
+    base.chmod(0o755)
+    (base / "shared").mkdir()
+    (base / "shared").chmod(0o1777)
+    yield base / "shared"
+    shutil.rmtree(base)
+
+
+IMAGE_FILES = {"bin/sh": (b"#!/bin/true\n", 0o755), "etc/motd": (b"hello from the image\n", 0o644)}
+
+
+def files_image(tmp_path: Path) -> str:
+    layout = tmp_path / "layout-files"
+    write_oci_layout(layout, [build_tar([file(name, data, mode)
+                                         for name, (data, mode) in IMAGE_FILES.items()])],
+                     tag="files")
+    return f"oci:{layout}:files"
+
+
+def plant_pool(pool: Path, outside: Path) -> None:
+    """As the co-tenant: pool entries under the keys of the image's files (computable from
+    the public image), holding planted bytes, and one that is a symlink to ``outside``."""
+    as_nobody("mkdir", "-p", str(pool))
+    for index, (data, mode) in enumerate(IMAGE_FILES.values()):
+        key = f"{xxhash.xxh3_128_hexdigest(data)}-{mode:04o}"
+        as_nobody("mkdir", "-p", str(pool / key[:2]))
+        if index == 0:
+            as_nobody("ln", "-s", str(outside), str(pool / key[:2] / key))
+        else:
+            as_nobody("sh", "-c", f"printf planted > {pool / key[:2] / key}; "
+                                  f"chmod {mode:o} {pool / key[:2] / key}")
+
+
+def assert_no_planted_data(root: Path) -> None:
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert path.read_bytes() != b"planted", path
+
+
+def test_a_target_another_user_made_first_is_refused(
+        tmp_path: Path, ocistage: OcistageRunner, shm_shared: Path) -> None:
+    bundle = tmp_path / "bundle"
+    ocistage("bundle", files_image(tmp_path), str(bundle), "--cmd", "/bin/sh", check=True)
+    target = shm_shared / "target"
+    as_nobody("mkdir", str(target))
+    plant_pool(target / ".ocistage-pool", tmp_path)
+    result = ocistage("stage", str(bundle), "--to", str(target))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"refusing stage target {target}" in result.stderr
+    assert "nobody (uid 65534)" in result.stderr
+    assert sorted(p.name for p in target.iterdir()) == [".ocistage-pool"]
+
+
+@pytest.mark.parametrize("planted", [".ocistage-pool", ".ocistage-tmp"])
+def test_a_pool_or_tmp_another_user_made_in_a_sticky_target_is_refused(
+        tmp_path: Path, ocistage: OcistageRunner, shm_shared: Path, planted: str) -> None:
+    bundle = tmp_path / "bundle"
+    ocistage("bundle", files_image(tmp_path), str(bundle), "--cmd", "/bin/sh", check=True)
+    if planted == ".ocistage-pool":
+        plant_pool(shm_shared / planted, tmp_path)
+    else:
+        as_nobody("mkdir", str(shm_shared / planted))
+    result = ocistage("stage", str(bundle), "--to", str(shm_shared), "--name", "mine")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"{shm_shared / planted}: it is owned by nobody (uid 65534)" in result.stderr
+    assert not (shm_shared / "mine").exists()
+
+
+def test_pool_entries_that_fail_verification_are_never_linked(
+        tmp_path: Path, ocistage: OcistageRunner, shm_shared: Path) -> None:
+    """In the caller's own pool, entries under the right keys with the wrong owner, type or
+    content (as only root or the caller could make them) are ignored: private copies."""
+    bundle = tmp_path / "bundle"
+    ocistage("bundle", files_image(tmp_path), str(bundle), "--cmd", "/bin/sh", check=True)
+    target = shm_shared / "target"
+    target.mkdir()
+    pool = target / ".ocistage-pool"
+    keys = []
+    for data, mode in IMAGE_FILES.values():
+        key = f"{xxhash.xxh3_128_hexdigest(data)}-{mode:04o}"
+        (pool / key[:2]).mkdir(parents=True, exist_ok=True)
+        keys.append(pool / key[:2] / key)
+    keys[0].symlink_to(tmp_path)
+    keys[1].write_bytes(b"planted")
+    keys[1].chmod(0o644)
+    extra = IMAGE_FILES["etc/motd"]
+    for staged_name in ("first", "second"):
+        staged = json.loads(ocistage("stage", str(bundle), "--to", str(target), "--name",
+                                     staged_name, "--json", check=True).stdout)
+        assert staged["method"] == "pool"
+        rootfs = Path(staged["path"]) / "rootfs"
+        assert (rootfs / "etc" / "motd").read_bytes() == extra[0]
+        assert (rootfs / "bin" / "sh").read_bytes() == IMAGE_FILES["bin/sh"][0]
+        assert_no_planted_data(rootfs)
+    os.chown(keys[1], NOBODY, NOBODY)  # right content, but another user's
+    keys[1].write_bytes(extra[0])
+    third = json.loads(ocistage("stage", str(bundle), "--to", str(target), "--name", "third",
+                                "--json", check=True).stdout)
+    motd = Path(third["path"]) / "rootfs" / "etc" / "motd"
+    assert motd.read_bytes() == extra[0] and motd.stat().st_uid == os.geteuid()
+
+
+def test_a_restage_does_not_link_a_pool_entry_replaced_since(
+        tmp_path: Path, ocistage: OcistageRunner, shm_shared: Path) -> None:
+    """Unchanged files of a re-stage are linked from the pool by key: an entry that is no
+    longer the inode the previous version linked is hashed first, and not linked if wrong."""
+    bundle = tmp_path / "bundle"
+    ocistage("bundle", files_image(tmp_path), str(bundle), "--cmd", "/bin/sh", check=True)
+    target = shm_shared / "target"
+    first = json.loads(ocistage("stage", str(bundle), "--to", str(target), "--json",
+                                check=True).stdout)
+    data, mode = IMAGE_FILES["etc/motd"]
+    key = f"{xxhash.xxh3_128_hexdigest(data)}-{mode:04o}"
+    entry = target / ".ocistage-pool" / key[:2] / key
+    assert entry.stat().st_nlink == 2  # the pool's name and the staged file
+    entry.unlink()
+    entry.write_bytes(b"planted")  # same name, same owner and mode, other inode and bytes
+    entry.chmod(mode)
+    (bundle / "rootfs" / "bin" / "new").write_bytes(b"a change, so the tree is staged again")
+    again = json.loads(ocistage("stage", str(bundle), "--to", str(target), "--json",
+                                check=True).stdout)
+    assert again["path"] == first["path"] and again["method"] == "pool"
+    rootfs = Path(again["path"]) / "rootfs"
+    assert (rootfs / "etc" / "motd").read_bytes() == data
+    assert_no_planted_data(rootfs)
