@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bundler.manifest import Descriptor
-from bundler.pull import PulledImage, PullOptions, PullProgress, pull
+from bundler.pull import Canceller, PulledImage, PullOptions, PullProgress, interrupted, pull
 from bundler.reference import ImageSource
 from bundler.runtime_config import ConfigOptions, build_runtime_config, write_runtime_config
 from bundler.snapshots import (
@@ -106,6 +106,7 @@ class _PullThread:
     def __init__(self, source: ImageSource, store: Store, options: PullOptions,
                  progress: PullProgress | None, in_use: InUse) -> None:
         self.follower = BlobFollower(store)
+        self.canceller = Canceller()
         self._image: PulledImage | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(
@@ -117,7 +118,7 @@ class _PullThread:
              progress: PullProgress | None, in_use: InUse) -> None:
         try:
             self._image = pull(source, store, options, progress, in_use=in_use,
-                               observer=self.follower)
+                               observer=self.follower, canceller=self.canceller)
         except BaseException as exc:
             self._error = exc
         finally:
@@ -179,6 +180,11 @@ def _make_bundle(source: ImageSource, store: Store, dest: Path | None, in_use: I
     puller = _PullThread(source, store, pull_options, progress, in_use)
     try:
         return _build(puller, store, dest, in_use, config_options, on_layer, link)
+    except KeyboardInterrupt:
+        puller.canceller.cancel()  # downloads stop now and keep what they wrote
+        with contextlib.suppress(BaseException):
+            puller.result()
+        raise interrupted(store) from None
     except Exception:
         with contextlib.suppress(BaseException):
             puller.result()  # let the downloads finish into the cache; report our error

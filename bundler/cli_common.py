@@ -90,14 +90,19 @@ def setup_logging(verbose: bool) -> None:
 
 @contextlib.contextmanager
 def download_progress(quiet: bool) -> Iterator[PullProgress | None]:
-    """Progress bars on stderr while downloading, when stderr is a terminal and not ``quiet``."""
-    if quiet or not stderr.is_terminal:
+    """Progress bars on stderr while downloading, when stderr is a terminal and not ``quiet``;
+    a line per registry retry on stderr unless ``quiet``."""
+    if quiet:
         yield None
         return
-    from bundler.progress import RichPullProgress
+    from bundler.progress import RichPullProgress, retry_notices
 
-    with RichPullProgress(stderr) as progress:
-        yield progress
+    with retry_notices(stderr):
+        if not stderr.is_terminal:
+            yield None
+            return
+        with RichPullProgress(stderr) as progress:
+            yield progress
 
 
 def print_warnings(warnings: Iterable[str]) -> None:

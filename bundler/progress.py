@@ -6,7 +6,10 @@ fetches nothing (everything cached) draws nothing and pays for neither (~20 ms).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
+from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -83,3 +86,36 @@ class RichPullProgress:
             progress = self._progress
         if progress is not None:
             progress.stop()
+
+
+class _ConsoleNotices(logging.Handler):
+    """Prints each record as ``note: MESSAGE`` on a console (markup escaped)."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__(logging.INFO)
+        self._console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from rich.markup import escape
+
+        self._console.print(f"note: {escape(record.getMessage())}")
+
+
+@contextlib.contextmanager
+def retry_notices(console: Console) -> Iterator[None]:
+    """Show a line per registry retry (logger ``ocistage.retry``) on ``console``.
+
+    Without this the retries go to the log like everything else (visible with ``-v``).
+    """
+    logger = logging.getLogger("ocistage.retry")
+    handler = _ConsoleNotices(console)
+    saved = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]

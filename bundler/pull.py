@@ -46,6 +46,7 @@ from cache import usage
 from cache.digest import Digest
 from cache.errors import (
     IntegrityError,
+    Interrupted,
     OcistageError,
     SchemaError,
     SourceError,
@@ -135,6 +136,36 @@ class ResolvedImage:
     index_fetched: FetchedManifest | None
     index: ImageIndex | None
     platform: Platform
+
+
+class Canceller:
+    """Stops a running pull from another thread (Ctrl-C): every provider it uses is aborted,
+    so downloads in flight end within a moment and keep what they wrote for a resume."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._providers: list[ImageProvider] = []
+        self._cancelled = False
+
+    def register(self, provider: ImageProvider) -> None:
+        with self._lock:
+            self._providers.append(provider)
+            cancelled = self._cancelled
+        if cancelled:
+            provider.abort()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            providers = list(self._providers)
+        for provider in providers:
+            provider.abort()
+
+
+def interrupted(store: Store) -> Interrupted:
+    """The error for a pull stopped by Ctrl-C; partial downloads stay for the next pull."""
+    return Interrupted(f"interrupted; the partial downloads are kept in {store.ingest_dir}",
+                       "run the command again to resume them")
 
 
 def ref_name(source: ImageSource) -> str:
@@ -285,11 +316,14 @@ def _descriptor_json(descriptor: Descriptor, annotations: dict[str, str],
 def pull(source: ImageSource, store: Store, options: PullOptions | None = None,
          progress: PullProgress | None = None,
          provider_factory: Callable[[ImageSource, RegistryConfig], ImageProvider] = open_provider,
-         in_use: InUse | None = None, observer: PullObserver | None = None) -> PulledImage:
+         in_use: InUse | None = None, observer: PullObserver | None = None,
+         canceller: Canceller | None = None) -> PulledImage:
     """Fetch ``source`` into ``store`` and record it under :func:`ref_name`; see module doc.
 
     ``in_use``: the caller's lease, extended with what this pull uses (default: a lease of
     this pull's own, ended when it returns). ``observer``: see :class:`PullObserver`.
+    ``canceller``: lets another thread stop the pull. A KeyboardInterrupt in the calling
+    thread stops the downloads at once and becomes :class:`Interrupted`.
     """
     options = options or PullOptions()
     wanted = (options.platform or host_platform()).normalized()
@@ -301,9 +335,14 @@ def pull(source: ImageSource, store: Store, options: PullOptions | None = None,
                                else provider_factory(source, options.registry))
     counter = BlobCounter()
     lease = in_use if in_use is not None else InUse(store.root)
+    canceller = canceller or Canceller()
+    canceller.register(provider)
     try:
-        image = _pull(source, store, options, progress, provider, counter, wanted, lease,
-                      observer)
+        try:
+            image = _pull(source, store, options, progress, provider, counter, wanted, lease,
+                          observer, canceller)
+        except KeyboardInterrupt:
+            raise interrupted(store) from None
         usage.touch(store.root, "image", image.manifest.digest.hex)
         if options.max_size is not None:
             # only with a budget: cache.gc and cache.inventory are not needed otherwise
@@ -320,8 +359,8 @@ def pull(source: ImageSource, store: Store, options: PullOptions | None = None,
 
 def _pull(source: ImageSource, store: Store, options: PullOptions,
           progress: PullProgress | None, provider: ImageProvider, counter: BlobCounter,
-          wanted: Platform, in_use: InUse,
-          observer: PullObserver | None = None) -> PulledImage:
+          wanted: Platform, in_use: InUse, observer: PullObserver | None,
+          canceller: Canceller) -> PulledImage:
     resolved = resolve(provider, wanted)
     manifest = resolved.manifest
     config_descriptor = manifest.config
@@ -348,8 +387,12 @@ def _pull(source: ImageSource, store: Store, options: PullOptions,
                         f"layer {n}/{len(manifest.layers)}", progress, counter, observer)
             for n, layer in enumerate(manifest.layers, start=1)
         ]
-        for future in futures:
-            future.result()
+        try:
+            for future in futures:
+                future.result()
+        except KeyboardInterrupt:
+            canceller.cancel()  # the workers stop now; the pool's exit waits only for that
+            raise
     store.put_blob(resolved.manifest_fetched.data, resolved.manifest_fetched.digest)
     if resolved.index_fetched is not None:
         store.put_blob(resolved.index_fetched.data, resolved.index_fetched.digest)

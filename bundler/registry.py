@@ -57,6 +57,8 @@ from cache.errors import (
 )
 
 log = logging.getLogger(__name__)
+# one line per retry, for the user (the CLI shows them on stderr unless -q)
+notices = logging.getLogger("ocistage.retry")
 
 MANIFEST_LIMIT = 4 << 20
 ERROR_BODY_LIMIT = 64 << 10
@@ -101,6 +103,7 @@ class _BlobDownload:
     size: int | None
     sink: BlobSink
     what: str
+    started: float
     attempts: int = 0
 
 
@@ -213,23 +216,31 @@ class RegistryClient:
     """A client for one registry (``docker.io``, ``localhost:5000``, ``[::1]:5000``, …).
 
     Safe to share between threads fetching blobs in parallel. ``sleep`` and ``clock`` are
-    injectable so tests of backoff and token expiry do not wait.
+    injectable so tests of backoff and token expiry do not wait; the default sleep ends at
+    once, raising :class:`cache.errors.Interrupted`, when :meth:`abort` is called.
+
+    Retries are bounded by count (``max_retries``) and by time: no retry starts more than
+    ``retry_time`` seconds after the first try of a request or download.
     """
 
     def __init__(self, registry: str, config: RegistryConfig | None = None, *,
-                 sleep: Callable[[float], None] = time.sleep,
+                 sleep: Callable[[float], None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  rng: random.Random | None = None) -> None:
         self.registry = registry
         self._config = config or RegistryConfig()
-        self._sleep = sleep
+        self._clock = clock
         self._rng = rng or random.Random()
         self._rng_lock = threading.Lock()
         tls = TlsPolicy(self._config.insecure_registries, self._config.ca_file,
                         self._config.loopback_insecure)
         self._tls = tls
         self._transport = Transport(tls, timeout=self._config.timeout,
-                                    user_agent=self._config.user_agent)
+                                    user_agent=self._config.user_agent,
+                                    deadline=self._config.deadline,
+                                    min_speed=self._config.min_speed,
+                                    speed_window=self._config.speed_window)
+        self._sleep = sleep if sleep is not None else self._transport.pause
         self._tokens = TokenCache(clock)
         store = self._config.credentials
         self._credentials = store if store is not None else CredentialStore.from_environment()
@@ -271,6 +282,7 @@ class RegistryClient:
 
         def attempt(endpoint: _Endpoint) -> FetchedManifest:
             tries = 0
+            started = self._clock()
             while True:
                 response = self._request(endpoint, path, headers, _scope(repository))
                 with self._closing(response):
@@ -278,10 +290,12 @@ class RegistryClient:
                         self._raise_for_status(endpoint.name, response, what)
                     try:
                         return self._read_manifest(endpoint, response, what, wanted)
-                    except BodyInterrupted:
-                        if tries >= endpoint.retries:
+                    except BodyInterrupted as exc:
+                        delay = self._backoff(tries)
+                        if not self._may_retry(tries, endpoint.retries, started, delay):
                             raise
-                self._sleep(self._backoff(tries))
+                        self._notice(str(exc), delay, tries + 2, endpoint.retries + 1)
+                self._sleep(delay)
                 tries += 1
         return self._each_endpoint(attempt)
 
@@ -290,7 +304,8 @@ class RegistryClient:
                    urls: Sequence[str] = ()) -> None:
         """Stream a blob into ``sink``, resuming from ``sink.offset``; ``urls`` after a 404."""
         validate_repository(repository)
-        state = _BlobDownload(digest, size, sink, f"blob {digest} of {repository}")
+        state = _BlobDownload(digest, size, sink, f"blob {digest} of {repository}",
+                              self._clock())
         path = f"/v2/{repository}/blobs/{digest}"
 
         def attempt(endpoint: _Endpoint) -> None:
@@ -304,6 +319,10 @@ class RegistryClient:
             if not urls:
                 raise
             self._fetch_from_urls(state, urls, missing, progress)
+
+    def abort(self) -> None:
+        """Stop every request in flight at once (Ctrl-C); they raise ``Interrupted``."""
+        self._transport.abort()
 
     def close(self) -> None:
         self._transport.close()
@@ -334,22 +353,36 @@ class RegistryClient:
                               lambda: self._follow(*self._on_endpoint(endpoint, path, headers,
                                                                       scope)))
 
+    def _may_retry(self, attempt: int, retries: int, started: float, delay: float) -> bool:
+        """Whether try ``attempt`` (0-based) may be followed by another after ``delay``."""
+        return (attempt < retries
+                and self._clock() - started + delay <= self._config.retry_time)
+
+    @staticmethod
+    def _notice(reason: str, delay: float, attempt: int, attempts: int) -> None:
+        notices.info("%s; retrying in %.1f s (attempt %d of %d)", reason, delay, attempt,
+                     attempts)
+
     def _retrying(self, name: str, retries: int,
                   send: Callable[[], requests.Response]) -> requests.Response:
         attempt = 0
+        started = self._clock()
         while True:
             try:
                 response = send()
-            except ConnectionFailed:
-                if attempt >= retries:
-                    raise
+            except ConnectionFailed as exc:
                 delay = self._backoff(attempt)
+                if not self._may_retry(attempt, retries, started, delay):
+                    raise
+                reason = str(exc)
             else:
                 status = response.status_code
                 if status not in RETRYABLE_STATUS:
                     return response
                 retry_after = parse_retry_after(response.headers.get("Retry-After"))
-                if attempt >= retries:
+                delay = (min(retry_after, self._config.backoff_max) if retry_after is not None
+                         else self._backoff(attempt))
+                if not self._may_retry(attempt, retries, started, delay):
                     detail = _error_detail(self._transport, response)
                     tries = f"{attempt + 1} attempt{'s' if attempt else ''}"
                     if status == 429:
@@ -358,11 +391,9 @@ class RegistryClient:
                     raise RegistryUnreachable(f"{name} keeps failing with {detail} "
                                               f"(gave up after {tries})",
                                               hint="the registry is having trouble; retry later")
+                reason = f"{name} answered HTTP {status}"
                 response.close()
-                delay = (min(retry_after, self._config.backoff_max) if retry_after is not None
-                         else self._backoff(attempt))
-            log.debug("retrying %s in %.2fs (attempt %d of %d)", name, delay, attempt + 2,
-                      retries + 1)
+            self._notice(reason, delay, attempt + 2, retries + 1)
             self._sleep(delay)
             attempt += 1
 
@@ -562,8 +593,9 @@ class RegistryClient:
     def _interrupted(self, state: _BlobDownload, retries: int, reason: str) -> None:
         """Count an interrupted download; sleep before the next try or give up."""
         state.attempts += 1
-        if state.attempts > retries:
+        delay = self._backoff(state.attempts - 1)
+        if not self._may_retry(state.attempts - 1, retries, state.started, delay):
             raise RegistryUnreachable(f"{reason}; gave up on {state.what} after "
                                       f"{state.attempts} attempts")
-        log.debug("%s; resuming (attempt %d)", reason, state.attempts + 1)
-        self._sleep(self._backoff(state.attempts - 1))
+        self._notice(reason, delay, state.attempts + 1, retries + 1)
+        self._sleep(delay)

@@ -27,7 +27,12 @@ class RegistryConfig:
     max_retries: int = 5
     backoff_base: float = 0.5
     backoff_max: float = 30.0
-    timeout: float = 60.0
+    timeout: float = 60.0           # seconds for one socket read or connect
+    deadline: float = 120.0         # seconds for a response's headers, and for a whole
+                                    # document (manifest, token, error body)
+    min_speed: float = 1024.0       # bytes a second any body must average over speed_window,
+    speed_window: float = 30.0      # else it counts as interrupted (and is retried/resumed)
+    retry_time: float = 120.0       # no new retry of a request this long after its first try
     user_agent: str = "ocistage/0.1"
     loopback_insecure: bool = True  # localhost/127.0.0.0/8/::1 accept plain HTTP, as Docker does
 

@@ -270,9 +270,12 @@ class _Decompressed:
         while self.read(CHUNK):
             pass
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Stop the thread; ``wait=False`` (Ctrl-C) does not wait for a read in progress,
+        which may be following a download that is only now being stopped."""
         self._stop.set()
-        self._thread.join()
+        if wait:
+            self._thread.join()
 
 
 @dataclass(frozen=True)
@@ -296,11 +299,15 @@ def apply_layers(open_blob: Callable[[Digest], BinaryIO], layers: Sequence[Descr
             on_layer(n, layer)
         with open_blob(layer.digest) as raw:
             stream = _Decompressed(raw, layer.media_type)
+            interrupted = False
             try:
                 report = apply_layer(stream, rootfs)  # type: ignore[arg-type]
                 stream.drain()
+            except KeyboardInterrupt:
+                interrupted = True
+                raise
             finally:
-                stream.close()
+                stream.close(wait=not interrupted)
         actual = stream.hasher.hexdigest()
         if actual != diff_id.hex:
             raise IntegrityError(

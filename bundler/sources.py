@@ -13,9 +13,12 @@ compressed ones are hashed once to learn their digest.
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import posixpath
 import tarfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,7 +36,7 @@ from bundler.reference import (
 )
 from bundler.registry_types import BlobSink, FetchedManifest, RegistryConfig
 from cache.digest import Digest, hash_file
-from cache.errors import IntegrityError, InvalidReference, NotFound, SourceError
+from cache.errors import IntegrityError, Interrupted, InvalidReference, NotFound, SourceError
 
 if TYPE_CHECKING:
     from bundler.registry import RegistryClient
@@ -59,6 +62,10 @@ class ImageProvider(Protocol):
     def fetch_blob(self, digest: Digest, size: int | None, sink: BlobSink,
                    progress: Progress | None = None, urls: tuple[str, ...] = ()) -> None: ...
 
+    def abort(self) -> None:
+        """Stop every transfer in flight at once (from another thread: Ctrl-C)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -74,19 +81,30 @@ def open_provider(source: ImageSource, config: RegistryConfig) -> ImageProvider:
     raise SourceError(f"unsupported image source {source!r}")
 
 
-def _copy_into(stream: IO[bytes], sink: BlobSink, progress: Progress | None) -> None:
-    if sink.offset:
-        skipped = 0
-        while skipped < sink.offset:
-            chunk = stream.read(min(CHUNK, sink.offset - skipped))
-            if not chunk:
-                sink.restart()
-                return _copy_into(stream, sink, progress)
-            skipped += len(chunk)
-    while chunk := stream.read(CHUNK):
-        sink.write(chunk)
-        if progress is not None:
-            progress(len(chunk))
+class _LocalProvider:
+    """What the file-based providers share: copying a stream into a sink, until aborted."""
+
+    def __init__(self) -> None:
+        self._aborted = threading.Event()
+
+    def abort(self) -> None:
+        self._aborted.set()
+
+    def _copy_into(self, stream: IO[bytes], sink: BlobSink, progress: Progress | None) -> None:
+        if sink.offset:
+            skipped = 0
+            while skipped < sink.offset:
+                chunk = stream.read(min(CHUNK, sink.offset - skipped))
+                if not chunk:
+                    sink.restart()
+                    return self._copy_into(stream, sink, progress)
+                skipped += len(chunk)
+        while chunk := stream.read(CHUNK):
+            if self._aborted.is_set():
+                raise Interrupted("interrupted")
+            sink.write(chunk)
+            if progress is not None:
+                progress(len(chunk))
 
 
 def _fetched(data: bytes, digest: Digest | None, what: str) -> FetchedManifest:
@@ -125,6 +143,9 @@ class RegistryProvider:
                    progress: Progress | None = None, urls: tuple[str, ...] = ()) -> None:
         self.client.fetch_blob(self.reference.repository, digest, size, sink,
                                progress=progress, urls=urls)
+
+    def abort(self) -> None:
+        self.client.abort()
 
     def close(self) -> None:
         self.client.close()
@@ -166,8 +187,9 @@ def _resolve_index(index_data: bytes, tag: str | None, where: str,
     return _fetched(json.dumps(index_of_matches).encode(), None, f"index of {where}")
 
 
-class OciLayoutProvider:
+class OciLayoutProvider(_LocalProvider):
     def __init__(self, path: Path, tag: str | None) -> None:
+        super().__init__()
         self.root = path
         self.tag = tag
         self.name = f"oci:{path}" + (f":{tag}" if tag else "")
@@ -196,13 +218,42 @@ class OciLayoutProvider:
     def fetch_blob(self, digest: Digest, size: int | None, sink: BlobSink,
                    progress: Progress | None = None, urls: tuple[str, ...] = ()) -> None:
         with open(self._blob(digest), "rb") as blob:
-            _copy_into(blob, sink, progress)
+            self._copy_into(blob, sink, progress)
 
     def close(self) -> None:
         pass
 
 
 # -- tar archives ---------------------------------------------------------------------------
+
+
+class _MemberReader(io.RawIOBase):
+    """One member's bytes, read with ``pread`` at its offset in the archive.
+
+    Readers share the archive's descriptor but no file position, so the blobs of one archive
+    can be copied by several threads at once (a shared ``tarfile`` file object cannot: its
+    seek-then-read interleaves across threads and hands one blob's bytes to another).
+    """
+
+    def __init__(self, fd: int, offset: int, size: int) -> None:
+        super().__init__()
+        self._fd = fd
+        self._offset = offset
+        self._end = offset + size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        want = min(len(buffer), self._end - self._offset)
+        if want <= 0:
+            return 0
+        data = os.pread(self._fd, want, self._offset)
+        if not data:
+            raise SourceError("the archive ended inside a member (truncated?)")
+        buffer[:len(data)] = data
+        self._offset += len(data)
+        return len(data)
 
 
 class _TarSource:
@@ -212,6 +263,7 @@ class _TarSource:
         self.path = path
         try:
             self.tar = tarfile.open(path, "r:")  # noqa: SIM115 - closed by close()
+            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except (OSError, tarfile.TarError) as exc:
             raise SourceError(f"cannot read archive {path}: {exc}",
                               "archives must be uncompressed tar files") from exc
@@ -226,9 +278,11 @@ class _TarSource:
     @contextmanager
     def open(self, name: str) -> Iterator[IO[bytes]]:
         member = self._resolve(posixpath.normpath(name.lstrip("/")))
-        stream = self.tar.extractfile(member)
-        if stream is None:
-            raise SourceError(f"{name} in {self.path} is not a file")
+        if member.issparse():
+            raise SourceError(f"{name} in {self.path} is a sparse file",
+                              "image archives hold plain files")
+        stream = io.BufferedReader(_MemberReader(self.fd, member.offset_data, member.size),
+                                   CHUNK)
         try:
             yield stream
         finally:
@@ -261,12 +315,14 @@ class _TarSource:
 
     def close(self) -> None:
         self.tar.close()
+        os.close(self.fd)
 
 
-class OciArchiveProvider:
+class OciArchiveProvider(_LocalProvider):
     """``oci-archive:FILE[:tag]``: an OCI layout packed in a tar file."""
 
     def __init__(self, path: Path, tag: str | None) -> None:
+        super().__init__()
         self.archive = _TarSource(path)
         self.tag = tag
         self.name = f"oci-archive:{path}" + (f":{tag}" if tag else "")
@@ -284,16 +340,17 @@ class OciArchiveProvider:
     def fetch_blob(self, digest: Digest, size: int | None, sink: BlobSink,
                    progress: Progress | None = None, urls: tuple[str, ...] = ()) -> None:
         with self.archive.open(f"blobs/{digest.algorithm}/{digest.hex}") as stream:
-            _copy_into(stream, sink, progress)
+            self._copy_into(stream, sink, progress)
 
     def close(self) -> None:
         self.archive.close()
 
 
-class DockerArchiveProvider:
+class DockerArchiveProvider(_LocalProvider):
     """``docker-archive:FILE[:name:tag]``: the output of ``docker save``."""
 
     def __init__(self, path: Path, image: str | None) -> None:
+        super().__init__()
         self.archive = _TarSource(path)
         self.name = f"docker-archive:{path}" + (f":{image}" if image else "")
         try:
@@ -378,7 +435,7 @@ class DockerArchiveProvider:
         if member is None:
             raise NotFound(f"blob {digest} is not in {self.name}")
         with self.archive.open(member) as stream:
-            _copy_into(stream, sink, progress)
+            self._copy_into(stream, sink, progress)
 
     def close(self) -> None:
         self.archive.close()

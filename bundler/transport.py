@@ -5,17 +5,26 @@ This module decides nothing about auth, redirects or retries (that is ``registry
 ``requests``/``urllib3`` exceptions are translated into ocistage errors::
 
     RegistryUnreachable
-    ├── ConnectionFailed     no HTTP answer at all (refused, reset, DNS, TLS, connect timeout)
-    └── BodyInterrupted      the answer started but its body was cut short (resumable)
+    ├── ConnectionFailed     no HTTP answer at all (refused, reset, DNS, TLS, connect timeout,
+    │                        no complete headers before the deadline)
+    └── BodyInterrupted      the answer started but its body was cut short (resumable), or
+                             arrived slower than the minimum speed
+
+Every exchange is watched (:mod:`bundler.watchdog`): the response headers and a document body
+must arrive within ``deadline`` seconds, and any body at ``min_speed`` bytes a second over a
+``speed_window``. :meth:`Transport.abort` stops everything in flight at once; the caller then
+sees :class:`cache.errors.Interrupted`, which no retry loop retries.
 """
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import ipaddress
 import socket
 import ssl
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,9 +32,13 @@ from urllib.parse import urlsplit
 
 import requests
 import requests.adapters
+import urllib3.connection
+import urllib3.connectionpool
 import urllib3.exceptions
+import urllib3.response
 
-from cache.errors import RegistryUnreachable
+from bundler.watchdog import Limits, Transfer, Watchdog
+from cache.errors import Interrupted, RegistryUnreachable
 
 CHUNK_SIZE = 1 << 20
 MIN_YIELD = 1 << 16
@@ -111,7 +124,46 @@ class TlsPolicy:
         return self.ca_file if self.ca_file is not None else True
 
 
-class _UnverifiedTLSAdapter(requests.adapters.HTTPAdapter):
+# The transfer the current thread is sending: the connection classes below hand it their
+# socket when they start waiting for a response (a context variable is per thread).
+_SENDING: contextvars.ContextVar[Transfer | None] = contextvars.ContextVar("ocistage_sending",
+                                                                          default=None)
+
+
+class _WatchedHTTPConnection(urllib3.connection.HTTPConnection):
+    def getresponse(self) -> urllib3.response.HTTPResponse:  # type: ignore[override]
+        transfer = _SENDING.get()
+        if transfer is not None and self.sock is not None:
+            transfer.attach(self.sock)
+        return super().getresponse()
+
+
+class _WatchedHTTPSConnection(urllib3.connection.HTTPSConnection):
+    def getresponse(self) -> urllib3.response.HTTPResponse:  # type: ignore[override]
+        transfer = _SENDING.get()
+        if transfer is not None and self.sock is not None:
+            transfer.attach(self.sock)
+        return super().getresponse()
+
+
+class _WatchedHTTPPool(urllib3.connectionpool.HTTPConnectionPool):
+    ConnectionCls = _WatchedHTTPConnection
+
+
+class _WatchedHTTPSPool(urllib3.connectionpool.HTTPSConnectionPool):
+    ConnectionCls = _WatchedHTTPSConnection
+
+
+class _WatchedAdapter(requests.adapters.HTTPAdapter):
+    """Connections whose sockets the watchdog can shut down while a thread waits on them."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {"http": _WatchedHTTPPool,
+                                                   "https": _WatchedHTTPSPool}
+
+
+class _UnverifiedTLSAdapter(_WatchedAdapter):
     """HTTPS for an insecure registry: nothing is verified, so no CA store is loaded.
 
     Without a context of its own, urllib3 loads the system CA store for every new pool even
@@ -130,12 +182,36 @@ class _UnverifiedTLSAdapter(requests.adapters.HTTPAdapter):
 class Transport:
     """Sends requests, one pooled session per origin; owns no policy beyond TLS settings."""
 
-    def __init__(self, tls: TlsPolicy, *, timeout: float, user_agent: str) -> None:
+    def __init__(self, tls: TlsPolicy, *, timeout: float, user_agent: str,
+                 deadline: float | None = None, min_speed: float | None = None,
+                 speed_window: float = 30.0) -> None:
         self._tls = tls
         self._timeout = timeout
         self._user_agent = user_agent
         self._sessions: dict[tuple[str, str, int], requests.Session] = {}
         self._lock = threading.Lock()
+        self._watchdog = Watchdog()
+        self._documents = Limits(deadline, min_speed, speed_window)  # headers, manifests, ...
+        self._blobs = Limits(None, min_speed, speed_window)  # any size: the speed rule only
+        self._sockets: weakref.WeakKeyDictionary[requests.Response, socket.socket] = (
+            weakref.WeakKeyDictionary())
+
+    @property
+    def cancelled(self) -> bool:
+        return self._watchdog.cancelled
+
+    def abort(self) -> None:
+        """Stop every request in flight now and refuse new ones (Ctrl-C)."""
+        self._watchdog.cancel()
+
+    def pause(self, seconds: float) -> None:
+        """Sleep between retries; raises :class:`Interrupted` at once if aborted."""
+        if not self._watchdog.pause(seconds):
+            raise Interrupted("interrupted")
+
+    def _check_cancelled(self) -> None:
+        if self._watchdog.cancelled:
+            raise Interrupted("interrupted")
 
     def _session(self, url: str) -> requests.Session:
         key = origin_of(url)
@@ -148,25 +224,51 @@ class Transport:
                 if not is_loopback(netloc):
                     session.proxies.update(requests.utils.get_environ_proxies(url))
                 session.headers["User-Agent"] = self._user_agent
-                if key[0] == "https" and self._tls.is_insecure(netloc):
-                    session.mount("https://", _UnverifiedTLSAdapter())
+                session.mount("http://", _WatchedAdapter())
+                session.mount("https://", _UnverifiedTLSAdapter()
+                              if key[0] == "https" and self._tls.is_insecure(netloc)
+                              else _WatchedAdapter())
                 self._sessions[key] = session
             return session
 
     def send(self, request: HttpRequest, *, stream: bool = True,
              verify: bool | str | None = None) -> requests.Response:
-        """Send once, redirects not followed; the body is left unread when ``stream``."""
-        try:
-            if verify is None:
-                verify = self._tls.verify_for(request.url)
-            if verify is False:
-                urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-            return self._session(request.url).request(
-                request.method, request.url, headers=dict(request.headers), data=request.data,
-                stream=stream, allow_redirects=False, verify=verify,
-                timeout=(min(self._timeout, 30.0), self._timeout))
-        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-            raise translate(exc, request.url, started=False) from exc
+        """Send once, redirects not followed; the body is left unread when ``stream``.
+
+        The response headers must arrive within the document deadline.
+        """
+        self._check_cancelled()
+        if verify is None:
+            verify = self._tls.verify_for(request.url)
+        if verify is False:
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+        session = self._session(request.url)
+        with self._watchdog.watching(self._documents) as transfer:
+            token = _SENDING.set(transfer)
+            try:
+                response = session.request(
+                    request.method, request.url, headers=dict(request.headers),
+                    data=request.data, stream=stream, allow_redirects=False, verify=verify,
+                    timeout=(min(self._timeout, 30.0), self._timeout))
+            except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+                self._check_cancelled()
+                if transfer.reason is not None:
+                    raise ConnectionFailed(f"{netloc_of(request.url)} sent no complete answer: "
+                                           f"the request {transfer.reason}") from exc
+                raise translate(exc, request.url, started=False) from exc
+            finally:
+                _SENDING.reset(token)
+        if transfer.sock is not None:
+            self._sockets[response] = transfer.sock
+        return response
+
+    def _interrupted(self, transfer: Transfer, response: requests.Response) -> None:
+        """Raise what stopped a watched body, if the watchdog did."""
+        if transfer.cancelled or self._watchdog.cancelled:
+            raise Interrupted("interrupted")
+        if transfer.reason is not None:
+            raise BodyInterrupted(f"download from {netloc_of(response.url)} "
+                                  f"{transfer.reason}")
 
     def iter_body(self, response: requests.Response,
                   chunk_size: int = CHUNK_SIZE) -> Iterator[bytes]:
@@ -183,18 +285,24 @@ class Transport:
         received = 0
         buffer = bytearray()
         failure: BaseException | None = None
-        try:
-            while piece := response.raw.read1(chunk_size - len(buffer), decode_content=False):
-                buffer += piece
-                if len(buffer) >= min(chunk_size, MIN_YIELD):
-                    received += len(buffer)
-                    yield bytes(buffer)
-                    buffer.clear()
-        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-            failure = exc
+        with self._watchdog.watching(self._blobs, self._sockets.get(response)) as transfer:
+            try:
+                while piece := response.raw.read1(chunk_size - len(buffer),
+                                                  decode_content=False):
+                    transfer.advance(len(piece))
+                    buffer += piece
+                    if len(buffer) >= min(chunk_size, MIN_YIELD):
+                        received += len(buffer)
+                        with transfer.paused_while():
+                            yield bytes(buffer)
+                        buffer.clear()
+                        self._interrupted(transfer, response)
+            except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+                failure = exc
         if buffer:
             received += len(buffer)
             yield bytes(buffer)
+        self._interrupted(transfer, response)
         if failure is not None:
             raise translate(failure, response.url, started=True) from failure
         if expected is not None and expected.isdigit() and received < int(expected):
@@ -205,16 +313,20 @@ class Transport:
         """The decoded body, or None if it is longer than ``limit`` bytes."""
         parts: list[bytes] = []
         size = 0
-        try:
-            for chunk in response.iter_content(65536):
-                size += len(chunk)
-                if size > limit:
-                    return None
-                parts.append(chunk)
-        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-            raise translate(exc, response.url, started=True) from exc
-        finally:
-            response.close()
+        with self._watchdog.watching(self._documents, self._sockets.get(response)) as transfer:
+            try:
+                for chunk in response.iter_content(65536):
+                    transfer.advance(len(chunk))
+                    size += len(chunk)
+                    if size > limit:
+                        return None
+                    parts.append(chunk)
+            except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+                self._interrupted(transfer, response)
+                raise translate(exc, response.url, started=True) from exc
+            finally:
+                response.close()
+        self._interrupted(transfer, response)
         return b"".join(parts)
 
     def discard(self, response: requests.Response, limit: int = 65536) -> None:
@@ -222,13 +334,15 @@ class Transport:
         try:
             length = response.headers.get("Content-Length", "")
             if length.isdigit() and int(length) <= limit:
-                response.raw.read(int(length), decode_content=False)
+                with self._watchdog.watching(self._documents, self._sockets.get(response)):
+                    response.raw.read(int(length), decode_content=False)
         except (requests.RequestException, urllib3.exceptions.HTTPError, OSError):
             pass  # the connection is simply not reused
         finally:
             response.close()
 
     def close(self) -> None:
+        self._watchdog.close()
         with self._lock:
             for session in self._sessions.values():
                 session.close()

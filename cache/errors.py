@@ -27,6 +27,7 @@ them as one ``error: ...`` line plus a ``hint: ...`` line and exits with ``exit_
     ├── SlurmError                    a Slurm command is missing, failed or unreadable
     ├── ScrunError                    a scrun stage hook cannot do its work
     ├── StageError (stagers/errors.py) staging or unstaging failed
+    ├── Interrupted                   exit 130: stopped by Ctrl-C (SIGINT); partial downloads kept
     └── NotImplementedYet             a command of the contract that a later release fills
 """
 
@@ -146,6 +147,12 @@ class SlurmError(OcistageError):
 
 class ScrunError(OcistageError):
     """A stage hook cannot do its work (unreadable bundle, not a bundle we staged)."""
+
+
+class Interrupted(OcistageError):
+    """The user stopped the command (SIGINT); what was downloaded so far is kept."""
+
+    exit_code = 130
 
 
 class NotImplementedYet(OcistageError):

@@ -12,6 +12,8 @@ whose method is in ``methods`` and whose path matches ``path`` (``re.search``)::
     proxy.add(Fault(r"/blobs/", "flip", after_bytes=5))              # byte 5 XOR 0xff
     proxy.add(Fault(r"/manifests/", "status", status=429, retry_after="1", times=2))
     proxy.add(Fault(r"/blobs/", "stall", after_bytes=200_000))     # hang mid-body
+    proxy.add(Fault(r"/manifests/", "trickle", interval=0.5))      # a byte every 0.5 s
+    proxy.add(Fault(r"/manifests/", "trickle_headers"))            # ... of the headers
 
 Every request is recorded (:attr:`FaultProxy.requests`) so tests can count how often a path
 was fetched, e.g. to prove that no blob is downloaded twice.
@@ -24,6 +26,7 @@ import re
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -36,7 +39,8 @@ CHUNK = 64 * 1024
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
                         "te", "trailers", "transfer-encoding", "upgrade"})
 
-FaultKind = Literal["drop", "truncate", "flip", "status", "stall"]
+FaultKind = Literal["drop", "truncate", "flip", "status", "stall", "trickle",
+                    "trickle_headers"]
 
 
 @dataclass
@@ -53,6 +57,10 @@ class Fault:
     - ``stall``: send ``after_bytes`` bytes of the body, then hang (connection open, nothing
       sent) until :meth:`FaultProxy.release_stalled`/:meth:`FaultProxy.clear`, proxy shutdown
       or ``stall_seconds``; then close the connection. For killing a client mid-download.
+    - ``trickle``: send ``after_bytes`` bytes of the body, then one byte every ``interval``
+      seconds (a connection that never times out a read but never finishes either), until
+      released as for ``stall``; then close the connection.
+    - ``trickle_headers``: the same from the first byte of the status line.
     """
 
     path: str
@@ -63,6 +71,7 @@ class Fault:
     times: int = 1
     methods: tuple[str, ...] = ("GET",)
     stall_seconds: float = 60.0
+    interval: float = 0.5
 
     def matches(self, method: str, path: str) -> bool:
         return self.times > 0 and method in self.methods and re.search(self.path, path) is not None
@@ -212,6 +221,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _relay(self, response: http.client.HTTPResponse, fault: Fault | None) -> None:
+        if fault is not None and fault.kind == "trickle_headers":
+            self._trickle(f"HTTP/1.1 {response.status} {response.reason}\r\n".encode(), fault)
+            self._drop()
+            return
         length_header = response.getheader("Content-Length")
         length = int(length_header) if length_header is not None else None
         has_body = self.command != "HEAD" and response.status not in (204, 304)
@@ -231,7 +244,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         sent = 0
         limit = length
-        drop_at = (fault.after_bytes if fault is not None and fault.kind in ("drop", "stall")
+        drop_at = (fault.after_bytes
+                   if fault is not None and fault.kind in ("drop", "stall", "trickle")
                    else None)
         flip_at = fault.after_bytes if fault is not None and fault.kind == "flip" else None
         while limit is None or sent < limit:
@@ -241,6 +255,8 @@ class _Handler(BaseHTTPRequestHandler):
                 if want <= 0:
                     if fault is not None and fault.kind == "stall":
                         self._stall(fault)
+                    if fault is not None and fault.kind == "trickle":
+                        self._trickle(response.read(), fault)
                     self._drop()
                     return
             data = response.read(want)
@@ -255,6 +271,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._drop()
         elif fault is not None and fault.kind == "truncate":
             self.close_connection = True  # the upstream body was not read to its end
+
+    def _trickle(self, data: bytes, fault: Fault) -> None:
+        """Send ``data`` a byte at a time, ``fault.interval`` apart, until released."""
+        self.wfile.flush()
+        with self.server.state.lock:
+            released = self.server.state.released
+        deadline = time.monotonic() + fault.stall_seconds
+        for byte in data:
+            if released.wait(timeout=fault.interval) or time.monotonic() > deadline:
+                return
+            self.wfile.write(bytes([byte]))
+            self.wfile.flush()
 
     def _stall(self, fault: Fault) -> None:
         self.wfile.flush()

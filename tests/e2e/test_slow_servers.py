@@ -1,0 +1,136 @@
+"""Slow and stalled servers, retries a user can see, and Ctrl-C during a download: the real
+client against the real registry behind the fault proxy, and a real SIGINT to a real CLI."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from bundler.credentials import CredentialStore
+from bundler.registry import RegistryClient
+from bundler.registry_types import RegistryConfig
+from cache.digest import Digest
+from cache.errors import RegistryUnreachable
+from cache.store import Store
+from tests.e2e.conftest import OcistageRunner
+from tests.e2e.faultproxy import Fault, FaultProxy
+from tests.e2e.images import ImageRef
+
+ACCEPT = ["application/vnd.oci.image.manifest.v1+json",
+          "application/vnd.oci.image.index.v1+json",
+          "application/vnd.docker.distribution.manifest.v2+json"]
+
+
+def _client(proxy: FaultProxy, **config: float) -> RegistryClient:
+    settings = RegistryConfig(credentials=CredentialStore([]), backoff_base=0.05,
+                              **config)  # type: ignore[arg-type]
+    return RegistryClient(proxy.host, settings)
+
+
+def test_a_trickled_manifest_is_cut_off_and_retried(
+        images: dict[str, ImageRef], fault_proxy: FaultProxy,
+        caplog: pytest.LogCaptureFixture) -> None:
+    image = images["busybox"]
+    # a byte every 0.5 s never times a read out; before the watchdog this hung for the
+    # whole of stall_seconds
+    fault_proxy.add(Fault(r"/manifests/", "trickle", after_bytes=10, interval=0.5,
+                          stall_seconds=600))
+    caplog.set_level(logging.INFO, logger="ocistage.retry")
+    with _client(fault_proxy, min_speed=100, speed_window=2) as client:
+        fetched = client.get_manifest(image.repository, image.tag, ACCEPT)
+    assert str(fetched.digest) == image.digest
+    assert fault_proxy.count(r"/manifests/") == 2
+    notes = [r.getMessage() for r in caplog.records if r.name == "ocistage.retry"]
+    assert len(notes) == 1 and "slower than 100 B/s for 2 s" in notes[0], notes
+
+
+def test_headers_that_never_complete_hit_the_deadline(
+        images: dict[str, ImageRef], fault_proxy: FaultProxy) -> None:
+    image = images["busybox"]
+    fault_proxy.add(Fault(r"/manifests/", "trickle_headers", interval=0.2, times=10,
+                          stall_seconds=600))
+    with _client(fault_proxy, deadline=2, max_retries=1) as client, \
+            pytest.raises(RegistryUnreachable) as raised:
+        client.get_manifest(image.repository, image.tag, ACCEPT)
+    assert "sent no complete answer: the request took longer than 2 s" in str(raised.value)
+    assert fault_proxy.count(r"/manifests/") == 2  # tried, retried once, gave up
+
+
+def test_a_stalled_blob_is_resumed_where_it_stopped(
+        images: dict[str, ImageRef], fault_proxy: FaultProxy, tmp_path: Path) -> None:
+    image = images["busybox"]
+    layer = Digest.parse(image.layer_digests[0])
+    fault_proxy.add(Fault(rf"/blobs/{layer}", "trickle", after_bytes=100_000, interval=1.0,
+                          stall_seconds=600))
+    store = Store.open(tmp_path / "cache")
+    with _client(fault_proxy, min_speed=1000, speed_window=1) as client, \
+            store.ingest(layer) as ingest:
+        assert ingest is not None
+        client.fetch_blob(image.repository, layer, None, ingest)
+        ingest.commit()
+    assert store.has_blob(layer)
+    ranges = [r.headers.get("Range") for r in fault_proxy.requests
+              if r.path.endswith(str(layer))]
+    assert len(ranges) == 2 and ranges[0] is None
+    assert ranges[1] is not None and int(ranges[1][6:-1]) >= 100_000
+
+
+def test_a_retry_is_a_line_on_stderr_unless_quiet(
+        images: dict[str, ImageRef], ocistage: OcistageRunner,
+        fault_proxy: FaultProxy) -> None:
+    image = images["busybox"]
+    fault_proxy.add(Fault(r"/manifests/", "status", status=503, retry_after="0", times=2))
+    shown = ocistage("pull", image.via(fault_proxy.host), check=True)
+    notes = [line for line in shown.stderr.splitlines() if line.startswith("note:")]
+    assert len(notes) == 2, shown.stderr
+    assert "answered HTTP 503; retrying in 0.0 s (attempt 2 of 6)" in notes[0]
+    fault_proxy.clear()
+    fault_proxy.add(Fault(r"/manifests/", "status", status=503, retry_after="0", times=2))
+    quiet = ocistage("pull", "-q", image.via(fault_proxy.host), check=True)
+    assert "note:" not in quiet.stderr and "retrying" not in quiet.stderr
+
+
+@pytest.mark.parametrize("command", ["pull", "bundle"])
+def test_ctrl_c_stops_a_download_at_once_and_keeps_it_for_resume(
+        images: dict[str, ImageRef], ocistage: OcistageRunner, fault_proxy: FaultProxy,
+        tmp_path: Path, command: str) -> None:
+    image = images["busybox"]
+    layer = image.layer_digests[0]
+    # the layer stalls for 10 minutes: without a prompt stop the child outlives the wait below
+    fault_proxy.add(Fault(rf"/blobs/{layer}", "stall", after_bytes=200_000, stall_seconds=600))
+    argv = [command, image.via(fault_proxy.host)]
+    if command == "bundle":
+        argv.append(str(tmp_path / "bundle"))
+    child = subprocess.Popen([*ocistage.command, *argv], env=ocistage.environment(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    partial = ocistage.cache / "ingest" / f"{layer[7:]}.partial"
+    try:
+        deadline = time.monotonic() + 60
+        while not (partial.exists() and partial.stat().st_size >= 100_000):
+            assert time.monotonic() < deadline, "the pull never got going"
+            assert child.poll() is None, child.communicate()
+            time.sleep(0.05)
+        os.kill(child.pid, signal.SIGINT)
+        _, stderr = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    assert child.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert f"error: interrupted; the partial downloads are kept in {ocistage.cache}/ingest" \
+        in stderr
+    assert partial.stat().st_size >= 100_000
+    assert not (tmp_path / "bundle").exists()
+    fault_proxy.clear()
+    rerun = ocistage("pull", image.via(fault_proxy.host), check=True)
+    assert rerun.stdout.strip() == image.digest
+    resumed = [r for r in fault_proxy.requests if r.path.endswith(layer)]
+    assert resumed[-1].headers.get("Range", "").startswith("bytes=")
