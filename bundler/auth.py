@@ -15,7 +15,6 @@ Tokens are cached per (realm, service, scope, account) until ``expires_in`` (def
 from __future__ import annotations
 
 import base64
-import json
 import re
 import threading
 import time
@@ -28,6 +27,7 @@ import requests
 from bundler.credentials import Credentials
 from bundler.transport import HttpRequest
 from cache.errors import AuthenticationError
+from cache.jsondoc import parse_json
 
 DEFAULT_TOKEN_LIFETIME = 60.0
 TOKEN_BODY_LIMIT = 1 << 20
@@ -327,7 +327,7 @@ def _parse_token(body: bytes | None, issuer: str) -> tuple[str, float]:
     try:
         if body is None:
             raise ValueError("reply too large")
-        document = json.loads(body)
+        document = parse_json(body)
         token = document.get("token") or document.get("access_token")
         if not isinstance(token, str) or not token:
             raise ValueError("no token in reply")

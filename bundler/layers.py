@@ -12,6 +12,7 @@ only what this layer did not create, keeping directories that lead to entries it
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -665,15 +666,31 @@ def _member_data(archive: tarfile.TarFile, member: tarfile.TarInfo) -> Iterator[
         yield chunk
 
 
+_NS_MAX = (1 << 63) - 1  # what a 64-bit timespec holds, in ns (years 1678 to 2262)
+_S_MAX = Decimal(_NS_MAX).scaleb(-9)
+
+
 def _mtime_ns(member: tarfile.TarInfo) -> int:
-    """The entry's mtime in ns; exact for PAX decimal mtimes (a float would round them)."""
+    """The entry's mtime in ns; exact for PAX decimal mtimes (a float would round them).
+
+    An mtime that is not a number (``nan``) counts as 0; one out of range (``inf``, ``1e30``)
+    is clamped to what the filesystem can hold.
+    """
     text = member.pax_headers.get("mtime") if member.pax_headers else None
+    value: Decimal | None = None
     if text is not None:
+        with contextlib.suppress(InvalidOperation):
+            value = Decimal(text)
+    if value is None:
         try:
-            return int(Decimal(text).scaleb(9).to_integral_value())
-        except InvalidOperation:
-            pass
-    return round(float(member.mtime) * 1_000_000_000)
+            value = Decimal(member.mtime)
+        except (InvalidOperation, TypeError, ValueError):
+            return 0
+    if value.is_nan():
+        return 0
+    if abs(value) >= _S_MAX:  # inf, 1e30, 1e999999 (whose ns would overflow Decimal)
+        return _NS_MAX if value > 0 else -_NS_MAX
+    return int(value.scaleb(9).to_integral_value())
 
 
 def _xattrs(member: tarfile.TarInfo) -> dict[str, bytes]:

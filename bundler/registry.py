@@ -14,7 +14,6 @@ restarts the sink; give up after ``max_retries`` interruptions. The sink verifie
 from __future__ import annotations
 
 import email.utils
-import json
 import logging
 import random
 import re
@@ -55,6 +54,7 @@ from cache.errors import (
     UnsupportedManifest,
     UsageError,
 )
+from cache.jsondoc import parse_json
 
 log = logging.getLogger(__name__)
 # one line per retry, for the user (the CLI shows them on stderr unless -q)
@@ -172,7 +172,7 @@ def _error_detail(transport: Transport, response: requests.Response) -> str:
     except RegistryUnreachable:
         body = None
     try:
-        errors = json.loads(body or b"").get("errors")
+        errors = parse_json(body or b"").get("errors")
         parts = [f"{e.get('code', 'UNKNOWN')}: {e.get('message', '')}".rstrip(": ")
                  for e in errors if isinstance(e, dict)]
         if parts:
@@ -187,7 +187,7 @@ def _media_type(response: requests.Response, data: bytes) -> str:
     if declared not in _GENERIC_TYPES:
         return declared
     try:
-        document = json.loads(data)
+        document = parse_json(data)
     except ValueError:
         return declared
     if not isinstance(document, dict):

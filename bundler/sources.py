@@ -37,12 +37,12 @@ from bundler.reference import (
 from bundler.registry_types import BlobSink, FetchedManifest, RegistryConfig
 from cache.digest import Digest, hash_file
 from cache.errors import IntegrityError, Interrupted, InvalidReference, NotFound, SourceError
+from cache.jsondoc import MAX_DOCUMENT, parse_json, read_document
 
 if TYPE_CHECKING:
     from bundler.registry import RegistryClient
 
 CHUNK = 1 << 20
-MAX_DOCUMENT = 4 << 20
 REF_NAME = "org.opencontainers.image.ref.name"
 
 Progress = Callable[[int], None]
@@ -114,7 +114,7 @@ def _fetched(data: bytes, digest: Digest | None, what: str) -> FetchedManifest:
     if digest is not None and actual != digest:
         raise IntegrityError(f"{what} has digest {actual}, expected {digest}")
     try:
-        media_type = str(json.loads(data).get("mediaType") or "")
+        media_type = str(parse_json(data).get("mediaType") or "")
     except (ValueError, AttributeError) as exc:
         raise SourceError(f"{what} is not a JSON object") from exc
     return FetchedManifest(media_type=media_type, digest=actual, data=data)
@@ -162,7 +162,7 @@ def _resolve_index(index_data: bytes, tag: str | None, where: str,
     platforms) are handed over as an index of them, so platform selection applies as usual.
     """
     try:
-        index = json.loads(index_data)
+        index = parse_json(index_data)
         manifests = [m for m in index.get("manifests", []) if isinstance(m, dict)]
     except (ValueError, AttributeError) as exc:
         raise SourceError(f"index.json of {where} is not a JSON object") from exc
@@ -205,8 +205,8 @@ class OciLayoutProvider(_LocalProvider):
 
     def resolve(self) -> FetchedManifest:
         try:
-            index = (self.root / "index.json").read_bytes()
-        except OSError as exc:
+            index = read_document(self.root / "index.json")
+        except (OSError, ValueError) as exc:
             raise SourceError(f"cannot read {self.root / 'index.json'}: {exc}") from exc
         return _resolve_index(index, self.tag, str(self.root), self.manifest)
 
@@ -354,7 +354,7 @@ class DockerArchiveProvider(_LocalProvider):
         self.archive = _TarSource(path)
         self.name = f"docker-archive:{path}" + (f":{image}" if image else "")
         try:
-            entries = json.loads(self.archive.read("manifest.json"))
+            entries = parse_json(self.archive.read("manifest.json"))
         except (NotFound, ValueError) as exc:
             raise SourceError(f"{path} is not a docker archive (no valid manifest.json)",
                               "make one with `docker save IMAGE -o FILE`") from exc
@@ -399,7 +399,7 @@ class DockerArchiveProvider(_LocalProvider):
         config = self.archive.read(config_name)
         config_digest = Digest.of_bytes(config)
         try:
-            diff_ids = list(json.loads(config).get("rootfs", {}).get("diff_ids", []))
+            diff_ids = list(parse_json(config).get("rootfs", {}).get("diff_ids", []))
         except (ValueError, AttributeError) as exc:
             raise SourceError(f"image config {config_name} in {self.name} is not JSON") from exc
         layers_names = [str(n) for n in self.entry.get("Layers", [])]

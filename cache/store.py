@@ -46,11 +46,13 @@ from cache.fsops import (
     owned_by_caller,
     remove_tree,
 )
+from cache.jsondoc import parse_json, read_document
 from cache.locks import FileLock, Owner, owner_is_dead
 from cache.refnames import INDEX_MEDIA_TYPE, record, record_name, rename
 
 OCI_LAYOUT_VERSION = "1.0.0"
 CHUNK = 1 << 20
+INDEX_LIMIT = 16 << 20  # the cache's own index.json: ~40 000 refs (source layouts: 4 MiB)
 
 
 def _translate_oserror(exc: OSError, what: str) -> StoreError:
@@ -326,7 +328,7 @@ class Store:
 
     def read_index(self) -> list[dict[str, Any]]:
         try:
-            data = json.loads((self.root / "index.json").read_bytes())
+            data = parse_json(read_document(self.root / "index.json", INDEX_LIMIT))
         except (OSError, ValueError) as exc:
             raise StoreError(f"cannot read {self.root / 'index.json'}: {exc}") from exc
         manifests = data.get("manifests", [])

@@ -67,6 +67,8 @@ class FakeRegistry:
     wrong_digest_header: bool = False
     content_type: str | None = None             # override manifest Content-Type
     forbid: bool = False                        # 403 everything under /v2/<repo>
+    error_body: bytes | None = None             # the body of every 404 instead of the usual
+    token_body: bytes | None = None             # the token endpoint's reply instead of a token
     requests: list[Recorded] = field(default_factory=list)
     issued_tokens: dict[str, str] = field(default_factory=dict)  # token -> scope
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -183,6 +185,9 @@ class _Handler(BaseHTTPRequestHandler):
         token = secrets.token_hex(8)
         with self.state.lock:
             self.state.issued_tokens[token] = scope
+        if self.state.token_body is not None:
+            self._send(200, self.state.token_body, {"Content-Type": "application/json"})
+            return
         reply: dict[str, object] = {key: token}
         if self.state.token_expires_in is not None:
             reply["expires_in"] = self.state.token_expires_in
@@ -242,7 +247,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _manifest(self, repository: str, reference: str) -> None:
         entry = self.state.manifests.get((repository, reference))
         if entry is None:
-            self._send(404, _errors("MANIFEST_UNKNOWN", "manifest unknown"),
+            self._send(404, self.state.error_body or _errors("MANIFEST_UNKNOWN",
+                                                             "manifest unknown"),
                        {"Content-Type": "application/json"})
             return
         media_type, data = entry

@@ -30,6 +30,7 @@ class Entry:
     devminor: int = 0
     uid: int = 0
     gid: int = 0
+    pax: dict[str, str] = field(default_factory=dict)  # raw PAX records, e.g. {"mtime": "nan"}
 
 
 def file(name: str, data: bytes = b"", mode: int = 0o644, **kw: object) -> Entry:
@@ -84,6 +85,8 @@ def build_tar(entries: list[Entry], fmt: int = tarfile.PAX_FORMAT) -> bytes:
             info.devmajor, info.devminor = entry.devmajor, entry.devminor
             if entry.xattrs:
                 info.pax_headers = {f"SCHILY.xattr.{k}": v for k, v in entry.xattrs.items()}
+            if entry.pax:
+                info.pax_headers = {**info.pax_headers, **entry.pax}
             if entry.type == tarfile.REGTYPE:
                 info.size = len(entry.data)
                 archive.addfile(info, io.BytesIO(entry.data))

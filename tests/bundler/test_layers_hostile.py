@@ -218,6 +218,12 @@ CASES: dict[str, Case] = {
     "very-long-path": Case(
         lambda b: [[file("/".join(["p" * 200] * 30) + "/f", b"deep")]],
         lambda b: read_deep(b.rootfs, [*(["p" * 200] * 30), "f"]) == b"deep"),
+    **{f"pax-mtime-{text}": Case(
+        lambda b, text=text: [[directory("d", pax={"mtime": text}),
+                               file("d/f", b"t", pax={"mtime": text}),
+                               symlink("d/s", "f", pax={"mtime": text})]],
+        lambda b: read(b.rootfs / "d/f") == b"t" and (b.rootfs / "d/s").is_symlink())
+       for text in ("nan", "inf", "-inf", "1e30", "-1e30", "NaN", "1e999999")},
     "xattr-through-symlink": Case(
         lambda b: [[symlink("c", b.canary_abs), file("c/file", b"x", xattrs={"user.a": "b"})]],
         lambda b: os.getxattr(b.canary_in_root / "file", "user.a") == b"b"),

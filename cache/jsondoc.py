@@ -1,0 +1,61 @@
+"""Reading JSON documents from untrusted places: size and nesting are bounded.
+
+Documents (manifests, indexes, configs, token replies, error bodies) are capped at
+:data:`MAX_DOCUMENT` bytes, as containerd does: an ``index.json`` of 4 GiB is refused, not
+read whole.
+
+``json.loads`` recurses per nesting level: a document of 100 000 ``[`` raises RecursionError
+(not ValueError), which the callers' ``except ValueError`` let through as a traceback, and a
+document just under the interpreter's limit parses but breaks recursive code later. OCI
+documents nest a handful of levels; :data:`MAX_DEPTH` leaves room for any real one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+MAX_DEPTH = 100
+MAX_DOCUMENT = 4 << 20
+
+
+def read_document(path: Path, limit: int = MAX_DOCUMENT) -> bytes:
+    """The bytes of the file at ``path`` (a symlink is refused: ELOOP), at most ``limit``.
+
+    Raises OSError as ``open`` does, and ValueError if the file is larger than ``limit``.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as file:
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"larger than {limit >> 20} MiB, the limit for a document")
+    return data
+
+
+def parse_json(data: bytes | str) -> Any:
+    """``json.loads(data)``; too deep a document is a ValueError like any malformed one."""
+    try:
+        value = json.loads(data)
+    except RecursionError as exc:
+        raise ValueError("JSON nested too deeply") from exc
+    check_depth(value)
+    return value
+
+
+def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:
+    """Raise ValueError if ``value`` nests lists/dicts more than ``limit`` levels deep."""
+    todo: list[tuple[Any, int]] = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            raise ValueError(f"JSON nested more than {limit} levels deep")
+        todo.extend((child, depth + 1) for child in children
+                    if isinstance(child, dict | list))
