@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import os
+import stat
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -87,6 +89,22 @@ def _bundle_key(manifest_digest: Digest, options: ConfigOptions) -> str:
     shape = {"format": BUNDLE_FORMAT, "manifest": str(manifest_digest),
              "options": asdict(options)}
     return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _check_destination(dest: Path) -> None:
+    """A bundle's DEST must be absent or an empty directory, and not a symbolic link."""
+    try:
+        info = dest.lstat()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UsageError(f"cannot use {dest} as the destination: {exc.strerror}") from exc
+    if stat.S_ISLNK(info.st_mode):
+        raise UsageError(f"{dest} is a symbolic link",
+                         "give the directory it points to, or a new path")
+    if not stat.S_ISDIR(info.st_mode) or any(dest.iterdir()):
+        raise UsageError(f"{dest} exists and is not an empty directory",
+                         "choose a new destination, or remove it first")
 
 
 def _scratch_beside(dest: Path) -> Path:
@@ -210,9 +228,7 @@ def _build(puller: _PullThread, store: Store, dest: Path | None, in_use: InUse,
         dest = dest.absolute()
         dest.parent.mkdir(parents=True, exist_ok=True)
         check_shared_parent(dest.parent, "destination directory", group_shared=True)
-        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-            raise UsageError(f"{dest} exists and is not an empty directory",
-                             "choose a new destination, or remove it first")
+        _check_destination(dest)
     snapshot: Path | None = None
     scratch = None
     try:
@@ -249,17 +265,21 @@ def _build(puller: _PullThread, store: Store, dest: Path | None, in_use: InUse,
         if key is not None:
             write_bundle_info(scratch, image.manifest.digest, image.name)
         os.chmod(scratch, 0o755)
-        if key is None and dest.is_dir():
-            dest.rmdir()  # an empty directory the user made for us
         try:
+            # replaces an empty directory the user made for us, atomically; a filled one is
+            # refused (ENOTEMPTY), so of several commands bundling into one DEST the first
+            # to publish wins and the others fail cleanly
             os.rename(scratch, dest)
         except OSError as exc:
-            if dest.exists() and (dest / "config.json").is_file():
+            if key is not None and (dest / "config.json").is_file():
                 # another process published the same cached bundle first; use theirs
                 remove_tree(scratch)
-                if key is not None:
-                    usage.touch(store.root, "bundle", key)
+                usage.touch(store.root, "bundle", key)
                 return BundleResult(dest, image, reused=True, warnings=image.warnings)
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                raise UsageError(f"{dest} was filled or replaced by another process while "
+                                 f"this bundle was made; nothing was written to it",
+                                 "bundle into a destination of its own") from exc
             raise StoreError(f"cannot publish the bundle at {dest}: {exc.strerror}") from exc
         fsync_dir(dest.parent)
     except BaseException:
