@@ -27,6 +27,7 @@ import json
 import os
 import re
 import socket
+import stat
 import tempfile
 import time
 import uuid
@@ -165,6 +166,13 @@ class Ingest:
             os.fsync(self._file.fileno())
             os.fchmod(self._file.fileno(), 0o444)
             os.rename(self.partial, self.final)
+            ours = os.fstat(self._file.fileno())
+            published = os.lstat(self.final)
+            if (published.st_dev, published.st_ino) != (ours.st_dev, ours.st_ino):
+                # the name was swapped under us (a group-writable ingest/): not our bytes
+                _remove_planted(self.final)
+                raise IntegrityError(f"the download of blob {self.digest} was replaced by "
+                                     f"another file while being published", _TAMPERED_HINT)
             fsync_dir(self.final.parent)
         except OSError as exc:
             raise _translate_oserror(exc, f"publishing blob {self.digest.short}") from exc
@@ -188,6 +196,46 @@ def _renamed(manifests: list[dict[str, Any]], names: set[str]
         if document is not None:
             documents.append(document)
     return manifests, documents
+
+
+_TAMPERED_HINT = ("someone with write access to the cache changed it; run `ocistage cache "
+                  "verify` and check who else can write the cache directory")
+_PARTIAL_FLAGS = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_own_partial(partial: Path) -> int:
+    """An fd of ``partial`` that is a regular file of this user, else of a new empty one."""
+    for _ in range(3):
+        try:
+            fd = os.open(partial, _PARTIAL_FLAGS | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            pass
+        else:
+            return fd
+        try:
+            fd = os.open(partial, _PARTIAL_FLAGS)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EACCES):
+                raise
+        else:
+            info = os.fstat(fd)
+            if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
+                return fd
+            os.close(fd)
+        _remove_planted(partial)
+    raise OSError(errno.EEXIST, "keeps being replaced by someone else", str(partial))
+
+
+def _remove_planted(path: Path) -> None:
+    """Unlink what someone else put at ``path`` (an empty directory at most)."""
+    try:
+        os.unlink(path)
+    except IsADirectoryError:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
 
 
 class Store:
@@ -242,18 +290,31 @@ class Store:
         return self.blob_path(digest).is_file()
 
     def open_blob(self, digest: Digest) -> BinaryIO:
+        """The blob's file, opened without following a symbolic link at its name."""
+        path = self.blob_path(digest)
         try:
-            return open(self.blob_path(digest), "rb")
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError as exc:
             raise StoreError(f"blob {digest} is not in the cache",
                              "pull the image again (`ocistage pull REF`)") from exc
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise IntegrityError(f"blob {digest} in the cache is a symbolic link",
+                                     _TAMPERED_HINT) from exc
+            raise _translate_oserror(exc, f"opening blob {digest.short}") from exc
+        return os.fdopen(fd, "rb")
 
     def read_blob(self, digest: Digest, limit: int = 4 << 20) -> bytes:
-        """A small blob (manifest, config) read whole; capped at ``limit`` bytes."""
+        """A small blob (manifest, config, index) read whole, capped at ``limit`` bytes and
+        verified against its digest on every read: in a cache others can write, a stored
+        document may have been replaced since it was verified."""
         with self.open_blob(digest) as blob:
             data = blob.read(limit + 1)
         if len(data) > limit:
             raise StoreError(f"blob {digest} is larger than {limit} bytes")
+        if Digest.of_bytes(data, digest.algorithm) != digest:
+            raise IntegrityError(f"blob {digest} in the cache does not match its digest "
+                                 f"(changed since it was stored)", _TAMPERED_HINT)
         return data
 
     def put_blob(self, data: bytes, digest: Digest | None = None) -> Digest:
@@ -303,11 +364,18 @@ class Store:
             lock.release()
 
     def _open_partial(self, digest: Digest, size: int | None, final: Path) -> Ingest:
+        """The partial download, to append to: ours to resume, or a new one.
+
+        Anything else at its name (a symbolic link, another user's file or a directory,
+        planted in a group-writable ``ingest/``) is removed and replaced, never written
+        through: the caller holds the blob's lock, so no live download of ours is there.
+        """
         partial = self.ingest_dir / f"{digest.hex}.partial"
         try:
-            file = open(partial, "a+b")  # noqa: SIM115 - owned by the Ingest, closed by the caller
+            fd = _open_own_partial(partial)
         except OSError as exc:
             raise _translate_oserror(exc, f"opening {partial}") from exc
+        file = os.fdopen(fd, "a+b")
         hasher = digest.hasher()
         file.seek(0)
         offset = 0
