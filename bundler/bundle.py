@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bundler.layers import UnpackBudget, default_unpack_limit
 from bundler.manifest import Descriptor
 from bundler.pull import Canceller, PulledImage, PullOptions, PullProgress, interrupted, pull
 from bundler.reference import ImageSource
@@ -125,6 +126,7 @@ class _PullThread:
                  progress: PullProgress | None, in_use: InUse) -> None:
         self.follower = BlobFollower(store)
         self.canceller = Canceller()
+        self.unpack_limit = options.unpack_limit
         self._image: PulledImage | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(
@@ -306,10 +308,13 @@ def _unpack(puller: _PullThread, store: Store, layers: tuple[Descriptor, ...],
         else:
             rootfs.mkdir(mode=0o755)
 
+    limit = puller.unpack_limit
+    if limit is None:
+        limit = default_unpack_limit(sum(layer.size for layer in layers))
     prepare()
     try:
         return apply_layers(puller.follower.open, layers, diff_ids, rootfs, first=first,
-                            on_layer=on_layer)
+                            on_layer=on_layer, budget=UnpackBudget(limit))
     except (StreamRestarted, OcistageError):
         # Bytes that fail to unpack may be a bad download that the pull is retrying: the
         # pull's verdict comes first, and a layer whose download started over is unpacked
@@ -320,7 +325,7 @@ def _unpack(puller: _PullThread, store: Store, layers: tuple[Descriptor, ...],
         remove_tree(rootfs)
         prepare()
         return apply_layers(store.open_blob, layers, diff_ids, rootfs, first=first,
-                            on_layer=on_layer)
+                            on_layer=on_layer, budget=UnpackBudget(limit))
 
 
 def _snapshot(puller: _PullThread, store: Store, in_use: InUse, layers: tuple[Descriptor, ...],

@@ -80,7 +80,8 @@ def pull_options(settings: Settings, platform: str | None) -> PullOptions:
 
     return PullOptions(platform=Platform.parse(platform) if platform else None,
                        jobs=settings.jobs, registry=settings.registry_config(),
-                       max_size=settings.max_size, policy=settings.pull)
+                       max_size=settings.max_size, policy=settings.pull,
+                       unpack_limit=settings.unpack_limit)
 
 
 def setup_logging(verbose: bool) -> None:

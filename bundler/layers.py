@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import BinaryIO, Self
+from typing import BinaryIO, Self, cast
 
 from bundler.safepath import Parts, SafeRoot, display, normalize, open_readable_dir
 from cache.errors import LayerError, OcistageError
@@ -43,6 +43,43 @@ _CORRUPT_HINT = ("the layer blob is corrupt or not a tar archive; remove it from
                  "and pull again")
 
 
+UNPACK_FLOOR = 4 << 30  # the default unpack budget is the larger of this
+UNPACK_RATIO = 100      # and this many times the compressed size of the layers
+
+
+def default_unpack_limit(compressed: int) -> int:
+    """The default unpacked-bytes budget of a bundle whose layers total ``compressed`` bytes.
+
+    Real layers expand 2-10x (gzip and zstd of binaries, text, libraries); only long runs of
+    one byte expand ~1000x, and those are what bombs are made of. 100x the compressed size,
+    and at least 4 GiB for images of a few small layers, leaves real images far inside it.
+    """
+    return max(UNPACK_FLOOR, UNPACK_RATIO * compressed)
+
+
+class UnpackBudget:
+    """Bytes of file data a bundle may write, shared by all of its layers (holes are free)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def charge(self, n: int) -> None:
+        self.used += n
+        if self.used > self.limit:
+            raise LayerError(
+                f"the image unpacks to more than {_size(self.limit)} of file data, its "
+                f"unpack limit (a decompression bomb?)",
+                "if the image is genuine, raise the limit: unpack_limit in the config file "
+                "or $OCISTAGE_UNPACK_LIMIT (e.g. 200G)")
+
+
+def _size(n: int) -> str:
+    from cache.sizes import format_size
+
+    return format_size(n)
+
+
 @dataclass
 class ApplyReport:
     """What applying one layer did."""
@@ -52,17 +89,19 @@ class ApplyReport:
     warnings: list[str] = field(default_factory=list)
 
 
-def apply_layer(stream: BinaryIO, rootfs: Path, *, rootless: bool = True) -> ApplyReport:
+def apply_layer(stream: BinaryIO, rootfs: Path, *, rootless: bool = True,
+                budget: UnpackBudget | None = None) -> ApplyReport:
     """Apply the uncompressed tar ``stream`` onto the existing directory ``rootfs``, in place.
 
     ``rootless``: no ``chown``, device nodes become empty regular files (with a warning), and
     directories keep ``u+rwx`` so the bundle can always be deleted. Otherwise (running as
-    root) owners are set and device nodes created as in the image.
+    root) owners are set and device nodes created as in the image. Sparse files keep their
+    holes. ``budget``: file data written counts against it (LayerError when exceeded).
     """
     report = ApplyReport()
     try:
         with SafeRoot(rootfs) as root:
-            applier = _Applier(root, rootless, report)
+            applier = _Applier(root, rootless, report, budget)
             # "r:" over a forward-only reader: the same parsing as "r|" without its _Stream,
             # which copies its whole buffer on every header read (measured: see
             # docs/performance.md)
@@ -307,10 +346,12 @@ class _DirMeta:
 class _Applier:
     """The state of one layer being applied (paths it created, directory metadata to set)."""
 
-    def __init__(self, root: SafeRoot, rootless: bool, report: ApplyReport) -> None:
+    def __init__(self, root: SafeRoot, rootless: bool, report: ApplyReport,
+                 budget: UnpackBudget | None = None) -> None:
         self.root = root
         self.rootless = rootless
         self.report = report
+        self.budget = budget
         self.created: set[Parts] = set()
         self.created_ancestors: set[Parts] = set()
         self.dirs: dict[Parts, _DirMeta] = {}
@@ -425,13 +466,41 @@ class _Applier:
         exact = self.rootless and created_exactly(mode, self.umask)
         fd = self._create_file(parent_fd, name, mode if exact else 0o600)
         try:
-            if member.size:
+            if member.sparse is not None:
+                self._write_sparse(archive, fd, path, member)
+            elif member.size:
                 for chunk in _member_data(archive, member):
+                    if self.budget is not None:
+                        self.budget.charge(len(chunk))
                     write_all(fd, chunk)
                     self.report.bytes_written += len(chunk)
             self._finish_inode(fd, member, path, mode_set=exact)
         finally:
             os.close(fd)
+
+    def _write_sparse(self, archive: tarfile.TarFile, fd: int, path: Parts,
+                      member: tarfile.TarInfo) -> None:
+        """A sparse member (GNU old, GNU PAX 0.0/0.1/1.0): its data blocks written at their
+        offsets, the holes left as holes (seek, then ``ftruncate`` to the real size)."""
+        stream = archive.fileobj
+        assert stream is not None and member.sparse is not None
+        stream.seek(member.offset_data)
+        blocks = cast("list[tuple[int, int]]", member.sparse)  # typeshed says list[int]
+        for offset, numbytes in blocks:
+            if offset < 0 or numbytes < 0 or offset + numbytes > member.size:
+                raise LayerError(f"sparse file {display(path)} has a block at {offset}+"
+                                 f"{numbytes}, past its size {member.size}", _CORRUPT_HINT)
+            remaining = numbytes
+            while remaining:
+                chunk = stream.read(min(remaining, COPY_CHUNK))
+                if not chunk:
+                    raise tarfile.ReadError("unexpected end of data")
+                if self.budget is not None:
+                    self.budget.charge(len(chunk))
+                _pwrite_all(fd, chunk, offset + numbytes - remaining)
+                remaining -= len(chunk)
+                self.report.bytes_written += len(chunk)
+        os.ftruncate(fd, member.size)
 
     def _finish_inode(self, fd: int, member: tarfile.TarInfo, path: Parts,
                       mode_set: bool = False) -> None:
@@ -641,19 +710,19 @@ def _list_dir(dir_fd: int) -> list[str]:
         os.close(fd)
 
 
-def _member_data(archive: tarfile.TarFile, member: tarfile.TarInfo) -> Iterator[bytes]:
-    """The data of a regular member, in chunks of at most ``COPY_CHUNK`` bytes.
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
 
-    Plain members are read straight from the archive's stream (``extractfile`` builds two file
-    objects per member: measurable on layers of small files); sparse ones go through tarfile.
+
+def _member_data(archive: tarfile.TarFile, member: tarfile.TarInfo) -> Iterator[bytes]:
+    """The data of a plain (not sparse) regular member, in chunks of at most ``COPY_CHUNK``.
+
+    Read straight from the archive's stream (``extractfile`` builds two file objects per
+    member: measurable on layers of small files).
     """
-    if member.sparse is not None:
-        source = archive.extractfile(member)
-        if source is None:  # pragma: no cover - regular members always have data
-            raise LayerError(f"no data for {member.name!r}", _CORRUPT_HINT)
-        while chunk := source.read(COPY_CHUNK):
-            yield chunk
-        return
     stream = archive.fileobj
     assert stream is not None  # an open archive has its stream
     stream.seek(member.offset_data)

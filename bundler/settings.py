@@ -11,6 +11,9 @@ which the user's file overrides key by key::
                                             # fall back to HTTP (as Docker does)
     max_size = "50G"                        # cache budget: pulls GC down to it (LRU); also
                                             # $OCISTAGE_MAX_SIZE; sizes like 500M, 20G, 1.5T
+    unpack_limit = "200G"                   # file data one bundle may unpack (bombs stop
+                                            # there); also $OCISTAGE_UNPACK_LIMIT; default:
+                                            # 100x the compressed layers, at least 4G
     stage_to = "/scratch/bundles"           # default target of `ocistage stage` (--to);
                                             # also $OCISTAGE_STAGE_TO; a directory or a URL
     pull = "missing"                        # like --pull / $OCISTAGE_PULL: always (ask the
@@ -60,6 +63,7 @@ class Settings:
     max_size: int | None = None  # cache budget in bytes; None: unlimited
     stage_to: str | None = None  # default stage target (`stage --to`); None: none configured
     pull: str = "always"  # one of PULL_POLICIES
+    unpack_limit: int | None = None  # bytes a bundle may unpack; None: bundler.layers' default
 
     def registry_config(self) -> RegistryConfig:
         # requests: only commands that talk to a registry import it
@@ -154,6 +158,9 @@ def load_settings(
                          "`pull` in the config file)")
     size_text = (max_size or os.environ.get("OCISTAGE_MAX_SIZE")
                  or (str(file["max_size"]) if file.get("max_size") not in (None, "") else None))
+    unpack_text = (os.environ.get("OCISTAGE_UNPACK_LIMIT")
+                   or (str(file["unpack_limit"]) if file.get("unpack_limit") not in (None, "")
+                       else None))
     return Settings(
         cache=cache_dir.expanduser(),
         jobs=jobs_value,
@@ -165,4 +172,5 @@ def load_settings(
         stage_to=os.path.expanduser(stage_to) if stage_to and "://" not in stage_to
         else stage_to,
         pull=policy,
+        unpack_limit=parse_size(unpack_text) if unpack_text else None,
     )

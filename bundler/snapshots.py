@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from bundler.decompress import open_layer_stream
-from bundler.layers import apply_layer
+from bundler.layers import UnpackBudget, apply_layer
 from bundler.manifest import Descriptor, ImageConfig
 from bundler.pull import BlobSink
 from cache.digest import Digest
@@ -287,7 +287,8 @@ class AppliedLayers:
 
 def apply_layers(open_blob: Callable[[Digest], BinaryIO], layers: Sequence[Descriptor],
                  diff_ids: Sequence[Digest], rootfs: Path, *, first: int = 1,
-                 on_layer: Callable[[int, Descriptor], None] | None = None) -> AppliedLayers:
+                 on_layer: Callable[[int, Descriptor], None] | None = None,
+                 budget: UnpackBudget | None = None) -> AppliedLayers:
     """Apply ``layers`` (numbered from ``first``) onto ``rootfs`` in order, checking diff_ids.
 
     ``open_blob`` gives each layer's compressed bytes (the store, or a :class:`BlobFollower`).
@@ -301,7 +302,7 @@ def apply_layers(open_blob: Callable[[Digest], BinaryIO], layers: Sequence[Descr
             stream = _Decompressed(raw, layer.media_type)
             interrupted = False
             try:
-                report = apply_layer(stream, rootfs)  # type: ignore[arg-type]
+                report = apply_layer(stream, rootfs, budget=budget)  # type: ignore[arg-type]
                 stream.drain()
             except KeyboardInterrupt:
                 interrupted = True
