@@ -25,7 +25,7 @@ from urllib.parse import urlencode, urlsplit
 import requests
 
 from bundler.credentials import Credentials
-from bundler.transport import HttpRequest
+from bundler.transport import HttpRequest, origin_of
 from cache.errors import AuthenticationError
 from cache.jsondoc import parse_json
 
@@ -150,6 +150,12 @@ def repository_of(scope: str | None) -> str | None:
     return scope[len("repository:"):].rpartition(":")[0] or None
 
 
+def credentials_may_go_to(url: str, registry_url: str) -> bool:
+    """Whether credentials for the registry at ``registry_url`` may be sent to ``url``: only
+    over https, or to the registry's own origin (scheme, host and port)."""
+    return urlsplit(url).scheme.lower() == "https" or origin_of(url) == origin_of(registry_url)
+
+
 def basic_header(credentials: Credentials) -> str:
     pair = f"{credentials.username}:{credentials.password}".encode()
     return "Basic " + base64.b64encode(pair).decode("ascii")
@@ -202,7 +208,7 @@ class Authenticator:
         """Yield requests, receive their responses; stop after the final response."""
         header, cached_from = self._preemptive(request)
         if header is None and self._bearer is not None:
-            token = yield from self._fetch_token(self._bearer, request.scope)
+            token = yield from self._fetch_token(self._bearer, request.scope, request.url)
             if token is None:
                 return
             header, cached_from = f"Bearer {token}", self._bearer
@@ -218,7 +224,7 @@ class Authenticator:
         basic = next((c for c in challenges if c.scheme == "basic"), None)
         if bearer is not None:
             self._bearer = bearer
-            token = yield from self._fetch_token(bearer, request.scope)
+            token = yield from self._fetch_token(bearer, request.scope, request.url)
             if token is None:
                 return
             header = f"Bearer {token}"
@@ -244,7 +250,8 @@ class Authenticator:
         return AuthenticationError(f"{self.name} rejected the credentials of {who} "
                                    "(401 Unauthorized)")
 
-    def _token_request(self, challenge: Challenge, scope: str | None) -> HttpRequest:
+    def _token_request(self, challenge: Challenge, scope: str | None,
+                       creds: Credentials | None) -> HttpRequest:
         realm = challenge.realm or ""
         if urlsplit(realm).scheme not in ("http", "https"):
             raise AuthenticationError(f"{self.name} sent a bearer challenge with an unusable "
@@ -254,7 +261,6 @@ class Authenticator:
             query["service"] = challenge.service
         if scope:
             query["scope"] = scope
-        creds = self.credentials(scope)
         if creds is not None and creds.identity_token:
             form = {**query, "grant_type": "refresh_token", "client_id": CLIENT_ID,
                     "refresh_token": creds.identity_token}
@@ -279,18 +285,26 @@ class Authenticator:
         return HttpRequest("POST", challenge.realm or "", {"Accept": "application/json"},
                            data=form)
 
-    def _fetch_token(self, challenge: Challenge, request_scope: str | None,
+    def _fetch_token(self, challenge: Challenge, request_scope: str | None, registry_url: str,
                      ) -> Generator[HttpRequest, requests.Response, str | None]:
-        """A bearer token for the scope (cached or fetched); None if the issuer asks to retry."""
+        """A bearer token for the scope (cached or fetched); None if the issuer asks to retry.
+
+        Stored credentials go only to a realm on the registry's own origin or over https:
+        to a plain-HTTP realm elsewhere the token is asked for anonymously.
+        """
         scope = request_scope or challenge.scope
         key = self._token_key(challenge, scope)
         cached = self._tokens.get(key)
         if cached is not None:
             return cached
-        request = self._token_request(challenge, scope)
+        creds = self.credentials(scope)
+        withheld = creds is not None and not credentials_may_go_to(challenge.realm or "",
+                                                                   registry_url)
+        if withheld:
+            creds = None
+        request = self._token_request(challenge, scope, creds)
         response = yield request
         status = response.status_code
-        creds = self.credentials(scope)
         if status in (404, 405) and request.method == "GET" and creds and creds.password:
             # some issuers only speak the OAuth2 form: retry as a password grant
             response = yield self._password_grant(challenge, scope, creds)
@@ -300,6 +314,13 @@ class Authenticator:
         issuer = urlsplit(challenge.realm or "").netloc
         if status in (401, 403):
             response.close()
+            if withheld:
+                raise AuthenticationError(
+                    f"{self.name}: token issuer {issuer} refused anonymous access (HTTP "
+                    f"{status}); the stored credentials were not sent to it because it is "
+                    f"plain HTTP on another host",
+                    hint="the registry's token realm must be https (or on the registry's "
+                         "own host) for credentials to be sent")
             raise self._rejected_by_issuer(issuer, status, scope)
         if status != 200:
             response.close()

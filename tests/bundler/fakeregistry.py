@@ -69,6 +69,7 @@ class FakeRegistry:
     forbid: bool = False                        # 403 everything under /v2/<repo>
     error_body: bytes | None = None             # the body of every 404 instead of the usual
     token_body: bytes | None = None             # the token endpoint's reply instead of a token
+    token_realm: str | None = None              # the bearer realm (default: this server's /token)
     requests: list[Recorded] = field(default_factory=list)
     issued_tokens: dict[str, str] = field(default_factory=dict)  # token -> scope
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -231,7 +232,7 @@ class _Handler(BaseHTTPRequestHandler):
             with state.lock:
                 granted = state.issued_tokens.get(token or "") if state.accept_tokens else None
             if granted is None or (scope and granted != scope):
-                challenge = (f'Bearer realm="{state.base_url}/token",'
+                challenge = (f'Bearer realm="{state.token_realm or state.base_url + "/token"}",'
                              f'service="{state.netloc}"')
                 if scope:
                     challenge += f',scope="{scope}"'

@@ -10,12 +10,18 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from bundler.auth import Challenge, TokenCache, parse_www_authenticate, repository_of
+from bundler.auth import (
+    Challenge,
+    TokenCache,
+    credentials_may_go_to,
+    parse_www_authenticate,
+    repository_of,
+)
 from bundler.credentials import CredentialStore
 from bundler.registry import RegistryClient, RegistryConfig
 from cache.digest import Digest
 from cache.errors import AuthenticationError
-from tests.bundler.fakeregistry import FakeRegistry, MemorySink, serve
+from tests.bundler.fakeregistry import FakeRegistry, MemorySink, self_signed_cert, serve
 
 ACCEPT = ["application/vnd.oci.image.manifest.v1+json"]
 
@@ -278,3 +284,47 @@ def test_password_grant_when_the_issuer_refuses_get(registry: FakeRegistry,
     with _client(registry, tmp_path, _auth("alice", "bad")) as client, \
             pytest.raises(AuthenticationError, match="rejected the credentials of alice"):
         client.get_manifest("team/app", "latest", ACCEPT)
+
+
+# -- credentials and the token realm's origin ---------------------------------------------------
+
+
+@pytest.fixture
+def https_registry_with_http_realm(tmp_path: Path) -> Iterator[tuple[FakeRegistry,
+                                                                      FakeRegistry]]:
+    """An https registry whose bearer realm is a plain-HTTP token issuer on another port."""
+    (tmp_path / "tls").mkdir()
+    certificate = self_signed_cert(tmp_path / "tls")
+    with serve(tls=certificate) as registry, serve() as issuer:
+        registry.add_manifest("team/app", "latest", b'{"schemaVersion":2,"layers":[]}')
+        registry.auth = "bearer"
+        registry.token_realm = f"{issuer.base_url}/token"
+        issuer.issued_tokens = registry.issued_tokens  # tokens the registry accepts
+        issuer.users = {"alice": "secret"}
+        yield registry, issuer
+
+
+def test_credentials_are_not_sent_to_a_plain_http_realm_elsewhere(
+        https_registry_with_http_realm: tuple[FakeRegistry, FakeRegistry],
+        tmp_path: Path) -> None:
+    registry, issuer = https_registry_with_http_realm
+    with _client(registry, tmp_path, _auth("alice", "secret")) as client:
+        client.get_manifest("team/app", "latest", ACCEPT)  # an anonymous token is enough
+    asked = issuer.token_requests()
+    assert asked and all("Authorization" not in r.headers for r in asked)
+    assert all("secret" not in r.path and b"secret" not in r.body for r in asked)
+    issuer.anonymous_pull = False
+    registry.issued_tokens.clear()
+    with _client(registry, tmp_path, _auth("alice", "secret")) as client, \
+            pytest.raises(AuthenticationError, match="credentials were not sent"):
+        client.get_manifest("team/app", "latest", ACCEPT)
+    assert all("Authorization" not in r.headers for r in issuer.token_requests())
+
+
+def test_credentials_may_go_to_https_or_the_same_origin() -> None:
+    registry = "https://registry.example"
+    assert credentials_may_go_to("https://auth.example/token", registry)
+    assert credentials_may_go_to("https://registry.example:443/token", registry)
+    assert not credentials_may_go_to("http://auth.example/token", registry)
+    assert not credentials_may_go_to("http://registry.example/token", registry)  # :80 != :443
+    assert credentials_may_go_to("http://127.0.0.1:5000/token", "http://127.0.0.1:5000/v2/")
