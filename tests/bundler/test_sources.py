@@ -136,3 +136,44 @@ def test_docker_archive_layer_not_matching_its_diff_id_is_refused(tmp_path: Path
             tar.addfile(info, io.BytesIO(data))
     with pytest.raises(IntegrityError):
         pull(parse_reference(f"docker-archive:{archive}"), Store.open(tmp_path / "c"), AMD64)
+
+
+def _layers(count: int) -> list[bytes]:
+    """Distinct layers of ~1.5 MiB each (a shared read position mixes them up visibly)."""
+    return [build_tar([file(f"data{n}.bin", hashlib.sha256(bytes([n])).digest() * 50_000)])
+            for n in range(count)]
+
+
+def test_archive_blobs_are_read_in_parallel_without_mixing(tmp_path: Path) -> None:
+    layers = _layers(8)
+    entries = []
+    archive = tmp_path / "save.tar"
+    diff_ids = ["sha256:" + hashlib.sha256(layer).hexdigest() for layer in layers]
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {},
+                         "rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode()
+    with tarfile.open(archive, "w") as tar:
+        def add(name: str, data: bytes) -> None:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+        add("config.json", config)
+        for n, layer in enumerate(layers):
+            add(f"layer{n}/layer.tar", layer)
+        entries.append({"Config": "config.json", "RepoTags": ["many:1"],
+                        "Layers": [f"layer{n}/layer.tar" for n in range(len(layers))]})
+        add("manifest.json", json.dumps(entries).encode())
+    layout = tmp_path / "layout"
+    write_oci_layout(layout, layers, tag="v1", kind="gzip")
+    packed = tmp_path / "image.tar"
+    _tar_of_directory(layout, packed)
+    parallel = PullOptions(platform=Platform("linux", "amd64"), jobs=8)
+    for round_ in range(6):
+        for kind, ref in (("docker", f"docker-archive:{archive}"),
+                          ("oci", f"oci-archive:{packed}:v1")):
+            store = Store.open(tmp_path / f"cache-{kind}-{round_}")
+            image = pull(parse_reference(ref), store, parallel)
+            assert len(image.layers) == 8
+            for descriptor in image.layers:
+                blob = store.blob_path(descriptor.digest).read_bytes()
+                assert hashlib.sha256(blob).hexdigest() == descriptor.digest.hex
