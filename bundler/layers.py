@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import stat
 import struct
@@ -106,7 +107,7 @@ def apply_layer(stream: BinaryIO, rootfs: Path, *, rootless: bool = True,
             # which copies its whole buffer on every header read (measured: see
             # docs/performance.md)
             with tarfile.open(fileobj=_ForwardReader(stream), mode="r:",  # type: ignore[call-overload]
-                              tarinfo=_TarInfo) as archive:
+                              tarinfo=tarinfo_class()) as archive:
                 while (member := archive.next()) is not None:
                     archive.members.clear()  # tarfile keeps every member: memory would grow
                     applier.apply(archive, member)
@@ -296,6 +297,59 @@ class _TarInfo(tarfile.TarInfo):
                 offset += member._block(member.size)  # type: ignore[attr-defined]
             tarfile_.offset = offset
         return member
+
+
+_PRIVATE_SHAPES = {  # the tarfile internals _TarInfo calls or overrides, and their parameters
+    "_proc_pax": ["self", "tarfile"],
+    "_block": ["self", "count"],
+    "_apply_pax_info": ["self", "pax_headers", "encoding", "errors"],
+    "fromtarfile": ["tarfile"],
+}
+
+
+def fast_parser_usable() -> bool:
+    """Whether this Python's tarfile still has the internals :class:`_TarInfo` relies on, in
+    the shape it expects, and the fast parser reads a sample archive exactly as tarfile does.
+
+    When not (a future Python renamed or changed them), layers are parsed with the public
+    ``tarfile.TarInfo`` alone: slower on layers of many small files, the same trees.
+    """
+    import inspect
+
+    try:
+        for name, parameters in _PRIVATE_SHAPES.items():
+            found = list(inspect.signature(getattr(tarfile.TarInfo, name)).parameters)
+            if found != parameters:
+                return False
+        if not issubclass(tarfile.SubsequentHeaderError, tarfile.HeaderError):  # type: ignore[attr-defined]
+            return False
+        return _sample_members(_TarInfo) == _sample_members(tarfile.TarInfo)
+    except Exception:  # any surprise in the internals means: do not use them
+        return False
+
+
+def _sample_members(tarinfo: type[tarfile.TarInfo]) -> list[tuple[object, ...]]:
+    """What ``tarinfo`` reads from a small PAX archive (long names, decimal mtime, xattrs)."""
+    import io
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for n, name in enumerate(("plain", "d/" + "long" * 40, "x/ünï")):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = n, 1234567890.5 + n, 0o4755
+            info.pax_headers = {"SCHILY.xattr.user.k": f"v{n}"}
+            archive.addfile(info, io.BytesIO(b"x" * n))
+    buffer.seek(0)
+    with tarfile.open(fileobj=_ForwardReader(buffer), mode="r:",  # type: ignore[call-overload]
+                      tarinfo=tarinfo) as archive:
+        return [(m.name, m.size, m.mtime, m.mode, m.type, m.offset, m.offset_data,
+                 dict(m.pax_headers)) for m in archive]
+
+
+@functools.cache
+def tarinfo_class() -> type[tarfile.TarInfo]:
+    """The header parser layers are read with: the fast one, or tarfile's public one."""
+    return _TarInfo if fast_parser_usable() else tarfile.TarInfo
 
 
 def _pax_records(buf: bytes) -> dict[str, str] | None:

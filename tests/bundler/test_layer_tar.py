@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bundler import layers
 from bundler.layers import _ForwardReader, _pax_records, _TarInfo
 
 FIELDS = ("name", "mode", "uid", "gid", "size", "mtime", "chksum", "type", "linkname", "uname",
@@ -215,3 +216,29 @@ def test_pax_size_moves_the_next_header_as_tarfile_does() -> None:
     assert _members(data, fast=True) == _members(data, fast=False)
     for cut in (512, 1024, 1500, 2000):  # truncated anywhere: the same error as tarfile's
         assert _members(data[:cut], fast=True) == _members(data[:cut], fast=False)
+
+
+# -- the fast parser's fallback -----------------------------------------------------------------
+
+
+def test_the_fast_parser_is_used_while_tarfile_keeps_its_shape() -> None:
+    assert layers.fast_parser_usable()
+
+
+@pytest.mark.parametrize("change", ["missing", "signature", "behaviour"])
+def test_a_changed_tarfile_falls_back_to_the_public_parser(
+        monkeypatch: pytest.MonkeyPatch, change: str) -> None:
+    if change == "missing":
+        monkeypatch.delattr(tarfile.TarInfo, "_apply_pax_info")
+    elif change == "signature":
+        monkeypatch.setattr(tarfile.TarInfo, "_block",
+                            lambda self, count, extra=0: count)
+    else:  # same names and shapes, but tarfile now reads PAX headers differently
+        original = tarfile.TarInfo._proc_pax  # type: ignore[attr-defined]
+
+        def differently(self: tarfile.TarInfo, archive: tarfile.TarFile) -> tarfile.TarInfo:
+            member: tarfile.TarInfo = original(self, archive)
+            member.mtime = 0
+            return member
+        monkeypatch.setattr(tarfile.TarInfo, "_proc_pax", differently)
+    assert not layers.fast_parser_usable()

@@ -1,0 +1,32 @@
+"""The layer tests run twice: with the fast tar header parser (tarfile internals) and with
+tarfile's public parser, the fallback chosen when the internals are missing or changed. Both
+must give the trees the tests expect, hence the same trees."""
+
+from __future__ import annotations
+
+import tarfile
+from collections.abc import Iterator
+
+import pytest
+
+from bundler import layers
+
+BOTH_PARSERS = ("test_layers", "test_layers_hostile", "test_layers_model", "test_layer_tar",
+                "test_sparse")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.module.__name__.rpartition(".")[2] in BOTH_PARSERS:
+        metafunc.fixturenames.append("tar_parser")
+        metafunc.parametrize("tar_parser", ["fast", "public"], indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def tar_parser(request: pytest.FixtureRequest) -> Iterator[str]:
+    chosen: type[tarfile.TarInfo] = (layers.tarinfo_class() if request.param == "fast"
+                                     else tarfile.TarInfo)
+    if request.param == "fast":
+        assert chosen is layers._TarInfo, "this Python's tarfile lost the fast path"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(layers, "tarinfo_class", lambda: chosen)
+        yield request.param
