@@ -130,20 +130,26 @@ _SENDING: contextvars.ContextVar[Transfer | None] = contextvars.ContextVar("ocis
                                                                           default=None)
 
 
-class _WatchedHTTPConnection(urllib3.connection.HTTPConnection):
-    def getresponse(self) -> urllib3.response.HTTPResponse:  # type: ignore[override]
+class _HandsOverItsSocket:
+    """Connection mixin: hands the socket to the transfer being sent before waiting on it."""
+
+    sock: socket.socket | None
+
+    def getresponse(self) -> urllib3.response.HTTPResponse:
         transfer = _SENDING.get()
         if transfer is not None and self.sock is not None:
             transfer.attach(self.sock)
-        return super().getresponse()
+        response: urllib3.response.HTTPResponse = super().getresponse()  # type: ignore[misc]
+        return response
 
 
-class _WatchedHTTPSConnection(urllib3.connection.HTTPSConnection):
-    def getresponse(self) -> urllib3.response.HTTPResponse:  # type: ignore[override]
-        transfer = _SENDING.get()
-        if transfer is not None and self.sock is not None:
-            transfer.attach(self.sock)
-        return super().getresponse()
+class _WatchedHTTPConnection(_HandsOverItsSocket, urllib3.connection.HTTPConnection):  # type: ignore[misc]
+    pass
+
+
+class _WatchedHTTPSConnection(_HandsOverItsSocket,  # type: ignore[misc]
+                              urllib3.connection.HTTPSConnection):
+    pass
 
 
 class _WatchedHTTPPool(urllib3.connectionpool.HTTPConnectionPool):

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,6 +46,15 @@ def assert_pulled(image: ImageRef, cache: Path, manifest_digest: str | None = No
         import hashlib
         assert hashlib.sha256(data).hexdigest() == digest.removeprefix("sha256:")
     assert not list((cache / "ingest").glob("*.partial"))
+
+
+def wait_for_partial(child: subprocess.Popen[Any], partial: Path, size: int) -> None:
+    """Wait until ``child`` (still running) has written ``size`` bytes of ``partial``."""
+    deadline = time.monotonic() + 60
+    while not (partial.exists() and partial.stat().st_size >= size):
+        assert time.monotonic() < deadline, "the pull never got going"
+        assert child.poll() is None, child.communicate()
+        time.sleep(0.05)
 
 
 def error_line(result: subprocess.CompletedProcess[str]) -> str:
@@ -345,11 +355,7 @@ def test_kill_9_during_pull_then_rerun_completes(images: dict[str, ImageRef],
                              env=ocistage.environment(), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, start_new_session=True)
     partial = ocistage.cache / "ingest" / f"{layer[7:]}.partial"
-    deadline = time.monotonic() + 60
-    while not (partial.exists() and partial.stat().st_size >= 100_000):
-        assert time.monotonic() < deadline, "the pull never got going"
-        assert child.poll() is None, child.communicate()
-        time.sleep(0.05)
+    wait_for_partial(child, partial, 100_000)
     os.killpg(child.pid, signal.SIGKILL)
     child.wait()
     kept = partial.stat().st_size  # what reached the disk before the kill (<= 200 000)

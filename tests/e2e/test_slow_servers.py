@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from cache.store import Store
 from tests.e2e.conftest import OcistageRunner
 from tests.e2e.faultproxy import Fault, FaultProxy
 from tests.e2e.images import ImageRef
+from tests.e2e.test_pull import wait_for_partial
 
 ACCEPT = ["application/vnd.oci.image.manifest.v1+json",
           "application/vnd.oci.image.index.v1+json",
@@ -112,11 +112,7 @@ def test_ctrl_c_stops_a_download_at_once_and_keeps_it_for_resume(
                              start_new_session=True)
     partial = ocistage.cache / "ingest" / f"{layer[7:]}.partial"
     try:
-        deadline = time.monotonic() + 60
-        while not (partial.exists() and partial.stat().st_size >= 100_000):
-            assert time.monotonic() < deadline, "the pull never got going"
-            assert child.poll() is None, child.communicate()
-            time.sleep(0.05)
+        wait_for_partial(child, partial, 100_000)
         os.kill(child.pid, signal.SIGINT)
         _, stderr = child.communicate(timeout=30)
     finally:
