@@ -103,8 +103,9 @@ class _BlobDownload:
     size: int | None
     sink: BlobSink
     what: str
-    started: float
+    started: float       # retry_time counts from here: the first try, or the last progress
     attempts: int = 0
+    progressed_to: int = 0
 
 
 def validate_repository(repository: str) -> None:
@@ -220,7 +221,8 @@ class RegistryClient:
     once, raising :class:`cache.errors.Interrupted`, when :meth:`abort` is called.
 
     Retries are bounded by count (``max_retries``) and by time: no retry starts more than
-    ``retry_time`` seconds after the first try of a request or download.
+    ``retry_time`` seconds after the first try of a request, or after the last progress of a
+    blob download (a long download that keeps moving is always resumed).
     """
 
     def __init__(self, registry: str, config: RegistryConfig | None = None, *,
@@ -593,6 +595,8 @@ class RegistryClient:
     def _interrupted(self, state: _BlobDownload, retries: int, reason: str) -> None:
         """Count an interrupted download; sleep before the next try or give up."""
         state.attempts += 1
+        if state.sink.offset > state.progressed_to:  # a long download that moved on
+            state.started, state.progressed_to = self._clock(), state.sink.offset
         delay = self._backoff(state.attempts - 1)
         if not self._may_retry(state.attempts - 1, retries, state.started, delay):
             raise RegistryUnreachable(f"{reason}; gave up on {state.what} after "

@@ -32,7 +32,8 @@ class RegistryConfig:
                                     # document (manifest, token, error body)
     min_speed: float = 1024.0       # bytes a second any body must average over speed_window,
     speed_window: float = 30.0      # else it counts as interrupted (and is retried/resumed)
-    retry_time: float = 120.0       # no new retry of a request this long after its first try
+    retry_time: float = 120.0       # no new retry this long after the first try of a request
+                                    # (of a blob download: after its last progress)
     user_agent: str = "ocistage/0.1"
     loopback_insecure: bool = True  # localhost/127.0.0.0/8/::1 accept plain HTTP, as Docker does
 

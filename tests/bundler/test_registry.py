@@ -513,3 +513,24 @@ def test_corrupt_blob_is_refused_by_the_store(registry: FakeRegistry, tmp_path: 
         with pytest.raises(IntegrityError):
             ingest.commit()
     assert not store.has_blob(digest)
+
+
+def test_retry_time_counts_from_the_last_progress(registry: FakeRegistry) -> None:
+    """A download that keeps moving is resumed however long it has run; one that makes no
+    progress for retry_time gives up."""
+    now = [0.0]
+
+    class SlowDisk(MemorySink):
+        def write(self, chunk: bytes) -> None:
+            super().write(chunk)
+            now[0] += 1000.0  # each chunk takes long: the download runs for hours
+
+    digest = registry.add_blob(BLOB)
+    registry.drop_after = 1_000_000
+    registry.drop_times = 2
+    sink = SlowDisk()
+    config = RegistryConfig(credentials=CredentialStore([]), retry_time=120)
+    with RegistryClient(registry.netloc, config, sleep=lambda _: None,
+                        clock=lambda: now[0]) as client:
+        client.fetch_blob("team/app", _digest(BLOB), len(BLOB), sink)
+    assert bytes(sink.data) == BLOB and digest == str(_digest(BLOB))
