@@ -45,6 +45,7 @@ class Transfer:
     received: int = 0
     reason: str | None = None
     paused: bool = False
+    done: bool = False   # the exchange is over: its socket may serve another one now
     _window_start: float = 0.0
     _window_bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -52,9 +53,8 @@ class Transfer:
     def attach(self, sock: socket.socket) -> None:
         with self._lock:
             self.sock = sock
-            tripped = self.reason is not None
-        if tripped:
-            _shut(sock)
+            if self.reason is not None and not self.done:
+                _shut(sock)
 
     def advance(self, n: int) -> None:
         self.received += n
@@ -74,13 +74,18 @@ class Transfer:
         return self.reason == CANCELLED
 
     def trip(self, reason: str) -> None:
-        """Record why the transfer is stopped and unblock its reader."""
+        """Record why the transfer is stopped and unblock its reader (unless it is over)."""
         with self._lock:
+            if self.done:
+                return
             if self.reason is None:
                 self.reason = reason
-            sock = self.sock
-        if sock is not None:
-            _shut(sock)
+            if self.sock is not None:
+                _shut(self.sock)
+
+    def finish(self) -> None:
+        with self._lock:
+            self.done = True
 
     def check(self, now: float) -> str | None:
         """Why the transfer must stop at ``now``, if it must."""
@@ -138,6 +143,7 @@ class Watchdog:
         try:
             yield transfer
         finally:
+            transfer.finish()
             with self._lock:
                 self._transfers.discard(transfer)
 

@@ -61,3 +61,19 @@ def test_the_thread_trips_a_stalled_transfer() -> None:
         watchdog.close()
         ours.close()
         theirs.close()
+
+
+def test_a_finished_transfer_is_never_tripped() -> None:
+    """Its socket may be back in the pool serving another request: it must not be shut."""
+    watchdog = Watchdog()
+    ours, theirs = socket.socketpair()
+    try:
+        with watchdog.watching(Limits(), ours) as transfer:
+            pass
+        transfer.trip("took longer than 1 s")  # the watchdog thread, a moment too late
+        theirs.sendall(b"still open")
+        assert ours.recv(10) == b"still open" and transfer.reason is None
+    finally:
+        watchdog.close()
+        ours.close()
+        theirs.close()
