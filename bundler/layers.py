@@ -800,13 +800,24 @@ def _mtime_ns(member: tarfile.TarInfo) -> int:
     is clamped to what the filesystem can hold.
     """
     text = member.pax_headers.get("mtime") if member.pax_headers else None
+    try:
+        if text is not None:
+            ns = int(Decimal(text).scaleb(9).to_integral_value())
+        else:
+            ns = round(float(member.mtime) * 1_000_000_000)
+    except (ArithmeticError, ValueError):  # nan, inf, 1e999999, text that is not a number
+        return _odd_mtime_ns(text, member.mtime)
+    return ns if -_NS_MAX <= ns <= _NS_MAX else (_NS_MAX if ns > 0 else -_NS_MAX)
+
+
+def _odd_mtime_ns(text: str | None, mtime: float) -> int:
     value: Decimal | None = None
     if text is not None:
         with contextlib.suppress(InvalidOperation):
             value = Decimal(text)
     if value is None:
         try:
-            value = Decimal(member.mtime)
+            value = Decimal(mtime)
         except (InvalidOperation, TypeError, ValueError):
             return 0
     if value.is_nan():
