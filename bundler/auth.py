@@ -151,9 +151,14 @@ def repository_of(scope: str | None) -> str | None:
 
 
 def credentials_may_go_to(url: str, registry_url: str) -> bool:
-    """Whether credentials for the registry at ``registry_url`` may be sent to ``url``: only
-    over https, or to the registry's own origin (scheme, host and port)."""
-    return urlsplit(url).scheme.lower() == "https" or origin_of(url) == origin_of(registry_url)
+    """Whether credentials for the registry at ``registry_url`` may be sent to ``url``: over
+    https, or to the registry's own origin (scheme, host and port). A registry the user lets
+    us reach over plain HTTP (insecure, loopback) may name a plain-HTTP realm on its own host;
+    an https registry never sends them to plain HTTP elsewhere."""
+    target, registry = origin_of(url), origin_of(registry_url)
+    if target[0] == "https" or target == registry:
+        return True
+    return registry[0] == "http" and target[0] == "http" and target[1] == registry[1]
 
 
 def basic_header(credentials: Credentials) -> str:
@@ -318,7 +323,7 @@ class Authenticator:
                 raise AuthenticationError(
                     f"{self.name}: token issuer {issuer} refused anonymous access (HTTP "
                     f"{status}); the stored credentials were not sent to it because it is "
-                    f"plain HTTP on another host",
+                    f"plain HTTP on another origin",
                     hint="the registry's token realm must be https (or on the registry's "
                          "own host) for credentials to be sent")
             raise self._rejected_by_issuer(issuer, status, scope)

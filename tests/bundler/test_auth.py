@@ -328,3 +328,7 @@ def test_credentials_may_go_to_https_or_the_same_origin() -> None:
     assert not credentials_may_go_to("http://auth.example/token", registry)
     assert not credentials_may_go_to("http://registry.example/token", registry)  # :80 != :443
     assert credentials_may_go_to("http://127.0.0.1:5000/token", "http://127.0.0.1:5000/v2/")
+    # a plain-HTTP registry (insecure, loopback): a plain-HTTP realm on its own host only
+    assert credentials_may_go_to("http://127.0.0.1:5001/token", "http://127.0.0.1:5000/v2/")
+    assert not credentials_may_go_to("http://10.0.0.9/token", "http://127.0.0.1:5000/v2/")
+    assert not credentials_may_go_to("http://127.0.0.1:5001/token", "https://127.0.0.1:5000/")
