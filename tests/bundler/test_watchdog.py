@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Iterator
+
+import pytest
 
 from bundler.watchdog import CANCELLED, Limits, Transfer, Watchdog
 
@@ -29,51 +32,49 @@ def test_the_speed_rule_counts_per_window_and_not_while_paused() -> None:
     assert idle.check(11.0) is None           # the window starts again after the pause
 
 
-def test_cancel_unblocks_a_thread_waiting_in_recv() -> None:
+@pytest.fixture
+def wired() -> Iterator[tuple[Watchdog, socket.socket, socket.socket]]:
+    """A watchdog and a connected socket pair (ours is watched, theirs is the server)."""
     watchdog = Watchdog()
     ours, theirs = socket.socketpair()
+    try:
+        yield watchdog, ours, theirs
+    finally:
+        watchdog.close()
+        ours.close()
+        theirs.close()
+
+
+def test_cancel_unblocks_a_thread_waiting_in_recv(
+        wired: tuple[Watchdog, socket.socket, socket.socket]) -> None:
+    watchdog, ours, _ = wired
     outcome: list[bytes] = []
-    try:
-        with watchdog.watching(Limits(), ours) as transfer:
-            reader = threading.Thread(target=lambda: outcome.append(ours.recv(10)))
-            reader.start()
-            watchdog.cancel()
-            reader.join(timeout=30)
-            assert not reader.is_alive()
-        assert outcome == [b""] and transfer.reason == CANCELLED
-        assert not watchdog.pause(0.01)  # cancelled: pauses end at once
-        with watchdog.watching(Limits()) as later:
-            assert later.cancelled        # and new transfers start cancelled
-    finally:
-        watchdog.close()
-        ours.close()
-        theirs.close()
+    with watchdog.watching(Limits(), ours) as transfer:
+        reader = threading.Thread(target=lambda: outcome.append(ours.recv(10)))
+        reader.start()
+        watchdog.cancel()
+        reader.join(timeout=30)
+        assert not reader.is_alive()
+    assert outcome == [b""] and transfer.reason == CANCELLED
+    assert not watchdog.pause(0.01)  # cancelled: pauses end at once
+    with watchdog.watching(Limits()) as later:
+        assert later.cancelled        # and new transfers start cancelled
 
 
-def test_the_thread_trips_a_stalled_transfer() -> None:
-    watchdog = Watchdog()
-    ours, theirs = socket.socketpair()
-    try:
-        with watchdog.watching(Limits(deadline=0.3), ours) as transfer:
-            assert ours.recv(10) == b""  # returns once the watchdog shuts the socket down
-        assert transfer.reason == "took longer than 0.3 s"
-    finally:
-        watchdog.close()
-        ours.close()
-        theirs.close()
+def test_the_thread_trips_a_stalled_transfer(
+        wired: tuple[Watchdog, socket.socket, socket.socket]) -> None:
+    watchdog, ours, _ = wired
+    with watchdog.watching(Limits(deadline=0.3), ours) as transfer:
+        assert ours.recv(10) == b""  # returns once the watchdog shuts the socket down
+    assert transfer.reason == "took longer than 0.3 s"
 
 
-def test_a_finished_transfer_is_never_tripped() -> None:
+def test_a_finished_transfer_is_never_tripped(
+        wired: tuple[Watchdog, socket.socket, socket.socket]) -> None:
     """Its socket may be back in the pool serving another request: it must not be shut."""
-    watchdog = Watchdog()
-    ours, theirs = socket.socketpair()
-    try:
-        with watchdog.watching(Limits(), ours) as transfer:
-            pass
-        transfer.trip("took longer than 1 s")  # the watchdog thread, a moment too late
-        theirs.sendall(b"still open")
-        assert ours.recv(10) == b"still open" and transfer.reason is None
-    finally:
-        watchdog.close()
-        ours.close()
-        theirs.close()
+    watchdog, ours, theirs = wired
+    with watchdog.watching(Limits(), ours) as transfer:
+        pass
+    transfer.trip("took longer than 1 s")  # the watchdog thread, a moment too late
+    theirs.sendall(b"still open")
+    assert ours.recv(10) == b"still open" and transfer.reason is None
