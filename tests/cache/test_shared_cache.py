@@ -24,16 +24,19 @@ from cache.store import Store
 from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
 
 NOBODY = 65534
+GROUP = os.getegid()  # the cache's group: the caller's own (the trust rule asks for that)
 
 
 def as_nobody(*argv: str) -> None:
-    subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+    """Run as another member of the cache's group: uid nobody, gid the caller's group."""
+    subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={GROUP}", "--clear-groups",
                     *argv], check=True, capture_output=True)
 
 
 @pytest.fixture
 def shared() -> Iterator[Path]:
-    """A directory nobody can reach, holding a cache whose directories group nobody may write."""
+    """A directory nobody can reach, holding a group-shared cache (setgid, group-writable
+    directories of the caller's group) that nobody, a member of that group, may write."""
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv to act as a second user")
     base = Path(tempfile.mkdtemp(prefix="ocistage-shared-", dir="/tmp"))
@@ -42,7 +45,7 @@ def shared() -> Iterator[Path]:
         store = Store.open(base / "cache")
         for directory in (store.root, store.blobs, store.blobs / "sha256", store.ingest_dir,
                           store.tmp_dir):
-            os.chown(directory, 0, NOBODY)
+            os.chown(directory, -1, GROUP)
             directory.chmod(0o2775)
         yield base
     finally:
@@ -94,7 +97,7 @@ def test_a_replaced_config_is_never_used(shared: Path) -> None:
     planted = config.read_bytes().replace(b'"config": {}',
                                           b'"config": {"Cmd": ["/planted"]}')
     assert planted != config.read_bytes()
-    subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+    subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={GROUP}", "--clear-groups",
                     "sh", "-c", f"cat > {config}.new && mv -f {config}.new {config}"],
                    input=planted, check=True)
     assert hashlib.sha256(config.read_bytes()).hexdigest() != image.config_digest.hex
