@@ -44,6 +44,7 @@ _DOCKER_PREFIX = "docker://"
 _OCI_PREFIX = "oci:"
 _OCI_ARCHIVE_PREFIX = "oci-archive:"
 _DOCKER_ARCHIVE_PREFIX = "docker-archive:"
+_PATH_PREFIXES = ("./", "../", "/", "~")
 
 _LABEL = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _DOMAIN_RE = re.compile(rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?", re.ASCII)
@@ -161,8 +162,15 @@ ImageSource = RegistryReference | OciLayoutReference | OciArchiveReference | Doc
 
 
 def parse_reference(text: str) -> ImageSource:
-    """Parse any image reference a user may type; raises :class:`InvalidReference`."""
+    """Parse any image reference a user may type; raises :class:`InvalidReference`.
+
+    Text that looks like a path (``./x``, ``../x``, ``/x``, ``~/x``) is never a registry
+    reference: it is refused with "no such file or directory" or, if it exists, with the
+    prefix that would read it.
+    """
     _check_characters(text)
+    if text in (".", "..") or text.startswith(_PATH_PREFIXES):
+        raise _path_given(text)
     if text.startswith(_OCI_ARCHIVE_PREFIX):
         path, name = _split_local(text, _OCI_ARCHIVE_PREFIX)
         return OciArchiveReference(path, _check_oci_name(name, text))
@@ -173,6 +181,16 @@ def parse_reference(text: str) -> ImageSource:
         path, name = _split_local(text, _DOCKER_ARCHIVE_PREFIX)
         return DockerArchiveReference(path, _docker_archive_image(name, text))
     return parse_registry_reference(text)
+
+
+def _path_given(text: str) -> InvalidReference:
+    path = Path(text).expanduser()
+    hint = ("for an image on disk write oci:PATH (an OCI image layout), oci-archive:FILE or "
+            "docker-archive:FILE; `ocistage stage` takes bundle directories")
+    if not path.exists():
+        return InvalidReference(f"no such file or directory: {text}", hint)
+    kind = "directory" if path.is_dir() else "file"
+    return InvalidReference(f"{text} is a {kind}, not an image reference", hint)
 
 
 def parse_registry_reference(text: str) -> RegistryReference:

@@ -90,7 +90,7 @@ INVALID: list[tuple[str, str]] = [
     ("alpine:.tag", "invalid tag"),
     ("alpine:" + "t" * 129, "invalid tag"),
     ("alpine:ta+g", "invalid tag"),
-    ("/alpine", "empty component"),
+    ("/alpine", "no such file or directory: /alpine"),  # a path, not a reference
     ("alpine/", "empty component"),
     ("a//b", "empty component"),
     ("ghcr.io/", "no repository"),
@@ -314,3 +314,18 @@ def test_grammar_like_text_only_ever_raises_invalid_reference(text: str) -> None
     except InvalidReference:
         return
     assert parse_reference(str(parsed)) == parsed
+
+
+@pytest.mark.parametrize("text", ["./mybundel", "../mybundel", "/nonexistent/dir", "~/nope",
+                                  ".", ".."])
+def test_paths_are_not_taken_for_references(text: str, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``./x`` once went to registry '.', ``/x/y`` gave "invalid repository name"."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(InvalidReference) as info:
+        parse_reference(text)
+    exists = (tmp_path / text).exists()
+    assert info.value.message == (f"{text} is a directory, not an image reference" if exists
+                                  else f"no such file or directory: {text}")
+    assert "oci:PATH" in (info.value.hint or "")
