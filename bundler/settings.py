@@ -27,14 +27,18 @@ which the user's file overrides key by key::
     insecure = true                         # plain HTTP / unverified TLS
 
 Precedence: command-line option > environment variable > user file > site file > default.
-This module is the only place that reads the environment for settings.
+This module is the only place that reads the environment for settings. Every key is checked:
+a value of the wrong type is an error naming the file, the key and what it must be; an
+unknown key is a warning with the closest known key. docs/config.md describes every key;
+``ocistage config show`` prints the effective settings and where each comes from.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,9 +51,13 @@ if TYPE_CHECKING:
     from bundler.registry_types import RegistryConfig
 
 DEFAULT_JOBS = 6  # parallel blob downloads (bundler.pull's default too)
+MAX_JOBS = 64  # as --jobs accepts
 PULL_POLICIES = ("always", "missing", "never")
 
 SITE_CONFIG = Path("/etc/ocistage/config.toml")
+CONFIG_DOC = "docs/config.md"
+
+DEFAULT = "default"
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,12 @@ class Settings:
     stage_to: str | None = None  # default stage target (`stage --to`); None: none configured
     pull: str = "always"  # one of PULL_POLICIES
     unpack_limit: int | None = None  # bytes a bundle may unpack; None: bundler.layers' default
+    # where each setting above comes from: "option --jobs", "environment OCISTAGE_PULL",
+    # "file /etc/ocistage/config.toml" or "default" (several, comma-separated, for the
+    # registries, which add up)
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False)
+    # what the config files hold that ocistage does not know (with the closest known key)
+    warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def registry_config(self) -> RegistryConfig:
         # requests: only commands that talk to a registry import it
@@ -82,25 +96,126 @@ def user_config_path() -> Path:
     return Path(xdg) / "ocistage" / "config.toml"
 
 
+# -- the config file's keys --------------------------------------------------------------------
+
+
+def _is_size(value: object) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return value >= 0
+    if not isinstance(value, str):
+        return False
+    try:
+        parse_size(value)
+    except UsageError:
+        return False
+    return True
+
+
+def _is_url_list(value: object) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(url, str) and url.startswith(("http://", "https://")) for url in value)
+
+
+# key -> (what it must be, the check); the docs/config.md table says the same
+KEYS: Mapping[str, tuple[str, Callable[[object], bool]]] = {
+    "cache": ("a non-empty string (a directory)",
+              lambda v: isinstance(v, str) and bool(v)),
+    "jobs": (f"an integer from 1 to {MAX_JOBS}",
+             lambda v: type(v) is int and 1 <= v <= MAX_JOBS),
+    "ca_file": ("a non-empty string (a file)", lambda v: isinstance(v, str) and bool(v)),
+    "loopback_insecure": ("true or false", lambda v: isinstance(v, bool)),
+    "max_size": ('a size: a string such as "50G" or "500M", or a number of bytes', _is_size),
+    "unpack_limit": ('a size: a string such as "200G", or a number of bytes', _is_size),
+    "stage_to": ("a non-empty string (a directory or a URL)",
+                 lambda v: isinstance(v, str) and bool(v)),
+    "pull": ("one of " + ", ".join(f'"{p}"' for p in PULL_POLICIES),
+             lambda v: v in PULL_POLICIES),
+    "registries": ('a table of registries: [registries."HOST[:PORT]"]',
+                   lambda v: isinstance(v, dict)),
+}
+REGISTRY_KEYS: Mapping[str, tuple[str, Callable[[object], bool]]] = {
+    "insecure": ("true or false", lambda v: isinstance(v, bool)),
+    "mirrors": ('a list of URLs, e.g. ["https://mirror.example:5000"]', _is_url_list),
+}
+
+
+def _bad_value(path: Path, key: str, expected: str, value: object) -> UsageError:
+    return UsageError(f"config file {path}: `{key}` must be {expected}, not {value!r}",
+                      f"fix or remove `{key}` in {path}; every key is described in "
+                      f"{CONFIG_DOC}")
+
+
+def _unknown(path: Path, where: str, key: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    guess = f" (did you mean `{where}{close[0]}`?)" if close else ""
+    return f"config file {path}: unknown key `{where}{key}`{guess}; it is ignored"
+
+
+def check_config(path: Path, data: Mapping[str, Any]) -> list[str]:
+    """Check ``data`` read from ``path``: raise on a bad value, return unknown-key warnings."""
+    warnings: list[str] = []
+    for key, value in data.items():
+        if key not in KEYS:
+            warnings.append(_unknown(path, "", key, list(KEYS)))
+            continue
+        expected, check = KEYS[key]
+        if not check(value):
+            raise _bad_value(path, key, expected, value)
+    for host, entry in data.get("registries", {}).items():
+        where = f'registries."{host}"'
+        if not isinstance(entry, dict):
+            raise _bad_value(path, where, "a table (insecure = ..., mirrors = [...])", entry)
+        for key, value in entry.items():
+            if key not in REGISTRY_KEYS:
+                warnings.append(_unknown(path, f"{where}.", key, list(REGISTRY_KEYS)))
+                continue
+            expected, check = REGISTRY_KEYS[key]
+            if not check(value):
+                raise _bad_value(path, f"{where}.{key}", expected, value)
+    return warnings
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as file:
             return tomllib.load(file)
     except FileNotFoundError:
         return {}
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read config file {path}: {exc}",
-                         "fix or remove the file; see `ocistage --help` for its format") from exc
+                         f"fix or remove the file; its format is described in {CONFIG_DOC}"
+                         ) from exc
 
 
-def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in override.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
+@dataclass
+class _Layers:
+    """The config files, site then user, each checked, and where each key was last set."""
+
+    files: list[tuple[Path, dict[str, Any]]]
+    warnings: list[str]
+
+    @classmethod
+    def read(cls) -> _Layers:
+        files, warnings = [], []
+        for path in (SITE_CONFIG, user_config_path()):
+            data = _read_toml(path)
+            warnings += check_config(path, data)
+            files.append((path, data))
+        return cls(files, warnings)
+
+    def get(self, key: str) -> tuple[Any, str] | None:
+        """The value of ``key`` and its origin, the user's file winning."""
+        for path, data in reversed(self.files):
+            if key in data:
+                return data[key], f"file {path}"
+        return None
+
+    def registries(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(host, origin, entry) for every registry table, site file first."""
+        return [(host, f"file {path}", entry) for path, data in self.files
+                for host, entry in data.get("registries", {}).items()]
 
 
 def parse_mirror(text: str) -> tuple[str, str]:
@@ -110,6 +225,34 @@ def parse_mirror(text: str) -> tuple[str, str]:
         raise UsageError(f"invalid mirror {text!r}",
                          "use --mirror REGISTRY=URL, e.g. --mirror docker.io=https://m.example")
     return registry.strip(), url.strip().rstrip("/")
+
+
+def _first(*candidates: tuple[Any, str] | None) -> tuple[Any, str] | None:
+    for candidate in candidates:
+        if candidate is not None and candidate[0] not in (None, ""):
+            return candidate
+    return None
+
+
+def _env(name: str) -> tuple[str, str] | None:
+    value = os.environ.get(name)
+    return (value, f"environment {name}") if value else None
+
+
+def _option(value: Any, name: str) -> tuple[Any, str] | None:
+    return (value, f"option {name}") if value is not None else None
+
+
+def _size(chosen: tuple[Any, str] | None) -> int | None:
+    if chosen is None:
+        return None
+    value, origin = chosen
+    if isinstance(value, int):
+        return value
+    try:
+        return parse_size(str(value))
+    except UsageError as exc:
+        raise UsageError(f"{origin}: {exc.message}", exc.hint) from exc
 
 
 def load_settings(
@@ -123,54 +266,75 @@ def load_settings(
     pull: str | None = None,
 ) -> Settings:
     """Settings from options (arguments), environment and config files, in that precedence."""
-    file = _merge(_read_toml(SITE_CONFIG), _read_toml(user_config_path()))
-    registries = file.get("registries", {})
-    if not isinstance(registries, dict):
-        raise UsageError("`registries` in the config file must be a table")
+    layers = _Layers.read()
+    origins: dict[str, str] = {}
 
-    insecure_hosts = {h for h, r in registries.items() if isinstance(r, dict) and r.get("insecure")}
-    env_insecure = os.environ.get("OCISTAGE_INSECURE_REGISTRIES", "")
-    insecure_hosts |= {h.strip() for h in env_insecure.split(",") if h.strip()}
-    insecure_hosts |= {h.strip() for h in insecure if h.strip()}
+    def pick(name: str, *candidates: tuple[Any, str] | None) -> Any:
+        chosen = _first(*candidates)
+        origins[name] = chosen[1] if chosen else DEFAULT
+        return chosen[0] if chosen else None
 
+    cache_dir = pick("cache", _option(cache, "--cache"), _env("OCISTAGE_CACHE"),
+                     layers.get("cache"))
+    jobs_value = pick("jobs", _option(jobs, "--jobs"), layers.get("jobs"))
+    if jobs_value is not None and not 1 <= jobs_value <= MAX_JOBS:
+        raise UsageError(f"--jobs must be from 1 to {MAX_JOBS}, not {jobs_value}")
+    policy = pick("pull", _option(pull, "--pull"), _env("OCISTAGE_PULL"), layers.get("pull"))
+    if policy is not None and policy not in PULL_POLICIES:
+        raise UsageError(f"invalid pull policy {policy!r} ({origins['pull']})",
+                         f"use one of {', '.join(PULL_POLICIES)} (--pull, $OCISTAGE_PULL or "
+                         "`pull` in the config file)")
+    size_choice = _first(_option(max_size, "--max-size"), _env("OCISTAGE_MAX_SIZE"),
+                         layers.get("max_size"))
+    origins["max_size"] = size_choice[1] if size_choice else DEFAULT
+    unpack_choice = _first(_env("OCISTAGE_UNPACK_LIMIT"), layers.get("unpack_limit"))
+    origins["unpack_limit"] = unpack_choice[1] if unpack_choice else DEFAULT
+    stage_to = pick("stage_to", _env("OCISTAGE_STAGE_TO"), layers.get("stage_to"))
+    chosen_ca = pick("ca_file", _option(ca_file, "--ca-file"), layers.get("ca_file"))
+    loopback = pick("loopback_insecure", layers.get("loopback_insecure"))
+
+    insecure_hosts: set[str] = set()
+    insecure_from: list[str] = []
     mirror_map: dict[str, list[str]] = {}
-    for host, entry in registries.items():
-        if isinstance(entry, dict) and entry.get("mirrors"):
-            mirror_map[host] = [str(m).rstrip("/") for m in entry["mirrors"]]
+    mirrors_from: list[str] = []
+    for host, origin, entry in layers.registries():
+        if "insecure" in entry:  # the user's file may say false where the site's says true
+            insecure_hosts.discard(host)
+            if entry["insecure"]:
+                insecure_hosts.add(host)
+                insecure_from.append(origin)
+        if entry.get("mirrors"):
+            mirror_map[host] = [url.rstrip("/") for url in entry["mirrors"]]
+            mirrors_from.append(origin)
+    env_insecure = os.environ.get("OCISTAGE_INSECURE_REGISTRIES", "")
+    if env_insecure.strip(","):
+        insecure_hosts |= {h.strip() for h in env_insecure.split(",") if h.strip()}
+        insecure_from.append("environment OCISTAGE_INSECURE_REGISTRIES")
+    if any(h.strip() for h in insecure):
+        insecure_hosts |= {h.strip() for h in insecure if h.strip()}
+        insecure_from.append("option --insecure-registry")
     for text in mirrors:
         host, url = parse_mirror(text)
         mirror_map.setdefault(host, [])
         if url not in mirror_map[host]:
             mirror_map[host].insert(0, url)
+    if mirrors:
+        mirrors_from.append("option --mirror")
+    origins["insecure_registries"] = ", ".join(dict.fromkeys(insecure_from)) or DEFAULT
+    origins["mirrors"] = ", ".join(dict.fromkeys(mirrors_from)) or DEFAULT
 
-    cache_dir = cache or (Path(os.environ["OCISTAGE_CACHE"]) if os.environ.get("OCISTAGE_CACHE")
-                          else Path(file["cache"]) if file.get("cache") else Store.default_root())
-    jobs_value = jobs if jobs is not None else int(file.get("jobs", DEFAULT_JOBS))
-    if jobs_value < 1:
-        raise UsageError(f"--jobs must be at least 1, not {jobs_value}")
-    stage_to = os.environ.get("OCISTAGE_STAGE_TO") or file.get("stage_to") or None
-    if stage_to is not None and not isinstance(stage_to, str):
-        raise UsageError("`stage_to` in the config file must be a string (a directory or URL)")
-    policy = pull or os.environ.get("OCISTAGE_PULL") or str(file.get("pull", "always"))
-    if policy not in PULL_POLICIES:
-        raise UsageError(f"invalid pull policy {policy!r}",
-                         f"use one of {', '.join(PULL_POLICIES)} (--pull, $OCISTAGE_PULL or "
-                         "`pull` in the config file)")
-    size_text = (max_size or os.environ.get("OCISTAGE_MAX_SIZE")
-                 or (str(file["max_size"]) if file.get("max_size") not in (None, "") else None))
-    unpack_text = (os.environ.get("OCISTAGE_UNPACK_LIMIT")
-                   or (str(file["unpack_limit"]) if file.get("unpack_limit") not in (None, "")
-                       else None))
     return Settings(
-        cache=cache_dir.expanduser(),
-        jobs=jobs_value,
-        ca_file=ca_file or file.get("ca_file"),
+        cache=Path(cache_dir).expanduser() if cache_dir is not None else Store.default_root(),
+        jobs=jobs_value if jobs_value is not None else DEFAULT_JOBS,
+        ca_file=str(chosen_ca) if chosen_ca is not None else None,
         insecure_registries=frozenset(insecure_hosts),
         mirrors={host: tuple(urls) for host, urls in mirror_map.items()},
-        loopback_insecure=bool(file.get("loopback_insecure", True)),
-        max_size=parse_size(size_text) if size_text else None,
+        loopback_insecure=loopback if loopback is not None else True,
+        max_size=_size(size_choice),
+        unpack_limit=_size(unpack_choice),
         stage_to=os.path.expanduser(stage_to) if stage_to and "://" not in stage_to
         else stage_to,
-        pull=policy,
-        unpack_limit=parse_size(unpack_text) if unpack_text else None,
+        pull=policy if policy is not None else "always",
+        origins=origins,
+        warnings=tuple(layers.warnings),
     )

@@ -69,5 +69,5 @@ def test_max_size_setting_comes_from_option_env_or_config_file(
     monkeypatch.delenv("OCISTAGE_MAX_SIZE")
     assert load_settings(cache=tmp_path).max_size is None
     config.write_text('max_size = "big"\n')
-    with pytest.raises(UsageError, match="invalid size"):
+    with pytest.raises(UsageError, match="`max_size` must be a size"):
         load_settings(cache=tmp_path)
