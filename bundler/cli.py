@@ -7,16 +7,15 @@ line (exit 1, or 2 for usage errors); tracebacks are shown only with ``-v``.
 
 from __future__ import annotations
 
-import json
-import logging
 import sys
+import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
 
-from bundler import cli_cache, cli_slurm, cli_stage
+from bundler import cli_cache, cli_config, cli_slurm, cli_stage
 from bundler.cli_common import (
     CacheOpt,
     CaFileOpt,
@@ -30,16 +29,17 @@ from bundler.cli_common import (
     RefArg,
     VerboseOpt,
     download_progress,
-    human_size,
+    image_inputs,
+    load_cli_settings,
     print_json,
     print_warnings,
-    pull_options,
-    settings_from,
     setup_logging,
+    shown,
     stderr,
     stdout,
 )
 from cache.errors import OcistageError
+from cache.sizes import format_size
 
 if TYPE_CHECKING:
     from bundler.inspect import ImageReport
@@ -48,18 +48,37 @@ if TYPE_CHECKING:
 # The library is imported inside the commands: each command line loads what it uses only
 # (see bundler.cli_common).
 
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            text = version("ocistage")
+        except PackageNotFoundError:  # run from a source tree that is not installed
+            text = "unknown"
+        stdout.print(f"ocistage {text}", markup=False)
+        raise typer.Exit()
+
+
 app = typer.Typer(
     rich_markup_mode=None,
     name="ocistage",
     help="Registry images -> rootless OCI bundles -> staged where Slurm jobs run.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-app.add_typer(cli_cache.cache_app, name="cache")
-app.add_typer(cli_slurm.runtime_app, name="runtime")
-app.add_typer(cli_slurm.scrun_app, name="scrun")
+
+
+@app.callback()
+def _main_options(
+    version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_version, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Registry images -> rootless OCI bundles -> staged where Slurm jobs run."""
+
 
 # -- pull ------------------------------------------------------------------------------------
 
@@ -68,15 +87,15 @@ def _pulled_json(image: PulledImage, cache: Path) -> dict[str, Any]:
     return {
         "name": image.name,
         "digest": str(image.manifest.digest),
-        "mediaType": image.manifest.media_type,
-        "indexDigest": str(image.index_digest) if image.index_digest else None,
+        "media_type": image.manifest.media_type,
+        "index_digest": str(image.index_digest) if image.index_digest else None,
         "platform": str(image.platform),
         "config": str(image.config_digest),
-        "layers": [{"digest": str(layer.digest), "mediaType": layer.media_type,
+        "layers": [{"digest": str(layer.digest), "media_type": layer.media_type,
                     "size": layer.size} for layer in image.layers],
         "size": image.size,
-        "fetchedBytes": image.fetched_bytes,
-        "reusedBlobs": image.reused_blobs,
+        "fetched_bytes": image.fetched_bytes,
+        "reused_blobs": image.reused_blobs,
         "cache": str(cache),
         "warnings": list(image.warnings),
     }
@@ -98,24 +117,21 @@ def pull_command(
 ) -> None:
     """Fetch an image's manifest, config and layers into the cache; print the manifest digest."""
     from bundler.pull import pull
-    from bundler.reference import parse_reference
-    from cache.store import Store
 
     setup_logging(verbose)
-    source = parse_reference(ref)
-    settings = settings_from(cache, insecure_registry, mirror, ca_file, jobs, pull_policy)
-    store = Store.open(settings.cache)
-    options = pull_options(settings, platform)
+    settings = load_cli_settings(cache=cache, insecure=insecure_registry, mirror=mirror,
+                                 ca_file=ca_file, jobs=jobs, pull=pull_policy)
+    source, store, options = image_inputs(ref, settings, platform)
     with download_progress(quiet or json_output) as progress:
         image = pull(source, store, options, progress)
-    print_warnings(image.warnings)
+    print_warnings(image.warnings, quiet)
     if json_output:
         print_json(_pulled_json(image, settings.cache))
         return
     if not quiet:
         stderr.print(
-            f"pulled {escape(image.name)} ({image.platform}, {len(image.layers)} layers, "
-            f"{human_size(image.size)}; fetched {human_size(image.fetched_bytes)}, "
+            f"pulled {shown(image.name)} ({image.platform}, {len(image.layers)} layers, "
+            f"{format_size(image.size)}; fetched {format_size(image.fetched_bytes)}, "
             f"reused {image.reused_blobs} blobs)")
     stdout.print(str(image.manifest.digest))
 
@@ -124,26 +140,28 @@ def pull_command(
 
 
 def _render_report(report: ImageReport) -> None:
+    import json
+
     settings = report.config.container
-    stdout.print(f"[bold]{escape(report.source)}[/bold]")
-    stdout.print(f"  digest:     {report.digest}  ({report.media_type})")
+    stdout.print(f"[bold]{shown(report.source)}[/bold]")
+    stdout.print(f"  digest:     {report.digest}  ({shown(report.media_type)})")
     if report.platforms:
         stdout.print("  platforms:  " + ", ".join(
-            str(p) if p else "unknown" for p, _ in report.platforms))
-    stdout.print(f"  platform:   {report.platform}  manifest {report.manifest.digest}")
-    stdout.print(f"  created:    {report.config.created or '-'}")
+            shown(p) if p else "unknown" for p, _ in report.platforms))
+    stdout.print(f"  platform:   {shown(report.platform)}  manifest {report.manifest.digest}")
+    stdout.print(f"  created:    {shown(report.config.created or '-')}")
     for key, value in (("entrypoint", settings.entrypoint), ("cmd", settings.cmd),
                        ("workdir", settings.working_dir), ("user", settings.user)):
         if value:
-            stdout.print(f"  {key + ':':<12}{escape(json.dumps(value))}")
+            stdout.print(f"  {key + ':':<12}{shown(json.dumps(value))}")
     for variable in settings.env:
-        stdout.print(f"  env:        {escape(variable)}")
+        stdout.print(f"  env:        {shown(variable)}")
     for label, value in settings.labels.items():
-        stdout.print(f"  label:      {escape(label)}={escape(value)}")
+        stdout.print(f"  label:      {shown(label)}={shown(value)}")
     for n, layer in enumerate(report.layers, start=1):
-        stdout.print(f"  layer {n}:{'':<3}{layer.digest}  {human_size(layer.size):>10}  "
-                     f"{layer.media_type}")
-    stdout.print(f"  total:      {human_size(report.compressed_size)} "
+        stdout.print(f"  layer {n}:{'':<3}{layer.digest}  {format_size(layer.size):>10}  "
+                     f"{shown(layer.media_type)}")
+    stdout.print(f"  total:      {format_size(report.compressed_size)} "
                  f"in {len(report.layers)} layers")
 
 
@@ -160,20 +178,18 @@ def inspect_command(
 ) -> None:
     """Show an image's manifest, config, platforms and layer sizes (layers are not fetched)."""
     from bundler.inspect import inspect_image
-    from bundler.reference import parse_reference
-    from cache.store import Store
 
     setup_logging(verbose)
-    source = parse_reference(ref)
-    settings = settings_from(cache, insecure_registry, mirror, ca_file, None)
-    report = inspect_image(source, Store.open(settings.cache), pull_options(settings, platform))
+    settings = load_cli_settings(cache=cache, insecure=insecure_registry, mirror=mirror,
+                                 ca_file=ca_file)
+    report = inspect_image(*image_inputs(ref, settings, platform))
     if json_output:
         print_json(report.to_json())
     else:
         _render_report(report)
 
 
-# -- commands of the contract that later releases fill in ----------------------------------------
+# -- bundle ------------------------------------------------------------------------------------
 
 
 @app.command("bundle")
@@ -225,58 +241,95 @@ def bundle_command(
 ) -> None:
     """Make a rootless OCI bundle (rootfs/ + config.json) from an image; print its path."""
     from bundler.bundle import make_bundle
-    from bundler.reference import parse_reference
     from bundler.runtime_config import ConfigOptions
-    from cache.store import Store
 
     setup_logging(verbose)
-    source = parse_reference(ref)
-    settings = settings_from(cache, insecure_registry, mirror, ca_file, jobs, pull_policy)
-    store = Store.open(settings.cache)
+    settings = load_cli_settings(cache=cache, insecure=insecure_registry, mirror=mirror,
+                                 ca_file=ca_file, jobs=jobs, pull=pull_policy)
+    source, store, options = image_inputs(ref, settings, platform)
     config_options = ConfigOptions(
         rootless=rootless, args=cmd or None, entrypoint=entrypoint or None, env=env or (),
         mounts=mount or (), readonly=readonly, hostname=hostname, gpus=gpus,
         map_root=map_root)
     with download_progress(quiet or json_output) as progress:
-        result = make_bundle(source, store, dest, pull_options=pull_options(settings, platform),
+        result = make_bundle(source, store, dest, pull_options=options,
                              config_options=config_options, progress=progress, link=link)
-    print_warnings(result.warnings)
+    print_warnings(result.warnings, quiet)
     if json_output:
         print_json({"path": str(result.path), "reused": result.reused,
-                     "image": _pulled_json(result.image, settings.cache)})
+                    "warnings": list(result.warnings),
+                    "image": _pulled_json(result.image, settings.cache)})
         return
     if not quiet:
         verb = "reused" if result.reused else "made"
-        stderr.print(f"{verb} bundle of {escape(result.image.name)} "
+        stderr.print(f"{verb} bundle of {shown(result.image.name)} "
                      f"({result.image.platform}, {len(result.image.layers)} layers)")
     stdout.print(str(result.path))
 
 
-cli_stage.register(app)
-cli_slurm.register(app)
+for _module in (cli_cache, cli_config, cli_stage, cli_slurm):
+    _module.register(app)
 
 
-# -- entry point -------------------------------------------------------------------------------
+# -- the boundary: every exception becomes one error line --------------------------------------
 
 
-def render_error(error: OcistageError) -> None:
-    stderr.print(f"[bold red]error:[/bold red] {escape(error.message)}")
-    if error.hint:
-        stderr.print(f"[dim]hint:[/dim] {escape(error.hint)}")
+def render_error(message: str, hint: str | None) -> None:
+    stderr.print(f"[bold red]error:[/bold red] {shown(message)}")
+    if hint:
+        stderr.print(f"[dim]hint:[/dim] {shown(hint)}")
+
+
+def _os_error_text(error: OSError) -> str:
+    text = error.strerror or str(error)
+    names = [n for n in (error.filename, error.filename2) if n is not None]
+    return f"{text}: {' -> '.join(map(str, names))}" if names else text
+
+
+def _wants_traceback(argv: Sequence[str]) -> bool:
+    options = argv[:list(argv).index("--")] if "--" in argv else argv
+    return any(arg in ("-v", "--verbose") for arg in options)
+
+
+def run(argv: Sequence[str]) -> int:
+    """Run the command line ``argv`` (without the program name); return the exit status.
+
+    The one place where exceptions become what the user sees: an :class:`OcistageError` is
+    its message and hint (exit 1, 2 for usage errors), an ``OSError`` its strerror and path
+    (exit 1), anything else an internal error (exit 1); the traceback only with ``-v``.
+    Usage errors of the command line itself are typer's (exit 2).
+    """
+    try:
+        app(args=list(argv), prog_name="ocistage")
+    except SystemExit as done:  # typer ends every run so, also for --help and usage errors
+        code = done.code
+        if code == 130:
+            stderr.print("interrupted")
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    except KeyboardInterrupt:
+        stderr.print("interrupted")
+        return 130
+    except OcistageError as error:
+        if _wants_traceback(argv):
+            traceback.print_exc()
+        render_error(error.message, error.hint)
+        return error.exit_code
+    except OSError as error:
+        if _wants_traceback(argv):
+            traceback.print_exc()
+        render_error(_os_error_text(error), "rerun with -v for details")
+        return 1
+    except Exception as error:  # the boundary: no traceback unless asked
+        if _wants_traceback(argv):
+            traceback.print_exc()
+        render_error(f"internal error: {type(error).__name__}: {error}",
+                     "this is a bug in ocistage; rerun with -v and report the traceback")
+        return 1
+    return 0
 
 
 def main() -> None:
-    verbose = any(arg in ("-v", "--verbose") for arg in sys.argv[1:])
-    try:
-        app()
-    except OcistageError as error:
-        if verbose:
-            logging.getLogger("ocistage").exception("details")
-        render_error(error)
-        sys.exit(error.exit_code)
-    except KeyboardInterrupt:
-        stderr.print("interrupted")
-        sys.exit(130)
+    sys.exit(run(sys.argv[1:]))
 
 
 if __name__ == "__main__":

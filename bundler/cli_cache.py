@@ -4,28 +4,39 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
 
-from bundler.cli_common import CacheOpt, JsonOpt, QuietOpt, RefArg, print_json, stderr, stdout
+from bundler.cli_common import (
+    CacheOpt,
+    JsonOpt,
+    QuietOpt,
+    RefArg,
+    load_cli_settings,
+    open_store,
+    print_json,
+    shown,
+    stderr,
+    stdout,
+)
 from cache.errors import IntegrityError
-from cache.sizes import format_age, format_size, parse_age, parse_size
+from cache.sizes import format_age, format_size, parse_age
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from bundler.settings import Settings
     from cache.gc import GcReport
     from cache.inventory import DiskUsage, LeaseRow, Listing
-    from cache.store import Store
 
 # The cache modules are imported inside the commands (see bundler.cli_common).
 
 cache_app = typer.Typer(help="Inspect and clean the content-addressed cache.",
     rich_markup_mode=None, no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(cache_app, name="cache")
 
 MaxSizeOpt = Annotated[str | None, typer.Option(
     "--max-size", metavar="SIZE",
@@ -36,18 +47,6 @@ OlderThanOpt = Annotated[str | None, typer.Option(
     help="Evict images and bundles last used longer than AGE ago (30m, 12h, 7d).")]
 DryRunOpt = Annotated[bool, typer.Option(
     "--dry-run", "-n", help="Only report what would be removed.")]
-
-
-def _settings(cache: Path | None, max_size: str | None = None) -> Settings:
-    from bundler.settings import load_settings
-
-    return load_settings(cache=cache, max_size=max_size)
-
-
-def _store(settings: Settings) -> Store:
-    from cache.store import Store
-
-    return Store.open(settings.cache)
 
 
 def _ago(when: float) -> str:
@@ -79,24 +78,24 @@ def _render_listing(result: Listing) -> None:
         broken = " (incomplete)" if row.missing else ""
         images.add_row(row.digest.removeprefix("sha256:")[:12], row.platform,
                        format_size(row.size), format_size(row.unique_size), _ago(row.last_used),
-                       str(len(row.bundles)), escape(_lease_text(row.leases)),
-                       escape(row.name) + broken)
+                       str(len(row.bundles)), shown(_lease_text(row.leases)),
+                       shown(row.name) + broken)
     stdout.print(images)
     if result.bundles:
         bundles = _table("bundles", ["BUNDLE", "SIZE", "LAST USE", "LEASES", "IMAGE"],
                          right=("SIZE",))
         for bundle in result.bundles:
-            image = escape(bundle.image or "-") + (" (gone)" if bundle.orphan else "")
+            image = shown(bundle.image or "-") + (" (gone)" if bundle.orphan else "")
             bundles.add_row(bundle.key[:12], format_size(bundle.disk), _ago(bundle.last_used),
-                            escape(_lease_text(bundle.leases)), image)
+                            shown(_lease_text(bundle.leases)), image)
         stdout.print(bundles)
     staged = [lease for lease in result.leases if lease.target.startswith("staged:")]
     if staged:
         table = _table("staged bundles", ["HOLDER", "SINCE", "LIVE", "PATH"])
         for lease in staged:
-            table.add_row(escape(lease.holder), _ago(lease.created),
+            table.add_row(shown(lease.holder), _ago(lease.created),
                           "yes" if lease.live else "no",
-                          escape(lease.target.removeprefix("staged:")))
+                          shown(lease.target.removeprefix("staged:")))
         stdout.print(table)
 
 
@@ -105,7 +104,7 @@ def cache_ls(cache: CacheOpt = None, json_output: JsonOpt = False) -> None:
     """List cached images and bundles with sizes, last use and leases."""
     from cache.inventory import listing
 
-    result = listing(_store(_settings(cache)))
+    result = listing(open_store(load_cli_settings(cache=cache)))
     if json_output:
         print_json(asdict(result))
     else:
@@ -137,7 +136,7 @@ def cache_du(cache: CacheOpt = None, json_output: JsonOpt = False) -> None:
     """Show the cache's logical size (without dedup) and its size on disk."""
     from cache.inventory import disk_usage
 
-    usage = disk_usage(_store(_settings(cache)))
+    usage = disk_usage(open_store(load_cli_settings(cache=cache)))
     if json_output:
         print_json({**asdict(usage), "total": {"logical": usage.total_logical,
                                                "disk": usage.total_disk}})
@@ -148,7 +147,7 @@ def cache_du(cache: CacheOpt = None, json_output: JsonOpt = False) -> None:
 # -- gc and rm -------------------------------------------------------------------------------------
 
 def _gc_json(report: GcReport) -> dict[str, Any]:
-    return {**asdict(report), "freed": report.freed, "overBudget": report.over_budget}
+    return {**asdict(report), "freed": report.freed, "over_budget": report.over_budget}
 
 
 def _render_gc(report: GcReport, quiet: bool) -> None:
@@ -158,10 +157,10 @@ def _render_gc(report: GcReport, quiet: bool) -> None:
             if removal.kind == "usage":
                 continue  # bookkeeping of entries listed anyway
             size = f" ({format_size(removal.size)})" if removal.size else ""
-            stdout.print(f"{verb} {removal.kind} {escape(removal.name)}{size}: "
-                         f"{escape(removal.reason)}")
+            stdout.print(f"{verb} {removal.kind} {shown(removal.name)}{size}: "
+                         f"{shown(removal.reason)}")
         for target in report.protected:
-            stdout.print(f"kept {escape(target)}: in use (leased)")
+            stdout.print(f"kept {shown(target)}: in use (leased)")
     stdout.print(f"{verb} {len(report.removed)} entries, {format_size(report.freed)}; "
                  f"cache {format_size(report.size_before)} -> {format_size(report.size_after)}")
     if report.over_budget and report.max_size is not None:
@@ -182,9 +181,9 @@ def cache_gc(
     """Remove orphans and leftovers, then least recently used content; never leased content."""
     from cache.gc import GcOptions, collect
 
-    settings = _settings(cache, max_size)
-    store = _store(settings)
-    options = GcOptions(max_size=parse_size(max_size) if max_size else settings.max_size,
+    settings = load_cli_settings(cache=cache, max_size=max_size)
+    store = open_store(settings)
+    options = GcOptions(max_size=settings.max_size,
                         older_than=parse_age(older_than) if older_than else None,
                         dry_run=dry_run)
     report = collect(store, options)
@@ -212,7 +211,7 @@ def cache_rm(
     from bundler.reference import parse_reference
     from cache.gc import remove_ref
 
-    store = _store(_settings(cache))
+    store = open_store(load_cli_settings(cache=cache))
     name = ref_name(parse_reference(ref))
     report = remove_ref(store, name, platform=platform, force=force)
     if json_output:
@@ -234,14 +233,14 @@ def cache_verify(
     """Re-hash every blob and check refs and bundles; quarantine what is corrupt (exit 1)."""
     from cache.verify import verify
 
-    store = _store(_settings(cache))
+    store = open_store(load_cli_settings(cache=cache))
     report = verify(store, jobs=jobs, dry_run=dry_run)
     if json_output:
         print_json({**asdict(report), "ok": report.ok})
     else:
         for problem in report.problems:
-            stdout.print(f"{problem.kind}: {escape(problem.name)}: {escape(problem.detail)}; "
-                         f"{escape(problem.action)}")
+            stdout.print(f"{problem.kind}: {shown(problem.name)}: {shown(problem.detail)}; "
+                         f"{shown(problem.action)}")
         stdout.print(f"checked {report.blobs} blobs ({format_size(report.bytes)}), "
                      f"{report.refs} refs, {report.bundles} bundles: "
                      f"{'ok' if report.ok else f'{len(report.problems)} problems'}")

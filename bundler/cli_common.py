@@ -1,9 +1,13 @@
-"""What every command module of the CLI shares: consoles, option types, small renderers.
+"""What every command module of the CLI shares: consoles, option types, settings, renderers.
 
 Every ``ocistage`` command line imports this module and the command modules, so they import
 only typer and rich at the top: the library modules (and requests, jsonschema, ... behind
 them) are imported inside the functions that use them. ``tests/bundler/test_cli_imports.py``
 checks that ``--help`` and the light commands stay free of them.
+
+A command reads: declare its options with the types below, build its settings with
+:func:`load_cli_settings`, make one library call, render the result (:func:`print_json` for
+``--json``; :func:`shown` around every string that came from outside before it is printed).
 """
 
 from __future__ import annotations
@@ -12,20 +16,21 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from cache.errors import NotImplementedYet
-
 if TYPE_CHECKING:
     from bundler.pull import PullOptions, PullProgress
+    from bundler.reference import ImageSource
     from bundler.settings import Settings
+    from cache.store import Store
 
 # piped output is for grep and scripts: wide enough that table rows do not wrap
 stdout = Console(soft_wrap=True, highlight=False,
@@ -62,16 +67,43 @@ PullOpt = Annotated[str | None, typer.Option(
          "as is, without the network; never: the cache only [default: always; also "
          "$OCISTAGE_PULL, `pull` in the config file].")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress, only the result.")]
+QuietOpt = Annotated[bool, typer.Option(
+    "--quiet", "-q", help="No progress and no routine warnings, only the result.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens (stderr).")]
 
+# -- settings and the inputs of an image command -----------------------------------------------
 
-def settings_from(cache: Path | None, insecure: list[str] | None, mirror: list[str] | None,
-              ca_file: Path | None, jobs: int | None, pull: str | None = None) -> Settings:
+
+def load_cli_settings(*, cache: Path | None = None, insecure: list[str] | None = None,
+                      mirror: list[str] | None = None, ca_file: Path | None = None,
+                      jobs: int | None = None, pull: str | None = None,
+                      max_size: str | None = None) -> Settings:
+    """The settings of a command: its options over environment, config files and defaults.
+
+    The config files' warnings (unknown keys) are printed here.
+    """
     from bundler.settings import load_settings
 
-    return load_settings(cache=cache, jobs=jobs, ca_file=str(ca_file) if ca_file else None,
-                         insecure=insecure or (), mirrors=mirror or (), pull=pull)
+    settings = load_settings(cache=cache, jobs=jobs, ca_file=str(ca_file) if ca_file else None,
+                             insecure=insecure or (), mirrors=mirror or (), pull=pull,
+                             max_size=max_size)
+    print_warnings(settings.warnings)
+    return settings
+
+
+def open_store(settings: Settings) -> Store:
+    from cache.store import Store
+
+    return Store.open(settings.cache)
+
+
+def image_inputs(ref: str, settings: Settings,
+                 platform: str | None) -> tuple[ImageSource, Store, PullOptions]:
+    """What pull, bundle and inspect take: the parsed REF, the cache, the pull options."""
+    from bundler.reference import parse_reference
+
+    source = parse_reference(ref)
+    return source, open_store(settings), pull_options(settings, platform)
 
 
 def pull_options(settings: Settings, platform: str | None) -> PullOptions:
@@ -106,23 +138,56 @@ def download_progress(quiet: bool) -> Iterator[PullProgress | None]:
             yield progress
 
 
-def print_warnings(warnings: Iterable[str]) -> None:
+# -- rendering ---------------------------------------------------------------------------------
+
+# C0 controls but newline and tab, DEL, C1 controls, and the bidirectional overrides and
+# isolates that reorder what a terminal shows
+_UNPRINTABLE_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def sanitize(text: str) -> str:
+    r"""``text`` with control characters written out (``\x1b``), safe to print on a terminal.
+
+    Registry error messages, image config values and names from images reach the user's
+    terminal; an escape sequence in them must not move the cursor, set the title or hide text.
+    """
+    return _UNPRINTABLE_RE.sub(lambda m: (f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                                          else f"\\u{ord(m.group()):04x}"), text)
+
+
+def shown(text: object) -> str:
+    """``text`` ready for a rich ``print``: control characters written out, markup escaped."""
+    return escape(sanitize(str(text)))
+
+
+# `layer N: PATH: character device 5:1 replaced by an empty file (rootless)`, as
+# bundler.layers words it; every Debian-based image has about eight under /dev
+_DEVICE_WARNING_RE = re.compile(r"(?:layer \d+: )?.*: (?:character|block) device \d+:\d+ "
+                                r"replaced by an empty file \(rootless\)")
+
+
+def summarize_warnings(warnings: Iterable[str], quiet: bool = False) -> list[str]:
+    """The warnings to print: device nodes replaced by empty files become one line, none if
+    ``quiet`` (they are expected of every image with a /dev, and the runtime provides /dev)."""
+    kept: list[str] = []
+    devices = 0
     for warning in warnings:
-        stderr.print(f"warning: {escape(warning)}")
+        if _DEVICE_WARNING_RE.fullmatch(warning):
+            devices += 1
+        else:
+            kept.append(warning)
+    if devices and not quiet:
+        kept.append(f"{devices} device node{'s' if devices != 1 else ''} (as under /dev) "
+                    "replaced by empty files: a rootless bundle cannot hold them "
+                    "(the runtime provides /dev)")
+    return kept
+
+
+def print_warnings(warnings: Iterable[str], quiet: bool = False) -> None:
+    for warning in summarize_warnings(warnings, quiet):
+        stderr.print(f"warning: {shown(warning)}")
 
 
 def print_json(value: Any) -> None:
+    """``value`` as indented JSON on stdout (non-ASCII and control characters escaped)."""
     sys.stdout.write(json.dumps(value, indent=2) + "\n")
-
-
-def human_size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
-
-
-def not_implemented(command: str) -> NoReturn:
-    raise NotImplementedYet(f"`ocistage {command}` is not implemented yet")

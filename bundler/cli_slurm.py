@@ -10,22 +10,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
 
 from bundler.cli_common import (
     CacheOpt,
+    CaFileOpt,
     InsecureOpt,
+    JsonOpt,
+    MirrorOpt,
     PlatformOpt,
     PullOpt,
     QuietOpt,
     RefArg,
     VerboseOpt,
     download_progress,
+    image_inputs,
+    load_cli_settings,
     print_json,
     print_warnings,
-    pull_options,
-    settings_from,
     setup_logging,
+    shown,
     stderr,
     stdout,
 )
@@ -56,6 +59,8 @@ ScrunOpt = Annotated[str, typer.Option("--scrun", metavar="PATH", help="Path of 
 
 
 def register(app: typer.Typer) -> None:
+    app.add_typer(runtime_app, name="runtime")
+    app.add_typer(scrun_app, name="scrun")
     app.command("submit", context_settings={"allow_extra_args": True,
                                             "ignore_unknown_options": True})(submit_command)
 
@@ -67,7 +72,7 @@ def _slurm_version(text: str | None) -> SlurmVersion:
 
 
 def _cache_root(cache: Path | None) -> Path:
-    return settings_from(cache, None, None, None, None).cache
+    return load_cli_settings(cache=cache).cache
 
 
 # -- oci.conf ----------------------------------------------------------------------------------
@@ -259,30 +264,29 @@ def submit_command(
     cache: CacheOpt = None,
     platform: PlatformOpt = None,
     insecure_registry: InsecureOpt = None,
+    mirror: MirrorOpt = None,
+    ca_file: CaFileOpt = None,
     pull_policy: PullOpt = None,
-    json_output: Annotated[bool, typer.Option("--json", help="Machine-readable output.")
-    ] = False,
+    json_output: JsonOpt = False,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
     """Pull, bundle and stage REF, then sbatch --container it: REF [SBATCH OPTS] -- CMD."""
     from bundler.bundle import make_bundle
-    from bundler.reference import parse_reference
     from bundler.runtime_config import ConfigOptions
-    from cache.store import Store
     from runtimes.submit import SubmitOptions, check_options, submit
 
     setup_logging(verbose)
     options, command = _split_submit_args(list(ctx.args), sys.argv)
     check_options(options)
-    source = parse_reference(ref)
-    settings = settings_from(cache, insecure_registry, None, None, None, pull_policy)
-    store = Store.open(settings.cache)
+    settings = load_cli_settings(cache=cache, insecure=insecure_registry, mirror=mirror,
+                                 ca_file=ca_file, pull=pull_policy)
+    source, store, pulling = image_inputs(ref, settings, platform)
     with download_progress(quiet or json_output) as progress:
-        bundle = make_bundle(source, store, pull_options=pull_options(settings, platform),
+        bundle = make_bundle(source, store, pull_options=pulling,
                              config_options=ConfigOptions(map_root=map_root),
                              progress=progress)
-    print_warnings(bundle.warnings)
+    print_warnings(bundle.warnings, quiet)
     result = submit(bundle.path, SubmitOptions(
         stage_to=(stage_to or (Path(settings.stage_to).expanduser() if settings.stage_to
                                else settings.cache / "staged")).absolute(), options=options,
@@ -293,7 +297,7 @@ def submit_command(
                     "bundle": str(bundle.path)})
     elif result.job_id is not None:
         if not quiet:
-            stderr.print(f"staged {escape(str(result.staged))}")
+            stderr.print(f"staged {shown(str(result.staged))}")
         stdout.print(result.job_id)
     if result.exit_code:
         raise typer.Exit(result.exit_code)

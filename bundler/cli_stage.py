@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.markup import escape
 
 from bundler.cli_common import (
     CacheOpt,
@@ -24,16 +23,18 @@ from bundler.cli_common import (
     QuietOpt,
     VerboseOpt,
     download_progress,
-    human_size,
+    load_cli_settings,
+    open_store,
     print_json,
     print_warnings,
     pull_options,
-    settings_from,
     setup_logging,
+    shown,
     stderr,
     stdout,
 )
 from cache.errors import UsageError
+from cache.sizes import format_size
 
 if TYPE_CHECKING:
     from bundler.staging import Staged
@@ -106,9 +107,9 @@ def stage_command(
     """Stage a bundle onto a shared or node-local target; print the staged path."""
     setup_logging(verbose)
     from bundler.staging import StageOptions, stage
-    from cache.store import Store
 
-    settings = settings_from(cache, insecure_registry, mirror, ca_file, None, pull_policy)
+    settings = load_cli_settings(cache=cache, insecure=insecure_registry, mirror=mirror,
+                                 ca_file=ca_file, pull=pull_policy)
     to = to or settings.stage_to
     if not to:
         raise UsageError("no stage target",
@@ -119,11 +120,11 @@ def stage_command(
         staged = stage(what, StageOptions(to=to, format=format, name=name, pin=pin,
                                           all_nodes=all_nodes, link=link, mount=mount,
                                           jobs=jobs),
-                       store=Store.open(settings.cache),
+                       store=open_store(settings),
                        pull_options=lambda: pull_options(settings, platform),
                        progress=lambda: download_progress(silent),
                        image_progress=image_progress)
-    print_warnings(staged.warnings)
+    print_warnings(staged.warnings, quiet)
     _render(staged, json_output, json_lines, quiet)
 
 
@@ -154,7 +155,7 @@ def _render(staged: Staged, json_output: bool, json_lines: bool, quiet: bool) ->
             print_json([r.result for r in outcome])
             return
         for r in outcome:
-            stdout.print(f"{escape(r.node)}: {escape(str(r.result.get('path')))}")
+            stdout.print(f"{shown(r.node)}: {shown(str(r.result.get('path')))}")
         return
     if isinstance(outcome, PushResult):
         if json_output or json_lines:
@@ -167,8 +168,8 @@ def _render(staged: Staged, json_output: bool, json_lines: bool, quiet: bool) ->
         _emit(_result_json(outcome, staged.label), json_lines)
         return
     if not quiet:
-        stderr.print(f"staged {escape(staged.label)} ({outcome.method}: {outcome.files} files, "
-                     f"{outcome.copied} copied ({human_size(outcome.bytes_copied)}), "
+        stderr.print(f"staged {shown(staged.label)} ({outcome.method}: {outcome.files} files, "
+                     f"{outcome.copied} copied ({format_size(outcome.bytes_copied)}), "
                      f"{outcome.linked} linked, {outcome.unchanged} unchanged)")
     stdout.print(str(outcome.path))
 
@@ -202,7 +203,7 @@ def unstage_command(
     from stagers.unstage import unstage
 
     setup_logging(verbose)
-    settings = settings_from(cache, None, None, None, None)
+    settings = load_cli_settings(cache=cache)
     removed = unstage(path, cache_root=settings.cache, holder=releasing_holder(pin),
                       force=force)
     if json_output:
@@ -210,4 +211,4 @@ def unstage_command(
         return
     if not quiet:
         stderr.print(f"{'removed' if removed else 'kept (absent or still in use)'} "
-                     f"{escape(str(path))}")
+                     f"{shown(str(path))}")

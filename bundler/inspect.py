@@ -40,15 +40,15 @@ class ImageReport:
         return {
             "source": self.source,
             "digest": str(self.digest),
-            "mediaType": self.media_type,
+            "media_type": self.media_type,
             "platforms": [
                 {"platform": str(p) if p else None, "digest": str(d.digest),
-                 "mediaType": d.media_type, "size": d.size}
+                 "media_type": d.media_type, "size": d.size}
                 for p, d in self.platforms
             ],
             "platform": str(self.platform),
             "manifest": {"digest": str(self.manifest.digest),
-                         "mediaType": self.manifest.media_type, "size": self.manifest.size},
+                         "media_type": self.manifest.media_type, "size": self.manifest.size},
             "config": {
                 "digest": str(self.config_digest),
                 "created": self.config.created,
@@ -56,15 +56,16 @@ class ImageReport:
                 "architecture": self.config.architecture,
                 "variant": self.config.variant,
                 "config": {
-                    "Entrypoint": settings.entrypoint, "Cmd": settings.cmd,
-                    "Env": list(settings.env), "WorkingDir": settings.working_dir,
-                    "User": settings.user, "Labels": dict(settings.labels),
-                    "Volumes": list(settings.volumes), "ExposedPorts": list(settings.exposed_ports),
-                    "StopSignal": settings.stop_signal,
+                    "entrypoint": settings.entrypoint, "cmd": settings.cmd,
+                    "env": list(settings.env), "working_dir": settings.working_dir,
+                    "user": settings.user, "labels": dict(settings.labels),
+                    "volumes": list(settings.volumes),
+                    "exposed_ports": list(settings.exposed_ports),
+                    "stop_signal": settings.stop_signal,
                 },
             },
             "layers": [
-                {"digest": str(layer.digest), "mediaType": layer.media_type,
+                {"digest": str(layer.digest), "media_type": layer.media_type,
                  "size": layer.size}
                 for layer in self.layers
             ],

@@ -109,8 +109,9 @@ _LAYER_TYPES = {"none": "application/vnd.oci.image.layer.v1.tar",
 
 
 def write_oci_layout(path: Path, layers: list[bytes], tag: str = "test",
-                     kind: str = "none") -> None:
-    """An OCI image layout at ``path`` holding one image made of ``layers`` (plain tars)."""
+                     kind: str = "none", container: dict[str, object] | None = None) -> None:
+    """An OCI image layout at ``path`` holding one image made of ``layers`` (plain tars);
+    ``container`` is the image config's ``config`` (Cmd, Env, Labels, ...)."""
     blobs = path / "blobs" / "sha256"
     blobs.mkdir(parents=True, exist_ok=True)
 
@@ -125,7 +126,7 @@ def write_oci_layout(path: Path, layers: list[bytes], tag: str = "test",
         blob = compress(layer, kind)
         descriptors.append({"mediaType": _LAYER_TYPES[kind], "digest": put(blob),
                             "size": len(blob)})
-    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {},
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": container or {},
                          "rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode()
     manifest = json.dumps({
         "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",

@@ -153,7 +153,7 @@ def test_pull_missing_bundles_a_cached_image_without_the_registry(
         made = ocistage("bundle", "--json", "--pull", policy, ref, str(tmp_path / policy),
                         check=True)
         report = json.loads(made.stdout)
-        assert report["image"]["fetchedBytes"] == 0
+        assert report["image"]["fetched_bytes"] == 0
         assert (tmp_path / policy / "rootfs" / "bin" / "busybox").is_file()
     assert fault_proxy.requests == []
     down = ocistage("bundle", "--pull", "always", ref, str(tmp_path / "always"))

@@ -239,7 +239,7 @@ def test_gc_never_removes_a_leased_bundle_that_runc_runs(
         lease = leases.acquire(ocistage.cache, target, holder)
         gc = json.loads(ocistage("cache", "gc", "--max-size", "0", "--json",
                                  check=True).stdout)
-        assert target in gc["protected"] and gc["overBudget"] is True
+        assert target in gc["protected"] and gc["over_budget"] is True
         assert (bundle / "config.json").is_file() and (bundle / "rootfs/bin/busybox").is_file()
         assert runc_state(runc_root, container) == "running"
         listing = json.loads(ocistage("cache", "ls", "--json", check=True).stdout)
@@ -262,7 +262,7 @@ def test_gc_never_removes_a_leased_bundle_that_runc_runs(
                    capture_output=True)
     gc = json.loads(ocistage("cache", "gc", "--max-size", "0", "--json", check=True).stdout)
     assert {(r["kind"], r["name"]) for r in gc["removed"]} >= {("bundle", bundle.name)}
-    assert not bundle.exists() and gc["overBudget"] is False
+    assert not bundle.exists() and gc["over_budget"] is False
     assert leases.all_leases(ocistage.cache) == []
 
 
@@ -475,7 +475,7 @@ def test_gc_applies_the_configured_budget(images: dict[str, ImageRef],
     config.write_text('max_size = "0"\n')
     emptied = json.loads(ocistage("cache", "gc", "--json", check=True).stdout)
     assert emptied["max_size"] == 0 and emptied["size_after"] == emptied["size_floor"]
-    assert emptied["overBudget"] is False  # only the layout's directories and records remain
+    assert emptied["over_budget"] is False  # only the layout's directories and records remain
     assert {"ref", "blob"} <= {r["kind"] for r in emptied["removed"]}
     ocistage("pull", "-q", image.ref, check=True)
     override = json.loads(ocistage("cache", "gc", "--json", "--max-size", "1G",

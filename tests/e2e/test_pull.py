@@ -131,8 +131,8 @@ def test_second_pull_fetches_nothing(images: dict[str, ImageRef], ocistage: Ocis
                for d in image.layer_digests)
     second = ocistage("pull", "--json", ref, check=True)
     report = json.loads(second.stdout)
-    assert report["fetchedBytes"] == 0
-    assert report["reusedBlobs"] == len(image.layer_digests) + 1
+    assert report["fetched_bytes"] == 0
+    assert report["reused_blobs"] == len(image.layer_digests) + 1
     blob_gets = [r for r in fault_proxy.requests[len(fault_proxy.requests) - 10:]
                  if "/blobs/" in r.path]
     assert sum(fault_proxy.counts().get(f"/v2/{image.repository}/blobs/{d}", 0)
@@ -146,7 +146,7 @@ def test_multiarch_platform_selection(images: dict[str, ImageRef],
         result = ocistage("pull", "--platform", platform, "--json", image.ref, check=True)
         report = json.loads(result.stdout)
         assert report["digest"] == digest
-        assert report["indexDigest"] == image.digest
+        assert report["index_digest"] == image.digest
         assert report["platform"].split("/")[:2] == platform.split("/")[:2]
     missing = ocistage("pull", "--platform", "linux/s390x", image.ref)
     assert missing.returncode == 1
