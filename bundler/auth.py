@@ -25,8 +25,8 @@ from urllib.parse import urlencode, urlsplit
 import requests
 
 from bundler.credentials import Credentials
+from bundler.errors import AuthenticationError
 from bundler.transport import HttpRequest, origin_of
-from cache.errors import AuthenticationError
 from cache.jsondoc import parse_json
 
 DEFAULT_TOKEN_LIFETIME = 60.0

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cache.errors import AuthenticationError
+from bundler.errors import AuthenticationError
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,10 @@ from types import MappingProxyType
 from typing import Any, TypeVar, cast
 
 from bundler import mediatypes
+from bundler.errors import UnsupportedManifest
 from bundler.platform import Platform, select_platform
 from cache.digest import Digest
-from cache.errors import SchemaError, UnsupportedManifest, UsageError
+from cache.errors import SchemaError, UsageError
 
 MAX_DOCUMENT_SIZE = 4 * 1024 * 1024
 SCHEMA1_HINT = "re-push the image with a current client (schema 1 images are deprecated)"

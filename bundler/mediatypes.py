@@ -7,8 +7,6 @@ parameters (``; charset=utf-8``) and case, so callers never compare raw strings.
 
 from __future__ import annotations
 
-from typing import Literal
-
 # OCI image-spec v1.1
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -48,30 +46,10 @@ MANIFEST_ACCEPT: tuple[str, ...] = (
 #: :data:`MANIFEST_ACCEPT` as one ``Accept`` header value.
 MANIFEST_ACCEPT_HEADER = ", ".join(MANIFEST_ACCEPT)
 
-Compression = Literal["gzip", "zstd", "none"]
-
 _INDEXES = frozenset({OCI_INDEX, DOCKER_MANIFEST_LIST})
 _MANIFESTS = frozenset({OCI_MANIFEST, DOCKER_MANIFEST})
 _CONFIGS = frozenset({OCI_CONFIG, DOCKER_CONFIG})
 _SCHEMA1 = frozenset({DOCKER_SCHEMA1_MANIFEST, DOCKER_SCHEMA1_SIGNED_MANIFEST})
-_LAYERS: dict[str, Compression] = {
-    OCI_LAYER: "none",
-    OCI_LAYER_GZIP: "gzip",
-    OCI_LAYER_ZSTD: "zstd",
-    OCI_LAYER_NONDISTRIBUTABLE: "none",
-    OCI_LAYER_NONDISTRIBUTABLE_GZIP: "gzip",
-    OCI_LAYER_NONDISTRIBUTABLE_ZSTD: "zstd",
-    DOCKER_LAYER: "none",
-    DOCKER_LAYER_GZIP: "gzip",
-    DOCKER_LAYER_ZSTD: "zstd",
-    DOCKER_LAYER_FOREIGN_GZIP: "gzip",
-}
-_NONDISTRIBUTABLE = frozenset({
-    OCI_LAYER_NONDISTRIBUTABLE,
-    OCI_LAYER_NONDISTRIBUTABLE_GZIP,
-    OCI_LAYER_NONDISTRIBUTABLE_ZSTD,
-    DOCKER_LAYER_FOREIGN_GZIP,
-})
 
 
 def normalize(media_type: str) -> str:
@@ -98,20 +76,3 @@ def is_schema1(media_type: str) -> bool:
     """A Docker schema 1 manifest, signed or not."""
     return normalize(media_type) in _SCHEMA1
 
-
-def is_layer(media_type: str) -> bool:
-    """A filesystem layer tar, compressed or not, distributable or not."""
-    return normalize(media_type) in _LAYERS
-
-
-def is_nondistributable(media_type: str) -> bool:
-    """A layer that registries may not hold ("foreign"); its descriptor's ``urls`` say where."""
-    return normalize(media_type) in _NONDISTRIBUTABLE
-
-
-def layer_compression(media_type: str) -> Compression | None:
-    """How a layer of this media type is compressed; ``None`` if it is not a layer type.
-
-    The media type is a claim: the unpacker still checks magic bytes.
-    """
-    return _LAYERS.get(normalize(media_type))

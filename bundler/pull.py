@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from bundler.errors import UnsupportedManifest
 from bundler.manifest import (
     Descriptor,
     ImageConfig,
@@ -39,19 +40,12 @@ from bundler.manifest import (
 )
 from bundler.platform import Platform, host_platform, select_platform
 from bundler.reference import ImageSource
-from bundler.registry_types import FetchedManifest, RegistryConfig
+from bundler.registry_types import BlobSink, FetchedManifest, RegistryConfig
 from bundler.settings import DEFAULT_JOBS
 from bundler.sources import ImageProvider, OciLayoutProvider, open_provider
 from cache import usage
 from cache.digest import Digest
-from cache.errors import (
-    IntegrityError,
-    Interrupted,
-    OcistageError,
-    SchemaError,
-    SourceError,
-    UnsupportedManifest,
-)
+from cache.errors import IntegrityError, Interrupted, OcistageError, SchemaError, SourceError
 from cache.leases import InUse
 from cache.store import Ingest, Store
 
@@ -68,17 +62,6 @@ class PullProgress(Protocol):
     def blob_advanced(self, digest: Digest, n: int) -> None: ...
 
     def blob_finished(self, digest: Digest, reused: bool) -> None: ...
-
-
-class BlobSink(Protocol):
-    """Where a provider writes a blob (a :class:`cache.store.Ingest`, or a tee in front of it)."""
-
-    @property
-    def offset(self) -> int: ...
-
-    def write(self, chunk: bytes) -> None: ...
-
-    def restart(self) -> None: ...
 
 
 class PullObserver(Protocol):

@@ -31,8 +31,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from bundler.errors import InvalidReference
 from cache.digest import Digest
-from cache.errors import InvalidReference, UsageError
+from cache.errors import UsageError
 
 DEFAULT_REGISTRY = "docker.io"
 LEGACY_DEFAULT_REGISTRY = "index.docker.io"

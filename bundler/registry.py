@@ -30,6 +30,14 @@ import requests
 
 from bundler.auth import RETRYABLE_STATUS, Authenticator, TokenCache
 from bundler.credentials import Credentials, CredentialStore
+from bundler.errors import (
+    AuthenticationError,
+    InvalidReference,
+    RateLimited,
+    RegistryError,
+    RegistryUnreachable,
+    UnsupportedManifest,
+)
 from bundler.registry_types import BlobSink as BlobSink
 from bundler.registry_types import FetchedManifest as FetchedManifest
 from bundler.registry_types import RegistryConfig as RegistryConfig
@@ -43,17 +51,7 @@ from bundler.transport import (
     origin_of,
 )
 from cache.digest import Digest
-from cache.errors import (
-    AuthenticationError,
-    IntegrityError,
-    InvalidReference,
-    NotFound,
-    RateLimited,
-    RegistryError,
-    RegistryUnreachable,
-    UnsupportedManifest,
-    UsageError,
-)
+from cache.errors import IntegrityError, NotFound, UsageError
 from cache.jsondoc import parse_json
 
 log = logging.getLogger(__name__)

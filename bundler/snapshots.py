@@ -31,7 +31,7 @@ from typing import BinaryIO
 from bundler.decompress import open_layer_stream
 from bundler.layers import UnpackBudget, apply_layer
 from bundler.manifest import Descriptor, ImageConfig
-from bundler.pull import BlobSink
+from bundler.registry_types import BlobSink
 from cache.digest import Digest
 from cache.errors import IntegrityError, OcistageError
 from cache.store import Ingest, Store

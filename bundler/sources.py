@@ -26,6 +26,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from bundler import mediatypes
 from bundler.decompress import detect_compression
+from bundler.errors import InvalidReference
 from bundler.reference import (
     DockerArchiveReference,
     ImageSource,
@@ -36,7 +37,7 @@ from bundler.reference import (
 )
 from bundler.registry_types import BlobSink, FetchedManifest, RegistryConfig
 from cache.digest import Digest, hash_file
-from cache.errors import IntegrityError, Interrupted, InvalidReference, NotFound, SourceError
+from cache.errors import IntegrityError, Interrupted, NotFound, SourceError
 from cache.jsondoc import MAX_DOCUMENT, parse_json, read_document
 
 if TYPE_CHECKING:

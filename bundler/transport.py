@@ -37,8 +37,9 @@ import urllib3.connectionpool
 import urllib3.exceptions
 import urllib3.response
 
+from bundler.errors import RegistryUnreachable
 from bundler.watchdog import Limits, Transfer, Watchdog
-from cache.errors import Interrupted, RegistryUnreachable
+from cache.errors import Interrupted
 
 CHUNK_SIZE = 1 << 20
 MIN_YIELD = 1 << 16

@@ -9,13 +9,8 @@ them as one ``error: ...`` line plus a ``hint: ...`` line and exits with ``exit_
 
     OcistageError                     exit 1 unless noted
     ├── UsageError                    exit 2: the user's input is malformed
-    │   └── InvalidReference          an image reference that does not parse
-    ├── RegistryError                 talking to a registry failed
-    │   ├── RegistryUnreachable       connection refused/reset/timed out after retries
-    │   ├── AuthenticationError       401/403, bad or missing credentials, token issuer failed
-    │   ├── NotFound                  unknown repository, tag, manifest or blob
-    │   ├── RateLimited               429 after all retries
-    │   └── UnsupportedManifest       schema1, unknown media type, no matching platform
+    ├── NotFound                      an image, tag, manifest or blob that is not there
+    │                                 (in a registry, a local source or the cache)
     ├── IntegrityError                bytes do not match their digest or declared size
     ├── SourceError                   a local source (oci: layout, docker-archive:) is unusable
     ├── SchemaError                   a document does not validate against its OCI schema
@@ -27,8 +22,10 @@ them as one ``error: ...`` line plus a ``hint: ...`` line and exits with ``exit_
     ├── SlurmError                    a Slurm command is missing, failed or unreadable
     ├── ScrunError                    a scrun stage hook cannot do its work
     ├── StageError (stagers/errors.py) staging or unstaging failed
-    ├── Interrupted                   exit 130: stopped by Ctrl-C (SIGINT); partial downloads kept
-    └── NotImplementedYet             a command of the contract that a later release fills
+    └── Interrupted                   exit 130: stopped by Ctrl-C (SIGINT); partial downloads kept
+
+Errors that only one package raises live in that package and subclass these: the registry
+and reference errors in :mod:`bundler.errors`, the stagers' in :mod:`stagers.errors`.
 """
 
 from __future__ import annotations
@@ -57,41 +54,8 @@ class UsageError(OcistageError):
     exit_code = 2
 
 
-class InvalidReference(UsageError):
-    default_hint = (
-        "references look like [docker://]registry/repo[:tag][@sha256:...], "
-        "oci:PATH[:tag], oci-archive:FILE[:tag] or docker-archive:FILE"
-    )
-
-
-class RegistryError(OcistageError):
-    pass
-
-
-class RegistryUnreachable(RegistryError):
-    default_hint = (
-        "check the registry address and your network; for a plain-HTTP registry "
-        "pass --insecure-registry HOST:PORT"
-    )
-
-
-class AuthenticationError(RegistryError):
-    default_hint = (
-        "log in with `skopeo login`/`docker login`, or check the credentials in "
-        "~/.docker/config.json or $REGISTRY_AUTH_FILE"
-    )
-
-
-class NotFound(RegistryError):
+class NotFound(OcistageError):
     default_hint = "check the repository name and tag (`ocistage inspect REF` lists platforms)"
-
-
-class RateLimited(RegistryError):
-    default_hint = "the registry is rate-limiting you; configure a mirror (--mirror) or retry later"
-
-
-class UnsupportedManifest(RegistryError):
-    pass
 
 
 class IntegrityError(OcistageError):
@@ -153,7 +117,3 @@ class Interrupted(OcistageError):
     """The user stopped the command (SIGINT); what was downloaded so far is kept."""
 
     exit_code = 130
-
-
-class NotImplementedYet(OcistageError):
-    default_hint = "this command is part of the planned interface but not implemented yet"

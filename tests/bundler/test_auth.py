@@ -18,9 +18,9 @@ from bundler.auth import (
     repository_of,
 )
 from bundler.credentials import CredentialStore
+from bundler.errors import AuthenticationError
 from bundler.registry import RegistryClient, RegistryConfig
 from cache.digest import Digest
-from cache.errors import AuthenticationError
 from tests.bundler.fakeregistry import FakeRegistry, MemorySink, self_signed_cert, serve
 
 ACCEPT = ["application/vnd.oci.image.manifest.v1+json"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bundler.credentials import Credentials, CredentialStore, normalize_key
-from cache.errors import AuthenticationError
+from bundler.errors import AuthenticationError
 
 
 def _b64(text: str) -> str:

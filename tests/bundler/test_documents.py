@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from bundler.credentials import CredentialStore
+from bundler.errors import AuthenticationError
 from bundler.manifest import parse_manifest
 from bundler.registry import RegistryClient, RegistryConfig
 from bundler.sources import OciLayoutProvider
-from cache.errors import AuthenticationError, NotFound, SchemaError, SourceError, StoreError
+from cache.errors import NotFound, SchemaError, SourceError, StoreError
 from cache.jsondoc import MAX_DEPTH, check_depth, parse_json
 from cache.store import Store
 from tests.bundler.fakeregistry import FakeRegistry, serve

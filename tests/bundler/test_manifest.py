@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from bundler import mediatypes as mt
+from bundler.errors import UnsupportedManifest
 from bundler.manifest import (
     MAX_DOCUMENT_SIZE,
     SCHEMA1_HINT,
@@ -25,7 +26,7 @@ from bundler.manifest import (
 )
 from bundler.platform import Platform
 from cache.digest import Digest
-from cache.errors import SchemaError, UnsupportedManifest
+from cache.errors import SchemaError
 
 
 @pytest.fixture(autouse=True, params=["with-schema", "without-schema"])
@@ -177,7 +178,7 @@ def test_docker_manifest_with_foreign_layer() -> None:
     assert manifest.media_type == mt.DOCKER_MANIFEST
     assert manifest.config.media_type == mt.DOCKER_CONFIG
     foreign = manifest.layers[1]
-    assert mt.is_nondistributable(foreign.media_type)
+    assert foreign.media_type == mt.DOCKER_LAYER_FOREIGN_GZIP
     assert foreign.urls == (f"https://mcr.microsoft.com/v2/windows/blobs/{sha(12)}",)
     assert manifest.annotations == {}
 
@@ -511,28 +512,6 @@ def test_values_are_immutable() -> None:
 # -- media types -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("media_type", "compression"), [
-    (mt.OCI_LAYER, "none"),
-    (mt.OCI_LAYER_GZIP, "gzip"),
-    (mt.OCI_LAYER_ZSTD, "zstd"),
-    (mt.OCI_LAYER_NONDISTRIBUTABLE, "none"),
-    (mt.OCI_LAYER_NONDISTRIBUTABLE_GZIP, "gzip"),
-    (mt.OCI_LAYER_NONDISTRIBUTABLE_ZSTD, "zstd"),
-    (mt.DOCKER_LAYER_GZIP, "gzip"),
-    (mt.DOCKER_LAYER_FOREIGN_GZIP, "gzip"),
-    (mt.DOCKER_LAYER, "none"),
-    (mt.DOCKER_LAYER_ZSTD, "zstd"),
-    ("Application/VND.oci.image.layer.v1.tar+gzip; foo=bar", "gzip"),
-    (mt.OCI_MANIFEST, None),
-    (mt.OCI_CONFIG, None),
-    ("application/vnd.oci.image.layer.v1.tar+bzip2", None),
-    ("", None),
-])
-def test_layer_compression(media_type: str, compression: str | None) -> None:
-    assert mt.layer_compression(media_type) == compression
-    assert mt.is_layer(media_type) == (compression is not None)
-
-
 def test_media_type_classes() -> None:
     assert mt.is_index(mt.OCI_INDEX) and mt.is_index(mt.DOCKER_MANIFEST_LIST)
     assert mt.is_manifest(mt.OCI_MANIFEST) and mt.is_manifest(mt.DOCKER_MANIFEST)
@@ -542,8 +521,6 @@ def test_media_type_classes() -> None:
     assert not mt.is_index(mt.OCI_MANIFEST) and not mt.is_manifest(mt.OCI_INDEX)
     assert mt.is_config(mt.OCI_CONFIG) and mt.is_config(mt.DOCKER_CONFIG)
     assert not mt.is_config(mt.OCI_EMPTY)
-    assert mt.is_nondistributable(mt.DOCKER_LAYER_FOREIGN_GZIP)
-    assert not mt.is_nondistributable(mt.OCI_LAYER_GZIP)
 
 
 def test_accept_header_prefers_indexes_and_lists_schema1_last() -> None:

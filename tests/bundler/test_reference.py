@@ -9,6 +9,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from bundler.errors import InvalidReference
 from bundler.reference import (
     DockerArchiveReference,
     OciArchiveReference,
@@ -18,7 +19,7 @@ from bundler.reference import (
     parse_registry_reference,
 )
 from cache.digest import Digest
-from cache.errors import InvalidReference, UsageError
+from cache.errors import UsageError
 
 SHA = "sha256:" + "0123456789abcdef" * 4
 SHA512 = "sha512:" + "ab" * 64

@@ -13,6 +13,13 @@ from pathlib import Path
 import pytest
 
 from bundler.credentials import CredentialStore
+from bundler.errors import (
+    InvalidReference,
+    RateLimited,
+    RegistryError,
+    RegistryUnreachable,
+    UnsupportedManifest,
+)
 from bundler.registry import (
     MANIFEST_LIMIT,
     RegistryClient,
@@ -22,15 +29,7 @@ from bundler.registry import (
 )
 from bundler.transport import TlsPolicy
 from cache.digest import Digest
-from cache.errors import (
-    IntegrityError,
-    InvalidReference,
-    NotFound,
-    RateLimited,
-    RegistryError,
-    RegistryUnreachable,
-    UnsupportedManifest,
-)
+from cache.errors import IntegrityError, NotFound
 from cache.store import Store
 from tests.bundler.fakeregistry import (
     FakeRegistry,

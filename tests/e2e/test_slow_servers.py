@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from bundler.credentials import CredentialStore
+from bundler.errors import RegistryUnreachable
 from bundler.registry import RegistryClient
 from bundler.registry_types import RegistryConfig
 from cache.digest import Digest
-from cache.errors import RegistryUnreachable
 from cache.store import Store
 from tests.e2e.conftest import OcistageRunner
 from tests.e2e.faultproxy import Fault, FaultProxy
