@@ -137,3 +137,13 @@ def test_scrun_stage_out_line(cli: Cli, tmp_path: Path) -> None:
     result = cli("scrun", "stage-out", "--bundle", str(tmp_path / "absent"))
     assert result.code == 0, result
     check("scrun stage-out", json.loads(result.stdout))
+
+
+def test_readme_links_exist_and_name_no_missing_design_file() -> None:
+    """The README pointed to a DESIGN.md that is not in the repository (issue 14.10)."""
+    root = DOCS.parents[1]
+    readme = (root / "README.md").read_text()
+    assert "DESIGN.md" not in readme
+    links = re.findall(r"\]\(([^)#:]+)\)", readme)
+    assert "docs/cli.md" in links and "docs/config.md" in links
+    assert [link for link in links if not (root / link).exists()] == []
