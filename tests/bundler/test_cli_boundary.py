@@ -170,6 +170,8 @@ def test_device_nodes_are_one_warning_line_and_none_with_quiet(cli: Cli, layout:
     as_json = cli("bundle", "--json", _ref(layout), str(cli.root / "b3"))
     listed = json.loads(as_json.stdout)["warnings"]
     assert len([w for w in listed if "character device" in w]) == 8
+    staged = cli("stage", "-q", _ref(layout), "--to", str(cli.root / "staged"))
+    assert staged.code == 0 and staged.stderr == ""
 
 
 def test_other_warnings_are_kept() -> None:
