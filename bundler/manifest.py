@@ -65,11 +65,6 @@ class ImageManifest:
     annotations: Mapping[str, str] = field(hash=False)
     raw: bytes = field(repr=False)
 
-    @property
-    def is_image(self) -> bool:
-        """Whether this manifest describes a container image (not an artifact)."""
-        return mediatypes.is_config(self.config.media_type)
-
 
 @dataclass(frozen=True)
 class ImageIndex:

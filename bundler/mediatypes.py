@@ -48,7 +48,6 @@ MANIFEST_ACCEPT_HEADER = ", ".join(MANIFEST_ACCEPT)
 
 _INDEXES = frozenset({OCI_INDEX, DOCKER_MANIFEST_LIST})
 _MANIFESTS = frozenset({OCI_MANIFEST, DOCKER_MANIFEST})
-_CONFIGS = frozenset({OCI_CONFIG, DOCKER_CONFIG})
 _SCHEMA1 = frozenset({DOCKER_SCHEMA1_MANIFEST, DOCKER_SCHEMA1_SIGNED_MANIFEST})
 
 
@@ -65,11 +64,6 @@ def is_index(media_type: str) -> bool:
 def is_manifest(media_type: str) -> bool:
     """An OCI image manifest or a Docker schema 2 manifest (schema 1 is not included)."""
     return normalize(media_type) in _MANIFESTS
-
-
-def is_config(media_type: str) -> bool:
-    """An OCI or Docker image configuration."""
-    return normalize(media_type) in _CONFIGS
 
 
 def is_schema1(media_type: str) -> bool:

@@ -98,23 +98,6 @@ class RegistryReference:
     def __str__(self) -> str:
         return self.name + self._suffix()
 
-    @property
-    def familiar(self) -> str:
-        """The short form Docker prints: ``alpine:latest``, ``user/app:1``, ``ghcr.io/o/a:1``.
-
-        It always parses back to this reference.
-        """
-        if self.registry != DEFAULT_REGISTRY:
-            return str(self)
-        path = self.repository
-        first = path.partition("/")[0]
-        if "." in first or first == "localhost":
-            return str(self)  # "docker.io/a.b/c": without the registry, a.b would be one
-        rest = path.removeprefix(OFFICIAL_REPOSITORY_PREFIX)
-        if rest != path and "/" not in rest:
-            path = rest
-        return path + self._suffix()
-
     def _suffix(self) -> str:
         text = f":{self.tag}" if self.tag is not None else ""
         if self.digest is not None:

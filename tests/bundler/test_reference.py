@@ -148,27 +148,15 @@ def test_name_length_limit_counts_the_normalised_name() -> None:
         parse_reference("a" * 240)
 
 
-def test_canonical_and_familiar_forms() -> None:
+def test_canonical_forms() -> None:
     ref = parse_registry_reference("alpine")
     assert str(ref) == "docker.io/library/alpine:latest"
-    assert ref.familiar == "alpine:latest"
     assert ref.reference == "latest"
     assert ref.name == "docker.io/library/alpine"
 
     pinned = parse_registry_reference(f"alpine:3.19@{SHA}")
     assert str(pinned) == f"docker.io/library/alpine:3.19@{SHA}"
-    assert pinned.familiar == f"alpine:3.19@{SHA}"
     assert pinned.reference == SHA  # the digest wins over the tag
-
-    assert parse_registry_reference(f"alpine@{SHA}").familiar == f"alpine@{SHA}"
-    assert parse_registry_reference("user/app:1").familiar == "user/app:1"
-    assert parse_registry_reference("library/a/b").familiar == "library/a/b:latest"
-    assert parse_registry_reference("ghcr.io/o/a:1").familiar == "ghcr.io/o/a:1"
-    assert parse_registry_reference("[::1]:5000/a").familiar == "[::1]:5000/a:latest"
-    # keep docker.io where dropping it would turn a path component into a registry
-    assert parse_registry_reference("docker.io/a.b/c").familiar == "docker.io/a.b/c:latest"
-    assert parse_registry_reference("docker.io/localhost/c").familiar == (
-        "docker.io/localhost/c:latest")
 
 
 def test_reference_requires_tag_or_digest() -> None:
@@ -291,7 +279,6 @@ def registry_references(draw: st.DrawFn) -> RegistryReference:
 def test_round_trip_through_canonical_string(ref: RegistryReference) -> None:
     assert parse_reference(str(ref)) == ref
     assert parse_reference("docker://" + str(ref)) == ref
-    assert parse_registry_reference(ref.familiar) == ref
 
 
 @given(st.text(max_size=80))
