@@ -147,3 +147,18 @@ def test_readme_links_exist_and_name_no_missing_design_file() -> None:
     links = re.findall(r"\]\(([^)#:]+)\)", readme)
     assert "docs/cli.md" in links and "docs/config.md" in links
     assert [link for link in links if not (root / link).exists()] == []
+
+
+def test_config_show_tells_option_from_environment(cli: Cli, tmp_path: Path) -> None:
+    """--cache reads $OCISTAGE_CACHE too: config show still names the environment."""
+    cli.config.write_text("jobs = 3\n")
+    shown = _json(cli, "config", "show")["settings"]
+    assert shown["cache"] == {"value": str(cli.cache), "origin": "environment OCISTAGE_CACHE"}
+    assert shown["jobs"] == {"value": 3, "origin": f"file {cli.config}"}
+    assert shown["pull"] == {"value": "always", "origin": "default"}
+    given = _json(cli, "config", "show", "--cache", str(tmp_path / "c"), "-j", "2")["settings"]
+    assert given["cache"] == {"value": str(tmp_path / "c"), "origin": "option --cache"}
+    assert given["jobs"] == {"value": 2, "origin": "option --jobs"}
+    human = cli("config", "show")
+    assert human.code == 0
+    assert re.search(r"^jobs +3 +\(file .*config\.toml\)$", human.stdout, re.MULTILINE)
