@@ -252,7 +252,7 @@ def _size(chosen: tuple[Any, str] | None) -> int | None:
     try:
         return parse_size(str(value))
     except UsageError as exc:
-        raise UsageError(f"{origin}: {exc.message}", exc.hint) from exc
+        raise UsageError(f"{exc.message} ({origin})", exc.hint) from exc
 
 
 def load_settings(

@@ -163,3 +163,14 @@ def test_any_value_of_any_key_is_a_setting_or_a_usage_error(files: tuple[Path, P
         load_settings()
     except UsageError as error:
         assert str(user) in error.message
+
+
+def test_a_bad_environment_value_names_the_variable(files: tuple[Path, Path],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OCISTAGE_MAX_SIZE", "big")
+    with pytest.raises(UsageError, match=r"invalid size 'big' \(environment OCISTAGE_MAX_SIZE\)"):
+        load_settings()
+    monkeypatch.delenv("OCISTAGE_MAX_SIZE")
+    monkeypatch.setenv("OCISTAGE_PULL", "often")
+    with pytest.raises(UsageError, match=r"'often' \(environment OCISTAGE_PULL\)"):
+        load_settings()
