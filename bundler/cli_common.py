@@ -116,9 +116,18 @@ def pull_options(settings: Settings, platform: str | None) -> PullOptions:
                        unpack_limit=settings.unpack_limit)
 
 
+class _SanitizingFormatter(logging.Formatter):
+    """Log lines quote registries and images too: their control characters written out."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return sanitize(super().format(record))
+
+
 def setup_logging(verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_SanitizingFormatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+                        handlers=[handler])
 
 
 @contextlib.contextmanager

@@ -327,3 +327,11 @@ def test_no_input_reaches_a_traceback(cli: Cli, layout: Path, data: st.DataObjec
         assert "Traceback" not in result.stderr, (argv, result.stderr)
     if result.code == 1:
         assert re.search(r"^error: ", result.stderr, re.MULTILINE), (argv, result.stderr)
+
+
+def test_log_lines_of_verbose_runs_are_escaped(tmp_path: Path) -> None:
+    code = ("import logging; from bundler.cli_common import setup_logging; setup_logging(True); "
+            "logging.getLogger('ocistage.x').warning('registry said %s', '\\x1b[2Jgone')")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120, check=True)
+    assert result.stderr == "WARNING ocistage.x: registry said \\x1b[2Jgone\n"
