@@ -1,8 +1,11 @@
 """The ``ocistage`` command line: parse options, call library functions, render results.
 
-This is the only module that imports all four packages. Errors from the library arrive as
-:class:`cache.errors.OcistageError` and are rendered as one ``error:`` line plus a ``hint:``
-line (exit 1, or 2 for usage errors); tracebacks are shown only with ``-v``.
+This is the only module that imports all four packages. The commands of the groups live in
+``cli_cache``, ``cli_config``, ``cli_stage`` and ``cli_slurm``, each attached by its
+``register(app)``. :func:`run` is the one boundary between the library and the user: errors
+from the library arrive as :class:`cache.errors.OcistageError` and are rendered as one
+``error:`` line plus a ``hint:`` line (exit 1, or 2 for usage errors); any other exception is
+one line too; tracebacks are shown only with ``-v``.
 """
 
 from __future__ import annotations
