@@ -255,6 +255,42 @@ def _size(chosen: tuple[Any, str] | None) -> int | None:
         raise UsageError(f"{exc.message} ({origin})", exc.hint) from exc
 
 
+def _registries(layers: _Layers, insecure: Sequence[str], mirrors: Sequence[str],
+                origins: dict[str, str]) -> tuple[frozenset[str], dict[str, tuple[str, ...]]]:
+    """Insecure registries and mirrors: the files' tables (site, then user), the environment
+    and the options add up; their origins go into ``origins``."""
+    insecure_hosts: set[str] = set()
+    insecure_from: list[str] = []
+    mirror_map: dict[str, list[str]] = {}
+    mirrors_from: list[str] = []
+    for host, origin, entry in layers.registries():
+        if "insecure" in entry:  # the user's file may say false where the site's says true
+            insecure_hosts.discard(host)
+            if entry["insecure"]:
+                insecure_hosts.add(host)
+                insecure_from.append(origin)
+        if entry.get("mirrors"):
+            mirror_map[host] = [url.rstrip("/") for url in entry["mirrors"]]
+            mirrors_from.append(origin)
+    env_insecure = os.environ.get("OCISTAGE_INSECURE_REGISTRIES", "")
+    if env_insecure.strip(","):
+        insecure_hosts |= {h.strip() for h in env_insecure.split(",") if h.strip()}
+        insecure_from.append("environment OCISTAGE_INSECURE_REGISTRIES")
+    if any(h.strip() for h in insecure):
+        insecure_hosts |= {h.strip() for h in insecure if h.strip()}
+        insecure_from.append("option --insecure-registry")
+    for text in mirrors:
+        host, url = parse_mirror(text)
+        mirror_map.setdefault(host, [])
+        if url not in mirror_map[host]:
+            mirror_map[host].insert(0, url)
+    if mirrors:
+        mirrors_from.append("option --mirror")
+    origins["insecure_registries"] = ", ".join(dict.fromkeys(insecure_from)) or DEFAULT
+    origins["mirrors"] = ", ".join(dict.fromkeys(mirrors_from)) or DEFAULT
+    return frozenset(insecure_hosts), {host: tuple(urls) for host, urls in mirror_map.items()}
+
+
 def load_settings(
     *,
     cache: Path | None = None,
@@ -293,42 +329,14 @@ def load_settings(
     chosen_ca = pick("ca_file", _option(ca_file, "--ca-file"), layers.get("ca_file"))
     loopback = pick("loopback_insecure", layers.get("loopback_insecure"))
 
-    insecure_hosts: set[str] = set()
-    insecure_from: list[str] = []
-    mirror_map: dict[str, list[str]] = {}
-    mirrors_from: list[str] = []
-    for host, origin, entry in layers.registries():
-        if "insecure" in entry:  # the user's file may say false where the site's says true
-            insecure_hosts.discard(host)
-            if entry["insecure"]:
-                insecure_hosts.add(host)
-                insecure_from.append(origin)
-        if entry.get("mirrors"):
-            mirror_map[host] = [url.rstrip("/") for url in entry["mirrors"]]
-            mirrors_from.append(origin)
-    env_insecure = os.environ.get("OCISTAGE_INSECURE_REGISTRIES", "")
-    if env_insecure.strip(","):
-        insecure_hosts |= {h.strip() for h in env_insecure.split(",") if h.strip()}
-        insecure_from.append("environment OCISTAGE_INSECURE_REGISTRIES")
-    if any(h.strip() for h in insecure):
-        insecure_hosts |= {h.strip() for h in insecure if h.strip()}
-        insecure_from.append("option --insecure-registry")
-    for text in mirrors:
-        host, url = parse_mirror(text)
-        mirror_map.setdefault(host, [])
-        if url not in mirror_map[host]:
-            mirror_map[host].insert(0, url)
-    if mirrors:
-        mirrors_from.append("option --mirror")
-    origins["insecure_registries"] = ", ".join(dict.fromkeys(insecure_from)) or DEFAULT
-    origins["mirrors"] = ", ".join(dict.fromkeys(mirrors_from)) or DEFAULT
+    insecure_hosts, mirror_map = _registries(layers, insecure, mirrors, origins)
 
     return Settings(
         cache=Path(cache_dir).expanduser() if cache_dir is not None else Store.default_root(),
         jobs=jobs_value if jobs_value is not None else DEFAULT_JOBS,
         ca_file=str(chosen_ca) if chosen_ca is not None else None,
-        insecure_registries=frozenset(insecure_hosts),
-        mirrors={host: tuple(urls) for host, urls in mirror_map.items()},
+        insecure_registries=insecure_hosts,
+        mirrors=mirror_map,
         loopback_insecure=loopback if loopback is not None else True,
         max_size=_size(size_choice),
         unpack_limit=_size(unpack_choice),
