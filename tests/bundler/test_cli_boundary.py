@@ -303,18 +303,26 @@ _CONFIG_LINES = st.sampled_from([
 ])
 
 
-@settings(max_examples=250, deadline=None,
+@settings(max_examples=200, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture,
                                  HealthCheck.too_slow])
 @given(data=st.data())
 def test_no_input_reaches_a_traceback(cli: Cli, layout: Path, data: st.DataObject,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """Random commands, options, references and config files: every run ends in a result,
-    an ``error:`` line with a hint (1 or 2), or typer's usage message (2); never an internal
-    error, never a raw escape character. ``$OCISTAGE_PULL=never`` keeps registries out of
-    reach except for inspect, whose registry references all point at 127.0.0.1:9."""
+    """Random commands, options, references, config files and environment variables: every
+    run ends in a result, an ``error:`` line with a hint (1 or 2), or typer's usage message
+    (2); never an internal error, never a raw escape character. ``$OCISTAGE_PULL=never``
+    keeps registries out of reach except for inspect, whose registry references all point
+    at 127.0.0.1:9."""
     cli.config.write_text(data.draw(_CONFIG_LINES) + "\n")
     monkeypatch.setenv("OCISTAGE_PULL", data.draw(st.sampled_from(["never"] * 5 + ["often"])))
+    for name, values in (("OCISTAGE_MAX_SIZE", _SIZES),
+                         ("OCISTAGE_INSECURE_REGISTRIES", _TEXT.filter(lambda t: "\x00" not in t)),
+                         ("OCISTAGE_STAGE_TO", _TEXT)):
+        if data.draw(st.integers(0, 3)) == 0:
+            monkeypatch.setenv(name, data.draw(values))
+        else:
+            monkeypatch.delenv(name, raising=False)
     argv = data.draw(_argv(layout))
     if argv[:1] == ["inspect"] and any("127.0.0.1" in a for a in argv):
         argv = [a.replace("127.0.0.1:9", "oci:") for a in argv]  # no retries against a port
