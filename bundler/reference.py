@@ -168,7 +168,10 @@ def parse_reference(text: str) -> ImageSource:
 
 
 def _path_given(text: str) -> InvalidReference:
-    path = Path(text).expanduser()
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError:  # ~name of a user that does not exist
+        path = Path(text)
     hint = ("for an image on disk write oci:PATH (an OCI image layout), oci-archive:FILE or "
             "docker-archive:FILE; `ocistage stage` takes bundle directories")
     if not path.exists():

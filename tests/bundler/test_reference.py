@@ -305,7 +305,7 @@ def test_grammar_like_text_only_ever_raises_invalid_reference(text: str) -> None
 
 
 @pytest.mark.parametrize("text", ["./mybundel", "../mybundel", "/nonexistent/dir", "~/nope",
-                                  ".", ".."])
+                                  "~nosuchuser0/x", ".", ".."])
 def test_paths_are_not_taken_for_references(text: str, tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """``./x`` once went to registry '.', ``/x/y`` gave "invalid repository name"."""
