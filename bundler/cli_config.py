@@ -37,6 +37,7 @@ def _values(settings: Settings) -> dict[str, Any]:
         "jobs": settings.jobs,
         "pull": settings.pull,
         "max_size": settings.max_size,
+        "unpack_limit": settings.unpack_limit,
         "stage_to": settings.stage_to,
         "ca_file": settings.ca_file,
         "loopback_insecure": settings.loopback_insecure,

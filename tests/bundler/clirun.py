@@ -46,7 +46,7 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> Iterator[Cli]:
     root = tmp_path / "cli"
     root.mkdir()
-    for name in ("OCISTAGE_PULL", "OCISTAGE_MAX_SIZE", "OCISTAGE_STAGE_TO",
+    for name in ("OCISTAGE_PULL", "OCISTAGE_MAX_SIZE", "OCISTAGE_STAGE_TO", "OCISTAGE_UNPACK_LIMIT",
                  "OCISTAGE_INSECURE_REGISTRIES", "SLURM_JOB_ID", "REGISTRY_AUTH_FILE",
                  "DOCKER_CONFIG"):
         monkeypatch.delenv(name, raising=False)
