@@ -118,8 +118,10 @@ def runtime_oci_conf(
     if mode not in ("run", "create"):
         raise UsageError(f"unknown mode {mode!r}", "choose run or create")
     chosen: Mode = "run" if mode == "run" else "create"
+    srun = shutil.which("srun")  # scrun reads SrunPath from oci.conf: it runs srun without PATH
     text = render_oci_conf(OciConfOptions(runtime=runtime, mode=chosen, root=root,
-                                          version=version))
+                                          version=version,
+                                          srun_path=os.path.abspath(srun) if srun else None))
     stdout.print(text, end="", markup=False)
 
 

@@ -22,7 +22,9 @@ from runtimes.slurm import SlurmVersion
 Mode = Literal["run", "create"]
 RUNTIMES = ("runc", "crun", "nvidia-container-runtime", "apptainer", "enroot")
 
-#: keys slurmstepd 22.05 accepts (read_oci_conf.c), then what later releases added
+#: keys slurmstepd 22.05 accepts (src/slurmd/slurmstepd/read_oci_conf.c), then the set 23.02
+#: moved to src/common/oci_config.c, unchanged through 26.05 (checked in SchedMD's tags
+#: slurm-22-05-11-1, 23-02-1-1, 23-11-1-1, 24-05-8-1, 24-11-1-1, 25-05-1-1, 25-11-1-1, 26-05-3-1)
 _KEYS_22_05 = frozenset({
     "ContainerPath", "CreateEnvFile", "RunTimeCreate", "RunTimeDelete", "RunTimeKill",
     "RunTimeQuery", "RunTimeRun", "RunTimeStart",
@@ -32,10 +34,14 @@ _KEYS_23_02 = _KEYS_22_05 | {
     "RunTimeEnvExclude", "SrunPath", "SrunArgs", "DebugFlags", "FileDebug", "StdIODebug",
     "SyslogDebug",
 }
-#: pattern tokens (the character after %) per release
+#: keys Slurm parses as a list (``S_P_ARRAY``): each line adds one item
+_LIST_KEYS = frozenset({"SrunArgs"})
+#: pattern tokens (the character after %) that slurmstepd's _generate_pattern() expands, by
+#: the first release that knows them; any other character is fatal ("unexpected replacement
+#: character"). Same tags as the keys: 22.05, +mpU in 23.02 (through 25.11), +Z in 26.05.
 _TOKENS_22_05 = frozenset("%@bejnrstu")
 _TOKENS_23_02 = _TOKENS_22_05 | frozenset("mpU")
-_TOKENS_23_11 = _TOKENS_23_02 | frozenset("Z")
+_TOKENS_26_05 = _TOKENS_23_02 | frozenset("Z")
 #: %p (the container's pid) only means something where a container runs already
 _PID_KEYS = frozenset({"RunTimeKill", "RunTimeDelete"})
 _PATTERN_KEYS = frozenset({"ContainerPath", "MountSpoolDir", "RunTimeCreate", "RunTimeDelete",
@@ -51,7 +57,7 @@ def known_keys(version: SlurmVersion) -> frozenset[str]:
 def known_tokens(version: SlurmVersion) -> frozenset[str]:
     if version < SlurmVersion(23, 2):
         return _TOKENS_22_05
-    return _TOKENS_23_02 if version < SlurmVersion(23, 11) else _TOKENS_23_11
+    return _TOKENS_23_02 if version < SlurmVersion(26, 5) else _TOKENS_26_05
 
 
 def default_root(runtime: str, version: SlurmVersion) -> str:
@@ -71,15 +77,21 @@ class OciConfOptions:
     mode: Mode = "run"
     root: str | None = None         # None: default_root(runtime, version)
     version: SlurmVersion = DEBIAN_12_SLURM
+    srun_path: str | None = None    # SrunPath (>= 23.02): scrun runs srun without a PATH
+
+
+def _plain_path(path: str, what: str) -> str:
+    if re.search(r"[\s\"'\\;&|<>`$]", path):
+        raise UsageError(f"{what} {path!r} contains spaces, quotes or shell syntax",
+                         "choose a plain path (Slurm patterns like %u are fine)")
+    return path
 
 
 def _commands(options: OciConfOptions) -> dict[str, str]:
     runtime, mode = options.runtime, options.mode
     cid = CONTAINER_ID
-    if options.root is not None and re.search(r"[\s\"'\\;&|<>`$]", options.root):
-        raise UsageError(f"runtime root {options.root!r} contains spaces, quotes or shell syntax",
-                         "choose a plain directory path (Slurm patterns like %u are fine)")
-    root = options.root or default_root(runtime, options.version)
+    root = (_plain_path(options.root, "runtime root") if options.root
+            else default_root(runtime, options.version))
     if runtime in ("runc", "crun", "nvidia-container-runtime"):
         base = f"{runtime} --rootless=true --root={root}"
         bundle = "--bundle %b" if runtime == "crun" else "-b %b"
@@ -152,6 +164,8 @@ def render_oci_conf(options: OciConfOptions) -> str:
     if options.version >= SlurmVersion(23, 2):
         # never hand the login node's secrets or session to the container's runtime
         lines.append('RunTimeEnvExclude="^(SLURM_CONF|SLURM_CONF_SERVER)="')
+        if options.srun_path is not None:
+            lines.append(f'SrunPath="{_plain_path(options.srun_path, "srun path")}"')
     return "\n".join(lines) + "\n"
 
 
@@ -171,7 +185,8 @@ def parse_oci_conf(text: str) -> tuple[dict[str, tuple[int, str]], list[Problem]
     """``Key=Value`` lines -> {canonical key or as written: (line number, value)}, problems.
 
     Keys are case-insensitive (as Slurm's parser); ``#`` starts a comment outside quotes;
-    values may be double-quoted.
+    values may be double-quoted. A list key (``SrunArgs``) may repeat; its entry is the last
+    line (every line is one more item for Slurm).
     """
     canonical = {key.lower(): key for key in _KEYS_23_02}
     entries: dict[str, tuple[int, str]] = {}
@@ -191,7 +206,7 @@ def parse_oci_conf(text: str) -> tuple[dict[str, tuple[int, str]], list[Problem]
         elif value.startswith('"'):
             problems.append(Problem(number, f"{key}: unterminated quote"))
         name = canonical.get(key.lower(), key)
-        if name in entries:
+        if name in entries and name not in _LIST_KEYS:
             problems.append(Problem(number, f"{name} is set again (first on line "
                                             f"{entries[name][0]})"))
         entries[name] = (number, value)

@@ -4,6 +4,7 @@ as the real command."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,8 @@ def test_oci_conf_generates_and_checks(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert 'RunTimeCreate="nvidia-container-runtime --rootless=true --root=/run/user/%U/' \
            in result.stdout
+    srun = shutil.which("srun", path="/usr/bin:/bin:/usr/sbin:/sbin")
+    assert (f'SrunPath="{srun}"' in result.stdout.splitlines()) == (srun is not None)
     conf = tmp_path / "oci.conf"
     conf.write_text(result.stdout)
     assert ocistage("runtime", "oci-conf", "--check", str(conf), "--slurm-version",
@@ -33,7 +36,8 @@ def test_oci_conf_generates_and_checks(tmp_path: Path) -> None:
     checked = ocistage("runtime", "oci-conf", "--check", str(conf), "--slurm-version", "22.05")
     assert checked.returncode == 1
     lines = checked.stdout.splitlines()
-    assert len(lines) == 6  # four commands with %U, RunTimeStart with %U, RunTimeEnvExclude
+    # four commands with %U, RunTimeStart with %U, RunTimeEnvExclude (and SrunPath)
+    assert len(lines) == 6 + (srun is not None)
     assert all(line.startswith(f"{conf}: line ") for line in lines)
 
 

@@ -9,6 +9,8 @@ from runtimes.oci_conf import (
     RUNTIMES,
     OciConfOptions,
     default_root,
+    known_keys,
+    known_tokens,
     lint_oci_conf,
     parse_oci_conf,
     render_oci_conf,
@@ -56,6 +58,18 @@ def test_state_directory_is_per_user_with_the_token_the_version_knows() -> None:
     assert "run --bundle %b %n.%u.%j.%s.%t" in text
 
 
+def test_srun_path_is_written_where_slurm_knows_it() -> None:
+    text = render_oci_conf(OciConfOptions(runtime="runc", version=V24,
+                                          srun_path="/opt/slurm/bin/srun"))
+    assert 'SrunPath="/opt/slurm/bin/srun"' in text.splitlines()
+    assert lint_oci_conf(text, V24) == []
+    older = render_oci_conf(OciConfOptions(runtime="runc", version=V22,
+                                           srun_path="/opt/slurm/bin/srun"))
+    assert "SrunPath" not in older
+    with pytest.raises(UsageError, match="srun path"):
+        render_oci_conf(OciConfOptions(runtime="runc", version=V24, srun_path="/a b/srun"))
+
+
 def test_custom_root_is_used_and_shell_syntax_refused() -> None:
     text = render_oci_conf(OciConfOptions(runtime="runc", root="/var/run/runc-%u",
                                           version=V22))
@@ -81,6 +95,66 @@ def test_lint_reports_unknown_keys_and_tokens_per_version() -> None:
     problems = [str(p) for p in lint_oci_conf(bad, V24)]
     assert problems == ["line 1: RunTimeQuery: unknown pattern token %q for Slurm 24.05 "
                         "(fatal to slurmstepd)", "line 5: unknown key Foo for Slurm 24.05"]
+
+
+#: per release, from SchedMD's tags: keys from oci_config.c's options[] (read_oci_conf.c in
+#: 22.05), tokens from the cases of slurmstepd's _generate_pattern()
+KEYS_22_05 = {"ContainerPath", "CreateEnvFile", "RunTimeCreate", "RunTimeDelete", "RunTimeKill",
+              "RunTimeQuery", "RunTimeRun", "RunTimeStart"}
+KEYS_23_02 = KEYS_22_05 | {"DebugFlags", "DisableCleanup", "DisableHooks", "EnvExclude",
+                           "FileDebug", "IgnoreFileConfigJson", "MountSpoolDir",
+                           "RunTimeEnvExclude", "SrunArgs", "SrunPath", "StdIODebug",
+                           "SyslogDebug"}
+RELEASES = [  # (release, keys, tokens)
+    ("22.05", KEYS_22_05, "%@bejnrstu"),
+    ("23.02", KEYS_23_02, "%@bejmnprstuU"),
+    ("23.11", KEYS_23_02, "%@bejmnprstuU"),
+    ("24.05", KEYS_23_02, "%@bejmnprstuU"),
+    ("24.11", KEYS_23_02, "%@bejmnprstuU"),
+    ("25.05", KEYS_23_02, "%@bejmnprstuU"),
+    ("25.11", KEYS_23_02, "%@bejmnprstuU"),
+    ("26.05", KEYS_23_02, "%@bejmnprstuUZ"),
+]
+RUN_BASE = 'RunTimeQuery="q"\nRunTimeKill="k"\nRunTimeDelete="d"\n'
+
+
+@pytest.mark.parametrize(("release", "keys", "tokens"), RELEASES)
+def test_keys_and_tokens_per_release(release: str, keys: set[str], tokens: str) -> None:
+    version = SlurmVersion.parse(release)
+    assert known_keys(version) == keys
+    assert known_tokens(version) == set(tokens)
+    # every token the release knows passes the linter, every other letter is fatal
+    for char in "%@bejmnprstuUZxqA":
+        text = ('RunTimeQuery="q"\nRunTimeDelete="d"\nCreateEnvFile=true\n'
+                f'RunTimeKill="x %{char} y"\nRunTimeRun="r"\n')
+        problems = [str(p) for p in lint_oci_conf(text, version)]
+        if char in tokens:
+            assert problems == [], (release, char)
+        else:
+            assert problems == [f"line 4: RunTimeKill: unknown pattern token %{char} for "
+                                f"Slurm {release} (fatal to slurmstepd)"], (release, char)
+
+
+def test_z_token_is_fatal_before_26_05() -> None:
+    text = RUN_BASE + 'RunTimeRun="runc run %Z -b %b"\n'
+    assert [str(p) for p in lint_oci_conf(text, V24)] == [
+        "line 4: RunTimeRun: unknown pattern token %Z for Slurm 24.05 (fatal to slurmstepd)"]
+    assert [str(p) for p in lint_oci_conf(text, SlurmVersion(25, 11))] != []
+    assert lint_oci_conf(text, SlurmVersion(26, 5)) == []
+
+
+def test_srun_args_may_repeat_other_keys_may_not() -> None:
+    text = (RUN_BASE + 'RunTimeRun="r"\nSrunPath=/usr/bin/srun\nSrunArgs=--mpi=none\n'
+            "SrunArgs=--overlap\n")
+    entries, problems = parse_oci_conf(text)
+    assert problems == []
+    assert entries["SrunArgs"] == (7, "--overlap")
+    assert lint_oci_conf(text, V24) == []
+    assert [str(p) for p in lint_oci_conf(text, V22)] == [
+        "line 5: unknown key SrunPath for Slurm 22.05 (added in Slurm 23.02)",
+        "line 7: unknown key SrunArgs for Slurm 22.05 (added in Slurm 23.02)"]
+    assert [str(p) for p in lint_oci_conf(text + "SrunPath=/bin/srun\n", V24)] == [
+        "line 8: SrunPath is set again (first on line 5)"]
 
 
 def test_lint_required_and_dependent_keys() -> None:
