@@ -36,7 +36,6 @@ from cache.errors import UsageError
 
 # light modules whose constants the options show; the rest is imported inside the commands
 # (see bundler.cli_common)
-from runtimes.engines import DEFAULT_SCRUN
 from runtimes.oci_conf import RUNTIMES
 
 if TYPE_CHECKING:
@@ -55,7 +54,8 @@ StageToOpt = Annotated[str, typer.Option(
     "--stage-to", metavar="shared|node-local",
     help="shared: stage on the submit host into a directory every node sees; node-local: "
          "stage on the job's node (slurm.remote_command).")]
-ScrunOpt = Annotated[str, typer.Option("--scrun", metavar="PATH", help="Path of scrun.")]
+ScrunOpt = Annotated[str | None, typer.Option(
+    "--scrun", metavar="PATH", help="Path of scrun [default: the scrun on PATH].")]
 
 
 def register(app: typer.Typer) -> None:
@@ -159,20 +159,20 @@ def runtime_scrun_lua(
 
 
 @runtime_app.command("docker-config")
-def runtime_docker_config(scrun: ScrunOpt = DEFAULT_SCRUN) -> None:
+def runtime_docker_config(scrun: ScrunOpt = None) -> None:
     """Print ~/.config/docker/daemon.json for rootless Docker with scrun as its runtime."""
-    from runtimes.engines import docker_daemon_json, docker_run_flags
+    from runtimes.engines import docker_daemon_json, docker_run_flags, find_scrun
 
-    stdout.print(docker_daemon_json(scrun), end="", markup=False)
+    stdout.print(docker_daemon_json(find_scrun(scrun)), end="", markup=False)
     stderr.print("# also pass to docker run: " + " ".join(docker_run_flags()), markup=False)
 
 
 @runtime_app.command("podman-config")
-def runtime_podman_config(scrun: ScrunOpt = DEFAULT_SCRUN) -> None:
+def runtime_podman_config(scrun: ScrunOpt = None) -> None:
     """Print ~/.config/containers/containers.conf for rootless Podman with scrun."""
-    from runtimes.engines import podman_containers_conf
+    from runtimes.engines import find_scrun, podman_containers_conf
 
-    stdout.print(podman_containers_conf(scrun), end="", markup=False)
+    stdout.print(podman_containers_conf(find_scrun(scrun)), end="", markup=False)
 
 
 # -- scrun stage hooks -------------------------------------------------------------------------

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bundler.idmap import RootPlaceholder, detect_root_placeholder, mappings
+from bundler.idmap import RootPlaceholder, detect_root_placeholder
+from bundler.rootless import SYSFS_BIND, RootlessIds, make_rootless
 from bundler.schema import validate
 from bundler.userdb import ResolvedUser, resolve_user
 from cache.errors import SchemaError, StoreError, UsageError
@@ -113,14 +114,18 @@ def build_runtime_config(image_config: Mapping[str, Any], rootfs: Path,
         "ociVersion": OCI_VERSION,
         "process": _process(settings, user, options, gpus),
         "root": {"path": "rootfs", "readonly": options.readonly},
-        "mounts": _base_mounts(options.rootless) + [_bind_mount(m) for m in options.mounts],
-        "linux": _linux(user, options),
+        "mounts": _base_mounts() + [_bind_mount(m) for m in options.mounts],
+        "linux": _linux(),
         "annotations": _annotations(image_config, settings, gpus),
     }
     if options.hostname is not None:
         config["hostname"] = _hostname(options.hostname)
     if gpus:
         config["hooks"] = {"prestart": [_nvidia_hook()]}
+    if options.rootless:
+        # the same rules as for the configs Docker/Podman hand to scrun (bundler.rootless)
+        config, _ = make_rootless(config, RootlessIds(options.host_uid, options.host_gid,
+                                                      options.root_placeholder))
     validate(config, "runtime-config")
     return config
 
@@ -167,8 +172,7 @@ def _effective_user(user: ResolvedUser, options: ConfigOptions) -> ResolvedUser:
 def _process(settings: Mapping[str, Any], user: ResolvedUser, options: ConfigOptions,
              gpus: tuple[str, ...]) -> dict[str, Any]:
     process_user: dict[str, Any] = {"uid": user.uid, "gid": user.gid}
-    if user.additional_gids and not options.rootless:
-        # A rootless user namespace maps one gid; setgroups() to unmapped gids would fail.
+    if user.additional_gids:  # rootless: dropped by make_rootless (one gid is mapped)
         process_user["additionalGids"] = list(user.additional_gids)
     caps = list(DEFAULT_CAPABILITIES)
     privileged = user.uid == 0
@@ -253,10 +257,9 @@ def _cwd(settings: Mapping[str, Any]) -> str:
 # --- mounts --------------------------------------------------------------------------------
 
 
-def _base_mounts(rootless: bool) -> list[dict[str, Any]]:
-    devpts_options = ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]
-    if not rootless:
-        devpts_options.append("gid=5")  # gid 5 (tty) is unmapped in a one-id user namespace
+def _base_mounts() -> list[dict[str, Any]]:
+    # rootless: make_rootless drops gid=5 (tty is unmapped in a one-id user namespace)
+    devpts_options = ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]
     return [
         {"destination": "/proc", "type": "proc", "source": "proc"},
         {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
@@ -268,8 +271,7 @@ def _base_mounts(rootless: bool) -> list[dict[str, Any]]:
         {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
          "options": ["nosuid", "noexec", "nodev"]},
         # sysfs cannot be mounted without owning a network namespace: bind the host's, read-only.
-        {"destination": "/sys", "type": "none", "source": "/sys",
-         "options": ["rbind", "nosuid", "noexec", "nodev", "ro"]},
+        dict(SYSFS_BIND),
     ]
 
 
@@ -300,16 +302,9 @@ def _bind_mount(spec: str) -> dict[str, Any]:
 # --- linux ---------------------------------------------------------------------------------
 
 
-def _linux(user: ResolvedUser, options: ConfigOptions) -> dict[str, Any]:
+def _linux() -> dict[str, Any]:
     namespaces = [{"type": kind} for kind in ("pid", "ipc", "uts", "mount")]
-    linux: dict[str, Any] = {"namespaces": namespaces}
-    if options.rootless:
-        namespaces.append({"type": "user"})
-        placeholder = options.root_placeholder
-        linux["uidMappings"] = mappings(user.uid, options.host_uid,
-                                        placeholder.uid if placeholder else None)
-        linux["gidMappings"] = mappings(user.gid, options.host_gid,
-                                        placeholder.gid if placeholder else None)
+    linux: dict[str, Any] = {"namespaces": namespaces}  # rootless: make_rootless adds user
     linux["maskedPaths"] = list(MASKED_PATHS)
     linux["readonlyPaths"] = list(READONLY_PATHS)
     return linux

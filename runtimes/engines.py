@@ -10,10 +10,25 @@ compute node anyway).
 from __future__ import annotations
 
 import json
+import os
+import shutil
 
 from cache.errors import UsageError
 
-DEFAULT_SCRUN = "/usr/bin/scrun"
+
+def find_scrun(scrun: str | None = None, path: str | None = None) -> str:
+    """``scrun`` as given, else the one on ``path`` (default: ``$PATH``), as an absolute path.
+
+    Sites install Slurm under a prefix of their own (``/opt/slurm/bin``, a module); the engine
+    runs its runtime by absolute path, so the snippet names the scrun the user has.
+    """
+    if scrun is not None:
+        return _check_path(scrun)
+    found = shutil.which("scrun", path=path)
+    if found is None:
+        raise UsageError("scrun not found on PATH",
+                         "load the Slurm (>= 23.02) environment or pass --scrun PATH")
+    return _check_path(os.path.abspath(found))
 
 
 def _check_path(scrun: str) -> str:
@@ -22,7 +37,7 @@ def _check_path(scrun: str) -> str:
     return scrun
 
 
-def docker_daemon_json(scrun: str = DEFAULT_SCRUN) -> str:
+def docker_daemon_json(scrun: str) -> str:
     """``~/.config/docker/daemon.json`` for rootless Docker with scrun as default runtime."""
     config = {
         "experimental": True,
@@ -37,7 +52,7 @@ def docker_daemon_json(scrun: str = DEFAULT_SCRUN) -> str:
     return json.dumps(config, indent=2) + "\n"
 
 
-def podman_containers_conf(scrun: str = DEFAULT_SCRUN) -> str:
+def podman_containers_conf(scrun: str) -> str:
     """``~/.config/containers/containers.conf`` for rootless Podman with scrun."""
     path = _check_path(scrun)
     return "\n".join([

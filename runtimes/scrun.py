@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from bundler.idmap import detect_root_placeholder
+from bundler.rootless import RootlessIds, make_rootless
 from cache.errors import ScrunError, UsageError
 from cache.fsops import remove_tree
 from cache.leases import Holder
@@ -36,7 +38,6 @@ from cache.store import write_file_atomic
 StageTo = Literal["shared", "node-local"]
 MARKER = ".ocistage-scrun.json"
 MAX_CONFIG_BYTES = 4 << 20
-OVERFLOW_ID = 65534
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -305,51 +306,30 @@ def merge_env(container_env: Sequence[str], job_env: Sequence[str]) -> list[str]
     return [f"{name}={value}" for name, value in merged.items()]
 
 
-def _id_mappings(container_id: int, host_id: int) -> list[dict[str, int]]:
-    mappings = [{"containerID": container_id, "hostID": host_id, "size": 1}]
-    if container_id != 0 and host_id == 0:
-        # runc 1.1 wants container 0 mapped; root may map it to the overflow id
-        mappings.append({"containerID": 0, "hostID": OVERFLOW_ID, "size": 1})
-    return mappings
-
-
 def rewrite_config(config: Mapping[str, Any], *, root_path: Path, uid: int, gid: int,
                    job_env: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     """``config`` adjusted for running under Slurm as ``uid:gid``; returns it and what was
-    dropped (one description per item)."""
+    dropped or changed (one description per item).
+
+    The rootless rules are :func:`bundler.rootless.make_rootless`'s, the same as for the
+    bundles ocistage makes; here only what is particular to an engine's config handed to scrun.
+    """
     result: dict[str, Any] = json.loads(json.dumps(config))
     dropped: list[str] = []
     result["root"]["path"] = str(root_path)
     process = result.setdefault("process", {})
     user = process.setdefault("user", {})
-    container_uid = int(user.get("uid", 0))
-    container_gid = int(user.get("gid", 0))
-    if uid != 0 and container_uid != 0:
+    if uid != 0 and (int(user.get("uid", 0)), int(user.get("gid", 0))) != (0, 0):
         # an unprivileged job user can map only itself, and runc 1.1 needs container 0
         # mapped: run as container root (which is the job user outside)
-        dropped.append(f"process.user {container_uid}:{container_gid} (runs as 0:0, "
+        dropped.append(f"process.user {user.get('uid', 0)}:{user.get('gid', 0)} (runs as 0:0, "
                        "the job user outside)")
-        container_uid = container_gid = 0
         user["uid"], user["gid"] = 0, 0
-    if "additionalGids" in user:
-        user.pop("additionalGids")
-        dropped.append("process.user.additionalGids")
     process["env"] = merge_env([e for e in process.get("env", []) if isinstance(e, str)],
                                job_env)
     linux = result.setdefault("linux", {})
-    namespaces = [ns for ns in linux.get("namespaces", []) if isinstance(ns, dict)]
-    for ns in namespaces:
-        if ns.get("type") in ("network", "cgroup"):
-            dropped.append(f"{ns['type']} namespace (Slurm runs containers on the host "
-                           "network and in the job's cgroup)")
-    kept = [ns for ns in namespaces if ns.get("type") not in ("network", "cgroup", "user")]
-    linux["namespaces"] = [*kept, {"type": "user"}]
-    linux["uidMappings"] = _id_mappings(container_uid, uid)
-    linux["gidMappings"] = _id_mappings(container_gid, gid)
-    for key in ("cgroupsPath", "resources", "seccomp", "intelRdt"):
-        if key in linux:
-            linux.pop(key)
-            dropped.append(f"linux.{key}")
+    if linux.pop("seccomp", None) is not None:
+        dropped.append("linux.seccomp")
     hooks = result.get("hooks")
     if isinstance(hooks, dict):
         for key in ("prestart", "createRuntime"):
@@ -366,7 +346,10 @@ def rewrite_config(config: Mapping[str, Any], *, root_path: Path, uid: int, gid:
             continue
         mounts.append(mount)
     result["mounts"] = mounts
-    return result, dropped
+    # root may map container 0 to the overflow id; anyone else runs as container 0 (above)
+    placeholder = detect_root_placeholder(uid, gid) if uid == 0 else None
+    result, changed = make_rootless(result, RootlessIds(uid, gid, placeholder))
+    return result, dropped + changed
 
 
 def _marker_path(bundle: Path) -> Path:

@@ -14,10 +14,14 @@ from tests.e2e.components import require_binary
 CLI = [sys.executable, "-c", "from bundler.cli import main; main()"]
 
 
-def ocistage(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+SYSTEM_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"
+
+
+def ocistage(*args: str, cwd: Path | None = None,
+             path: str = SYSTEM_PATH) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120,
                           check=False, cwd=cwd, stdin=subprocess.DEVNULL,
-                          env={"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "NO_COLOR": "1",
+                          env={"PATH": path, "NO_COLOR": "1",
                                "COLUMNS": "200", "HOME": str(cwd or Path.cwd())})
 
 
@@ -68,13 +72,27 @@ def test_scrun_lua_is_valid_lua(tmp_path: Path) -> None:
     assert ocistage("runtime", "scrun-lua", "--stage-to", "cloud").returncode == 2
 
 
-def test_engine_configs() -> None:
+def test_engine_configs_name_the_scrun_on_path(tmp_path: Path) -> None:
     docker = ocistage("runtime", "docker-config", "--scrun", "/usr/local/sbin/scrun")
     assert docker.returncode == 0
     assert json.loads(docker.stdout)["runtimes"]["slurm"]["path"] == "/usr/local/sbin/scrun"
     assert "--security-opt" in docker.stderr
-    podman = ocistage("runtime", "podman-config")
-    assert podman.returncode == 0 and 'runtime = "slurm"' in podman.stdout
+    # a site's Slurm under its own prefix (Debian's 22.05 has no scrun)
+    prefix = tmp_path / "opt" / "slurm" / "bin"
+    prefix.mkdir(parents=True)
+    (prefix / "scrun").write_text("#!/bin/sh\n")
+    (prefix / "scrun").chmod(0o755)
+    path = f"{prefix}:{SYSTEM_PATH}"
+    podman = ocistage("runtime", "podman-config", path=path)
+    assert podman.returncode == 0, podman.stderr
+    assert f'slurm = ["{prefix}/scrun"]' in podman.stdout.splitlines()
+    docker = ocistage("runtime", "docker-config", path=path)
+    assert json.loads(docker.stdout)["runtimes"]["slurm"]["path"] == f"{prefix}/scrun"
+    for command in ("podman-config", "docker-config"):
+        missing = ocistage("runtime", command, path=SYSTEM_PATH if not shutil.which(
+            "scrun", path=SYSTEM_PATH) else str(tmp_path / "empty"))
+        assert missing.returncode == 2
+        assert "scrun not found on PATH" in missing.stderr
 
 
 def test_scrun_stage_out_refuses_an_unmarked_directory(tmp_path: Path) -> None:

@@ -133,7 +133,7 @@ def test_engine_snippets_parse() -> None:
     assert daemon["default-runtime"] == "slurm"
     assert daemon["runtimes"]["slurm"]["path"] == "/usr/local/bin/scrun"
     assert daemon["rootless"] is True and daemon["bridge"] == "none"
-    conf = tomllib.loads(podman_containers_conf())
+    conf = tomllib.loads(podman_containers_conf("/usr/bin/scrun"))
     assert conf["engine"]["runtime"] == "slurm"
     assert conf["engine"]["runtimes"]["slurm"] == ["/usr/bin/scrun"]
     assert conf["containers"]["netns"] == "host"

@@ -1,0 +1,51 @@
+"""Dependencies point one way (DESIGN.md, docs/architecture.md): bundler -> cache,
+stagers -> cache, runtimes -> (stagers, cache, and bundler's two leaf modules of rootless
+config rules); the CLI modules (bundler/cli*.py) are the only ones that import all four."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("cache", "bundler", "stagers", "runtimes")
+ALLOWED = {
+    "cache": {"cache"},
+    "bundler": {"bundler", "cache"},
+    "stagers": {"stagers", "cache"},
+    "runtimes": {"runtimes", "stagers", "cache"},
+}
+#: single modules another package may import beyond ALLOWED: one implementation of rootless
+#: id mapping and config rewriting, for `bundle` and for scrun's stage-in (they import only
+#: the standard library and each other)
+EXTRA = {"runtimes": {"bundler.idmap", "bundler.rootless"}}
+LEAVES = {"bundler.idmap": {"bundler.idmap"}, "bundler.rootless": {"bundler.idmap"}}
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return {name for name in names if name.split(".")[0] in PACKAGES}
+
+
+def test_every_import_points_down() -> None:
+    wrong = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).glob("*.py")):
+            if package == "bundler" and path.name.startswith("cli"):
+                continue
+            for name in _imports(path):
+                if name.split(".")[0] in ALLOWED[package] or name in EXTRA.get(package, ()):
+                    continue
+                wrong.append(f"{package}/{path.name} imports {name}")
+    assert wrong == []
+
+
+def test_the_shared_rootless_modules_are_leaves() -> None:
+    for module, allowed in LEAVES.items():
+        path = ROOT / (module.replace(".", "/") + ".py")
+        assert _imports(path) <= allowed, module
