@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,7 +49,9 @@ def register(app: typer.Typer) -> None:
 
 
 def _result_json(result: StageResult, source: str) -> dict[str, Any]:
-    return {"path": str(result.path), "source": source, "node": socket.gethostname(),
+    from stagers.allnodes import node_name
+
+    return {"path": str(result.path), "source": source, "node": node_name(),
             "method": result.method, "files": result.files, "copied": result.copied,
             "linked": result.linked, "unchanged": result.unchanged,
             "bytes_copied": result.bytes_copied, "lease_id": result.lease_id}

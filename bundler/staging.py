@@ -82,6 +82,10 @@ def stage(what: str, options: StageOptions, *, store: Store,
     if options.format not in ("dir", "squashfs"):
         raise UsageError(f"unknown format {options.format!r}",
                          "use --format dir or --format squashfs")
+    if options.all_nodes:
+        from stagers.allnodes import check_all_nodes
+
+        check_all_nodes()  # before the REF is resolved: refused where it would run N times
     source, label, warnings = _resolve(what, store, pull_options, progress)
     return Staged(label, _dispatch(source, label, options, store, image_progress), warnings)
 
