@@ -113,7 +113,10 @@ def stage_all_nodes(inner: Sequence[str], environ: Mapping[str, str] | None = No
         raise StageError(f"srun failed: {exc}") from exc
     results = sorted(parse_lines(proc.stdout), key=lambda r: r.node)
     if proc.returncode != 0 or len({r.node for r in results}) != nodes:
-        detail = proc.stderr.strip().splitlines()
+        lines = proc.stderr.strip().splitlines()
+        # a stager's own error (and its hint) says more than srun's "task 1: Terminated"
+        own = [line for line in lines if line.startswith("error: ")]
+        detail = own[:1] or lines
         raise StageError(
             f"staging on all {nodes} nodes failed (srun exit {proc.returncode}, "
             f"{len(results)} nodes reported): {detail[-1] if detail else 'no error output'}",
