@@ -252,7 +252,7 @@ def submit_command(
     stage_to: Annotated[Path | None, typer.Option(
         "--stage-to", metavar="DIR", envvar="OCISTAGE_STAGE_TO",
         help="Staging directory that the compute nodes see [default: the stage_to setting, "
-             "else CACHE/staged].")
+             "as for `stage`].")
     ] = None,
     srun: Annotated[bool, typer.Option(
         "--srun", help="Run blocking with srun (interactive) instead of sbatch.")] = False,
@@ -276,7 +276,7 @@ def submit_command(
     """Pull, bundle and stage REF, then sbatch --container it: REF [SBATCH OPTS] -- CMD."""
     from bundler.bundle import make_bundle
     from bundler.runtime_config import ConfigOptions
-    from runtimes.submit import SubmitOptions, check_options, submit
+    from runtimes.submit import SubmitOptions, check_options, submit, this_ocistage
 
     setup_logging(verbose)
     options, command = _split_submit_args(list(ctx.args), sys.argv)
@@ -289,14 +289,17 @@ def submit_command(
                              config_options=ConfigOptions(map_root=map_root),
                              progress=progress)
     print_warnings(bundle.warnings, quiet)
+    target = settings.stage_target(os.fspath(stage_to) if stage_to else None)  # as `stage`
+    if "://" in target:
+        raise UsageError(f"submit stages into a directory the nodes see, not {target}",
+                         "pass --stage-to DIR")
     result = submit(bundle.path, SubmitOptions(
-        stage_to=(stage_to or (Path(settings.stage_to).expanduser() if settings.stage_to
-                               else settings.cache / "staged")).absolute(), options=options,
-        command=command, srun=srun, copy=copy), cache_root=settings.cache)
+        stage_to=Path(target).absolute(), options=options, command=command, srun=srun,
+        copy=copy, ocistage=this_ocistage()), cache_root=settings.cache)
     if json_output:
         print_json({"job_id": result.job_id, "staged": str(result.staged),
                     "lease_id": result.lease_id, "exit_code": result.exit_code,
-                    "bundle": str(bundle.path)})
+                    "cleanup_job_id": result.cleanup_job_id, "bundle": str(bundle.path)})
     elif result.job_id is not None:
         if not quiet:
             stderr.print(f"staged {shown(str(result.staged))}")

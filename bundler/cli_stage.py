@@ -111,11 +111,7 @@ def stage_command(
 
     settings = load_cli_settings(cache=cache, insecure=insecure_registry, mirror=mirror,
                                  ca_file=ca_file, pull=pull_policy)
-    to = to or settings.stage_to
-    if not to:
-        raise UsageError("no stage target",
-                         "pass --to DIR|URL, set $OCISTAGE_STAGE_TO, or put stage_to = \"DIR\" "
-                         "in the config file")
+    to = settings.stage_target(to)
     silent = quiet or json_output or json_lines
     with _image_progress(silent or format != "squashfs") as image_progress:
         staged = stage(what, StageOptions(to=to, format=format, name=name, pin=pin,

@@ -79,6 +79,16 @@ class Settings:
     # what the config files hold that ocistage does not know (with the closest known key)
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
+    def stage_target(self, option: str | None) -> str:
+        """Where `stage` and `submit` stage: the option, else the ``stage_to`` setting
+        (``$OCISTAGE_STAGE_TO``, the config file); UsageError when neither is set."""
+        target = option or self.stage_to
+        if not target:
+            raise UsageError("no stage target",
+                             "pass --to DIR|URL (submit: --stage-to DIR), set "
+                             "$OCISTAGE_STAGE_TO, or put stage_to = \"DIR\" in the config file")
+        return target
+
     def registry_config(self) -> RegistryConfig:
         # requests: only commands that talk to a registry import it
         from bundler.registry_types import RegistryConfig

@@ -1,4 +1,4 @@
-"""Thin wrappers around Slurm's commands: version, ``sbatch``, ``srun``, ``scontrol show job``.
+"""Thin wrappers around Slurm's commands: version, ``sbatch``, ``srun``, ``scontrol``, ``scancel``.
 
 Every call goes through :func:`_run`, the one place where a missing binary or a failed command
 becomes a :class:`SlurmError`. Nothing here decides policy (what to stage, which runtime):
@@ -116,15 +116,6 @@ def srun_argv(options: Sequence[str], *, container: Path | None,
     if container is not None:
         argv.append(f"--container={container}")
     return [*argv, *command]
-
-
-def show_job(job_id: str) -> dict[str, str]:
-    """``scontrol show job -o ID`` as a dict (``JobState``, ``Container``, ``StdOut``, ...)."""
-    argv = ["scontrol", "show", "job", "-o", job_id]
-    result = _run(argv)
-    if result.returncode != 0:
-        raise _failure(argv, result)
-    return parse_scontrol_record(result.stdout)
 
 
 def parse_scontrol_record(text: str) -> dict[str, str]:

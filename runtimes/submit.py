@@ -2,11 +2,19 @@
 
 The caller (the CLI) pulls and bundles; this module stages the bundle, submits
 ``sbatch --container=STAGED`` (or runs ``srun --container=STAGED``) and ties the staged bundle to
-the job with a ``slurm-job`` lease, so ``ocistage cache gc`` removes it once the job has ended.
+the job with a ``slurm-job`` lease.
 
 Order matters: the job is submitted held (its container path is known in advance, ``TO/NAME``),
 the bundle is staged under the job's own lease (the staged marker names it, which is what gc
-checks before removing), then the job is released. If staging fails the job is cancelled.
+checks before removing), a cleanup job is submitted, then the job is released. If anything
+fails before the release, the job is cancelled and the staged bundle released.
+
+The cleanup job (``sbatch --dependency=afterany:JOB``, one task, five minutes) runs once the job
+has ended in any way (completed, failed, cancelled with ``scancel``, timed out), whoever is
+still logged in: it releases the job's lease and removes the staged bundle unless another live
+job holds it (``ocistage unstage`` as that job). So removal follows the job's end by itself, as
+fast as Slurm starts a one-task job; nothing has to run ``ocistage cache gc`` (which still
+collects what a lost cleanup job left).
 """
 
 from __future__ import annotations
@@ -15,12 +23,12 @@ import contextlib
 import json
 import shlex
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache import leases
-from cache.errors import SlurmError, UsageError
+from cache.errors import OcistageError, SlurmError, UsageError
 from cache.leases import Holder
 from runtimes.slurm import cancel_job, release_job, sbatch, srun_argv
 
@@ -33,6 +41,8 @@ class SubmitOptions:
     srun: bool = False                      # run blocking with srun instead of sbatch
     copy: bool = False                      # independent writable copy (default: shared, ro)
     name: str | None = None                 # staged name [default: the bundle's name]
+    # argv prefix that runs ocistage in the cleanup job (on a compute node)
+    ocistage: Sequence[str] = ("ocistage",)
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,7 @@ class SubmitResult:
     staged: Path
     lease_id: str | None
     exit_code: int = 0                      # srun's exit status
+    cleanup_job_id: str | None = None       # the afterany job that unstages after the job
 
 
 def bundle_args(bundle: Path) -> list[str]:
@@ -87,27 +98,75 @@ def submit(bundle: Path, options: SubmitOptions, *, cache_root: Path) -> SubmitR
         except OSError as exc:
             raise SlurmError(f"cannot run srun: {exc.strerror}") from exc
         return SubmitResult(None, Path(staged.path), staged.lease_id, exit_code)
-    # submit held, stage under the job's own lease, then release: the staged bundle's marker
-    # names the job's lease, so gc removes it once the job has ended
+    # submit held, stage under the job's own lease, submit the cleanup job, then release: the
+    # staged bundle's marker names the job's lease, the cleanup job releases it
     path = options.stage_to.absolute() / name
     user_holds = any(o == "--hold" or o == "-H" for o in options.options)
     job_id = sbatch([*options.options, "--hold"], container=path, wrap=wrap_command(command))
+    staged_path: Path | None = None
     try:
         staged = stage_directory(bundle, options.stage_to, cache_root=cache_root, name=name,
                                  holder=Holder.slurm_job(job_id), link=link)
+        staged_path = Path(staged.path)
+        cleanup_id = sbatch(cleanup_options(options.options, job_id), container=None,
+                            wrap=wrap_command(unstage_command(options.ocistage, staged_path,
+                                                              job_id, cache_root)))
         if not user_holds:
             release_job(job_id)
     except BaseException:
         with contextlib.suppress(SlurmError):
             cancel_job(job_id)
+        if staged_path is not None:
+            _unstage(staged_path, job_id, cache_root)
         raise
-    return SubmitResult(job_id, Path(staged.path), staged.lease_id)
+    return SubmitResult(job_id, staged_path, staged.lease_id, cleanup_job_id=cleanup_id)
 
 
-def _drop(cache_root: Path, lease_id: str | None) -> None:
-    if lease_id:
-        with contextlib.suppress(UsageError):
-            leases.release(cache_root, lease_id)
+#: sbatch options that say who pays and where a job may run: the cleanup job needs the same
+_PLACEMENT = {"-p": "--partition", "-A": "--account", "-q": "--qos", "-M": "--clusters",
+              "--partition": "--partition", "--account": "--account", "--qos": "--qos",
+              "--clusters": "--clusters", "--reservation": "--reservation"}
+
+
+def cleanup_options(options: Sequence[str], job_id: str) -> list[str]:
+    """sbatch options of the cleanup job of ``job_id``: after it, whatever its end."""
+    result = [f"--dependency=afterany:{job_id}", f"--job-name=ocistage-unstage-{job_id}",
+              "--nodes=1", "--ntasks=1", "--time=5", "--output=/dev/null",
+              "--kill-on-invalid-dep=no"]
+    args = list(options)
+    for index, option in enumerate(args):
+        name, sep, value = option.partition("=")
+        if name in _PLACEMENT:
+            if sep:
+                result.append(f"{_PLACEMENT[name]}={value}")
+            elif index + 1 < len(args):
+                result.append(f"{_PLACEMENT[name]}={args[index + 1]}")
+        elif len(name) > 2 and name[:2] in _PLACEMENT and not name.startswith("--"):
+            result.append(f"{_PLACEMENT[name[:2]]}={name[2:]}")  # -pdebug
+    return result
+
+
+def this_ocistage() -> tuple[str, ...]:
+    """The argv prefix that runs this ocistage (this interpreter) on a node sharing its
+    filesystem. ``-P``: the job's working directory is not put on ``sys.path`` (a ``cache/``
+    directory there would shadow the package)."""
+    return (sys.executable, "-P", "-m", "bundler.cli")
+
+
+def unstage_command(ocistage: Sequence[str], staged: Path, job_id: str,
+                    cache_root: Path) -> list[str]:
+    """What the cleanup job runs: ``ocistage unstage`` as the job (SLURM_JOB_ID is what
+    unstage reads), which releases that job's lease and removes the bundle if no other live
+    lease holds it."""
+    return ["env", f"SLURM_JOB_ID={job_id}", *ocistage, "unstage", "--cache",
+            str(cache_root), "--quiet", str(staged)]
+
+
+def _unstage(staged: Path, job_id: str, cache_root: Path) -> None:
+    from stagers.unstage import unstage  # a sibling package's API
+
+    with contextlib.suppress(OcistageError, OSError):  # best effort: the error in flight wins
+        unstage(staged, cache_root=cache_root, holder=Holder.slurm_job(job_id))
 
 
 def _unique() -> str:

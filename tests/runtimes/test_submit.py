@@ -1,0 +1,36 @@
+"""runtimes.submit: the cleanup job that removes a submitted job's staged bundle after it (the
+run on a real cluster is tests/e2e/test_submit_cleanup.py)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from runtimes.submit import cleanup_options, this_ocistage, unstage_command
+
+
+def test_cleanup_job_runs_after_the_job_whatever_its_end_where_the_job_may_run() -> None:
+    options = cleanup_options(["-N3", "-p", "gpu", "--account=proj", "-qlow", "--time=60",
+                               "--reservation", "maint", "--output=x.out"], "42")
+    assert options[:2] == ["--dependency=afterany:42", "--job-name=ocistage-unstage-42"]
+    assert "--kill-on-invalid-dep=no" in options and "--ntasks=1" in options
+    assert options[-4:] == ["--partition=gpu", "--account=proj", "--qos=low",
+                            "--reservation=maint"]
+    assert not [o for o in options if o.startswith(("-N3", "--time=60", "--output=x"))]
+
+
+def test_cleanup_unstages_as_the_job_through_this_ocistage() -> None:
+    argv = unstage_command(("/venv/bin/python", "-m", "bundler.cli"), Path("/s/b1"), "42",
+                           Path("/c"))
+    assert argv == ["env", "SLURM_JOB_ID=42", "/venv/bin/python", "-m", "bundler.cli",
+                    "unstage", "--cache", "/c", "--quiet", "/s/b1"]
+
+
+def test_the_cleanup_jobs_ocistage_runs_from_a_directory_holding_a_cache(tmp_path: Path) -> None:
+    (tmp_path / "cache").mkdir()  # `python -m` from here imported this instead of the package
+    (tmp_path / "cache" / "leases").mkdir()
+    result = subprocess.run([*this_ocistage(), "unstage", "--cache", str(tmp_path / "c"),
+                             str(tmp_path / "absent")], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr  # ImportError from ./cache without -P
+    assert "kept (absent" in result.stdout + result.stderr
