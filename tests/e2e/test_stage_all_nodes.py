@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,34 +21,25 @@ from tests.e2e.slurm import SlurmCluster
 pytestmark = pytest.mark.timeout(900)
 
 
-@pytest.fixture
-def job_dir() -> Iterator[Path]:
-    """A directory every node and the submit shell reach (outputs of the jobs)."""
-    path = Path(tempfile.mkdtemp(prefix="ocistage-all-nodes-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _stage_command(ocistage: OcistageRunner, ref: str, to: Path, out: Path) -> str:
+def _stage_command(ocistage: OcistageRunner, ref: str, to: Path, out: Path, name: str) -> str:
     # --copy: the node-local bind mounts share /tmp's filesystem with the cache, and the
     # hardlink path has no EXDEV fallback yet (issue 12, item 3, another branch)
     command = shlex.join([*ocistage.command, "stage", "--all-nodes", ref, "--to", str(to),
-                          "--name", "app", "--copy", "--json"])
+                          "--name", name, "--copy", "--json"])
     return f"{command} > {shlex.quote(str(out))}"
 
 
 def _check_every_node_staged(cluster: SlurmCluster, out: Path, job_id: str,
-                             ocistage: OcistageRunner) -> None:
+                             ocistage: OcistageRunner, name: str) -> None:
     results = json.loads(out.read_text())
     assert [r["node"] for r in results] == ["n1", "n2", "n3"]  # SLURMD_NODENAME, not the host
     for result in results:
-        assert result["path"] == str(cluster.node_local / "app")
-        mine = cluster.node_dir(result["node"]) / "app"
+        assert result["path"] == str(cluster.node_local / name)
+        mine = cluster.node_dir(result["node"]) / name
         assert (mine / "rootfs" / "bin" / "busybox").is_file(), result
         assert (mine / "config.json").is_file()
     # the host's view of the node-local path is its own (empty): the bundles are the nodes'
-    assert not (cluster.node_local / "app").exists()
+    assert not (cluster.node_local / name).exists()
     holders = {(lease.holder.kind, lease.holder.job_id) for lease in all_leases(ocistage.cache)
                if lease.holder.kind == "slurm-job"}
     assert holders == {("slurm-job", job_id)}
@@ -65,49 +53,47 @@ def _check_one_request_per_thing(proxy: FaultProxy, image: ImageRef) -> None:
 
 def test_inside_salloc_each_node_gets_its_own_bundle_from_one_fetch(
         slurm_24_05: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
-        fault_proxy: FaultProxy, job_dir: Path) -> None:
+        fault_proxy: FaultProxy, shared_dir: Path) -> None:
     image = images["busybox"]
     ref = image.via(fault_proxy.host)
-    out = job_dir / "salloc.json"
-    script = _stage_command(ocistage, ref, slurm_24_05.node_local, out)
+    out = shared_dir / "salloc.json"
+    script = _stage_command(ocistage, ref, slurm_24_05.node_local, out, "salloc-app")
     result = slurm_24_05.salloc("-N3", "sh", "-c", f"{script} && echo job=$SLURM_JOB_ID",
-                                env=ocistage.environment(), cwd=job_dir, timeout=600)
+                                env=ocistage.environment(), cwd=shared_dir, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     job_id = result.stdout.strip().rsplit("job=", 1)[-1]
-    _check_every_node_staged(slurm_24_05, out, job_id, ocistage)
+    _check_every_node_staged(slurm_24_05, out, job_id, ocistage, "salloc-app")
     _check_one_request_per_thing(fault_proxy, image)
 
 
 def test_inside_an_sbatch_script_each_node_gets_its_own_bundle_from_one_fetch(
         slurm_24_05: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
-        fault_proxy: FaultProxy, job_dir: Path) -> None:
+        fault_proxy: FaultProxy, shared_dir: Path) -> None:
     image = images["multilayer"]
     ref = image.via(fault_proxy.host)
-    out = job_dir / "sbatch.json"
-    script = job_dir / "job.sh"
+    out = shared_dir / "sbatch.json"
+    script = shared_dir / "job.sh"
     script.write_text("#!/bin/sh\nset -e\n"
-                      + _stage_command(ocistage, ref, slurm_24_05.node_local, out) + "\n")
+                      + _stage_command(ocistage, ref, slurm_24_05.node_local, out,
+                                       "sbatch-app") + "\n")
     script.chmod(0o755)
-    job_id = slurm_24_05.sbatch("-N3", f"--output={job_dir}/job.out", str(script),
-                                env=ocistage.environment(), cwd=job_dir)
+    job_id = slurm_24_05.sbatch("-N3", f"--output={shared_dir}/job.out", str(script),
+                                env=ocistage.environment(), cwd=shared_dir)
     record = slurm_24_05.wait_for_job(job_id, timeout=600)
-    log = (job_dir / "job.out").read_text() if (job_dir / "job.out").exists() else ""
+    log = (shared_dir / "job.out").read_text() if (shared_dir / "job.out").exists() else ""
     assert record.get("JobState") == "COMPLETED", (record, log)
-    results = json.loads(out.read_text())
-    assert [r["node"] for r in results] == ["n1", "n2", "n3"]
-    for result in results:
-        assert (slurm_24_05.node_dir(result["node"]) / "app" / "rootfs").is_dir()
+    _check_every_node_staged(slurm_24_05, out, job_id, ocistage, "sbatch-app")
     _check_one_request_per_thing(fault_proxy, image)
 
 
 def test_inside_a_step_of_several_tasks_it_is_refused_before_any_request(
         slurm_24_05: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
-        fault_proxy: FaultProxy, job_dir: Path) -> None:
+        fault_proxy: FaultProxy, shared_dir: Path) -> None:
     ref = images["busybox"].via(fault_proxy.host)
     before = {node: sorted(slurm_24_05.node_dir(node).iterdir()) for node in slurm_24_05.nodes}
     result = slurm_24_05.srun("-N3", *ocistage.command, "stage", "--all-nodes", ref, "--to",
                               str(slurm_24_05.node_local), env=ocistage.environment(),
-                              cwd=job_dir, timeout=600)
+                              cwd=shared_dir, timeout=600)
     assert result.returncode != 0
     assert result.stderr.count("error: --all-nodes inside a job step of 3 tasks") == 3, \
         result.stderr
