@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -283,16 +284,16 @@ def submit_command(
     check_options(options)
     settings = load_cli_settings(cache=cache, insecure=insecure_registry, mirror=mirror,
                                  ca_file=ca_file, pull=pull_policy)
+    target = settings.stage_target(os.fspath(stage_to) if stage_to else None)  # as `stage`
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:/", target):  # a URL (a Path made memory:// memory:/)
+        raise UsageError(f"submit stages into a directory the nodes see, not {target}",
+                         "pass --stage-to DIR")
     source, store, pulling = image_inputs(ref, settings, platform)
     with download_progress(quiet or json_output) as progress:
         bundle = make_bundle(source, store, pull_options=pulling,
                              config_options=ConfigOptions(map_root=map_root),
                              progress=progress)
     print_warnings(bundle.warnings, quiet)
-    target = settings.stage_target(os.fspath(stage_to) if stage_to else None)  # as `stage`
-    if "://" in target:
-        raise UsageError(f"submit stages into a directory the nodes see, not {target}",
-                         "pass --stage-to DIR")
     result = submit(bundle.path, SubmitOptions(
         stage_to=Path(target).absolute(), options=options, command=command, srun=srun,
         copy=copy, ocistage=this_ocistage()), cache_root=settings.cache)

@@ -32,7 +32,6 @@ from bundler.cli_common import (
     stderr,
     stdout,
 )
-from cache.errors import UsageError
 from cache.sizes import format_size
 
 if TYPE_CHECKING:

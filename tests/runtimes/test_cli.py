@@ -111,3 +111,14 @@ def test_submit_refuses_container_and_wrap_options(tmp_path: Path) -> None:
                           str(tmp_path / "c"), option, "--", "true", cwd=tmp_path)
         assert result.returncode == 2, result.stderr
         assert "is set by ocistage submit" in result.stderr
+
+
+def test_submit_finds_its_stage_target_as_stage_does(tmp_path: Path) -> None:
+    ref = f"oci:{tmp_path / 'no-layout'}:x"
+    for command in (["stage", ref], ["submit", ref]):
+        result = ocistage(*command, "--cache", str(tmp_path / "c"), cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("error: no stage target"), result.stderr
+    url = ocistage("submit", ref, "--stage-to", "memory://x", "--cache", str(tmp_path / "c"),
+                   cwd=tmp_path)
+    assert url.returncode == 2 and "a directory the nodes see, not memory:" in url.stderr
