@@ -78,6 +78,14 @@ class Scrun:
         state: dict[str, Any] = json.loads(result.stdout)
         return state
 
+    @staticmethod
+    def wait_for_line(out: Path, line: str, timeout: float = 120) -> None:
+        """Wait until the container has printed ``line`` (its output arrives after create)."""
+        deadline = time.monotonic() + timeout
+        while line not in out.read_text().splitlines():
+            assert time.monotonic() < deadline, out.read_text()
+            time.sleep(0.3)
+
     def wait_stopped(self, container_id: str, anchor: int, timeout: float = 120) -> None:
         """Wait as an engine does: for the container's process (scrun's anchor, the state's
         pid) to exit; scrun's state may say "running" until then."""
@@ -154,15 +162,23 @@ def _stage_dir(scrun: Scrun, stage_to: str) -> Path:
             else scrun.cluster.node_local / "ocistage-scrun")
 
 
+def _prepare(scrun: Scrun, stage_to: str, image: ImageRef, script: str) -> tuple[Path, Path]:
+    """scrun.lua for ``stage_to`` and an engine bundle running ``sh -c script``: the stage
+    directory and the bundle."""
+    stage_dir = _stage_dir(scrun, stage_to)
+    scrun.lua(stage_to, stage_dir)
+    return stage_dir, _engine_bundle(scrun, image, "/bin/sh", "-c", script)
+
+
 @pytest.mark.parametrize("stage_to", ["shared", "node-local"])
 def test_scrun_create_runs_the_container_and_stage_out_removes_its_bundle(
         scrun: Scrun, images: dict[str, ImageRef], stage_to: str) -> None:
-    stage_dir = _stage_dir(scrun, stage_to)
-    scrun.lua(stage_to, stage_dir)
-    bundle = _engine_bundle(scrun, images["busybox"], "/bin/sh", "-c",
-                            "echo uid=$(id -u); grep ^NAME= /etc/os-release; exit 0")
+    stage_dir, bundle = _prepare(scrun, stage_to, images["busybox"],
+                                 "echo uid=$(id -u); grep ^NAME= /etc/os-release; exit 0")
     out = scrun.create(bundle, "run1")
-    scrun.wait_stopped("run1", scrun.state("run1")["pid"])
+    anchor = scrun.state("run1")["pid"]
+    scrun.wait_for_line(out, "uid=1000")
+    scrun.wait_stopped("run1", anchor)
     scrun.run("delete", "run1")  # what the engine calls next (the anchor may be gone)
     lines = out.read_text().splitlines()
     assert "uid=1000" in lines and f'NAME="{OS_RELEASE_NAME}"' in lines, lines
@@ -181,14 +197,12 @@ def test_scrun_create_runs_the_container_and_stage_out_removes_its_bundle(
 ])
 def test_scrun_state_kill_delete_of_a_running_container(
         scrun: Scrun, images: dict[str, ImageRef], stage_to: str) -> None:
-    stage_dir = _stage_dir(scrun, stage_to)
-    scrun.lua(stage_to, stage_dir)
     # killed with SIGKILL (`docker kill`, `docker stop` after its grace time): scrun's SIGTERM
     # was not seen to reach the container on 24.05.8 (docs/slurm.md); and the container ends
     # by itself soon, since a killed job can leave its container's processes behind
-    bundle = _engine_bundle(scrun, images["busybox"], "/bin/sh", "-c",
-                            "echo started; sleep 30")
+    stage_dir, bundle = _prepare(scrun, stage_to, images["busybox"], "echo started; sleep 30")
     out = scrun.create(bundle, "long1")
+    scrun.wait_for_line(out, "started")  # create returns before srun has started it
     state = scrun.state("long1")
     anchor = state["pid"]
     assert state["status"] == "running" and state["id"] == "long1"
