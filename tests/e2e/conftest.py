@@ -345,13 +345,3 @@ def ocistage(tmp_path: Path) -> OcistageRunner:
     (home / "run").mkdir(parents=True, mode=0o700)
     return OcistageRunner(command=tuple(ocistage_command()), cache=tmp_path / "cache",
                           home=home, cwd=tmp_path)
-
-
-@pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A directory (0755, under /tmp) that job users, every test-cluster node and the submit
-    host reach; pytest's own tmp_path is private to the user running the tests."""
-    path = Path(tempfile.mkdtemp(prefix="ocistage-shared-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
