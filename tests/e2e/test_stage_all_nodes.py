@@ -22,10 +22,10 @@ pytestmark = pytest.mark.timeout(900)
 
 
 def _stage_command(ocistage: OcistageRunner, ref: str, to: Path, out: Path, name: str) -> str:
-    # --copy: the node-local bind mounts share /tmp's filesystem with the cache, and the
-    # hardlink path has no EXDEV fallback yet (issue 12, item 3, another branch)
+    # the default (links where possible): the node-local bind mounts share /tmp's filesystem
+    # with the cache, so link() fails with EXDEV and the stagers fall back to copies
     command = shlex.join([*ocistage.command, "stage", "--all-nodes", ref, "--to", str(to),
-                          "--name", name, "--copy", "--json"])
+                          "--name", name, "--json"])
     return f"{command} > {shlex.quote(str(out))}"
 
 
