@@ -78,12 +78,16 @@ class Scrun:
         state: dict[str, Any] = json.loads(result.stdout)
         return state
 
-    @staticmethod
-    def wait_for_line(out: Path, line: str, timeout: float = 120) -> None:
-        """Wait until the container has printed ``line`` (its output arrives after create)."""
+    def wait_for_line(self, out: Path, line: str, timeout: float = 300) -> None:
+        """Wait until the container has printed ``line`` (its output arrives after create,
+        once scrun's job has its allocation and srun has started the container)."""
         deadline = time.monotonic() + timeout
         while line not in out.read_text().splitlines():
-            assert time.monotonic() < deadline, out.read_text()
+            if time.monotonic() > deadline:
+                queue = self.cluster.run("squeue", "-a", timeout=30).stdout
+                nodes = self.cluster.run("sinfo", "-N", timeout=30).stdout
+                pytest.fail(f"no {line!r} after {timeout:.0f}s; output: {out.read_text()!r}\n"
+                            f"{queue}\n{nodes}")
             time.sleep(0.3)
 
     def wait_stopped(self, container_id: str, anchor: int, timeout: float = 120) -> None:
