@@ -17,11 +17,13 @@ Walks (:func:`remove_at`, :func:`tree_stats`) are iterative and indifferent to d
 The ownership rule of removal (docs/trust.md): the entry removed must be the caller's when the
 directory holding it is one others can write (:func:`others_can_write`: a sticky ``/tmp``, a
 world- or group-writable directory, or one owned by somebody else than the caller or root);
-inside the tree, in every world-writable directory (an image's ``/tmp``), only the caller's
-entries are touched. Others' entries are left and reported by
-:class:`~cache.errors.UntrustedPath` at the end. (Entries of other owners in the tree's other
-directories — an image's files unpacked as root with their own uids — are the tree's own
-content and go with it: nothing reached through descriptors leads outside the tree.)
+inside the tree, a caller other than root touches only its own entries in world-writable
+directories (an image's ``/tmp``: it could not remove others' entries of a sticky one anyway).
+Others' entries are left and reported by :class:`~cache.errors.UntrustedPath` at the end.
+Everything else inside a tree the caller may remove is the tree's own content and goes with
+it — an image's files unpacked as root with their own uids, or the mount point slurmstepd
+makes in a staged rootfs as the job's user — since nothing reached through descriptors leads
+outside the tree; leaving such entries would leave the bundle on the node for good.
 
 Scratch directories with an owner file (``NAME`` + ``NAME.owner``, the owner's host and pid as
 :class:`cache.locks.Owner` JSON) are made, dropped and released here too
@@ -274,6 +276,9 @@ class _Removal:
     def __init__(self) -> None:
         self.uid = os.geteuid()
         self.skipped: list[str] = []
+        #: whether world-writable directories inside the tree keep others' entries (not for
+        #: root, who removes the tree whole once its top entry may be removed)
+        self.inner_rule = self.uid != 0
 
     def may_touch(self, shared: bool, st: os.stat_result, where: str) -> bool:
         if not shared or st.st_uid == self.uid:
@@ -344,7 +349,8 @@ class _Removal:
         if not self.may_touch(parent_shared, st, name):
             return
         walk = _Walk(parent_fd)
-        walk.push(_Frame(name, os.dup(fd), identity(st), world_writable(st)))
+        walk.push(_Frame(name, os.dup(fd), identity(st),
+                         self.inner_rule and world_writable(st)))
         try:
             while walk.stack:
                 top = walk.stack[-1]
@@ -370,7 +376,7 @@ class _Removal:
                         raise StoreError(f"{child} is a mount point inside a tree being "
                                          f"removed; not crossing into it", "unmount it first")
                     walk.push(_Frame(child, child_fd, identity(child_st),
-                                     world_writable(child_st)))
+                                     self.inner_rule and world_writable(child_st)))
                     continue
                 done, holder = walk.pop()
                 try:

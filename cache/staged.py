@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cache.errors import StoreError
-from cache.fsops import DIR_FOLLOW, DIR_READ, remove_opened, trust_problem
+from cache.fsops import DIR_FOLLOW, DIR_READ, remove_at, remove_opened, trust_problem
 
 RESERVED_PREFIX = ".ocistage"
 MARKER_NAME = ".ocistage-staged.json"
@@ -191,6 +191,11 @@ def take_down(bundle: StagedBundle) -> None:
             os.rmdir(bundle.name, dir_fd=bundle.parent_fd)
         return
     try:
+        # the marker goes last: a removal that stops half-way (an entry it may not remove)
+        # leaves a bundle that unstage and GC still recognise, and try again
+        for entry in os.listdir(bundle.fd):
+            if entry != MARKER_NAME:
+                remove_at(bundle.fd, entry)
         remove_opened(bundle.parent_fd, bundle.name, bundle.fd)
     finally:
         os.close(bundle.fd)

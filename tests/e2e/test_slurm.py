@@ -141,8 +141,6 @@ def test_srun_container_as_an_unprivileged_user(
     assert result.stdout.split()[-3:] == ["0", str(slurm_job_user.uid), "1"]
 
 
-@pytest.mark.xfail(strict=True, reason="the cleanup job's unstage stops at rootfs/slurm "
-                   "(owner 65534, slurmstepd's mount point): docs/slurm.md, Known limits")
 def test_submit_end_to_end_and_removal_after_the_job(
         slurm_cluster: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
         shared_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,10 +16,7 @@ from tests.e2e.conftest import OcistageRunner
 from tests.e2e.images import ImageRef
 from tests.e2e.slurm import SlurmCluster
 
-pytestmark = [pytest.mark.timeout(900), pytest.mark.xfail(
-    strict=True, reason="since main's removal policy (only the caller's entries where others "
-    "can write), unstage in the cleanup job stops at rootfs/slurm, the mount point slurmstepd "
-    "made for the container (owner 65534), after removing the marker: docs/slurm.md")]
+pytestmark = pytest.mark.timeout(900)
 #: a job that runs until cancelled: PID 1 of the container handles SIGTERM (else it ignores
 #: it, and a cancelled job can leave it running: docs/slurm.md, Known limits) and ends anyway
 LONG = ("/bin/sh", "-c", "trap 'exit 143' TERM; sleep 120 & wait")

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cache import leases
+from cache import staged as staged_module
 from cache.errors import OcistageError
 from cache.fsops import remove_opened, remove_tree
 from cache.leases import Holder
@@ -220,3 +221,26 @@ def test_whose_leases_unstage_releases() -> None:
     # staging and unstaging agree on the pin and the job
     assert default_holder("mine", job) == releasing_holder("mine", job)
     assert default_holder(None, job) == releasing_holder(None, job)
+
+
+def test_a_removal_that_stops_half_way_keeps_the_marker_for_another_try(
+        tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Were the marker removed before an entry that cannot be removed (a mount point inside,
+    another user's entry), the bundle would stay unmarked, and neither unstage nor GC would
+    ever take it again: the marker goes last."""
+    cache = tmp_path / "cache"
+    staged = stage_directory(tree, tmp_path / "target", cache_root=cache, link=False).path
+    real = staged_module.remove_at
+
+    def refusing(dir_fd: int, name: str) -> None:
+        if name == "rootfs":
+            raise OcistageError("rootfs holds a mount point")
+        real(dir_fd, name)
+
+    monkeypatch.setattr(staged_module, "remove_at", refusing)
+    with pytest.raises(OcistageError, match="mount point"):
+        unstage(staged, cache_root=cache)
+    assert (staged / MARKER_NAME).is_file() and (staged / "rootfs").is_dir()
+    monkeypatch.undo()
+    assert unstage(staged, cache_root=cache)
+    assert not os.path.lexists(staged)
