@@ -13,6 +13,13 @@ Session fixtures (started once, torn down at the end of the session):
 - ``fixture_layouts``    the OCI layout with the fixture images (cached across sessions)
 - ``images``             name -> :class:`~tests.e2e.images.ImageRef` of every pushed image
 
+Slurm (tests/e2e/slurm.py; session-scoped, private, stopped by pid at the end):
+``slurm_22_05`` (Debian's 22.05, one node), ``slurm_24_05`` (24.05.8 built by
+.ci/build-slurm.sh, nodes n1-n3 with a private node-local directory each), both a
+:class:`~tests.e2e.slurm.SlurmCluster`; ``slurm_cluster`` (each of the two in turn);
+``slurm_job_user`` (an unprivileged
+:class:`~tests.e2e.slurm.JobUser`, removed at the end if the session created it).
+
 Per test: ``fault_proxy`` (a :class:`~tests.e2e.faultproxy.FaultProxy` in front of
 ``plain_registry``), ``make_fault_proxy`` (one in front of any registry) and ``ocistage``
 (runs the CLI with a private cache and HOME; ``ocistage.write_docker_auth(registry)``).
@@ -52,6 +59,14 @@ from tests.e2e.images import (
     cache_root,
     fixture_layouts,
     push_all,
+)
+from tests.e2e.slurm import (
+    JobUser,
+    SlurmCluster,
+    built_spec,
+    debian_spec,
+    job_user_account,
+    session_cluster,
 )
 from tests.e2e.tokenissuer import TokenIssuer, running_token_issuer
 
@@ -203,6 +218,38 @@ def make_fault_proxy() -> Iterator[Callable[[Registry], FaultProxy]]:
     with ExitStack() as stack:
         yield lambda registry: stack.enter_context(
             running_fault_proxy(registry.url, registry.ca_file))
+
+
+# --- Slurm ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def slurm_22_05() -> Iterator[SlurmCluster]:
+    """Debian 12's Slurm 22.05: one node named after the host, private config and daemons."""
+    with session_cluster(debian_spec(), ocistage_command()) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def slurm_24_05() -> Iterator[SlurmCluster]:
+    """Slurm 24.05.8 built by .ci/build-slurm.sh: nodes n1-n3, each with its own node-local
+    directory at ``cluster.node_local``; scrun in ``cluster.bin_dir``."""
+    with session_cluster(built_spec(), ocistage_command()) as cluster:
+        yield cluster
+
+
+@pytest.fixture(params=["22.05", "24.05"])
+def slurm_cluster(request: pytest.FixtureRequest) -> SlurmCluster:
+    """Each test cluster in turn: the test runs once on 22.05 and once on 24.05."""
+    name = "slurm_22_05" if request.param == "22.05" else "slurm_24_05"
+    cluster: SlurmCluster = request.getfixturevalue(name)
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def slurm_job_user() -> Iterator[JobUser]:
+    """An unprivileged account for jobs (``ocistage-slurm``); removed at the end if made here."""
+    with job_user_account() as user:
+        yield user
 
 
 # --- the CLI ----------------------------------------------------------------------------------

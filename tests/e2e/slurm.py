@@ -1,102 +1,111 @@
-"""The one-node Slurm of the end-to-end tests: find it, start it, run jobs on it.
+"""Private Slurm clusters for the end-to-end tests, started on demand and stopped by pid.
 
-:func:`ensure_slurm` uses a Slurm whose controller ``sinfo`` reaches; when none answers and we
-are root, it runs ``.ci/slurm.sh`` (which installs nothing that is present already, writes the
-configuration with ``ocistage runtime oci-conf`` and starts munged, slurmctld and slurmd). If
-Slurm still cannot be reached the test is skipped, or fails under ``OCISTAGE_REQUIRE_E2E=1``.
+Two clusters, both made by :func:`running_cluster` and handed to tests as a
+:class:`SlurmCluster` by the session fixtures in ``tests/e2e/conftest.py``:
+
+- ``slurm_22_05``: Debian 12's Slurm 22.05 (``/usr/sbin/slurmctld``), one node named after the
+  host (``hostname -s``).
+- ``slurm_24_05``: SchedMD's 24.05.8 built by ``.ci/build-slurm.sh`` into
+  ``/opt/ocistage-slurm/<sha256 prefix of the tarball>`` (or ``$OCISTAGE_SLURM_PREFIX``), three
+  nodes ``n1 n2 n3`` on this host (``NodeAddr=127.0.0.1``, a port each), with ``scrun``.
+
+Nothing outside the cluster's own directory (``/tmp/ocistage-slurm-<name>-XXXX``, mode 0755 so
+that job users reach it) is written, and nothing is left running:
+
+- ``etc/``: ``slurm.conf`` (``SLURM_CONF``; the daemons get ``-f``), an empty ``mpi.conf``
+  (24.05 keeps batch jobs PENDING with ``InvalidAccount`` without accounting unless it exists),
+  an empty ``plugstack.conf`` and ``oci.conf`` written by ``ocistage runtime oci-conf --runtime
+  runc`` (root directory ``oci-root/%u-runc``, plus ``SrunPath`` from 23.02 on: scrun runs srun
+  through ``sh`` with the job's environment, which has no PATH);
+- ``munge/``: a private munged (own key, seed, pid and log; socket ``munge-socket/munge.socket``,
+  given to Slurm as ``AuthInfo=socket=...``);
+- ``state/``, ``spool/<node>/``, ``log/`` (``slurmctld.log``, ``slurmd-<node>.log``,
+  ``munged.log``), ``run/`` (pid files);
+- ``nodes/<node>/``: each node's backing directory of the node-local path ``local/``. Every
+  slurmd is started with ``unshare --mount --propagation private`` and bind-mounts its
+  ``nodes/<node>`` on ``local/`` before it execs, so each node (and every job step on it) sees
+  only its own directory there while the host sees an empty ``local/``; a test checks what a node
+  got in :meth:`SlurmCluster.node_dir`.
+
+The daemons run in the foreground as children of the test session (with ``PR_SET_PDEATHSIG``,
+so even a killed session takes them along). At the end of the session every job is cancelled,
+the slurmds are stopped by pid and every process still in a node's mount namespace (a
+slurmstepd and its job) is killed, then slurmctld and munged, then the directory is removed.
+
+When a cluster cannot be had (no ``slurmctld``, the 24.05 build missing, not root) the test is
+skipped with the reason, or fails under ``OCISTAGE_REQUIRE_E2E=1``.
+
+:class:`SlurmCluster` API (keep it stable: other tests build on it)::
+
+    cluster.version        "22.05.8" / "24.05.8" (``slurmctld -V``)
+    cluster.env            {"SLURM_CONF": ..., "PATH": its bin/ first}: add to a command's env
+    cluster.environ(base)   base (default os.environ) with SLURM_CONF and PATH set for it
+    cluster.export(monkeypatch)  the same for this process (in-process squeue calls)
+    cluster.nodes          ("vm",) / ("n1", "n2", "n3")
+    cluster.node_local     the node-local path (the same on every node)
+    cluster.node_dirs      {node: backing directory on the host}; node_dir(node)
+    cluster.bin_dir        where its srun, sbatch, salloc, scontrol (and scrun) are
+    cluster.slurm_conf, cluster.oci_conf, cluster.log_dir
+    cluster.run(*argv, user=, cwd=, env=, input=, timeout=, check=)   any command, env = the
+                           environment to start from (e.g. ``ocistage.environment()``)
+    cluster.srun(*args, ...), cluster.salloc(*args, ...)              CompletedProcess
+    cluster.sbatch(*args, ...) -> job id (``--parsable``; fails the test if refused)
+    cluster.scontrol(*args, ...)
+    cluster.job_record(id), cluster.wait_for_job(id), cluster.wait_until_gone_from_squeue(id)
+    cluster.use_oci_conf(text)   context manager: another oci.conf for the steps started inside
+
+``srun``/``sbatch``/``salloc`` add ``--time=5`` unless a ``--time`` is given. ``user`` is a
+:class:`JobUser` (fixture ``slurm_job_user``): the command runs as that user with the cluster's
+environment.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import pwd
+import re
 import shutil
+import signal
+import socket
 import subprocess
+import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from runtimes.slurm import controller_reachable, parse_scontrol_record
-from tests.e2e.components import e2e_required, require_binary
+from runtimes.slurm import parse_scontrol_record
+from tests.e2e.components import e2e_required, free_port, require_binary
 
 REPO = Path(__file__).resolve().parents[2]
-SLURM_SH = REPO / ".ci" / "slurm.sh"
+BUILD_SCRIPT = REPO / ".ci" / "build-slurm.sh"
+SLURM_24_05_SHA256 = "b1b1549ee80fbcd2e4a3b40f17b0e794f92893b6e059d32d964d8db92c399b0e"
+SLURM_24_05_PREFIX = Path("/opt/ocistage-slurm") / SLURM_24_05_SHA256[:16]
+DEBIAN_SLURM = Path("/usr")
 TEST_USER = "ocistage-slurm"
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+START_TIMEOUT = 90.0
+STOP_TIMEOUT = 15.0
 
 
-def _unavailable(reason: str) -> None:
+class ClusterError(RuntimeError):
+    """A test cluster could not be started."""
+
+
+def unavailable(reason: str) -> None:
+    """Skip the test with reason, or fail it under ``OCISTAGE_REQUIRE_E2E=1``."""
     if e2e_required():
         pytest.fail(reason, pytrace=False)
     pytest.skip(reason)
 
 
-def ensure_slurm() -> None:
-    for binary in ("sinfo", "srun", "sbatch", "scontrol", "runc"):
-        require_binary(binary)
-    if controller_reachable():
-        return
-    if os.getuid() == 0 and shutil.which("slurmctld") and SLURM_SH.is_file():
-        result = subprocess.run(["bash", str(SLURM_SH)], capture_output=True, text=True,
-                                timeout=600, stdin=subprocess.DEVNULL, check=False)
-        if result.returncode != 0:
-            _unavailable(f".ci/slurm.sh failed:\n{result.stdout[-3000:]}\n"
-                         f"{result.stderr[-3000:]}")
-        if controller_reachable():
-            return
-    _unavailable("no Slurm controller answers `sinfo` (run .ci/slurm.sh as root to start a "
-                 "one-node Slurm)")
-
-
-def job_record(job_id: str) -> dict[str, str]:
-    result = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
-                            text=True, timeout=30, check=False)
-    if result.returncode != 0:
-        return {}
-    return parse_scontrol_record(result.stdout)
-
-
-def wait_for_job(job_id: str, timeout: float = 120) -> dict[str, str]:
-    """Wait until the job has finished; returns its last ``scontrol show job`` record."""
-    deadline = time.monotonic() + timeout
-    record: dict[str, str] = {}
-    while time.monotonic() < deadline:
-        current = job_record(job_id)
-        if current:
-            record = current
-        state = record.get("JobState", "")
-        if state in FINISHED:
-            return record
-        if not current and record:
-            return record  # purged (MinJobAge) after we saw it
-        time.sleep(0.3)
-    pytest.fail(f"job {job_id} did not finish within {timeout}s: {record}", pytrace=False)
-
-
-def wait_until_gone_from_squeue(job_id: str, timeout: float = 60) -> None:
-    """Wait until squeue no longer lists the job as active (what lease liveness checks)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"],
-                                capture_output=True, text=True, timeout=30, check=False)
-        if result.returncode != 0 or not result.stdout.strip():
-            return
-        time.sleep(0.3)
-    pytest.fail(f"job {job_id} still in squeue after {timeout}s", pytrace=False)
-
-
-def read_output(path: Path, timeout: float = 20) -> str:
-    """A job's output file (it may appear a moment after the job is reported finished)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists():
-            return path.read_text()
-        time.sleep(0.2)
-    pytest.fail(f"job output {path} never appeared", pytrace=False)
-
+# --- job users --------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class JobUser:
@@ -111,20 +120,525 @@ class JobUser:
         return ["runuser", "-u", self.name, "--", *command]
 
 
-def ensure_test_user() -> JobUser:
-    """Create (once) an unprivileged user with a home and a /run/user/UID (as logind would)."""
+@contextmanager
+def job_user_account(name: str = TEST_USER) -> Iterator[JobUser]:
+    """An unprivileged user with a home and a ``/run/user/UID`` (as logind would make).
+
+    A user that exists already is used and left alone; one created here is removed (with its
+    home and ``/run/user/UID``) on exit.
+    """
     if os.getuid() != 0:
         pytest.skip("creating an unprivileged test user needs root")
     require_binary("useradd")
+    require_binary("userdel")
     require_binary("runuser")
+    created = False
     try:
-        entry = pwd.getpwnam(TEST_USER)
+        entry = pwd.getpwnam(name)
     except KeyError:
-        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", TEST_USER],
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name],
                        check=True, capture_output=True, timeout=60)
-        entry = pwd.getpwnam(TEST_USER)
+        entry = pwd.getpwnam(name)
+        created = True
     run_dir = Path("/run/user") / str(entry.pw_uid)
+    made_run_dir = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     os.chown(run_dir, entry.pw_uid, entry.pw_gid)
     run_dir.chmod(0o700)
-    return JobUser(entry.pw_name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
+    try:
+        yield JobUser(entry.pw_name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
+    finally:
+        if made_run_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        if created:
+            subprocess.run(["userdel", "--remove", name], capture_output=True, timeout=60,
+                           check=False)
+
+
+# --- the cluster as tests see it --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SlurmCluster:
+    """A running private Slurm cluster (see the module docstring)."""
+
+    name: str
+    version: str
+    base: Path
+    bin_dir: Path
+    sbin_dir: Path
+    nodes: tuple[str, ...]
+    node_local: Path
+    node_dirs: Mapping[str, Path]
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def conf_dir(self) -> Path:
+        return self.base / "etc"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.conf_dir / "slurm.conf"
+
+    @property
+    def oci_conf(self) -> Path:
+        return self.conf_dir / "oci.conf"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.base / "log"
+
+    def node_dir(self, node: str) -> Path:
+        """The host directory that node ``node`` sees at :attr:`node_local`."""
+        return self.node_dirs[node]
+
+    def environ(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """base (default: this process's environment) with the cluster's ``SLURM_CONF`` and
+        its bin directory first on ``PATH`` on top."""
+        env = dict(os.environ if base is None else base)
+        env["SLURM_CONF"] = self.env["SLURM_CONF"]
+        env["PATH"] = os.pathsep.join([str(self.bin_dir), str(self.sbin_dir),
+                                       env.get("PATH", "/usr/bin:/bin")])
+        return env
+
+    def export(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Point this test process's own Slurm calls (``squeue`` in cache.leases, say) at the
+        cluster until the test ends."""
+        for key, value in self.environ().items():
+            if key in ("SLURM_CONF", "PATH"):
+                monkeypatch.setenv(key, value)
+
+    def command(self, *argv: str, user: JobUser | None = None) -> list[str]:
+        """argv run with the cluster's environment, as ``user`` if given (runuser resets
+        little, but the environment is passed explicitly so that nothing depends on it)."""
+        if user is None:
+            return list(argv)
+        pairs = [f"{key}={value}" for key, value in sorted(self.env.items())]
+        return user.argv("env", *pairs, *argv)
+
+    def run(self, *argv: str, user: JobUser | None = None, cwd: Path | None = None,
+            env: Mapping[str, str] | None = None, input: str | None = None,
+            timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess[str]:
+        """Run a command (a Slurm command, or anything that calls one) against this cluster;
+        env is the environment to start from (default: this process's), see :meth:`environ`."""
+        result = subprocess.run(self.command(*argv, user=user), capture_output=True,
+                                text=True, timeout=timeout, check=False, cwd=cwd,
+                                env=self.environ(env), input=input,
+                                stdin=None if input is not None else subprocess.DEVNULL)
+        if check and result.returncode != 0:
+            pytest.fail(f"{' '.join(argv)} exited {result.returncode} on Slurm {self.version}:"
+                        f"\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}", pytrace=False)
+        return result
+
+    def srun(self, *args: str, **options: object) -> subprocess.CompletedProcess[str]:
+        return self.run("srun", *_with_time(args), **options)  # type: ignore[arg-type]
+
+    def salloc(self, *args: str, **options: object) -> subprocess.CompletedProcess[str]:
+        return self.run("salloc", *_with_time(args), **options)  # type: ignore[arg-type]
+
+    def scontrol(self, *args: str, **options: object) -> subprocess.CompletedProcess[str]:
+        return self.run("scontrol", *args, **options)  # type: ignore[arg-type]
+
+    def sbatch(self, *args: str, **options: object) -> str:
+        """Submit a batch job; its id (the test fails if sbatch refuses)."""
+        result = self.run("sbatch", "--parsable", *_with_time(args),
+                          **options)  # type: ignore[arg-type]
+        job_id = result.stdout.strip().split(";")[0]
+        if result.returncode != 0 or not job_id.isdigit():
+            pytest.fail(f"sbatch {' '.join(args)} failed on Slurm {self.version}: "
+                        f"{result.stdout}{result.stderr}", pytrace=False)
+        return job_id
+
+    def job_record(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job -o ID`` as a dict; {} once the job is purged."""
+        result = self.scontrol("show", "job", "-o", job_id, timeout=30)
+        if result.returncode != 0:
+            return {}
+        return parse_scontrol_record(result.stdout)
+
+    def wait_for_job(self, job_id: str, timeout: float = 120) -> dict[str, str]:
+        """Wait until the job has finished; its last ``scontrol show job`` record."""
+        deadline = time.monotonic() + timeout
+        record: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            current = self.job_record(job_id)
+            if current:
+                record = current
+            if record.get("JobState", "") in FINISHED:
+                return record
+            if not current and record:
+                return record  # purged (MinJobAge) after we saw it
+            time.sleep(0.3)
+        pytest.fail(f"job {job_id} did not finish within {timeout}s: {record}", pytrace=False)
+
+    def wait_until_gone_from_squeue(self, job_id: str, timeout: float = 60) -> None:
+        """Wait until squeue no longer lists the job as active (what lease liveness checks)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            result = self.run("squeue", "-h", "-j", job_id, "-o", "%T", timeout=30)
+            if result.returncode != 0 or not result.stdout.strip():
+                return
+            time.sleep(0.3)
+        pytest.fail(f"job {job_id} still in squeue after {timeout}s", pytrace=False)
+
+    @contextmanager
+    def use_oci_conf(self, text: str) -> Iterator[Path]:
+        """Replace oci.conf (slurmstepd reads it for every step) until the block ends."""
+        saved = self.oci_conf.read_text()
+        _write_atomically(self.oci_conf, text)
+        try:
+            yield self.oci_conf
+        finally:
+            _write_atomically(self.oci_conf, saved)
+
+
+def _with_time(args: Sequence[str]) -> list[str]:
+    if any(arg == "-t" or arg.startswith(("--time", "-t")) for arg in args):
+        return list(args)
+    return ["--time=5", *args]
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    scratch = path.with_name(f".{path.name}.new")
+    scratch.write_text(text)
+    scratch.chmod(0o644)
+    scratch.replace(path)
+
+
+def read_output(path: Path, timeout: float = 20) -> str:
+    """A job's output file (it may appear a moment after the job is reported finished)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return path.read_text()
+        time.sleep(0.2)
+    pytest.fail(f"job output {path} never appeared", pytrace=False)
+
+
+# --- starting and stopping --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """What to start: which Slurm installation, how many nodes."""
+
+    name: str                 # ClusterName, and part of the directory name
+    prefix: Path              # the installation: PREFIX/bin/srun, PREFIX/sbin/slurmctld
+    node_count: int = 1       # 1: one node named after the host; more: n1..nN
+    oci_runtime: str = "runc"
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.prefix / "bin"
+
+    @property
+    def sbin_dir(self) -> Path:
+        return self.prefix / "sbin"
+
+
+def debian_spec() -> ClusterSpec:
+    return ClusterSpec(name="ocistage2205", prefix=DEBIAN_SLURM, node_count=1)
+
+
+def built_spec() -> ClusterSpec:
+    prefix = Path(os.environ.get("OCISTAGE_SLURM_PREFIX", str(SLURM_24_05_PREFIX)))
+    return ClusterSpec(name="ocistage2405", prefix=prefix, node_count=3)
+
+
+def check_spec(spec: ClusterSpec) -> str | None:
+    """Why spec cannot be started here, or None."""
+    if os.getuid() != 0:
+        return "starting a Slurm cluster needs root (slurmd runs jobs as their users)"
+    for binary in ("munged", "munge", "unshare", "runuser"):
+        if shutil.which(binary) is None:
+            return f"{binary} not found on PATH (Debian: munge, util-linux)"
+    for path in (spec.sbin_dir / "slurmctld", spec.sbin_dir / "slurmd", spec.bin_dir / "srun"):
+        if not os.access(path, os.X_OK):
+            if spec.prefix == DEBIAN_SLURM:
+                return f"{path} is missing (Debian: apt-get install slurm-wlm slurm-client)"
+            return (f"{path} is missing: build Slurm 24.05.8 with .ci/build-slurm.sh (as .ci/run "
+                    "does; set OCISTAGE_SLURM_PREFIX for another prefix)")
+    return None
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: the daemon is killed when the test session dies, however it dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def _start(argv: Sequence[str], log: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, env=dict(env),
+                                start_new_session=True, preexec_fn=_die_with_parent)
+
+
+def _stop(process: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _mount_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None
+
+
+def _kill_namespace(namespace: str) -> None:
+    """SIGKILL every process in a node's mount namespace (slurmstepds and their jobs)."""
+    for _attempt in range(20):
+        found = False
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and _mount_namespace(int(entry)) == namespace:
+                found = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(entry), signal.SIGKILL)
+        if not found:
+            return
+        time.sleep(0.1)
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return f"--- {path.name}:\n" + "\n".join(text[-lines:]) + "\n"
+
+
+def _version(spec: ClusterSpec) -> str:
+    result = subprocess.run([str(spec.sbin_dir / "slurmctld"), "-V"], capture_output=True,
+                            text=True, timeout=30, check=False, stdin=subprocess.DEVNULL)
+    match = re.search(r"(\d+\.\d+\.\d+)", result.stdout)
+    if match is None:
+        raise ClusterError(f"slurmctld -V printed {result.stdout!r} {result.stderr!r}")
+    return match.group(1)
+
+
+def _slurm_conf(spec: ClusterSpec, base: Path, host: str, nodes: Sequence[str],
+                ports: Mapping[str, int]) -> str:
+    mem = max(1, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20 // 4)
+    cpus = os.cpu_count() or 1
+    lines = [
+        f"# private test cluster {spec.name} (tests/e2e/slurm.py)",
+        f"ClusterName={spec.name}",
+        f"SlurmctldHost={host}(127.0.0.1)",
+        f"SlurmctldPort={free_port()}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={base / 'munge-socket' / 'munge.socket'}",
+        "MpiDefault=none",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "SchedulerType=sched/backfill",
+        "ReturnToService=2",
+        f"PlugStackConfig={base / 'etc' / 'plugstack.conf'}",
+        f"StateSaveLocation={base / 'state'}",
+        f"SlurmdSpoolDir={base / 'spool' / '%n'}",
+        f"SlurmctldPidFile={base / 'run' / 'slurmctld.pid'}",
+        f"SlurmdPidFile={base / 'run' / 'slurmd-%n.pid'}",
+        f"SlurmctldLogFile={base / 'log' / 'slurmctld.log'}",
+        f"SlurmdLogFile={base / 'log' / 'slurmd-%n.log'}",
+        "SlurmctldDebug=info",
+        "SlurmdDebug=info",
+        "InactiveLimit=0",
+        "KillWait=5",
+        "MinJobAge=30",
+        "Waittime=0",
+    ]
+    for node in nodes:
+        lines.append(f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 "
+                     f"Port={ports[node]} CPUs={cpus} RealMemory={mem} State=UNKNOWN")
+    lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+    return "\n".join(lines) + "\n"
+
+
+def _oci_conf(spec: ClusterSpec, base: Path, version: str, ocistage: Sequence[str],
+              env: Mapping[str, str]) -> str:
+    """``ocistage runtime oci-conf`` for this cluster, checked by ``--check``."""
+    major_minor = ".".join(version.split(".")[:2])
+    result = subprocess.run(
+        [*ocistage, "runtime", "oci-conf", "--runtime", spec.oci_runtime, "--slurm-version",
+         major_minor, "--root", str(base / "oci-root" / f"%u-{spec.oci_runtime}")],
+        capture_output=True, text=True, timeout=60, env=dict(env), check=False,
+        stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        raise ClusterError(f"ocistage runtime oci-conf failed: {result.stderr}")
+    text = result.stdout
+    if (tuple(int(part) for part in major_minor.split(".")) >= (23, 2)
+            and not re.search(r"(?im)^\s*SrunPath\s*=", text)):
+        text += f"SrunPath={spec.bin_dir / 'srun'}\n"
+    draft = base / "etc" / "oci.conf.draft"
+    draft.write_text(text)
+    check = subprocess.run([*ocistage, "runtime", "oci-conf", "--check", str(draft),
+                            "--slurm-version", major_minor], capture_output=True, text=True,
+                           timeout=60, env=dict(env), check=False, stdin=subprocess.DEVNULL)
+    draft.unlink()
+    if check.returncode != 0:
+        raise ClusterError(f"ocistage runtime oci-conf --check rejects its own oci.conf:\n"
+                           f"{check.stdout}{check.stderr}")
+    return text
+
+
+def _wait_for_munge(socket_path: Path, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ClusterError(f"munged exited with {process.returncode}\n{_tail(log)}")
+        if socket_path.exists():
+            encoded = subprocess.run(["munge", "-S", str(socket_path), "-n"],
+                                     capture_output=True, timeout=10, check=False)
+            if encoded.returncode == 0:
+                decoded = subprocess.run(["unmunge", "-S", str(socket_path)],
+                                         input=encoded.stdout, capture_output=True,
+                                         timeout=10, check=False)
+                if decoded.returncode == 0:
+                    return
+        time.sleep(0.1)
+    raise ClusterError(f"munged did not answer on {socket_path}\n{_tail(log)}")
+
+
+def _wait_idle(cluster: SlurmCluster, daemons: Sequence[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    states: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        for process in daemons:
+            if process.poll() is not None:
+                raise ClusterError(f"{process.args!r} exited with {process.returncode}")
+        result = cluster.run("sinfo", "-h", "-N", "-o", "%N %T", timeout=30)
+        if result.returncode == 0:
+            states = dict(line.split(None, 1) for line in result.stdout.splitlines()
+                          if " " in line)
+            if all(states.get(node, "").startswith("idle") for node in cluster.nodes):
+                return
+            for node, state in states.items():
+                if state.startswith(("down", "drain")):
+                    cluster.scontrol("update", f"NodeName={node}", "State=RESUME", timeout=30)
+        time.sleep(0.5)
+    raise ClusterError(f"nodes of {cluster.name} did not become idle: {states}")
+
+
+def _cancel_all_jobs(cluster: SlurmCluster) -> None:
+    result = cluster.run("squeue", "-h", "-o", "%A", timeout=30)
+    jobs = result.stdout.split() if result.returncode == 0 else []
+    if not jobs:
+        return
+    cluster.run("scancel", *jobs, timeout=30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        result = cluster.run("squeue", "-h", "-o", "%A", timeout=30)
+        if result.returncode != 0 or not result.stdout.strip():
+            return
+        time.sleep(0.3)
+
+
+@contextmanager
+def running_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[SlurmCluster]:
+    """Start munged, slurmctld and one slurmd per node; stop them all by pid on exit.
+
+    ``ocistage`` is the command that writes oci.conf (``ocistage runtime oci-conf``).
+    Raises :class:`ClusterError` (with the ends of the logs) if the cluster does not come up.
+    """
+    host = socket.gethostname().split(".")[0]
+    nodes = (host,) if spec.node_count == 1 else tuple(
+        f"n{index}" for index in range(1, spec.node_count + 1))
+    version = _version(spec)
+    base = Path(tempfile.mkdtemp(prefix=f"ocistage-slurm-{spec.name}-", dir="/tmp"))
+    with ExitStack() as stack:
+        stack.callback(shutil.rmtree, base, True)
+        base.chmod(0o755)
+        for sub, mode in (("etc", 0o755), ("munge", 0o700), ("munge-socket", 0o755),
+                          ("state", 0o700), ("spool", 0o755), ("log", 0o755), ("run", 0o755),
+                          ("nodes", 0o755), ("local", 0o755), ("oci-root", 0o1777)):
+            (base / sub).mkdir(mode=mode)
+            (base / sub).chmod(mode)
+        node_dirs = {}
+        for node in nodes:
+            (base / "spool" / node).mkdir(mode=0o755)
+            node_dirs[node] = base / "nodes" / node
+            node_dirs[node].mkdir(mode=0o755)
+            node_dirs[node].chmod(0o1777)  # like /tmp or a scratch mount: every user writes
+        conf = base / "etc" / "slurm.conf"
+        env = {"SLURM_CONF": str(conf),
+               "PATH": os.pathsep.join([str(spec.bin_dir), str(spec.sbin_dir),
+                                        os.environ.get("PATH", "/usr/bin:/bin")])}
+        cluster = SlurmCluster(name=spec.name, version=version, base=base,
+                               bin_dir=spec.bin_dir, sbin_dir=spec.sbin_dir, nodes=nodes,
+                               node_local=base / "local", node_dirs=node_dirs, env=env)
+        daemon_env = cluster.environ()
+
+        key = base / "munge" / "munge.key"
+        with key.open("wb") as out:
+            out.write(os.urandom(1024))
+        key.chmod(0o400)
+        munge_socket = base / "munge-socket" / "munge.socket"
+        munge_log = base / "log" / "munged.log"
+        munged = _start(["munged", "-F", f"--socket={munge_socket}",
+                         f"--key-file={key}", f"--pid-file={base / 'run' / 'munged.pid'}",
+                         f"--seed-file={base / 'munge' / 'munged.seed'}",
+                         f"--log-file={munge_log}"], base / "log" / "munged.out", daemon_env)
+        stack.callback(_stop, munged)
+        _wait_for_munge(munge_socket, munged, munge_log)
+
+        ports = {node: free_port() for node in nodes}
+        conf.write_text(_slurm_conf(spec, base, host, nodes, ports))
+        (base / "etc" / "mpi.conf").write_text("")
+        (base / "etc" / "plugstack.conf").write_text("")
+        cluster.oci_conf.write_text(_oci_conf(spec, base, version, ocistage, daemon_env))
+        for path in base.joinpath("etc").iterdir():
+            path.chmod(0o644)
+
+        try:
+            slurmctld = _start([str(spec.sbin_dir / "slurmctld"), "-D", "-c", "-i", "-f",
+                                str(conf)], base / "log" / "slurmctld.out", daemon_env)
+            stack.callback(_stop, slurmctld)
+            slurmds = []
+            for node in nodes:
+                # the node's own mount namespace: node_local is its directory, and only there
+                slurmd = _start(
+                    ["unshare", "--mount", "--propagation", "private", "sh", "-ec",
+                     'mount --bind "$1" "$2"; shift 2; exec "$@"', "slurmd-" + node,
+                     str(node_dirs[node]), str(cluster.node_local),
+                     str(spec.sbin_dir / "slurmd"), "-D", "-c", "-f", str(conf), "-N", node],
+                    base / "log" / f"slurmd-{node}.out", daemon_env)
+                slurmds.append(slurmd)
+            stack.callback(_stop_slurmds, slurmds)
+            stack.callback(_cancel_all_jobs, cluster)
+            _wait_idle(cluster, [munged, slurmctld, *slurmds])
+        except ClusterError as exc:
+            logs = "".join(_tail(path) for path in sorted((base / "log").iterdir()))
+            raise ClusterError(f"{exc}\n{logs}") from exc
+        yield cluster
+
+
+def _stop_slurmds(slurmds: Sequence[subprocess.Popen[bytes]]) -> None:
+    namespaces = {ns for ns in (_mount_namespace(p.pid) for p in slurmds) if ns is not None}
+    namespaces.discard(_mount_namespace(os.getpid()))  # never our own
+    for process in slurmds:
+        _stop(process)
+    for namespace in namespaces:
+        _kill_namespace(namespace)
+
+
+@contextmanager
+def session_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[SlurmCluster]:
+    """:func:`running_cluster`, or skip (fail under OCISTAGE_REQUIRE_E2E=1) with the reason."""
+    problem = check_spec(spec)
+    if problem is not None:
+        unavailable(f"no Slurm {spec.name} cluster: {problem}")
+    with ExitStack() as stack:
+        try:
+            cluster = stack.enter_context(running_cluster(spec, ocistage))
+        except ClusterError as exc:
+            unavailable(f"Slurm cluster {spec.name} did not start:\n{exc}")
+            raise  # unreachable: unavailable() skips or fails
+        yield cluster

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -27,7 +26,7 @@ from runtimes.scrun import ScrunLuaOptions, render_scrun_lua
 from tests.e2e.components import require_binary
 from tests.e2e.conftest import OcistageRunner
 from tests.e2e.images import OS_RELEASE_NAME, ImageRef
-from tests.e2e.slurm import ensure_slurm
+from tests.e2e.slurm import SlurmCluster
 from tests.runtimes.scrun_bundle import make_engine_bundle
 
 pytestmark = pytest.mark.timeout(600)
@@ -48,23 +47,19 @@ def shared_dir() -> Iterator[Path]:
 
 
 @pytest.fixture
-def allocation() -> Iterator[str]:
+def allocation(slurm_22_05: SlurmCluster) -> Iterator[str]:
     """A job allocation, as scrun makes one before it calls stage-in."""
-    ensure_slurm()
-    result = subprocess.run(["salloc", "--no-shell", "--time=5", "--job-name=scrun-test"],
-                            capture_output=True, text=True, timeout=120, check=False,
-                            stdin=subprocess.DEVNULL)
+    result = slurm_22_05.salloc("--no-shell", "--job-name=scrun-test", timeout=120)
     match = re.search(r"Granted job allocation (\d+)", result.stderr + result.stdout)
     assert match is not None, result.stderr
     job_id = match.group(1)
     yield job_id
-    subprocess.run(["scancel", job_id], capture_output=True, timeout=60, check=False)
+    slurm_22_05.run("scancel", job_id, timeout=60)
 
 
-def _hook(script: Path, *args: str) -> dict[str, Any]:
+def _hook(slurm: SlurmCluster, script: Path, *args: str) -> dict[str, Any]:
     lua = require_binary("lua5.3")
-    result = subprocess.run([lua, str(HARNESS), str(script), *args], capture_output=True,
-                            text=True, timeout=300, check=False)
+    result = slurm.run(lua, str(HARNESS), str(script), *args, timeout=300)
     if "module 'cjson' not found" in result.stderr:
         require_binary("lua-cjson-module")  # skip, or fail under OCISTAGE_REQUIRE_E2E=1
     assert result.returncode == 0, result.stderr
@@ -74,7 +69,7 @@ def _hook(script: Path, *args: str) -> dict[str, Any]:
 
 def test_scrun_lua_stage_in_srun_container_stage_out(
         ocistage: OcistageRunner, images: dict[str, ImageRef], shared_dir: Path,
-        allocation: str) -> None:
+        slurm_22_05: SlurmCluster, allocation: str) -> None:
     base = shared_dir / "image-bundle"
     ocistage("bundle", images["busybox"].ref, str(base), check=True)
     engine = shared_dir / "engine"
@@ -93,7 +88,7 @@ def test_scrun_lua_stage_in_srun_container_stage_out(
     stage_in_args = ("stage-in", "c0ffee", str(bundle), str(spool),
                      str(bundle / "config.json"), allocation, uid, gid, env)
 
-    first = _hook(script, *stage_in_args)
+    first = _hook(slurm_22_05, script, *stage_in_args)
     assert first["rc"] == 0, first["logs"]
     staged = Path(first["bundle_path"])
     root_path = Path(first["root_path"])
@@ -103,7 +98,7 @@ def test_scrun_lua_stage_in_srun_container_stage_out(
     assert "cgroupsPath" not in config["linux"] and "prestart" not in config["hooks"]
 
     # the same rootfs again: nothing is copied (scrun re-creating the same container)
-    second = _hook(script, *stage_in_args)
+    second = _hook(slurm_22_05, script, *stage_in_args)
     assert second["rc"] == 0
     assert _stage_in_json(first)["copied"] == _stage_in_json(first)["files"] > 0
     report = _stage_in_json(second)
@@ -116,9 +111,8 @@ def test_scrun_lua_stage_in_srun_container_stage_out(
     probe = ('echo "uid=$(id -u)"; echo "cwd=$(pwd)"; grep ^NAME= /etc/os-release; '
              'echo "from_job=$FROM_JOB"; echo "path=$PATH"; '
              'test -e /etc/resolv.conf && echo resolv=yes || echo resolv=no')
-    run = subprocess.run(["srun", f"--jobid={allocation}", f"--container={staged}",
-                          "sh", "-c", probe], capture_output=True, text=True, timeout=180,
-                         check=False, stdin=subprocess.DEVNULL)
+    run = slurm_22_05.srun(f"--jobid={allocation}", f"--container={staged}", "sh", "-c", probe,
+                           timeout=180)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert "uid=1000" in lines
@@ -126,9 +120,9 @@ def test_scrun_lua_stage_in_srun_container_stage_out(
     assert f'NAME="{OS_RELEASE_NAME}"' in lines
     assert "from_job=yes" in lines
 
-    out = _hook(script, "stage-out", "c0ffee", str(staged), str(bundle), str(root_path),
-                str(engine / "storage"), str(spool), str(bundle / "config.json"), allocation,
-                uid, gid)
+    out = _hook(slurm_22_05, script, "stage-out", "c0ffee", str(staged), str(bundle),
+                str(root_path), str(engine / "storage"), str(spool),
+                str(bundle / "config.json"), allocation, uid, gid)
     assert out["rc"] == 0, out["logs"]
     assert not staged.exists() and not root_path.exists()
     assert [lease for lease in all_leases(cache) if lease.target == f"staged:{root_path}"] == []

@@ -1,6 +1,8 @@
-"""Bundles made and staged by ocistage run under a real one-node Slurm (srun/sbatch --container).
+"""Bundles made and staged by ocistage run under real Slurm (srun/sbatch --container), on each
+private test cluster in turn (``slurm_cluster``: Debian's 22.05 and the built 24.05.8).
 
-The node's oci.conf is the one `ocistage runtime oci-conf --runtime runc` wrote (.ci/slurm.sh).
+The nodes' oci.conf is the one `ocistage runtime oci-conf --runtime runc` wrote
+(tests/e2e/slurm.py).
 """
 
 from __future__ import annotations
@@ -23,25 +25,13 @@ from cache.store import Store
 from stagers.stage import stage_directory
 from tests.e2e.conftest import OcistageRunner
 from tests.e2e.images import OS_RELEASE_NAME, ImageRef
-from tests.e2e.slurm import (
-    JobUser,
-    ensure_slurm,
-    ensure_test_user,
-    read_output,
-    wait_for_job,
-    wait_until_gone_from_squeue,
-)
+from tests.e2e.slurm import JobUser, SlurmCluster, read_output
 
 pytestmark = pytest.mark.timeout(600)
 
 PROBE = ('echo "uid=$(id -u) gid=$(id -g)"; echo "cwd=$(pwd)"; cat /etc/os-release; '
          'echo "greeting=$GREETING"; echo "fixture=$OCISTAGE_FIXTURE"; '
          'echo "job=$SLURM_JOB_ID"')
-
-
-@pytest.fixture(scope="module")
-def slurm() -> None:
-    ensure_slurm()
 
 
 @pytest.fixture
@@ -71,20 +61,22 @@ def _staged_bundle(ocistage: OcistageRunner, ref: str, target: Path,
     return Path(staged.path)
 
 
-def _srun(*argv: str, user: JobUser | None = None,
+def _srun(slurm: SlurmCluster, *argv: str, user: JobUser | None = None,
           cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    command = ["srun", "--time=5", *argv]
-    if user is not None:
-        command = user.argv(*command)
-    return subprocess.run(command, capture_output=True, text=True, timeout=180, check=False,
-                          cwd=cwd, stdin=subprocess.DEVNULL)
+    return slurm.srun(*argv, user=user, cwd=cwd, timeout=180)
+
+
+# Slurm 24.05's slurmstepd resolves a relative command against the job's PATH on the host
+# (task.c _build_path) before it starts the container: `srun --container=B sh` runs
+# /usr/bin/sh, which the busybox image lacks. Direct srun calls name the command absolutely.
+SH = "/bin/sh"
 
 
 def test_srun_container_runs_a_staged_registry_image(
-        slurm: None, ocistage: OcistageRunner, images: dict[str, ImageRef],
+        slurm_cluster: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
         shared_dir: Path) -> None:
     staged = _staged_bundle(ocistage, images["busybox"].ref, shared_dir)
-    result = _srun(f"--container={staged}", "sh", "-c", PROBE)
+    result = _srun(slurm_cluster, f"--container={staged}", SH, "-c", PROBE)
     assert result.returncode == 0, result.stderr
     values = _probe(result.stdout)
     assert values["uid"] == "1000 gid=1000"  # the image's User app, mapped to us
@@ -96,17 +88,13 @@ def test_srun_container_runs_a_staged_registry_image(
 
 
 def test_sbatch_container_runs_and_scontrol_shows_the_container(
-        slurm: None, ocistage: OcistageRunner, images: dict[str, ImageRef],
+        slurm_cluster: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
         shared_dir: Path) -> None:
     staged = _staged_bundle(ocistage, images["multilayer"].ref, shared_dir)
     output = shared_dir / "job.out"
-    result = subprocess.run(
-        ["sbatch", "--parsable", "--time=5", f"--output={output}", f"--container={staged}",
-         "--wrap", PROBE], capture_output=True, text=True, timeout=60, check=False,
-        cwd=shared_dir)
-    assert result.returncode == 0, result.stderr
-    job_id = result.stdout.strip()
-    record = wait_for_job(job_id)
+    job_id = slurm_cluster.sbatch(f"--output={output}", f"--container={staged}", "--wrap",
+                                  PROBE, cwd=shared_dir)
+    record = slurm_cluster.wait_for_job(job_id)
     assert record["JobState"] == "COMPLETED", record
     assert record["Container"] == str(staged)
     values = _probe(read_output(output))
@@ -118,7 +106,7 @@ def test_sbatch_container_runs_and_scontrol_shows_the_container(
 
 
 def test_srun_container_runs_a_root_image(
-        slurm: None, ocistage: OcistageRunner, images: dict[str, ImageRef],
+        slurm_cluster: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
         shared_dir: Path) -> None:
     umoci = shutil.which("umoci")
     if umoci is None:
@@ -131,7 +119,8 @@ def test_srun_container_runs_a_root_image(
     staged = _staged_bundle(ocistage, f"oci:{layout}:root", shared_dir)
     config = json.loads((staged / "config.json").read_text())
     assert config["process"]["user"]["uid"] == 0
-    result = _srun(f"--container={staged}", "sh", "-c", PROBE + "; cat /proc/self/uid_map")
+    result = _srun(slurm_cluster, f"--container={staged}", SH, "-c",
+                   PROBE + "; cat /proc/self/uid_map")
     assert result.returncode == 0, result.stderr
     values = _probe(result.stdout)
     assert values["uid"] == "0 gid=0"
@@ -141,35 +130,39 @@ def test_srun_container_runs_a_root_image(
 
 
 def test_srun_container_as_an_unprivileged_user(
-        slurm: None, images: dict[str, ImageRef], shared_dir: Path) -> None:
+        slurm_cluster: SlurmCluster, slurm_job_user: JobUser, images: dict[str, ImageRef],
+        shared_dir: Path) -> None:
     """A non-root job user: the bundle maps that user (runc 1.1 under Slurm needs map_root:
     it fchowns the step's stdio to the uid that container root maps to)."""
-    user = ensure_test_user()
     store = Store.open(shared_dir / "cache")
     bundle = make_bundle(parse_reference(images["busybox"].ref), store, shared_dir / "bundle",
-                         config_options=ConfigOptions(host_uid=user.uid, host_gid=user.gid,
+                         config_options=ConfigOptions(host_uid=slurm_job_user.uid,
+                                                      host_gid=slurm_job_user.gid,
                                                       map_root=True)).path
-    subprocess.run(["chown", "-R", f"{user.uid}:{user.gid}", str(bundle)], check=True)
-    result = _srun(f"--container={bundle}", "sh", "-c", PROBE + "; cat /proc/self/uid_map",
-                   user=user, cwd=shared_dir)
+    subprocess.run(["chown", "-R", f"{slurm_job_user.uid}:{slurm_job_user.gid}", str(bundle)],
+                   check=True)
+    result = _srun(slurm_cluster, f"--container={bundle}", SH, "-c",
+                   PROBE + "; cat /proc/self/uid_map", user=slurm_job_user, cwd=shared_dir)
     assert result.returncode == 0, result.stderr
     values = _probe(result.stdout)
     assert values["uid"] == "0 gid=0"
     assert values["cwd"] == "/home/app"
     assert values["NAME"] == OS_RELEASE_NAME
-    assert result.stdout.split()[-3:] == ["0", str(user.uid), "1"]
+    assert result.stdout.split()[-3:] == ["0", str(slurm_job_user.uid), "1"]
 
 
 def test_submit_end_to_end_and_gc_after_the_job(
-        slurm: None, ocistage: OcistageRunner, images: dict[str, ImageRef],
-        shared_dir: Path) -> None:
+        slurm_cluster: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
+        shared_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    slurm_cluster.export(monkeypatch)  # dead_leases asks squeue in this process
     output = shared_dir / "submit.out"
     stage_to = shared_dir / "staged"
     result = ocistage("submit", images["busybox"].ref, "--stage-to", str(stage_to),
-                      "--time=5", f"--output={output}", "--", "sh", "-c", PROBE, check=True)
+                      "--time=5", f"--output={output}", "--", "sh", "-c", PROBE,
+                      env=slurm_cluster.env, check=True)
     job_id = result.stdout.strip()
     assert job_id.isdigit(), result.stdout
-    record = wait_for_job(job_id)
+    record = slurm_cluster.wait_for_job(job_id)
     assert record["JobState"] == "COMPLETED", record
     staged = Path(record["Container"])
     assert staged.parent == stage_to
@@ -182,9 +175,9 @@ def test_submit_end_to_end_and_gc_after_the_job(
     assert [(lease.holder.job_id, lease.target) for lease in job_leases] == [
         (job_id, f"staged:{staged}")]
     assert not [lease for lease in all_leases(ocistage.cache) if lease.holder.kind == "pid"]
-    wait_until_gone_from_squeue(job_id)
+    slurm_cluster.wait_until_gone_from_squeue(job_id)
     assert [lease.id for lease in dead_leases(ocistage.cache)] == [job_leases[0].id]
-    gc = ocistage("cache", "gc")
+    gc = ocistage("cache", "gc", env=slurm_cluster.env)
     if "not implemented" in gc.stderr:
         pytest.xfail("`ocistage cache gc` is not implemented yet (lease expiry asserted)")
     assert gc.returncode == 0, gc.stderr
@@ -192,11 +185,12 @@ def test_submit_end_to_end_and_gc_after_the_job(
 
 
 def test_submit_srun_blocks_and_passes_the_exit_status(
-        slurm: None, ocistage: OcistageRunner, images: dict[str, ImageRef],
+        slurm_22_05: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
         shared_dir: Path) -> None:
     stage_to = shared_dir / "staged"
     result = ocistage("submit", images["busybox"].ref, "--srun", "--stage-to", str(stage_to),
-                      "--time=5", "--", "sh", "-c", PROBE + "; exit 3")
+                      "--time=5", "--", "sh", "-c", PROBE + "; exit 3",
+                      env=slurm_22_05.env)
     assert result.returncode == 3, result.stderr
     values = _probe(result.stdout)
     assert values["NAME"] == OS_RELEASE_NAME
@@ -204,9 +198,9 @@ def test_submit_srun_blocks_and_passes_the_exit_status(
 
 
 def test_submit_runs_the_image_command_without_one(
-        slurm: None, ocistage: OcistageRunner, images: dict[str, ImageRef],
+        slurm_cluster: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
         shared_dir: Path) -> None:
     result = ocistage("submit", images["busybox"].ref, "--srun", "--stage-to",
-                      str(shared_dir / "staged"), "--time=5")
+                      str(shared_dir / "staged"), "--time=5", env=slurm_cluster.env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "hello from busybox"

@@ -1,13 +1,12 @@
-"""`ocistage stage --all-nodes` inside a real Slurm job (the one-node cluster of .ci/slurm.sh):
-srun runs one stager per node, the staged bundle is leased by the job and runs with
-`srun --container`. Skips when no controller answers `sinfo` (fails under
+"""`ocistage stage --all-nodes` inside a real Slurm job (Debian's one-node 22.05 test cluster,
+``slurm_22_05``): srun runs one stager per node, the staged bundle is leased by the job and runs
+with `srun --container`. Skips when the cluster cannot be started (fails under
 OCISTAGE_REQUIRE_E2E=1)."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,14 +16,9 @@ import pytest
 from cache.leases import all_leases, dead_leases
 from tests.e2e.conftest import OcistageRunner
 from tests.e2e.images import ImageRef
-from tests.e2e.slurm import ensure_slurm, wait_until_gone_from_squeue
+from tests.e2e.slurm import SlurmCluster
 
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(scope="module")
-def slurm() -> None:
-    ensure_slurm()
 
 
 @pytest.fixture
@@ -36,8 +30,10 @@ def node_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_stage_all_nodes_inside_a_job(slurm: None, ocistage: OcistageRunner,
-                                      images: dict[str, ImageRef], node_dir: Path) -> None:
+def test_stage_all_nodes_inside_a_job(slurm_22_05: SlurmCluster, ocistage: OcistageRunner,
+                                      images: dict[str, ImageRef], node_dir: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    slurm_22_05.export(monkeypatch)  # dead_leases asks squeue in this process
     bundle = Path(json.loads(ocistage("bundle", images["busybox"].ref, "--json",
                                       check=True).stdout)["path"])
     target = node_dir / "staged"
@@ -50,9 +46,7 @@ def test_stage_all_nodes_inside_a_job(slurm: None, ocistage: OcistageRunner,
         f"'{node_dir}/out.json' | head -n1)\" true\n"
         "echo job=$SLURM_JOB_ID\n")
     script.chmod(0o755)
-    result = subprocess.run(["srun", "--time=5", "-N1", str(script)], capture_output=True,
-                            text=True, timeout=300, env=ocistage.environment(),
-                            cwd=node_dir, check=False, stdin=subprocess.DEVNULL)
+    result = slurm_22_05.srun("-N1", str(script), env=ocistage.environment(), cwd=node_dir)
     assert result.returncode == 0, result.stdout + result.stderr
     job_id = result.stdout.strip().rsplit("job=", 1)[-1]
     assert job_id.isdigit(), result.stdout
@@ -67,8 +61,8 @@ def test_stage_all_nodes_inside_a_job(slurm: None, ocistage: OcistageRunner,
         ("slurm-job", job_id)]
     assert json.loads((staged / ".ocistage-staged.json").read_text())["id"] == \
         job_leases[0].id
-    wait_until_gone_from_squeue(job_id)
+    slurm_22_05.wait_until_gone_from_squeue(job_id)
     assert [lease.id for lease in dead_leases(ocistage.cache)] == [job_leases[0].id]
-    ocistage("unstage", str(staged), check=True)
+    ocistage("unstage", str(staged), env=slurm_22_05.env, check=True)
     assert not staged.exists()
     assert all_leases(ocistage.cache) == []
