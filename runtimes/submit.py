@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bundler.bundle_command import resolve_command
 from cache import leases
 from cache.errors import SlurmError, UsageError
 from cache.leases import Holder
@@ -73,7 +74,8 @@ def submit(bundle: Path, options: SubmitOptions, *, cache_root: Path) -> SubmitR
     from stagers.stage import stage_directory  # a sibling package's API
 
     check_options(options.options)
-    command = list(options.command) or bundle_args(bundle)
+    # absolute inside the image: Slurm 24.05 resolves a bare name on the host's PATH
+    command = resolve_command(bundle, list(options.command) or bundle_args(bundle))
     name = options.name or (bundle.name + ("-" + _unique() if options.copy else ""))
     link = False if options.copy else None
     if options.srun:

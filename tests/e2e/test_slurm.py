@@ -185,12 +185,14 @@ def test_submit_end_to_end_and_gc_after_the_job(
 
 
 def test_submit_srun_blocks_and_passes_the_exit_status(
-        slurm_22_05: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
+        slurm_cluster: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
         shared_dir: Path) -> None:
+    """A bare command name (sh) runs the image's sh on 24.05 too, whose slurmstepd would look
+    it up on the host (bundler.bundle_command)."""
     stage_to = shared_dir / "staged"
     result = ocistage("submit", images["busybox"].ref, "--srun", "--stage-to", str(stage_to),
                       "--time=5", "--", "sh", "-c", PROBE + "; exit 3",
-                      env=slurm_22_05.env)
+                      env=slurm_cluster.env)
     assert result.returncode == 3, result.stderr
     values = _probe(result.stdout)
     assert values["NAME"] == OS_RELEASE_NAME
