@@ -25,7 +25,10 @@ that job users reach it) is written, and nothing is left running:
   slurmd is started with ``unshare --mount --propagation private`` and bind-mounts its
   ``nodes/<node>`` on ``local/`` before it execs, so each node (and every job step on it) sees
   only its own directory there while the host sees an empty ``local/``; a test checks what a node
-  got in :meth:`SlurmCluster.node_dir`.
+  got in :meth:`SlurmCluster.node_dir`. On a host with a hybrid cgroup layout the 24.05
+  nodes also unmount ``/sys/fs/cgroup/unified`` in their namespace, so they look like cgroup v1
+  nodes: crun 1.8 refuses any container on a hybrid host whose cgroup2 part has a controller
+  enabled (``cgroups in hybrid mode not supported``), whatever the bundle's config says.
 
 The daemons run in the foreground as children of the test session (with ``PR_SET_PDEATHSIG``,
 so even a killed session takes them along). At the end of the session every job is cancelled,
@@ -90,6 +93,7 @@ DEBIAN_SLURM = Path("/usr")
 TEST_USER = "ocistage-slurm"
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+HYBRID_CGROUP2 = "/sys/fs/cgroup/unified"
 START_TIMEOUT = 90.0
 STOP_TIMEOUT = 15.0
 
@@ -324,6 +328,9 @@ class ClusterSpec:
     prefix: Path              # the installation: PREFIX/bin/srun, PREFIX/sbin/slurmctld
     node_count: int = 1       # 1: one node named after the host; more: n1..nN
     oci_runtime: str = "runc"
+    #: on a hybrid cgroup host, unmount the cgroup2 hierarchy in the nodes' mount namespaces
+    #: (crun 1.8 refuses hybrid layouts whose cgroup2 part has controllers enabled)
+    legacy_cgroups: bool = False
 
     @property
     def bin_dir(self) -> Path:
@@ -340,7 +347,7 @@ def debian_spec() -> ClusterSpec:
 
 def built_spec() -> ClusterSpec:
     prefix = Path(os.environ.get("OCISTAGE_SLURM_PREFIX", str(SLURM_24_05_PREFIX)))
-    return ClusterSpec(name="ocistage2405", prefix=prefix, node_count=3)
+    return ClusterSpec(name="ocistage2405", prefix=prefix, node_count=3, legacy_cgroups=True)
 
 
 def check_spec(spec: ClusterSpec) -> str | None:
@@ -357,6 +364,19 @@ def check_spec(spec: ClusterSpec) -> str | None:
             return (f"{path} is missing: build Slurm 24.05.8 with .ci/build-slurm.sh (as .ci/run "
                     "does; set OCISTAGE_SLURM_PREFIX for another prefix)")
     return None
+
+
+def _hybrid_cgroup2() -> bool:
+    """Whether this host mounts cgroup v1 controllers plus a cgroup2 hierarchy (hybrid)."""
+    try:
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return False
+    for line in mounts:
+        fields = line.split()
+        if len(fields) > 4 and fields[4] == HYBRID_CGROUP2:
+            return " - cgroup2 " in line
+    return False
 
 
 def _die_with_parent() -> None:
@@ -602,12 +622,14 @@ def running_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[Slur
                                 str(conf)], base / "log" / "slurmctld.out", daemon_env)
             stack.callback(_stop, slurmctld)
             slurmds = []
+            hide = HYBRID_CGROUP2 if spec.legacy_cgroups and _hybrid_cgroup2() else ""
             for node in nodes:
                 # the node's own mount namespace: node_local is its directory, and only there
                 slurmd = _start(
                     ["unshare", "--mount", "--propagation", "private", "sh", "-ec",
-                     'mount --bind "$1" "$2"; shift 2; exec "$@"', "slurmd-" + node,
-                     str(node_dirs[node]), str(cluster.node_local),
+                     'mount --bind "$1" "$2"; if [ -n "$3" ]; then umount -l "$3"; fi; '
+                     'shift 3; exec "$@"', "slurmd-" + node,
+                     str(node_dirs[node]), str(cluster.node_local), hide,
                      str(spec.sbin_dir / "slurmd"), "-D", "-c", "-f", str(conf), "-N", node],
                     base / "log" / f"slurmd-{node}.out", daemon_env)
                 slurmds.append(slurmd)

@@ -1,0 +1,159 @@
+"""Bundles on the three-node Slurm 24.05.8 test cluster (``slurm_24_05``, issue 12):
+
+- ``srun -N3 --container=BUNDLE`` of bundles made by ``ocistage bundle``: the fixture image
+  (``User app``), a root variant (``User 0:0``) and a numeric one (``User 1000:1000``), run on
+  every node, as root and as an unprivileged job user;
+- every ``ocistage runtime oci-conf`` template whose runtime is installed here (runc, crun)
+  runs a three-node job;
+- the cluster itself: each node sees only its own node-local directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bundler.bundle import make_bundle
+from bundler.reference import parse_reference
+from bundler.runtime_config import ConfigOptions
+from cache.store import Store
+from runtimes.oci_conf import RUNTIMES
+from tests.e2e.conftest import OcistageRunner
+from tests.e2e.images import OS_RELEASE_NAME, ImageRef
+from tests.e2e.slurm import JobUser, SlurmCluster
+
+pytestmark = pytest.mark.timeout(600)
+
+PROBE = ('echo "node=$SLURMD_NODENAME uid=$(id -u) gid=$(id -g) cwd=$(pwd) '
+         'map=$(cat /proc/self/uid_map | tr -s " " | sed "s/^ //")"; grep ^NAME= /etc/os-release')
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A world-traversable directory every node sees (not node-local)."""
+    path = Path(tempfile.mkdtemp(prefix="ocistage-nodes-test-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def user_variants(images: dict[str, ImageRef],
+                  tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """oci: references of the busybox fixture with ``User`` set to 0:0 and to 1000:1000."""
+    umoci = shutil.which("umoci")
+    if umoci is None:
+        pytest.skip("umoci is needed to make user variants of the fixture image")
+    base = images["busybox"]
+    layout = tmp_path_factory.mktemp("user-variants") / "layout"
+    shutil.copytree(base.layout, layout, symlinks=True)
+    refs = {}
+    for tag, user, workdir in (("root", "0:0", "/"), ("numeric", "1000:1000", "/home/app")):
+        subprocess.run([umoci, "config", "--image", f"{layout}:{base.layout_tag}", "--tag", tag,
+                        "--config.user", user, "--config.workingdir", workdir],
+                       check=True, capture_output=True, timeout=60)
+        refs[tag] = f"oci:{layout}:{tag}"
+    refs["named"] = base.ref
+    return refs
+
+
+def _lines(output: str) -> dict[str, dict[str, str]]:
+    """The probe's ``node=... uid=...`` lines, by node."""
+    by_node: dict[str, dict[str, str]] = {}
+    for line in output.splitlines():
+        if line.startswith("node="):
+            head, _, mapping = line.partition(" map=")
+            fields = dict(part.split("=", 1) for part in head.split())
+            fields["map"] = mapping
+            by_node[fields["node"]] = fields
+    return by_node
+
+
+@pytest.mark.parametrize(("variant", "uid", "cwd"), [
+    ("named", "1000", "/home/app"),     # User app, resolved from the image's /etc/passwd
+    ("numeric", "1000", "/home/app"),   # User 1000:1000
+    ("root", "0", "/"),                 # User 0:0
+])
+def test_srun_n3_container_runs_a_bundle_on_every_node(
+        slurm_24_05: SlurmCluster, ocistage: OcistageRunner, user_variants: dict[str, str],
+        shared_dir: Path, variant: str, uid: str, cwd: str) -> None:
+    bundle = shared_dir / "bundle"
+    ocistage("bundle", user_variants[variant], str(bundle), check=True)
+    config = json.loads((bundle / "config.json").read_text())
+    assert str(config["process"]["user"]["uid"]) == uid
+    result = slurm_24_05.srun("-N3", "--ntasks-per-node=1", f"--container={bundle}",
+                              "/bin/sh", "-c", PROBE, cwd=shared_dir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    by_node = _lines(result.stdout)
+    assert sorted(by_node) == ["n1", "n2", "n3"], result.stdout
+    for fields in by_node.values():
+        assert (fields["uid"], fields["gid"], fields["cwd"]) == (uid, uid, cwd), fields
+        # the container user is the caller (root) on the host, whatever the image says
+        assert f"{uid} {os.getuid()} 1" in fields["map"], fields
+    assert result.stdout.count(f'NAME="{OS_RELEASE_NAME}"') == 3
+
+
+def test_srun_n3_container_as_an_unprivileged_user(
+        slurm_24_05: SlurmCluster, slurm_job_user: JobUser, images: dict[str, ImageRef],
+        shared_dir: Path) -> None:
+    """A bundle mapping the job user (map_root, as runc 1.1 under Slurm needs) runs on every
+    node for that user."""
+    user = slurm_job_user
+    store = Store.open(shared_dir / "cache")
+    bundle = make_bundle(parse_reference(images["busybox"].ref), store, shared_dir / "bundle",
+                         config_options=ConfigOptions(host_uid=user.uid, host_gid=user.gid,
+                                                      map_root=True)).path
+    subprocess.run(["chown", "-R", f"{user.uid}:{user.gid}", str(bundle)], check=True)
+    result = slurm_24_05.srun("-N3", "--ntasks-per-node=1", f"--container={bundle}",
+                              "/bin/sh", "-c", PROBE, user=user, cwd=shared_dir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    by_node = _lines(result.stdout)
+    assert sorted(by_node) == ["n1", "n2", "n3"], result.stdout
+    for fields in by_node.values():
+        assert (fields["uid"], fields["cwd"]) == ("0", "/home/app"), fields
+        assert f"0 {user.uid} 1" in fields["map"], fields
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_every_installed_runtimes_oci_conf_runs_a_job(
+        slurm_24_05: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
+        shared_dir: Path, runtime: str) -> None:
+    """The default (run mode) template of each runtime. Create mode is not usable with runc or
+    crun under slurmstepd (docs/slurm.md, known limits): slurmstepd reads RunTimeCreate's
+    output until EOF, and the created container holds that pipe until it is started."""
+    if shutil.which(runtime) is None:
+        pytest.skip(f"{runtime} is not installed here (not packaged in Debian 12)")
+    bundle = shared_dir / "bundle"
+    ocistage("bundle", images["busybox"].ref, str(bundle), check=True)
+    root = slurm_24_05.base / "oci-root" / f"%u-{runtime}"
+    text = ocistage("runtime", "oci-conf", "--runtime", runtime, "--root", str(root),
+                    env=slurm_24_05.env, check=True).stdout
+    conf = shared_dir / "oci.conf"
+    conf.write_text(text)
+    ocistage("runtime", "oci-conf", "--check", str(conf), env=slurm_24_05.env, check=True)
+    with slurm_24_05.use_oci_conf(text):
+        result = slurm_24_05.srun("-N3", "--ntasks-per-node=1", f"--container={bundle}",
+                                  "/bin/sh", "-c", PROBE, cwd=shared_dir)
+    assert result.returncode == 0, f"{text}\n{result.stdout}{result.stderr}"
+    assert sorted(_lines(result.stdout)) == ["n1", "n2", "n3"], result.stdout
+
+
+def test_each_node_sees_only_its_own_node_local_directory(slurm_24_05: SlurmCluster) -> None:
+    local = slurm_24_05.node_local
+    result = slurm_24_05.srun(
+        "-N3", "--ntasks-per-node=1", "/bin/sh", "-c",
+        f'echo "$SLURMD_NODENAME" > {local}/mine && ls {local}; '
+        f'grep -c " {local} " /proc/self/mountinfo')
+    assert result.returncode == 0, result.stderr
+    for node in slurm_24_05.nodes:
+        assert (slurm_24_05.node_dir(node) / "mine").read_text() == f"{node}\n"
+        (slurm_24_05.node_dir(node) / "mine").unlink()
+    assert result.stdout.split().count("mine") == 3  # each node listed only its own file
+    assert not any(local.iterdir())  # the host's own view stays empty
