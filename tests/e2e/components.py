@@ -152,9 +152,11 @@ def free_port() -> int:
 
 
 def registry_config(storage: Path, port: int, *, tls: TlsMaterial | None = None,
-                    htpasswd: Path | None = None,
-                    token: TokenAuth | None = None) -> dict[str, object]:
-    """The registry configuration as a dict (written as JSON, which YAML parsers accept)."""
+                    htpasswd: Path | None = None, token: TokenAuth | None = None,
+                    proxy_remote: str | None = None) -> dict[str, object]:
+    """The registry configuration as a dict (written as JSON, which YAML parsers accept).
+
+    proxy_remote: a pull-through cache of that registry URL (``proxy: remoteurl:``)."""
     http: dict[str, object] = {
         "addr": f"127.0.0.1:{port}",
         "secret": "ocistage-test-secret",
@@ -170,6 +172,8 @@ def registry_config(storage: Path, port: int, *, tls: TlsMaterial | None = None,
                     "maintenance": {"uploadpurging": {"enabled": False}}},
         "http": http,
     }
+    if proxy_remote is not None:
+        config["proxy"] = {"remoteurl": proxy_remote}
     if htpasswd is not None and token is not None:
         raise ValueError("a registry has one auth scheme: htpasswd or token")
     if htpasswd is not None:
@@ -261,8 +265,10 @@ def wait_for_http(url: str, context: ssl.SSLContext | None, process: subprocess.
 @contextmanager
 def running_registry(workdir: Path, *, tls: TlsMaterial | None = None,
                      username: str | None = None, password: str | None = None,
-                     token: TokenAuth | None = None) -> Iterator[Registry]:
-    """Start a docker-registry in workdir; htpasswd auth when username/password are given.
+                     token: TokenAuth | None = None,
+                     proxy_remote: str | None = None) -> Iterator[Registry]:
+    """Start a docker-registry in workdir; htpasswd auth when username/password are given;
+    a pull-through cache of the registry at URL proxy_remote if given.
 
     For a token registry, username/password are the credentials the token issuer accepts
     (they are only carried along for the tests' convenience).
@@ -279,7 +285,8 @@ def running_registry(workdir: Path, *, tls: TlsMaterial | None = None,
     for _attempt in range(5):  # a free port can be taken between probing and binding
         port = free_port()
         config_file = workdir / "config.yml"
-        config = registry_config(storage, port, tls=tls, htpasswd=htpasswd, token=token)
+        config = registry_config(storage, port, tls=tls, htpasswd=htpasswd, token=token,
+                                 proxy_remote=proxy_remote)
         config_file.write_text(json.dumps(config, indent=2))
         scheme = "https" if tls is not None else "http"
         registry = Registry(host=f"127.0.0.1:{port}", url=f"{scheme}://127.0.0.1:{port}",

@@ -5,6 +5,9 @@
   every node, as root and as an unprivileged job user;
 - every ``ocistage runtime oci-conf`` template whose runtime is installed here (runc, crun)
   runs a three-node job;
+- a site pull-through cache (Debian's docker-registry with ``proxy: remoteurl:``) given as
+  ``--mirror``: after one pull through it the origin is stopped and all three nodes still stage
+  the image into their node-local directories;
 - the cluster itself: each node sees only its own node-local directory.
 """
 
@@ -12,10 +15,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -25,8 +31,9 @@ from bundler.reference import parse_reference
 from bundler.runtime_config import ConfigOptions
 from cache.store import Store
 from runtimes.oci_conf import RUNTIMES
+from tests.e2e.components import Registry, http_status, require_binary, running_registry
 from tests.e2e.conftest import OcistageRunner
-from tests.e2e.images import OS_RELEASE_NAME, ImageRef
+from tests.e2e.images import OS_RELEASE_NAME, FixtureLayouts, ImageRef, PushSpec, push
 from tests.e2e.slurm import JobUser, SlurmCluster
 
 pytestmark = pytest.mark.timeout(600)
@@ -157,3 +164,53 @@ def test_each_node_sees_only_its_own_node_local_directory(slurm_24_05: SlurmClus
         (slurm_24_05.node_dir(node) / "mine").unlink()
     assert result.stdout.split().count("mine") == 3  # each node listed only its own file
     assert not any(local.iterdir())  # the host's own view stays empty
+
+
+def test_a_pull_through_cache_serves_every_node_after_the_origin_stopped(
+        slurm_24_05: SlurmCluster, ocistage: OcistageRunner,
+        fixture_layouts_built: FixtureLayouts, tmp_path: Path) -> None:
+    """A site mirror (docker-registry in proxy mode in front of the origin) given as --mirror:
+    once an image went through it, the origin is stopped and each of the three nodes, with an
+    empty node-local cache, still stages it."""
+    require_binary("docker-registry")
+    with ExitStack() as stack:
+        origin_stack = stack.enter_context(ExitStack())
+        origin = origin_stack.enter_context(running_registry(tmp_path / "origin"))
+        (tmp_path / "push").mkdir()
+        image = push(PushSpec("site", "busybox", origin, "site/busybox"), fixture_layouts_built,
+                     tmp_path / "push")
+        mirror = stack.enter_context(running_registry(tmp_path / "mirror",
+                                                      proxy_remote=origin.url))
+        mirror_option = f"--mirror={origin.host}={mirror.url}"
+        ocistage("pull", image.ref, mirror_option, check=True)  # warms the site cache
+        warm = _blob_gets(mirror, image.layer_digests[0])
+        assert warm == 1
+        origin_stack.close()
+        with pytest.raises(OSError):
+            http_status(f"{origin.url}/v2/", None)
+
+        local = slurm_24_05.node_local
+        command = " ".join(shlex.quote(part) for part in ocistage.command)
+        script = (f"OCISTAGE_CACHE={local}/cache exec {command} stage {image.ref} "
+                  f"{mirror_option} --to {local}/staged --name image")
+        result = slurm_24_05.srun("-N3", "--ntasks-per-node=1", "/bin/sh", "-c", script,
+                                  env=ocistage.environment(), cwd=tmp_path)
+        try:
+            assert result.returncode == 0, result.stdout + result.stderr
+            for node in slurm_24_05.nodes:
+                staged = slurm_24_05.node_dir(node) / "staged" / "image"
+                assert (staged / "rootfs" / "bin" / "busybox").is_file(), node
+                config = json.loads((staged / "config.json").read_text())
+                assert config["process"]["user"]["uid"] == 1000
+            # every node fetched the layer itself, from the mirror (the origin is down)
+            assert _blob_gets(mirror, image.layer_digests[0]) == warm + 3
+        finally:
+            for node in slurm_24_05.nodes:
+                for name in ("staged", "cache"):
+                    shutil.rmtree(slurm_24_05.node_dir(node) / name, ignore_errors=True)
+
+
+def _blob_gets(registry: Registry, digest: str) -> int:
+    """Successful GETs of a blob in the registry's access log."""
+    log = registry.log_file.read_text(errors="replace")
+    return len(re.findall(rf'"GET /v2/[^ ]*/blobs/{re.escape(digest)} HTTP/[0-9.]+" 200 ', log))
