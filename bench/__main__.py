@@ -1,8 +1,10 @@
-"""``python -m bench [bundle|stage] [options]``: the benchmarks of ocistage (see bench/README.md).
+"""``python -m bench [bundle|stage|slurm] [options]``: the benchmarks of ocistage (see
+bench/README.md).
 
 ``bundle`` (the default) compares cold/warm ``ocistage bundle`` with ``skopeo copy`` +
 ``umoci unpack --rootless`` and the ``curl | gzip -dc | tar -x`` floor; ``stage`` runs
-``bench/stage.py`` (staging vs ``rsync -a``) when that module is present.
+``bench/stage.py`` (staging vs ``rsync -a``) when that module is present; ``slurm`` stages on 1
+and 3 nodes of the Slurm 24.05 test cluster (``bench/slurm.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from bench.images import SPECS
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "slurm":
+        from bench.slurm import main as slurm_main
+
+        return slurm_main(argv[1:])
     if argv and argv[0] == "stage":
         try:
             stage = importlib.import_module("bench.stage")

@@ -16,7 +16,8 @@ whose method is in ``methods`` and whose path matches ``path`` (``re.search``)::
     proxy.add(Fault(r"/manifests/", "trickle_headers"))            # ... of the headers
 
 Every request is recorded (:attr:`FaultProxy.requests`) so tests can count how often a path
-was fetched, e.g. to prove that no blob is downloaded twice.
+was fetched, e.g. to prove that no blob is downloaded twice; :attr:`FaultProxy.bytes_sent`
+counts the response body bytes relayed (bench/slurm.py reports them per node).
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class _State:
     faults: list[Fault] = field(default_factory=list)
     released: threading.Event = field(default_factory=threading.Event)
     requests: list[RecordedRequest] = field(default_factory=list)
+    bytes_sent: int = 0  # response body bytes relayed to clients
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def take_fault(self, method: str, path: str) -> Fault | None:
@@ -106,6 +108,10 @@ class _State:
     def record(self, entry: RecordedRequest) -> None:
         with self.lock:
             self.requests.append(entry)
+
+    def count_bytes(self, size: int) -> None:
+        with self.lock:
+            self.bytes_sent += size
 
 
 def _request_body(handler: BaseHTTPRequestHandler) -> Iterator[bytes]:
@@ -267,6 +273,7 @@ class _Handler(BaseHTTPRequestHandler):
                 data = data[:index] + bytes([data[index] ^ 0xFF]) + data[index + 1:]
             self.wfile.write(data)
             sent += len(data)
+            self.server.state.count_bytes(len(data))
         if drop_at is not None:
             self._drop()
         elif fault is not None and fault.kind == "truncate":
@@ -319,10 +326,11 @@ class FaultProxy:
         return fault
 
     def clear(self) -> None:
-        """Forget all faults and recorded requests; release stalled responses."""
+        """Forget all faults, recorded requests and byte counts; release stalled responses."""
         with self._state.lock:
             self._state.faults.clear()
             self._state.requests.clear()
+            self._state.bytes_sent = 0
         self.release_stalled()
 
     def release_stalled(self) -> None:
@@ -335,6 +343,12 @@ class FaultProxy:
     def requests(self) -> list[RecordedRequest]:
         with self._state.lock:
             return list(self._state.requests)
+
+    @property
+    def bytes_sent(self) -> int:
+        """Response body bytes relayed to clients since the start (or the last clear)."""
+        with self._state.lock:
+            return self._state.bytes_sent
 
     def count(self, path: str, methods: tuple[str, ...] = ("GET",)) -> int:
         """How many recorded requests with a method in methods had a path matching path."""

@@ -352,6 +352,9 @@ def test_proxy_passes_through_and_counts(images: dict[str, ImageRef],
     assert fault_proxy.count(digest) == 2
     assert fault_proxy.counts()[f"/v2/{image.repository}/blobs/{digest}"] == 2
     assert fault_proxy.requests[1].headers["Range"] == "bytes=100-"
+    assert fault_proxy.bytes_sent == len(expected) + len(expected) - 100
+    fault_proxy.clear()
+    assert fault_proxy.bytes_sent == 0
 
 
 def test_proxy_drops_connection_mid_body(images: dict[str, ImageRef],
