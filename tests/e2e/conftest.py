@@ -17,7 +17,8 @@ Slurm (tests/e2e/slurm.py; session-scoped, private, stopped by pid at the end):
 ``slurm_22_05`` (Debian's 22.05, one node), ``slurm_24_05`` (24.05.8 built by
 .ci/build-slurm.sh, nodes n1-n3 with a private node-local directory each), both a
 :class:`~tests.e2e.slurm.SlurmCluster`; ``slurm_cluster`` (each of the two in turn);
-``slurm_job_user`` (an unprivileged
+``shared_dir`` (per test: a world-traversable directory every node sees); ``slurm_job_user``
+(an unprivileged
 :class:`~tests.e2e.slurm.JobUser`, removed at the end if the session created it).
 
 Per test: ``fault_proxy`` (a :class:`~tests.e2e.faultproxy.FaultProxy` in front of
@@ -33,6 +34,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -245,6 +247,16 @@ def slurm_cluster(request: pytest.FixtureRequest) -> SlurmCluster:
     return cluster
 
 
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A world-traversable scratch directory under /tmp: on the shared filesystem of the test
+    clusters' nodes, reachable by a job user; removed after the test."""
+    path = Path(tempfile.mkdtemp(prefix="ocistage-slurm-test-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def slurm_job_user() -> Iterator[JobUser]:
     """An unprivileged account for jobs (``ocistage-slurm``); removed at the end if made here."""
@@ -260,7 +272,12 @@ _SCRUBBED_ENV = ("DOCKER_CONFIG", "REGISTRY_AUTH_FILE", "XDG_RUNTIME_DIR", "XDG_
 
 
 def ocistage_command() -> list[str]:
-    """The ``ocistage`` console script on PATH, else the CLI's ``main`` via this Python."""
+    """The ``ocistage`` console script of this Python (its venv), else the one on PATH, else
+    the CLI's ``main`` via this Python. Not simply the first on PATH: a pyenv shim or another
+    checkout's install may come first when pytest runs with a venv's python not on PATH."""
+    beside = Path(sys.executable).parent / "ocistage"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return [str(beside)]
     script = shutil.which("ocistage")
     if script is not None:
         return [script]

@@ -83,10 +83,8 @@ from pathlib import Path
 import pytest
 
 from runtimes.slurm import parse_scontrol_record
-from tests.e2e.components import e2e_required, free_port, require_binary
+from tests.e2e.components import e2e_required, free_port, require_binary, stop_process
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD_SCRIPT = REPO / ".ci" / "build-slurm.sh"
 SLURM_24_05_SHA256 = "b1b1549ee80fbcd2e4a3b40f17b0e794f92893b6e059d32d964d8db92c399b0e"
 SLURM_24_05_PREFIX = Path("/opt/ocistage-slurm") / SLURM_24_05_SHA256[:16]
 DEBIAN_SLURM = Path("/usr")
@@ -392,16 +390,6 @@ def _start(argv: Sequence[str], log: Path, env: Mapping[str, str]) -> subprocess
                                 start_new_session=True, preexec_fn=_die_with_parent)
 
 
-def _stop(process: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 def _mount_namespace(pid: int) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/mnt")
@@ -606,7 +594,7 @@ def running_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[Slur
                          f"--key-file={key}", f"--pid-file={base / 'run' / 'munged.pid'}",
                          f"--seed-file={base / 'munge' / 'munged.seed'}",
                          f"--log-file={munge_log}"], base / "log" / "munged.out", daemon_env)
-        stack.callback(_stop, munged)
+        stack.callback(stop_process, munged)
         _wait_for_munge(munge_socket, munged, munge_log)
 
         ports = {node: free_port() for node in nodes}
@@ -620,7 +608,7 @@ def running_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[Slur
         try:
             slurmctld = _start([str(spec.sbin_dir / "slurmctld"), "-D", "-c", "-i", "-f",
                                 str(conf)], base / "log" / "slurmctld.out", daemon_env)
-            stack.callback(_stop, slurmctld)
+            stack.callback(stop_process, slurmctld)
             slurmds = []
             hide = HYBRID_CGROUP2 if spec.legacy_cgroups and _hybrid_cgroup2() else ""
             for node in nodes:
@@ -646,7 +634,7 @@ def _stop_slurmds(slurmds: Sequence[subprocess.Popen[bytes]]) -> None:
     namespaces = {ns for ns in (_mount_namespace(p.pid) for p in slurmds) if ns is not None}
     namespaces.discard(_mount_namespace(os.getpid()))  # never our own
     for process in slurmds:
-        _stop(process)
+        stop_process(process, STOP_TIMEOUT)
     for namespace in namespaces:
         _kill_namespace(namespace)
 

@@ -12,9 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,26 +21,13 @@ import pytest
 from cache.leases import all_leases
 from runtimes.scrun import ScrunLuaOptions, render_scrun_lua
 from tests.e2e.components import require_binary
-from tests.e2e.conftest import OcistageRunner
+from tests.e2e.conftest import OcistageRunner, ocistage_command
 from tests.e2e.images import OS_RELEASE_NAME, ImageRef
 from tests.e2e.slurm import SlurmCluster
 from tests.runtimes.scrun_bundle import make_engine_bundle
 
 pytestmark = pytest.mark.timeout(600)
 HARNESS = Path(__file__).resolve().parents[1] / "runtimes" / "scrun_harness.lua"
-
-
-def _ocistage_argv() -> tuple[str, ...]:
-    found = shutil.which("ocistage")
-    return (found,) if found else (sys.executable, "-c", "from bundler.cli import main; main()")
-
-
-@pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ocistage-scrun-test-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
@@ -81,7 +65,7 @@ def test_scrun_lua_stage_in_srun_container_stage_out(
     stage_dir = shared_dir / "stage"
     script = shared_dir / "scrun.lua"
     script.write_text(render_scrun_lua(ScrunLuaOptions(
-        ocistage=_ocistage_argv(), stage_to="shared", stage_dir=str(stage_dir),
+        ocistage=tuple(ocistage_command()), stage_to="shared", stage_dir=str(stage_dir),
         cache=str(cache))))
     uid, gid = str(os.getuid()), str(os.getgid())
     env = json.dumps([f"SLURM_JOB_ID={allocation}", "FROM_JOB=yes", "PATH=/job/bin"])

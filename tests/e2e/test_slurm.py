@@ -11,8 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,15 +30,6 @@ pytestmark = pytest.mark.timeout(600)
 PROBE = ('echo "uid=$(id -u) gid=$(id -g)"; echo "cwd=$(pwd)"; cat /etc/os-release; '
          'echo "greeting=$GREETING"; echo "fixture=$OCISTAGE_FIXTURE"; '
          'echo "job=$SLURM_JOB_ID"')
-
-
-@pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A world-traversable scratch directory (the job may run as another user)."""
-    path = Path(tempfile.mkdtemp(prefix="ocistage-slurm-test-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _probe(output: str) -> dict[str, str]:

@@ -19,8 +19,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -40,15 +38,6 @@ pytestmark = pytest.mark.timeout(600)
 
 PROBE = ('echo "node=$SLURMD_NODENAME uid=$(id -u) gid=$(id -g) cwd=$(pwd) '
          'map=$(cat /proc/self/uid_map | tr -s " " | sed "s/^ //")"; grep ^NAME= /etc/os-release')
-
-
-@pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A world-traversable directory every node sees (not node-local)."""
-    path = Path(tempfile.mkdtemp(prefix="ocistage-nodes-test-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

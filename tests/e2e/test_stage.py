@@ -19,6 +19,7 @@ from stagers.filemanifest import MARKER_NAME
 from tests.e2e.components import require_binary
 from tests.e2e.conftest import OcistageRunner
 from tests.e2e.images import ImageRef
+from tests.e2e.slurm import SlurmCluster
 
 GREETING = "hello from busybox"
 
@@ -165,8 +166,9 @@ def _staged_by_dead_job(ocistage: OcistageRunner, *args: str) -> Path:
 
 
 def test_cache_gc_unmounts_and_removes_a_squashfs_mount_of_an_ended_job(
-        images: dict[str, ImageRef], ocistage: OcistageRunner, tmp_path: Path) -> None:
-    require_binary("squeue")
+        images: dict[str, ImageRef], ocistage: OcistageRunner, tmp_path: Path,
+        slurm_22_05: SlurmCluster) -> None:
+    """gc asks the test cluster's squeue, which no longer knows the job."""
     require_binary("mksquashfs")
     require_binary("squashfuse")
     if os.geteuid() != 0 and not any(
@@ -179,7 +181,7 @@ def test_cache_gc_unmounts_and_removes_a_squashfs_mount_of_an_ended_job(
                  "--format", "squashfs", "--mount", "--pin", "mine")
     try:
         assert os.path.ismount(staged)
-        ocistage("cache", "gc", check=True)
+        ocistage("cache", "gc", env=slurm_22_05.env, check=True)
         assert not os.path.lexists(staged) and not os.path.ismount(staged)
         assert not (target / f"{staged.name}.sqfs").exists()
         assert leases.leases_on(ocistage.cache, f"staged:{staged}") == []
@@ -194,8 +196,8 @@ def test_cache_gc_unmounts_and_removes_a_squashfs_mount_of_an_ended_job(
 
 def test_cache_gc_removes_a_pool_bundle_of_an_ended_job_and_sweeps_its_pool(
         images: dict[str, ImageRef], ocistage: OcistageRunner, shm: Path,
-        tmp_path: Path) -> None:
-    require_binary("squeue")
+        tmp_path: Path, slurm_22_05: SlurmCluster) -> None:
+    """gc asks the test cluster's squeue, which no longer knows the job."""
     dead = _staged_by_dead_job(ocistage, images["multilayer"].ref, "--to", str(shm))
     live = Path(str(stage(ocistage, images["busybox"].ref, "--to", str(shm),
                           "--pin", "mine")["path"]))
@@ -204,7 +206,7 @@ def test_cache_gc_removes_a_pool_bundle_of_an_ended_job_and_sweeps_its_pool(
     live_files = {p.stat().st_ino for p in live.rglob("*") if p.is_file()
                   and not p.is_symlink()}
     before = {p for p in pool.rglob("*") if p.is_file()}
-    ocistage("cache", "gc", check=True)
+    ocistage("cache", "gc", env=slurm_22_05.env, check=True)
     assert not dead.exists()
     after = {p for p in pool.rglob("*") if p.is_file()}
     assert after < before  # what only the ended job's bundle used is gone ...

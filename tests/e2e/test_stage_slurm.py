@@ -6,9 +6,6 @@ OCISTAGE_REQUIRE_E2E=1)."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,36 +18,27 @@ from tests.e2e.slurm import SlurmCluster
 pytestmark = pytest.mark.timeout(600)
 
 
-@pytest.fixture
-def node_dir() -> Iterator[Path]:
-    """A scratch directory the job (root here) reaches; node-local on a one-node cluster."""
-    path = Path(tempfile.mkdtemp(prefix="ocistage-stage-slurm-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def test_stage_all_nodes_inside_a_job(slurm_22_05: SlurmCluster, ocistage: OcistageRunner,
-                                      images: dict[str, ImageRef], node_dir: Path,
+                                      images: dict[str, ImageRef], shared_dir: Path,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     slurm_22_05.export(monkeypatch)  # dead_leases asks squeue in this process
     bundle = Path(json.loads(ocistage("bundle", images["busybox"].ref, "--json",
                                       check=True).stdout)["path"])
-    target = node_dir / "staged"
-    script = node_dir / "job.sh"
+    target = shared_dir / "staged"
+    script = shared_dir / "job.sh"
     command = " ".join(f"'{part}'" for part in ocistage.command)
     script.write_text(
         "#!/bin/sh\nset -e\n"
-        f"{command} stage --all-nodes '{bundle}' --to '{target}' --json > '{node_dir}/out.json'\n"
+        f"{command} stage --all-nodes '{bundle}' --to '{target}' --json > '{shared_dir}/out.json'\n"
         f"srun --overlap --container=\"$(sed -n 's/.*\"path\": \"\\(.*\\)\".*/\\1/p' "
-        f"'{node_dir}/out.json' | head -n1)\" true\n"
+        f"'{shared_dir}/out.json' | head -n1)\" true\n"
         "echo job=$SLURM_JOB_ID\n")
     script.chmod(0o755)
-    result = slurm_22_05.srun("-N1", str(script), env=ocistage.environment(), cwd=node_dir)
+    result = slurm_22_05.srun("-N1", str(script), env=ocistage.environment(), cwd=shared_dir)
     assert result.returncode == 0, result.stdout + result.stderr
     job_id = result.stdout.strip().rsplit("job=", 1)[-1]
     assert job_id.isdigit(), result.stdout
-    per_node = json.loads((node_dir / "out.json").read_text())
+    per_node = json.loads((shared_dir / "out.json").read_text())
     assert len(per_node) == 1
     staged = Path(per_node[0]["path"])
     assert staged.parent == target and (staged / "rootfs").is_dir()
