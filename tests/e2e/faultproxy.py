@@ -271,9 +271,11 @@ class _Handler(BaseHTTPRequestHandler):
             if flip_at is not None and sent <= flip_at < sent + len(data):
                 index = flip_at - sent
                 data = data[:index] + bytes([data[index] ^ 0xFF]) + data[index + 1:]
+            # counted before the client can have it, so a count read after a response never
+            # misses its last chunk
+            self.server.state.count_bytes(len(data))
             self.wfile.write(data)
             sent += len(data)
-            self.server.state.count_bytes(len(data))
         if drop_at is not None:
             self._drop()
         elif fault is not None and fault.kind == "truncate":
