@@ -16,10 +16,12 @@ Modes, each cold (node-local directories, caches and counters emptied before eve
                  NODE_LOCAL/staged'`` with a cache on the shared filesystem: the batch step
                  resolves the image once, then stages on every node (issue 12, item 2).
 
-Reported per mode and node count: wall time of the whole srun/sbatch (median over the
-repetitions, Slurm's scheduling included), and per node the registry requests (GETs of
-manifests and of blobs, HEADs) and the response bytes. The raw samples go to
-``bench/results/slurm-<time>.json``. A run that fails is reported with its error, not retried.
+Reported per mode and node count (medians over the repetitions): the staging wall time as the
+job's shells saw it (first node's start to last node's end; ``slurm_seconds`` in the JSON is
+the whole srun / ``sbatch --wait`` from the host, which adds ``sbatch --wait``'s polling, ~40
+s), and per node the registry requests (GETs of manifests and of blobs, HEADs) and the response
+bytes. The raw samples go to ``bench/results/slurm-<time>.json``. A run that fails is reported
+with its error, not retried.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ class NodeTraffic:
 class Run:
     mode: str
     nodes: int
-    seconds: float
+    seconds: float        # staging, inside the job: first node's start to last node's end
+    slurm_seconds: float  # the whole srun / sbatch --wait, as the submitting host saw it
     ok: bool
     error: str = ""
     traffic: dict[str, NodeTraffic] = field(default_factory=dict)
@@ -84,30 +87,43 @@ def _reset(cluster: SlurmCluster, work: Path, proxies: dict[str, FaultProxy]) ->
         proxy.clear()
 
 
+def _timed(command: str, work: Path) -> str:
+    """command in a shell that appends ``NODE START END`` (epoch seconds) to work/times."""
+    return (f's=$(date +%s.%N); {command}; rc=$?; '
+            f'echo "$SLURMD_NODENAME $s $(date +%s.%N)" >> {work}/times; exit $rc')
+
+
 def _command(mode: str, count: int, ref: str, cluster: SlurmCluster, work: Path) -> list[str]:
     local = cluster.node_local
     ocistage = shlex.quote(ocistage_script())
     if mode == "per-node":
-        script = (f"export XDG_CONFIG_HOME={local}/config OCISTAGE_CACHE={local}/cache; "
-                  f"exec {ocistage} stage {ref} --to {local}/staged --name image")
+        script = _timed(f"XDG_CONFIG_HOME={local}/config OCISTAGE_CACHE={local}/cache "
+                        f"{ocistage} stage {ref} --to {local}/staged --name image", work)
         return ["srun", "--time=10", f"-N{count}", "--ntasks-per-node=1", "/bin/sh", "-c",
                 script]
-    script = (f"export XDG_CONFIG_HOME={local}/config OCISTAGE_CACHE={work}/cache; "
-              f"exec {ocistage} stage --all-nodes {ref} --to {local}/staged --name image")
+    script = _timed(f"XDG_CONFIG_HOME={local}/config OCISTAGE_CACHE={work}/cache "
+                    f"{ocistage} stage --all-nodes {ref} --to {local}/staged --name image", work)
     return ["sbatch", "--time=10", f"-N{count}", "--wait", f"--output={work}/job-%j.out",
             "--wrap", script]
+
+
+def _staging_seconds(work: Path) -> float:
+    """From the first node's start to the last node's end, as the job's shells saw them."""
+    spans = [line.split() for line in (work / "times").read_text().splitlines() if line]
+    return max(float(end) for _, _, end in spans) - min(float(start) for _, start, _ in spans)
 
 
 def run_once(mode: str, count: int, ref: str, cluster: SlurmCluster, work: Path,
              proxies: dict[str, FaultProxy], env: dict[str, str]) -> Run:
     _reset(cluster, work, proxies)
-    for old in work.glob("job-*.out"):
+    for old in [*work.glob("job-*.out"), *work.glob("times")]:
         old.unlink()
     os.sync()
     start = time.perf_counter()
     result = cluster.run(*_command(mode, count, ref, cluster, work), env=env, cwd=work,
                          timeout=900)
-    seconds = time.perf_counter() - start
+    slurm_seconds = time.perf_counter() - start
+    seconds = _staging_seconds(work) if (work / "times").is_file() else slurm_seconds
     staged = [node for node in cluster.nodes[:count]
               if (cluster.node_dir(node) / "staged" / "image" / "rootfs").is_dir()]
     ok = result.returncode == 0 and len(staged) == count
@@ -115,7 +131,7 @@ def run_once(mode: str, count: int, ref: str, cluster: SlurmCluster, work: Path,
     if not ok:
         outputs = "".join(path.read_text(errors="replace") for path in work.glob("job-*.out"))
         error = (result.stderr + result.stdout + outputs).strip()[-600:]
-    return Run(mode, count, seconds, ok, error,
+    return Run(mode, count, seconds, slurm_seconds, ok, error,
                {node: _traffic(proxies[node]) for node in cluster.nodes})
 
 
