@@ -43,8 +43,8 @@ from typing import Any
 
 from bench.bundle import RESULTS, ocistage_script, running_registry
 from bench.images import SPECS, build_all, cache_root, push
-from tests.e2e.components import free_port
-from tests.e2e.faultproxy import FaultProxy, running_fault_proxy
+from pytest_ocistage.components import free_port
+from pytest_ocistage.faultproxy import FaultProxy, running_fault_proxy
 from tests.e2e.slurm import ClusterError, SlurmCluster, built_spec, check_spec, running_cluster
 
 MODES = ("per-node", "all-nodes")

@@ -28,7 +28,7 @@ from bundler.runtime_config import (
 )
 from bundler.schema import validate
 from cache.errors import SchemaError, StoreError, UsageError, UserResolutionError
-from tests.e2e.components import require_binary
+from pytest_ocistage.components import require_binary
 
 PASSWD = "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/app:/bin/sh\n"
 GROUP = "root:x:0:\napp:x:1000:\nvideo:x:44:app\n"

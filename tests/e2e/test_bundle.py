@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ocistage.components import require_binary
+from pytest_ocistage.images import ImageRef
 from tests.bundler.tarbuilder import Node, snapshot
-from tests.e2e.components import require_binary
 from tests.e2e.conftest import OcistageRunner
-from tests.e2e.images import ImageRef
 
 # zstd forms hold the same content as their gzip twins; umoci 0.4 cannot read zstd layers, so
 # their reference tree is umoci's unpack of the gzip twin.

@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.components import Registry, require_binary
+from pytest_ocistage.components import Registry, require_binary
+from pytest_ocistage.faultproxy import Fault, FaultProxy
+from pytest_ocistage.images import ImageRef, host_architecture
 from tests.e2e.conftest import (
     HTPASSWD_PASSWORD,
     HTPASSWD_USER,
@@ -22,8 +24,6 @@ from tests.e2e.conftest import (
     TOKEN_USER,
     OcistageRunner,
 )
-from tests.e2e.faultproxy import Fault, FaultProxy
-from tests.e2e.images import ImageRef, host_architecture
 
 
 def blob_set(layout: Path) -> dict[str, bytes]:
@@ -321,7 +321,7 @@ def test_persistent_rate_limit_gives_up_with_a_hint(images: dict[str, ImageRef],
                                                     fault_proxy: FaultProxy) -> None:
     image = images["busybox"]
     fault_proxy.add(Fault(r"/manifests/", "status", status=429, retry_after="0", times=1000))
-    result = ocistage("pull", image.via(fault_proxy.host), timeout=120)
+    result = ocistage.run_process("pull", image.via(fault_proxy.host), timeout=120)
     assert result.returncode == 1
     assert "429" in error_line(result) or "rate" in error_line(result).lower()
 

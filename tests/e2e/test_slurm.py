@@ -21,9 +21,9 @@ from bundler.reference import parse_reference
 from bundler.runtime_config import ConfigOptions
 from cache.leases import Holder, all_leases
 from cache.store import Store
+from pytest_ocistage.images import OS_RELEASE_NAME, ImageRef
 from stagers.stage import stage_directory
 from tests.e2e.conftest import OcistageRunner
-from tests.e2e.images import OS_RELEASE_NAME, ImageRef
 from tests.e2e.slurm import JobUser, SlurmCluster, read_output
 
 pytestmark = pytest.mark.timeout(600)

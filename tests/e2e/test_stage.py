@@ -15,10 +15,10 @@ import pytest
 from cache import leases
 from cache.fsops import remove_tree
 from cache.inventory import SHARED_ROOT_ANNOTATION
+from pytest_ocistage.components import require_binary
+from pytest_ocistage.images import ImageRef
 from stagers.filemanifest import MARKER_NAME
-from tests.e2e.components import require_binary
 from tests.e2e.conftest import OcistageRunner
-from tests.e2e.images import ImageRef
 from tests.e2e.slurm import SlurmCluster
 
 GREETING = "hello from busybox"
