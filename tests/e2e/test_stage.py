@@ -15,6 +15,7 @@ import pytest
 from cache import leases
 from cache.fsops import remove_tree
 from cache.inventory import SHARED_ROOT_ANNOTATION
+from pytest_ocistage.bundles import run_bundle
 from pytest_ocistage.components import require_binary
 from pytest_ocistage.images import ImageRef
 from stagers.filemanifest import MARKER_NAME
@@ -22,14 +23,6 @@ from tests.e2e.conftest import OcistageRunner
 from tests.e2e.slurm import SlurmCluster
 
 GREETING = "hello from busybox"
-
-
-def run_bundle(bundle: Path, state: Path) -> subprocess.CompletedProcess[str]:
-    require_binary("runc")
-    return subprocess.run(
-        ["runc", "--rootless=true", "--root", str(state), "run", "-b", str(bundle),
-         f"ocistage-stage-{uuid.uuid4().hex[:12]}"],
-        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False)
 
 
 def stage(ocistage: OcistageRunner, *args: str) -> dict[str, object]:
