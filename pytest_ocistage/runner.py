@@ -46,7 +46,12 @@ LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"  # what bundler.cli_common.se
 
 
 def ocistage_command() -> list[str]:
-    """The ``ocistage`` console script on PATH, else the CLI's ``main`` via this Python."""
+    """The ``ocistage`` console script of this Python (its venv), else the one on PATH, else
+    the CLI's ``main`` via this Python. Not simply the first on PATH: a pyenv shim or another
+    checkout's install may come first when pytest runs with a venv's python not on PATH."""
+    beside = Path(sys.executable).parent / "ocistage"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return [str(beside)]
     script = shutil.which("ocistage")
     if script is not None:
         return [script]
