@@ -20,23 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ocistage.components import require_binary
+from pytest_ocistage.components import Outcome, require_binary
 
 RUNTIMES = ("runc", "crun")
 
 
 @dataclass(frozen=True)
-class BundleRun:
-    """What the container's process did."""
+class BundleRun(Outcome):
+    """What the container's process did, and under which runtime."""
 
     runtime: str
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def exit_code(self) -> int:
-        return self.returncode
 
 
 def run_bundle(bundle: Path, state_dir: Path, runtime: str = "runc",
@@ -60,7 +53,8 @@ def run_bundle(bundle: Path, state_dir: Path, runtime: str = "runc",
     finally:
         subprocess.run([*base, "delete", "--force", container], capture_output=True,
                        timeout=60, stdin=subprocess.DEVNULL, check=False)
-    return BundleRun(runtime, result.returncode, result.stdout, result.stderr)
+    return BundleRun(returncode=result.returncode, stdout=result.stdout, stderr=result.stderr,
+                     runtime=runtime)
 
 
 def hybrid_cgroups() -> bool:

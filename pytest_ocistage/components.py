@@ -31,6 +31,19 @@ REGISTRY_BINARY = "docker-registry"
 START_TIMEOUT = 20.0
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What a command did: ``returncode`` (also ``exit_code``), stdout and stderr as text."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def exit_code(self) -> int:
+        return self.returncode
+
+
 class ComponentError(RuntimeError):
     """A test component (registry, openssl, skopeo, ...) could not be set up."""
 

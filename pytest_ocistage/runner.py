@@ -37,7 +37,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ocistage.components import Registry
+from pytest_ocistage.components import Outcome, Registry
 
 SCRUBBED_ENV = ("DOCKER_CONFIG", "REGISTRY_AUTH_FILE", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME",
                 "XDG_CACHE_HOME", "XDG_DATA_HOME", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE",
@@ -59,17 +59,10 @@ def ocistage_command() -> list[str]:
 
 
 @dataclass(frozen=True)
-class OcistageResult:
+class OcistageResult(Outcome):
     """What one command line did: ``returncode`` (also ``exit_code``), stdout, stderr."""
 
     args: tuple[str, ...]
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def exit_code(self) -> int:
-        return self.returncode
 
     @property
     def json(self) -> Any:
@@ -196,7 +189,7 @@ class OcistageRunner:
             except SystemExit as exit_:
                 code = _exit_status(exit_.code, err)
             stdout, stderr = out.text(), err.text()
-        return self._checked(OcistageResult(tuple(args), code, stdout, stderr), check)
+        return self._checked(OcistageResult(code, stdout, stderr, tuple(args)), check)
 
     def run_process(self, *args: str, env: Mapping[str, str] | None = None,
                     input: str | None = None, timeout: float = 300,
@@ -206,8 +199,8 @@ class OcistageRunner:
                                 cwd=self.cwd, input=input, capture_output=True, text=True,
                                 timeout=timeout, stdin=None if input is not None
                                 else subprocess.DEVNULL)
-        return self._checked(OcistageResult(tuple(args), result.returncode, result.stdout,
-                                            result.stderr), check)
+        return self._checked(OcistageResult(result.returncode, result.stdout, result.stderr,
+                                            tuple(args)), check)
 
     @staticmethod
     def _checked(result: OcistageResult, check: bool) -> OcistageResult:
