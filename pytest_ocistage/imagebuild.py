@@ -208,7 +208,6 @@ def _info(name: str, kind: bytes, mode: int, uid: int = 0, gid: int = 0) -> tarf
     info = tarfile.TarInfo(name)
     info.type = kind
     info.mode = mode
-    info.uid, info.gid = uid, gid
     _normalise(info)
     info.uid, info.gid = uid, gid
     return info
