@@ -2,11 +2,12 @@
 
 :class:`OcistageRunner` runs a command line two ways:
 
-- ``runner(*args)`` in-process: ``bundler.cli.main`` in this interpreter with ``sys.argv``,
-  ``os.environ``, the working directory and the standard streams swapped for the call and
-  restored after it. It returns an :class:`OcistageResult` (exit code, stdout, stderr, and
-  ``.json``, the parsed stdout of a ``--json`` command). Fast (no interpreter start-up), but
-  one at a time: do not call it from several threads. Output of child processes the CLI runs
+- ``runner(*args)`` in-process (given ``timeout=``, as a process): ``bundler.cli.main`` in
+  this interpreter with ``sys.argv``, ``os.environ``, the working directory and the standard
+  streams swapped for the call and restored after it. It returns an
+  :class:`OcistageResult` (exit code, stdout, stderr, and ``.json``, the parsed stdout of a
+  ``--json`` command). Fast (no interpreter start-up), but one at a time: do not call it
+  from several threads. Output of child processes the CLI runs
   (``sbatch``, ``mksquashfs``) goes to the test's file descriptors, not into the result.
 - ``runner.run_process(*args)``: the console script (or ``python -m``-style fallback) as a
   child process, for what needs a process of its own: a timeout, a kill mid-download,
@@ -177,8 +178,12 @@ class OcistageRunner:
         return path
 
     def __call__(self, *args: str, env: Mapping[str, str] | None = None,
-                 input: str | None = None, check: bool = False) -> OcistageResult:
-        """Run ``ocistage ARGS`` in this process (see the module docstring)."""
+                 input: str | None = None, timeout: float | None = None,
+                 check: bool = False) -> OcistageResult:
+        """Run ``ocistage ARGS`` in this process; with a timeout, as a child process (only a
+        process can be stopped when time is up)."""
+        if timeout is not None:
+            return self.run_process(*args, env=env, input=input, timeout=timeout, check=check)
         from bundler.cli import main  # the CLI loads only when a test runs it
 
         code = 0

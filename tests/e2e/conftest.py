@@ -57,7 +57,7 @@ from tests.e2e.slurm import (
 )
 
 __all__ = ["HTPASSWD_PASSWORD", "HTPASSWD_USER", "TOKEN_PASSWORD", "TOKEN_USER",
-           "OcistageRunner", "require_binary"]
+           "OcistageRunner", "ocistage_command", "require_binary"]
 
 _E2E_DIR = Path(__file__).parent
 

@@ -321,7 +321,7 @@ def test_persistent_rate_limit_gives_up_with_a_hint(images: dict[str, ImageRef],
                                                     fault_proxy: FaultProxy) -> None:
     image = images["busybox"]
     fault_proxy.add(Fault(r"/manifests/", "status", status=429, retry_after="0", times=1000))
-    result = ocistage.run_process("pull", image.via(fault_proxy.host), timeout=120)
+    result = ocistage("pull", image.via(fault_proxy.host), timeout=120)
     assert result.returncode == 1
     assert "429" in error_line(result) or "rate" in error_line(result).lower()
 
