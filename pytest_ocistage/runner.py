@@ -2,9 +2,9 @@
 
 :class:`OcistageRunner` runs a command line two ways:
 
-- ``runner(*args)`` in-process (given ``timeout=``, as a process): ``bundler.cli.main`` in
-  this interpreter with ``sys.argv``, ``os.environ``, the working directory and the standard
-  streams swapped for the call and restored after it. It returns an
+- ``runner(*args)`` in-process (given ``timeout=``, as a process): ``bundler.cli.run`` in
+  this interpreter with ``os.environ``, the working directory and the standard streams
+  swapped for the call and restored after it. It returns an
   :class:`OcistageResult` (exit code, stdout, stderr, and ``.json``, the parsed stdout of a
   ``--json`` command). Fast (no interpreter start-up), but one at a time: do not call it
   from several threads. Output of child processes the CLI runs
@@ -29,8 +29,7 @@ import os
 import shutil
 import subprocess
 import sys
-import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,41 +88,34 @@ class _Capture(io.TextIOWrapper):
 
 
 @contextmanager
-def _swapped_process_state(argv: list[str], env: dict[str, str], cwd: Path,
+def _swapped_process_state(argv: Sequence[str], env: dict[str, str], cwd: Path,
                            stdin: str) -> Iterator[tuple[_Capture, _Capture]]:
-    """sys.argv, os.environ, cwd, the standard streams, ``__main__`` and a log handler,
-    restored after."""
-    saved_argv, saved_env, saved_cwd = sys.argv, dict(os.environ), os.getcwd()
+    """os.environ, cwd, the standard streams and a log handler, restored after."""
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
     saved_streams = sys.stdin, sys.stdout, sys.stderr
-    saved_main = sys.modules["__main__"]
     out, err = _Capture(), _Capture()
     root = logging.getLogger()
     handler = logging.StreamHandler(err)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    verbose = any(arg in ("-v", "--verbose") for arg in argv[1:])
+    verbose = any(arg in ("-v", "--verbose") for arg in argv)
     handler.setLevel(logging.DEBUG if verbose else logging.WARNING)
     saved_level = root.level
     try:
-        sys.argv = argv
         os.environ.clear()
         os.environ.update(env)
         os.chdir(cwd)
         sys.stdin, sys.stdout, sys.stderr = io.StringIO(stdin), out, err
-        # click names the program after __main__ ("python -m pytest" under python -m pytest)
-        sys.modules["__main__"] = types.ModuleType("__main__")
         # under pytest the root logger has handlers, so the CLI's basicConfig adds none
         root.addHandler(handler)
         root.setLevel(min(saved_level or logging.WARNING, handler.level))
         yield out, err
     finally:
-        sys.modules["__main__"] = saved_main
         root.removeHandler(handler)
         root.setLevel(saved_level)
         sys.stdin, sys.stdout, sys.stderr = saved_streams
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)
-        sys.argv = saved_argv
 
 
 @dataclass(frozen=True)
@@ -184,15 +176,11 @@ class OcistageRunner:
         process can be stopped when time is up)."""
         if timeout is not None:
             return self.run_process(*args, env=env, input=input, timeout=timeout, check=check)
-        from bundler.cli import main  # the CLI loads only when a test runs it
+        from bundler.cli import run  # the CLI loads only when a test runs it
 
-        code = 0
-        with _swapped_process_state(["ocistage", *args], self.environment(env), self.cwd,
+        with _swapped_process_state(args, self.environment(env), self.cwd,
                                     input or "") as (out, err):
-            try:
-                main()
-            except SystemExit as exit_:
-                code = _exit_status(exit_.code, err)
+            code = run(args)
             stdout, stderr = out.text(), err.text()
         return self._checked(OcistageResult(code, stdout, stderr, tuple(args)), check)
 
@@ -213,13 +201,3 @@ class OcistageRunner:
             pytest.fail(f"ocistage {' '.join(result.args)} exited {result.returncode}:\n"
                         f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}", pytrace=False)
         return result
-
-
-def _exit_status(code: object, err: io.TextIOBase) -> int:
-    """sys.exit's argument as a process exit status (a message goes to stderr, status 1)."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    err.write(f"{code}\n")
-    return 1
