@@ -26,11 +26,23 @@ Per test:
 - ``run_bundle(bundle, runtime="runc")``: run a bundle under rootless runc or crun
 - ``fault_proxy``: a :class:`~pytest_ocistage.faultproxy.FaultProxy` in front of
   ``oci_registry``; ``make_fault_proxy(registry)`` puts one in front of any registry
+
+Slurm (root only; private config, munged and daemons on their own ports, stopped by pid at the
+end of the session; see pytest_ocistage/slurm.py for the :class:`SlurmCluster` API):
+
+- ``slurm_22_05``: Debian's Slurm 22.05, one node
+- ``slurm_24_05``: Slurm 24.05.8 built from source (``$OCISTAGE_SLURM_PREFIX``), nodes n1-n3,
+  each with its own node-local directory, and ``scrun``
+- ``slurm_cluster``: each of the two in turn (the test runs once on each)
+- ``shared_dir``: a world-traversable directory every node sees; ``slurm_job_user``: an
+  unprivileged account for jobs, removed at the end if the session made it
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -53,7 +65,15 @@ from pytest_ocistage.components import (
 )
 from pytest_ocistage.faultproxy import FaultProxy, running_fault_proxy
 from pytest_ocistage.imagebuild import BuiltImage, LayerSource, build_image
-from pytest_ocistage.runner import OcistageRunner
+from pytest_ocistage.runner import OcistageRunner, ocistage_command
+from pytest_ocistage.slurm import (
+    JobUser,
+    SlurmCluster,
+    built_spec,
+    debian_spec,
+    job_user_account,
+    session_cluster,
+)
 from pytest_ocistage.tokenissuer import TokenIssuer, running_token_issuer
 
 BASIC_USER, BASIC_PASSWORD = "basic-user", "basic-secret-1"
@@ -240,3 +260,45 @@ def run_bundle(tmp_path: Path) -> Callable[..., BundleRun]:
         return run_bundle_in(Path(bundle), tmp_path / f"{runtime}-state", runtime, timeout)
 
     return run
+
+
+# --- Slurm (pytest_ocistage/slurm.py) ---------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def slurm_22_05() -> Iterator[SlurmCluster]:
+    """Debian 12's Slurm 22.05: one node named after the host, private config and daemons."""
+    with session_cluster(debian_spec(), ocistage_command()) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def slurm_24_05() -> Iterator[SlurmCluster]:
+    """Slurm 24.05.8 built by .ci/build-slurm.sh: nodes n1-n3, each with its own node-local
+    directory at ``cluster.node_local``; scrun in ``cluster.bin_dir``."""
+    with session_cluster(built_spec(), ocistage_command()) as cluster:
+        yield cluster
+
+
+@pytest.fixture(params=["22.05", "24.05"])
+def slurm_cluster(request: pytest.FixtureRequest) -> SlurmCluster:
+    """Each test cluster in turn: the test runs once on 22.05 and once on 24.05."""
+    name = "slurm_22_05" if request.param == "22.05" else "slurm_24_05"
+    cluster: SlurmCluster = request.getfixturevalue(name)
+    return cluster
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A world-traversable scratch directory under /tmp: on the shared filesystem of the test
+    clusters' nodes, reachable by a job user; removed after the test."""
+    path = Path(tempfile.mkdtemp(prefix="ocistage-slurm-test-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_job_user() -> Iterator[JobUser]:
+    """An unprivileged account for jobs (``ocistage-slurm``); removed at the end if made here."""
+    with job_user_account() as user:
+        yield user

@@ -14,21 +14,14 @@ plugin's registries the names these tests use and pushes the project's fixture i
 - ``fixture_layouts_built`` the OCI layout with the fixture images (cached across sessions)
 - ``images``             name -> :class:`~pytest_ocistage.images.ImageRef` of every pushed image
 
-Slurm (tests/e2e/slurm.py; session-scoped, private, stopped by pid at the end):
-``slurm_22_05`` (Debian's 22.05, one node), ``slurm_24_05`` (24.05.8 built by
-.ci/build-slurm.sh, nodes n1-n3 with a private node-local directory each), both a
-:class:`~tests.e2e.slurm.SlurmCluster`; ``slurm_cluster`` (each of the two in turn);
-``shared_dir`` (per test: a world-traversable directory every node sees); ``slurm_job_user``
-(an unprivileged :class:`~tests.e2e.slurm.JobUser`, removed at the end if the session
-created it).
+The Slurm clusters (``slurm_22_05``, ``slurm_24_05``, ``slurm_cluster``, ``shared_dir``,
+``slurm_job_user``) are the plugin's too (pytest_ocistage/slurm.py).
 """
 
 from __future__ import annotations
 
 import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -47,14 +40,6 @@ from pytest_ocistage.plugin import BASIC_USER as HTPASSWD_USER
 from pytest_ocistage.plugin import TOKEN_PASSWORD, TOKEN_USER
 from pytest_ocistage.runner import OcistageRunner, ocistage_command
 from pytest_ocistage.tokenissuer import TokenIssuer
-from tests.e2e.slurm import (
-    JobUser,
-    SlurmCluster,
-    built_spec,
-    debian_spec,
-    job_user_account,
-    session_cluster,
-)
 
 __all__ = ["HTPASSWD_PASSWORD", "HTPASSWD_USER", "TOKEN_PASSWORD", "TOKEN_USER",
            "OcistageRunner", "ocistage_command", "require_binary"]
@@ -151,45 +136,3 @@ def images(fixture_layouts_built: FixtureLayouts, ocistage_session_dir: Path,
         PushSpec("token/private", "busybox", token_registry, "private/busybox"),
     ]
     return push_all(specs, fixture_layouts_built, ocistage_session_dir / "push")
-
-
-# --- Slurm ------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def slurm_22_05() -> Iterator[SlurmCluster]:
-    """Debian 12's Slurm 22.05: one node named after the host, private config and daemons."""
-    with session_cluster(debian_spec(), ocistage_command()) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="session")
-def slurm_24_05() -> Iterator[SlurmCluster]:
-    """Slurm 24.05.8 built by .ci/build-slurm.sh: nodes n1-n3, each with its own node-local
-    directory at ``cluster.node_local``; scrun in ``cluster.bin_dir``."""
-    with session_cluster(built_spec(), ocistage_command()) as cluster:
-        yield cluster
-
-
-@pytest.fixture(params=["22.05", "24.05"])
-def slurm_cluster(request: pytest.FixtureRequest) -> SlurmCluster:
-    """Each test cluster in turn: the test runs once on 22.05 and once on 24.05."""
-    name = "slurm_22_05" if request.param == "22.05" else "slurm_24_05"
-    cluster: SlurmCluster = request.getfixturevalue(name)
-    return cluster
-
-
-@pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A world-traversable scratch directory under /tmp: on the shared filesystem of the test
-    clusters' nodes, reachable by a job user; removed after the test."""
-    path = Path(tempfile.mkdtemp(prefix="ocistage-slurm-test-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def slurm_job_user() -> Iterator[JobUser]:
-    """An unprivileged account for jobs (``ocistage-slurm``); removed at the end if made here."""
-    with job_user_account() as user:
-        yield user

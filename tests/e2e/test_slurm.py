@@ -2,7 +2,7 @@
 private test cluster in turn (``slurm_cluster``: Debian's 22.05 and the built 24.05.8).
 
 The nodes' oci.conf is the one `ocistage runtime oci-conf --runtime runc` wrote
-(tests/e2e/slurm.py).
+(pytest_ocistage/slurm.py).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from bundler.runtime_config import ConfigOptions
 from cache.leases import Holder, all_leases
 from cache.store import Store
 from pytest_ocistage.images import OS_RELEASE_NAME, ImageRef
+from pytest_ocistage.slurm import JobUser, SlurmCluster, read_output
 from stagers.stage import stage_directory
 from tests.e2e.conftest import OcistageRunner
-from tests.e2e.slurm import JobUser, SlurmCluster, read_output
 
 pytestmark = pytest.mark.timeout(600)
 

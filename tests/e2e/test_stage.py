@@ -18,9 +18,9 @@ from cache.inventory import SHARED_ROOT_ANNOTATION
 from pytest_ocistage.bundles import run_bundle
 from pytest_ocistage.components import require_binary
 from pytest_ocistage.images import ImageRef
+from pytest_ocistage.slurm import SlurmCluster
 from stagers.filemanifest import MARKER_NAME
 from tests.e2e.conftest import OcistageRunner
-from tests.e2e.slurm import SlurmCluster
 
 GREETING = "hello from busybox"
 

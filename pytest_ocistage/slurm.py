@@ -433,7 +433,7 @@ def _slurm_conf(spec: ClusterSpec, base: Path, host: str, nodes: Sequence[str],
     mem = max(1, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20 // 4)
     cpus = os.cpu_count() or 1
     lines = [
-        f"# private test cluster {spec.name} (tests/e2e/slurm.py)",
+        f"# private test cluster {spec.name} (pytest_ocistage/slurm.py)",
         f"ClusterName={spec.name}",
         f"SlurmctldHost={host}(127.0.0.1)",
         f"SlurmctldPort={free_port()}",
