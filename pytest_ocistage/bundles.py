@@ -44,7 +44,7 @@ def run_bundle(bundle: Path, state_dir: Path, runtime: str = "runc",
     binary = require_binary(runtime)
     state_dir.mkdir(parents=True, exist_ok=True)
     container = f"ocistage-test-{uuid.uuid4().hex[:12]}"
-    base = [*_hybrid_cgroup_workaround(runtime), binary, "--rootless=true",
+    base = [*hybrid_cgroup_prefix(runtime), binary, "--rootless=true",
             "--root", str(state_dir)]
     try:
         result = subprocess.run([*base, "run", "--bundle", str(bundle), container],
@@ -64,7 +64,7 @@ def hybrid_cgroups() -> bool:
         controllers.read_text().strip())
 
 
-def _hybrid_cgroup_workaround(runtime: str) -> list[str]:
+def hybrid_cgroup_prefix(runtime: str) -> list[str]:
     """The argv prefix that lets crun run on a hybrid host (see the module docstring)."""
     if runtime != "crun" or not hybrid_cgroups():
         return []
