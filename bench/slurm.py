@@ -2,7 +2,7 @@
 
 Starts the private three-node cluster of ``pytest_ocistage/slurm.py`` (needs root and the build of
 ``.ci/build-slurm.sh``), a bench registry, and one counting proxy per node
-(``tests/e2e/faultproxy.py``, no faults armed). The image is named by a registry address that
+(``pytest_ocistage/faultproxy.py``, no faults armed). The image is named by a registry address that
 nothing listens on; each node's ``XDG_CONFIG_HOME`` is in its node-local directory and its
 ``config.toml`` makes that node's proxy the mirror of that address, so every registry request
 of a node (of any ocistage process on it) goes through its own proxy, and a request that
