@@ -3,8 +3,8 @@
 :class:`OcistageRunner` runs a command line two ways:
 
 - ``runner(*args)`` in-process (given ``timeout=``, as a process): ``bundler.cli.run`` in
-  this interpreter with ``os.environ``, the working directory and the standard streams
-  swapped for the call and restored after it. It returns an
+  this interpreter with ``sys.argv``, ``os.environ``, the working directory and the standard
+  streams swapped for the call and restored after it. It returns an
   :class:`OcistageResult` (exit code, stdout, stderr, and ``.json``, the parsed stdout of a
   ``--json`` command). Fast (no interpreter start-up), but one at a time: do not call it
   from several threads. Output of child processes the CLI runs
@@ -90,8 +90,9 @@ class _Capture(io.TextIOWrapper):
 @contextmanager
 def _swapped_process_state(argv: Sequence[str], env: dict[str, str], cwd: Path,
                            stdin: str) -> Iterator[tuple[_Capture, _Capture]]:
-    """os.environ, cwd, the standard streams and a log handler, restored after."""
-    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    """sys.argv (``submit`` reads what follows ``--`` there), os.environ, cwd, the standard
+    streams and a log handler, restored after."""
+    saved_argv, saved_env, saved_cwd = sys.argv, dict(os.environ), os.getcwd()
     saved_streams = sys.stdin, sys.stdout, sys.stderr
     out, err = _Capture(), _Capture()
     root = logging.getLogger()
@@ -101,6 +102,7 @@ def _swapped_process_state(argv: Sequence[str], env: dict[str, str], cwd: Path,
     handler.setLevel(logging.DEBUG if verbose else logging.WARNING)
     saved_level = root.level
     try:
+        sys.argv = ["ocistage", *argv]
         os.environ.clear()
         os.environ.update(env)
         os.chdir(cwd)
@@ -116,6 +118,7 @@ def _swapped_process_state(argv: Sequence[str], env: dict[str, str], cwd: Path,
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)
+        sys.argv = saved_argv
 
 
 @dataclass(frozen=True)

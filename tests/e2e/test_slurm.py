@@ -178,9 +178,10 @@ def test_submit_srun_blocks_and_passes_the_exit_status(
     """A bare command name (sh) runs the image's sh on 24.05 too, whose slurmstepd would look
     it up on the host (bundler.bundle_command)."""
     stage_to = shared_dir / "staged"
-    result = ocistage("submit", images["busybox"].ref, "--srun", "--stage-to", str(stage_to),
-                      "--time=5", "--", "sh", "-c", PROBE + "; exit 3",
-                      env=slurm_cluster.env)
+    # --srun: srun writes to the terminal it inherits, so the CLI runs as a process here
+    result = ocistage.run_process("submit", images["busybox"].ref, "--srun", "--stage-to",
+                                  str(stage_to), "--time=5", "--", "sh", "-c",
+                                  PROBE + "; exit 3", env=slurm_cluster.env)
     assert result.returncode == 3, result.stderr
     values = _probe(result.stdout)
     assert values["NAME"] == OS_RELEASE_NAME
@@ -190,7 +191,7 @@ def test_submit_srun_blocks_and_passes_the_exit_status(
 def test_submit_runs_the_image_command_without_one(
         slurm_cluster: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
         shared_dir: Path) -> None:
-    result = ocistage("submit", images["busybox"].ref, "--srun", "--stage-to",
-                      str(shared_dir / "staged"), "--time=5", env=slurm_cluster.env)
+    result = ocistage.run_process("submit", images["busybox"].ref, "--srun", "--stage-to",
+                                  str(shared_dir / "staged"), "--time=5", env=slurm_cluster.env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "hello from busybox"
