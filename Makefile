@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PYTEST_ARGS ?=
 
-.PHONY: deps venv demo test lint typecheck unit bench clean
+.PHONY: deps venv demo test lint typecheck unit example bench clean
 
 DEBIAN_PACKAGES = python3-venv \
 	docker-registry skopeo umoci runc crun squashfs-tools squashfuse lua5.3 \
@@ -65,6 +65,14 @@ unit: deps
 
 test: deps lint typecheck  ## everything CI runs
 	PATH="$(RUN_PATH)" $(VENV_BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory example
+
+# docs/testing.md's example project, as a user runs it: a copy outside this repository (no
+# conftest, no pyproject of ours), against the installed package and its pytest plugin
+example: deps
+	@dir=$$(mktemp -d) && trap 'rm -rf "$$dir"' EXIT && \
+		cp -r examples/my-image-project "$$dir/" && cd "$$dir/my-image-project" && \
+		PATH="$(RUN_PATH)" $(VENV_BIN)/python -m pytest -q -p no:cacheprovider
 
 bench:  deps ## benchmarks (bench/README.md): bundle vs skopeo+umoci and the floor; stage vs rsync
 	PATH="$(RUN_PATH)" $(VENV_BIN)/python -m bench bundle

@@ -1,8 +1,8 @@
 """``python -m bench slurm``: stage an image on 1 and on 3 nodes of the Slurm 24.05 test cluster.
 
-Starts the private three-node cluster of ``tests/e2e/slurm.py`` (needs root and the build of
+Starts the private three-node cluster of ``pytest_ocistage/slurm.py`` (needs root and the build of
 ``.ci/build-slurm.sh``), a bench registry, and one counting proxy per node
-(``tests/e2e/faultproxy.py``, no faults armed). The image is named by a registry address that
+(``pytest_ocistage/faultproxy.py``, no faults armed). The image is named by a registry address that
 nothing listens on; each node's ``XDG_CONFIG_HOME`` is in its node-local directory and its
 ``config.toml`` makes that node's proxy the mirror of that address, so every registry request
 of a node (of any ocistage process on it) goes through its own proxy, and a request that
@@ -43,9 +43,15 @@ from typing import Any
 
 from bench.bundle import RESULTS, ocistage_script, running_registry
 from bench.images import SPECS, build_all, cache_root, push
-from tests.e2e.components import free_port
-from tests.e2e.faultproxy import FaultProxy, running_fault_proxy
-from tests.e2e.slurm import ClusterError, SlurmCluster, built_spec, check_spec, running_cluster
+from pytest_ocistage.components import free_port
+from pytest_ocistage.faultproxy import FaultProxy, running_fault_proxy
+from pytest_ocistage.slurm import (
+    ClusterError,
+    SlurmCluster,
+    built_spec,
+    check_spec,
+    running_cluster,
+)
 
 MODES = ("per-node", "all-nodes")
 

@@ -24,6 +24,7 @@ HEAVY = frozenset({
     "bundler.schema", "bundler.runtime_config", "bundler.settings", "bundler.snapshots",
     "bundler.inspect", "cache.gc", "cache.inventory", "cache.verify", "cache.store",
     "stagers.stage", "stagers.remote", "runtimes.scrun", "runtimes.submit",
+    "pytest", "pytest_ocistage",  # the test plugin: never loaded by a command line
 })
 # the third-party libraries behind fetching, validating and remote staging
 THIRD_PARTY = frozenset({"requests", "urllib3", "charset_normalizer", "jsonschema",

@@ -28,7 +28,8 @@ from bundler.runtime_config import (
 )
 from bundler.schema import validate
 from cache.errors import SchemaError, StoreError, UsageError, UserResolutionError
-from tests.e2e.components import require_binary
+from pytest_ocistage.bundles import hybrid_cgroup_prefix
+from pytest_ocistage.components import require_binary
 
 PASSWD = "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/app:/bin/sh\n"
 GROUP = "root:x:0:\napp:x:1000:\nvideo:x:44:app\n"
@@ -456,13 +457,6 @@ def busybox_rootfs(dest: Path) -> Path:
     return dest
 
 
-def hybrid_cgroups() -> bool:
-    """crun 1.8 refuses cgroup v1+v2 hybrid hosts whose v2 hierarchy has controllers."""
-    controllers = Path("/sys/fs/cgroup/unified/cgroup.controllers")
-    return os.path.ismount("/sys/fs/cgroup/unified") and controllers.exists() and bool(
-        controllers.read_text().strip())
-
-
 def runtime_command(runtime: str, bundle: Path, state: Path, name: str, rootless: bool,
                     as_nobody: bool) -> list[str]:
     command = [require_binary(runtime), f"--rootless={'true' if rootless else 'false'}",
@@ -471,13 +465,8 @@ def runtime_command(runtime: str, bundle: Path, state: Path, name: str, rootless
         command = [require_binary("setpriv"), f"--reuid={NOBODY}", f"--regid={NOBODY}",
                    "--clear-groups", "env", f"XDG_RUNTIME_DIR={state}", f"HOME={state}",
                    *command]
-    if runtime == "crun" and hybrid_cgroups():
-        if os.geteuid() != 0:
-            pytest.skip("crun refuses this hybrid cgroup host and we cannot hide cgroup v2")
-        # Test-host workaround only: hide the v2 hierarchy in a private mount namespace.
-        command = [require_binary("unshare"), "-m", "--propagation", "private", "sh", "-c",
-                   'umount /sys/fs/cgroup/unified && exec "$@"', "sh", *command]
-    return command
+    # crun on a hybrid cgroup host: the test-host workaround of the plugin's run_bundle
+    return [*hybrid_cgroup_prefix(runtime), *command]
 
 
 class Bundles:

@@ -13,7 +13,7 @@ import pytest
 
 from bundler.schema import KINDS, Kind, validate
 from cache.errors import SchemaError
-from tests.e2e.components import require_binary
+from pytest_ocistage.components import require_binary
 
 SHA_A = "sha256:" + "a" * 64
 SHA_B = "sha256:" + "b" * 64

@@ -7,15 +7,15 @@ import json
 import os
 import stat
 import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
 
+from pytest_ocistage.bundles import run_bundle
+from pytest_ocistage.components import require_binary
+from pytest_ocistage.images import ImageRef
 from tests.bundler.tarbuilder import Node, snapshot
-from tests.e2e.components import require_binary
 from tests.e2e.conftest import OcistageRunner
-from tests.e2e.images import ImageRef
 
 # zstd forms hold the same content as their gzip twins; umoci 0.4 cannot read zstd layers, so
 # their reference tree is umoci's unpack of the gzip twin.
@@ -87,18 +87,10 @@ def test_multilayer_semantics_are_visible_in_the_bundle(images: dict[str, ImageR
         assert directory.lstat().st_mode & 0o700 == 0o700
 
 
-def run_bundle(bundle: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    require_binary("runc")
-    return subprocess.run(
-        ["runc", "--rootless=true", "--root", str(tmp_path / "runc-state"), "run", "-b",
-         str(bundle), f"ocistage-test-{uuid.uuid4().hex[:12]}"],
-        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-
-
 def test_bundle_runs_as_the_image_says(images: dict[str, ImageRef], ocistage: OcistageRunner,
                                        tmp_path: Path) -> None:
     bundle = bundle_of(ocistage, images["busybox"].ref, tmp_path / "b")
-    result = run_bundle(bundle, tmp_path)
+    result = run_bundle(bundle, tmp_path / "runc-state")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "hello from busybox"
     config = json.loads((bundle / "config.json").read_text())
@@ -111,7 +103,7 @@ def test_bundle_overrides_reach_the_process(images: dict[str, ImageRef],
     report = "id -un; id -u; id -g; pwd; echo $GREETING; echo $EXTRA; cat /etc/os-release"
     bundle = bundle_of(ocistage, images["busybox"].ref, tmp_path / "b",
                        "--cmd", report, "--env", "EXTRA=from-the-cli")
-    result = run_bundle(bundle, tmp_path)
+    result = run_bundle(bundle, tmp_path / "runc-state")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[:6] == ["app", "1000", "1000", "/home/app", "hello world", "from-the-cli"]
@@ -122,7 +114,7 @@ def test_readonly_bundle_refuses_writes(images: dict[str, ImageRef], ocistage: O
                                         tmp_path: Path) -> None:
     bundle = bundle_of(ocistage, images["busybox"].ref, tmp_path / "b", "--readonly",
                        "--map-root", "--cmd", "touch /newfile && echo wrote || echo refused")
-    result = run_bundle(bundle, tmp_path)
+    result = run_bundle(bundle, tmp_path / "runc-state")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "refused"
 
@@ -184,6 +176,6 @@ def test_link_bundle_shares_the_snapshot_read_only(images: dict[str, ImageRef],
     assert (copy / "rootfs/bin/busybox").stat().st_nlink == 1
     assert json.loads((linked / "config.json").read_text())["root"]["readonly"] is True
     assert json.loads((copy / "config.json").read_text())["root"]["readonly"] is False
-    result = run_bundle(linked, tmp_path)
+    result = run_bundle(linked, tmp_path / "runc-state")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "hello from busybox"

@@ -20,10 +20,10 @@ from bundler.reference import parse_reference
 from cache.errors import IntegrityError, LayerError
 from cache.snapshots import list_snapshots
 from cache.store import Store
+from pytest_ocistage.faultproxy import Fault, FaultProxy
+from pytest_ocistage.images import ImageRef
 from tests.bundler.tarbuilder import Node, snapshot
 from tests.e2e.conftest import OcistageRunner
-from tests.e2e.faultproxy import Fault, FaultProxy
-from tests.e2e.images import ImageRef
 
 
 def tree(rootfs: Path) -> dict[str, Node]:

@@ -24,11 +24,11 @@ from cache import leases
 from cache.locks import _process_start_time
 from cache.refnames import REF_NAME
 from cache.sizes import format_size
+from pytest_ocistage.components import require_binary
+from pytest_ocistage.faultproxy import Fault, FaultProxy
+from pytest_ocistage.images import ImageRef, host_architecture
 from tests.bundler.tarbuilder import Node, snapshot
-from tests.e2e.components import require_binary
 from tests.e2e.conftest import OcistageRunner
-from tests.e2e.faultproxy import Fault, FaultProxy
-from tests.e2e.images import ImageRef, host_architecture
 
 # Runs the CLI with one function replaced by "mark that we got here, then hang", so that the
 # test can kill -9 the real process at exactly that point.

@@ -18,17 +18,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.e2e import components
-from tests.e2e.components import Registry, require_binary
-from tests.e2e.conftest import (
-    HTPASSWD_PASSWORD,
-    HTPASSWD_USER,
-    TOKEN_PASSWORD,
-    TOKEN_USER,
-    OcistageRunner,
-)
-from tests.e2e.faultproxy import Fault, FaultProxy, running_fault_proxy
-from tests.e2e.images import (
+from pytest_ocistage import components
+from pytest_ocistage.components import Registry, require_binary
+from pytest_ocistage.faultproxy import Fault, FaultProxy, running_fault_proxy
+from pytest_ocistage.images import (
     ESCAPING_LINK_TARGET,
     LONG_NAME,
     MEDIA_INDEX,
@@ -41,7 +34,14 @@ from tests.e2e.images import (
     cache_key,
     fixture_layouts,
 )
-from tests.e2e.tokenissuer import TokenIssuer
+from pytest_ocistage.tokenissuer import TokenIssuer
+from tests.e2e.conftest import (
+    HTPASSWD_PASSWORD,
+    HTPASSWD_USER,
+    TOKEN_PASSWORD,
+    TOKEN_USER,
+    OcistageRunner,
+)
 
 MEDIA_V2S2 = "application/vnd.docker.distribution.manifest.v2+json"
 MEDIA_LAYER_ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"

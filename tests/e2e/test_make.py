@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.components import e2e_required, require_binary
+from pytest_ocistage.components import e2e_required, require_binary
 
 REPO = Path(__file__).resolve().parents[2]
 DEBIAN_PYTHON = Path("/usr/bin/python3")

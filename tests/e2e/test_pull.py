@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.components import Registry, require_binary
+from pytest_ocistage.components import Registry, require_binary
+from pytest_ocistage.faultproxy import Fault, FaultProxy
+from pytest_ocistage.images import ImageRef, host_architecture
 from tests.e2e.conftest import (
     HTPASSWD_PASSWORD,
     HTPASSWD_USER,
@@ -22,8 +24,6 @@ from tests.e2e.conftest import (
     TOKEN_USER,
     OcistageRunner,
 )
-from tests.e2e.faultproxy import Fault, FaultProxy
-from tests.e2e.images import ImageRef, host_architecture
 
 
 def blob_set(layout: Path) -> dict[str, bytes]:

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ocistage.components import require_binary
+from pytest_ocistage.images import FixtureLayouts
 from runtimes.engines import podman_containers_conf
-from tests.e2e.components import require_binary
 from tests.e2e.conftest import OcistageRunner
-from tests.e2e.images import FixtureLayouts
 
 NOBODY = 65534
 

@@ -17,9 +17,9 @@ from bundler.registry import RegistryClient
 from bundler.registry_types import RegistryConfig
 from cache.digest import Digest
 from cache.store import Store
+from pytest_ocistage.faultproxy import Fault, FaultProxy
+from pytest_ocistage.images import ImageRef
 from tests.e2e.conftest import OcistageRunner
-from tests.e2e.faultproxy import Fault, FaultProxy
-from tests.e2e.images import ImageRef
 from tests.e2e.test_pull import wait_for_partial
 
 ACCEPT = ["application/vnd.oci.image.manifest.v1+json",

@@ -2,7 +2,7 @@
 private test cluster in turn (``slurm_cluster``: Debian's 22.05 and the built 24.05.8).
 
 The nodes' oci.conf is the one `ocistage runtime oci-conf --runtime runc` wrote
-(tests/e2e/slurm.py).
+(pytest_ocistage/slurm.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from bundler.reference import parse_reference
 from bundler.runtime_config import ConfigOptions
 from cache.leases import Holder, all_leases
 from cache.store import Store
+from pytest_ocistage.images import OS_RELEASE_NAME, ImageRef
+from pytest_ocistage.slurm import JobUser, SlurmCluster, read_output
 from stagers.stage import stage_directory
 from tests.e2e.conftest import OcistageRunner
-from tests.e2e.images import OS_RELEASE_NAME, ImageRef
-from tests.e2e.slurm import JobUser, SlurmCluster, read_output
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -178,9 +178,10 @@ def test_submit_srun_blocks_and_passes_the_exit_status(
     """A bare command name (sh) runs the image's sh on 24.05 too, whose slurmstepd would look
     it up on the host (bundler.bundle_command)."""
     stage_to = shared_dir / "staged"
-    result = ocistage("submit", images["busybox"].ref, "--srun", "--stage-to", str(stage_to),
-                      "--time=5", "--", "sh", "-c", PROBE + "; exit 3",
-                      env=slurm_cluster.env)
+    # --srun: srun writes to the terminal it inherits, so the CLI runs as a process here
+    result = ocistage.run_process("submit", images["busybox"].ref, "--srun", "--stage-to",
+                                  str(stage_to), "--time=5", "--", "sh", "-c",
+                                  PROBE + "; exit 3", env=slurm_cluster.env)
     assert result.returncode == 3, result.stderr
     values = _probe(result.stdout)
     assert values["NAME"] == OS_RELEASE_NAME
@@ -190,7 +191,7 @@ def test_submit_srun_blocks_and_passes_the_exit_status(
 def test_submit_runs_the_image_command_without_one(
         slurm_cluster: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
         shared_dir: Path) -> None:
-    result = ocistage("submit", images["busybox"].ref, "--srun", "--stage-to",
-                      str(shared_dir / "staged"), "--time=5", env=slurm_cluster.env)
+    result = ocistage.run_process("submit", images["busybox"].ref, "--srun", "--stage-to",
+                                  str(shared_dir / "staged"), "--time=5", env=slurm_cluster.env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "hello from busybox"

@@ -28,11 +28,11 @@ from bundler.bundle import make_bundle
 from bundler.reference import parse_reference
 from bundler.runtime_config import ConfigOptions
 from cache.store import Store
+from pytest_ocistage.components import Registry, http_status, require_binary, running_registry
+from pytest_ocistage.images import OS_RELEASE_NAME, FixtureLayouts, ImageRef, PushSpec, push
+from pytest_ocistage.slurm import JobUser, SlurmCluster
 from runtimes.oci_conf import RUNTIMES
-from tests.e2e.components import Registry, http_status, require_binary, running_registry
 from tests.e2e.conftest import OcistageRunner
-from tests.e2e.images import OS_RELEASE_NAME, FixtureLayouts, ImageRef, PushSpec, push
-from tests.e2e.slurm import JobUser, SlurmCluster
 
 pytestmark = pytest.mark.timeout(600)
 

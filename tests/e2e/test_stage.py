@@ -15,21 +15,14 @@ import pytest
 from cache import leases
 from cache.fsops import remove_tree
 from cache.inventory import SHARED_ROOT_ANNOTATION
+from pytest_ocistage.bundles import run_bundle
+from pytest_ocistage.components import require_binary
+from pytest_ocistage.images import ImageRef
+from pytest_ocistage.slurm import SlurmCluster
 from stagers.filemanifest import MARKER_NAME
-from tests.e2e.components import require_binary
 from tests.e2e.conftest import OcistageRunner
-from tests.e2e.images import ImageRef
-from tests.e2e.slurm import SlurmCluster
 
 GREETING = "hello from busybox"
-
-
-def run_bundle(bundle: Path, state: Path) -> subprocess.CompletedProcess[str]:
-    require_binary("runc")
-    return subprocess.run(
-        ["runc", "--rootless=true", "--root", str(state), "run", "-b", str(bundle),
-         f"ocistage-stage-{uuid.uuid4().hex[:12]}"],
-        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False)
 
 
 def stage(ocistage: OcistageRunner, *args: str) -> dict[str, object]:

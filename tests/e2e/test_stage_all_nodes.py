@@ -1,7 +1,7 @@
 """`ocistage stage --all-nodes REF --to NODE_LOCAL` on the three-node Slurm 24.05 test cluster
 (``slurm_24_05``: nodes n1-n3 on this host, each slurmd in its own mount namespace where the
 node-local directory is a private bind mount). The registry is reached through a logging proxy
-(tests/e2e/faultproxy.py, no faults armed) so the test counts what the whole job asked for.
+(pytest_ocistage/faultproxy.py, no faults armed) so the test counts what the whole job asked for.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from cache.leases import all_leases
+from pytest_ocistage.faultproxy import FaultProxy
+from pytest_ocistage.images import ImageRef
+from pytest_ocistage.slurm import SlurmCluster
 from tests.e2e.conftest import OcistageRunner
-from tests.e2e.faultproxy import FaultProxy
-from tests.e2e.images import ImageRef
-from tests.e2e.slurm import SlurmCluster
 
 pytestmark = pytest.mark.timeout(900)
 

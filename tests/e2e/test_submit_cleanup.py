@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from cache.leases import all_leases
+from pytest_ocistage.images import ImageRef
+from pytest_ocistage.slurm import SlurmCluster
 from tests.e2e.conftest import OcistageRunner
-from tests.e2e.images import ImageRef
-from tests.e2e.slurm import SlurmCluster
 
 pytestmark = pytest.mark.timeout(900)
 #: a job that runs until cancelled: PID 1 of the container handles SIGTERM (else it ignores

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.e2e.components import require_binary
+from pytest_ocistage.components import require_binary
 
 CLI = [sys.executable, "-c", "from bundler.cli import main; main()"]
 

@@ -15,6 +15,7 @@ import pytest
 
 from cache.errors import UsageError
 from cache.leases import all_leases
+from pytest_ocistage.components import require_binary
 from runtimes.engines import docker_daemon_json, podman_containers_conf
 from runtimes.scrun import (
     MARKER,
@@ -29,7 +30,6 @@ from runtimes.scrun import (
     stage_in,
     stage_out,
 )
-from tests.e2e.components import require_binary
 from tests.runtimes.scrun_bundle import ENGINE_FILE, make_engine_bundle, minimal_runtime_config
 
 HARNESS = Path(__file__).with_name("scrun_harness.lua")

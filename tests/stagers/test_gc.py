@@ -18,12 +18,12 @@ from cache import leases, staged, usage
 from cache.gc import GcOptions, GcReport, collect
 from cache.leases import Holder
 from cache.store import Store
+from pytest_ocistage.components import require_binary
 from stagers.errors import StageError
 from stagers.remote import push_tree, stage_from_url
 from stagers.stage import stage_directory
 from stagers.unstage import unstage
 from tests.cache.gclock import gc_lock_held
-from tests.e2e.components import require_binary
 from tests.stagers.conftest import make_tree
 
 DEAD_JOB = Holder.slurm_job("424242")

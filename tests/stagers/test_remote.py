@@ -12,6 +12,7 @@ import pytest
 
 from cache.errors import OcistageError
 from cache.leases import Holder
+from pytest_ocistage.components import require_binary
 from stagers.filemanifest import fill_hashes, scan
 from stagers.remote import (
     fetch_file,
@@ -21,7 +22,6 @@ from stagers.remote import (
     stage_from_url,
 )
 from stagers.unstage import unstage
-from tests.e2e.components import require_binary
 
 
 def _view(root: Path) -> dict[str, tuple[object, ...]]:

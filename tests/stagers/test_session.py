@@ -13,11 +13,11 @@ import pytest
 from cache import leases
 from cache.leases import Holder
 from cache.staged import POOL_DIR, TMP_DIR
+from pytest_ocistage.components import require_binary
 from stagers.errors import StageError
 from stagers.remote import push_tree, stage_from_url
 from stagers.session import Staging
 from stagers.stage import stage_directory
-from tests.e2e.components import require_binary
 
 
 def _pin() -> Holder:

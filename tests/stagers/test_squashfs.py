@@ -16,11 +16,11 @@ import pytest
 
 from cache import leases
 from cache.leases import Holder
+from pytest_ocistage.components import require_binary
 from stagers.filemanifest import MARKER_NAME, fill_hashes, scan
 from stagers.markers import Marker
 from stagers.stage import stage_directory
 from stagers.unstage import unstage
-from tests.e2e.components import require_binary
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""Fixture images for end-to-end tests, built once and cached between test sessions.
+"""The project's fixture images for end-to-end tests, built once and cached between sessions.
 
 Everything lives in one OCI image layout under
 ``${OCISTAGE_TEST_CACHE:-~/.cache/ocistage-tests}/images-<key>/layout``, where the key combines
@@ -50,7 +50,7 @@ from typing import IO, Any, BinaryIO, cast
 
 import zstandard
 
-from tests.e2e.components import Registry
+from pytest_ocistage.components import Registry
 
 BUILDER_VERSION = "3"
 BUSYBOX = Path("/bin/busybox")
@@ -65,6 +65,8 @@ MEDIA_INDEX = "application/vnd.oci.image.index.v1+json"
 MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
 MEDIA_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
 MEDIA_LAYER_ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"
+MEDIA_LAYER_TAR = "application/vnd.oci.image.layer.v1.tar"
+LAYER_MEDIA_TYPES = {"gzip": MEDIA_LAYER_GZIP, "zstd": MEDIA_LAYER_ZSTD, "none": MEDIA_LAYER_TAR}
 REF_NAME = "org.opencontainers.image.ref.name"
 
 OS_RELEASE_NAME = "ocistage test busybox"
@@ -124,6 +126,20 @@ class _HashingWriter(io.RawIOBase):
         return len(view)
 
 
+@contextmanager
+def _compressor(target: _HashingWriter, compression: str) -> Iterator[IO[bytes]]:
+    """A writable stream compressing into target (gzip without a name or time: reproducible)."""
+    if compression == "gzip":
+        with gzip.GzipFile(fileobj=target, mode="wb", mtime=0) as gz:
+            yield cast(IO[bytes], gz)
+    elif compression == "zstd":
+        with zstandard.ZstdCompressor(level=3).stream_writer(
+                cast(IO[bytes], target), closefd=False) as zst:
+            yield cast(IO[bytes], zst)
+    else:
+        yield cast(IO[bytes], target)
+
+
 class Layout:
     """Write access to an OCI image layout, enough to assemble images by hand."""
 
@@ -146,19 +162,24 @@ class Layout:
             path.write_bytes(data)
         return {"mediaType": media_type, "digest": digest, "size": len(data)}
 
-    def add_tar_layer(self, tar_path: Path) -> tuple[Json, str]:
-        """gzip a tar file into a blob, streaming; returns (descriptor, diff_id)."""
+    def add_tar_layer(self, tar_path: Path, compression: str = "gzip") -> tuple[Json, str]:
+        """Compress a tar file (gzip, zstd or none) into a blob, streaming; returns
+        (descriptor, diff_id). The same tar gives the same blob, run after run."""
+        if compression not in LAYER_MEDIA_TYPES:
+            raise ValueError(f"compression must be one of {', '.join(LAYER_MEDIA_TYPES)}, "
+                             f"not {compression!r}")
         tmp = self.path / "blobs" / "sha256" / ".incoming"
         diff = hashlib.sha256()
         with tmp.open("wb") as out, tar_path.open("rb") as src:
             writer = _HashingWriter(out)
-            with gzip.GzipFile(fileobj=writer, mode="wb", mtime=0) as gz:
+            with _compressor(writer, compression) as sink:
                 while chunk := src.read(1 << 20):
                     diff.update(chunk)
-                    gz.write(chunk)
+                    sink.write(chunk)
         digest = "sha256:" + writer.hasher.hexdigest()
         tmp.rename(self.blob_path(digest))
-        descriptor = {"mediaType": MEDIA_LAYER_GZIP, "digest": digest, "size": writer.size}
+        descriptor = {"mediaType": LAYER_MEDIA_TYPES[compression], "digest": digest,
+                      "size": writer.size}
         return descriptor, "sha256:" + diff.hexdigest()
 
     def add_zstd_layer(self, gzip_descriptor: Json) -> Json:
@@ -166,8 +187,7 @@ class Layout:
         tmp = self.path / "blobs" / "sha256" / ".incoming"
         with tmp.open("wb") as out, gzip.open(self.blob_path(gzip_descriptor["digest"])) as src:
             writer = _HashingWriter(out)
-            with zstandard.ZstdCompressor(level=3).stream_writer(
-                    cast(IO[bytes], writer), closefd=False) as zst:
+            with _compressor(writer, "zstd") as zst:
                 while chunk := src.read(1 << 20):
                     zst.write(chunk)
         digest = "sha256:" + writer.hasher.hexdigest()

@@ -5,10 +5,10 @@
 signed with a key whose self-signed certificate is the registry's ``rootcertbundle``; the
 certificate travels in the ``x5c`` header, which distribution verifies against that bundle.
 
-Policy: repositories in ``public`` can be pulled by anyone; every other action needs valid
-credentials. Like Docker Hub, an anonymous request for a private repository still gets a token,
-but one that grants nothing, so the registry answers 401 ``insufficient_scope``. Wrong
-credentials get 401 from the issuer itself.
+Policy: repositories in ``public`` (a name, or every name under one ending in ``/``) can be
+pulled by anyone; every other action needs valid credentials. Like Docker Hub, an anonymous
+request for a private repository still gets a token, but one that grants nothing, so the
+registry answers 401 ``insufficient_scope``. Wrong credentials get 401 from the issuer itself.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from tests.e2e.components import SigningKey
+from pytest_ocistage.components import SigningKey
 
 TOKEN_LIFETIME = 300
 
@@ -84,7 +84,8 @@ class TokenPolicy:
             return []
         if account is not None:
             return [a for a in actions if a in ("pull", "push", "delete", "*")]
-        if name in self.public:
+        if any(name == entry or (entry.endswith("/") and name.startswith(entry))
+               for entry in self.public):
             return [a for a in actions if a == "pull"]
         return []
 

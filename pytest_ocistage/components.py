@@ -1,4 +1,4 @@
-"""Real `docker-registry` (CNCF distribution) processes on 127.0.0.1 for end-to-end tests.
+"""Real `docker-registry` (CNCF distribution) processes on 127.0.0.1 for the pytest plugin.
 
 Each registry gets its own temp directory holding its config, storage and log. A registry is a
 context manager: entering starts the process and waits until ``/v2/`` answers, leaving stops it.
@@ -22,12 +22,26 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 from urllib.parse import urlsplit
 
 import pytest
 
 REGISTRY_BINARY = "docker-registry"
 START_TIMEOUT = 20.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a command did: ``returncode`` (also ``exit_code``), stdout and stderr as text."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def exit_code(self) -> int:
+        return self.returncode
 
 
 class ComponentError(RuntimeError):
@@ -322,18 +336,42 @@ def stop_process(process: subprocess.Popen[bytes], timeout: float = 10.0) -> Non
             process.wait()
 
 
+# where a binary the fixtures run comes from on Debian (apt-get install PACKAGE)
+DEBIAN_PACKAGES = {
+    "docker-registry": "docker-registry", "skopeo": "skopeo", "umoci": "umoci", "runc": "runc",
+    "crun": "crun", "openssl": "openssl", "htpasswd": "apache2-utils",
+    "busybox": "busybox-static", "mksquashfs": "squashfs-tools",
+    "unsquashfs": "squashfs-tools", "squashfuse": "squashfuse", "lua5.3": "lua5.3",
+    "rsync": "rsync", "zstd": "zstd", "curl": "curl", "jq": "jq", "newuidmap": "uidmap",
+    "sinfo": "slurm-client", "srun": "slurm-client", "sbatch": "slurm-client",
+    "scontrol": "slurm-client", "squeue": "slurm-client", "slurmctld": "slurmctld",
+    "slurmd": "slurmd", "munged": "munge", "podman": "podman", "setpriv": "util-linux",
+    "runuser": "util-linux", "useradd": "passwd",
+}
+REQUIRE_ENV = "OCISTAGE_REQUIRE_E2E"
+
+
 def e2e_required() -> bool:
-    """True under OCISTAGE_REQUIRE_E2E=1 (CI): a missing component fails instead of skipping."""
-    return os.environ.get("OCISTAGE_REQUIRE_E2E", "") == "1"
+    """True under OCISTAGE_REQUIRE_E2E=1 (CI; pytest's ``--ocistage-require`` sets it): a
+    missing component fails instead of skipping."""
+    return os.environ.get(REQUIRE_ENV, "") == "1"
 
 
-def require_binary(name: str) -> str:
-    """The path of binary name; skip the test (fail under OCISTAGE_REQUIRE_E2E=1) if absent."""
+def component_unavailable(reason: str) -> NoReturn:
+    """Skip the test with reason, or fail it when components are required."""
+    if e2e_required():
+        pytest.fail(f"{reason} ({REQUIRE_ENV}=1: required)", pytrace=False)
+    pytest.skip(reason)
+
+
+def require_binary(name: str, package: str | None = None) -> str:
+    """The path of binary name; skip the test naming the Debian package that ships it (fail
+    under OCISTAGE_REQUIRE_E2E=1 or ``--ocistage-require``) if absent."""
     path = shutil.which(name)
     if path is None:
-        reason = (f"{name} not found on PATH (install its Debian package; .ci/run does); "
-                  "OCISTAGE_REQUIRE_E2E=1 turns this skip into a failure")
-        if e2e_required():
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+        package = package or DEBIAN_PACKAGES.get(name, name)
+        component_unavailable(
+            f"{name} not found on PATH: install the Debian package {package} "
+            f"(apt-get install {package}); OCISTAGE_REQUIRE_E2E=1 or --ocistage-require "
+            "turns this skip into a failure")
     return path

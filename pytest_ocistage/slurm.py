@@ -82,8 +82,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ocistage.components import e2e_required, free_port, require_binary, stop_process
 from runtimes.slurm import parse_scontrol_record
-from tests.e2e.components import e2e_required, free_port, require_binary, stop_process
 
 SLURM_24_05_SHA256 = "b1b1549ee80fbcd2e4a3b40f17b0e794f92893b6e059d32d964d8db92c399b0e"
 SLURM_24_05_PREFIX = Path("/opt/ocistage-slurm") / SLURM_24_05_SHA256[:16]
@@ -433,7 +433,7 @@ def _slurm_conf(spec: ClusterSpec, base: Path, host: str, nodes: Sequence[str],
     mem = max(1, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20 // 4)
     cpus = os.cpu_count() or 1
     lines = [
-        f"# private test cluster {spec.name} (tests/e2e/slurm.py)",
+        f"# private test cluster {spec.name} (pytest_ocistage/slurm.py)",
         f"ClusterName={spec.name}",
         f"SlurmctldHost={host}(127.0.0.1)",
         f"SlurmctldPort={free_port()}",
