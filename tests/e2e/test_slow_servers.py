@@ -96,6 +96,10 @@ def test_a_retry_is_a_line_on_stderr_unless_quiet(
     assert "note:" not in quiet.stderr and "retrying" not in quiet.stderr
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("command", ["pull", "bundle"])
 def test_ctrl_c_stops_a_download_at_once_and_keeps_it_for_resume(
         images: dict[str, ImageRef], ocistage: OcistageRunner, fault_proxy: FaultProxy,
@@ -107,9 +111,11 @@ def test_ctrl_c_stops_a_download_at_once_and_keeps_it_for_resume(
     argv = [command, image.via(fault_proxy.host)]
     if command == "bundle":
         argv.append(str(tmp_path / "bundle"))
+    # SIGINT as a terminal gives it: a run started in the background of a shell without job
+    # control (CI, `cmd &` in a script) inherits SIGINT ignored, and Python then keeps it so
     child = subprocess.Popen([*ocistage.command, *argv], env=ocistage.environment(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=_default_sigint)
     partial = ocistage.cache / "ingest" / f"{layer[7:]}.partial"
     try:
         wait_for_partial(child, partial, 100_000)
