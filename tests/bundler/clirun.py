@@ -10,13 +10,7 @@ import pytest
 
 from bundler import settings
 from bundler.cli import run
-
-
-@dataclass(frozen=True)
-class Outcome:
-    code: int
-    stdout: str
-    stderr: str
+from pytest_ocistage.components import Outcome
 
 
 @dataclass(frozen=True)

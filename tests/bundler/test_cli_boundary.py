@@ -60,15 +60,15 @@ def _one_error(stderr: str) -> str:
 
 def test_an_ocistage_error_is_one_line_and_a_hint(cli: Cli) -> None:
     result = cli("cache", "rm", "127.0.0.1:5000/not/cached:1")
-    assert result.code == 1
+    assert result.exit_code == 1
     assert "is not in the cache" in _one_error(result.stderr)
 
 
 def test_a_usage_error_exits_2(cli: Cli, layout: Path) -> None:
-    assert cli("bundle", "not a reference").code == 2
-    assert cli("pull", "--jobs", "0", _ref(layout)).code == 2
-    assert cli("cache", "gc", "--max-size", "lots").code == 2
-    assert cli("nosuchcommand").code == 2
+    assert cli("bundle", "not a reference").exit_code == 2
+    assert cli("pull", "--jobs", "0", _ref(layout)).exit_code == 2
+    assert cli("cache", "gc", "--max-size", "lots").exit_code == 2
+    assert cli("nosuchcommand").exit_code == 2
 
 
 @pytest.mark.parametrize("exception", [RuntimeError("boom \x1b[2J"), OSError(5, "I/O error"),
@@ -84,7 +84,7 @@ def test_any_exception_is_one_error_line(cli: Cli, layout: Path,
 
     monkeypatch.setattr(bundler.pull, "pull", broken)
     result = cli("pull", _ref(layout))
-    assert result.code == 1
+    assert result.exit_code == 1
     line = _one_error(result.stderr)
     assert "\x1b" not in result.stderr
     if isinstance(exception, OSError):
@@ -94,7 +94,7 @@ def test_any_exception_is_one_error_line(cli: Cli, layout: Path,
     else:
         assert line == "error: internal error: RuntimeError: boom \\x1b[2J"
     verbose = cli("pull", "-v", _ref(layout))
-    assert verbose.code == 1 and "Traceback" in verbose.stderr
+    assert verbose.exit_code == 1 and "Traceback" in verbose.stderr
 
 
 def test_interrupted_exits_130(cli: Cli, layout: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,7 +105,7 @@ def test_interrupted_exits_130(cli: Cli, layout: Path, monkeypatch: pytest.Monke
 
     monkeypatch.setattr(bundler.pull, "pull", interrupted)
     result = cli("pull", _ref(layout))
-    assert result.code == 130 and "interrupted" in result.stderr
+    assert result.exit_code == 130 and "interrupted" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -113,7 +113,7 @@ def test_path_like_references_are_not_sent_to_a_registry(cli: Cli) -> None:
     (cli.root / "mybundle").mkdir()
     for command in ("pull", "bundle", "inspect"):
         missing = cli(command, "./mybundel")
-        assert missing.code == 2
+        assert missing.exit_code == 2
         assert _one_error(missing.stderr) == "error: no such file or directory: ./mybundel"
         absolute = cli(command, "/nonexistent/dir")
         assert _one_error(absolute.stderr) == "error: no such file or directory: /nonexistent/dir"
@@ -134,7 +134,7 @@ def test_sanitize_writes_out_control_characters() -> None:
 
 def test_image_config_values_reach_the_terminal_escaped(cli: Cli, layout: Path) -> None:
     result = cli("inspect", _ref(layout))
-    assert result.code == 0, result.stderr
+    assert result.exit_code == 0, result.stderr
     assert "\x1b" not in result.stdout and "\u202e" not in result.stdout
     assert "label:      title\\x1b[5m=\\x1b]0;owned\\x07\\x1b[2J\\x1b[31mred\\u202e" \
         in result.stdout
@@ -161,17 +161,17 @@ def test_error_messages_from_outside_are_escaped(cli: Cli) -> None:
 def test_device_nodes_are_one_warning_line_and_none_with_quiet(cli: Cli, layout: Path) -> None:
     """A Debian-based image printed 8 warnings about /dev nodes, even with -q."""
     result = cli("bundle", _ref(layout), str(cli.root / "b1"))
-    assert result.code == 0, result.stderr
+    assert result.exit_code == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert warnings == ["warning: 8 device nodes (as under /dev) replaced by empty files: a "
                         "rootless bundle cannot hold them (the runtime provides /dev)"]
     quiet = cli("bundle", "-q", _ref(layout), str(cli.root / "b2"))
-    assert quiet.code == 0 and quiet.stderr == ""
+    assert quiet.exit_code == 0 and quiet.stderr == ""
     as_json = cli("bundle", "--json", _ref(layout), str(cli.root / "b3"))
     listed = json.loads(as_json.stdout)["warnings"]
     assert len([w for w in listed if "character device" in w]) == 8
     staged = cli("stage", "-q", _ref(layout), "--to", str(cli.root / "staged"))
-    assert staged.code == 0 and staged.stderr == ""
+    assert staged.exit_code == 0 and staged.stderr == ""
 
 
 def test_other_warnings_are_kept() -> None:
@@ -185,7 +185,7 @@ def test_other_warnings_are_kept() -> None:
 
 def test_version(cli: Cli) -> None:
     result = cli("--version")
-    assert result.code == 0
+    assert result.exit_code == 0
     assert result.stdout == f"ocistage {version('ocistage')}\n"
 
 
@@ -330,13 +330,13 @@ def test_no_input_reaches_a_traceback(cli: Cli, layout: Path, data: st.DataObjec
     if argv[:1] == ["inspect"] and any("127.0.0.1" in a for a in argv):
         argv = [a.replace("127.0.0.1:9", "oci:") for a in argv]  # no retries against a port
     result = cli(*argv)
-    event(f"{' '.join(argv[:2])}: exit {result.code}")
-    assert result.code in (0, 1, 2), (argv, result)
+    event(f"{' '.join(argv[:2])}: exit {result.exit_code}")
+    assert result.exit_code in (0, 1, 2), (argv, result)
     assert "internal error" not in result.stderr, (argv, result.stderr)
     assert "\x1b" not in result.stdout + result.stderr, argv
     if not {"-v", "--verbose"} & set(argv):
         assert "Traceback" not in result.stderr, (argv, result.stderr)
-    if result.code == 1:
+    if result.exit_code == 1:
         assert re.search(r"^error: ", result.stderr, re.MULTILINE), (argv, result.stderr)
 
 

@@ -82,7 +82,7 @@ def layout(tmp_path: Path) -> str:
 
 def _json(cli: Cli, *argv: str) -> Any:
     result = cli(*argv, "--json")
-    assert result.code == 0, (argv, result)
+    assert result.exit_code == 0, (argv, result)
     return json.loads(result.stdout)
 
 
@@ -135,7 +135,7 @@ def test_scrun_stage_in_line() -> None:
 
 def test_scrun_stage_out_line(cli: Cli, tmp_path: Path) -> None:
     result = cli("scrun", "stage-out", "--bundle", str(tmp_path / "absent"))
-    assert result.code == 0, result
+    assert result.exit_code == 0, result
     check("scrun stage-out", json.loads(result.stdout))
 
 
@@ -160,5 +160,5 @@ def test_config_show_tells_option_from_environment(cli: Cli, tmp_path: Path) -> 
     assert given["cache"] == {"value": str(tmp_path / "c"), "origin": "option --cache"}
     assert given["jobs"] == {"value": 2, "origin": "option --jobs"}
     human = cli("config", "show")
-    assert human.code == 0
+    assert human.exit_code == 0
     assert re.search(r"^jobs +3 +\(file .*config\.toml\)$", human.stdout, re.MULTILINE)
