@@ -40,7 +40,6 @@ from cache.errors import UsageError
 from runtimes.oci_conf import RUNTIMES
 
 if TYPE_CHECKING:
-    from runtimes.oci_conf import Mode
     from runtimes.slurm import SlurmVersion
 
 runtime_app = typer.Typer(help="Generate Slurm runtime configuration (oci.conf, scrun.lua).",
@@ -85,8 +84,9 @@ def runtime_oci_conf(
         "--runtime", metavar="|".join(RUNTIMES), help="The OCI runtime slurmstepd calls.")
     ] = "runc",
     mode: Annotated[str, typer.Option(
-        "--mode", metavar="run|create",
-        help="run (one RunTimeRun call, preferred) or create/start (Slurm polls state).")
+        "--mode", metavar="run",
+        help="run: one RunTimeRun call, the only mode slurmstepd runs correctly (create/start "
+             "hangs with runc and crun and loses the exit status: refused, see docs/slurm.md).")
     ] = "run",
     root: Annotated[str | None, typer.Option(
         "--root", metavar="DIR",
@@ -98,31 +98,17 @@ def runtime_oci_conf(
         help="Lint FILE instead: one line per problem, exit 1 if there are any.")] = None,
 ) -> None:
     """Print an oci.conf for Slurm for a given runtime (runc, crun, nvidia, ...)."""
-    from runtimes.oci_conf import OciConfOptions, lint_oci_conf, render_oci_conf
+    from runtimes.oci_conf import lint_oci_conf_file, oci_conf_options, render_oci_conf
 
     version = _slurm_version(slurm_version)
     if check is not None:
-        try:
-            text = check.read_text()
-        except OSError as exc:
-            raise UsageError(f"cannot read {check}: {exc.strerror}") from exc
-        problems = lint_oci_conf(text, version)
+        problems = lint_oci_conf_file(check, version)
         for problem in problems:
             stdout.print(f"{check}: {problem}", markup=False)
         if problems:
             raise typer.Exit(1)
         return
-    if runtime == "nvidia":
-        runtime = "nvidia-container-runtime"
-    if runtime not in RUNTIMES:
-        raise UsageError(f"unknown runtime {runtime!r}", f"choose one of {', '.join(RUNTIMES)}")
-    if mode not in ("run", "create"):
-        raise UsageError(f"unknown mode {mode!r}", "choose run or create")
-    chosen: Mode = "run" if mode == "run" else "create"
-    srun = shutil.which("srun")  # scrun reads SrunPath from oci.conf: it runs srun without PATH
-    text = render_oci_conf(OciConfOptions(runtime=runtime, mode=chosen, root=root,
-                                          version=version,
-                                          srun_path=os.path.abspath(srun) if srun else None))
+    text = render_oci_conf(oci_conf_options(runtime, mode, root, version))
     stdout.print(text, end="", markup=False)
 
 

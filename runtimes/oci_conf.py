@@ -6,21 +6,36 @@ A token it does not know (``%x``) is fatal to slurmstepd, and Slurm 22.05 (Debia
 fewer keys and tokens than later releases, so both the template and the linter depend on the
 Slurm version.
 
-Run mode (``RunTimeRun``) is preferred: with create/start slurmstepd polls ``RunTimeQuery``
-until the container exits.
+Only run mode (``RunTimeRun``) is generated. Create/start mode cannot work with slurmstepd
+(22.05 through 24.05.8, ``container.c`` ``_create_start``): it reads ``RunTimeCreate``'s output
+until EOF, and ``runc create`` / ``crun create`` leave the container's init holding that pipe
+(the step hangs until its time limit and the node drains); and the task exits with
+``RunTimeStart``'s status, never the container's. The linter flags such a configuration.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from cache.errors import UsageError
 from runtimes.slurm import SlurmVersion
 
-Mode = Literal["run", "create"]
+Mode = Literal["run"]
 RUNTIMES = ("runc", "crun", "nvidia-container-runtime", "apptainer", "enroot")
+#: short names accepted for a runtime
+_ALIASES = {"nvidia": "nvidia-container-runtime"}
+#: why create/start mode is neither generated nor accepted by the linter
+CREATE_MODE_PROBLEM = (
+    "create/start mode does not work with slurmstepd: it reads RunTimeCreate's output until "
+    "EOF, which runc/crun create never close (the step hangs and the node drains), and the "
+    "task exits with RunTimeStart's status instead of the container's"
+)
+CREATE_MODE_HINT = "use run mode (RunTimeRun, the default of `ocistage runtime oci-conf`)"
 
 #: keys slurmstepd 22.05 accepts (src/slurmd/slurmstepd/read_oci_conf.c), then the set 23.02
 #: moved to src/common/oci_config.c, unchanged through 26.05 (checked in SchedMD's tags
@@ -47,6 +62,7 @@ _PID_KEYS = frozenset({"RunTimeKill", "RunTimeDelete"})
 _PATTERN_KEYS = frozenset({"ContainerPath", "MountSpoolDir", "RunTimeCreate", "RunTimeDelete",
                            "RunTimeKill", "RunTimeQuery", "RunTimeRun", "RunTimeStart"})
 CONTAINER_ID = "%n.%u.%j.%s.%t"
+_MAX_OCI_CONF = 1024 * 1024
 DEBIAN_12_SLURM = SlurmVersion(22, 5)
 
 
@@ -80,6 +96,38 @@ class OciConfOptions:
     srun_path: str | None = None    # SrunPath (>= 23.02): scrun runs srun without a PATH
 
 
+def oci_conf_options(runtime: str, mode: str, root: str | None,
+                     version: SlurmVersion) -> OciConfOptions:
+    """Options from what a user typed: ``nvidia`` for its runtime, ``srun`` from ``PATH``.
+
+    Raises :class:`UsageError` for an unknown runtime or mode, and for create mode, which
+    slurmstepd cannot run (:data:`CREATE_MODE_PROBLEM`).
+    """
+    name = _ALIASES.get(runtime, runtime)
+    if name not in RUNTIMES:
+        raise UsageError(f"unknown runtime {runtime!r}", f"choose one of {', '.join(RUNTIMES)}")
+    if mode == "create":
+        raise UsageError(CREATE_MODE_PROBLEM, CREATE_MODE_HINT)
+    if mode != "run":
+        raise UsageError(f"unknown mode {mode!r}", "the one mode is run")
+    srun = shutil.which("srun")  # scrun reads SrunPath from oci.conf: it runs srun without PATH
+    return OciConfOptions(runtime=name, mode="run", root=root, version=version,
+                          srun_path=os.path.abspath(srun) if srun else None)
+
+
+def lint_oci_conf_file(path: Path, version: SlurmVersion) -> list[Problem]:
+    """:func:`lint_oci_conf` of the file at ``path`` (small: oci.conf is a few lines)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(_MAX_OCI_CONF + 1)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from exc
+    if len(data) > _MAX_OCI_CONF:
+        raise UsageError(f"{path} is larger than {_MAX_OCI_CONF // 1024} KiB",
+                         "is it an oci.conf?")
+    return lint_oci_conf(data.decode("utf-8", errors="replace"), version)
+
+
 def _plain_path(path: str, what: str) -> str:
     if re.search(r"[\s\"'\\;&|<>`$]", path):
         raise UsageError(f"{what} {path!r} contains spaces, quotes or shell syntax",
@@ -88,7 +136,9 @@ def _plain_path(path: str, what: str) -> str:
 
 
 def _commands(options: OciConfOptions) -> dict[str, str]:
-    runtime, mode = options.runtime, options.mode
+    runtime = options.runtime
+    if options.mode != "run":
+        raise UsageError(CREATE_MODE_PROBLEM, CREATE_MODE_HINT)
     cid = CONTAINER_ID
     root = (_plain_path(options.root, "runtime root") if options.root
             else default_root(runtime, options.version))
@@ -101,13 +151,8 @@ def _commands(options: OciConfOptions) -> dict[str, str]:
                            f"{base} kill --all {cid}",
             "RunTimeDelete": f"{base} delete --force {cid}",
         }
-        if mode == "run":
-            commands["RunTimeRun"] = (f"{base} run {bundle} {cid}" if runtime == "crun"
-                                      else f"{base} run {cid} {bundle}")
-        else:
-            commands["RunTimeCreate"] = (f"{base} create {bundle} {cid}" if runtime == "crun"
-                                         else f"{base} create {cid} {bundle}")
-            commands["RunTimeStart"] = f"{base} start {cid}"
+        commands["RunTimeRun"] = (f"{base} run {bundle} {cid}" if runtime == "crun"
+                                  else f"{base} run {cid} {bundle}")
         return commands
     if runtime == "apptainer":
         commands = {
@@ -115,16 +160,9 @@ def _commands(options: OciConfOptions) -> dict[str, str]:
             "RunTimeKill": f"apptainer oci kill {cid}",
             "RunTimeDelete": f"apptainer oci delete {cid}",
         }
-        if mode == "run":
-            commands["RunTimeRun"] = f"apptainer oci run --bundle %b {cid}"
-        else:
-            commands["RunTimeCreate"] = f"apptainer oci create --bundle %b {cid}"
-            commands["RunTimeStart"] = f"apptainer oci start {cid}"
+        commands["RunTimeRun"] = f"apptainer oci run --bundle %b {cid}"
         return commands
     if runtime == "enroot":
-        if mode != "run":
-            raise UsageError("enroot has no create/start operations",
-                             "use --mode run with --runtime enroot")
         # enroot keeps containers as directories named after them under ENROOT_DATA_PATH:
         # the bundle's rootfs/ is such a container. The runtime process is slurmstepd's child,
         # so the step is signalled and reaped by Slurm itself; there is no state to query.
@@ -270,11 +308,13 @@ def lint_oci_conf(text: str, version: SlurmVersion) -> list[Problem]:
                                 "RunTimeRun excludes RunTimeCreate/RunTimeStart"))
     elif "RunTimeRun" not in has:
         if not has & {"RunTimeCreate", "RunTimeStart"}:
-            problems.append(Problem(0, "missing RunTimeRun (or RunTimeCreate + "
-                                       "RunTimeStart)"))
+            problems.append(Problem(0, "missing RunTimeRun"))
         for key, other in (("RunTimeCreate", "RunTimeStart"), ("RunTimeStart", "RunTimeCreate")):
             if key in has and other not in has:
                 problems.append(Problem(entries[key][0], f"{key} needs {other}"))
+        if "RunTimeCreate" in has:
+            problems.append(Problem(entries["RunTimeCreate"][0],
+                                    f"{CREATE_MODE_PROBLEM}; {CREATE_MODE_HINT}"))
     problems.extend(_value_problems(entries, version))
     return sorted(problems, key=lambda p: (p.line, p.message))
 

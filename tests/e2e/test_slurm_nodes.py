@@ -121,9 +121,7 @@ def test_srun_n3_container_as_an_unprivileged_user(
 def test_every_installed_runtimes_oci_conf_runs_a_job(
         slurm_24_05: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
         shared_dir: Path, runtime: str) -> None:
-    """The default (run mode) template of each runtime. Create mode is not usable with runc or
-    crun under slurmstepd (docs/slurm.md, known limits): slurmstepd reads RunTimeCreate's
-    output until EOF, and the created container holds that pipe until it is started."""
+    """The template of each runtime (run mode: create/start is refused, docs/slurm.md)."""
     if shutil.which(runtime) is None:
         pytest.skip(f"{runtime} is not installed here (not packaged in Debian 12)")
     bundle = shared_dir / "bundle"

@@ -26,10 +26,10 @@ def ocistage(*args: str, cwd: Path | None = None,
 
 
 def test_oci_conf_generates_and_checks(tmp_path: Path) -> None:
-    result = ocistage("runtime", "oci-conf", "--runtime", "nvidia", "--mode", "create",
+    result = ocistage("runtime", "oci-conf", "--runtime", "nvidia", "--mode", "run",
                       "--slurm-version", "23.02")
     assert result.returncode == 0, result.stderr
-    assert 'RunTimeCreate="nvidia-container-runtime --rootless=true --root=/run/user/%U/' \
+    assert 'RunTimeRun="nvidia-container-runtime --rootless=true --root=/run/user/%U/' \
            in result.stdout
     srun = shutil.which("srun", path="/usr/bin:/bin:/usr/sbin:/sbin")
     assert (f'SrunPath="{srun}"' in result.stdout.splitlines()) == (srun is not None)
@@ -40,14 +40,14 @@ def test_oci_conf_generates_and_checks(tmp_path: Path) -> None:
     checked = ocistage("runtime", "oci-conf", "--check", str(conf), "--slurm-version", "22.05")
     assert checked.returncode == 1
     lines = checked.stdout.splitlines()
-    # four commands with %U, RunTimeStart with %U, RunTimeEnvExclude (and SrunPath)
-    assert len(lines) == 6 + (srun is not None)
+    # four commands with %U, RunTimeEnvExclude (and SrunPath)
+    assert len(lines) == 5 + (srun is not None)
     assert all(line.startswith(f"{conf}: line ") for line in lines)
 
 
 def test_oci_conf_usage_errors() -> None:
-    for args in (("--runtime", "docker"), ("--mode", "exec"), ("--runtime", "enroot",
-                                                                 "--mode", "create"),
+    for args in (("--runtime", "docker"), ("--mode", "exec"), ("--mode", "create"),
+                 ("--runtime", "enroot", "--mode", "create"),
                  ("--slurm-version", "x"), ("--root", "/a b")):
         result = ocistage("runtime", "oci-conf", *args, "--slurm-version", "22.05") \
             if "--slurm-version" not in args else ocistage("runtime", "oci-conf", *args)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from cache.errors import UsageError
@@ -12,6 +14,8 @@ from runtimes.oci_conf import (
     known_keys,
     known_tokens,
     lint_oci_conf,
+    lint_oci_conf_file,
+    oci_conf_options,
     parse_oci_conf,
     render_oci_conf,
 )
@@ -24,20 +28,57 @@ V24 = SlurmVersion(24, 5)
 
 @pytest.mark.parametrize("version", [V22, V23, V24])
 @pytest.mark.parametrize("runtime", RUNTIMES)
-@pytest.mark.parametrize("mode", ["run", "create"])
-def test_every_template_is_lint_clean_for_its_version(runtime: str, mode: str,
+def test_every_template_is_lint_clean_for_its_version(runtime: str,
                                                       version: SlurmVersion) -> None:
-    if runtime == "enroot" and mode == "create":
-        with pytest.raises(UsageError, match="create/start"):
-            render_oci_conf(OciConfOptions(runtime=runtime, mode="create", version=version))
-        return
-    text = render_oci_conf(OciConfOptions(runtime=runtime, mode=mode,  # type: ignore[arg-type]
-                                          version=version))
+    text = render_oci_conf(OciConfOptions(runtime=runtime, version=version))
     assert lint_oci_conf(text, version) == []
     entries, problems = parse_oci_conf(text)
     assert problems == []
-    assert ("RunTimeRun" in entries) == (mode == "run")
-    assert ("RunTimeCreate" in entries and "RunTimeStart" in entries) == (mode == "create")
+    assert "RunTimeRun" in entries
+    assert "RunTimeCreate" not in entries and "RunTimeStart" not in entries
+
+
+@pytest.mark.parametrize("runtime", [*RUNTIMES, "nvidia"])
+def test_create_mode_is_refused_with_the_reason(runtime: str) -> None:
+    with pytest.raises(UsageError) as refused:
+        oci_conf_options(runtime, "create", None, V24)
+    assert "hangs" in refused.value.message and "RunTimeStart's status" in refused.value.message
+    assert refused.value.hint is not None and "run mode" in refused.value.hint
+    with pytest.raises(UsageError, match="unknown mode"):
+        oci_conf_options(runtime, "start", None, V24)
+
+
+def test_options_resolve_the_nvidia_alias_and_refuse_unknown_runtimes() -> None:
+    assert oci_conf_options("nvidia", "run", None, V24).runtime == "nvidia-container-runtime"
+    with pytest.raises(UsageError, match="unknown runtime 'docker'"):
+        oci_conf_options("docker", "run", None, V24)
+
+
+@pytest.mark.parametrize("version", [V22, V24])
+def test_lint_flags_schedmds_create_start_example(version: SlurmVersion) -> None:
+    # the runc create/start example of Slurm's containers guide (reference/ in the shared docs)
+    text = "\n".join([
+        'RunTimeQuery="runc --rootless=true --root=/tmp/ state %n.%u.%j.%s.%t"',
+        'RunTimeCreate="runc --rootless=true --root=/tmp/ create %n.%u.%j.%s.%t -b %b"',
+        'RunTimeStart="runc --rootless=true --root=/tmp/ start %n.%u.%j.%s.%t"',
+        'RunTimeKill="runc --rootless=true --root=/tmp/ kill -a %n.%u.%j.%s.%t"',
+        'RunTimeDelete="runc --rootless=true --root=/tmp/ delete --force %n.%u.%j.%s.%t"',
+    ])
+    problems = lint_oci_conf(text, version)
+    assert [(p.line, "create/start mode" in p.message) for p in problems] == [(2, True)]
+
+
+def test_lint_file_reads_a_file_and_refuses_what_is_not_an_oci_conf(tmp_path: Path) -> None:
+    good = tmp_path / "oci.conf"
+    good.write_text(render_oci_conf(OciConfOptions(runtime="runc", version=V24)))
+    assert lint_oci_conf_file(good, V24) == []
+    with pytest.raises(UsageError, match="cannot read"):
+        lint_oci_conf_file(tmp_path / "missing.conf", V24)
+    big = tmp_path / "big.conf"
+    with open(big, "wb") as handle:
+        handle.truncate(2 * 1024 * 1024)
+    with pytest.raises(UsageError, match="larger than"):
+        lint_oci_conf_file(big, V24)
 
 
 def test_runc_run_template_matches_slurms_documented_shape() -> None:
@@ -159,14 +200,16 @@ def test_srun_args_may_repeat_other_keys_may_not() -> None:
 
 def test_lint_required_and_dependent_keys() -> None:
     assert [str(p) for p in lint_oci_conf("", V22)] == [
-        "missing RunTimeRun (or RunTimeCreate + RunTimeStart)",
+        "missing RunTimeRun",
         "missing required key RunTimeDelete",
         "missing required key RunTimeKill",
         "missing required key RunTimeQuery",
     ]
     base = 'RunTimeQuery="q"\nRunTimeKill="k"\nRunTimeDelete="d"\n'
-    assert [str(p) for p in lint_oci_conf(base + 'RunTimeCreate="c %b"\n', V22)] == [
-        "line 4: RunTimeCreate needs RunTimeStart"]
+    assert [str(p).split(":")[:2] for p in lint_oci_conf(base + 'RunTimeCreate="c %b"\n',
+                                                         V22)] == [
+        ["line 4", " RunTimeCreate needs RunTimeStart"],
+        ["line 4", " create/start mode does not work with slurmstepd"]]
     both = base + 'RunTimeRun="r"\nRunTimeStart="s"\n'
     assert [str(p) for p in lint_oci_conf(both, V22)] == [
         "line 4: RunTimeRun excludes RunTimeCreate/RunTimeStart"]
