@@ -133,15 +133,21 @@ def runtime_scrun_lua(
     cache: Annotated[str | None, typer.Option(
         "--cache", metavar="DIR",
         help="Cache (leases) the hooks use [default: each user's own].")] = None,
+    sbatch: Annotated[str | None, typer.Option(
+        "--sbatch", metavar="PATH",
+        help="The sbatch that queues each staged bundle's cleanup job (it removes the bundle "
+             "after the job, also after scrun kill) [default: the sbatch on PATH].")] = None,
+    cleanup_job: Annotated[bool, typer.Option(
+        "--cleanup-job/--no-cleanup-job",
+        help="Queue a cleanup job per staged bundle (docs/slurm.md).")] = True,
 ) -> None:
     """Print a scrun.lua whose stage hooks call `ocistage scrun ...`."""
-    from runtimes.scrun import ScrunLuaOptions, render_scrun_lua
+    from runtimes.scrun import render_scrun_lua, scrun_lua_options
 
-    if stage_to not in ("shared", "node-local"):
-        raise UsageError(f"unknown --stage-to {stage_to!r}", "choose shared or node-local")
-    options = ScrunLuaOptions(ocistage=(ocistage or _ocistage_command(),),
-                              stage_to="shared" if stage_to == "shared" else "node-local",
-                              stage_dir=stage_dir, cache=cache)
+    options = scrun_lua_options(ocistage=ocistage or _ocistage_command(), stage_to=stage_to,
+                                stage_dir=stage_dir, cache=cache,
+                                sbatch=sbatch if cleanup_job else None,
+                                find_sbatch=cleanup_job)
     stdout.print(render_scrun_lua(options), end="", markup=False)
 
 
@@ -181,6 +187,9 @@ def scrun_stage_in(
     link: Annotated[bool, typer.Option(
         "--link", help="Share inodes with the source/pool; the root becomes read-only.")
     ] = False,
+    sbatch: Annotated[str | None, typer.Option(
+        "--sbatch", metavar="PATH",
+        help="Queue the bundle's cleanup job with this sbatch (after --job-id ends).")] = None,
     cache: CacheOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -188,13 +197,15 @@ def scrun_stage_in(
     from runtimes.scrun import StageInRequest, read_job_env, stage_in
 
     setup_logging(verbose)
-    del stage_to  # where this runs is the Lua's choice; recorded for the logs only
+    # node-local: the cleanup job must run on this node (srun sets SLURMD_NODENAME)
+    node = os.environ.get("SLURMD_NODENAME") if stage_to == "node-local" else None
     request = StageInRequest(
         container_id=container_id, bundle=bundle.absolute(),
         config_file=(config or bundle / "config.json").absolute(),
         stage_dir=stage_dir.absolute(), job_id=job_id or None,
         uid=os.getuid() if uid is None else uid, gid=os.getgid() if gid is None else gid,
-        job_env=read_job_env(env_file), link=link)
+        job_env=read_job_env(env_file), link=link, sbatch=sbatch,
+        stage_to="node-local" if stage_to == "node-local" else "shared", node=node)
     result = stage_in(request, cache_root=_cache_root(cache))
     sys.stdout.write(json.dumps(result.to_json()) + "\n")
 

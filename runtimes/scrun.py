@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from typing import Any, Literal
 
 from bundler.idmap import detect_root_placeholder
 from bundler.rootless import RootlessIds, make_rootless
-from cache.errors import ScrunError, UsageError
+from cache.errors import OcistageError, ScrunError, UsageError
 from cache.fsops import remove_tree
 from cache.leases import Holder
 from cache.store import write_file_atomic
@@ -51,6 +52,7 @@ class ScrunLuaOptions:
     stage_to: StageTo = "shared"
     stage_dir: str = "/tmp/ocistage-scrun"
     cache: str | None = None                  # None: each user's default cache
+    sbatch: str | None = None                 # queues each bundle's cleanup job; None: none
 
 
 def lua_string(text: str) -> str:
@@ -77,6 +79,8 @@ local OCISTAGE = {@OCISTAGE@}
 local STAGE_TO = @STAGE_TO@
 local STAGE_DIR = @STAGE_DIR@
 local CACHE = @CACHE@
+-- the sbatch that queues each staged bundle's cleanup job (after the job, whatever ends it)
+local SBATCH = @SBATCH@
 
 local function quote(text)
 	return "'" .. (string.gsub(tostring(text), "'", "'\\''")) .. "'"
@@ -152,16 +156,25 @@ function slurm_scrun_stage_in(id, bundle, spool_dir, config_file, job_id, user_i
 		slurm.log_error("cannot write " .. env_file .. ": " .. tostring(err))
 		return slurm.ERROR
 	end
-	local result = ocistage({"scrun", "stage-in", "--id", id, "--bundle", bundle,
+	local args = {"scrun", "stage-in", "--id", id, "--bundle", bundle,
 		"--config", config_file, "--job-id", tostring(math.floor(job_id)),
 		"--uid", tostring(math.floor(user_id)), "--gid", tostring(math.floor(group_id)),
-		"--env-file", env_file, "--stage-to", STAGE_TO, "--stage-dir", STAGE_DIR})
+		"--env-file", env_file, "--stage-to", STAGE_TO, "--stage-dir", STAGE_DIR}
+	if SBATCH ~= nil then
+		args[#args + 1] = "--sbatch"
+		args[#args + 1] = SBATCH
+	end
+	local result = ocistage(args)
 	os.remove(env_file)
 	if result == nil then
 		return slurm.ERROR
 	end
 	slurm.log_info(string.format("ocistage staged %s: %d files, %d copied, %d unchanged",
 		result.bundle, result.files, result.copied, result.unchanged))
+	if type(result.cleanup_error) == "string" then
+		slurm.log_error("ocistage could not queue the cleanup job of " .. result.bundle
+			.. " (stage-out or `ocistage cache gc` removes it): " .. result.cleanup_error)
+	end
 	slurm.set_bundle_path(result.bundle)
 	slurm.set_root_path(result.root_path)
 	return slurm.SUCCESS
@@ -186,6 +199,23 @@ return slurm.SUCCESS
 """
 
 
+def scrun_lua_options(*, ocistage: str, stage_to: str, stage_dir: str, cache: str | None,
+                      sbatch: str | None, find_sbatch: bool) -> ScrunLuaOptions:
+    """Options from what a user typed; ``find_sbatch``: take the sbatch on PATH when
+    ``sbatch`` is not given (scrun runs the hooks without a PATH, so the path is written)."""
+    if stage_to not in ("shared", "node-local"):
+        raise UsageError(f"unknown --stage-to {stage_to!r}", "choose shared or node-local")
+    if sbatch is None and find_sbatch:
+        found = shutil.which("sbatch")
+        if found is None:
+            raise UsageError("sbatch not found on PATH: it queues each staged bundle's "
+                             "cleanup job", "pass --sbatch PATH, or --no-cleanup-job")
+        sbatch = os.path.abspath(found)
+    return ScrunLuaOptions(ocistage=(ocistage,),
+                           stage_to="shared" if stage_to == "shared" else "node-local",
+                           stage_dir=stage_dir, cache=cache, sbatch=sbatch)
+
+
 def render_scrun_lua(options: ScrunLuaOptions) -> str:
     if options.stage_to not in ("shared", "node-local"):
         raise UsageError(f"unknown stage target kind {options.stage_to!r}",
@@ -194,11 +224,15 @@ def render_scrun_lua(options: ScrunLuaOptions) -> str:
         raise UsageError(f"--stage-dir must be absolute, not {options.stage_dir!r}")
     if not options.ocistage:
         raise UsageError("the ocistage command is empty")
+    if options.sbatch is not None and not options.sbatch.startswith("/"):
+        raise UsageError(f"--sbatch must be an absolute path, not {options.sbatch!r}",
+                         "scrun runs the hooks without a PATH")
     replacements = {
         "@OCISTAGE@": ", ".join(lua_string(word) for word in options.ocistage),
         "@STAGE_TO@": lua_string(options.stage_to),
         "@STAGE_DIR@": lua_string(options.stage_dir),
         "@CACHE@": lua_string(options.cache) if options.cache else "nil",
+        "@SBATCH@": lua_string(options.sbatch) if options.sbatch else "nil",
     }
     text = _LUA_TEMPLATE
     for key, value in replacements.items():
@@ -220,6 +254,10 @@ class StageInRequest:
     gid: int = field(default_factory=os.getgid)
     job_env: Sequence[str] = ()
     link: bool = False                # share inodes (hardlink/pool) and mount the root read-only
+    # the sbatch that queues the cleanup job (runtimes/scrun_cleanup.py); None: no cleanup job
+    sbatch: str | None = None
+    stage_to: StageTo = "shared"
+    node: str | None = None           # node-local staging: the node holding the bundle
 
 
 @dataclass(frozen=True)
@@ -235,13 +273,16 @@ class StageInResult:
     lease_id: str | None
     method: str
     dropped: tuple[str, ...]
+    cleanup_job_id: str | None = None
+    cleanup_error: str | None = None     # why no cleanup job could be queued
 
     def to_json(self) -> dict[str, Any]:
         return {"bundle": str(self.bundle), "root_path": str(self.root_path),
                 "config": str(self.config), "files": self.files, "copied": self.copied,
                 "linked": self.linked, "unchanged": self.unchanged,
                 "bytes_copied": self.bytes_copied, "lease_id": self.lease_id,
-                "method": self.method, "dropped": list(self.dropped)}
+                "method": self.method, "dropped": list(self.dropped),
+                "cleanup_job_id": self.cleanup_job_id, "cleanup_error": self.cleanup_error}
 
 
 def check_container_id(container_id: str) -> str:
@@ -407,16 +448,35 @@ def stage_in(request: StageInRequest, *, cache_root: Path, jobs: int = 8) -> Sta
                                          gid=request.gid, job_env=request.job_env)
     if staged.method != "copy":
         new_config["root"]["readonly"] = True
+    cleanup_id, cleanup_error = _queue_cleanup(request, bundle, cache_root)
     write_file_atomic(_marker_path(bundle), json.dumps(
         {"root_path": str(root_path), "lease_id": staged.lease_id,
-         "job_id": request.job_id}).encode(), mode=0o600)
+         "job_id": request.job_id, "cleanup_job_id": cleanup_id,
+         "sbatch": request.sbatch}).encode(), mode=0o600)
     config_path = bundle / "config.json"
     write_file_atomic(config_path, json.dumps(new_config, indent=2).encode(), mode=0o644)
     return StageInResult(bundle=bundle, root_path=root_path, config=config_path,
                          files=staged.files, copied=staged.copied, linked=staged.linked,
                          unchanged=staged.unchanged, bytes_copied=staged.bytes_copied,
                          lease_id=staged.lease_id, method=staged.method,
-                         dropped=tuple(dropped))
+                         dropped=tuple(dropped), cleanup_job_id=cleanup_id,
+                         cleanup_error=cleanup_error)
+
+
+def _queue_cleanup(request: StageInRequest, bundle: Path,
+                   cache_root: Path) -> tuple[str | None, str | None]:
+    """The cleanup job's id, or why there is none (runtimes/scrun_cleanup.py)."""
+    from runtimes.scrun_cleanup import queue_cleanup
+
+    if request.sbatch is None or not request.job_id:
+        return None, None
+    if request.stage_to == "node-local" and not request.node:
+        return None, "node-local staging outside a Slurm step (no SLURMD_NODENAME)"
+    try:
+        return queue_cleanup(bundle, job_id=request.job_id, cache_root=cache_root,
+                             sbatch_program=request.sbatch, node=request.node), None
+    except OcistageError as exc:
+        return None, exc.message
 
 
 # -- stage-out ---------------------------------------------------------------------------------
@@ -449,4 +509,9 @@ def stage_out(bundle: Path, *, cache_root: Path) -> bool:
     holder = Holder.slurm_job(job_id) if isinstance(job_id, str) and job_id else None
     unstage(root_path, cache_root=cache_root, holder=holder)
     remove_tree(bundle)
+    cleanup_id, sbatch = record.get("cleanup_job_id"), record.get("sbatch")
+    if isinstance(cleanup_id, str) and cleanup_id.isdigit() and isinstance(sbatch, str):
+        from runtimes.scrun_cleanup import cancel_cleanup
+
+        cancel_cleanup(cleanup_id, sbatch_program=sbatch)  # not needed any more
     return True

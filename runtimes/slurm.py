@@ -88,11 +88,13 @@ def controller_reachable(timeout: float = 15) -> bool:
 
 
 def sbatch(options: Sequence[str], *, container: Path | None, wrap: str | None = None,
-           script: Path | None = None, env: Mapping[str, str] | None = None) -> str:
-    """Submit a batch job; returns its id (``sbatch --parsable``)."""
+           script: Path | None = None, env: Mapping[str, str] | None = None,
+           program: str = "sbatch") -> str:
+    """Submit a batch job; returns its id (``sbatch --parsable``). ``program``: the sbatch
+    to run (a name looked up on PATH, or a path)."""
     if (wrap is None) == (script is None):
         raise UsageError("sbatch needs exactly one of a --wrap command or a script")
-    argv = ["sbatch", "--parsable", *options]
+    argv = [program, "--parsable", *options]
     if container is not None:
         argv.append(f"--container={container}")
     argv += ["--wrap", wrap] if wrap is not None else [str(script)]
@@ -140,9 +142,10 @@ def release_job(job_id: str) -> None:
         raise _failure(argv, result)
 
 
-def cancel_job(job_id: str) -> None:
+def cancel_job(job_id: str, *, program: str = "scancel",
+               env: Mapping[str, str] | None = None) -> None:
     """``scancel``; errors are reported (the caller decides whether they matter)."""
-    argv = ["scancel", job_id]
-    result = _run(argv)
+    argv = [program, job_id]
+    result = _run(argv, env=env)
     if result.returncode != 0:
         raise _failure(argv, result)

@@ -49,8 +49,26 @@ class Scrun:
         script = self.cluster.conf_dir / "scrun.lua"
         script.write_text(render_scrun_lua(ScrunLuaOptions(
             ocistage=tuple(self.ocistage.command), stage_to=stage_to,  # type: ignore[arg-type]
-            stage_dir=str(stage_dir), cache=str(self.cache))))
+            stage_dir=str(stage_dir), cache=str(self.cache), sbatch=str(self.work / "sbatch"))))
         return script
+
+    def cleanup_jobs(self) -> list[str]:
+        """The queued or running cleanup jobs of staged bundles (name, state, nodes asked)."""
+        result = self.cluster.run("squeue", "-h", "-o", "%j %T %n", timeout=30)
+        assert result.returncode == 0, result.stderr
+        return [line for line in result.stdout.splitlines()
+                if line.startswith("ocistage-scrun-unstage-")]
+
+    def wait_removed(self, stage_to: str, stage_dir: Path, cid: str,
+                     timeout: float = 180) -> None:
+        """Wait for the cleanup job to have removed the staged bundle and gone."""
+        deadline = time.monotonic() + timeout
+        while _staged_where(self, stage_to, stage_dir, cid) or self.cleanup_jobs():
+            if time.monotonic() > deadline:
+                pytest.fail(f"{cid} still staged after {timeout:.0f}s: "
+                            f"{_staged_where(self, stage_to, stage_dir, cid)}, cleanup jobs "
+                            f"{self.cleanup_jobs()}")
+            time.sleep(1)
 
     def env(self) -> dict[str, str]:
         return self.cluster.environ(self.ocistage.environment())
@@ -119,7 +137,8 @@ def scrun(slurm_24_05: SlurmCluster, ocistage: OcistageRunner) -> Iterator[Scrun
     work = Path(tempfile.mkdtemp(prefix="ocistage-scrun-", dir="/tmp"))
     work.chmod(0o755)
     conf = shlex.quote(str(cluster.slurm_conf))
-    wrappers = {"srun": f"exec {shlex.quote(str(cluster.bin_dir / 'srun'))} \"$@\"",
+    wrappers = {**{name: f"exec {shlex.quote(str(cluster.bin_dir / name))} \"$@\""
+                   for name in ("srun", "sbatch", "scancel")},
                 "scrun": f"exec {shlex.quote(str(binary))} --root "
                          f"{shlex.quote(str(work / 'scrun-root'))} \"$@\""}
     for name, line in wrappers.items():
@@ -161,6 +180,12 @@ def _staged_where(scrun: Scrun, stage_to: str, stage_dir: Path, cid: str) -> lis
     return [path for path in paths if path.exists()]
 
 
+def _node_of(scrun: Scrun, staged: Path) -> str:
+    [node] = [node for node in scrun.cluster.nodes
+              if staged.is_relative_to(scrun.cluster.node_dir(node))]
+    return node
+
+
 def _stage_dir(scrun: Scrun, stage_to: str) -> Path:
     return (scrun.work / "stage" if stage_to == "shared"
             else scrun.cluster.node_local / "ocistage-scrun")
@@ -190,15 +215,11 @@ def test_scrun_create_runs_the_container_and_stage_out_removes_its_bundle(
     assert _staged_where(scrun, stage_to, stage_dir, "run1") == []
     assert all_leases(scrun.cache) == []
     assert (bundle / "config.json").exists()  # the engine's bundle is left alone
+    # stage-out ran: it cancelled the bundle's cleanup job (the queue is as it was)
+    assert scrun.cleanup_jobs() == []
 
 
-@pytest.mark.parametrize("stage_to", [
-    "shared",
-    pytest.param("node-local", marks=pytest.mark.xfail(
-        strict=True, reason="scrun kill cancels the job (scancel); scrun.lua's stage-out then "
-                            "cannot reach the node (srun --jobid: job completing/expired) "
-                            "and the bundle stays there: see docs/slurm.md, Known limits")),
-])
+@pytest.mark.parametrize("stage_to", ["shared", "node-local"])
 def test_scrun_state_kill_delete_of_a_running_container(
         scrun: Scrun, images: dict[str, ImageRef], stage_to: str) -> None:
     # killed with SIGKILL (`docker kill`, `docker stop` after its grace time): scrun's SIGTERM
@@ -217,11 +238,17 @@ def test_scrun_state_kill_delete_of_a_running_container(
     assert "network" not in [ns["type"] for ns in config["linux"]["namespaces"]]
     leases = all_leases(scrun.cache)
     assert [lease.holder.kind for lease in leases] == ["slurm-job"]
+    [cleanup] = scrun.cleanup_jobs()  # queued by stage-in, waiting for the job's end
+    assert cleanup.split()[1] == "PENDING", cleanup
+    if stage_to == "node-local":  # pinned to the node holding the bundle
+        assert cleanup.split()[2:] == [_node_of(scrun, staged)], cleanup
     assert scrun.run("kill", "long1", "KILL").returncode == 0
     scrun.wait_stopped("long1", anchor)
     scrun.run("delete", "long1")
     assert "started" in out.read_text().splitlines()
-    assert _staged_where(scrun, stage_to, stage_dir, "long1") == [], out.read_text()
+    # node-local: kill cancelled the job before stage-out could reach the node (srun --jobid
+    # of an ended job); the cleanup job removes the bundle on that node once the job has ended
+    scrun.wait_removed(stage_to, stage_dir, "long1")
     assert all_leases(scrun.cache) == []
 
 

@@ -167,7 +167,7 @@ def test_stage_in_then_again_is_incremental_and_stage_out_removes(tmp_path: Path
     # ocistage command's JSON
     assert list(again.to_json()) == ["bundle", "root_path", "config", "files", "copied",
                                      "linked", "unchanged", "bytes_copied", "lease_id",
-                                     "method", "dropped"]
+                                     "method", "dropped", "cleanup_job_id", "cleanup_error"]
     assert stage_out(first.bundle, cache_root=cache) is True
     assert not first.bundle.exists() and not first.root_path.exists()
     assert all_leases(cache) == []
