@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 
 from bundler.cli_common import (
     CacheOpt,
@@ -33,7 +33,6 @@ from bundler.cli_common import (
     stderr,
     stdout,
 )
-from cache.errors import UsageError
 
 # light modules whose constants the options show; the rest is imported inside the commands
 # (see bundler.cli_common)
@@ -61,8 +60,9 @@ ScrunOpt = Annotated[str | None, typer.Option(
 def register(app: typer.Typer) -> None:
     app.add_typer(runtime_app, name="runtime")
     app.add_typer(scrun_app, name="scrun")
-    app.command("submit", context_settings={"allow_extra_args": True,
-                                            "ignore_unknown_options": True})(submit_command)
+    app.command("submit", cls=_CommandAfterDashes,
+                context_settings={"allow_extra_args": True,
+                                  "ignore_unknown_options": True})(submit_command)
 
 
 def _slurm_version(text: str | None) -> SlurmVersion:
@@ -230,18 +230,19 @@ def scrun_stage_out(
 # -- submit ------------------------------------------------------------------------------------
 
 
-def _split_submit_args(extra: list[str], argv: list[str]) -> tuple[list[str], list[str]]:
-    """``[SBATCH OPTS] -- CMD...`` -> (options, command).
+#: where the job's command (what follows ``--``) is kept for submit_command
+_COMMAND = "ocistage.command"
 
-    click swallows the ``--`` but leaves everything after it at the end of ``extra``; the
-    process's own argv says where the command starts.
-    """
-    if "--" not in argv:
-        return extra, []
-    command = argv[argv.index("--") + 1:]
-    if len(command) > len(extra) or extra[len(extra) - len(command):] != command:
-        return extra, []
-    return extra[:len(extra) - len(command)], command
+
+class _CommandAfterDashes(TyperCommand):
+    """``REF [SBATCH OPTS] -- CMD...``: what follows the first ``--`` is the job's command,
+    taken off before click parses the rest (click would merge it into the unknown options)."""
+
+    # ctx: click's Context (vendored as typer._click by typer 0.28, the click package before)
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        at = args.index("--") if "--" in args else len(args)
+        ctx.meta[_COMMAND] = args[at + 1:]
+        return super().parse_args(ctx, args[:at])
 
 
 def submit_command(
@@ -272,32 +273,27 @@ def submit_command(
     verbose: VerboseOpt = False,
 ) -> None:
     """Pull, bundle and stage REF, then sbatch --container it: REF [SBATCH OPTS] -- CMD."""
-    from bundler.bundle import make_bundle
-    from bundler.runtime_config import ConfigOptions
-    from runtimes.submit import SubmitOptions, check_options, submit, this_ocistage
+    from bundler.submitting import check_stage_target, submit_image
+    from runtimes.submit import SubmitOptions, this_ocistage
 
     setup_logging(verbose)
-    options, command = _split_submit_args(list(ctx.args), sys.argv)
-    check_options(options)
     settings = load_cli_settings(cache=cache, insecure=insecure_registry, mirror=mirror,
                                  ca_file=ca_file, pull=pull_policy)
-    target = settings.stage_target(os.fspath(stage_to) if stage_to else None)  # as `stage`
-    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:/", target):  # a URL (a Path made memory:// memory:/)
-        raise UsageError(f"submit stages into a directory the nodes see, not {target}",
-                         "pass --stage-to DIR")
+    options = SubmitOptions(
+        stage_to=check_stage_target(  # the same default as `stage`
+            settings.stage_target(os.fspath(stage_to) if stage_to else None)),
+        options=list(ctx.args), command=ctx.meta.get(_COMMAND, []), srun=srun, copy=copy,
+        ocistage=this_ocistage())
     source, store, pulling = image_inputs(ref, settings, platform)
     with download_progress(quiet or json_output) as progress:
-        bundle = make_bundle(source, store, pull_options=pulling,
-                             config_options=ConfigOptions(map_root=map_root),
-                             progress=progress)
-    print_warnings(bundle.warnings, quiet)
-    result = submit(bundle.path, SubmitOptions(
-        stage_to=Path(target).absolute(), options=options, command=command, srun=srun,
-        copy=copy, ocistage=this_ocistage()), cache_root=settings.cache)
+        submitted = submit_image(source, options, store=store, pull_options=pulling,
+                                 map_root=map_root, progress=progress)
+    print_warnings(submitted.warnings, quiet)
+    result = submitted.result
     if json_output:
         print_json({"job_id": result.job_id, "staged": str(result.staged),
                     "lease_id": result.lease_id, "exit_code": result.exit_code,
-                    "cleanup_job_id": result.cleanup_job_id, "bundle": str(bundle.path)})
+                    "cleanup_job_id": result.cleanup_job_id, "bundle": str(submitted.bundle)})
     elif result.job_id is not None:
         if not quiet:
             stderr.print(f"staged {shown(str(result.staged))}")

@@ -1,0 +1,57 @@
+"""``submit_image()``: the library call behind ``ocistage submit`` — a REF is bundled into the
+cache (:func:`bundler.bundle.make_bundle`), then staged where the job runs and handed to Slurm
+(:func:`runtimes.submit.submit`: held ``sbatch --container``, its lease, the ``afterany``
+cleanup job; or ``srun --container``).
+
+This module is why ``bundler`` imports ``runtimes`` (docs/architecture.md), as
+``bundler/staging.py`` imports ``stagers``: a REF must become a bundle before it can be
+submitted, and ``runtimes`` knows nothing of registries. No other bundler module does.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cache.errors import UsageError
+
+if TYPE_CHECKING:
+    from bundler.pull import PullOptions, PullProgress
+    from bundler.reference import ImageSource
+    from cache.store import Store
+    from runtimes.submit import SubmitOptions, SubmitResult
+
+#: a URL (``memory://x``; ``Path`` would have made it ``memory:/x``)
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/")
+
+
+@dataclass(frozen=True)
+class Submitted:
+    bundle: Path                   # the bundle in the cache that was staged
+    result: SubmitResult
+    warnings: tuple[str, ...] = ()
+
+
+def check_stage_target(target: str) -> Path:
+    """``submit`` stages into a directory the nodes see: never a URL."""
+    if _URL.match(target):
+        raise UsageError(f"submit stages into a directory the nodes see, not {target}",
+                         "pass --stage-to DIR")
+    return Path(target).absolute()
+
+
+def submit_image(source: ImageSource, options: SubmitOptions, *, store: Store,
+                 pull_options: PullOptions, map_root: bool = False,
+                 progress: PullProgress | None = None) -> Submitted:
+    """Bundle ``source`` and submit it as ``options`` say (module docstring)."""
+    from bundler.bundle import make_bundle
+    from bundler.runtime_config import ConfigOptions
+    from runtimes.submit import check_options, submit
+
+    check_options(options.options)  # before anything is pulled
+    bundle = make_bundle(source, store, pull_options=pull_options,
+                         config_options=ConfigOptions(map_root=map_root), progress=progress)
+    result = submit(bundle.path, options, cache_root=store.root)
+    return Submitted(bundle.path, result, tuple(bundle.warnings))
