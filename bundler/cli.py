@@ -294,24 +294,27 @@ def _wants_traceback(argv: Sequence[str]) -> bool:
     return any(arg in ("-v", "--verbose") for arg in options)
 
 
+#: click's base of command-line errors (vendored by typer 0.28 as typer._click, the click
+#: package before): found through a public class, whichever it is
+_CLICK_ERROR: type[Exception] = next(
+    cls for cls in typer.BadParameter.__mro__ if cls.__name__ == "ClickException")
+
+
 def run(argv: Sequence[str]) -> int:
     """Run the command line ``argv`` (without the program name); return the exit status.
 
     The one place where exceptions become what the user sees: an :class:`OcistageError` is
     its message and hint (exit 1, 2 for usage errors), an ``OSError`` its strerror and path
     (exit 1), anything else an internal error (exit 1); the traceback only with ``-v``.
-    Usage errors of the command line itself are typer's (exit 2).
+    A mistake on the command line itself (typer/click's usage errors) is rendered the same
+    way: its message, and the command's usage as the hint (exit 2).
     """
     try:
-        app(args=list(argv), prog_name="ocistage")
-    except SystemExit as done:  # typer ends every run so, also for --help and usage errors
+        code = app(args=list(argv), prog_name="ocistage", standalone_mode=False)
+    except SystemExit as done:  # shell completion and a closed stdout end so
         code = done.code
-        if code == 130:
-            stderr.print("interrupted")
-        return code if isinstance(code, int) else (0 if code is None else 1)
     except KeyboardInterrupt:
-        stderr.print("interrupted")
-        return 130
+        code = 130
     except OcistageError as error:
         if _wants_traceback(argv):
             traceback.print_exc()
@@ -323,12 +326,53 @@ def run(argv: Sequence[str]) -> int:
         render_error(_os_error_text(error), "rerun with -v for details")
         return 1
     except Exception as error:  # the boundary: no traceback unless asked
+        if isinstance(error, _CLICK_ERROR):
+            return _render_usage_error(error, argv)
+        if type(error).__name__ == "Abort":  # click's: end of input at a prompt
+            render_error("aborted", None)
+            return 1
         if _wants_traceback(argv):
             traceback.print_exc()
         render_error(f"internal error: {type(error).__name__}: {error}",
                      "this is a bug in ocistage; rerun with -v and report the traceback")
         return 1
-    return 0
+    if code == 130:
+        stderr.print("interrupted")
+    return code if isinstance(code, int) else (0 if code is None else 1)
+
+
+def _command_path(argv: Sequence[str]) -> str:
+    """``ocistage cache gc`` for ``["cache", "gc", "--max-size"]``: the command words."""
+    command: Any = typer.main.get_command(app)
+    path = ["ocistage"]
+    for word in argv:
+        command = getattr(command, "commands", {}).get(word)
+        if command is None:
+            break
+        path.append(word)
+    return " ".join(path)
+
+
+def _render_usage_error(error: Exception, argv: Sequence[str]) -> int:
+    """click's usage error as ours: ``error:`` its message, ``hint:`` the command's usage."""
+    ctx = getattr(error, "ctx", None)
+    code = getattr(error, "exit_code", 2)
+    if type(error).__name__ == "NoArgsIsHelpError" and ctx is not None:
+        stderr.print(ctx.get_help(), markup=False, highlight=False)  # `ocistage cache`
+        return int(code)
+    message = str(getattr(error, "format_message", lambda: str(error))())
+    if message[:1].isupper() and message[1:2].islower():
+        message = message[0].lower() + message[1:]
+    message = message.removesuffix(".")
+    hint = None
+    if ctx is not None:
+        usage = " ".join(ctx.get_usage().split())
+        usage = usage[len("Usage: "):] if usage.startswith("Usage: ") else usage
+        hint = f"usage: {usage} ('{ctx.command_path} --help' for more)"
+    else:  # raised by the parser before the command's context existed
+        hint = f"'{_command_path(argv)} --help' shows the usage"
+    render_error(message, hint)
+    return int(code)
 
 
 def main() -> None:

@@ -274,9 +274,10 @@ def submit_command(
 ) -> None:
     """Pull, bundle and stage REF, then sbatch --container it: REF [SBATCH OPTS] -- CMD."""
     from bundler.submitting import check_stage_target, submit_image
-    from runtimes.submit import SubmitOptions, this_ocistage
+    from runtimes.submit import SubmitOptions, check_options, this_ocistage
 
     setup_logging(verbose)
+    check_options(ctx.args)  # part of parsing: the sbatch options passed through
     settings = load_cli_settings(cache=cache, insecure=insecure_registry, mirror=mirror,
                                  ca_file=ca_file, pull=pull_policy)
     options = SubmitOptions(

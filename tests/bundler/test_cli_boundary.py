@@ -64,6 +64,38 @@ def test_an_ocistage_error_is_one_line_and_a_hint(cli: Cli) -> None:
     assert "is not in the cache" in _one_error(result.stderr)
 
 
+@pytest.mark.parametrize(("argv", "message", "usage"), [
+    (("bundle", "--nope", "x"), "no such option: --nope", "ocistage bundle [OPTIONS] {REF} [DEST]"),
+    (("stage",), "missing argument 'REF|BUNDLE|DIR|URL'", "ocistage stage [OPTIONS]"),
+    (("pull", "-j", "many", "x"), "invalid value for '--jobs' / '-j': 'many'", "ocistage pull"),
+    (("frobnicate",), "no such command 'frobnicate'", "ocistage [OPTIONS] COMMAND"),
+])
+def test_command_line_mistakes_are_rendered_as_our_errors(
+        cli: Cli, argv: tuple[str, ...], message: str, usage: str) -> None:
+    outcome = cli(*argv)
+    assert outcome.exit_code == 2
+    error, hint = outcome.stderr.splitlines()
+    assert error.startswith(f"error: {message}") and not error.endswith("."), error
+    assert hint.startswith(f"hint: usage: {usage}"), hint
+    assert hint.endswith(f"('{usage.split(' [')[0]} --help' for more)"), hint
+    assert "Usage:" not in outcome.stderr and outcome.stdout == ""
+
+
+def test_a_mistake_found_before_the_command_has_a_context_names_its_help(cli: Cli) -> None:
+    outcome = cli("cache", "gc", "--max-size")
+    assert outcome.exit_code == 2
+    assert outcome.stderr.splitlines() == [
+        "error: option '--max-size' requires an argument",
+        "hint: 'ocistage cache gc --help' shows the usage"]
+
+
+def test_a_group_without_its_command_prints_its_help(cli: Cli) -> None:
+    outcome = cli("cache")
+    assert outcome.exit_code == 2
+    assert outcome.stderr.startswith("Usage: ocistage cache [OPTIONS] COMMAND")
+    assert " gc " in outcome.stderr or "\n  gc" in outcome.stderr
+
+
 def test_a_usage_error_exits_2(cli: Cli, layout: Path) -> None:
     assert cli("bundle", "not a reference").exit_code == 2
     assert cli("pull", "--jobs", "0", _ref(layout)).exit_code == 2
