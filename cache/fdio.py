@@ -13,6 +13,16 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
+def write_new_file(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
+    """Create ``path`` holding ``data``: it must not exist yet and is never reached through a
+    symlink (``O_EXCL``: a symlink planted there fails with EEXIST)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        write_all(fd, data)
+    finally:
+        os.close(fd)
+
+
 def process_umask() -> int | None:
     """This process's umask, from ``/proc/self/status`` (``os.umask`` can only read it by
     changing it, which races with other threads); None where that cannot be read."""

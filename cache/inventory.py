@@ -30,7 +30,9 @@ from typing import Any
 from cache import usage
 from cache.digest import Digest
 from cache.errors import OcistageError, StoreError
+from cache.fdio import write_new_file
 from cache.fsops import path_stats
+from cache.jsondoc import parse_json, read_document
 from cache.leases import JobStates, Lease, all_leases, is_live, squeue_states
 from cache.refnames import INDEX_MEDIA_TYPE, REF_NAME, is_alias, platform_path, record_name
 from cache.snapshots import SnapshotInfo, chain_ids, list_snapshots
@@ -225,16 +227,14 @@ def write_bundle_info(bundle_dir: Path, manifest: Digest, image: str) -> None:
     """Record which manifest a cached bundle is made from (called before it is published)."""
     data = {"manifest": str(manifest), "image": image}
     try:
-        (bundle_dir / BUNDLE_INFO).write_text(json.dumps(data) + "\n")
+        write_new_file(bundle_dir / BUNDLE_INFO, (json.dumps(data) + "\n").encode())
     except OSError as exc:
         raise StoreError(f"cannot write {bundle_dir / BUNDLE_INFO}: {exc.strerror}") from exc
 
 
 def read_bundle_info(bundle_dir: Path) -> tuple[Digest | None, str | None]:
     try:
-        fd = os.open(bundle_dir / BUNDLE_INFO, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as file:
-            data = json.loads(file.read(1 << 16))
+        data = parse_json(read_document(bundle_dir / BUNDLE_INFO, 1 << 16))
         return Digest.parse(str(data["manifest"])), str(data.get("image") or "") or None
     except (OSError, ValueError, KeyError, TypeError, OcistageError):
         return None, None

@@ -46,8 +46,12 @@ from types import TracebackType
 from typing import Literal
 
 from cache.errors import StoreError, UsageError
+from cache.jsondoc import parse_json, read_document
 from cache.locks import Owner, lock_owner, owner_is_dead
 from cache.store import write_file_atomic
+
+#: a lease file is a few hundred bytes
+MAX_LEASE_BYTES = 64 << 10
 
 HolderKind = Literal["pid", "slurm-job", "pin"]
 TARGET_KINDS = ("image", "bundle", "blob", "snapshot", "staged")
@@ -110,7 +114,7 @@ class Lease:
 
     @classmethod
     def from_json(cls, text: str) -> Lease:
-        data = json.loads(text)
+        data = parse_json(text)
         also = data.get("also", [])
         if not isinstance(also, list):
             raise ValueError("'also' must be a list")
@@ -168,7 +172,8 @@ def all_leases(cache_root: Path) -> list[Lease]:
     with contextlib.suppress(FileNotFoundError):
         for path in directory.glob("*.json"):
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                result.append(Lease.from_json(path.read_text()))
+                # O_NOFOLLOW and a size cap: a group-shared cache's members can plant files
+                result.append(Lease.from_json(read_document(path, MAX_LEASE_BYTES).decode()))
     return sorted(result, key=lambda lease: lease.created)
 
 

@@ -25,9 +25,11 @@ from pathlib import Path
 from types import TracebackType
 
 from cache.errors import LockTimeout, StoreError
+from cache.jsondoc import parse_json, read_document
 
 HEARTBEAT_SECONDS = 5.0
 STALE_AFTER_SECONDS = 60.0
+MAX_LOCK_BYTES = 64 << 10
 
 
 def _process_start_time(pid: int) -> str | None:
@@ -58,7 +60,7 @@ class Owner:
     @classmethod
     def from_json(cls, text: str) -> Owner | None:
         try:
-            data = json.loads(text)
+            data = parse_json(text)
             return cls(str(data["host"]), int(data["pid"]), data.get("start"))
         except (ValueError, KeyError, TypeError):
             return None
@@ -76,23 +78,29 @@ class Owner:
         return self.start is None or _process_start_time(self.pid) == self.start
 
 
+def _read_small(path: Path) -> str:
+    """A lock or marker file's text: never through a symlink (ELOOP), at most 64 KiB
+    (ValueError): in a group-shared cache another member could have planted either."""
+    return read_document(path, MAX_LOCK_BYTES).decode("utf-8", errors="replace")
+
+
 def lock_owner(path: Path) -> Owner | None:
     """The owner recorded on the first line of lock file ``path`` (None: absent, unreadable
     or half-written)."""
     try:
-        return Owner.from_json(path.read_text().partition("\n")[0])
-    except OSError:
+        return Owner.from_json(_read_small(path).partition("\n")[0])
+    except (OSError, ValueError):
         return None
 
 
 def owner_is_dead(path: Path, stale_after: float = STALE_AFTER_SECONDS) -> bool:
     """Whether the owner recorded in lock or marker file ``path`` is known to be gone."""
     try:
-        text = path.read_text()
+        text = _read_small(path)
         age = time.time() - path.stat().st_mtime
     except FileNotFoundError:
         return True
-    except OSError:
+    except (OSError, ValueError):  # a symlink or a huge file planted there: not ours to judge
         return False
     # a lock file holds the owner's JSON on its first line (then the holder's token)
     owner = Owner.from_json(text.partition("\n")[0])
@@ -150,8 +158,8 @@ class FileLock:
 
     def held(self) -> bool:
         try:
-            return self.path.read_text() == self._token
-        except OSError:
+            return _read_small(self.path) == self._token
+        except (OSError, ValueError):
             return False
 
     def release(self) -> None:

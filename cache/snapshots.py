@@ -48,11 +48,14 @@ from pathlib import Path
 from cache.cpus import usable_cpus
 from cache.digest import Digest
 from cache.errors import OcistageError, StoreError
+from cache.fdio import write_new_file
 from cache.fsops import remove_tree
+from cache.jsondoc import parse_json, read_document
 from cache.store import Store, _translate_oserror, fsync_dir
 
 SNAPSHOTS = "snapshots"
 METADATA = "snapshot.json"
+MAX_METADATA_BYTES = 1 << 20
 SNAPSHOT_FORMAT = 1
 
 
@@ -110,8 +113,8 @@ def _trusted(metadata: dict[str, object]) -> bool:
 
 def _read_metadata(directory: Path) -> dict[str, object] | None:
     try:
-        data = json.loads((directory / METADATA).read_bytes())
-    except (OSError, ValueError):
+        data = parse_json(read_document(directory / METADATA, MAX_METADATA_BYTES))
+    except (OSError, ValueError):  # O_NOFOLLOW: a symlink planted there is never followed
         return None
     return data if isinstance(data, dict) else None
 
@@ -147,7 +150,7 @@ def publish_snapshot(store: Store, scratch: Path, chain_id: Digest,
                 "created": time.time(), "host": os.uname().nodename, "boot_id": _boot_id(),
                 "synced": False}
     try:
-        (scratch / METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
+        write_new_file(scratch / METADATA, (json.dumps(metadata, indent=2) + "\n").encode())
         final.parent.mkdir(exist_ok=True)
         try:
             os.rename(scratch, final)

@@ -287,7 +287,11 @@ class Store:
         return self.blobs / digest.algorithm / digest.hex
 
     def has_blob(self, digest: Digest) -> bool:
-        return self.blob_path(digest).is_file()
+        """Whether the blob is here as a regular file (a symlink at its name is not it)."""
+        try:
+            return stat.S_ISREG(os.lstat(self.blob_path(digest)).st_mode)
+        except OSError:
+            return False
 
     def open_blob(self, digest: Digest) -> BinaryIO:
         """The blob's file, opened without following a symbolic link at its name."""

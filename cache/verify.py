@@ -15,8 +15,10 @@ never visible at a final path, and ``cache gc`` removes them.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -65,12 +67,21 @@ def quarantine(store: Store, path: Path, label: str) -> Path:
     return destination
 
 
-def _hash(blob: Blob) -> Digest | None:
+def _hash(blob: Blob) -> Digest | str | None:
+    """The digest of ``blob``'s content, or why it has none (a symlink or another non-file
+    planted under a blob's name is never followed), or None if it is gone."""
     try:
-        with open(blob.path, "rb") as file:
-            return hash_file(file, blob.digest.algorithm)
+        fd = os.open(blob.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         return None  # removed meanwhile (by a GC): nothing to verify
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symlink, not a file"
+        raise
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "not a regular file"
+        return hash_file(file, blob.digest.algorithm)
 
 
 def _foreign_files(store: Store) -> list[Path]:
@@ -121,8 +132,8 @@ def verify(store: Store, jobs: int = 2, dry_run: bool = False) -> VerifyReport:
         action = "none (dry run)"
         if not dry_run:
             action = f"quarantined to {quarantine(store, blobs[digest].path, 'blob')}"
-        problems.append(Problem("corrupt-blob", str(digest), f"content hashes to {found}",
-                                action))
+        why = f"content hashes to {found}" if isinstance(found, Digest) else found
+        problems.append(Problem("corrupt-blob", str(digest), why, action))
     for path in _foreign_files(store):
         action = "none (dry run)" if dry_run else \
             f"quarantined to {quarantine(store, path, 'foreign')}"
