@@ -500,6 +500,42 @@ def tree_stats(parent_fd: int, name: str) -> Iterator[os.stat_result]:
         walk.close()
 
 
+def walk_dirs(parent_fd: int, name: str) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``(relative path, subdirectory names, other names)`` for directory ``name`` in
+    ``parent_fd`` (relative path ``""``) and every directory below it, parents first, as
+    ``os.fwalk`` would give, but iterative (any depth), with a bounded number of open
+    descriptors, never following a link. A subdirectory that cannot be opened is listed but
+    not entered; ``name`` itself must open (OSError)."""
+    fd = os.open(name, DIR_READ, dir_fd=parent_fd)
+    walk = _Walk(parent_fd)
+    walk.push(_Frame("", fd, identity(os.fstat(fd)), False))
+    try:
+        while walk.stack:
+            top = walk.stack[-1]
+            if top.pending is None:
+                dirs: list[str] = []
+                others: list[str] = []
+                with os.scandir(top.fd) as listing:
+                    for entry in listing:
+                        (dirs if entry.is_dir(follow_symlinks=False) else others).append(
+                            entry.name)
+                yield top.name, dirs, others
+                prefix = f"{top.name}/" if top.name else ""
+                top.pending = [prefix + d for d in reversed(dirs)]
+            if top.pending:
+                child = top.pending.pop()
+                try:
+                    child_fd = os.open(child.rpartition("/")[2], DIR_READ, dir_fd=top.fd)
+                except OSError:
+                    continue  # gone, swapped for a link or unreadable: listed, not entered
+                walk.push(_Frame(child, child_fd, identity(os.fstat(child_fd)), False))
+                continue
+            done, _ = walk.pop()
+            os.close(done.fd)
+    finally:
+        walk.close()
+
+
 def path_stats(path: str | os.PathLike[str]) -> Iterator[os.stat_result]:
     """:func:`tree_stats` of ``path`` (its last component never followed)."""
     try:

@@ -49,7 +49,7 @@ from cache.cpus import usable_cpus
 from cache.digest import Digest
 from cache.errors import OcistageError, StoreError
 from cache.fdio import write_new_file
-from cache.fsops import remove_tree
+from cache.fsops import open_parent, remove_tree, walk_dirs
 from cache.jsondoc import parse_json, read_document
 from cache.store import Store, _translate_oserror, fsync_dir
 
@@ -287,26 +287,31 @@ class _Dir:
     weight: int = 0
 
 
+_PATH_MAX = 4096   # Linux's PATH_MAX: the longest path a system call takes
+_PATH_MARGIN = 512  # for the destination's own path, which may be longer than the source's
+
+
 def _scan(source: Path) -> _Dir:
-    """Every directory under ``source`` with its non-directory entries (never follows links)."""
-    root = _Dir("", [], [])
-    order = [root]
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        with os.scandir(source / node.rel if node.rel else source) as entries:
-            for entry in entries:
-                rel = f"{node.rel}/{entry.name}" if node.rel else entry.name
-                if entry.is_dir(follow_symlinks=False):
-                    child = _Dir(rel, [], [])
-                    node.subdirs.append(child)
-                    order.append(child)
-                    stack.append(child)
-                else:
-                    node.files.append(rel)
+    """Every directory under ``source`` with its non-directory entries: an fd-based walk
+    (:func:`cache.fsops.walk_dirs`: any depth and path length, never following a link)."""
+    parent_fd, name = open_parent(source)
+    nodes: dict[str, _Dir] = {}
+    order: list[_Dir] = []
+    try:
+        for rel, dirs, others in walk_dirs(parent_fd, name):
+            node = nodes.pop(rel, None) or _Dir(rel, [], [])
+            prefix = f"{rel}/" if rel else ""
+            node.files.extend(prefix + other for other in others)
+            for sub in dirs:
+                child = _Dir(prefix + sub, [], [])
+                node.subdirs.append(child)
+                nodes[child.rel] = child  # filled when the walk reaches it
+            order.append(node)
+    finally:
+        os.close(parent_fd)
     for node in reversed(order):  # children were found after their parents
         node.weight = _DIR_WEIGHT + len(node.files) + sum(d.weight for d in node.subdirs)
-    return root
+    return order[0]
 
 
 def split_tree(source: Path, parts: int) -> TreeSplit | None:
@@ -347,6 +352,12 @@ def split_tree(source: Path, parts: int) -> TreeSplit | None:
         loads[lightest] += weight
     if any(sum(len(os.fsencode(rel)) + 1 for rel in group) > _MAX_ARGV_BYTES
            for group in groups):
+        return None
+    # cp gets each planned entry as a path: one near PATH_MAX (a deep or long tree, which
+    # the fd-based scan lists) would fail there, where a single recursive cp copies it
+    longest = max(len(os.fsencode(rel)) for rel in (*(n.rel for n in dirs), *(
+        rel for group in groups for rel in group)))
+    if len(os.fsencode(str(source))) + longest + _PATH_MARGIN >= _PATH_MAX:
         return None
     return TreeSplit(tuple(node.rel for node in dirs),
                      tuple(tuple(group) for group in groups if group))

@@ -299,3 +299,37 @@ def test_an_unreadable_directory_of_another_user_is_reported_not_opened(
     assert result.returncode == 0, result.stderr
     assert "roots (owner uid 0)" in result.stdout
     assert (shared / "roots" / "f").read_text() == "x"
+
+
+@pytest.mark.parametrize(("depth", "name_length"), [(400, 8), (17, 250), (1500, 1)])
+def test_walk_dirs_lists_deep_and_long_trees_parents_first(tmp_path: Path, depth: int,
+                                                           name_length: int) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    make_chain(tree, depth, name_length)
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        listed = list(fsops.walk_dirs(fd, "tree"))
+    finally:
+        os.close(fd)
+    assert len(listed) == depth + 1
+    seen = {""}
+    for rel, dirs, others in listed:
+        assert rel.rpartition("/")[0] in seen or rel == ""  # its parent came first
+        seen.add(rel)
+        assert others == ["f"] or (not dirs and others == [])
+    longest = sum(len(f"d{level}".ljust(name_length, "x")) + 1 for level in range(depth)) - 1
+    assert max(len(rel) for rel, _, _ in listed) == longest
+    remove_tree(tree)  # pytest's own clean-up of old temporary dirs recurses per level
+
+
+def test_walk_dirs_lists_a_link_to_a_directory_without_entering_it(tmp_path: Path) -> None:
+    (tmp_path / "outside" / "secret").mkdir(parents=True)
+    (tmp_path / "tree" / "sub").mkdir(parents=True)
+    (tmp_path / "tree" / "sub" / "escape").symlink_to(tmp_path / "outside")
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        listed = list(fsops.walk_dirs(fd, "tree"))
+    finally:
+        os.close(fd)
+    assert listed == [("", ["sub"], []), ("sub", [], ["escape"])]

@@ -15,12 +15,15 @@ import pytest
 
 from cache.errors import StoreError
 from cache.snapshots import (
+    _DIR_WEIGHT,
     MAX_LINK_PARTS,
     MIN_SPLIT_WEIGHT,
+    _scan,
     free_cpus,
     link_tree,
     split_tree,
 )
+from tests.cache.deeptree import make_chain
 
 Entry = tuple[str, str, int, int, int, int, tuple[tuple[str, bytes], ...]]
 
@@ -172,3 +175,18 @@ def test_linking_across_filesystems_fails_as_store_error(tmp_path: Path) -> None
             link_tree(source, dest, parts=2)
     finally:
         os.system(f"chmod -R u+rwx {dest} 2>/dev/null; rm -rf {dest}")
+
+
+def test_split_tree_scans_deeper_and_longer_than_path_max(tmp_path: Path) -> None:
+    source = _big_tree(tmp_path)
+    make_chain(source / "usr", 17, 250)  # paths past PATH_MAX, made through descriptors
+    before = _scan(_big_tree(tmp_path / "plain")).weight
+    assert _scan(source).weight == before + 17 * (_DIR_WEIGHT + 1)  # a directory, a file per level
+    plan = split_tree(source, 2)
+    # planned entries go to cp as paths: none may come near PATH_MAX (here the chain is
+    # heavy enough to be planned, so the split is declined and one cp copies the tree)
+    assert plan is None or all(len(rel) < 3000 for group in plan.groups for rel in group)
+    # GNU cp itself copies no path past PATH_MAX (`cp -a` of such a tree fails too): a typed
+    # error, never a traceback (the caller's scratch directory holds the partial clone)
+    with pytest.raises(StoreError, match="too long"):
+        link_tree(source, tmp_path / "clone", parts=2)
