@@ -45,7 +45,15 @@ from pathlib import Path
 
 from bundler.layers import UnpackBudget, default_unpack_limit
 from bundler.manifest import Descriptor
-from bundler.pull import Canceller, PulledImage, PullOptions, PullProgress, interrupted, pull
+from bundler.pull import (
+    CANCEL_GRACE,
+    Canceller,
+    PulledImage,
+    PullOptions,
+    PullProgress,
+    interrupted,
+    pull,
+)
 from bundler.reference import ImageSource
 from bundler.runtime_config import ConfigOptions, build_runtime_config, write_runtime_config
 from bundler.snapshots import (
@@ -144,6 +152,10 @@ class _PullThread:
         finally:
             self.follower.stop()
 
+    def stop(self, grace: float) -> None:
+        """Wait at most ``grace`` seconds for a cancelled pull to end."""
+        self._thread.join(grace)
+
     def result(self) -> PulledImage:
         """The pulled image once every blob is verified and stored; the pull's error if not."""
         self._thread.join()
@@ -202,8 +214,7 @@ def _make_bundle(source: ImageSource, store: Store, dest: Path | None, in_use: I
         return _build(puller, store, dest, in_use, config_options, on_layer, link)
     except KeyboardInterrupt:
         puller.canceller.cancel()  # downloads stop now and keep what they wrote
-        with contextlib.suppress(BaseException):
-            puller.result()
+        puller.stop(CANCEL_GRACE)  # a connect in progress is left behind (bundler.cli.main)
         raise interrupted(store) from None
     except Exception:
         with contextlib.suppress(BaseException):

@@ -10,7 +10,9 @@ one line too; tracebacks are shown only with ``-v``.
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -376,7 +378,22 @@ def _render_usage_error(error: Exception, argv: Sequence[str]) -> int:
 
 
 def main() -> None:
-    sys.exit(run(sys.argv[1:]))
+    code = run(sys.argv[1:])
+    if code == 130 and _left_behind():
+        # interrupted while a download thread was still connecting (a connect cannot be cut
+        # short; bundler.pull.CANCEL_GRACE): end now, as after kill -9 what it leaves is
+        # recovered (partial downloads are resumed, locks and leases of a dead pid expire)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def _left_behind() -> bool:
+    """Whether other threads still run: interpreter exit would wait for download workers
+    (concurrent.futures joins its workers at exit, daemon threads or not)."""
+    return any(thread.is_alive() for thread in threading.enumerate()
+               if thread is not threading.main_thread())
 
 
 if __name__ == "__main__":

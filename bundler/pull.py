@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -52,6 +52,9 @@ from cache.store import Ingest, Store
 ANNOTATION_RESOLVED = "io.ocistage.resolved"
 ANNOTATION_INDEX = "io.ocistage.index-digest"
 ANNOTATION_SOURCE = "io.ocistage.source"
+#: seconds a Ctrl-C waits for downloads to stop (a socket shut down returns at once; a
+#: connect in progress cannot be cut and is left behind)
+CANCEL_GRACE = 2.0
 
 
 class PullProgress(Protocol):
@@ -366,18 +369,27 @@ def _pull(source: ImageSource, store: Store, options: PullOptions,
     if observer is not None:
         observer.config_ready(resolved.manifest_fetched.digest, config, manifest.layers)
     jobs = max(1, options.jobs)
-    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="pull") as pool:
-        futures = [
-            pool.submit(fetch_blob, provider, store, layer,
-                        f"layer {n}/{len(manifest.layers)}", progress, counter, observer)
-            for n, layer in enumerate(manifest.layers, start=1)
-        ]
-        try:
-            for future in futures:
-                future.result()
-        except KeyboardInterrupt:
-            canceller.cancel()  # the workers stop now; the pool's exit waits only for that
-            raise
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="pull")
+    futures = [
+        pool.submit(fetch_blob, provider, store, layer,
+                    f"layer {n}/{len(manifest.layers)}", progress, counter, observer)
+        for n, layer in enumerate(manifest.layers, start=1)
+    ]
+    stopped = False
+    try:
+        for future in futures:
+            future.result()
+    except KeyboardInterrupt:
+        # the downloads stop now and keep what they wrote; a worker still connecting (which
+        # no socket shutdown reaches) is not waited for beyond CANCEL_GRACE (bundler.cli.main
+        # then ends the process without it)
+        stopped = True
+        canceller.cancel()
+        wait(futures, timeout=CANCEL_GRACE)
+        raise
+    finally:
+        # after an error the other downloads finish into the cache; after Ctrl-C they do not
+        pool.shutdown(wait=not stopped, cancel_futures=stopped)
     store.put_blob(resolved.manifest_fetched.data, resolved.manifest_fetched.digest)
     if resolved.index_fetched is not None:
         store.put_blob(resolved.index_fetched.data, resolved.index_fetched.digest)

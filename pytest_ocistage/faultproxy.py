@@ -41,7 +41,7 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "te", "trailers", "transfer-encoding", "upgrade"})
 
 FaultKind = Literal["drop", "truncate", "flip", "status", "stall", "trickle",
-                    "trickle_headers"]
+                    "trickle_headers", "redirect"]
 
 
 @dataclass
@@ -62,6 +62,8 @@ class Fault:
       seconds (a connection that never times out a read but never finishes either), until
       released as for ``stall``; then close the connection.
     - ``trickle_headers``: the same from the first byte of the status line.
+    - ``redirect``: answer ``307 Temporary Redirect`` to ``location`` (as registries send
+      blobs to a storage backend), without contacting the upstream.
     """
 
     path: str
@@ -73,6 +75,7 @@ class Fault:
     methods: tuple[str, ...] = ("GET",)
     stall_seconds: float = 60.0
     interval: float = 0.5
+    location: str = ""
 
     def matches(self, method: str, path: str) -> bool:
         return self.times > 0 and method in self.methods and re.search(self.path, path) is not None
@@ -157,11 +160,18 @@ class _Handler(BaseHTTPRequestHandler):
         state = self.server.state
         headers = {k: v for k, v in self.headers.items()}
         fault = state.take_fault(self.command, self.path)
-        if fault is not None and fault.kind == "status":
+        if fault is not None and fault.kind in ("status", "redirect"):
             for _ in _request_body(self):
                 pass
-            state.record(RecordedRequest(self.command, self.path, headers, fault.status, "status"))
-            self._answer_status(fault)
+            status = fault.status if fault.kind == "status" else 307
+            state.record(RecordedRequest(self.command, self.path, headers, status, fault.kind))
+            if fault.kind == "status":
+                self._answer_status(fault)
+            else:
+                self.send_response(307)
+                self.send_header("Location", fault.location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
             return
         upstream = self._connect()
         try:

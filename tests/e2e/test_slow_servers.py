@@ -6,7 +6,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -136,3 +139,57 @@ def test_ctrl_c_stops_a_download_at_once_and_keeps_it_for_resume(
     assert rerun.stdout.strip() == image.digest
     resumed = [r for r in fault_proxy.requests if r.path.endswith(layer)]
     assert resumed[-1].headers.get("Range", "").startswith("bytes=")
+
+
+@pytest.fixture
+def blackhole() -> Iterator[str]:
+    """``127.0.0.1:PORT`` where a TCP connect hangs (SYNs dropped): a listening socket that
+    never accepts, with its accept queue (backlog 0: one connection) already full."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    filler = socket.create_connection(("127.0.0.1", port), timeout=5)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        filler.close()
+        server.close()
+
+
+@pytest.mark.parametrize("command", ["pull", "bundle"])
+def test_ctrl_c_while_a_download_is_still_connecting_ends_the_run(
+        images: dict[str, ImageRef], ocistage: OcistageRunner, fault_proxy: FaultProxy,
+        blackhole: str, tmp_path: Path, command: str) -> None:
+    image = images["busybox"]
+    layer = image.layer_digests[0]
+    # the registry sends the layer to a storage host whose connect never completes: the
+    # download thread waits in connect() (30 s connect timeout), where no socket shutdown
+    # reaches it
+    fault_proxy.add(Fault(rf"/blobs/{layer}", "redirect", location=f"http://{blackhole}/x",
+                          times=100))
+    argv = [command, image.via(fault_proxy.host)]
+    if command == "bundle":
+        argv.append(str(tmp_path / "bundle"))
+    child = subprocess.Popen([*ocistage.command, *argv], env=ocistage.environment(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True, preexec_fn=_default_sigint)
+    try:
+        deadline = time.monotonic() + 60
+        while fault_proxy.count(rf"/blobs/{layer}") == 0:  # redirected: now connecting
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.5)
+        os.kill(child.pid, signal.SIGINT)
+        # well inside the 30 s connect timeout: before, the run waited for it
+        _, stderr = child.communicate(timeout=10)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    assert child.returncode == 130, stderr
+    assert "Traceback" not in stderr and "error: interrupted" in stderr
+    assert not (tmp_path / "bundle").exists()
+    fault_proxy.clear()  # and what it left behind does not stand in the way of the next run
+    rerun = ocistage("pull", image.via(fault_proxy.host), check=True)
+    assert rerun.stdout.strip() == image.digest
