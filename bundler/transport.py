@@ -169,6 +169,15 @@ class _WatchedAdapter(requests.adapters.HTTPAdapter):
         self.poolmanager.pool_classes_by_scheme = {"http": _WatchedHTTPPool,
                                                    "https": _WatchedHTTPSPool}
 
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+        """The same watched connections through an HTTP(S) proxy (``HTTPS_PROXY`` and the
+        like): else a stalled read through a proxy would escape the watchdog."""
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if isinstance(manager, urllib3.ProxyManager):  # not SOCKS: it has its own classes
+            manager.pool_classes_by_scheme = {"http": _WatchedHTTPPool,
+                                              "https": _WatchedHTTPSPool}
+        return manager
+
 
 class _UnverifiedTLSAdapter(_WatchedAdapter):
     """HTTPS for an insecure registry: nothing is verified, so no CA store is loaded.

@@ -193,3 +193,29 @@ def test_ctrl_c_while_a_download_is_still_connecting_ends_the_run(
     fault_proxy.clear()  # and what it left behind does not stand in the way of the next run
     rerun = ocistage("pull", image.via(fault_proxy.host), check=True)
     assert rerun.stdout.strip() == image.digest
+
+
+@pytest.mark.timeout(120)  # without the watchdog on proxied connections: a 600 s trickle
+def test_a_trickle_through_an_environment_proxy_is_cut_off_too(
+        images: dict[str, ImageRef], fault_proxy: FaultProxy,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    image = images["busybox"]
+    # the fault proxy as the forward proxy HTTP_PROXY names: it relays every absolute-form
+    # request to the registry, so the client needs no DNS for the name below, which is no
+    # loopback name (ocistage never proxies loopback registries) and resolves nowhere
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", fault_proxy.url)
+    monkeypatch.setenv("HTTPS_PROXY", fault_proxy.url)
+    fault_proxy.add(Fault(r"/manifests/", "trickle", after_bytes=10, interval=0.5,
+                          stall_seconds=600))
+    registry = "registry.ocistage.invalid"
+    settings = RegistryConfig(credentials=CredentialStore([]), backoff_base=0.05,
+                              min_speed=100, speed_window=2,
+                              insecure_registries=frozenset({registry}))
+    with RegistryClient(registry, settings) as client:
+        fetched = client.get_manifest(image.repository, image.tag, ACCEPT)
+    assert str(fetched.digest) == image.digest
+    manifests = [r for r in fault_proxy.requests if "/manifests/" in r.path]
+    assert len(manifests) == 2  # through the proxy, cut off by the watchdog, retried
+    assert manifests[0].path.startswith("http://")  # a forward proxy's absolute-form request
