@@ -43,7 +43,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bundler.layers import UnpackBudget, default_unpack_limit
 from bundler.manifest import Descriptor
 from bundler.pull import (
     CANCEL_GRACE,
@@ -79,6 +78,7 @@ from cache.snapshots import (
     publish_snapshot,
 )
 from cache.store import Store, fsync_dir, remove_dead_scratch, scratch_name
+from cache.unpackbudget import UnpackBudget, default_unpack_limit
 
 BUNDLE_FORMAT = 1  # bump when the bundle layout or config generation changes meaning
 

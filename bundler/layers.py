@@ -30,6 +30,7 @@ from bundler.safepath import Parts, SafeRoot, display, normalize, open_readable_
 from cache.errors import LayerError, OcistageError
 from cache.fdio import created_exactly, process_umask, write_all
 from cache.fsops import DIR_READ, chmod_path_fd, chown_path_fd, remove_at
+from cache.unpackbudget import ENTRY_CHARGE, UnpackBudget
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_MARKER = ".wh..wh..opq"
@@ -42,43 +43,6 @@ _XATTR_SKIPPABLE = {errno.EPERM, errno.EACCES, errno.ENOTSUP, errno.EOPNOTSUPP, 
                     errno.ERANGE, errno.E2BIG}
 _CORRUPT_HINT = ("the layer blob is corrupt or not a tar archive; remove it from the cache "
                  "and pull again")
-
-
-UNPACK_FLOOR = 4 << 30  # the default unpack budget is the larger of this
-UNPACK_RATIO = 100      # and this many times the compressed size of the layers
-
-
-def default_unpack_limit(compressed: int) -> int:
-    """The default unpacked-bytes budget of a bundle whose layers total ``compressed`` bytes.
-
-    Real layers expand 2-10x (gzip and zstd of binaries, text, libraries); only long runs of
-    one byte expand ~1000x, and those are what bombs are made of. 100x the compressed size,
-    and at least 4 GiB for images of a few small layers, leaves real images far inside it.
-    """
-    return max(UNPACK_FLOOR, UNPACK_RATIO * compressed)
-
-
-class UnpackBudget:
-    """Bytes of file data a bundle may write, shared by all of its layers (holes are free)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-    def charge(self, n: int) -> None:
-        self.used += n
-        if self.used > self.limit:
-            raise LayerError(
-                f"the image unpacks to more than {_size(self.limit)} of file data, its "
-                f"unpack limit (a decompression bomb?)",
-                "if the image is genuine, raise the limit: unpack_limit in the config file "
-                "or $OCISTAGE_UNPACK_LIMIT (e.g. 200G)")
-
-
-def _size(n: int) -> str:
-    from cache.sizes import format_size
-
-    return format_size(n)
 
 
 @dataclass
@@ -457,6 +421,8 @@ class _Applier:
 
     def apply(self, archive: tarfile.TarFile, member: tarfile.TarInfo) -> None:
         self.report.entries += 1
+        if self.budget is not None:
+            self.budget.charge(ENTRY_CHARGE)
         parts = normalize(member.name)
         if not parts:
             if member.isdir():

@@ -92,7 +92,7 @@ class PullOptions:
     # always: resolve at the source; missing: a complete cached copy of the reference for the
     # platform is used without asking the source; never: only the cache, else an error
     policy: str = "always"
-    # bundles made from the pull: file data they may unpack (None: layers.default_unpack_limit)
+    # bundles made from the pull: what they may unpack (None: cache.unpackbudget default)
     unpack_limit: int | None = None
 
 

@@ -29,12 +29,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 from bundler.decompress import open_layer_stream
-from bundler.layers import UnpackBudget, apply_layer
+from bundler.layers import apply_layer
 from bundler.manifest import Descriptor, ImageConfig
 from bundler.registry_types import BlobSink
 from cache.digest import Digest
 from cache.errors import IntegrityError, OcistageError
 from cache.store import Ingest, Store
+from cache.unpackbudget import UnpackBudget
 
 CHUNK = 1 << 20
 QUEUE_CHUNKS = 8  # decompressed MiB in flight between the decompress and the tar thread

@@ -27,6 +27,7 @@ from pathlib import Path
 from cache.cpus import usable_cpus
 from cache.staged import image_path
 from cache.staged import unmount as unmount
+from cache.unpackbudget import ENTRY_CHARGE, UnpackBudget, default_unpack_limit
 from stagers.errors import StageError
 from stagers.filemanifest import (
     MANIFEST_NAME,
@@ -193,22 +194,29 @@ _DEVICE_LINE = re.compile(rb"[cb]\S{9} \S+\s+\d+,\s*\d+ \S+ \S+ squashfs-root/(.
 _SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID
 
 
-def unpack(image: Path, dest: Path, *, rootless: bool = True) -> None:
+def unpack(image: Path, dest: Path, *, rootless: bool = True, limit: int | None = None) -> None:
     """Unpack ``image`` into ``dest`` (must not exist; its parent is private) with unsquashfs.
 
     ``rootless`` (the default, as for layers, :func:`bundler.layers.apply_layer`): an image is
     hostile until proven otherwise, so no device node is created (they are left out), no file
     keeps a setuid or setgid bit, and only ``user.*`` xattrs are extracted (no file
     capabilities). ``rootless=False`` unpacks everything as it is, and only for root.
+
+    Before anything is written, the listing is held to the unpack budget as layers are
+    (:mod:`cache.unpackbudget`; ``limit`` [default: from the image's size]): the files' sizes
+    plus a charge per entry, so a bomb of data or of empty files is refused (LayerError).
     """
     unsquashfs = _tool("unsquashfs")
+    if limit is None:
+        limit = default_unpack_limit(os.path.getsize(image))
+    devices = _listing(unsquashfs, image, UnpackBudget(limit))
     if not rootless and os.geteuid() == 0:
         _run([unsquashfs, "-d", os.fspath(dest), "-no-progress", os.fspath(image)],
              f"unsquashfs of {image.name}")
         return
     excluded = dest.parent / f"{dest.name}.devices"
     with open(excluded, "wb") as out:
-        out.writelines(name + b"\n" for name in _device_nodes(unsquashfs, image))
+        out.writelines(name + b"\n" for name in devices)
     try:
         _run([unsquashfs, "-d", os.fspath(dest), "-no-progress", "-user-xattrs",
               "-no-wildcards", "-exclude-file", os.fspath(excluded), os.fspath(image)],
@@ -218,23 +226,38 @@ def unpack(image: Path, dest: Path, *, rootless: bool = True) -> None:
     make_rootless(dest)
 
 
-def _device_nodes(unsquashfs: str, image: Path) -> list[bytes]:
-    """Paths of the device nodes in ``image`` (from its listing, streamed)."""
+def _listing(unsquashfs: str, image: Path, budget: UnpackBudget) -> list[bytes]:
+    """Paths of the device nodes in ``image``, from its listing (streamed), which is charged
+    to ``budget`` entry by entry (LayerError, and unsquashfs stopped, when it runs out)."""
     found = []
     try:
         with subprocess.Popen([unsquashfs, "-lln", os.fspath(image)], stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as listing:
             assert listing.stdout is not None
-            for line in listing.stdout:
-                device = _DEVICE_LINE.fullmatch(line.rstrip(b"\n"))
-                if device is not None:
-                    found.append(device[1])
+            try:
+                for line in listing.stdout:
+                    budget.charge(ENTRY_CHARGE + _file_size(line))
+                    device = _DEVICE_LINE.fullmatch(line.rstrip(b"\n"))
+                    if device is not None:
+                        found.append(device[1])
+            except BaseException:
+                listing.kill()
+                raise
     except OSError as exc:
         raise StageError(f"listing {image.name} failed: {exc}") from exc
     if listing.returncode != 0:
         raise StageError(f"listing {image.name} failed: unsquashfs exited with "
                          f"{listing.returncode}")
     return found
+
+
+def _file_size(line: bytes) -> int:
+    """The size of a regular file's line of ``unsquashfs -lln`` (``-rw-r--r-- 0/0 1234 ...``),
+    0 for anything else."""
+    if not line.startswith(b"-"):
+        return 0
+    fields = line.split(None, 3)
+    return int(fields[2]) if len(fields) > 2 and fields[2].isdigit() else 0
 
 
 def make_rootless(root: Path) -> None:

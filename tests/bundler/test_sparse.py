@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 
 from bundler.bundle import make_bundle
-from bundler.layers import UNPACK_FLOOR, UnpackBudget, apply_layer, default_unpack_limit
+from bundler.layers import apply_layer
 from bundler.pull import PullOptions
 from bundler.reference import parse_reference
 from bundler.runtime_config import ConfigOptions
 from cache.errors import LayerError
 from cache.store import Store
+from cache.unpackbudget import ENTRY_CHARGE, UNPACK_FLOOR, UnpackBudget, default_unpack_limit
 from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
 
 SIZE = 256 << 20
@@ -108,3 +109,22 @@ def test_bundle_enforces_the_configured_limit(tmp_path: Path) -> None:
 def test_the_default_limit() -> None:
     assert default_unpack_limit(308) == UNPACK_FLOOR
     assert default_unpack_limit(1 << 30) == 100 << 30
+
+
+def test_a_flood_of_empty_files_stops_at_the_budget(tmp_path: Path) -> None:
+    # 20 000 empty files: no file data at all, 10 MB of tar that gzips to ~150 KB, and one
+    # inode each; at 1 KiB an entry they exceed a 10 MiB budget half-way
+    flood = build_tar([file(f"d{n // 1000}/e{n}", b"") for n in range(20_000)])
+    assert len(gzip.compress(flood)) < 1 << 20
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    budget = UnpackBudget(10 << 20)
+    with pytest.raises(LayerError, match=r"(?s)each counts .*unpack limit"):
+        apply_layer(io.BytesIO(flood), rootfs, budget=budget)
+    made = sum(1 for path in rootfs.rglob("*") if path.is_file())
+    assert made <= (10 << 20) // ENTRY_CHARGE + 1
+    assert budget.used == (10 << 20) + ENTRY_CHARGE  # the entry that went over is not made
+
+
+def test_entries_of_a_real_image_fit_the_floor_many_times() -> None:
+    assert UNPACK_FLOOR // ENTRY_CHARGE >= 4_000_000  # a few 100k entries in real images

@@ -228,3 +228,39 @@ def test_a_user_unpacks_an_image_with_device_nodes(tmp_path: Path) -> None:
         assert (work / "private" / "out" / "rootfs" / "bin" / "tool").read_text() == "plain\n"
     finally:
         shutil.rmtree(work)
+
+
+def _bomb_image(tmp_path: Path, kind: str) -> Path:
+    """A small squashfs image that unpacks to much more: a zero-filled file (``data``:
+    squashfs stores it as a sparse run) or 20 000 empty files (``entries``)."""
+    require_binary("mksquashfs")
+    src = tmp_path / f"{kind}-src"
+    src.mkdir()
+    if kind == "data":
+        with open(src / "zeros", "wb") as sparse:
+            sparse.truncate(64 << 20)
+    else:
+        for n in range(20_000):
+            (src / f"e{n}").touch()
+    image = tmp_path / f"{kind}.sqfs"
+    subprocess.run(["mksquashfs", str(src), str(image), "-noappend", "-quiet", "-no-progress"],
+                   check=True, capture_output=True)
+    return image
+
+
+@pytest.mark.parametrize("kind", ["data", "entries"])
+def test_a_squashfs_bomb_is_refused_before_anything_is_written(tmp_path: Path,
+                                                               kind: str) -> None:
+    require_binary("unsquashfs")
+    from cache.errors import LayerError
+    from stagers.squashfs import unpack
+
+    image = _bomb_image(tmp_path, kind)
+    assert image.stat().st_size < 1 << 20
+    (tmp_path / "private").mkdir(mode=0o700)
+    with pytest.raises(LayerError, match="unpack limit"):
+        unpack(image, tmp_path / "private" / "out", limit=10 << 20)
+    assert not (tmp_path / "private" / "out").exists()
+    unpack(image, tmp_path / "private" / "fits")  # the default: 4 GiB at least
+    assert sum(1 for _ in (tmp_path / "private" / "fits").iterdir()) == (
+        1 if kind == "data" else 20_000)
