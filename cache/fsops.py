@@ -244,6 +244,21 @@ class _Walk:
             parent.fd = fd
         return top, parent.fd
 
+    def advance(self, top: _Frame) -> None:
+        """Enter ``top``'s next pending subdirectory (its frame named by the pending entry,
+        opened by its last component; one that cannot be opened is skipped), or leave
+        ``top`` when none is left."""
+        while top.pending:
+            child = top.pending.pop()
+            try:
+                child_fd = os.open(child.rpartition("/")[2], DIR_READ, dir_fd=top.fd)
+            except OSError:
+                continue
+            self.push(_Frame(child, child_fd, identity(os.fstat(child_fd)), False))
+            return
+        done, _ = self.pop()
+        os.close(done.fd)
+
     def close(self) -> None:
         for frame in self.stack:
             if frame.fd >= 0:
@@ -486,16 +501,7 @@ def tree_stats(parent_fd: int, name: str) -> Iterator[os.stat_result]:
                     yield est
                     if stat.S_ISDIR(est.st_mode):
                         top.pending.append(entry)
-            if top.pending:
-                child = top.pending.pop()
-                try:
-                    child_fd = os.open(child, DIR_READ, dir_fd=top.fd)
-                except OSError:
-                    continue  # gone, swapped or unreadable: its own entry was counted
-                walk.push(_Frame(child, child_fd, identity(os.fstat(child_fd)), False))
-                continue
-            done, _ = walk.pop()
-            os.close(done.fd)
+            walk.advance(top)  # gone, swapped or unreadable: its entry was counted
     finally:
         walk.close()
 
@@ -522,16 +528,7 @@ def walk_dirs(parent_fd: int, name: str) -> Iterator[tuple[str, list[str], list[
                 yield top.name, dirs, others
                 prefix = f"{top.name}/" if top.name else ""
                 top.pending = [prefix + d for d in reversed(dirs)]
-            if top.pending:
-                child = top.pending.pop()
-                try:
-                    child_fd = os.open(child.rpartition("/")[2], DIR_READ, dir_fd=top.fd)
-                except OSError:
-                    continue  # gone, swapped for a link or unreadable: listed, not entered
-                walk.push(_Frame(child, child_fd, identity(os.fstat(child_fd)), False))
-                continue
-            done, _ = walk.pop()
-            os.close(done.fd)
+            walk.advance(top)  # gone, swapped or unreadable: listed, not entered
     finally:
         walk.close()
 

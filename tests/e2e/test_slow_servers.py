@@ -9,7 +9,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -103,6 +103,29 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _interrupted_run(ocistage: OcistageRunner, argv: list[str],
+                     ready: Callable[[subprocess.Popen[str]], None],
+                     timeout: float = 30) -> tuple[int, str]:
+    """Run ``ocistage ARGV``, wait until ``ready(child)`` returns, press Ctrl-C; the exit
+    status and stderr (the child is killed if it has not ended within ``timeout``).
+
+    SIGINT as a terminal gives it: a run started in the background of a shell without job
+    control (CI, `cmd &` in a script) inherits SIGINT ignored, and Python then keeps it so.
+    """
+    child = subprocess.Popen([*ocistage.command, *argv], env=ocistage.environment(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True, preexec_fn=_default_sigint)
+    try:
+        ready(child)
+        os.kill(child.pid, signal.SIGINT)
+        _, stderr = child.communicate(timeout=timeout)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    return child.returncode, stderr
+
+
 @pytest.mark.parametrize("command", ["pull", "bundle"])
 def test_ctrl_c_stops_a_download_at_once_and_keeps_it_for_resume(
         images: dict[str, ImageRef], ocistage: OcistageRunner, fault_proxy: FaultProxy,
@@ -114,21 +137,10 @@ def test_ctrl_c_stops_a_download_at_once_and_keeps_it_for_resume(
     argv = [command, image.via(fault_proxy.host)]
     if command == "bundle":
         argv.append(str(tmp_path / "bundle"))
-    # SIGINT as a terminal gives it: a run started in the background of a shell without job
-    # control (CI, `cmd &` in a script) inherits SIGINT ignored, and Python then keeps it so
-    child = subprocess.Popen([*ocistage.command, *argv], env=ocistage.environment(),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True, preexec_fn=_default_sigint)
     partial = ocistage.cache / "ingest" / f"{layer[7:]}.partial"
-    try:
-        wait_for_partial(child, partial, 100_000)
-        os.kill(child.pid, signal.SIGINT)
-        _, stderr = child.communicate(timeout=30)
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-    assert child.returncode == 130, stderr
+    code, stderr = _interrupted_run(ocistage, argv,
+                                    lambda child: wait_for_partial(child, partial, 100_000))
+    assert code == 130, stderr
     assert "Traceback" not in stderr
     assert f"error: interrupted; the partial downloads are kept in {ocistage.cache}/ingest" \
         in stderr
@@ -171,23 +183,16 @@ def test_ctrl_c_while_a_download_is_still_connecting_ends_the_run(
     argv = [command, image.via(fault_proxy.host)]
     if command == "bundle":
         argv.append(str(tmp_path / "bundle"))
-    child = subprocess.Popen([*ocistage.command, *argv], env=ocistage.environment(),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True, preexec_fn=_default_sigint)
-    try:
+    def connecting(child: subprocess.Popen[str]) -> None:
         deadline = time.monotonic() + 60
         while fault_proxy.count(rf"/blobs/{layer}") == 0:  # redirected: now connecting
             assert child.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
         time.sleep(0.5)
-        os.kill(child.pid, signal.SIGINT)
-        # well inside the 30 s connect timeout: before, the run waited for it
-        _, stderr = child.communicate(timeout=10)
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-    assert child.returncode == 130, stderr
+
+    # well inside the 30 s connect timeout: before, the run waited for it
+    code, stderr = _interrupted_run(ocistage, argv, connecting, timeout=10)
+    assert code == 130, stderr
     assert "Traceback" not in stderr and "error: interrupted" in stderr
     assert not (tmp_path / "bundle").exists()
     fault_proxy.clear()  # and what it left behind does not stand in the way of the next run
