@@ -5,6 +5,9 @@ For each image the harness runs, alternating the order of the tools between repe
 - ``ocistage``       cold ``ocistage bundle REF DEST`` with an empty cache
 - ``skopeo+umoci``   ``skopeo copy docker://REF oci:DIR`` then ``umoci unpack --rootless``
 - ``ch-image``       ``ch-image pull`` (only when Charliecloud is installed)
+- ``podman``         ``podman pull`` (layers unpacked into its overlay storage) + ``podman
+                     image mount`` (the rootfs as a mounted tree), with a private storage
+                     root, as root (only when Debian's podman is installed)
 - ``floor``          per layer ``curl BLOB | gzip -dc | tar -x`` (``zstd -dc`` for zstd), summed
 - ``cold cache``     cold ``ocistage bundle REF`` into the cache (snapshot + hard-linked bundle)
 - ``warm``           ``ocistage bundle REF NEWDEST`` again, with the cache of a cold run
@@ -29,6 +32,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,7 +45,8 @@ from bench.images import BuiltImage, build_all, cache_root, push
 from cache.fsops import remove_tree
 
 RESULTS = Path(__file__).parent / "results"
-COLD_RUNS = frozenset({"ocistage", "skopeo+umoci", "ch-image", "floor", "cold cache"})
+COLD_RUNS = frozenset({"ocistage", "skopeo+umoci", "ch-image", "podman", "floor",
+                       "cold cache"})
 DEFAULT_IMAGES = ("single", "multi", "derived", "zstd", "big")
 
 
@@ -234,6 +239,34 @@ def run_charliecloud(ref: str, work: Workspace) -> Sample:
     return Sample(seconds, rss)
 
 
+def podman_usable() -> bool:
+    """podman is installed and may mount an image here (``image mount`` needs root)."""
+    return shutil.which("podman") is not None and os.geteuid() == 0
+
+
+def run_podman(ref: str, work: Workspace) -> Sample:
+    """``podman pull`` into a private storage (overlay: each layer unpacked once, as podman
+    users get it) + ``podman image mount``: the image's rootfs as a tree. Unmounted and its
+    storage removed after the timing."""
+    root = work.fresh("podman")
+    runroot = Path(tempfile.mkdtemp(prefix="ocs-pr-", dir="/tmp"))  # podman: <= 50 characters
+    base = ["podman", "--root", str(root), "--runroot", str(runroot), "--storage-driver",
+            "overlay", "--cgroup-manager", "cgroupfs", "--events-backend", "file"]
+    try:
+        t1, rss1, _ = run_timed([*base, "pull", "--quiet", "--tls-verify=false",
+                                 f"docker://{ref}"])
+        t2, rss2, out = run_timed([*base, "image", "mount", ref], sync=False)
+        if not Path(out.strip(), "bin").exists() and not any(Path(out.strip()).iterdir()):
+            raise RuntimeError(f"podman image mount gave {out.strip()!r}, an empty tree")
+        return Sample(t1 + t2, max(rss1, rss2), {"pull": t1, "mount": t2})
+    finally:
+        subprocess.run([*base, "image", "unmount", "--all", "--force"], check=False,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run([*base, "system", "reset", "--force"], check=False,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shutil.rmtree(runroot, ignore_errors=True)
+
+
 def run_floor(image: BuiltImage, registry: str, work: Workspace) -> Sample:
     """curl | gzip -dc (or zstd -dc) | tar -x for every layer in order, into one directory."""
     target = work.fresh("floor")
@@ -294,6 +327,8 @@ def bench_image(image: BuiltImage, registry: str, reps: int, work: Workspace,
     }
     if shutil.which("ch-image"):
         runners["ch-image"] = lambda: run_charliecloud(ref, work)
+    if podman_usable():
+        runners["podman"] = lambda: run_podman(ref, work)
     runners["cold cache"] = lambda: run_cold_cached(ref, work)
     runners["warm"] = lambda: run_warm(ref, work)
     runners["warm --link"] = lambda: run_warm(ref, work, link=True)
@@ -345,6 +380,8 @@ def render(results: list[dict[str, Any]]) -> str:
         m = result["medians"]
         cold = m["ocistage"]["seconds"]
         parts = [f"peer/ocistage {m['skopeo+umoci']['seconds'] / cold:.2f}",
+                 *([f"podman/ocistage {m['podman']['seconds'] / cold:.2f}"]
+                   if "podman" in m else []),
                  f"ocistage/floor {cold / m['floor']['seconds']:.2f}",
                  f"warm/cold {m['warm']['seconds'] / cold:.3f}",
                  f"warm-link/cold {m['warm --link']['seconds'] / cold:.3f}",

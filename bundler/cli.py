@@ -56,13 +56,11 @@ if TYPE_CHECKING:
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import PackageNotFoundError, version
+        # the package's own constant (pyproject reads it too): importlib.metadata would scan
+        # site-packages, ~25 ms of every `ocistage --version`
+        from bundler import __version__
 
-        try:
-            text = version("ocistage")
-        except PackageNotFoundError:  # run from a source tree that is not installed
-            text = "unknown"
-        stdout.print(f"ocistage {text}", markup=False)
+        stdout.print(f"ocistage {__version__}", markup=False)
         raise typer.Exit()
 
 
