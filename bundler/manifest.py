@@ -127,11 +127,17 @@ class ImageConfig:
                         self.os_features)
 
 
-def parse_manifest(data: bytes, media_type: str | None) -> ImageManifest | ImageIndex:
-    """Parse a manifest or index; ``media_type`` is the response's Content-Type, if any."""
+def parse_manifest(data: bytes, media_type: str | None, *,
+                   validated: bool = False) -> ImageManifest | ImageIndex:
+    """Parse a manifest or index; ``media_type`` is the response's Content-Type, if any.
+
+    ``validated``: these very bytes (same digest) passed the schema before, when a pull
+    recorded them, so the JSON-schema pass is skipped (the structural checks here still run).
+    """
     doc = _load_document(data, "manifest")
     kind = _manifest_media_type(doc, media_type)
-    _validate_schema(doc, _SCHEMA_KINDS[kind])
+    if not validated:
+        _validate_schema(doc, _SCHEMA_KINDS[kind])
     annotations = _string_map(doc.get("annotations"), "annotations")
     if mediatypes.is_index(kind):
         entries = _require(doc, "manifests", list, "index")
@@ -171,10 +177,11 @@ def select_manifest(index: ImageIndex, wanted: Platform) -> Descriptor:
                               "choose one of the available platforms with --platform")
 
 
-def parse_image_config(data: bytes) -> ImageConfig:
-    """Parse an image configuration blob."""
+def parse_image_config(data: bytes, *, validated: bool = False) -> ImageConfig:
+    """Parse an image configuration blob (``validated``: as for :func:`parse_manifest`)."""
     doc = _load_document(data, "image config")
-    _validate_schema(doc, "image-config")
+    if not validated:
+        _validate_schema(doc, "image-config")
     architecture = _require(doc, "architecture", str, "image config")
     os_name = _require(doc, "os", str, "image config")
     rootfs = _require(doc, "rootfs", dict, "image config")

@@ -19,6 +19,7 @@ that budget without touching what it uses.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable
@@ -184,7 +185,8 @@ def cached_image(source: ImageSource, store: Store, wanted: Platform) -> CachedI
     for entry in store.lookup(name):
         try:
             recorded = parse_descriptor(entry, f"the cache's index.json entry for {name}")
-            manifest = parse_manifest(store.read_blob(recorded.digest), recorded.media_type)
+            manifest = parse_manifest(store.read_blob(recorded.digest), recorded.media_type,
+                                      validated=True)  # recorded by a pull: it passed then
         except OcistageError:
             continue
         if recorded.platform is None or not isinstance(manifest, ImageManifest):
@@ -195,14 +197,31 @@ def cached_image(source: ImageSource, store: Store, wanted: Platform) -> CachedI
     return None if best is None else CachedImage(store, name, complete[best][1])
 
 
-def resolve(provider: ImageProvider, wanted: Platform) -> ResolvedImage:
-    """Resolve the provider's reference to the manifest for ``wanted``."""
+def recorded_digests(store: Store, name: str) -> frozenset[Digest]:
+    """The manifests (and indexes) a completed pull recorded for ref ``name``: they passed
+    the schema then, as did their configs (a pull records only after both were parsed)."""
+    found: set[Digest] = set()
+    for entry in store.lookup(name):
+        annotations = entry.get("annotations")
+        for text in (entry.get("digest"),
+                     annotations.get(ANNOTATION_INDEX) if isinstance(annotations, dict) else None):
+            if isinstance(text, str):
+                with contextlib.suppress(OcistageError):
+                    found.add(Digest.parse(text))
+    return frozenset(found)
+
+
+def resolve(provider: ImageProvider, wanted: Platform,
+            recorded: frozenset[Digest] = frozenset()) -> ResolvedImage:
+    """Resolve the provider's reference to the manifest for ``wanted``; documents whose
+    digest is in ``recorded`` (:func:`recorded_digests`) skip the schema pass."""
     top = provider.resolve()
-    document = parse_manifest(top.data, top.media_type)
+    document = parse_manifest(top.data, top.media_type, validated=top.digest in recorded)
     if isinstance(document, ImageIndex):
         descriptor = select_manifest(document, wanted)
         fetched = provider.manifest(descriptor.digest)
-        manifest = parse_manifest(fetched.data, fetched.media_type)
+        manifest = parse_manifest(fetched.data, fetched.media_type,
+                                  validated=fetched.digest in recorded)
         if not isinstance(manifest, ImageManifest):
             raise UnsupportedManifest(
                 f"{provider.name}: the index entry for {wanted} is not an image manifest",
@@ -349,7 +368,8 @@ def _pull(source: ImageSource, store: Store, options: PullOptions,
           progress: PullProgress | None, provider: ImageProvider, counter: BlobCounter,
           wanted: Platform, in_use: InUse, observer: PullObserver | None,
           canceller: Canceller) -> PulledImage:
-    resolved = resolve(provider, wanted)
+    recorded = recorded_digests(store, ref_name(source))
+    resolved = resolve(provider, wanted, recorded)
     manifest = resolved.manifest
     config_descriptor = manifest.config
     used = [resolved.manifest_fetched.digest, config_descriptor.digest,
@@ -358,7 +378,8 @@ def _pull(source: ImageSource, store: Store, options: PullOptions,
         used.append(resolved.index_fetched.digest)
     in_use.protect([f"image:{ref_name(source)}", *(f"blob:{d}" for d in used)])
     fetch_blob(provider, store, config_descriptor, "config", progress, counter)
-    config = parse_image_config(store.read_blob(config_descriptor.digest))
+    config = parse_image_config(store.read_blob(config_descriptor.digest),
+                                validated=resolved.manifest_fetched.digest in recorded)
     if len(config.diff_ids) != len(manifest.layers):
         raise SchemaError(
             f"{provider.name}: the manifest has {len(manifest.layers)} layers but the "

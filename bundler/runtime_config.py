@@ -32,7 +32,6 @@ from typing import Any
 
 from bundler.idmap import RootPlaceholder, detect_root_placeholder
 from bundler.rootless import SYSFS_BIND, RootlessIds, make_rootless
-from bundler.schema import validate
 from bundler.userdb import ResolvedUser, resolve_user
 from cache.errors import SchemaError, StoreError, UsageError
 from cache.store import fsync_dir
@@ -126,13 +125,21 @@ def build_runtime_config(image_config: Mapping[str, Any], rootfs: Path,
         # the same rules as for the configs Docker/Podman hand to scrun (bundler.rootless)
         config, _ = make_rootless(config, RootlessIds(options.host_uid, options.host_gid,
                                                       options.root_placeholder))
-    validate(config, "runtime-config")
+    _validate(config)
     return config
+
+
+def _validate(config: Mapping[str, Any]) -> None:
+    # imported here: jsonschema is ~40 ms of start-up, and a bundle found in the cache
+    # writes no config
+    from bundler.schema import validate
+
+    validate(config, "runtime-config")
 
 
 def write_runtime_config(bundle: Path, config: Mapping[str, Any]) -> Path:
     """Validate ``config`` and publish it as ``bundle/config.json`` (temp file, fsync, rename)."""
-    validate(config, "runtime-config")
+    _validate(config)
     target = bundle / "config.json"
     data = (json.dumps(config, indent=2, sort_keys=False) + "\n").encode("utf-8")
     try:
@@ -207,7 +214,8 @@ def _args(settings: Mapping[str, Any], options: ConfigOptions) -> list[str]:
     args = entrypoint + cmd
     if not args:
         raise UsageError("the image defines no Entrypoint or Cmd, so there is nothing to run",
-                         "give the command to run (--cmd / after --)")
+                         "give the command to run: --cmd ARG (once per argument) or "
+                         "--entrypoint ARG; with submit, after --")
     return args
 
 
