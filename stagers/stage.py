@@ -122,16 +122,20 @@ def _stage_tree(staging: Staging, source: Path, label: str, link: bool | None,
         return staging.unchanged(same.files, method)
     compared: _Compared | None = None
     if marker is not None or method == "copy":
-        compared = _compare(staging, source, method)
-        if same is not None and not identity and same.tree == compared.tree:
+        records: list[Record] = []
+        tree = walk_digest(source, records)
+        # the previous manifest is read only when the tree changed (on an unchanged tree of
+        # 100k files, reading and indexing it cost more than the walk)
+        if same is not None and not identity and same.tree == tree:
             return staging.unchanged(same.files, method)
+        compared = _compare(staging, records, tree, method)
     return _build(staging, source, label, method, identity, compared, jobs)
 
 
-def _compare(staging: Staging, source: Path, method: Method) -> _Compared:
-    """Walk ``source`` once (stat digest and entries) and load the previous manifest."""
-    records: list[Record] = []
-    tree = walk_digest(source, records)
+def _compare(staging: Staging, records: list[Record], tree: str,
+             method: Method) -> _Compared:
+    """The entries of a walk's ``records`` (stat digest ``tree``) beside the previous
+    manifest."""
     previous = staging.previous()
     before = previous.by_path() if previous is not None else {}
     # unchanged files keep their hashes from the previous manifest (never read again)
