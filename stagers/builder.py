@@ -351,17 +351,22 @@ class Builder:
         file of ours with the right mode and size, and either the very inode the previous
         version linked (verified then) or holding the right content (hashed now)."""
         pooled = f"{key[:2]}/{key}"
+        try:  # one lstat of the entry serves both checks below
+            st = os.stat(pooled, dir_fd=self._pool_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
         if self.pool.entry_problem(pooled, key, entry.size, dir_fd=self._pool_fd,
-                                   content=False) is not None:
+                                   content=False, st=st) is not None:
             return False
         old = self._old_dir(rel_dir)
         try:
             if old is not None and identity(os.stat(name, dir_fd=old, follow_symlinks=False)) \
-                    == identity(os.stat(pooled, dir_fd=self._pool_fd, follow_symlinks=False)):
+                    == identity(st):
                 return True
         except OSError:
             pass
-        return self.pool.entry_problem(pooled, key, entry.size, dir_fd=self._pool_fd) is None
+        return self.pool.entry_problem(pooled, key, entry.size, dir_fd=self._pool_fd,
+                                       st=st) is None
 
     def _link_or_copy(self, src: str, dest: str, entry: Entry, outcome: str) -> Outcome:
         """Hard-link ``src`` at ``dest``, or copy it where the link is refused (a mount point

@@ -56,15 +56,18 @@ class Pool:
             os.makedirs(os.path.join(self.root, f"{n:02x}"), exist_ok=True)
 
     def entry_problem(self, name: str, key: str, size: int | None = None, *,
-                      dir_fd: int | None = None, content: bool = True) -> str | None:
+                      dir_fd: int | None = None, content: bool = True,
+                      st: os.stat_result | None = None) -> str | None:
         """Why the pool entry ``name`` (relative to ``dir_fd``) may not be linked into a
         bundle as ``key``, or None: it must be a regular file of the caller with the key's
         mode (and ``size``) and, with ``content``, hold the key's xxh3-128. "missing" when
-        there is none."""
-        try:
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return "missing"
+        there is none. ``st``: the entry's ``lstat`` when the caller has just taken it (the
+        content read is then checked to be of that very inode)."""
+        if st is None:
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return "missing"
         content_hash, _, mode = key.rpartition("-")
         if not stat.S_ISREG(st.st_mode):
             return "not a regular file"
