@@ -252,3 +252,31 @@ def test_a_symlink_planted_in_a_writable_copy_is_not_followed_on_restage(
         staged = again.path / "rootfs" / "bin" / f"f{n}"
         assert staged.stat().st_ino != (host / "bin" / f"f{n}").stat().st_ino
     assert all((host / "bin" / f"f{n}").stat().st_nlink == 1 for n in range(40))
+
+
+@pytest.mark.parametrize("where", ["same-fs", "other-fs"])
+def test_an_unchanged_restage_does_not_read_the_previous_manifest(
+        tree: Path, tmp_path: Path, other_fs: Path, where: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stat digest is compared with the marker first: the manifest (11 MB of JSON for
+    100k files) is read only when the tree changed, and then its hashes are taken over."""
+    from stagers.session import Staging
+
+    to = tmp_path / "target" if where == "same-fs" else other_fs
+    first = _stage(tree, to, tmp_path / "cache")
+    reads: list[Path] = []
+    original = Staging.previous
+
+    def counted(self: Staging) -> object:
+        reads.append(self.final)
+        return original(self)
+
+    monkeypatch.setattr(Staging, "previous", counted)
+    again = _stage(tree, to, tmp_path / "cache")
+    assert (again.unchanged, again.copied, again.linked) == (first.files, 0, 0)
+    assert reads == []
+    (tree / "rootfs" / "bin" / "f3").write_bytes(b"changed\n")
+    changed = _stage(tree, to, tmp_path / "cache")
+    assert reads == [first.path]
+    assert changed.unchanged == first.files - 1
+    assert _tree_view(changed.path) == _tree_view(tree)
