@@ -211,6 +211,8 @@ def plot(results: dict[str, Any], path: Path) -> bool:
         print("bench: matplotlib is not installed (pip install -e '.[bench]'): no plot",
               file=sys.stderr)
         return False
+    if not any(p["axes"] for p in results["points"]):
+        return False  # --set big: two points, no axis to draw
     figure, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     for ax, axis, key, label in ((axes[0], "files", "files", "files"),
                                  (axes[1], "bytes", "size", "uncompressed MB")):
