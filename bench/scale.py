@@ -42,6 +42,7 @@ from bench.bundle import (
     drop_page_cache,
     ocistage_env,
     ocistage_script,
+    podman_usable,
     run_floor,
     run_ocistage_cold,
     run_podman,
@@ -126,7 +127,7 @@ def bench_point(image: BuiltImage, ref: str, registry: str, reps: int, work: Wor
         "floor": lambda: run_floor(image, registry, work),
         "skopeo+umoci": lambda: run_skopeo_umoci(ref, work),
     }
-    if shutil.which("podman"):
+    if podman_usable():
         runners["podman"] = lambda: run_podman(ref, work)
     runners = {name: run for name, run in runners.items() if name in tools}
     samples: dict[str, list[Sample]] = {name: [] for name in runners}
