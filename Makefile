@@ -74,9 +74,25 @@ example: deps
 		cp -r examples/my-image-project "$$dir/" && cd "$$dir/my-image-project" && \
 		PATH="$(RUN_PATH)" $(VENV_BIN)/python -m pytest -q -p no:cacheprovider
 
-bench:  deps ## benchmarks (bench/README.md): bundle vs skopeo+umoci and the floor; stage vs rsync
+# benchmarks only: podman as a peer, matplotlib for the scale plot (tests need neither)
+BENCH_PACKAGES = podman
+BENCH_STAMP = .ci/state/bench-deps.stamp
+SCALE_SET ?= quick
+
+$(BENCH_STAMP): Makefile
+	@missing=$$(for p in $(BENCH_PACKAGES); do \
+		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed$$' \
+			|| echo $$p; done); \
+	if [ -n "$$missing" ]; then echo "installing" $$missing; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends $$missing >/dev/null; fi
+	$(VENV_BIN)/python -m pip install -q -e '.[test,bench]'
+	@mkdir -p $(dir $@) && touch $@
+
+bench:  deps $(BENCH_STAMP) ## benchmarks (bench/README.md): bundle vs peers and the floor; stage vs rsync; scale
 	PATH="$(RUN_PATH)" $(VENV_BIN)/python -m bench bundle
 	PATH="$(RUN_PATH)" $(VENV_BIN)/python -m bench stage
+	PATH="$(RUN_PATH)" $(VENV_BIN)/python -m bench scale --set $(SCALE_SET)
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build *.egg-info

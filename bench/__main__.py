@@ -3,8 +3,10 @@ bench/README.md).
 
 ``bundle`` (the default) compares cold/warm ``ocistage bundle`` with ``skopeo copy`` +
 ``umoci unpack --rootless`` and the ``curl | gzip -dc | tar -x`` floor; ``stage`` runs
-``bench/stage.py`` (staging vs ``rsync -a``) when that module is present; ``slurm`` stages on 1
-and 3 nodes of the Slurm 24.05 test cluster (``bench/slurm.py``).
+``bench/stage.py`` (staging vs ``rsync -a``) when that module is present; ``scale`` times
+cold bundles and first stages of synthetic images from 1k to 300k files and 100 MB to 10 GB
+(``bench/scale.py``); ``slurm`` stages on 1 and 3 nodes of the Slurm 24.05 test cluster
+(``bench/slurm.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ def main(argv: list[str]) -> int:
         from bench.slurm import main as slurm_main
 
         return slurm_main(argv[1:])
+    if argv and argv[0] == "scale":
+        from bench.scale import main as scale_main
+
+        return scale_main(argv[1:])
     if argv and argv[0] == "stage":
         try:
             stage = importlib.import_module("bench.stage")

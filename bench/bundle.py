@@ -8,7 +8,8 @@ For each image the harness runs, alternating the order of the tools between repe
 - ``podman``         ``podman pull`` (layers unpacked into its overlay storage) + ``podman
                      image mount`` (the rootfs as a mounted tree), with a private storage
                      root, as root (only when Debian's podman is installed)
-- ``floor``          per layer ``curl BLOB | gzip -dc | tar -x`` (``zstd -dc`` for zstd), summed
+- ``floor``          per layer ``curl BLOB | gzip -dc | tar -x`` (``zstd -dc --long=31`` for
+                     zstd), summed
 - ``cold cache``     cold ``ocistage bundle REF`` into the cache (snapshot + hard-linked bundle)
 - ``warm``           ``ocistage bundle REF NEWDEST`` again, with the cache of a cold run
 - ``warm --link``    the same with ``--link`` (hard links from the snapshot, read-only root);
@@ -63,28 +64,57 @@ class Registry:
     process: subprocess.Popen[bytes]
 
 
+# Runs one command and reports its wall time and wait4's peak RSS through a pipe. A process's
+# ru_maxrss includes the RSS of the process it was forked from, as it was at fork/exec: forked
+# from this harness (~45 MB of Python) every tool would show at least that. This launcher is a
+# Python without site (~7 MB here): that is the floor of every RSS the harness reports.
+LAUNCHER = """
+import os, sys, time
+fd = int(sys.argv[1])
+start = time.perf_counter()
+try:
+    pid = os.posix_spawnp(sys.argv[2], sys.argv[2:], os.environ)
+except OSError as exc:
+    os.write(2, f"{sys.argv[2]}: {exc}\\n".encode())
+    sys.exit(127)
+_, status, usage = os.wait4(pid, 0)
+os.write(fd, f"{time.perf_counter() - start} {usage.ru_maxrss}".encode())
+code = os.waitstatus_to_exitcode(status)
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
 def run_timed(argv: list[str], env: dict[str, str] | None = None,
               sync: bool = True) -> tuple[float, int, str]:
     """Run ``argv``; (wall seconds, peak RSS in KiB of the largest process, stdout).
 
     Dirty data of earlier runs is written back first (``sync``): otherwise its writeback
     competes with this run's file creations (measured: a warm run right after a cold one took
-    twice as long as the cold one, every ``open(O_CREAT)`` waiting on the journal).
+    twice as long as the cold one, every ``open(O_CREAT)`` waiting on the journal). The time
+    and the RSS are taken by :data:`LAUNCHER` around the command alone.
     """
     if sync:
         os.sync()
-    start = time.perf_counter()
-    process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out = process.stdout.read() if process.stdout else b""
-    err = process.stderr.read() if process.stderr else b""
-    _, status, usage = os.wait4(process.pid, 0)
-    elapsed = time.perf_counter() - start
-    process.returncode = os.waitstatus_to_exitcode(status)
-    if process.returncode != 0:
+    read_end, write_end = os.pipe()
+    try:
+        process = subprocess.Popen([sys.executable, "-I", "-S", "-c", LAUNCHER, str(write_end),
+                                    *argv], env=env, stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   pass_fds=(write_end,))
+        os.close(write_end)
+        write_end = -1
+        out, err = process.communicate()
+        with os.fdopen(read_end, "rb") as report:
+            read_end = -1
+            measured = report.read().split()
+    finally:
+        for fd in (read_end, write_end):
+            if fd >= 0:
+                os.close(fd)
+    if process.returncode != 0 or len(measured) != 2:
         raise RuntimeError(f"{shlex.join(argv)} exited {process.returncode}:\n"
                            f"{err.decode(errors='replace')[-3000:]}")
-    return elapsed, usage.ru_maxrss, out.decode()
+    return float(measured[0]), int(measured[1]), out.decode()
 
 
 def drop_page_cache() -> bool:
@@ -274,7 +304,7 @@ def run_floor(image: BuiltImage, registry: str, work: Workspace) -> Sample:
     total, peak = 0.0, 0
     for n, (digest, compression) in enumerate(image.layers):
         url = f"http://{registry}/v2/bench/{image.name}/blobs/{digest}"
-        decompress = "gzip -dc" if compression == "gzip" else "zstd -dc"
+        decompress = "gzip -dc" if compression == "gzip" else "zstd -dc --long=31"
         pipeline = (f"set -o pipefail; curl -sf {shlex.quote(url)} | {decompress} | "
                     f"tar -x --no-same-owner -C {shlex.quote(str(target))}")
         seconds, rss, _ = run_timed(["bash", "-c", pipeline], sync=n == 0)  # as one run

@@ -8,7 +8,8 @@ member after another (``pigz`` and some builders write multi-member files); zstd
 plain tar. bzip2 and xz are recognised and refused.
 
 Memory stays bounded whatever the input: each ``read`` decompresses at most the requested number
-of bytes (``max_length``), so a small highly compressed blob cannot balloon in memory.
+of bytes (``max_length``), so a small highly compressed blob cannot balloon in memory; a zstd
+frame's window (the history its decoder keeps) may be at most :data:`ZSTD_MAX_WINDOW`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _REFUSED = {b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
 
 CHUNK = 1 << 20
+# The largest zstd window accepted (zstd's own default limit, ``--long=27``). A frame's window
+# is history the decoder must hold in memory whatever the read size: a layer compressed with
+# ``--long=27`` costs 128 MiB of RSS while it is read (``zstd -dc`` itself: ~132 MB).
+ZSTD_MAX_WINDOW = 1 << 27
 _HINT = "the layer blob is corrupt or truncated; remove it from the cache and pull again"
 
 
@@ -181,7 +186,7 @@ class _ZstdReader(_Decoder):
         super().__init__()
 
     def _decode(self) -> Iterator[bytes]:
-        decompressor = zstandard.ZstdDecompressor()
+        decompressor = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW)
         source: BinaryIO = self._source  # type: ignore[assignment]
         reader = decompressor.stream_reader(source, read_size=CHUNK,
                                             read_across_frames=True, closefd=False)
@@ -190,6 +195,12 @@ class _ZstdReader(_Decoder):
                 try:
                     out = reader.read(CHUNK)
                 except zstandard.ZstdError as exc:
+                    if "too much memory" in str(exc):
+                        raise LayerError(
+                            f"zstd layer needs a decompression window larger than "
+                            f"{ZSTD_MAX_WINDOW >> 20} MiB, the most ocistage holds in memory",
+                            "recompress the layer with a smaller window (zstd --long=27 or "
+                            "less; the default level's window is 8 MiB or less)") from exc
                     raise LayerError(f"zstd layer is corrupt: {exc}", _HINT) from exc
                 if not out:
                     return

@@ -125,6 +125,30 @@ def test_zstd_streaming_compressor_output() -> None:
     assert read_all(open_layer_stream(io.BytesIO(out.getvalue()))) == PAYLOAD
 
 
+def _zstd_with_window(window_log: int) -> bytes:
+    """PAYLOAD in one frame that declares a window of 2**window_log (no content size, as a
+    streaming compressor writes it, so the decoder cannot shrink the window)."""
+    params = zstandard.ZstdCompressionParameters(window_log=window_log, enable_ldm=True,
+                                                 write_content_size=False)
+    out = io.BytesIO()
+    with zstandard.ZstdCompressor(compression_params=params).stream_writer(
+            out, closefd=False) as writer:
+        writer.write(PAYLOAD)
+    blob = out.getvalue()
+    assert zstandard.get_frame_parameters(blob).window_size == 1 << window_log
+    return blob
+
+
+def test_zstd_long_window_up_to_the_limit_is_read() -> None:
+    assert read_all(open_layer_stream(io.BytesIO(_zstd_with_window(27)))) == PAYLOAD
+
+
+def test_zstd_window_over_the_limit_is_refused_with_its_reason() -> None:
+    with pytest.raises(LayerError, match="window larger than 128 MiB") as raised:
+        read_all(open_layer_stream(io.BytesIO(_zstd_with_window(28))))
+    assert "--long=27" in raised.value.hint
+
+
 def test_zstd_corrupt_is_an_error() -> None:
     blob = bytearray(zstandard.ZstdCompressor(write_checksum=True).compress(PAYLOAD))
     blob[1000] ^= 0xFF

@@ -1,0 +1,322 @@
+"""``python -m bench scale``: how cold bundling and first staging grow with files and bytes.
+
+Synthetic images (:mod:`bench.synthetic`, seeded, cached) are pushed to a ``docker-registry`` on
+127.0.0.1 and, for each size point, these run with a cold page cache (when it can be dropped)
+and an empty store, one tool after the other, in alternating order between repetitions:
+
+- ``ocistage``      cold ``ocistage bundle REF DEST``
+- ``floor``         per layer ``curl BLOB | gzip -dc | tar -x`` (``zstd -dc --long=31``), summed
+- ``skopeo+umoci``  ``skopeo copy`` then ``umoci unpack --rootless``
+- ``podman``        ``podman pull`` + ``podman image mount`` (when podman is installed)
+- ``stage``         ``ocistage stage BUNDLE --to /dev/shm/...`` (first stage, CLI process) of
+                    a bundle made beforehand, and ``rsync -a`` of the same tree to /dev/shm;
+                    one tree on tmpfs at a time, removed right after
+
+Peak RSS is ``wait4``'s ``ru_maxrss`` (the largest process of each command). Size sets:
+``--set quick`` (100 MB to 1 GB, 1k to 30k files, a zstd --long=27 point), ``full`` (100 MB to
+10 GB, 1k to 300k files, the 10 GB / 300k image in gzip and zstd) and ``big`` (only the latter).
+Results: ``bench/results/scale-<UTC>.json``; the Markdown table and the PNG plot
+(``bench/results/scale-<UTC>.png``, copied to ``bench/scale-<set>.png``; time vs files and time
+vs bytes per tool) are made from it, and again from any such JSON with ``--replot FILE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.bundle import (
+    RESULTS,
+    Sample,
+    Workspace,
+    drop_page_cache,
+    ocistage_env,
+    ocistage_script,
+    podman_usable,
+    run_floor,
+    run_ocistage_cold,
+    run_podman,
+    run_skopeo_umoci,
+    run_timed,
+    running_registry,
+)
+from bench.images import MB, BuiltImage, cache_root, push
+from bench.synthetic import SynthSpec, build_synthetic
+from cache.fsops import remove_tree
+
+GB = 1024 * MB
+TOOLS = ("ocistage", "floor", "skopeo+umoci", "podman")
+SHM = Path("/dev/shm")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One image size; ``axes``: which plot(s) it belongs to ("files", "bytes")."""
+
+    files: int
+    size: int
+    compression: str = "gzip"
+    axes: tuple[str, ...] = ("files", "bytes")
+
+    @property
+    def spec(self) -> SynthSpec:
+        return SynthSpec(self.files, self.size)
+
+
+def _files_axis(size: int, counts: tuple[int, ...]) -> list[Point]:
+    return [Point(count, size, axes=("files",)) for count in counts]
+
+
+def _bytes_axis(files: int, sizes: tuple[int, ...]) -> list[Point]:
+    return [Point(files, size, axes=("bytes",)) for size in sizes]
+
+
+SETS: dict[str, list[Point]] = {
+    "quick": [*_files_axis(100 * MB, (1_000, 10_000, 30_000)),
+              *_bytes_axis(10_000, (300 * MB, 1 * GB)),
+              Point(10_000, 300 * MB, "zstd", axes=())],
+    "full": [*_files_axis(1 * GB, (1_000, 10_000, 100_000, 300_000)),
+             *_bytes_axis(30_000, (100 * MB, 1 * GB, 3 * GB)),
+             Point(300_000, 10 * GB, axes=("bytes",)),
+             Point(300_000, 10 * GB, "zstd", axes=())],
+    "big": [Point(300_000, 10 * GB, axes=()), Point(300_000, 10 * GB, "zstd", axes=())],
+}
+# a point of the quick files axis (100 MB, 10k files) is also the start of its bytes axis
+SETS["quick"][1] = Point(10_000, 100 * MB, axes=("files", "bytes"))
+
+
+def _stage(bundle: Path, work: Workspace, name: str) -> dict[str, Sample]:
+    """First ``ocistage stage`` of ``bundle`` onto tmpfs vs ``rsync -a``, one tree at a time."""
+    out: dict[str, Sample] = {}
+    target = SHM / f"ocistage-bench-scale-{os.getpid()}"
+    home = work.root / "home"
+    home.mkdir(exist_ok=True)
+    try:
+        for tool in ("stage", "rsync"):
+            remove_tree(target)
+            target.mkdir()
+            if tool == "stage":
+                argv = [ocistage_script(), "stage", str(bundle), "--to", str(target / "to"),
+                        "--name", name, "-q"]
+                env = ocistage_env(work.root / "stage-cache", home)
+            else:
+                argv = ["rsync", "-a", f"{bundle}/", f"{target / 'rsync'}/"]
+                env = None
+            seconds, rss, _ = run_timed(argv, env=env)
+            out[f"{tool} tmpfs" if tool == "stage" else "rsync tmpfs"] = Sample(seconds, rss)
+    finally:
+        remove_tree(target)
+        remove_tree(work.root / "stage-cache")
+    return out
+
+
+def bench_point(image: BuiltImage, ref: str, registry: str, reps: int, work: Workspace,
+                can_drop: bool, stage: bool, tools: set[str]) -> dict[str, list[Sample]]:
+    runners = {
+        "ocistage": lambda: run_ocistage_cold(ref, work),
+        "floor": lambda: run_floor(image, registry, work),
+        "skopeo+umoci": lambda: run_skopeo_umoci(ref, work),
+    }
+    if podman_usable():
+        runners["podman"] = lambda: run_podman(ref, work)
+    runners = {name: run for name, run in runners.items() if name in tools}
+    samples: dict[str, list[Sample]] = {name: [] for name in runners}
+    for rep in range(reps):
+        names = list(runners) if rep % 2 == 0 else list(reversed(runners))
+        for name in names:
+            if can_drop:
+                drop_page_cache()
+            try:
+                samples[name].append(runners[name]())
+            except RuntimeError as exc:
+                print(f"bench: {image.name}/{name} failed: {exc}", flush=True)
+                samples[name].append(Sample(float("nan"), 0, {"error": str(exc)[:500]}))
+            finally:
+                work.clear()
+            print(f"  {image.name} {name}: {samples[name][-1].seconds:.2f} s, "
+                  f"{samples[name][-1].max_rss_kib / 1024:.0f} MB", flush=True)
+    if stage and image.uncompressed < _shm_free() // 3:
+        bundle = work.fresh("stage-bundle")
+        run_ocistage_cold_into(ref, bundle, work)
+        for _ in range(reps):
+            for name, sample in _stage(bundle, work, "scale").items():
+                samples.setdefault(name, []).append(sample)
+                print(f"  {image.name} {name}: {sample.seconds:.2f} s, "
+                      f"{sample.max_rss_kib / 1024:.0f} MB", flush=True)
+        work.clear()
+    return samples
+
+
+def run_ocistage_cold_into(ref: str, dest: Path, work: Workspace) -> None:
+    home = work.root / "home"
+    home.mkdir(exist_ok=True)
+    run_timed([ocistage_script(), "bundle", "-q", ref, str(dest)],
+              env=ocistage_env(work.fresh("cache"), home))
+
+
+def _shm_free() -> int:
+    try:
+        usage = shutil.disk_usage(SHM)
+    except OSError:
+        return 0
+    return usage.free
+
+
+def _median(samples: list[dict[str, Any]]) -> dict[str, float]:
+    return {"seconds": statistics.median(s["seconds"] for s in samples),
+            "max_rss_mb": max(s["max_rss_kib"] for s in samples) / 1024}
+
+
+def render_table(results: dict[str, Any]) -> str:
+    """The Markdown table of a results document: one row per point, a column per tool."""
+    tools = [t for t in (*TOOLS, "stage tmpfs", "rsync tmpfs")
+             if any(t in p["samples"] for p in results["points"])]
+    head = ["image", "files", "MB", "entries"] + [f"{t} s (MB)" for t in tools]
+    head += ["ocistage/floor", "stage/rsync"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" for _ in head) + "|"]
+    for point in results["points"]:
+        medians = {t: _median(v) for t, v in point["samples"].items()}
+        row = [point["compression"], str(point["files"]), str(point["size"] // MB),
+               str(point["entries"])]
+        for tool in tools:
+            if tool in medians:
+                row.append(f"{medians[tool]['seconds']:.2f} ({medians[tool]['max_rss_mb']:.0f})")
+            else:
+                row.append("")
+        for a, b in (("ocistage", "floor"), ("stage tmpfs", "rsync tmpfs")):
+            if a in medians and b in medians and medians[b]["seconds"]:
+                row.append(f"{medians[a]['seconds'] / medians[b]['seconds']:.2f}")
+            else:
+                row.append("")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: Path) -> bool:
+    """Time vs files and time vs bytes, one line per tool, log-log; False without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench: matplotlib is not installed (pip install -e '.[bench]'): no plot",
+              file=sys.stderr)
+        return False
+    if not any(p["axes"] for p in results["points"]):
+        return False  # --set big: two points, no axis to draw
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ax, axis, key, label in ((axes[0], "files", "files", "files"),
+                                 (axes[1], "bytes", "size", "uncompressed MB")):
+        points = sorted((p for p in results["points"]
+                         if axis in p["axes"] and p["compression"] == "gzip"),
+                        key=lambda p: p[key])
+        tools = [t for t in (*TOOLS, "stage tmpfs", "rsync tmpfs")
+                 if any(t in p["samples"] for p in points)]
+        for tool in tools:
+            xs, ys = [], []
+            for point in points:
+                if tool in point["samples"]:
+                    value = _median(point["samples"][tool])["seconds"]
+                    if value == value:  # not NaN
+                        xs.append(point[key] / (MB if key == "size" else 1))
+                        ys.append(value)
+            ax.plot(xs, ys, marker="o", label=tool)
+        if points:
+            fixed = (f"{points[0]['size'] // MB} MB" if axis == "files"
+                     else f"{points[0]['files']} files")
+            ax.set_title(f"time vs {axis} (gzip, {fixed})")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(label)
+        ax.set_ylabel("seconds (median)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    figure.suptitle(f"ocistage bench scale, {results['date']}, load {results['load']}",
+                    fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    return True
+
+
+def report(results: dict[str, Any], stem: Path) -> None:
+    table = render_table(results)
+    stem.with_suffix(".md").write_text(
+        f"`{results['command']}` ({results['date']}, load {results['load']}, "
+        f"{results['machine']})\n\n{table}\n")
+    plotted = plot(results, stem.with_suffix(".png"))
+    if plotted:  # bench/results/ is not kept in git: the README shows bench/scale-<set>.png
+        shutil.copyfile(stem.with_suffix(".png"),
+                        Path(__file__).parent / f"scale-{results.get('set', 'quick')}.png")
+    print(table)
+    print(f"bench: {stem.with_suffix('.json')}, {stem.with_suffix('.md')}"
+          + (f", {stem.with_suffix('.png')}" if plotted else ""))
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench scale", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--set", choices=sorted(SETS), default="full", help="size set [full]")
+    parser.add_argument("--quick", action="store_const", const="quick", dest="set",
+                        help="the same as --set quick")
+    parser.add_argument("--reps", type=int, default=1, help="repetitions per tool [1]")
+    parser.add_argument("--no-stage", action="store_true", help="skip stage vs rsync")
+    parser.add_argument("--tools", default=",".join(TOOLS),
+                        help=f"comma-separated subset of {','.join(TOOLS)}")
+    parser.add_argument("--replot", type=Path, metavar="JSON",
+                        help="only make the table and the PNG again from a results file")
+    args = parser.parse_args(argv)
+    if args.replot:
+        report(json.loads(args.replot.read_text()), args.replot.with_suffix(""))
+        return 0
+    points = SETS[args.set]
+    # a TERM (kill PID) ends the run through the finally clauses: registry stopped, tmpfs and
+    # scratch trees removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    tools = set(args.tools.split(","))
+    root = cache_root()
+    work = Workspace(root / "scale-work")
+    can_drop = drop_page_cache()
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    results: dict[str, Any] = {
+        "command": "python -m bench scale " + " ".join(argv),
+        "set": args.set,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+        "machine": f"{os.cpu_count()} CPUs, page cache {'dropped' if can_drop else 'warm'}",
+        "points": [],
+    }
+    RESULTS.mkdir(exist_ok=True)
+    stem = RESULTS / f"scale-{stamp}"
+    try:
+        with running_registry(root / "scale-registry" / "storage") as registry:
+            for point in points:
+                image = build_synthetic(point.spec, (point.compression,))[point.compression]
+                ref = push(image, registry.host)
+                print(f"bench: {image.name} ({image.entries} entries, "
+                      f"{image.compressed // MB} MB compressed)", flush=True)
+                samples = bench_point(image, ref, registry.host, max(1, args.reps), work,
+                                      can_drop, not args.no_stage, tools)
+                results["points"].append({
+                    "files": point.files, "size": point.size, "compression": point.compression,
+                    "axes": list(point.axes), "name": image.name, "entries": image.entries,
+                    "compressed": image.compressed,
+                    "samples": {k: [asdict(s) for s in v] for k, v in samples.items()}})
+                stem.with_suffix(".json").write_text(json.dumps(results, indent=2))
+    finally:
+        remove_tree(work.root)
+    results["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    stem.with_suffix(".json").write_text(json.dumps(results, indent=2))
+    report(results, stem)
+    subprocess.run(["df", "-h", str(root)], check=False)
+    return 0
