@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -347,6 +347,31 @@ def _median(samples: list[Sample]) -> Sample:
                   max(s.max_rss_kib for s in samples), middle.detail)
 
 
+def run_alternating(label: str, runners: dict[str, Callable[[], Sample]], reps: int,
+                    work: Workspace, cold: Callable[[str], bool],
+                    report: bool = False) -> dict[str, list[Sample]]:
+    """Run every runner ``reps`` times, alternating the order between repetitions (A B C,
+    then C B A); the page cache is dropped before a run ``cold(name)`` says is cold; a
+    failure is a NaN sample with its message; ``report``: a line per sample as it comes."""
+    samples: dict[str, list[Sample]] = {name: [] for name in runners}
+    for rep in range(reps):
+        order = list(runners) if rep % 2 == 0 else list(reversed(runners))
+        for name in order:
+            if cold(name):
+                drop_page_cache()
+            try:
+                samples[name].append(runners[name]())
+            except RuntimeError as exc:
+                print(f"bench: {label}/{name} failed: {exc}", flush=True)
+                samples[name].append(Sample(float("nan"), 0, {"error": str(exc)[:500]}))
+            finally:
+                work.clear()
+            if report:
+                print(f"  {label} {name}: {samples[name][-1].seconds:.2f} s, "
+                      f"{samples[name][-1].max_rss_kib / 1024:.0f} MB", flush=True)
+    return samples
+
+
 def bench_image(image: BuiltImage, registry: str, reps: int, work: Workspace,
                 can_drop: bool, all_images: dict[str, str]) -> dict[str, Any]:
     ref = all_images[image.name]
@@ -365,20 +390,8 @@ def bench_image(image: BuiltImage, registry: str, reps: int, work: Workspace,
     runners["warm cached"] = lambda: run_warm_cached(ref, work)
     if image.name == "derived" and "multi" in all_images:
         runners["shared"] = lambda: run_shared(all_images["multi"], ref, work)
-    samples: dict[str, list[Sample]] = {name: [] for name in runners}
-    names = list(runners)
-    for rep in range(reps):
-        order = names if rep % 2 == 0 else list(reversed(names))
-        for name in order:
-            if can_drop and name in COLD_RUNS:
-                drop_page_cache()
-            try:
-                samples[name].append(runners[name]())
-            except RuntimeError as exc:
-                print(f"bench: {image.name}/{name} failed: {exc}", flush=True)
-                samples[name].append(Sample(float("nan"), 0, {"error": str(exc)[:500]}))
-            finally:
-                work.clear()
+    samples = run_alternating(image.name, runners, reps, work,
+                              cold=lambda name: can_drop and name in COLD_RUNS)
     medians = {name: _median(values) for name, values in samples.items()}
     return {"image": {k: v for k, v in asdict(image).items() if k != "layout"},
             "samples": {name: [asdict(s) for s in values] for name, values in samples.items()},

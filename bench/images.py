@@ -249,6 +249,28 @@ def _build_layer(layout: _Layout, spec: LayerSpec, compression: str,
     return digest, diff_id, entries, size, compressed
 
 
+def add_image(layout: _Layout, name: str, layers: list[tuple[str, str, int]],
+              compression: str, *, env_path: str, cmd: str, history: str) -> str:
+    """Write the config and manifest of an image whose ``layers`` (digest, diff_id, packed
+    size) are in ``layout`` already, and tag it ``name``; returns the manifest digest."""
+    config = {
+        "architecture": "amd64", "os": "linux",
+        "config": {"Env": [f"PATH={env_path}"], "Cmd": [cmd]},
+        "rootfs": {"type": "layers", "diff_ids": [diff_id for _, diff_id, _ in layers]},
+        "history": [{"created_by": f"{history} layer {n}"} for n in range(len(layers))],
+    }
+    config_digest, config_size = layout.add_json(config)
+    manifest = {
+        "schemaVersion": 2, "mediaType": MEDIA_MANIFEST,
+        "config": {"mediaType": MEDIA_CONFIG, "digest": config_digest, "size": config_size},
+        "layers": [{"mediaType": MEDIA_LAYER[compression], "digest": digest, "size": size}
+                   for digest, _, size in layers],
+    }
+    manifest_digest, manifest_size = layout.add_json(manifest)
+    layout.tag(name, manifest_digest, manifest_size)
+    return manifest_digest
+
+
 def build_image(layout: _Layout, spec: ImageSpec, work: Path,
                 layer_cache: dict[tuple[LayerSpec, str], tuple[str, str, int, int, int]]
                 ) -> BuiltImage:
@@ -258,22 +280,10 @@ def build_image(layout: _Layout, spec: ImageSpec, work: Path,
         if key not in layer_cache:
             layer_cache[key] = _build_layer(layout, layer, spec.compression, work)
         layers.append(layer_cache[key])
-    config = {
-        "architecture": "amd64", "os": "linux",
-        "config": {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin"], "Cmd": ["/usr/bin/true"]},
-        "rootfs": {"type": "layers", "diff_ids": [layer[1] for layer in layers]},
-        "history": [{"created_by": f"ocistage bench {spec.name} layer {n}"}
-                    for n in range(len(layers))],
-    }
-    config_digest, config_size = layout.add_json(config)
-    manifest = {
-        "schemaVersion": 2, "mediaType": MEDIA_MANIFEST,
-        "config": {"mediaType": MEDIA_CONFIG, "digest": config_digest, "size": config_size},
-        "layers": [{"mediaType": MEDIA_LAYER[spec.compression], "digest": layer[0],
-                    "size": layer[4]} for layer in layers],
-    }
-    manifest_digest, manifest_size = layout.add_json(manifest)
-    layout.tag(spec.name, manifest_digest, manifest_size)
+    manifest_digest = add_image(
+        layout, spec.name, [(layer[0], layer[1], layer[4]) for layer in layers],
+        spec.compression, env_path="/usr/local/bin:/usr/bin:/bin", cmd="/usr/bin/true",
+        history=f"ocistage bench {spec.name}")
     return BuiltImage(spec.name, layout.path, manifest_digest,
                       tuple((layer[0], spec.compression) for layer in layers),
                       tuple(layer[1] for layer in layers),
@@ -281,11 +291,8 @@ def build_image(layout: _Layout, spec: ImageSpec, work: Path,
                       sum(layer[4] for layer in layers))
 
 
-def build_all(names: list[str], root: Path | None = None) -> dict[str, BuiltImage]:
-    """The named bench images, built on first use and reused from the cache afterwards."""
-    root = root or cache_root()
-    directory = root / f"images-v{BUILDER_VERSION}"
-    described = directory / "images.json"
+def read_built(described: Path) -> dict[str, BuiltImage]:
+    """The images an ``images.json`` describes (none if it is not there yet)."""
     known: dict[str, BuiltImage] = {}
     if described.is_file():
         for name, fields in json.loads(described.read_text()).items():
@@ -293,6 +300,15 @@ def build_all(names: list[str], root: Path | None = None) -> dict[str, BuiltImag
             fields["layers"] = tuple(tuple(layer) for layer in fields["layers"])
             fields["diff_ids"] = tuple(fields["diff_ids"])
             known[name] = BuiltImage(**fields)
+    return known
+
+
+def build_all(names: list[str], root: Path | None = None) -> dict[str, BuiltImage]:
+    """The named bench images, built on first use and reused from the cache afterwards."""
+    root = root or cache_root()
+    directory = root / f"images-v{BUILDER_VERSION}"
+    described = directory / "images.json"
+    known = read_built(described)
     missing = [name for name in names if name not in known]
     if missing:
         directory.mkdir(parents=True, exist_ok=True)

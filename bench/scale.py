@@ -43,6 +43,7 @@ from bench.bundle import (
     ocistage_env,
     ocistage_script,
     podman_usable,
+    run_alternating,
     run_floor,
     run_ocistage_cold,
     run_podman,
@@ -130,21 +131,8 @@ def bench_point(image: BuiltImage, ref: str, registry: str, reps: int, work: Wor
     if podman_usable():
         runners["podman"] = lambda: run_podman(ref, work)
     runners = {name: run for name, run in runners.items() if name in tools}
-    samples: dict[str, list[Sample]] = {name: [] for name in runners}
-    for rep in range(reps):
-        names = list(runners) if rep % 2 == 0 else list(reversed(runners))
-        for name in names:
-            if can_drop:
-                drop_page_cache()
-            try:
-                samples[name].append(runners[name]())
-            except RuntimeError as exc:
-                print(f"bench: {image.name}/{name} failed: {exc}", flush=True)
-                samples[name].append(Sample(float("nan"), 0, {"error": str(exc)[:500]}))
-            finally:
-                work.clear()
-            print(f"  {image.name} {name}: {samples[name][-1].seconds:.2f} s, "
-                  f"{samples[name][-1].max_rss_kib / 1024:.0f} MB", flush=True)
+    samples = run_alternating(image.name, runners, reps, work, cold=lambda _: can_drop,
+                              report=True)
     if stage and image.uncompressed < _shm_free() // 3:
         bundle = work.fresh("stage-bundle")
         run_ocistage_cold_into(ref, bundle, work)

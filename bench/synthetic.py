@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from bench.images import MB, BuiltImage, _Layout, cache_root
+from bench.images import MB, BuiltImage, _Layout, add_image, cache_root, read_built
 
 GENERATOR_VERSION = 1
 MAX_FILE = 64 * MB
@@ -43,8 +43,6 @@ LAYER_SHARES = {1: (1.0,), 2: (0.6, 0.4), 3: (0.5, 0.3, 0.2), 4: (0.5, 0.25, 0.1
 MTIME = 1_700_000_000
 COMPRESSORS = {"gzip": ["gzip", "-6", "-n", "-c"],
                "zstd": ["zstd", "-3", "--long=27", "-q", "-c", "-T1"]}
-MEDIA_LAYER = {"gzip": "application/vnd.oci.image.layer.v1.tar+gzip",
-               "zstd": "application/vnd.oci.image.layer.v1.tar+zstd"}
 WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed",
          "do", "eiusmod", "tempor", "incididunt", "ut", "labore", "et", "dolore", "magna",
          "aliqua", "usr", "lib", "share", "doc", "include", "bin", "config", "module", "python",
@@ -181,23 +179,10 @@ def _build(spec: SynthSpec, compressions: tuple[str, ...], layout: _Layout,
     built = {}
     for compression, layer_list in layers.items():
         name = f"{spec.name}-{compression}"
-        config = {
-            "architecture": "amd64", "os": "linux",
-            "config": {"Env": ["PATH=/usr/bin:/bin"], "Cmd": ["/bin/true"]},
-            "rootfs": {"type": "layers", "diff_ids": [layer[1] for layer in layer_list]},
-            "history": [{"created_by": f"ocistage bench synthetic {name} layer {n}"}
-                        for n in range(len(layer_list))],
-        }
-        config_digest, config_size = layout.add_json(config)
-        manifest = {
-            "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                       "digest": config_digest, "size": config_size},
-            "layers": [{"mediaType": MEDIA_LAYER[compression], "digest": layer[0],
-                        "size": layer[3]} for layer in layer_list],
-        }
-        manifest_digest, manifest_size = layout.add_json(manifest)
-        layout.tag(name, manifest_digest, manifest_size)
+        manifest_digest = add_image(
+            layout, name, [(layer[0], layer[1], layer[3]) for layer in layer_list],
+            compression, env_path="/usr/bin:/bin", cmd="/bin/true",
+            history=f"ocistage bench synthetic {name}")
         built[compression] = BuiltImage(
             name, layout.path, manifest_digest,
             tuple((layer[0], compression) for layer in layer_list),
@@ -211,13 +196,7 @@ def build_synthetic(spec: SynthSpec, compressions: tuple[str, ...],
     """The image of ``spec`` in each compression, built once (one tar pass) and cached."""
     directory = (root or cache_root()) / f"scale-v{GENERATOR_VERSION}"
     described = directory / "images.json"
-    known: dict[str, BuiltImage] = {}
-    if described.is_file():
-        for name, fields in json.loads(described.read_text()).items():
-            fields["layout"] = Path(fields["layout"])
-            fields["layers"] = tuple(tuple(layer) for layer in fields["layers"])
-            fields["diff_ids"] = tuple(fields["diff_ids"])
-            known[name] = BuiltImage(**fields)
+    known = read_built(described)
     missing = tuple(c for c in compressions if f"{spec.name}-{c}" not in known)
     if missing:
         directory.mkdir(parents=True, exist_ok=True)
