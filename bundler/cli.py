@@ -325,9 +325,9 @@ def run(argv: Sequence[str]) -> int:
             traceback.print_exc()
         render_error(_os_error_text(error), "rerun with -v for details")
         return 1
+    except _CLICK_ERROR as error:
+        return _render_usage_error(error, argv)
     except Exception as error:  # the boundary: no traceback unless asked
-        if isinstance(error, _CLICK_ERROR):
-            return _render_usage_error(error, argv)
         if type(error).__name__ == "Abort":  # click's: end of input at a prompt
             render_error("aborted", None)
             return 1

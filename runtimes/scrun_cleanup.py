@@ -42,8 +42,7 @@ def cleanup_job_options(job_id: str, *, node: str | None,
     partition/account/qos, on ``node`` (the one holding a node-local bundle) when given."""
     placement = [f"{option}={environ[name]}" for name, option in _PLACEMENT_ENV.items()
                  if environ.get(name)]
-    options = cleanup_options(placement, job_id)
-    options[1] = f"--job-name=ocistage-scrun-unstage-{job_id}"
+    options = cleanup_options(placement, job_id, name="ocistage-scrun-unstage")
     if node:
         options.append(f"--nodelist={node}")
     return options

@@ -130,9 +130,11 @@ _PLACEMENT = {"-p": "--partition", "-A": "--account", "-q": "--qos", "-M": "--cl
               "--clusters": "--clusters", "--reservation": "--reservation"}
 
 
-def cleanup_options(options: Sequence[str], job_id: str) -> list[str]:
-    """sbatch options of the cleanup job of ``job_id``: after it, whatever its end."""
-    result = [f"--dependency=afterany:{job_id}", f"--job-name=ocistage-unstage-{job_id}",
+def cleanup_options(options: Sequence[str], job_id: str,
+                    name: str = "ocistage-unstage") -> list[str]:
+    """sbatch options of the cleanup job of ``job_id`` (named ``NAME-JOB``): after it,
+    whatever its end."""
+    result = [f"--dependency=afterany:{job_id}", f"--job-name={name}-{job_id}",
               "--nodes=1", "--ntasks=1", "--time=5", "--output=/dev/null",
               "--kill-on-invalid-dep=no"]
     args = list(options)
