@@ -32,11 +32,9 @@ if TYPE_CHECKING:
 # The cache modules are imported inside the commands (see bundler.cli_common).
 
 cache_app = typer.Typer(help="Inspect and clean the content-addressed cache.",
-    rich_markup_mode=None, no_args_is_help=True)
+    rich_markup_mode=None, no_args_is_help=True, add_completion=False)
 
 
-def register(app: typer.Typer) -> None:
-    app.add_typer(cache_app, name="cache")
 
 MaxSizeOpt = Annotated[str | None, typer.Option(
     "--max-size", metavar="SIZE",

@@ -20,22 +20,65 @@ import re
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from bundler.pull import PullOptions, PullProgress
     from bundler.reference import ImageSource
     from bundler.settings import Settings
     from cache.store import Store
 
-# piped output is for grep and scripts: wide enough that table rows do not wrap
-stdout = Console(soft_wrap=True, highlight=False,
-                 width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 240)
-stderr = Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+class _LazyConsole:
+    """A rich ``Console`` made on first use: rich's import (~20 ms here) is paid by the
+    commands that print through it, not by every command line (``--version``, ``scrun
+    stage-in``, a warm ``bundle`` print with :func:`echo`)."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Console | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        console = self.__dict__.get("_console")
+        if console is None:
+            from rich.console import Console
+
+            options = dict(self._options)
+            if options.pop("wide_when_piped", False):
+                # piped output is for grep and scripts: wide enough that table rows do not wrap
+                options["width"] = (None if sys.stdout.isatty() or os.environ.get("COLUMNS")
+                                    else 240)
+            console = self._console = Console(**options)
+        return getattr(console, name)
+
+
+stdout = cast("Console", _LazyConsole(soft_wrap=True, highlight=False, wide_when_piped=True))
+stderr = cast("Console", _LazyConsole(stderr=True, soft_wrap=True, highlight=False))
+
+
+def echo(text: str, *, err: bool = False) -> None:
+    """One line of plain text on stdout (or stderr), control characters written out; no
+    markup and no rich (for the lines a routine command prints)."""
+    stream = sys.stderr if err else sys.stdout
+    stream.write(sanitize(text) + "\n")
+
+
+def is_terminal(err: bool = True) -> bool:
+    """Whether stderr (or stdout) is a terminal, as rich decides it; rich is not loaded for
+    a stream that is no terminal and no ``FORCE_COLOR``/``TTY_COMPATIBLE`` says otherwise."""
+    stream = sys.stderr if err else sys.stdout
+    try:
+        plain = not stream.isatty()
+    except (AttributeError, ValueError):
+        plain = True
+    if plain and not (os.environ.get("FORCE_COLOR") or os.environ.get("TTY_COMPATIBLE")):
+        return False
+    return bool((stderr if err else stdout).is_terminal)
 
 # -- shared options ----------------------------------------------------------------------------
 
@@ -140,7 +183,7 @@ def download_progress(quiet: bool) -> Iterator[PullProgress | None]:
     from bundler.progress import RichPullProgress, retry_notices
 
     with retry_notices(stderr):
-        if not stderr.is_terminal:
+        if not is_terminal():
             yield None
             return
         with RichPullProgress(stderr) as progress:
@@ -166,6 +209,8 @@ def sanitize(text: str) -> str:
 
 def shown(text: object) -> str:
     """``text`` ready for a rich ``print``: control characters written out, markup escaped."""
+    from rich.markup import escape
+
     return escape(sanitize(str(text)))
 
 
@@ -194,7 +239,7 @@ def summarize_warnings(warnings: Iterable[str], quiet: bool = False) -> list[str
 
 def print_warnings(warnings: Iterable[str], quiet: bool = False) -> None:
     for warning in summarize_warnings(warnings, quiet):
-        stderr.print(f"warning: {shown(warning)}")
+        echo(f"warning: {warning}", err=True)
 
 
 def print_json(value: Any) -> None:

@@ -24,11 +24,9 @@ if TYPE_CHECKING:
     from bundler.settings import Settings
 
 config_app = typer.Typer(help="Show the configuration (options, environment, config files).",
-    rich_markup_mode=None, no_args_is_help=True)
+    rich_markup_mode=None, no_args_is_help=True, add_completion=False)
 
 
-def register(app: typer.Typer) -> None:
-    app.add_typer(config_app, name="config")
 
 
 def _values(settings: Settings) -> dict[str, Any]:

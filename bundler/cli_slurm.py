@@ -41,10 +41,12 @@ from runtimes.oci_conf import RUNTIMES
 if TYPE_CHECKING:
     from runtimes.slurm import SlurmVersion
 
+# the commands' typer apps, built when their command runs (bundler.cli_commands)
 runtime_app = typer.Typer(help="Generate Slurm runtime configuration (oci.conf, scrun.lua).",
-    rich_markup_mode=None, no_args_is_help=True)
+    rich_markup_mode=None, no_args_is_help=True, add_completion=False)
 scrun_app = typer.Typer(help="Entry points called by the scrun.lua stage hooks.",
-    rich_markup_mode=None, no_args_is_help=True)
+    rich_markup_mode=None, no_args_is_help=True, add_completion=False)
+submit_app = typer.Typer(rich_markup_mode=None, add_completion=False)
 
 SlurmVersionOpt = Annotated[str | None, typer.Option(
     "--slurm-version", metavar="X.Y",
@@ -57,12 +59,6 @@ ScrunOpt = Annotated[str | None, typer.Option(
     "--scrun", metavar="PATH", help="Path of scrun [default: the scrun on PATH].")]
 
 
-def register(app: typer.Typer) -> None:
-    app.add_typer(runtime_app, name="runtime")
-    app.add_typer(scrun_app, name="scrun")
-    app.command("submit", cls=_CommandAfterDashes,
-                context_settings={"allow_extra_args": True,
-                                  "ignore_unknown_options": True})(submit_command)
 
 
 def _slurm_version(text: str | None) -> SlurmVersion:
@@ -245,6 +241,8 @@ class _CommandAfterDashes(TyperCommand):
         return super().parse_args(ctx, args[:at])
 
 
+@submit_app.command("submit", cls=_CommandAfterDashes,
+                    context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def submit_command(
     ref: RefArg,
     ctx: typer.Context,

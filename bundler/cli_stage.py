@@ -22,6 +22,7 @@ from bundler.cli_common import (
     QuietOpt,
     VerboseOpt,
     download_progress,
+    is_terminal,
     load_cli_settings,
     open_store,
     print_json,
@@ -42,9 +43,9 @@ if TYPE_CHECKING:
 # every `ocistage` invocation imports this module, few of them stage (see bundler.cli_common).
 
 
-def register(app: typer.Typer) -> None:
-    app.command("stage")(stage_command)
-    app.command("unstage")(unstage_command)
+# the commands' typer apps, built when their command runs (bundler.cli_commands)
+stage_app = typer.Typer(rich_markup_mode=None, add_completion=False)
+unstage_app = typer.Typer(rich_markup_mode=None, add_completion=False)
 
 
 def _result_json(result: StageResult, source: str) -> dict[str, Any]:
@@ -56,6 +57,7 @@ def _result_json(result: StageResult, source: str) -> dict[str, Any]:
             "bytes_copied": result.bytes_copied, "lease_id": result.lease_id}
 
 
+@stage_app.command("stage")
 def stage_command(
     what: Annotated[str, typer.Argument(
         metavar="REF|BUNDLE|DIR|URL",
@@ -127,7 +129,7 @@ def stage_command(
 @contextlib.contextmanager
 def _image_progress(silent: bool) -> Iterator[Callable[[int, int], None] | None]:
     """A progress bar on stderr while a squashfs image is built, on a terminal only."""
-    if silent or not stderr.is_terminal:
+    if silent or not is_terminal():
         yield None
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -177,6 +179,7 @@ def _emit(doc: dict[str, Any], one_line: bool) -> None:
         print_json(doc)
 
 
+@unstage_app.command("unstage")
 def unstage_command(
     path: Annotated[Path, typer.Argument(
         metavar="PATH", help="The path `ocistage stage` printed.")],

@@ -13,11 +13,10 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from rich.console import Console
-
 from cache.digest import Digest
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.progress import Progress, TaskID
 
 

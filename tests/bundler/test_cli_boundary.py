@@ -270,9 +270,10 @@ def _command_options() -> dict[tuple[str, ...], tuple[list[str], list[str]]]:
                   if p.param_type_name == "option" and not getattr(p, "is_flag", False)
                   for o in p.opts]
         found[path] = ([*flags, "--help"], valued)
-        for name, sub in getattr(command, "commands", {}).items():
+        names = command.list_commands(None) if hasattr(command, "list_commands") else []
+        for name in names:  # the lazy top-level group builds each command when asked
             if name not in ("submit", "unstage", "scrun"):  # Slurm; removal of given paths
-                walk(sub, (*path, name))
+                walk(command.get_command(None, name), (*path, name))
 
     walk(typer.main.get_command(app), ())
     return found

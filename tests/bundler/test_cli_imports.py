@@ -127,3 +127,39 @@ def test_bundling_from_an_image_layout_loads_no_http_client(tmp_path: Path) -> N
         assert sorted({"requests", "urllib3", "bundler.registry", "bundler.transport"}
                       & loaded) == [], argv
     assert (tmp_path / "cache" / "bundles").is_dir()
+
+
+# the modules that define commands: a command line loads the one of its command only
+COMMAND_MODULES = frozenset({"bundler.cli_image", "bundler.cli_stage", "bundler.cli_slurm",
+                             "bundler.cli_cache", "bundler.cli_config"})
+
+
+@pytest.mark.parametrize(("argv", "wanted"), [
+    (["--version"], set()),
+    (["--help"], set()),
+    ([], set()),
+    (["bundle", "--help"], {"bundler.cli_image"}),
+    (["cache", "ls", "--help"], {"bundler.cli_cache"}),
+    (["scrun", "stage-in", "--help"], {"bundler.cli_slurm"}),
+    (["stage", "--help"], {"bundler.cli_stage"}),
+])
+def test_a_command_line_loads_its_own_command_module_only(argv: list[str], wanted: set[str],
+                                                         tmp_path: Path) -> None:
+    loaded = _modules_after(argv, tmp_path)
+    assert "bundler.cli" in loaded
+    assert COMMAND_MODULES & loaded == wanted
+
+
+def test_version_and_routine_output_load_no_rich(tmp_path: Path) -> None:
+    """rich (~20 ms) is for tables, progress bars and colored errors: ``--version`` and a
+    quiet or piped bundle print plain lines (bundler.cli_common.echo)."""
+    from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
+
+    write_oci_layout(tmp_path / "layout", [build_tar([file("hello.txt", b"hello")])],
+                     tag="v1", kind="gzip")
+    bundle = ["bundle", "--cmd", "true", f"oci:{tmp_path / 'layout'}:v1"]
+    for argv in (["--version"], bundle, bundle, [*bundle, str(tmp_path / "dest")]):
+        loaded = _modules_after(argv, tmp_path)
+        assert sorted(m for m in loaded if m == "rich" or m.startswith("rich.")) == [], argv
+    assert len(list((tmp_path / "cache" / "bundles").iterdir())) == 1
+    assert (tmp_path / "dest" / "config.json").is_file()

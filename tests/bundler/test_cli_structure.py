@@ -1,6 +1,7 @@
 """The CLI's shape: shared options declared once, settings built one way, groups attached one
-way (issue 15.3). A declaration copied into a command module, a second way to build settings
-or a group attached by hand fails here."""
+way (issue 15.3; since issue 16 through the lazy command table, bundler.cli_commands). A
+declaration copied into a command module, a second way to build settings or a command attached
+by hand fails here."""
 
 from __future__ import annotations
 
@@ -37,9 +38,23 @@ def test_settings_are_built_one_way() -> None:
     assert "def settings_from" not in _modules()["cli_common.py"]
 
 
-def test_groups_and_command_modules_attach_themselves() -> None:
+def test_commands_are_attached_one_way() -> None:
+    """Every top-level command is an entry of bundler.cli_commands.COMMANDS, naming a
+    ``typer.Typer`` of its module; nothing attaches commands by hand."""
+    import typer
+
+    from bundler.cli_commands import COMMANDS
+
     modules = _modules()
-    assert "add_typer" not in modules["cli.py"]
-    for name in ("cli_cache.py", "cli_config.py", "cli_slurm.py", "cli_stage.py"):
-        assert "def register(app: typer.Typer) -> None:" in modules[name], name
-        assert name.removesuffix(".py") in modules["cli.py"]
+    for name, text in modules.items():
+        assert "add_typer" not in text, name
+        assert "def register(" not in text, name
+    assert not re.search(r"^from bundler import cli_|^import bundler\.cli_", modules["cli.py"],
+                         re.MULTILINE)  # cli.py imports no command module
+    for name, entry in COMMANDS.items():
+        module = entry.module.removeprefix("bundler.") + ".py"
+        assert f'{entry.app} = typer.Typer(' in modules[module], (name, entry)
+        import importlib
+
+        assert isinstance(getattr(importlib.import_module(entry.module), entry.app),
+                          typer.Typer), name
