@@ -6,16 +6,18 @@ from its growing download, decompressed in a thread of its own, its uncompressed
 and compared with the config's ``diff_id``. Nothing is published before the pull verified every
 blob and every diff_id matched.
 
-Where the tree is built depends on how the bundle shares data with the cache:
+Every bundle's tree is cloned from a *snapshot* (:mod:`cache.snapshots`): the tree of the
+image's layers, kept in the cache by ChainID and made first when missing (on the longest cached
+prefix: an image sharing base layers with a cached one only fetches and unpacks its new layers).
+An image unpacked once is never unpacked again, whichever command came first.
 
-- a bundle in the cache (no DEST) or with ``link=True`` is made from a *snapshot*
-  (:mod:`cache.snapshots`): the tree of the image's layers, kept in the cache by ChainID. The
-  bundle's ``rootfs/`` is a hard-linked clone of it (new directories, shared file inodes), so
-  a warm bundle costs a ``cp -al`` and an image sharing base layers with a cached one only
-  fetches and unpacks its new layers. Such bundles get ``root.readonly: true`` so a container
-  cannot write into the shared files (a writable private bundle needs a DEST).
-- a bundle at DEST without ``link`` is an independent tree, unpacked straight into a scratch
-  directory beside DEST.
+- a bundle in the cache (no DEST) or with ``link=True``: its ``rootfs/`` is a hard-linked clone
+  of the snapshot (new directories, shared file inodes), so a warm bundle costs a ``cp -al``.
+  Such bundles get ``root.readonly: true`` so a container cannot write into the shared files
+  (a writable private bundle needs a DEST).
+- a bundle at DEST without ``link``: an independent copy of the snapshot (``cp -a
+  --reflink=auto``, split over the free cores; no data copied where the filesystem shares
+  extents). What keeping the snapshot costs a cold bundle: docs/performance.md.
 
 Either way the bundle is built in a scratch directory and published by one ``rename()``: a
 crash leaves no half bundle at the final path. ``config.json`` is generated from the image
@@ -76,6 +78,7 @@ from cache.snapshots import (
     lease_target,
     link_tree,
     publish_snapshot,
+    snapshot_warnings,
 )
 from cache.store import Store, fsync_dir, remove_dead_scratch, scratch_name
 from cache.unpackbudget import UnpackBudget, default_unpack_limit
@@ -245,26 +248,25 @@ def _build(puller: _PullThread, store: Store, dest: Path | None, in_use: InUse,
     snapshot: Path | None = None
     scratch = None
     try:
-        if link:
-            snapshot, applied = _snapshot(puller, store, in_use, layers, diff_ids, on_layer)
-            scratch = _scratch_beside(dest)
-            rootfs = scratch / "rootfs"
-            # another mount point of the same filesystem refuses links (EXDEV): copy then
-            link = hardlinks_work(snapshot.parent / SNAPSHOT_METADATA, scratch)
-            try:
-                (link_tree if link else copy_tree)(snapshot, rootfs)
-            except StoreError:
-                # cp cannot clone every tree (a path longer than PATH_MAX): the verified
-                # layers are unpacked again, through descriptors, straight into the bundle
-                remove_tree(rootfs)
-                rootfs.mkdir(mode=0o755)
-                applied = apply_layers(store.open_blob, layers, diff_ids, rootfs,
-                                       on_layer=on_layer)
-                link, snapshot = False, None
-        else:
-            scratch = _scratch_beside(dest)
-            rootfs = scratch / "rootfs"
-            applied = _unpack(puller, store, layers, diff_ids, rootfs, on_layer)
+        # every bundle is cloned from the image's snapshot, made first when missing: an image
+        # unpacked once is never unpacked again, whichever command came first
+        snapshot, applied = _snapshot(puller, store, in_use, layers, diff_ids, on_layer)
+        scratch = _scratch_beside(dest)
+        rootfs = scratch / "rootfs"
+        # another mount point of the same filesystem refuses links (EXDEV): copy then
+        link = link and hardlinks_work(snapshot.parent / SNAPSHOT_METADATA, scratch)
+        try:
+            (link_tree if link else copy_tree)(snapshot, rootfs)
+        except StoreError:
+            # cp cannot clone every tree (a path longer than PATH_MAX): the verified
+            # layers are unpacked again, through descriptors, straight into the bundle
+            remove_tree(rootfs)
+            rootfs.mkdir(mode=0o755)
+            applied = apply_layers(store.open_blob, layers, diff_ids, rootfs,
+                                   on_layer=on_layer)
+            link = False
+        if not link:
+            snapshot = None  # a private copy: it shares nothing with the cache
         shared_root = link and not config_options.readonly
         if link:
             # the rootfs shares file inodes with the cache's snapshot: a container writing
@@ -352,14 +354,17 @@ def _snapshot(puller: _PullThread, store: Store, in_use: InUse, layers: tuple[De
         if base is not None:
             cached = depth
             break
+    inherited = snapshot_warnings(base) if base is not None else ()
     if base is not None and cached == len(chain):
-        return base, AppliedLayers(0, 0, ())
+        return base, AppliedLayers(0, 0, inherited)
     work = store.temp_dir("snapshot")
     try:
         applied = _unpack(puller, store, layers[cached:], diff_ids[cached:], work / "rootfs",
                           on_layer, first=cached + 1, base=base)
+        applied = dataclasses.replace(applied, warnings=inherited + applied.warnings)
         puller.result()  # every blob verified before the snapshot is published
-        published = publish_snapshot(store, work, chain[-1], diff_ids, applied.entries)
+        published = publish_snapshot(store, work, chain[-1], diff_ids, applied.entries,
+                                     applied.warnings)
     except BaseException:
         with contextlib.suppress(OSError):
             store.remove_temp_dir(work)

@@ -57,6 +57,8 @@ SNAPSHOTS = "snapshots"
 METADATA = "snapshot.json"
 MAX_METADATA_BYTES = 1 << 20
 SNAPSHOT_FORMAT = 1
+MAX_KEPT_WARNINGS = 256   # a snapshot's metadata stays far below MAX_METADATA_BYTES
+MAX_WARNING_CHARS = 1024
 
 
 def chain_ids(diff_ids: Sequence[Digest]) -> list[Digest]:
@@ -137,9 +139,24 @@ def find_snapshot(store: Store, chain_id: Digest) -> Path | None:
     return directory / "rootfs"
 
 
+def snapshot_warnings(rootfs: Path) -> tuple[str, ...]:
+    """What unpacking the layers of the snapshot at ``rootfs`` warned about (device nodes
+    replaced, ...), as recorded when it was published: a bundle cloned from it reports them
+    as the command that unpacked them did."""
+    metadata = _read_metadata(rootfs.parent)
+    kept = metadata.get("warnings") if metadata is not None else None
+    if not isinstance(kept, list):
+        return ()
+    return tuple(str(warning) for warning in kept if isinstance(warning, str))
+
+
 def publish_snapshot(store: Store, scratch: Path, chain_id: Digest,
-                     diff_ids: Sequence[Digest], entries: int) -> Path:
+                     diff_ids: Sequence[Digest], entries: int,
+                     warnings: Sequence[str] = ()) -> Path:
     """Publish ``scratch`` (holding ``rootfs/``) as snapshot ``chain_id``; return its rootfs.
+
+    ``warnings`` (what unpacking it said) are kept with it for :func:`snapshot_warnings`: the
+    first :data:`MAX_KEPT_WARNINGS`, each cut to :data:`MAX_WARNING_CHARS`.
 
     If another process published the same snapshot first, ``scratch`` is removed and theirs
     is used: both were built from the same verified layers.
@@ -148,7 +165,9 @@ def publish_snapshot(store: Store, scratch: Path, chain_id: Digest,
     metadata = {"format": SNAPSHOT_FORMAT, "chain_id": str(chain_id),
                 "diff_ids": [str(d) for d in diff_ids], "entries": entries,
                 "created": time.time(), "host": os.uname().nodename, "boot_id": _boot_id(),
-                "synced": False}
+                "synced": False,
+                "warnings": [warning[:MAX_WARNING_CHARS]
+                             for warning in warnings[:MAX_KEPT_WARNINGS]]}
     try:
         write_new_file(scratch / METADATA, (json.dumps(metadata, indent=2) + "\n").encode())
         final.parent.mkdir(exist_ok=True)
@@ -229,32 +248,38 @@ def link_tree(source: Path, dest: Path, parts: int | None = None) -> None:
     entries: 1.3x as fast with the second core idle, 1.15x slower with it busy
     (docs/performance.md).
     """
+    _clone_tree(["-al"], source, dest, parts)
+
+
+def copy_tree(source: Path, dest: Path, parts: int | None = None) -> None:
+    """Make ``dest`` (absent) an independent copy of the trusted tree ``source``: ``cp -a
+    --reflink=auto`` (a filesystem that shares extents, btrfs or XFS, copies no data), split
+    like :func:`link_tree` into ``parts`` copies at once: a copy into tmpfs or the page cache
+    is memory bandwidth and per-entry kernel time, both of which a second core adds to."""
+    _clone_tree(["-a", "--reflink=auto"], source, dest, parts)
+
+
+def _clone_tree(flags: list[str], source: Path, dest: Path, parts: int | None) -> None:
     if os.path.lexists(dest):  # cp would merge into it
         raise StoreError(f"cannot copy {source} to {dest}: it exists",
                          "remove it first, or choose a new destination")
     count = free_cpus() if parts is None else parts
     plan = split_tree(source, count) if count > 1 else None
     if plan is None:
-        _cp(["-al", "--no-target-directory", "--", str(source), str(dest)], source, dest)
+        _cp([*flags, "--no-target-directory", "--", str(source), str(dest)], source, dest)
         return
     try:
         for rel in plan.dirs:  # parents first; writable until their entries are in
             os.mkdir(dest / rel if rel else dest, 0o700)
     except OSError as exc:
-        raise _translate_oserror(exc, f"linking {source} to {dest}") from exc
-    _cp_parallel([["-al", "--parents", "-t", str(dest), "--", *group] for group in plan.groups],
-                 source, dest)
+        raise _translate_oserror(exc, f"copying {source} to {dest}") from exc
+    _cp_parallel([[*flags, "--parents", "-t", str(dest), "--", *group]
+                  for group in plan.groups], source, dest)
     try:
         for rel in reversed(plan.dirs):  # children first: a parent's mode may forbid entering
             _copy_dir_attributes(source / rel if rel else source, dest / rel if rel else dest)
     except OSError as exc:
-        raise _translate_oserror(exc, f"linking {source} to {dest}") from exc
-
-
-def copy_tree(source: Path, dest: Path) -> None:
-    """Make ``dest`` (absent) an independent copy of ``source`` (reflinks where supported)."""
-    _cp(["-a", "--reflink=auto", "--no-target-directory", "--", str(source), str(dest)],
-        source, dest)
+        raise _translate_oserror(exc, f"copying {source} to {dest}") from exc
 
 
 # -- splitting a clone -----------------------------------------------------------------------

@@ -13,16 +13,23 @@ from pathlib import Path
 
 import pytest
 
+from cache.digest import Digest
 from cache.errors import StoreError
 from cache.snapshots import (
     _DIR_WEIGHT,
+    MAX_KEPT_WARNINGS,
     MAX_LINK_PARTS,
+    MAX_WARNING_CHARS,
     MIN_SPLIT_WEIGHT,
     _scan,
+    copy_tree,
     free_cpus,
     link_tree,
+    publish_snapshot,
+    snapshot_warnings,
     split_tree,
 )
+from cache.store import Store
 from tests.cache.deeptree import make_chain
 
 Entry = tuple[str, str, int, int, int, int, tuple[tuple[str, bytes], ...]]
@@ -121,6 +128,41 @@ def test_split_clone_equals_single_cp_clone(tmp_path: Path) -> None:
     link = tmp_path / "two" / "usr" / "part1" / "escaping-link"
     assert os.readlink(link) == "/etc/passwd"  # the symlink itself, linked, never followed
     assert (tmp_path / "two" / "usr" / "part0" / "top-file").read_text() == "x"
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_split_copy_is_an_independent_clone(tmp_path: Path, parts: int) -> None:
+    """copy_tree: the same tree as link_tree, but every entry a new inode (a writable DEST)."""
+    source = _big_tree(tmp_path)
+    (source / "usr" / "part0" / "data").write_bytes(b"payload" * 1000)
+    dest = tmp_path / "copy"
+    copy_tree(source, dest, parts=parts)
+    want, got = _listing(source), _listing(dest)
+    assert {rel: entry[:1] + entry[2:] for rel, entry in got.items()} == \
+        {rel: entry[:1] + entry[2:] for rel, entry in want.items()}
+    for rel in want:
+        assert os.lstat(dest / rel).st_ino != os.lstat(source / rel).st_ino, rel
+    assert os.readlink(dest / "usr" / "part1" / "escaping-link") == "/etc/passwd"
+    (dest / "usr" / "part0" / "data").write_bytes(b"changed")
+    assert (source / "usr" / "part0" / "data").read_bytes() == b"payload" * 1000
+
+
+def test_a_snapshot_keeps_what_unpacking_it_warned_about(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "cache")
+    chain_id = Digest("sha256", "c" * 64)
+    work = store.temp_dir("snapshot")
+    (work / "rootfs").mkdir()
+    warnings = [f"layer 1: dev/n{n}: character device 1:{n} replaced" for n in range(3)]
+    rootfs = publish_snapshot(store, work, chain_id, [chain_id], 1, warnings)
+    assert snapshot_warnings(rootfs) == tuple(warnings)
+    flood = [f"w{n}:" + "x" * 5000 for n in range(MAX_KEPT_WARNINGS + 50)]
+    work = store.temp_dir("snapshot")
+    (work / "rootfs").mkdir()
+    other = Digest("sha256", "d" * 64)
+    kept = snapshot_warnings(publish_snapshot(store, work, other, [other], 1, flood))
+    assert len(kept) == MAX_KEPT_WARNINGS  # a flood stays far below the metadata's cap
+    assert all(len(w) == MAX_WARNING_CHARS for w in kept) and kept[0].startswith("w0:")
+    assert snapshot_warnings(tmp_path / "nowhere" / "rootfs") == ()
 
 
 def test_the_default_uses_the_free_cpus(tmp_path: Path) -> None:

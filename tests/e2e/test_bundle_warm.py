@@ -54,6 +54,15 @@ def test_warm_bundles_hold_the_same_tree_as_cold_ones(images: dict[str, ImageRef
     [snap] = list_snapshots(Store.open(ocistage.cache))
     assert (warm.path / "rootfs/etc/passwd").stat().st_ino == \
         (snap.rootfs / "etc/passwd").stat().st_ino
+    # a writable DEST is a private copy of the same snapshot: nothing unpacked, no inode shared
+    copy = bundle(image.ref, ocistage.cache, tmp_path / "copy")
+    assert copy.layers_applied == 0
+    assert tree(copy.path / "rootfs") == expected
+    assert json.loads((copy.path / "config.json").read_text())["root"]["readonly"] is False
+    assert (copy.path / "rootfs/etc/passwd").stat().st_ino != \
+        (snap.rootfs / "etc/passwd").stat().st_ino
+    (copy.path / "rootfs/etc/passwd").write_text("changed\n")  # the cache's tree is not
+    assert (snap.rootfs / "etc/passwd").read_text() != "changed\n"
 
 
 def test_shared_base_layers_are_fetched_and_unpacked_once(images: dict[str, ImageRef],
