@@ -332,6 +332,33 @@ def run_warm_cached(ref: str, work: Workspace) -> Sample:
     return ocistage_bundle(ref, None, cache, work)
 
 
+def run_cp_a(ref: str, work: Workspace) -> Sample:
+    """``cp -a`` of a bundle made by an untimed cold run: what a writable DEST is measured
+    against (goal: a warm ``bundle REF NEWDEST`` at most 1.2x this)."""
+    bundle = work.fresh("bundle")
+    ocistage_bundle(ref, bundle, work.fresh("cache"), work)
+    seconds, rss, _ = run_timed(["cp", "-a", str(bundle), str(work.fresh("copy"))])
+    return Sample(seconds, rss)
+
+
+def run_version(work: Workspace) -> Sample:
+    """``ocistage --version``: the interpreter's and the CLI's start-up alone (goal: a warm
+    cached ``bundle REF`` within 2x of it)."""
+    home = work.root / "home"
+    home.mkdir(exist_ok=True)
+    seconds, rss, _ = run_timed([ocistage_script(), "--version"],
+                                env=ocistage_env(work.fresh("cache"), home))
+    return Sample(seconds, rss)
+
+
+def run_link_after_dest(ref: str, work: Workspace) -> Sample:
+    """A cold ``bundle REF DEST`` (not timed), then ``bundle --link REF NEWDEST`` with that
+    cache: the image is not unpacked again (``layers_applied`` 0)."""
+    cache = work.fresh("cache")
+    ocistage_bundle(ref, work.fresh("bundle"), cache, work)
+    return ocistage_bundle(ref, work.fresh("bundle"), cache, work, link=True)
+
+
 def run_shared(base_ref: str, derived_ref: str, work: Workspace) -> Sample:
     """Bundle ``base_ref`` into the cache (not timed), then ``derived_ref``, which shares its
     base layers, into the cache too (both through snapshots)."""
@@ -388,6 +415,9 @@ def bench_image(image: BuiltImage, registry: str, reps: int, work: Workspace,
     runners["warm"] = lambda: run_warm(ref, work)
     runners["warm --link"] = lambda: run_warm(ref, work, link=True)
     runners["warm cached"] = lambda: run_warm_cached(ref, work)
+    runners["link after DEST"] = lambda: run_link_after_dest(ref, work)
+    runners["cp -a"] = lambda: run_cp_a(ref, work)
+    runners["--version"] = lambda: run_version(work)
     if image.name == "derived" and "multi" in all_images:
         runners["shared"] = lambda: run_shared(all_images["multi"], ref, work)
     samples = run_alternating(image.name, runners, reps, work,
@@ -431,6 +461,16 @@ def render(results: list[dict[str, Any]]) -> str:
                  f"warm-cached/cold {m['warm cached']['seconds'] / cold:.3f}"]
         if "shared" in m:
             parts.append(f"shared/cold {m['shared']['seconds'] / cold:.3f}")
+        if "cp -a" in m:
+            parts.append(f"warm/cp-a {m['warm']['seconds'] / m['cp -a']['seconds']:.2f} "
+                         "(goal <= 1.2)")
+        if "--version" in m:
+            parts.append(f"warm-cached/--version "
+                         f"{m['warm cached']['seconds'] / m['--version']['seconds']:.2f} "
+                         "(goal <= 2)")
+        if "link after DEST" in m:
+            applied = m["link after DEST"]["detail"].get("layers_applied")
+            parts.append(f"link-after-DEST layers unpacked again: {applied} (goal 0)")
         lines.append(f"{result['image']['name']:9} " + ", ".join(parts))
     return "\n".join(lines)
 

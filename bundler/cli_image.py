@@ -218,6 +218,7 @@ def bundle_command(
     print_warnings(result.warnings, quiet)
     if json_output:
         print_json({"path": str(result.path), "reused": result.reused,
+                    "layers_applied": result.layers_applied,
                     "warnings": list(result.warnings),
                     "image": _pulled_json(result.image, settings.cache)})
         return

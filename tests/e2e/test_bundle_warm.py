@@ -45,6 +45,7 @@ def test_warm_bundles_hold_the_same_tree_as_cold_ones(images: dict[str, ImageRef
     expected = tree(Path(cold.stdout.strip()) / "rootfs")
     cached = json.loads(ocistage("bundle", "--json", image.ref, check=True).stdout)
     assert cached["reused"] is False
+    assert cached["layers_applied"] == 0  # the cold DEST's command kept the image's snapshot
     assert tree(Path(cached["path"]) / "rootfs") == expected
     warm = bundle(image.ref, ocistage.cache, tmp_path / "warm", link=True)
     assert warm.layers_applied == 0  # everything came from the snapshot
