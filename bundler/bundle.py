@@ -25,7 +25,7 @@ config and validated before it is written.
 
 Without DEST the bundle goes to ``CACHE/bundles/<key>``, keyed by the manifest digest and the
 options that shape the bundle, so asking twice for the same bundle returns the existing one.
-Such a bundle records the manifest it was made from (``cache.inventory.write_bundle_info``, so
+Such a bundle records the manifest it was made from (``cache.bundleinfo.write_bundle_info``, so
 ``cache gc`` knows when its image is gone) and its last use (``cache.usage``); the command
 holds a lease on it and on the image while it works, and GCs down to
 ``PullOptions.max_size`` at the end.
@@ -65,10 +65,10 @@ from bundler.snapshots import (
     apply_layers,
 )
 from cache import usage
+from cache.bundleinfo import SHARED_ROOT_ANNOTATION, write_bundle_info
 from cache.digest import Digest
 from cache.errors import OcistageError, StoreError, UsageError
 from cache.fsops import check_shared_parent, hardlinks_work, release_owned_dir, remove_tree
-from cache.inventory import SHARED_ROOT_ANNOTATION, write_bundle_info
 from cache.leases import InUse
 from cache.snapshots import METADATA as SNAPSHOT_METADATA
 from cache.snapshots import (

@@ -28,17 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from cache import usage
+from cache.bundleinfo import read_bundle_info
 from cache.digest import Digest
-from cache.errors import OcistageError, StoreError
-from cache.fdio import write_new_file
+from cache.errors import OcistageError
 from cache.fsops import path_stats
-from cache.jsondoc import parse_json, read_document
 from cache.leases import JobStates, Lease, all_leases, is_live, squeue_states
 from cache.refnames import INDEX_MEDIA_TYPE, REF_NAME, is_alias, platform_path, record_name
 from cache.snapshots import SnapshotInfo, chain_ids, list_snapshots
 from cache.store import Store, scratch_target
 
-BUNDLE_INFO = ".ocistage-bundle.json"
 ANNOTATION_RESOLVED = "io.ocistage.resolved"
 ANNOTATION_INDEX = "io.ocistage.index-digest"
 QUARANTINE = "quarantine"
@@ -216,28 +214,6 @@ class Bundle:
     @property
     def target(self) -> str:
         return f"bundle:{self.key}"
-
-
-#: config.json annotation of a bundle whose root is read-only only because its files are shared
-#: (hard links) with the cache or other bundles; a private copy of it may be writable again.
-SHARED_ROOT_ANNOTATION = "io.ocistage.root-shared"
-
-
-def write_bundle_info(bundle_dir: Path, manifest: Digest, image: str) -> None:
-    """Record which manifest a cached bundle is made from (called before it is published)."""
-    data = {"manifest": str(manifest), "image": image}
-    try:
-        write_new_file(bundle_dir / BUNDLE_INFO, (json.dumps(data) + "\n").encode())
-    except OSError as exc:
-        raise StoreError(f"cannot write {bundle_dir / BUNDLE_INFO}: {exc.strerror}") from exc
-
-
-def read_bundle_info(bundle_dir: Path) -> tuple[Digest | None, str | None]:
-    try:
-        data = parse_json(read_document(bundle_dir / BUNDLE_INFO, 1 << 16))
-        return Digest.parse(str(data["manifest"])), str(data.get("image") or "") or None
-    except (OSError, ValueError, KeyError, TypeError, OcistageError):
-        return None, None
 
 
 def bundles_dir(store: Store) -> Path:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from cache.bundleinfo import SHARED_ROOT_ANNOTATION
 from cache.fsops import (
     OWNER_SUFFIX,
     check_shared_parent,
@@ -30,7 +31,6 @@ from cache.fsops import (
     make_owned_dir,
     remove_tree,
 )
-from cache.inventory import SHARED_ROOT_ANNOTATION
 from cache.locks import FileLock
 from cache.staged import RESERVED_PREFIX, TMP_DIR, plain_name
 from stagers.errors import StageError

@@ -19,14 +19,13 @@ from bundler.pull import PulledImage, PullOptions, pull
 from bundler.reference import parse_reference
 from bundler.runtime_config import ConfigOptions
 from cache import usage
+from cache.bundleinfo import BUNDLE_INFO, read_bundle_info
 from cache.digest import Digest
 from cache.inventory import (
-    BUNDLE_INFO,
     disk_usage,
     list_blobs,
     listing,
     reachable,
-    read_bundle_info,
     read_refs,
     tree_size,
 )

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from cache.bundleinfo import BUNDLE_INFO, read_bundle_info
 from cache.digest import Digest
 from cache.errors import IntegrityError
 from cache.fdio import write_new_file
-from cache.inventory import BUNDLE_INFO, read_bundle_info
 from cache.leases import Holder, Lease, acquire, all_leases
 from cache.locks import Owner, lock_owner, owner_is_dead
 from cache.snapshots import METADATA, find_snapshot, snapshot_dir

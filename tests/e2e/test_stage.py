@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from cache import leases
+from cache.bundleinfo import SHARED_ROOT_ANNOTATION
 from cache.fsops import remove_tree
-from cache.inventory import SHARED_ROOT_ANNOTATION
 from pytest_ocistage.bundles import run_bundle
 from pytest_ocistage.components import require_binary
 from pytest_ocistage.images import ImageRef

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from cache.inventory import SHARED_ROOT_ANNOTATION
+from cache.bundleinfo import SHARED_ROOT_ANNOTATION
 from stagers.target import readonly_config, writable_config
 
 
