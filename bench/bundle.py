@@ -192,7 +192,8 @@ class Workspace:
 
 
 def ocistage_env(cache: Path, home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OCISTAGE_")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("OCISTAGE_") and k != "PYTHONDONTWRITEBYTECODE"}
     env.update({"OCISTAGE_CACHE": str(cache), "HOME": str(home), "NO_COLOR": "1",
                 "NO_PROXY": "127.0.0.1,localhost"})
     return env
