@@ -22,6 +22,7 @@ from bundler.cli_common import (
     QuietOpt,
     VerboseOpt,
     download_progress,
+    echo,
     is_terminal,
     load_cli_settings,
     open_store,
@@ -29,9 +30,7 @@ from bundler.cli_common import (
     print_warnings,
     pull_options,
     setup_logging,
-    shown,
     stderr,
-    stdout,
 )
 from cache.sizes import format_size
 
@@ -153,23 +152,23 @@ def _render(staged: Staged, json_output: bool, json_lines: bool, quiet: bool) ->
             print_json([r.result for r in outcome])
             return
         for r in outcome:
-            stdout.print(f"{shown(r.node)}: {shown(str(r.result.get('path')))}")
+            echo(f"{r.node}: {r.result.get('path')}")
         return
     if isinstance(outcome, PushResult):
         if json_output or json_lines:
             _emit({"url": outcome.url, "format": outcome.format, "size": outcome.size},
                   json_lines)
             return
-        stdout.print(outcome.url)
+        echo(outcome.url)
         return
     if json_output or json_lines:
         _emit(_result_json(outcome, staged.label), json_lines)
         return
     if not quiet:
-        stderr.print(f"staged {shown(staged.label)} ({outcome.method}: {outcome.files} files, "
-                     f"{outcome.copied} copied ({format_size(outcome.bytes_copied)}), "
-                     f"{outcome.linked} linked, {outcome.unchanged} unchanged)")
-    stdout.print(str(outcome.path))
+        echo(f"staged {staged.label} ({outcome.method}: {outcome.files} files, "
+             f"{outcome.copied} copied ({format_size(outcome.bytes_copied)}), "
+             f"{outcome.linked} linked, {outcome.unchanged} unchanged)", err=True)
+    echo(str(outcome.path))
 
 
 def _emit(doc: dict[str, Any], one_line: bool) -> None:
@@ -209,5 +208,4 @@ def unstage_command(
         print_json({"path": str(path.absolute()), "removed": removed})
         return
     if not quiet:
-        stderr.print(f"{'removed' if removed else 'kept (absent or still in use)'} "
-                     f"{shown(str(path))}")
+        echo(f"{'removed' if removed else 'kept (absent or still in use)'} {path}", err=True)

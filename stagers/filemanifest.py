@@ -118,8 +118,10 @@ def entry_type(mode: int) -> EntryType:
     return "other"
 
 
-#: what a walk yields per entry: relative path, type, lstat, a symlink's target
-Record = tuple[str, EntryType, os.stat_result, str | None]
+#: what a walk yields per entry: relative path, type, mode bits, size, mtime_ns, st_dev,
+#: st_ino, a symlink's target (an :class:`Entry` without its hash: flat, so forked walkers
+#: hand records back cheaply, :mod:`stagers.statwalk`)
+Record = tuple[str, EntryType, int, int, int, int, int, str | None]
 
 
 def scan(root: Path) -> list[Entry]:
@@ -141,21 +143,18 @@ def entries_of(records: Iterable[Record], before: Mapping[str, Entry] | None = N
     :func:`fill_hashes` — in the same pass, so :func:`fill_missing_hashes` only reads what
     changed."""
     if not before:
-        return [Entry(rel, kind, stat.S_IMODE(st.st_mode), st.st_size, st.st_mtime_ns,
-                      st.st_dev, st.st_ino, target=target)
-                for rel, kind, st, target in records]
+        return [Entry(rel, kind, mode, size, mtime_ns, dev, ino, None, target)
+                for rel, kind, mode, size, mtime_ns, dev, ino, target in records]
     result = []
     get = before.get
-    for rel, kind, st, target in records:
-        mode, size, mtime_ns = stat.S_IMODE(st.st_mode), st.st_size, st.st_mtime_ns
+    for record in records:
+        rel, kind, mode, size, mtime_ns, dev, ino, target = record
         content_hash = None
         if kind == "file":
             old = get(rel)
-            if old is not None and old[1:7] == (kind, mode, size, mtime_ns, st.st_dev,
-                                                st.st_ino):  # Entry.same_stat
+            if old is not None and old[1:7] == record[1:7]:  # Entry.same_stat
                 content_hash = old.hash
-        result.append(Entry(rel, kind, mode, size, mtime_ns, st.st_dev, st.st_ino,
-                            content_hash, target))
+        result.append(Entry(rel, kind, mode, size, mtime_ns, dev, ino, content_hash, target))
     return result
 
 
@@ -180,7 +179,9 @@ def children(directory: str, prefix: str) -> tuple[list[Record], list[tuple[str,
         st = child.stat(follow_symlinks=False)
         kind = entry_type(st.st_mode)
         rel = prefix + child.name
-        records.append((rel, kind, st, os.readlink(child.path) if kind == "symlink" else None))
+        records.append((rel, kind, stat.S_IMODE(st.st_mode), st.st_size, st.st_mtime_ns,
+                        st.st_dev, st.st_ino,
+                        os.readlink(child.path) if kind == "symlink" else None))
         if kind == "dir":
             subdirs.append((child.path, rel + "/"))
     return records, subdirs
@@ -199,7 +200,7 @@ def walk(root: Path | str) -> Iterator[Record]:
         stack.extend(subdirs)
 
 
-def _digest_line(path: str, kind: str, mode: int, size: int, mtime_ns: int, dev: int, ino: int,
+def digest_line(path: str, kind: str, mode: int, size: int, mtime_ns: int, dev: int, ino: int,
                  target: str | None) -> bytes:
     return (f"{path}\0{kind}\0{mode}\0{size}\0{mtime_ns}\0{dev}\0{ino}\0{target or ''}\n"
             ).encode("utf-8", "surrogateescape")
@@ -210,7 +211,7 @@ def entries_digest(entries: Iterable[Entry]) -> str:
     they were scanned from as long as nothing in it changed."""
     hasher = xxhash.xxh3_128()
     for e in entries:
-        hasher.update(_digest_line(e.path, e.type, e.mode, e.size, e.mtime_ns, e.dev, e.ino,
+        hasher.update(digest_line(e.path, e.type, e.mode, e.size, e.mtime_ns, e.dev, e.ino,
                                    e.target))
     return hasher.hexdigest()
 
@@ -229,9 +230,7 @@ def walk_digest(root: Path, records: list[Record] | None) -> str:
     keep = records.append if records is not None else None
     try:
         for record in walk(root):
-            rel, kind, st, target = record
-            hasher.update(_digest_line(rel, kind, stat.S_IMODE(st.st_mode), st.st_size,
-                                       st.st_mtime_ns, st.st_dev, st.st_ino, target))
+            hasher.update(digest_line(*record))
             if keep is not None:
                 keep(record)
     except OSError as exc:

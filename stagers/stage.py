@@ -44,13 +44,13 @@ from stagers.filemanifest import (
     Record,
     entries_of,
     fill_missing_hashes,
-    walk_digest,
 )
 from stagers.fresh import build_first
 from stagers.markers import default_holder, record_bundle_use
 from stagers.pool import Pool, pool_key
 from stagers.session import Staging
 from stagers.squashfs import ImageProgress, stage_squashfs
+from stagers.statwalk import parallel_walk_digest
 from stagers.target import (
     Format,
     Method,
@@ -123,7 +123,7 @@ def _stage_tree(staging: Staging, source: Path, label: str, link: bool | None,
     compared: _Compared | None = None
     if marker is not None or method == "copy":
         records: list[Record] = []
-        tree = walk_digest(source, records)
+        tree = parallel_walk_digest(source, records, min(jobs, usable_cpus()))
         # the previous manifest is read only when the tree changed (on an unchanged tree of
         # 100k files, reading and indexing it cost more than the walk)
         if same is not None and not identity and same.tree == tree:

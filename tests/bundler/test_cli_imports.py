@@ -151,15 +151,18 @@ def test_a_command_line_loads_its_own_command_module_only(argv: list[str], wante
 
 
 def test_version_and_routine_output_load_no_rich(tmp_path: Path) -> None:
-    """rich (~20 ms) is for tables, progress bars and colored errors: ``--version`` and a
-    quiet or piped bundle print plain lines (bundler.cli_common.echo)."""
+    """rich (~20 ms) is for tables, progress bars and colored errors: ``--version``, a piped
+    bundle, stage and unstage print plain lines (bundler.cli_common.echo)."""
     from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
 
     write_oci_layout(tmp_path / "layout", [build_tar([file("hello.txt", b"hello")])],
                      tag="v1", kind="gzip")
     bundle = ["bundle", "--cmd", "true", f"oci:{tmp_path / 'layout'}:v1"]
-    for argv in (["--version"], bundle, bundle, [*bundle, str(tmp_path / "dest")]):
+    stage = ["stage", str(tmp_path / "dest"), "--to", str(tmp_path / "staged")]
+    for argv in (["--version"], bundle, bundle, [*bundle, str(tmp_path / "dest")], stage,
+                 stage, ["unstage", str(tmp_path / "staged" / "dest")]):
         loaded = _modules_after(argv, tmp_path)
         assert sorted(m for m in loaded if m == "rich" or m.startswith("rich.")) == [], argv
     assert len(list((tmp_path / "cache" / "bundles").iterdir())) == 1
     assert (tmp_path / "dest" / "config.json").is_file()
+    assert not (tmp_path / "staged" / "dest").exists()  # staged twice, then unstaged

@@ -1,0 +1,84 @@
+"""stagers.statwalk: the parallel stat walk gives the sequential walk's digest and records, in
+the same order, whatever the shape of the tree."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stagers.errors import StageError
+from stagers.filemanifest import Record, walk_digest
+from stagers.statwalk import MIN_PARALLEL_DIRS, _expand, parallel_walk_digest
+
+
+def _tree(root: Path, seed: int, dirs: int, depth: int) -> Path:
+    """A seeded tree: nested directories (some empty, some deep), files, symlinks, a FIFO,
+    names that sort in surprising ways, the reserved names at the top."""
+    rng = random.Random(seed)
+    root.mkdir()
+    made = [root]
+    for n in range(dirs):
+        parent = rng.choice(made)
+        if len(parent.relative_to(root).parts) >= depth:
+            parent = root
+        child = parent / rng.choice([f"d{n}", f"D{n}", f"d{n}.x", f"é{n}", f"{n:03d}"])
+        child.mkdir(exist_ok=True)
+        made.append(child)
+        for m in range(rng.randrange(4)):
+            (child / f"f{m}").write_bytes(os.urandom(rng.randrange(64)))
+        if rng.random() < 0.2:
+            os.symlink(f"../target{n}", child / "link")
+    os.mkfifo(root / made[-1].relative_to(root) / "fifo")
+    (root / "config.json").write_text("{}")
+    (root / ".ocistage-manifest.json").write_text("{}")  # reserved at the top: skipped
+    return root
+
+
+@pytest.mark.parametrize("processes", [2, 3, 4])
+def test_parallel_walk_equals_the_sequential_walk(tmp_path: Path, processes: int) -> None:
+    root = _tree(tmp_path / "tree", seed=processes, dirs=300, depth=6)
+    expected: list[Record] = []
+    digest = walk_digest(root, expected)
+    assert sum(1 for p in _expand(os.fspath(root), 64) if not isinstance(p, list)) \
+        >= MIN_PARALLEL_DIRS  # the parallel path is taken
+    got: list[Record] = []
+    assert parallel_walk_digest(root, got, processes) == digest
+    assert got == expected
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), dirs=st.integers(0, 120), depth=st.integers(1, 5),
+       processes=st.integers(1, 4))
+def test_any_tree_walks_the_same(tmp_path_factory: pytest.TempPathFactory, seed: int,
+                                 dirs: int, depth: int, processes: int) -> None:
+    root = _tree(tmp_path_factory.mktemp("walk") / "tree", seed, dirs, depth)
+    expected: list[Record] = []
+    digest = walk_digest(root, expected)
+    got: list[Record] = []
+    assert parallel_walk_digest(root, got, processes) == digest
+    assert got == expected
+
+
+def test_a_subtree_a_worker_cannot_read_is_a_stage_error(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory that cannot be listed (EACCES, or gone) deep in a worker's subtree: the
+    worker's OSError comes back as the stage's error (root reads everything, so the listing
+    fails by a patch that the forked workers inherit)."""
+    import stagers.statwalk
+
+    root = _tree(tmp_path / "tree", seed=1, dirs=300, depth=6)
+    real = stagers.statwalk.children
+
+    def refusing(directory: str, prefix: str) -> tuple[list[Record], list[tuple[str, str]]]:
+        if prefix.count("/") >= 4:
+            raise PermissionError(13, "Permission denied", directory)
+        return real(directory, prefix)
+
+    monkeypatch.setattr(stagers.statwalk, "children", refusing)
+    with pytest.raises(StageError, match="cannot read the source tree .*Permission denied"):
+        parallel_walk_digest(root, [], 2)
