@@ -13,6 +13,7 @@ Scanning never follows symlinks and never leaves the tree: it walks with ``os.sc
 from __future__ import annotations
 
 import json
+import operator
 import os
 import stat
 from collections.abc import Iterable, Iterator, Mapping
@@ -106,16 +107,12 @@ def load_manifest(path: Path) -> Manifest | None:
         return None
 
 
+_TYPES: dict[int, EntryType] = {stat.S_IFDIR: "dir", stat.S_IFREG: "file",
+                                 stat.S_IFLNK: "symlink", stat.S_IFIFO: "fifo"}
+
+
 def entry_type(mode: int) -> EntryType:
-    if stat.S_ISDIR(mode):
-        return "dir"
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    if stat.S_ISFIFO(mode):
-        return "fifo"
-    return "other"
+    return _TYPES.get(stat.S_IFMT(mode), "other")
 
 
 #: what a walk yields per entry: relative path, type, mode bits, size, mtime_ns, st_dev,
@@ -158,11 +155,14 @@ def entries_of(records: Iterable[Record], before: Mapping[str, Entry] | None = N
     return result
 
 
+_name = operator.attrgetter("name")
+
+
 def listing(directory: str, prefix: str) -> list[os.DirEntry[str]]:
     """The entries of ``directory`` (relative path ``prefix``, "" or ending in "/") in the
     order of a walk (by name), without the reserved names at the top (``prefix == ""``)."""
     with os.scandir(directory) as found:
-        entries = sorted(found, key=lambda e: e.name)
+        entries = sorted(found, key=_name)
     if not prefix:
         entries = [e for e in entries if e.name not in RESERVED_NAMES]
     return entries
@@ -175,11 +175,13 @@ def children(directory: str, prefix: str) -> tuple[list[Record], list[tuple[str,
     top (``prefix == ""``)."""
     records: list[Record] = []
     subdirs: list[tuple[str, str]] = []
-    for child in listing(directory, prefix):
+    types = _TYPES
+    for child in listing(directory, prefix):  # the hot loop of every re-stage: kept lean
         st = child.stat(follow_symlinks=False)
-        kind = entry_type(st.st_mode)
+        mode = st.st_mode
+        kind = types.get(mode & 0o170000, "other")  # entry_type()
         rel = prefix + child.name
-        records.append((rel, kind, stat.S_IMODE(st.st_mode), st.st_size, st.st_mtime_ns,
+        records.append((rel, kind, mode & 0o7777, st.st_size, st.st_mtime_ns,
                         st.st_dev, st.st_ino,
                         os.readlink(child.path) if kind == "symlink" else None))
         if kind == "dir":
@@ -204,6 +206,13 @@ def digest_line(path: str, kind: str, mode: int, size: int, mtime_ns: int, dev: 
                  target: str | None) -> bytes:
     return (f"{path}\0{kind}\0{mode}\0{size}\0{mtime_ns}\0{dev}\0{ino}\0{target or ''}\n"
             ).encode("utf-8", "surrogateescape")
+
+
+def digest_lines(records: Iterable[Record]) -> bytes:
+    """The :func:`digest_line` of every record, concatenated (encoded once)."""
+    return "".join([f"{path}\0{kind}\0{mode}\0{size}\0{mtime_ns}\0{dev}\0{ino}\0{target or ''}\n"
+                    for path, kind, mode, size, mtime_ns, dev, ino, target in records]
+                   ).encode("utf-8", "surrogateescape")
 
 
 def entries_digest(entries: Iterable[Entry]) -> str:

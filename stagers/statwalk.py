@@ -24,7 +24,7 @@ from pathlib import Path
 import xxhash
 
 from stagers.errors import StageError
-from stagers.filemanifest import Record, children, digest_line, walk_digest
+from stagers.filemanifest import Record, children, digest_lines, walk_digest
 from stagers.parallel import MAX_QUEUE, map_queue
 
 #: subtrees per process wanted: enough for a worker that drew a big one to take fewer
@@ -70,8 +70,7 @@ def parallel_walk_digest(root: Path, records: list[Record], processes: int) -> s
             hasher.update(lines)
             records.extend(rows)
         else:
-            for record in piece:
-                hasher.update(digest_line(*record))
+            hasher.update(digest_lines(piece))
             records.extend(piece)
     return hasher.hexdigest()
 
@@ -106,7 +105,7 @@ def _walk_subtree(subtree: _Subtree) -> tuple[bytes, list[Record]]:
         found, subdirs = children(directory, prefix)
         rows.extend(found)
         stack.extend(subdirs)
-    return b"".join([digest_line(*row) for row in rows]), rows
+    return digest_lines(rows), rows
 
 
 def _unreadable(root: Path, exc: OSError) -> StageError:
