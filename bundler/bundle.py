@@ -68,7 +68,13 @@ from cache import usage
 from cache.bundleinfo import SHARED_ROOT_ANNOTATION, write_bundle_info
 from cache.digest import Digest
 from cache.errors import OcistageError, StoreError, UsageError
-from cache.fsops import check_shared_parent, hardlinks_work, release_owned_dir, remove_tree
+from cache.fsops import (
+    check_shared_parent,
+    hardlinks_work,
+    reflinks_work,
+    release_owned_dir,
+    remove_tree,
+)
 from cache.leases import InUse
 from cache.snapshots import METADATA as SNAPSHOT_METADATA
 from cache.snapshots import (
@@ -248,25 +254,26 @@ def _build(puller: _PullThread, store: Store, dest: Path | None, in_use: InUse,
     snapshot: Path | None = None
     scratch = None
     try:
-        # every bundle is cloned from the image's snapshot, made first when missing: an image
-        # unpacked once is never unpacked again, whichever command came first
-        snapshot, applied = _snapshot(puller, store, in_use, layers, diff_ids, on_layer)
         scratch = _scratch_beside(dest)
         rootfs = scratch / "rootfs"
-        # another mount point of the same filesystem refuses links (EXDEV): copy then
-        link = link and hardlinks_work(snapshot.parent / SNAPSHOT_METADATA, scratch)
-        try:
-            (link_tree if link else copy_tree)(snapshot, rootfs)
-        except StoreError:
-            # cp cannot clone every tree (a path longer than PATH_MAX): the verified
-            # layers are unpacked again, through descriptors, straight into the bundle
-            remove_tree(rootfs)
-            rootfs.mkdir(mode=0o755)
-            applied = apply_layers(store.open_blob, layers, diff_ids, rootfs,
-                                   on_layer=on_layer)
-            link = False
-        if not link:
-            snapshot = None  # a private copy: it shares nothing with the cache
+        if link or _copy_from_snapshot(store, diff_ids, scratch):
+            snapshot, applied = _snapshot(puller, store, in_use, layers, diff_ids, on_layer)
+            # another mount point of the same filesystem refuses links (EXDEV): copy then
+            link = link and hardlinks_work(snapshot.parent / SNAPSHOT_METADATA, scratch)
+            try:
+                (link_tree if link else copy_tree)(snapshot, rootfs)
+            except StoreError:
+                # cp cannot clone every tree (a path longer than PATH_MAX): the verified
+                # layers are unpacked again, through descriptors, straight into the bundle
+                remove_tree(rootfs)
+                rootfs.mkdir(mode=0o755)
+                applied = apply_layers(store.open_blob, layers, diff_ids, rootfs,
+                                       on_layer=on_layer)
+                link = False
+            if not link:
+                snapshot = None  # a private copy: it shares nothing with the cache
+        else:
+            applied = _unpack(puller, store, layers, diff_ids, rootfs, on_layer)
         shared_root = link and not config_options.readonly
         if link:
             # the rootfs shares file inodes with the cache's snapshot: a container writing
@@ -339,6 +346,19 @@ def _unpack(puller: _PullThread, store: Store, layers: tuple[Descriptor, ...],
         prepare()
         return apply_layers(store.open_blob, layers, diff_ids, rootfs, first=first,
                             on_layer=on_layer, budget=UnpackBudget(limit))
+
+
+def _copy_from_snapshot(store: Store, diff_ids: tuple[Digest, ...], scratch: Path) -> bool:
+    """Whether a writable bundle (in ``scratch``) is copied from the image's snapshot rather
+    than unpacked from the blobs: when the snapshot is cached (a copy costs a fraction of an
+    unpack), or when a copy from the cache to ``scratch`` is a reflink (the snapshot kept for
+    later bundles then costs no more than the unpack itself). Otherwise keeping a snapshot
+    would write the tree twice: measured, +26% on a cold bundle on ext4, +11% on tmpfs and
+    twice the memory there (docs/performance.md), so the bundle is unpacked straight into
+    ``scratch`` and no snapshot is kept."""
+    if find_snapshot(store, chain_ids(diff_ids)[-1]) is not None:
+        return True
+    return reflinks_work(store.tmp_dir, scratch)
 
 
 def _snapshot(puller: _PullThread, store: Store, in_use: InUse, layers: tuple[Descriptor, ...],

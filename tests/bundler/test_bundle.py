@@ -21,6 +21,7 @@ from bundler.runtime_config import ConfigOptions
 from bundler.snapshots import BlobFollower, StreamRestarted
 from cache.digest import Digest
 from cache.errors import IntegrityError
+from cache.fsops import reflinks_work
 from cache.snapshots import (
     chain_ids,
     find_snapshot,
@@ -98,8 +99,14 @@ def test_copied_linked_and_cached_bundles_hold_the_same_tree(tmp_path: Path,
     copied, applied_copy, _ = bundle(store, ref, tmp_path / "copied")
     linked, applied_link, _ = bundle(store, ref, tmp_path / "linked", link=True)
     cached, applied_cached, _ = bundle(store, ref, None)
-    # the copy's command unpacked the image into a snapshot: never unpacked again
-    assert (applied_copy, applied_link, applied_cached) == (3, 0, 0)
+    # a first writable DEST keeps no snapshot where a copy is no reflink (tmp_path's
+    # filesystem here): the linked bundle unpacks, and the snapshot serves the rest
+    keeps = reflinks_work(store.tmp_dir, tmp_path)
+    assert (applied_copy, applied_link, applied_cached) == (3, 0 if keeps else 3, 0)
+    again, applied_again, _ = bundle(store, ref, tmp_path / "again")
+    assert applied_again == 0  # a writable DEST copied from the cached snapshot
+    assert tree(again / "rootfs") == tree(copied / "rootfs")
+    assert (again / "rootfs/top").stat().st_ino != (linked / "rootfs/top").stat().st_ino
     expected = tree(copied / "rootfs")
     assert tree(linked / "rootfs") == expected
     assert tree(cached / "rootfs") == expected
@@ -114,6 +121,27 @@ def test_copied_linked_and_cached_bundles_hold_the_same_tree(tmp_path: Path,
     assert (linked / "rootfs/top").stat().st_ino == shared.stat().st_ino
     assert (copied / "rootfs/top").stat().st_ino != shared.stat().st_ino
     assert not list((tmp_path / "cache" / "tmp").iterdir()), "scratch left in the cache"
+
+
+def test_a_first_writable_dest_keeps_the_snapshot_where_copies_are_reflinks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the cache and DEST share a filesystem with reflinks (btrfs, XFS), a cold
+    writable DEST is unpacked into a snapshot and copied from it (sharing extents): the image
+    is never unpacked again. The probe is patched: tmp_path has no reflinks here, and the
+    copy (``cp --reflink=auto``) makes a plain copy then."""
+    import bundler.bundle
+
+    monkeypatch.setattr(bundler.bundle, "reflinks_work", lambda _source, _dir: True)
+    ref = layout(tmp_path, "img", [BASE, MIDDLE, TOP])
+    store = Store.open(tmp_path / "cache")
+    copied, applied_copy, _ = bundle(store, ref, tmp_path / "copied")
+    assert applied_copy == 3
+    [snapshot] = list_snapshots(store)
+    assert (copied / "rootfs/top").stat().st_ino != (snapshot.rootfs / "top").stat().st_ino
+    assert json.loads((copied / "config.json").read_text())["root"]["readonly"] is False
+    linked, applied_link, _ = bundle(store, ref, tmp_path / "linked", link=True)
+    assert applied_link == 0
+    assert tree(linked / "rootfs") == tree(copied / "rootfs")
 
 
 def test_shared_base_layers_are_unpacked_once(tmp_path: Path) -> None:

@@ -232,3 +232,30 @@ def test_split_tree_scans_deeper_and_longer_than_path_max(tmp_path: Path) -> Non
     # error, never a traceback (the caller's scratch directory holds the partial clone)
     with pytest.raises(StoreError, match="too long"):
         link_tree(source, tmp_path / "clone", parts=2)
+
+
+def test_the_reflink_probe_leaves_nothing_behind(tmp_path: Path) -> None:
+    """cache.fsops.reflinks_work tries a real FICLONE between two probe files and removes
+    both; ext4 and tmpfs say no, btrfs/XFS yes; a directory it cannot write in is a no."""
+    from cache.fsops import reflinks_work
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    fstype = _fstype(tmp_path)
+    result = reflinks_work(tmp_path / "a", tmp_path / "b")
+    if fstype in ("ext4", "tmpfs", "ext3", "overlay"):
+        assert result is False
+    elif fstype in ("btrfs", "xfs"):
+        assert result is True
+    assert list((tmp_path / "a").iterdir()) == [] and list((tmp_path / "b").iterdir()) == []
+    assert reflinks_work(tmp_path / "missing", tmp_path / "b") is False
+
+
+def _fstype(path: Path) -> str:
+    best, kind = "", ""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        mount = fields[1].replace("\\040", " ")
+        if (str(path) + "/").startswith(mount.rstrip("/") + "/") and len(mount) >= len(best):
+            best, kind = mount, fields[2]
+    return kind

@@ -18,6 +18,7 @@ from pathlib import Path
 from bundler.bundle import BundleResult, make_bundle
 from bundler.reference import parse_reference
 from cache.errors import IntegrityError, LayerError
+from cache.fsops import reflinks_work
 from cache.snapshots import list_snapshots
 from cache.store import Store
 from pytest_ocistage.faultproxy import Fault, FaultProxy
@@ -45,7 +46,10 @@ def test_warm_bundles_hold_the_same_tree_as_cold_ones(images: dict[str, ImageRef
     expected = tree(Path(cold.stdout.strip()) / "rootfs")
     cached = json.loads(ocistage("bundle", "--json", image.ref, check=True).stdout)
     assert cached["reused"] is False
-    assert cached["layers_applied"] == 0  # the cold DEST's command kept the image's snapshot
+    # the cold DEST kept no snapshot unless copies from the cache are reflinks (keeping one
+    # would write the tree twice): then the cached bundle unpacked, once
+    keeps = reflinks_work(Store.open(ocistage.cache).tmp_dir, tmp_path)
+    assert cached["layers_applied"] == (0 if keeps else len(image.layer_digests))
     assert tree(Path(cached["path"]) / "rootfs") == expected
     warm = bundle(image.ref, ocistage.cache, tmp_path / "warm", link=True)
     assert warm.layers_applied == 0  # everything came from the snapshot

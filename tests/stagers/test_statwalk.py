@@ -80,5 +80,5 @@ def test_a_subtree_a_worker_cannot_read_is_a_stage_error(tmp_path: Path,
         return real(directory, prefix)
 
     monkeypatch.setattr(stagers.statwalk, "children", refusing)
-    with pytest.raises(StageError, match="cannot read the source tree .*Permission denied"):
+    with pytest.raises(StageError, match=r"cannot read the source tree .*Permission denied"):
         parallel_walk_digest(root, [], 2)
