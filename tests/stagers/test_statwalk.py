@@ -82,3 +82,36 @@ def test_a_subtree_a_worker_cannot_read_is_a_stage_error(tmp_path: Path,
     monkeypatch.setattr(stagers.statwalk, "children", refusing)
     with pytest.raises(StageError, match=r"cannot read the source tree .*Permission denied"):
         parallel_walk_digest(root, [], 2)
+
+
+def test_a_level_wider_than_a_task_queue_is_not_taken(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A top whose next level would hand out more subtrees than the task queue holds stops
+    expanding before it; the walk stays the sequential one's."""
+    import stagers.statwalk
+
+    root = tmp_path / "tree"
+    for n in range(40):
+        (root / "wide" / f"d{n:02d}" / "sub").mkdir(parents=True)
+    monkeypatch.setattr(stagers.statwalk, "MAX_QUEUE", 30)
+    pieces = _expand(os.fspath(root), 1000)
+    assert sum(1 for p in pieces if not isinstance(p, list)) == 1  # "wide" only: 40 > 30
+    expected: list[Record] = []
+    digest = walk_digest(root, expected)
+    got: list[Record] = []
+    assert parallel_walk_digest(root, got, 2) == digest and got == expected
+
+
+def test_a_bundle_that_fans_out_deep_is_still_split(tmp_path: Path) -> None:
+    """rootfs/usr/... : the fan-out starts three levels down, as in a bundle of /usr."""
+    root = tmp_path / "bundle"
+    for a in range(6):
+        for b in range(6):
+            (root / "rootfs" / "usr" / f"p{a}" / f"q{b}").mkdir(parents=True)
+    (root / "config.json").write_text("{}")
+    pieces = _expand(os.fspath(root), 32)
+    assert sum(1 for p in pieces if not isinstance(p, list)) >= MIN_PARALLEL_DIRS
+    expected: list[Record] = []
+    digest = walk_digest(root, expected)
+    got: list[Record] = []
+    assert parallel_walk_digest(root, got, 2) == digest and got == expected
