@@ -44,6 +44,11 @@ class _LazyConsole:
         self._console: Console | None = None
 
     def __getattr__(self, name: str) -> Any:
+        return getattr(self.made(), name)
+
+    def made(self) -> Console:
+        """The console itself, made now if it was not yet: what is handed to rich (a
+        ``Progress`` enters it as a context manager, which no attribute lookup reaches)."""
         console = self.__dict__.get("_console")
         if console is None:
             from rich.console import Console
@@ -54,11 +59,19 @@ class _LazyConsole:
                 options["width"] = (None if sys.stdout.isatty() or os.environ.get("COLUMNS")
                                     else 240)
             console = self._console = Console(**options)
-        return getattr(console, name)
+        return console
 
 
-stdout = cast("Console", _LazyConsole(soft_wrap=True, highlight=False, wide_when_piped=True))
-stderr = cast("Console", _LazyConsole(stderr=True, soft_wrap=True, highlight=False))
+_STDOUT = _LazyConsole(soft_wrap=True, highlight=False, wide_when_piped=True)
+_STDERR = _LazyConsole(stderr=True, soft_wrap=True, highlight=False)
+#: for ``print`` and the like; a rich object that takes a console gets :func:`console`'s
+stdout = cast("Console", _STDOUT)
+stderr = cast("Console", _STDERR)
+
+
+def console(err: bool = True) -> Console:
+    """The rich console of stderr (or stdout) itself, made now if needed."""
+    return (_STDERR if err else _STDOUT).made()
 
 
 def echo(text: str, *, err: bool = False) -> None:
@@ -78,7 +91,7 @@ def is_terminal(err: bool = True) -> bool:
         plain = True
     if plain and not (os.environ.get("FORCE_COLOR") or os.environ.get("TTY_COMPATIBLE")):
         return False
-    return bool((stderr if err else stdout).is_terminal)
+    return bool(console(err).is_terminal)
 
 # -- shared options ----------------------------------------------------------------------------
 
@@ -182,11 +195,11 @@ def download_progress(quiet: bool) -> Iterator[PullProgress | None]:
         return
     from bundler.progress import RichPullProgress, retry_notices
 
-    with retry_notices(stderr):
+    with retry_notices(stderr):  # prints through it only on a retry: made then
         if not is_terminal():
             yield None
             return
-        with RichPullProgress(stderr) as progress:
+        with RichPullProgress(console()) as progress:
             yield progress
 
 

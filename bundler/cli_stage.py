@@ -21,6 +21,7 @@ from bundler.cli_common import (
     PullOpt,
     QuietOpt,
     VerboseOpt,
+    console,
     download_progress,
     echo,
     is_terminal,
@@ -30,7 +31,6 @@ from bundler.cli_common import (
     print_warnings,
     pull_options,
     setup_logging,
-    stderr,
 )
 from cache.sizes import format_size
 
@@ -134,7 +134,7 @@ def _image_progress(silent: bool) -> Iterator[Callable[[int, int], None] | None]
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     with Progress(TextColumn("building squashfs image"), BarColumn(), MofNCompleteColumn(),
-                  console=stderr, transient=True) as bars:
+                  console=console(), transient=True) as bars:
         task = bars.add_task("image", total=None)
 
         def update(done: int, total: int) -> None:

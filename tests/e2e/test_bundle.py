@@ -16,6 +16,7 @@ from pytest_ocistage.components import require_binary
 from pytest_ocistage.images import ImageRef
 from tests.bundler.tarbuilder import Node, snapshot
 from tests.e2e.conftest import OcistageRunner
+from tests.e2e.terminal import run_on_terminal
 
 # zstd forms hold the same content as their gzip twins; umoci 0.4 cannot read zstd layers, so
 # their reference tree is umoci's unpack of the gzip twin.
@@ -179,3 +180,16 @@ def test_link_bundle_shares_the_snapshot_read_only(images: dict[str, ImageRef],
     result = run_bundle(linked, tmp_path / "runc-state")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "hello from busybox"
+
+
+def test_download_bars_on_a_terminal(images: dict[str, ImageRef], ocistage: OcistageRunner,
+                                     tmp_path: Path) -> None:
+    """On a terminal a cold bundle draws its download bars (rich, handed the real console:
+    the lazily made one is no context manager) and ends with its summary line."""
+    image = images["multilayer"]
+    code, shown = run_on_terminal(
+        [*ocistage.command, "bundle", image.ref, str(tmp_path / "b")],
+        ocistage.environment({"TERM": "xterm", "COLUMNS": "100"}), ocistage.cwd)
+    assert code == 0, shown
+    assert b"made bundle of" in shown
+    assert (tmp_path / "b" / "config.json").is_file()

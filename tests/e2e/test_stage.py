@@ -21,6 +21,7 @@ from pytest_ocistage.images import ImageRef
 from pytest_ocistage.slurm import SlurmCluster
 from stagers.filemanifest import MARKER_NAME
 from tests.e2e.conftest import OcistageRunner
+from tests.e2e.terminal import run_on_terminal
 
 GREETING = "hello from busybox"
 
@@ -263,32 +264,11 @@ def test_squashfs_staging_shows_progress_on_a_terminal(ocistage: OcistageRunner,
     """14.9: `--format squashfs` showed nothing while mksquashfs ran."""
     require_binary("mksquashfs")
     require_binary("unsquashfs")
-    import pty
-
     tree = tmp_path / "tree"
     (tree / "rootfs").mkdir(parents=True)
     (tree / "rootfs" / "f").write_bytes(b"x" * 100000)
-    controller, terminal = pty.openpty()
-    shown = b""
-    try:
-        process = subprocess.Popen(
-            [*ocistage.command, "stage", str(tree), "--to", str(tmp_path / "t"), "--format",
-             "squashfs", "--unpack"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=terminal, env=ocistage.environment({"TERM": "xterm"}), cwd=ocistage.cwd)
-        os.close(terminal)
-        terminal = -1
-        while True:  # read while it runs: a full terminal buffer would block the child
-            try:
-                chunk = os.read(controller, 65536)
-            except OSError:  # EIO: the child's side is closed and all was read
-                break
-            if not chunk:
-                break
-            shown += chunk
-        process.wait(timeout=120)
-    finally:
-        os.close(controller)
-        if terminal >= 0:
-            os.close(terminal)
-    assert process.returncode == 0, shown
+    code, shown = run_on_terminal(
+        [*ocistage.command, "stage", str(tree), "--to", str(tmp_path / "t"), "--format",
+         "squashfs", "--unpack"], ocistage.environment({"TERM": "xterm"}), ocistage.cwd)
+    assert code == 0, shown
     assert b"building squashfs image" in shown
