@@ -192,18 +192,22 @@ def make_bundle(
     progress: PullProgress | None = None,
     on_layer: Callable[[int, Descriptor], None] | None = None,
     link: bool = False,
+    keep_snapshot: bool = False,
 ) -> BundleResult:
     """Pull ``source`` (reusing the cache) and make a bundle at ``dest`` or in the cache.
 
     ``link``: make ``dest`` from a cached snapshot by hard links, with a read-only root (see
     the module docstring); ignored without ``dest`` (cached bundles always link).
+    ``keep_snapshot``: a writable ``dest`` is copied from the image's snapshot, made first
+    when missing, even where that copy is no reflink (see :func:`_copy_from_snapshot`).
     ``on_layer(n, descriptor)`` is called before layer ``n`` is unpacked.
     """
     pull_options = pull_options or PullOptions()
     with InUse(store.root) as in_use:
         result = _make_bundle(source, store, dest, in_use,
                               dataclasses.replace(pull_options, max_size=None),
-                              config_options or ConfigOptions(), progress, on_layer, link)
+                              config_options or ConfigOptions(), progress, on_layer,
+                              link, keep_snapshot)
         if pull_options.max_size is not None:
             # only with a budget: cache.gc and cache.inventory are not needed otherwise
             from cache.gc import enforce_budget
@@ -217,10 +221,11 @@ def _make_bundle(source: ImageSource, store: Store, dest: Path | None, in_use: I
                  pull_options: PullOptions, config_options: ConfigOptions,
                  progress: PullProgress | None,
                  on_layer: Callable[[int, Descriptor], None] | None,
-                 link: bool) -> BundleResult:
+                 link: bool, keep_snapshot: bool) -> BundleResult:
     puller = _PullThread(source, store, pull_options, progress, in_use)
     try:
-        return _build(puller, store, dest, in_use, config_options, on_layer, link)
+        return _build(puller, store, dest, in_use, config_options, on_layer, link,
+                      keep_snapshot)
     except KeyboardInterrupt:
         puller.canceller.cancel()  # downloads stop now and keep what they wrote
         puller.stop(CANCEL_GRACE)  # a connect in progress is left behind (bundler.cli.main)
@@ -233,7 +238,7 @@ def _make_bundle(source: ImageSource, store: Store, dest: Path | None, in_use: I
 
 def _build(puller: _PullThread, store: Store, dest: Path | None, in_use: InUse,
            config_options: ConfigOptions, on_layer: Callable[[int, Descriptor], None] | None,
-           link: bool) -> BundleResult:
+           link: bool, keep_snapshot: bool) -> BundleResult:
     manifest_digest, layers, diff_ids, raw_config = puller.config()
     key = None
     if dest is None:
@@ -256,7 +261,7 @@ def _build(puller: _PullThread, store: Store, dest: Path | None, in_use: InUse,
     try:
         scratch = _scratch_beside(dest)
         rootfs = scratch / "rootfs"
-        if link or _copy_from_snapshot(store, diff_ids, scratch):
+        if link or keep_snapshot or _copy_from_snapshot(store, diff_ids, scratch):
             snapshot, applied = _snapshot(puller, store, in_use, layers, diff_ids, on_layer)
             # another mount point of the same filesystem refuses links (EXDEV): copy then
             link = link and hardlinks_work(snapshot.parent / SNAPSHOT_METADATA, scratch)

@@ -186,6 +186,12 @@ def bundle_command(
         "--link", help="Make DEST from the cache's snapshot by hard links: fast, shares files "
                        "with the cache, so the root filesystem is read-only (a copy where "
                        "DEST refuses links from the cache, e.g. another mount).")] = False,
+    keep_snapshot: Annotated[bool, typer.Option(
+        "--keep-snapshot", help="Unpack the image into a snapshot kept in the cache and copy "
+                                "DEST from it, so a later --link or cached bundle of it "
+                                "unpacks nothing; writes the tree twice [default: only where "
+                                "copies from the cache are reflinks, e.g. btrfs, XFS].")
+    ] = False,
     gpus: Annotated[str | None, typer.Option(
         "--gpus", metavar="all|IDS", help="Expose NVIDIA GPUs (prestart hook + CDI "
                                           "annotation).")] = None,
@@ -214,7 +220,8 @@ def bundle_command(
         map_root=map_root)
     with download_progress(quiet or json_output) as progress:
         result = make_bundle(source, store, dest, pull_options=options,
-                             config_options=config_options, progress=progress, link=link)
+                             config_options=config_options, progress=progress, link=link,
+                             keep_snapshot=keep_snapshot)
     print_warnings(result.warnings, quiet)
     if json_output:
         print_json({"path": str(result.path), "reused": result.reused,

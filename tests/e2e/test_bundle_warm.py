@@ -70,6 +70,26 @@ def test_warm_bundles_hold_the_same_tree_as_cold_ones(images: dict[str, ImageRef
     assert (snap.rootfs / "etc/passwd").read_text() != "changed\n"
 
 
+def test_keep_snapshot_makes_a_cold_dest_the_last_unpack(images: dict[str, ImageRef],
+                                                          ocistage: OcistageRunner,
+                                                          tmp_path: Path) -> None:
+    """`bundle --keep-snapshot REF DEST`: the image is unpacked into a snapshot kept in the
+    cache and DEST is a private copy of it; the cached and linked bundles after it unpack
+    nothing."""
+    image = images["multilayer"]
+    cold = json.loads(ocistage("bundle", "--json", "--keep-snapshot", image.ref,
+                               str(tmp_path / "cold"), check=True).stdout)
+    assert cold["layers_applied"] == len(image.layer_digests)
+    [snap] = list_snapshots(Store.open(ocistage.cache))
+    dest = Path(cold["path"]) / "rootfs"
+    assert tree(dest) == tree(snap.rootfs)
+    assert (dest / "etc/passwd").stat().st_ino != (snap.rootfs / "etc/passwd").stat().st_ino
+    cached = json.loads(ocistage("bundle", "--json", image.ref, check=True).stdout)
+    linked = json.loads(ocistage("bundle", "--json", "--link", image.ref,
+                                 str(tmp_path / "linked"), check=True).stdout)
+    assert (cached["layers_applied"], linked["layers_applied"]) == (0, 0)
+
+
 def test_shared_base_layers_are_fetched_and_unpacked_once(images: dict[str, ImageRef],
                                                           fault_proxy: FaultProxy,
                                                           tmp_path: Path) -> None:
