@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import random
 import shutil
 import socket
 import ssl
@@ -158,11 +159,45 @@ def make_htpasswd(path: Path, username: str, password: str) -> None:
     _run(["htpasswd", "-B", "-b", "-c", str(path), username, password], "writing htpasswd")
 
 
+#: ports handed out by :func:`free_port` in this process: a daemon binds its port only later,
+#: so a second call must not pick the same one meanwhile
+_HANDED_OUT: set[int] = set()
+_LOWEST_PORT = 10000
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+    """A loopback TCP port nothing listens on, for a daemon that binds it later.
+
+    Outside the kernel's ephemeral range: a port the kernel hands out (bind to 0) may be
+    taken by any outgoing connection before the daemon binds it, as a slurmd in CI once
+    found ("Unable to bind listen port"). Below the range, only another listener can take
+    it, and those are the tests' own, which this process hands out once each.
+    """
+    low, high = _ephemeral_range()
+    candidates = [n for n in range(_LOWEST_PORT, low) if n not in _HANDED_OUT] \
+        or [n for n in range(high + 1, 65536) if n not in _HANDED_OUT]
+    random.shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
         return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a crowded host
+        sock.bind(("127.0.0.1", 0))
+        found: int = sock.getsockname()[1]
+    _HANDED_OUT.add(found)
+    return found
 
 
 def registry_config(storage: Path, port: int, *, tls: TlsMaterial | None = None,
