@@ -261,8 +261,10 @@ def _build(puller: _PullThread, store: Store, dest: Path | None, in_use: InUse,
     try:
         scratch = _scratch_beside(dest)
         rootfs = scratch / "rootfs"
-        if link or keep_snapshot or _copy_from_snapshot(store, diff_ids, scratch):
-            snapshot, applied = _snapshot(puller, store, in_use, layers, diff_ids, on_layer)
+        base, cached = _cached_prefix(store, in_use, diff_ids)
+        if link or keep_snapshot or _copy_from_snapshot(cached == len(layers), store, scratch):
+            snapshot, applied = _snapshot(puller, store, layers, diff_ids, on_layer, base,
+                                          cached)
             # another mount point of the same filesystem refuses links (EXDEV): copy then
             link = link and hardlinks_work(snapshot.parent / SNAPSHOT_METADATA, scratch)
             try:
@@ -353,32 +355,37 @@ def _unpack(puller: _PullThread, store: Store, layers: tuple[Descriptor, ...],
                             on_layer=on_layer, budget=UnpackBudget(limit))
 
 
-def _copy_from_snapshot(store: Store, diff_ids: tuple[Digest, ...], scratch: Path) -> bool:
+def _copy_from_snapshot(complete: bool, store: Store, scratch: Path) -> bool:
     """Whether a writable bundle (in ``scratch``) is copied from the image's snapshot rather
-    than unpacked from the blobs: when the snapshot is cached (a copy costs a fraction of an
-    unpack), or when a copy from the cache to ``scratch`` is a reflink (the snapshot kept for
-    later bundles then costs no more than the unpack itself). Otherwise keeping a snapshot
-    would write the tree twice: measured, +26% on a cold bundle on ext4, +11% on tmpfs and
-    twice the memory there (docs/performance.md), so the bundle is unpacked straight into
-    ``scratch`` and no snapshot is kept."""
-    if find_snapshot(store, chain_ids(diff_ids)[-1]) is not None:
-        return True
-    return reflinks_work(store.tmp_dir, scratch)
+    than unpacked from the blobs: when the snapshot of all its layers is cached
+    (``complete``: a copy costs a fraction of an unpack), or when a copy from the cache to
+    ``scratch`` is a reflink (the snapshot kept for later bundles then costs no more than the
+    unpack itself). Otherwise keeping a snapshot would write the tree twice: measured, +26% on
+    a cold bundle on ext4, +11% on tmpfs and twice the memory there (docs/performance.md), so
+    the bundle is unpacked straight into ``scratch`` and no snapshot is kept."""
+    return complete or reflinks_work(store.tmp_dir, scratch)
 
 
-def _snapshot(puller: _PullThread, store: Store, in_use: InUse, layers: tuple[Descriptor, ...],
-              diff_ids: tuple[Digest, ...],
-              on_layer: Callable[[int, Descriptor], None] | None) -> tuple[Path, AppliedLayers]:
-    """The snapshot of all ``layers``: cached, or built on the longest cached prefix."""
+def _cached_prefix(store: Store, in_use: InUse,
+                   diff_ids: tuple[Digest, ...]) -> tuple[Path | None, int]:
+    """The rootfs of the longest cached snapshot of the image's layers and how many layers it
+    holds (None, 0: none). The snapshots are leased first, so GC leaves what is found."""
     chain = chain_ids(diff_ids)
     in_use.protect([lease_target(c) for c in chain])
-    base: Path | None = None
-    cached = 0
     for depth in range(len(chain), 0, -1):
         base = find_snapshot(store, chain[depth - 1])
         if base is not None:
-            cached = depth
-            break
+            return base, depth
+    return None, 0
+
+
+def _snapshot(puller: _PullThread, store: Store, layers: tuple[Descriptor, ...],
+              diff_ids: tuple[Digest, ...],
+              on_layer: Callable[[int, Descriptor], None] | None, base: Path | None,
+              cached: int) -> tuple[Path, AppliedLayers]:
+    """The snapshot of all ``layers``: ``base`` when it holds all of them (``cached``), else
+    built on it (:func:`_cached_prefix`)."""
+    chain = chain_ids(diff_ids)
     inherited = snapshot_warnings(base) if base is not None else ()
     if base is not None and cached == len(chain):
         return base, AppliedLayers(0, 0, inherited)
