@@ -1,9 +1,29 @@
 """Writing to file descriptors and creating files: ``os.write`` may write less than it was
-given, and a file can only be created with its final mode when the umask keeps that mode."""
+given, and a file can only be created with its final mode when the umask keeps that mode;
+cloning one file's extents into another (reflink)."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+
+FICLONE = 0x40049409  # _IOW(0x94, 9, int) from linux/fs.h
+#: what a reflink or an in-kernel copy answers where it is not supported here (another
+#: filesystem, no extent sharing, a file it cannot take): fall back, never fail
+UNSUPPORTED = frozenset({errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL,
+                         errno.ENOSYS, errno.EBADF, errno.ETXTBSY, errno.EPERM})
+
+
+def reflink(src_fd: int, dst_fd: int) -> bool:
+    """Clone ``src_fd``'s extents into ``dst_fd``; False where reflinks are not supported."""
+    try:
+        fcntl.ioctl(dst_fd, FICLONE, src_fd)
+    except OSError as exc:
+        if exc.errno in UNSUPPORTED:
+            return False
+        raise
+    return True
 
 
 def write_all(fd: int, data: bytes) -> None:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cache.errors import StoreError, UntrustedPath
+from cache.fdio import reflink
 from cache.locks import Owner
 
 #: a directory opened for listing, never through a symlink
@@ -572,15 +573,10 @@ def hardlinks_work(source: Path, directory: Path) -> bool:
     return True
 
 
-_FICLONE = 0x40049409  # _IOW(0x94, 9, int), linux/fs.h
-
-
 def reflinks_work(source_dir: Path, directory: Path) -> bool:
     """Whether a file in ``source_dir`` can be cloned into ``directory`` by reflink (FICLONE:
     btrfs, XFS, bcachefs; the two on one filesystem): tried for real with two probe files
     that are removed again. A reflinked copy shares extents, so it costs metadata only."""
-    import fcntl
-
     tag = f".ocistage-reflink-probe-{os.getpid()}-{os.urandom(4).hex()}"
     source, probe = source_dir / tag, directory / tag
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -592,10 +588,7 @@ def reflinks_work(source_dir: Path, directory: Path) -> bool:
         os.write(src_fd, b"x")
         dst_fd = os.open(probe, flags, 0o600)
         try:
-            fcntl.ioctl(dst_fd, _FICLONE, src_fd)
-            return True
-        except OSError:
-            return False
+            return reflink(src_fd, dst_fd)
         finally:
             os.close(dst_fd)
             os.unlink(probe)

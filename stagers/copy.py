@@ -11,28 +11,13 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cache.fdio import write_all
+from cache.fdio import UNSUPPORTED, reflink, write_all
 
-FICLONE = 0x40049409  # _IOW(0x94, 9, int) from linux/fs.h
 CHUNK = 1 << 30  # per copy_file_range/sendfile call; the kernel caps it anyway
-_UNSUPPORTED = frozenset({errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL,
-                          errno.ENOSYS, errno.EBADF, errno.ETXTBSY, errno.EPERM})
-
-
-def reflink(src_fd: int, dst_fd: int) -> bool:
-    """Clone ``src_fd``'s extents into ``dst_fd``; False where reflinks are not supported."""
-    try:
-        fcntl.ioctl(dst_fd, FICLONE, src_fd)
-    except OSError as exc:
-        if exc.errno in _UNSUPPORTED:
-            return False
-        raise
-    return True
 
 
 def _kernel_copy(call: Callable[[int, int, int], int], src_fd: int, dst_fd: int,
@@ -43,7 +28,7 @@ def _kernel_copy(call: Callable[[int, int, int], int], src_fd: int, dst_fd: int,
         try:
             n = call(src_fd, dst_fd, min(CHUNK, size - copied))
         except OSError as exc:
-            if copied == 0 and exc.errno in _UNSUPPORTED:
+            if copied == 0 and exc.errno in UNSUPPORTED:
                 return None
             raise
         if n == 0:
