@@ -175,13 +175,13 @@ def children(directory: str, prefix: str) -> tuple[list[Record], list[tuple[str,
     top (``prefix == ""``)."""
     records: list[Record] = []
     subdirs: list[tuple[str, str]] = []
-    types = _TYPES
-    for child in listing(directory, prefix):  # the hot loop of every re-stage: kept lean
+    types = _TYPES  # entry_type() inline: the hot loop of every re-stage (~4% of its walk)
+    for child in listing(directory, prefix):
         st = child.stat(follow_symlinks=False)
         mode = st.st_mode
-        kind = types.get(mode & 0o170000, "other")  # entry_type()
+        kind = types.get(stat.S_IFMT(mode), "other")
         rel = prefix + child.name
-        records.append((rel, kind, mode & 0o7777, st.st_size, st.st_mtime_ns,
+        records.append((rel, kind, stat.S_IMODE(mode), st.st_size, st.st_mtime_ns,
                         st.st_dev, st.st_ino,
                         os.readlink(child.path) if kind == "symlink" else None))
         if kind == "dir":
@@ -202,17 +202,21 @@ def walk(root: Path | str) -> Iterator[Record]:
         stack.extend(subdirs)
 
 
+def _line(path: str, kind: str, mode: int, size: int, mtime_ns: int, dev: int, ino: int,
+          target: str | None) -> str:
+    return f"{path}\0{kind}\0{mode}\0{size}\0{mtime_ns}\0{dev}\0{ino}\0{target or ''}\n"
+
+
 def digest_line(path: str, kind: str, mode: int, size: int, mtime_ns: int, dev: int, ino: int,
-                 target: str | None) -> bytes:
-    return (f"{path}\0{kind}\0{mode}\0{size}\0{mtime_ns}\0{dev}\0{ino}\0{target or ''}\n"
-            ).encode("utf-8", "surrogateescape")
+                target: str | None) -> bytes:
+    """One entry's line of the stat digest."""
+    return _line(path, kind, mode, size, mtime_ns, dev, ino, target).encode(
+        "utf-8", "surrogateescape")
 
 
 def digest_lines(records: Iterable[Record]) -> bytes:
     """The :func:`digest_line` of every record, concatenated (encoded once)."""
-    return "".join([f"{path}\0{kind}\0{mode}\0{size}\0{mtime_ns}\0{dev}\0{ino}\0{target or ''}\n"
-                    for path, kind, mode, size, mtime_ns, dev, ino, target in records]
-                   ).encode("utf-8", "surrogateescape")
+    return "".join([_line(*record) for record in records]).encode("utf-8", "surrogateescape")
 
 
 def entries_digest(entries: Iterable[Entry]) -> str:
