@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -80,17 +80,6 @@ def load_command(name: str) -> Any:
     return command
 
 
-def shorten(text: str, limit: int) -> str:
-    """``text`` in at most ``limit`` characters: cut at a word, ``...`` added (as click does
-    for a command's summary)."""
-    if len(text) <= limit:
-        return text
-    cut = text[:max(limit - 3, 0)]
-    if text[len(cut)] != " " and " " in cut:  # not at the end of a word: back to one
-        cut = cut[:cut.rindex(" ")]
-    return cut.rstrip(" ,;:") + "..."
-
-
 class LazyGroup(TyperGroup):
     """The ``ocistage`` group: its commands come from :data:`COMMANDS` when looked up."""
 
@@ -112,11 +101,10 @@ class LazyGroup(TyperGroup):
         rows = []
         for name in names:
             entry = COMMANDS.get(name)
-            if entry is not None:
-                rows.append((name, shorten(entry.summary, limit)))
-            else:
-                command = self.commands[name]
-                if not command.hidden:
-                    rows.append((name, command.get_short_help_str(limit)))
+            # a bare command carrying the table's summary: click cuts it as any command's
+            command = (TyperCommand(name, help=entry.summary) if entry is not None
+                       else self.commands[name])
+            if not command.hidden:
+                rows.append((name, command.get_short_help_str(limit)))
         with formatter.section("Commands"):
             formatter.write_dl(rows)
