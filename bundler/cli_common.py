@@ -93,6 +93,7 @@ def is_terminal(err: bool = True) -> bool:
         return False
     return bool(console(err).is_terminal)
 
+
 # -- shared options ----------------------------------------------------------------------------
 
 RefArg = Annotated[str, typer.Argument(

@@ -59,8 +59,6 @@ ScrunOpt = Annotated[str | None, typer.Option(
     "--scrun", metavar="PATH", help="Path of scrun [default: the scrun on PATH].")]
 
 
-
-
 def _slurm_version(text: str | None) -> SlurmVersion:
     from runtimes.slurm import SlurmVersion, installed_version
 
