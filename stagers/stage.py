@@ -122,13 +122,12 @@ def _stage_tree(staging: Staging, source: Path, label: str, link: bool | None,
         return staging.unchanged(same.files, method)
     compared: _Compared | None = None
     if marker is not None or method == "copy":
-        records: list[Record] = []
-        tree = parallel_walk_digest(source, records, min(jobs, usable_cpus()))
-        # the previous manifest is read only when the tree changed (on an unchanged tree of
-        # 100k files, reading and indexing it cost more than the walk)
-        if same is not None and not identity and same.tree == tree:
+        walked = parallel_walk_digest(source, min(jobs, usable_cpus()))
+        # the previous manifest (and the walk's records) are read only when the tree changed
+        # (on an unchanged tree of 100k files, reading and indexing it cost more than the walk)
+        if same is not None and not identity and same.tree == walked.digest:
             return staging.unchanged(same.files, method)
-        compared = _compare(staging, records, tree, method)
+        compared = _compare(staging, walked.records(), walked.digest, method)
     return _build(staging, source, label, method, identity, compared, jobs)
 
 

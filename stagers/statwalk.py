@@ -13,10 +13,17 @@ top directory's records followed by each subtree's stream, in that order. This m
 the top of the tree breadth first into such a sequence of pieces (records listed here, and
 subtrees to walk), walks the subtrees in parallel, each worker returning its subtree's digest
 lines and records, and feeds the pieces to one hasher in order.
+
+Most re-stages find the tree unchanged and never look at the records. So a worker hands its
+records back as one ``marshal`` blob (dumped in 8 ms for 50k records, where pickling the list
+took 23 ms), which is loaded only when :meth:`StatWalk.records` is asked for (20 ms, where
+unpickling took 25-32 ms): on an unchanged 100k-entry tree the walk's critical path loses
+~45 ms of its ~320.
 """
 
 from __future__ import annotations
 
+import marshal
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,33 +55,56 @@ class _Subtree:
 _Piece = list[Record] | _Subtree
 
 
-def parallel_walk_digest(root: Path, records: list[Record], processes: int) -> str:
-    """:func:`~stagers.filemanifest.walk_digest` of ``root`` with its records appended to
-    ``records``, the subtrees walked by ``processes`` forked workers; the same digest and
-    records in the same order. A small tree (or ``processes`` <= 1) is walked here."""
+class StatWalk:
+    """A walk's stat digest, and its records in walk order when they are asked for (a
+    changed tree): the records of the subtrees that workers walked stay ``marshal`` blobs
+    until then."""
+
+    def __init__(self, digest: str, parts: list[list[Record] | bytes]) -> None:
+        self.digest = digest
+        self._parts = parts
+
+    def records(self) -> list[Record]:
+        records: list[Record] = []
+        for part in self._parts:
+            records.extend(marshal.loads(part) if isinstance(part, bytes) else part)
+        return records
+
+
+def parallel_walk_digest(root: Path, processes: int) -> StatWalk:
+    """:func:`~stagers.filemanifest.walk_digest` of ``root`` and its records, the subtrees
+    walked by ``processes`` forked workers; the same digest and records in the same order. A
+    small tree (or ``processes`` <= 1) is walked here."""
     if processes <= 1:
-        return walk_digest(root, records)
+        return _sequential(root)
     try:
         pieces = _expand(os.fspath(root), processes * SUBTREES_PER_PROCESS)
     except OSError as exc:
         raise _unreadable(root, exc) from exc
     subtrees = [piece for piece in pieces if isinstance(piece, _Subtree)]
     if not MIN_PARALLEL_DIRS <= len(subtrees) <= MAX_QUEUE:  # small, or wider than a queue
-        return walk_digest(root, records)
+        return _sequential(root)
     try:
         walked = iter(map_queue(_walk_subtree, subtrees, processes))
     except OSError as exc:
         raise _unreadable(root, exc) from exc
     hasher = xxhash.xxh3_128()
+    parts: list[list[Record] | bytes] = []
     for piece in pieces:
         if isinstance(piece, _Subtree):
             lines, rows = next(walked)
             hasher.update(lines)
-            records.extend(rows)
+            parts.append(rows)
         else:
             hasher.update(digest_lines(piece))
-            records.extend(piece)
-    return hasher.hexdigest()
+            parts.append(piece)
+    return StatWalk(hasher.hexdigest(), parts)
+
+
+def _sequential(root: Path) -> StatWalk:
+    records: list[Record] = []
+    digest = walk_digest(root, records)
+    return StatWalk(digest, [records])
 
 
 def _expand(root: str, wanted: int) -> list[_Piece]:
@@ -101,8 +131,9 @@ def _expand(root: str, wanted: int) -> list[_Piece]:
     return pieces
 
 
-def _walk_subtree(subtree: _Subtree) -> tuple[bytes, list[Record]]:
-    """In a worker: the digest lines and records of the walk of ``subtree``, in walk order."""
+def _walk_subtree(subtree: _Subtree) -> tuple[bytes, bytes]:
+    """In a worker: the digest lines of the walk of ``subtree`` and its records (a
+    ``marshal`` blob), in walk order."""
     rows: list[Record] = []
     stack = [(subtree.path, subtree.prefix)]
     while stack:
@@ -110,7 +141,7 @@ def _walk_subtree(subtree: _Subtree) -> tuple[bytes, list[Record]]:
         found, subdirs = children(directory, prefix)
         rows.extend(found)
         stack.extend(subdirs)
-    return digest_lines(rows), rows
+    return digest_lines(rows), marshal.dumps(rows)
 
 
 def _unreadable(root: Path, exc: OSError) -> StageError:

@@ -18,7 +18,7 @@ from stagers.statwalk import MIN_PARALLEL_DIRS, _expand, parallel_walk_digest
 
 def _tree(root: Path, seed: int, dirs: int, depth: int) -> Path:
     """A seeded tree: nested directories (some empty, some deep), files, symlinks, a FIFO,
-    names that sort in surprising ways, the reserved names at the top."""
+    names that sort in surprising ways or are no UTF-8, the reserved names at the top."""
     rng = random.Random(seed)
     root.mkdir()
     made = [root]
@@ -33,6 +33,8 @@ def _tree(root: Path, seed: int, dirs: int, depth: int) -> Path:
             (child / f"f{m}").write_bytes(os.urandom(rng.randrange(64)))
         if rng.random() < 0.2:
             os.symlink(f"../target{n}", child / "link")
+        if rng.random() < 0.1:  # not UTF-8, a newline: records must come back exactly
+            (child / os.fsdecode(b"raw\xff\nname")).write_bytes(b"")
     os.mkfifo(root / made[-1].relative_to(root) / "fifo")
     (root / "config.json").write_text("{}")
     (root / ".ocistage-manifest.json").write_text("{}")  # reserved at the top: skipped
@@ -46,9 +48,9 @@ def test_parallel_walk_equals_the_sequential_walk(tmp_path: Path, processes: int
     digest = walk_digest(root, expected)
     assert sum(1 for p in _expand(os.fspath(root), 64) if not isinstance(p, list)) \
         >= MIN_PARALLEL_DIRS  # the parallel path is taken
-    got: list[Record] = []
-    assert parallel_walk_digest(root, got, processes) == digest
-    assert got == expected
+    walked = parallel_walk_digest(root, processes)
+    assert walked.digest == digest
+    assert walked.records() == expected
 
 
 @settings(max_examples=25, deadline=None)
@@ -59,9 +61,9 @@ def test_any_tree_walks_the_same(tmp_path_factory: pytest.TempPathFactory, seed:
     root = _tree(tmp_path_factory.mktemp("walk") / "tree", seed, dirs, depth)
     expected: list[Record] = []
     digest = walk_digest(root, expected)
-    got: list[Record] = []
-    assert parallel_walk_digest(root, got, processes) == digest
-    assert got == expected
+    walked = parallel_walk_digest(root, processes)
+    assert walked.digest == digest
+    assert walked.records() == expected
 
 
 def test_a_subtree_a_worker_cannot_read_is_a_stage_error(tmp_path: Path,
@@ -81,7 +83,7 @@ def test_a_subtree_a_worker_cannot_read_is_a_stage_error(tmp_path: Path,
 
     monkeypatch.setattr(stagers.statwalk, "children", refusing)
     with pytest.raises(StageError, match=r"cannot read the source tree .*Permission denied"):
-        parallel_walk_digest(root, [], 2)
+        parallel_walk_digest(root, 2)
 
 
 def test_a_level_wider_than_a_task_queue_is_not_taken(tmp_path: Path,
@@ -98,8 +100,8 @@ def test_a_level_wider_than_a_task_queue_is_not_taken(tmp_path: Path,
     assert sum(1 for p in pieces if not isinstance(p, list)) == 1  # "wide" only: 40 > 30
     expected: list[Record] = []
     digest = walk_digest(root, expected)
-    got: list[Record] = []
-    assert parallel_walk_digest(root, got, 2) == digest and got == expected
+    walked = parallel_walk_digest(root, 2)
+    assert walked.digest == digest and walked.records() == expected
 
 
 def test_a_bundle_that_fans_out_deep_is_still_split(tmp_path: Path) -> None:
@@ -113,5 +115,5 @@ def test_a_bundle_that_fans_out_deep_is_still_split(tmp_path: Path) -> None:
     assert sum(1 for p in pieces if not isinstance(p, list)) >= MIN_PARALLEL_DIRS
     expected: list[Record] = []
     digest = walk_digest(root, expected)
-    got: list[Record] = []
-    assert parallel_walk_digest(root, got, 2) == digest and got == expected
+    walked = parallel_walk_digest(root, 2)
+    assert walked.digest == digest and walked.records() == expected
