@@ -144,7 +144,7 @@ def _image_progress(silent: bool) -> Iterator[Callable[[int, int], None] | None]
 
 
 def _render(staged: Staged, json_output: bool, json_lines: bool, quiet: bool) -> None:
-    from stagers.remote import PushResult
+    from stagers.target import StageResult  # (stagers.remote's PushResult: not loaded here)
 
     outcome = staged.outcome
     if isinstance(outcome, list):  # --all-nodes: one result per node
@@ -154,7 +154,7 @@ def _render(staged: Staged, json_output: bool, json_lines: bool, quiet: bool) ->
         for r in outcome:
             echo(f"{r.node}: {r.result.get('path')}")
         return
-    if isinstance(outcome, PushResult):
+    if not isinstance(outcome, StageResult):  # stored at a URL (a PushResult)
         if json_output or json_lines:
             _emit({"url": outcome.url, "format": outcome.format, "size": outcome.size},
                   json_lines)

@@ -35,9 +35,7 @@ unknown key is a warning with the closest known key. docs/config.md describes ev
 
 from __future__ import annotations
 
-import difflib
 import os
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +43,6 @@ from typing import TYPE_CHECKING, Any
 
 from cache.errors import UsageError
 from cache.sizes import parse_size
-from cache.store import Store
 
 if TYPE_CHECKING:
     from bundler.registry_types import RegistryConfig
@@ -158,6 +155,8 @@ def _bad_value(path: Path, key: str, expected: str, value: object) -> UsageError
 
 
 def _unknown(path: Path, where: str, key: str, known: Sequence[str]) -> str:
+    import difflib  # only for an unknown key
+
     close = difflib.get_close_matches(key, known, n=1)
     guess = f" (did you mean `{where}{close[0]}`?)" if close else ""
     return f"config file {path}: unknown key `{where}{key}`{guess}; it is ignored"
@@ -187,16 +186,28 @@ def check_config(path: Path, data: Mapping[str, Any]) -> list[str]:
     return warnings
 
 
+def default_cache_dir() -> Path:
+    """The cache when no option, variable or config file names one: ``$XDG_CACHE_HOME``'s
+    (else ``~/.cache``'s) ``ocistage``."""
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "ocistage"
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as file:
+            import tomllib  # 2 ms of regexes, for users who have a config file
+
             return tomllib.load(file)
     except FileNotFoundError:
         return {}
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read config file {path}: {exc}",
-                         f"fix or remove the file; its format is described in {CONFIG_DOC}"
-                         ) from exc
+    except (OSError, ValueError) as exc:  # ValueError: tomllib's TOMLDecodeError, bad UTF-8
+        raise _unreadable_config(path, exc) from exc
+
+
+def _unreadable_config(path: Path, exc: Exception) -> UsageError:
+    return UsageError(f"cannot read config file {path}: {exc}",
+                      f"fix or remove the file; its format is described in {CONFIG_DOC}")
 
 
 @dataclass
@@ -342,7 +353,7 @@ def load_settings(
     insecure_hosts, mirror_map = _registries(layers, insecure, mirrors, origins)
 
     return Settings(
-        cache=Path(cache_dir).expanduser() if cache_dir is not None else Store.default_root(),
+        cache=Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir(),
         jobs=jobs_value if jobs_value is not None else DEFAULT_JOBS,
         ca_file=str(chosen_ca) if chosen_ca is not None else None,
         insecure_registries=insecure_hosts,

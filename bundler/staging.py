@@ -93,7 +93,7 @@ def stage(what: str, options: StageOptions, *, store: Store,
 def _resolve(what: str, store: Store, pull_options: Callable[[], PullOptions] | None,
              progress: ProgressFactory | None) -> tuple[Path | str, str, tuple[str, ...]]:
     """The directory (or URL) to stage, its label, and warnings of making it."""
-    from stagers.remote import is_url
+    from stagers.urls import is_url
 
     if is_url(what):
         return what, what, ()
@@ -140,15 +140,17 @@ def _names_registry(what: str) -> bool:
 def _dispatch(source: Path | str, label: str, options: StageOptions, store: Store,
               image_progress: ImageProgress | None,
               ) -> StageResult | PushResult | list[NodeResult]:
-    from stagers.allnodes import stage_all_nodes
     from stagers.markers import default_holder
-    from stagers.remote import is_url, push_tree, stage_from_url
-    from stagers.stage import stage_directory
+    from stagers.urls import is_url
 
     cache_root = store.root
     if options.all_nodes:
+        from stagers.allnodes import stage_all_nodes
+
         return stage_all_nodes(_node_argv(os.fspath(source), options, cache_root.absolute()))
     if is_url(options.to):
+        from stagers.remote import push_tree
+
         if not isinstance(source, Path):
             raise UsageError(f"cannot stage {label} to another URL",
                              "stage from a bundle, a directory or a REF to a URL")
@@ -160,8 +162,12 @@ def _dispatch(source: Path | str, label: str, options: StageOptions, store: Stor
             store.remove_temp_dir(work)
     holder = default_holder(options.pin)
     if isinstance(source, str):
+        from stagers.remote import stage_from_url
+
         return stage_from_url(source, Path(options.to), cache_root=cache_root,
                               name=options.name, holder=holder, mount_image=options.mount)
+    from stagers.stage import stage_directory
+
     return stage_directory(source, Path(options.to), cache_root=cache_root, name=options.name,
                            holder=holder, link=options.link, jobs=options.jobs,
                            format="squashfs" if options.format == "squashfs" else "dir",

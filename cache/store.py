@@ -253,14 +253,6 @@ class Store:
         store._initialise()
         return store
 
-    @staticmethod
-    def default_root() -> Path:
-        env = os.environ.get("OCISTAGE_CACHE")
-        if env:
-            return Path(env).expanduser()
-        xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        return Path(xdg) / "ocistage"
-
     def _initialise(self) -> None:
         try:
             for directory in (self.root, self.blobs / "sha256", self.ingest_dir, self.tmp_dir):

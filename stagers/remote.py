@@ -46,16 +46,6 @@ class PushResult:
     size: int
 
 
-#: ``docker://`` names an image (a reference), not a place to store files
-IMAGE_TRANSPORTS = frozenset({"docker"})
-
-
-def is_url(text: str) -> bool:
-    """A fsspec URL (``file://``, ``memory://``, ``sftp://``, ``s3://`` ...), not an image ref."""
-    scheme, sep, _ = text.partition("://")
-    return bool(sep) and scheme.isidentifier() and scheme not in IMAGE_TRANSPORTS
-
-
 def _filesystem(url: str) -> tuple[Any, str]:
     try:
         import fsspec  # imported when a URL is used: it costs ~40 ms at every CLI start

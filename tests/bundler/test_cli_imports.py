@@ -115,6 +115,27 @@ def test_commands_that_talk_to_no_registry_load_no_http_client(tmp_path: Path) -
                        "bundler.pull"} & loaded) == [], argv
 
 
+def test_staging_a_directory_loads_no_remote_or_config_machinery(tmp_path: Path) -> None:
+    """The most common stage (a local tree, no config file) loads neither the fsspec/tar/
+    squashfs-upload module nor the TOML parser (a re-stage of an unchanged tree is about as
+    fast as ``rsync -a``, so the start-up is a visible part of it)."""
+    tree = tmp_path / "tree"
+    (tree / "rootfs").mkdir(parents=True)
+    (tree / "config.json").write_text("{}")
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    for _ in range(2):  # first stage, then a re-stage
+        loaded = _modules_after(["stage", str(tree), "--to", str(staged)], tmp_path)
+        assert "stagers.stage" in loaded
+        assert sorted({"stagers.remote", "stagers.allnodes", "tomllib", "tarfile"}
+                      & loaded) == []
+    assert (staged / "tree" / "config.json").is_file()
+    config = tmp_path / "config" / "ocistage"
+    config.mkdir(parents=True)
+    (config / "config.toml").write_text("jobs = 4\n")
+    assert "tomllib" in _modules_after(["stage", str(tree), "--to", str(staged)], tmp_path)
+
+
 def test_bundling_from_an_image_layout_loads_no_http_client(tmp_path: Path) -> None:
     from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
 

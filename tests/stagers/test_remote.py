@@ -16,12 +16,12 @@ from pytest_ocistage.components import require_binary
 from stagers.filemanifest import fill_hashes, scan
 from stagers.remote import (
     fetch_file,
-    is_url,
     push_file,
     push_tree,
     stage_from_url,
 )
 from stagers.unstage import unstage
+from stagers.urls import is_url
 
 
 def _view(root: Path) -> dict[str, tuple[object, ...]]:

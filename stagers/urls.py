@@ -1,0 +1,14 @@
+"""Telling a URL that bundles are stored at (fsspec's ``file://``, ``sftp://``, ``s3://`` ...)
+from a directory or an image reference, without loading the remote machinery
+(:mod:`stagers.remote`) for the directories that most stages are."""
+
+from __future__ import annotations
+
+#: ``docker://`` names an image (a reference), not a place to store files
+IMAGE_TRANSPORTS = frozenset({"docker"})
+
+
+def is_url(text: str) -> bool:
+    """A fsspec URL (``file://``, ``memory://``, ``sftp://``, ``s3://`` ...), not an image ref."""
+    scheme, sep, _ = text.partition("://")
+    return bool(sep) and scheme.isidentifier() and scheme not in IMAGE_TRANSPORTS
