@@ -134,7 +134,8 @@ VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Log what happ
 def load_cli_settings(*, cache: Path | None = None, insecure: list[str] | None = None,
                       mirror: list[str] | None = None, ca_file: Path | None = None,
                       jobs: int | None = None, pull: str | None = None,
-                      max_size: str | None = None) -> Settings:
+                      max_size: str | None = None,
+                      keep_snapshot: bool | None = None) -> Settings:
     """The settings of a command: its options over environment, config files and defaults.
 
     The config files' warnings (unknown keys) are printed here.
@@ -143,7 +144,7 @@ def load_cli_settings(*, cache: Path | None = None, insecure: list[str] | None =
 
     settings = load_settings(cache=cache, jobs=jobs, ca_file=str(ca_file) if ca_file else None,
                              insecure=insecure or (), mirrors=mirror or (), pull=pull,
-                             max_size=max_size)
+                             max_size=max_size, keep_snapshot=keep_snapshot)
     print_warnings(settings.warnings)
     return settings
 

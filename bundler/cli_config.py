@@ -39,6 +39,7 @@ def _values(settings: Settings) -> dict[str, Any]:
         "stage_to": settings.stage_to,
         "ca_file": settings.ca_file,
         "loopback_insecure": settings.loopback_insecure,
+        "keep_snapshot": settings.keep_snapshot,
         "insecure_registries": sorted(settings.insecure_registries),
         "mirrors": {host: list(urls) for host, urls in sorted(settings.mirrors.items())},
     }

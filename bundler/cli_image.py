@@ -186,12 +186,12 @@ def bundle_command(
         "--link", help="Make DEST from the cache's snapshot by hard links: fast, shares files "
                        "with the cache, so the root filesystem is read-only (a copy where "
                        "DEST refuses links from the cache, e.g. another mount).")] = False,
-    keep_snapshot: Annotated[bool, typer.Option(
-        "--keep-snapshot", help="Unpack the image into a snapshot kept in the cache and copy "
-                                "DEST from it, so a later --link or cached bundle of it "
-                                "unpacks nothing; writes the tree twice [default: only where "
-                                "copies from the cache are reflinks, e.g. btrfs, XFS].")
-    ] = False,
+    keep_snapshot: Annotated[bool | None, typer.Option(
+        "--keep-snapshot/--no-keep-snapshot",
+        help="Unpack the image into a snapshot kept in the cache and copy DEST from it, so a "
+             "later --link or cached bundle of it unpacks nothing; writes the tree twice "
+             "[default: keep_snapshot in the config file, else only where copies from the "
+             "cache are reflinks, e.g. btrfs, XFS].")] = None,
     gpus: Annotated[str | None, typer.Option(
         "--gpus", metavar="all|IDS", help="Expose NVIDIA GPUs (prestart hook + CDI "
                                           "annotation).")] = None,
@@ -212,7 +212,8 @@ def bundle_command(
 
     setup_logging(verbose)
     settings = load_cli_settings(cache=cache, insecure=insecure_registry, mirror=mirror,
-                                 ca_file=ca_file, jobs=jobs, pull=pull_policy)
+                                 ca_file=ca_file, jobs=jobs, pull=pull_policy,
+                                 keep_snapshot=keep_snapshot)
     source, store, options = image_inputs(ref, settings, platform)
     config_options = ConfigOptions(
         rootless=rootless, args=cmd or None, entrypoint=entrypoint or None, env=env or (),
@@ -221,7 +222,7 @@ def bundle_command(
     with download_progress(quiet or json_output) as progress:
         result = make_bundle(source, store, dest, pull_options=options,
                              config_options=config_options, progress=progress, link=link,
-                             keep_snapshot=keep_snapshot)
+                             keep_snapshot=settings.keep_snapshot)
     print_warnings(result.warnings, quiet)
     if json_output:
         print_json({"path": str(result.path), "reused": result.reused,

@@ -19,6 +19,8 @@ which the user's file overrides key by key::
     pull = "missing"                        # like --pull / $OCISTAGE_PULL: always (ask the
                                             # registry), missing (a complete cached copy is
                                             # used as is), never (the cache only)
+    keep_snapshot = true                    # like bundle --keep-snapshot: a cold
+                                            # `bundle REF DEST` keeps the unpacked image
 
     [registries."docker.io"]
     mirrors = ["https://mirror.site.example:5000"]   # tried before the origin
@@ -69,6 +71,7 @@ class Settings:
     stage_to: str | None = None  # default stage target (`stage --to`); None: none configured
     pull: str = "always"  # one of PULL_POLICIES
     unpack_limit: int | None = None  # bytes a bundle may unpack; None: bundler.layers' default
+    keep_snapshot: bool = False  # `bundle REF DEST` unpacks into a snapshot kept in the cache
     # where each setting above comes from: "option --jobs", "environment OCISTAGE_PULL",
     # "file /etc/ocistage/config.toml" or "default" (several, comma-separated, for the
     # registries, which add up)
@@ -139,6 +142,7 @@ KEYS: Mapping[str, tuple[str, Callable[[object], bool]]] = {
                  lambda v: isinstance(v, str) and bool(v)),
     "pull": ("one of " + ", ".join(f'"{p}"' for p in PULL_POLICIES),
              lambda v: v in PULL_POLICIES),
+    "keep_snapshot": ("true or false", lambda v: isinstance(v, bool)),
     "registries": ('a table of registries: [registries."HOST[:PORT]"]',
                    lambda v: isinstance(v, dict)),
 }
@@ -321,6 +325,7 @@ def load_settings(
     mirrors: Sequence[str] = (),
     max_size: str | None = None,
     pull: str | None = None,
+    keep_snapshot: bool | None = None,
 ) -> Settings:
     """Settings from options (arguments), environment and config files, in that precedence."""
     layers = _Layers.read()
@@ -349,6 +354,9 @@ def load_settings(
     stage_to = pick("stage_to", _env("OCISTAGE_STAGE_TO"), layers.get("stage_to"))
     chosen_ca = pick("ca_file", _option(ca_file, "--ca-file"), layers.get("ca_file"))
     loopback = pick("loopback_insecure", layers.get("loopback_insecure"))
+    keep = pick("keep_snapshot",
+                _option(keep_snapshot, "--keep-snapshot" if keep_snapshot else
+                        "--no-keep-snapshot"), layers.get("keep_snapshot"))
 
     insecure_hosts, mirror_map = _registries(layers, insecure, mirrors, origins)
 
@@ -364,6 +372,7 @@ def load_settings(
         stage_to=os.path.expanduser(stage_to) if stage_to and "://" not in stage_to
         else stage_to,
         pull=policy if policy is not None else "always",
+        keep_snapshot=bool(keep),
         origins=origins,
         warnings=tuple(layers.warnings),
     )

@@ -36,6 +36,7 @@ def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
     ("cache = 5", "cache", "a non-empty string"),
     ('pull = "sometimes"', "pull", '"always", "missing", "never"'),
     ("loopback_insecure = 1", "loopback_insecure", "true or false"),
+    ('keep_snapshot = "yes"', "keep_snapshot", "true or false"),
     ('max_size = "big"', "max_size", "a size"),
     ('unpack_limit = "huge"', "unpack_limit", "a size"),
     ("max_size = -1", "max_size", "a size"),
@@ -121,6 +122,7 @@ def test_origins_say_option_environment_file_or_default(files: tuple[Path, Path]
         "stage_to": "default",
         "ca_file": "default",
         "loopback_insecure": "default",
+        "keep_snapshot": "default",
         "insecure_registries": f"file {site}, option --insecure-registry",
         "mirrors": f"file {user}",
     }

@@ -90,6 +90,30 @@ def test_keep_snapshot_makes_a_cold_dest_the_last_unpack(images: dict[str, Image
     assert (cached["layers_applied"], linked["layers_applied"]) == (0, 0)
 
 
+def test_keep_snapshot_in_the_config_file_and_its_negation(images: dict[str, ImageRef],
+                                                          ocistage: OcistageRunner,
+                                                          tmp_path: Path) -> None:
+    """``keep_snapshot = true`` in the config file makes every cold ``bundle REF DEST`` keep
+    the snapshot; ``--no-keep-snapshot`` overrides it for one command."""
+    config = ocistage.home / ".config" / "ocistage" / "config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text("keep_snapshot = true\n")
+    shown = json.loads(ocistage("config", "show", "--json", check=True).stdout)
+    assert shown["settings"]["keep_snapshot"] == {"value": True, "origin": f"file {config}"}
+    store = Store.open(ocistage.cache)
+    ocistage("bundle", "-q", "--no-keep-snapshot", images["busybox"].ref,
+             str(tmp_path / "plain"), check=True)
+    keeps = reflinks_work(store.tmp_dir, tmp_path)  # the default's own choice
+    assert len(list_snapshots(store)) == (1 if keeps else 0)
+    cold = json.loads(ocistage("bundle", "--json", images["multilayer"].ref,
+                               str(tmp_path / "kept"), check=True).stdout)
+    assert cold["layers_applied"] == len(images["multilayer"].layer_digests)
+    assert len(list_snapshots(store)) == (2 if keeps else 1)
+    linked = json.loads(ocistage("bundle", "--json", "--link", images["multilayer"].ref,
+                                 str(tmp_path / "linked"), check=True).stdout)
+    assert linked["layers_applied"] == 0
+
+
 def test_shared_base_layers_are_fetched_and_unpacked_once(images: dict[str, ImageRef],
                                                           fault_proxy: FaultProxy,
                                                           tmp_path: Path) -> None:
