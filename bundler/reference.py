@@ -27,6 +27,7 @@ first ``:`` (as in containers/image), so such paths cannot contain ``:``.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,7 +170,7 @@ def parse_reference(text: str) -> ImageSource:
 
 def _path_given(text: str) -> InvalidReference:
     try:
-        path = Path(text).expanduser()
+        path = Path(os.path.expanduser(text))
     except RuntimeError:  # ~name of a user that does not exist
         path = Path(text)
     hint = ("for an image on disk write oci:PATH (an OCI image layout), oci-archive:FILE or "

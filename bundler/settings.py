@@ -101,7 +101,7 @@ class Settings:
 def user_config_path() -> Path:
     env = os.environ.get("OCISTAGE_CONFIG")
     if env:
-        return Path(env).expanduser()
+        return Path(os.path.expanduser(env))
     xdg = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(xdg) / "ocistage" / "config.toml"
 
@@ -361,7 +361,7 @@ def load_settings(
     insecure_hosts, mirror_map = _registries(layers, insecure, mirrors, origins)
 
     return Settings(
-        cache=Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir(),
+        cache=Path(os.path.expanduser(cache_dir)) if cache_dir is not None else default_cache_dir(),
         jobs=jobs_value if jobs_value is not None else DEFAULT_JOBS,
         ca_file=str(chosen_ca) if chosen_ca is not None else None,
         insecure_registries=insecure_hosts,

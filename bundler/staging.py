@@ -97,7 +97,7 @@ def _resolve(what: str, store: Store, pull_options: Callable[[], PullOptions] | 
 
     if is_url(what):
         return what, what, ()
-    path = Path(what).expanduser()
+    path = Path(os.path.expanduser(what))
     if path.is_dir():
         return path.absolute(), os.fspath(path.absolute()), ()
     if _looks_like_path(what):

@@ -249,7 +249,7 @@ class Store:
 
     @classmethod
     def open(cls, root: Path | str) -> Store:
-        store = cls(Path(root).expanduser().absolute())
+        store = cls(Path(os.path.expanduser(root)).absolute())
         store._initialise()
         return store
 
