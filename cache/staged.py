@@ -48,6 +48,7 @@ MANIFEST_NAME = ".ocistage-manifest.json"
 POOL_DIR = ".ocistage-pool"
 POOL_TEMP_SUFFIX = ".tmp"
 TMP_DIR = ".ocistage-tmp"
+RETIRED_PREFIX = ".ocistage-retired-"  # + NAME.<rand>: a replaced version jobs may still use
 IMAGE_SUFFIX = ".sqfs"
 UNMOUNT_TIMEOUT = 60
 TEMP_GRACE = 3600.0   # a named temp file in the pool younger than this may be being written

@@ -14,6 +14,7 @@ once the job has ended; otherwise a pin named ``stage:<user>``, which lives unti
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import os
@@ -123,6 +124,30 @@ def releasing_holder(pin: str | None = None,
         return Holder.pin(pin)
     job = env.get("SLURM_JOB_ID")
     return Holder.slurm_job(job) if job else None
+
+
+def live_leases(found: list[Lease]) -> list[Lease]:
+    """The leases among ``found`` that are live (Slurm jobs asked with one ``squeue``)."""
+    if not found:
+        return []
+    jobs = [str(lease.holder.job_id) for lease in found if lease.holder.kind == "slurm-job"]
+    states = leases.squeue_states(jobs) if jobs else {}
+    return [lease for lease in found if leases.is_live(lease, states)]
+
+
+def write_at(dir_fd: int, name: str, data: bytes) -> None:
+    """Replace file ``name`` in ``dir_fd`` atomically (temp file, rename; no link followed)."""
+    temp = f".{name}.{os.getpid()}.tmp"
+    out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                  0o644, dir_fd=dir_fd)
+    try:
+        with os.fdopen(out, "wb") as file:
+            file.write(data)
+        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp, dir_fd=dir_fd)
+        raise
 
 
 def same_holder(a: Holder, b: Holder) -> bool:

@@ -8,11 +8,14 @@ sequence around that is this module's, written once::
         staging.refuse_foreign("dir")        # what is at TO/NAME must be ours and of this format
         scratch = staging.scratch()          # TO/.ocistage-tmp/NAME.<pid>-<random>
         ...                                  # the strategy fills it
-        staging.publish(scratch)             # rename (or exchange) into TO/NAME
+        staging.publish(scratch)             # rename (or exchange) into TO/NAME; the
+                                             # replaced version is removed, or retired while
+                                             # a job may run on it (stagers.retired)
 
 Entering: make ``TO`` (a file there is refused), take ``NAME``'s lock, claim the holder's lease
 *before* looking at what is staged (a GC that started earlier finishes first), remove the
-scratch dirs of killed stagers of ``NAME``, read the marker. Leaving normally: scratch dirs and
+scratch dirs of killed stagers of ``NAME`` and its retired versions that no live lease holds,
+read the marker. Leaving normally: scratch dirs and
 their ``.owner`` files are removed. Leaving by an exception: the scratch dirs are dropped, the
 lease is released unless something published names it, pool entries that no bundle links to are
 swept (a stage killed by a full disk leaves nothing behind that ``cache gc`` would never see),
@@ -32,6 +35,7 @@ from cache.leases import Holder, Lease
 from cache.locks import FileLock
 from cache.staged import image_path, sweep_pool
 from cache.store import fsync_dir
+from stagers import retired
 from stagers.errors import StageError
 from stagers.filemanifest import MANIFEST_NAME, Manifest, load_manifest
 from stagers.markers import Marker, claim, new_marker, read_marker, release_if_unused
@@ -95,6 +99,7 @@ class Staging:
         self._scratches: list[Path] = []
         self._pool: Pool | None = None
         self._lock: FileLock | None = None
+        self._users: list[Holder] | None = None
 
     @property
     def lease(self) -> Lease:
@@ -113,6 +118,7 @@ class Staging:
         try:
             self._lease, self._taken = claim(self.cache_root, self.final, self.holder)
             clean_leftovers(self.to, self.name)
+            retired.sweep(self.to, self.name, self.cache_root)  # of jobs that have ended
             self.marker = read_marker(self.final)
         except OSError as exc:
             self._undo()
@@ -216,16 +222,28 @@ class Staging:
         self._pool = Pool.of_target(self.to)
         self._pool.prepare()
 
+    def users(self) -> list[Holder]:
+        """Who may be running on the current version of ``TO/NAME`` (:mod:`stagers.retired`):
+        live Slurm jobs and processes holding it, asked once per staging."""
+        if self._users is None:
+            self._users = [lease.holder for lease in retired.users(
+                self.cache_root, self.final, self.lease, self._taken)]
+        return self._users
+
     def publish(self, tree: Path, processes: int = 1) -> bool:
         """Make ``tree`` (in a scratch dir) ``TO/NAME`` by one rename, or an exchange with the
-        previous version, which is then removed (in ``processes`` workers). True if a previous
-        version was replaced."""
+        previous version, which is then removed (in ``processes`` workers), or retired while
+        :meth:`users` may run on it. True if a previous version was replaced."""
         os.chmod(tree, 0o755)
+        users = self.users() if os.path.lexists(self.final) else []
         replaced = publish(tree, self.final)
         fsync_dir(self.to)
         if replaced is None:
             return False
-        remove_in_workers(replaced, processes)
+        if users:
+            retired.retire(replaced, self.final, self.cache_root, users)
+        else:
+            remove_in_workers(replaced, processes)
         return True
 
 

@@ -157,6 +157,10 @@ def _build(staging: Staging, source: Path, label: str, method: Method, identity:
         staging.use_pool()
     scratch = staging.scratch()
     builder = Builder(source, scratch, staging.final, method, previous, pool, jobs, before)
+    if method == "copy" and previous is not None and staging.users():
+        # a copy's unchanged files are carried over as hardlinks of the previous version's:
+        # a job still running on that version (it will be retired) may write to them
+        builder.carry_over = False
     try:
         if compared is None:  # the entries come with the hashes computed on the way
             entries, tree = build_first(builder, min(jobs, usable_cpus()), hash_first)

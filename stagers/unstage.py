@@ -14,7 +14,6 @@ lease on the path is released. Pool entries no other bundle links to any more ar
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -22,8 +21,9 @@ from pathlib import Path
 from cache import leases, staged
 from cache.fsops import DIR_READ
 from cache.leases import Holder, Lease
+from stagers import retired
 from stagers.errors import StageError
-from stagers.markers import Marker, marker_of, same_holder, staged_target
+from stagers.markers import Marker, live_leases, marker_of, same_holder, staged_target, write_at
 
 
 def _release_leases(cache_root: Path, path: Path, holder: Holder | None) -> list[Lease]:
@@ -35,11 +35,7 @@ def _release_leases(cache_root: Path, path: Path, holder: Holder | None) -> list
             leases.release(cache_root, lease.id)
         else:
             remaining.append(lease)
-    if not remaining:
-        return []
-    jobs = [str(lease.holder.job_id) for lease in remaining if lease.holder.kind == "slurm-job"]
-    states = leases.squeue_states(jobs) if jobs else {}
-    return [lease for lease in remaining if leases.is_live(lease, states)]
+    return live_leases(remaining)
 
 
 def _hand_over(parent_fd: int, name: str, fd: int, marker: Marker, mounted: bool,
@@ -54,24 +50,9 @@ def _hand_over(parent_fd: int, name: str, fd: int, marker: Marker, mounted: bool
         return
     data = replace(marker, id=live[0].id).to_json()
     if mounted:
-        _write_at(parent_fd, staged.outer_marker_name(name), data)
+        write_at(parent_fd, staged.outer_marker_name(name), data)
     else:
-        _write_at(fd, staged.MARKER_NAME, data)
-
-
-def _write_at(dir_fd: int, name: str, data: bytes) -> None:
-    """Replace file ``name`` in ``dir_fd`` atomically (temp file, rename; no link followed)."""
-    temp = f".{name}.{os.getpid()}.tmp"
-    out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                  0o644, dir_fd=dir_fd)
-    try:
-        with os.fdopen(out, "wb") as file:
-            file.write(data)
-        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp, dir_fd=dir_fd)
-        raise
+        write_at(fd, staged.MARKER_NAME, data)
 
 
 def unstage(path: Path, *, cache_root: Path, holder: Holder | None = None,
@@ -88,12 +69,15 @@ def unstage(path: Path, *, cache_root: Path, holder: Holder | None = None,
             return False
         raise StageError(f"cannot open {parent}: {exc.strerror}") from exc
     try:
-        return _unstage_in(parent_fd, Path(parent), name, path, cache_root, holder, force)
+        removed = _unstage_in(parent_fd, Path(parent), name, path, cache_root, holder, force)
+        # versions of it that a re-stage retired while jobs ran on them (stagers.retired)
+        retired.sweep(Path(parent), name, cache_root, holder=holder, release=True, force=force)
     except OSError as exc:
         raise StageError(f"removing {path} failed: {exc.strerror} ({exc.filename})",
                          "check that you own the staged bundle") from exc
     finally:
         os.close(parent_fd)
+    return removed
 
 
 def _unstage_in(parent_fd: int, parent: Path, name: str, path: Path, cache_root: Path,

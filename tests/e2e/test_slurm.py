@@ -23,6 +23,8 @@ from cache.leases import Holder, all_leases
 from cache.store import Store
 from pytest_ocistage.images import OS_RELEASE_NAME, ImageRef
 from pytest_ocistage.slurm import JobUser, SlurmCluster, read_output
+from stagers.markers import hold
+from stagers.retired import retired_versions
 from stagers.stage import stage_directory
 from tests.e2e.conftest import OcistageRunner
 
@@ -93,6 +95,46 @@ def test_sbatch_container_runs_and_scontrol_shows_the_container(
     assert values["NAME"] == OS_RELEASE_NAME
     assert values["fixture"] == "multilayer"
     assert values["job"] == job_id
+
+
+def test_a_restage_keeps_the_version_a_running_job_reads(
+        slurm_cluster: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
+        shared_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job runs a container on a staged bundle that it holds; the source changes and is
+    staged again while it runs. The job goes on reading the version it started on (retired,
+    not removed: removing it emptied the job's root filesystem under it), and the first stage
+    after the job has ended removes that version."""
+    slurm_cluster.export(monkeypatch)  # the stager asks squeue whether the job runs
+    bundle = shared_dir / "bundle"
+    ocistage("bundle", images["busybox"].ref, str(bundle), check=True)
+    version = bundle / "rootfs" / "etc" / "version"
+    version.write_text("one\n")
+    to, cache = shared_dir / "staged", ocistage.cache
+    first = stage_directory(bundle, to, cache_root=cache, name="app", holder=Holder.pin("t"))
+    output = shared_dir / "job.out"
+    job_id = slurm_cluster.sbatch(
+        f"--output={output}", f"--container={first.path}", "--wrap",
+        "cat /etc/version; sleep 8; cat /etc/version; ls /bin/sh", cwd=shared_dir)
+    hold(cache, first.path, Holder.slurm_job(job_id))  # as `ocistage stage` in the job does
+    deadline = time.monotonic() + 120
+    while not (output.exists() and "one" in output.read_text()):
+        assert time.monotonic() < deadline, slurm_cluster.job_record(job_id)
+        time.sleep(0.2)
+    replacement = version.with_name("version.new")  # a new inode, as an editor writes
+    replacement.write_text("two\n")
+    os.replace(replacement, version)
+    second = stage_directory(bundle, to, cache_root=cache, name="app", holder=Holder.pin("t"))
+    assert (second.path / "rootfs" / "etc" / "version").read_text() == "two\n"
+    record = slurm_cluster.wait_for_job(job_id)
+    # (slurmstepd may append its own complaints after the container's lines)
+    assert read_output(output).splitlines()[:3] == ["one", "one", "/bin/sh"], \
+        read_output(output)
+    assert record["JobState"] == "COMPLETED", (record, read_output(output))
+    [aside] = retired_versions(to, "app")
+    slurm_cluster.wait_until_gone_from_squeue(job_id)
+    third = stage_directory(bundle, to, cache_root=cache, name="app", holder=Holder.pin("t"))
+    assert third.unchanged == third.files
+    assert retired_versions(to, "app") == [] and not aside.exists()
 
 
 def test_srun_container_runs_a_root_image(

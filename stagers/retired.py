@@ -1,0 +1,106 @@
+"""Versions replaced while a job may still run on them: kept aside until it has ended.
+
+A re-stage of a changed source publishes the new version of ``TO/NAME`` by an exchange, and
+the replaced version used to be removed at once. But a job that started a container on it
+(runc bind-mounts ``rootfs/`` when the container starts) goes on reading the replaced tree
+after the switch: removing it would pull its files from under the running job — worse than
+``rsync``'s mix of two versions. So when a live holder of ``TO/NAME`` other than the stager
+itself — a Slurm job (asked with ``squeue``; one that Slurm cannot be asked about counts as
+live), or a process — holds a lease on it, the replaced version is *retired* instead:
+
+- one lease per such holder is taken on ``staged:TO/.ocistage-retired-NAME.<hex>`` (before the
+  rename: a crash leaves leases on a path that is gone, which ``cache gc`` drops), the version
+  is renamed there (a reserved name: no staged name starts with ``.ocistage``), and its marker
+  is rewritten to name the first of those leases, so ``cache gc`` removes it like any staged
+  bundle once those leases are all dead;
+- the next stage of ``NAME`` (under its lock) and ``unstage NAME`` remove the retired versions
+  of ``NAME`` that no live lease holds any more; ``unstage`` releases the caller's leases on
+  them first (without a holder: every lease, and with ``--force`` they go whoever holds them).
+
+Pins do not keep a retired version: a pin (``stage:USER`` outside a job) is held until
+``unstage`` and names no running process, so it would keep every version ever replaced.
+Only the stager's own cache's leases are seen: jobs of other users that run a bundle staged
+by you are not known to it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+
+from cache import leases, staged
+from cache.fsops import DIR_FOLLOW, remove_tree
+from cache.leases import Holder, Lease
+from cache.staged import RETIRED_PREFIX
+from stagers.markers import live_leases, marker_of, same_holder, staged_target, write_at
+
+
+def retired_path(to: Path, name: str) -> Path:
+    """A new path for a retired version of ``name`` in ``to``."""
+    return to / f"{RETIRED_PREFIX}{name}.{uuid.uuid4().hex[:10]}"
+
+
+def users(cache_root: Path, final: Path, own: Lease, own_is_new: bool) -> list[Lease]:
+    """The live leases on ``final`` whose holders may run on its current version: Slurm jobs
+    and processes, not pins; this staging's own lease only if it held ``final`` before."""
+    found = [lease for lease in leases.leases_on(cache_root, staged_target(final))
+             if lease.holder.kind != "pin" and not (own_is_new and lease.id == own.id)]
+    return live_leases(found)
+
+
+def retire(replaced: Path, final: Path, cache_root: Path, holders: Iterable[Holder]) -> Path:
+    """Move the replaced version ``replaced`` of ``final`` aside, held by ``holders``; returns
+    where it now is (see the module docstring)."""
+    aside = retired_path(final.parent, final.name)
+    taken = [leases.acquire(cache_root, staged_target(aside), holder) for holder in holders]
+    os.rename(replaced, aside)
+    fd = os.open(aside, DIR_FOLLOW)
+    try:
+        marker = marker_of(staged.read_json_at(fd, staged.MARKER_NAME))
+        if marker is not None and taken:
+            write_at(fd, staged.MARKER_NAME, replace(marker, id=taken[0].id).to_json())
+    finally:
+        os.close(fd)
+    return aside
+
+
+def retired_versions(to: Path, name: str) -> list[Path]:
+    """The retired versions of ``name`` in ``to``."""
+    pattern = re.compile(re.escape(RETIRED_PREFIX + name) + r"\.[0-9a-f]{10}")
+    try:
+        entries = os.listdir(to)
+    except OSError:
+        return []
+    return [to / entry for entry in sorted(entries) if pattern.fullmatch(entry)]
+
+
+def sweep(to: Path, name: str, cache_root: Path, *, holder: Holder | None = None,
+          release: bool = False, force: bool = False) -> int:
+    """Remove the retired versions of ``name`` that no live lease holds; returns how many.
+
+    ``release``: first release ``holder``'s leases on them (every lease when ``holder`` is
+    None), as ``unstage`` does; ``force``: remove them whoever holds them. Pool entries only
+    they linked to are released after.
+    """
+    removed = 0
+    for path in retired_versions(to, name):
+        target = staged_target(path)
+        remaining = []
+        for lease in leases.leases_on(cache_root, target):
+            if force or (release and (holder is None or same_holder(lease.holder, holder))):
+                leases.release(cache_root, lease.id)
+            else:
+                remaining.append(lease)
+        if live_leases(remaining):
+            continue
+        remove_tree(path)
+        for lease in remaining:
+            leases.release(cache_root, lease.id)
+        removed += 1
+    if removed:
+        staged.sweep_pool(to)
+    return removed

@@ -1,0 +1,171 @@
+"""stagers.retired: a re-stage keeps the replaced version while a live holder other than the
+stager may run on it, and removes it once that holder is gone (next stage, unstage, cache gc).
+
+A live holder here is a process (a ``pid`` lease of a ``sleep`` this test starts), which
+:func:`cache.leases.is_live` checks without Slurm; tests/e2e/test_slurm.py runs the same with
+a real Slurm job reading the bundle in its container.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cache import leases
+from cache.gc import GcOptions, collect
+from cache.leases import Holder
+from cache.staged import MARKER_NAME, RETIRED_PREFIX
+from cache.store import Store
+from stagers.markers import Marker, hold
+from stagers.retired import retired_versions
+from stagers.stage import StageResult, stage_directory
+from stagers.unstage import unstage
+
+PIN = Holder.pin("test")
+
+
+@pytest.fixture
+def runner() -> Iterator[Holder]:
+    """A live process standing for a job's container, as a lease holder."""
+    process = subprocess.Popen(["sleep", "300"])
+    try:
+        yield Holder("pid", host=socket.gethostname(), pid=process.pid)
+    finally:
+        process.kill()
+        process.wait()
+
+
+def _end(holder: Holder) -> None:
+    assert holder.pid is not None
+    os.kill(holder.pid, 9)
+    os.waitpid(holder.pid, 0)
+
+
+def _source(root: Path, version: str) -> Path:
+    (root / "rootfs" / "etc").mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text('{"root": {"path": "rootfs"}}\n')
+    for n in range(20):
+        (root / "rootfs" / f"f{n}").write_text(f"file {n}\n")
+    _write(root / "rootfs" / "etc" / "version", version)
+    return root
+
+
+def _write(path: Path, text: str) -> None:
+    """A new inode (as an editor or a build writes): hardlinked versions keep the old one."""
+    temp = path.with_name(path.name + ".new")
+    temp.write_text(text)
+    os.replace(temp, path)
+
+
+def _stage(source: Path, to: Path, cache: Path, holder: Holder = PIN,
+           **options: object) -> StageResult:
+    return stage_directory(source, to, cache_root=cache, name="app", holder=holder,
+                           **options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("link", [None, False])
+def test_a_running_holder_keeps_the_replaced_version(tmp_path: Path, runner: Holder,
+                                                     link: bool | None) -> None:
+    source, to, cache = _source(tmp_path / "src", "one\n"), tmp_path / "to", tmp_path / "cache"
+    first = _stage(source, to, cache, link=link)
+    hold(cache, first.path, runner)  # a job that runs it
+    inside = os.open(first.path / "rootfs" / "etc", os.O_RDONLY)  # as a container's mount
+    try:
+        _write(source / "rootfs" / "etc" / "version", "two\n")
+        second = _stage(source, to, cache, link=link)
+        assert (second.path / "rootfs" / "etc" / "version").read_text() == "two\n"
+        assert os.open("version", os.O_RDONLY, dir_fd=inside) >= 0  # still there for it
+        [aside] = retired_versions(to, "app")
+        assert aside.name.startswith(RETIRED_PREFIX + "app.")
+        assert (aside / "rootfs" / "etc" / "version").read_text() == "one\n"
+        assert os.path.samestat(os.fstat(inside), os.stat(aside / "rootfs" / "etc"))
+        # held by the runner alone, and marked with that lease (cache gc's contract)
+        [lease] = leases.leases_on(cache, f"staged:{aside}")
+        assert lease.holder == runner
+        assert Marker.from_json((aside / MARKER_NAME).read_bytes()).id == lease.id
+        if link is False:  # a copy carries nothing over from a version a job may write to
+            assert (second.path / "rootfs" / "f0").stat().st_ino != \
+                (aside / "rootfs" / "f0").stat().st_ino
+        # while it runs, another change retires the second version too
+        _write(source / "rootfs" / "etc" / "version", "three\n")
+        _stage(source, to, cache, link=link)
+        assert len(retired_versions(to, "app")) == 2
+        _end(runner)
+        again = _stage(source, to, cache, link=link)  # unchanged: the next stage sweeps
+        assert again.unchanged == again.files
+        assert retired_versions(to, "app") == []
+        assert not [lease for lease in leases.all_leases(cache) if lease.holder == runner
+                    and RETIRED_PREFIX in lease.target]
+    finally:
+        os.close(inside)
+
+
+def test_pins_and_the_stager_itself_do_not_retire(tmp_path: Path) -> None:
+    """A pin names no running process (it is held until unstage), and a holder that takes
+    its lease with this very stage was not running on the replaced version."""
+    source, to, cache = _source(tmp_path / "src", "one\n"), tmp_path / "to", tmp_path / "cache"
+    first = _stage(source, to, cache)
+    hold(cache, first.path, Holder.pin("another"))
+    _write(source / "rootfs" / "etc" / "version", "two\n")
+    _stage(source, to, cache, holder=Holder("pid", socket.gethostname(), os.getpid()))
+    assert retired_versions(to, "app") == []
+
+
+def test_unstage_releases_the_callers_leases_on_retired_versions(tmp_path: Path,
+                                                                 runner: Holder) -> None:
+    source, to, cache = _source(tmp_path / "src", "one\n"), tmp_path / "to", tmp_path / "cache"
+    first = _stage(source, to, cache)
+    hold(cache, first.path, runner)
+    _write(source / "rootfs" / "etc" / "version", "two\n")
+    _stage(source, to, cache)
+    [aside] = retired_versions(to, "app")
+    # another holder's unstage: the runner still uses both the bundle and the retired version
+    assert unstage(first.path, cache_root=cache, holder=PIN) is False
+    assert retired_versions(to, "app") == [aside]
+    # the runner's own unstage (as a job's cleanup): both go
+    assert unstage(first.path, cache_root=cache, holder=runner) is True
+    assert retired_versions(to, "app") == []
+    assert not to.joinpath(".ocistage-pool").exists() or not any(
+        p.is_file() for p in to.joinpath(".ocistage-pool").rglob("*"))
+
+
+def test_unstage_force_removes_retired_versions_whoever_holds_them(tmp_path: Path,
+                                                                   runner: Holder) -> None:
+    source, to, cache = _source(tmp_path / "src", "one\n"), tmp_path / "to", tmp_path / "cache"
+    first = _stage(source, to, cache)
+    hold(cache, first.path, runner)
+    _write(source / "rootfs" / "etc" / "version", "two\n")
+    _stage(source, to, cache)
+    assert len(retired_versions(to, "app")) == 1
+    assert unstage(first.path, cache_root=cache, holder=PIN, force=True) is True
+    assert retired_versions(to, "app") == []
+    assert [lease for lease in leases.all_leases(cache) if RETIRED_PREFIX in lease.target] == []
+
+
+def test_cache_gc_removes_a_retired_version_once_its_holders_are_gone(
+        tmp_path: Path, other_fs: Path, runner: Holder) -> None:
+    """Nobody stages the name again: ``cache gc`` finds the retired version by its leases,
+    and the pool entries only it linked go with it."""
+    source, cache = _source(tmp_path / "src", "one\n"), tmp_path / "cache"
+    first = _stage(source, other_fs, cache)
+    assert first.method == "pool"
+    hold(cache, first.path, runner)
+    _write(source / "rootfs" / "etc" / "version", "two\n")
+    _stage(source, other_fs, cache)
+    [aside] = retired_versions(other_fs, "app")
+    pooled = {p.name for p in (other_fs / ".ocistage-pool").rglob("*") if p.is_file()}
+    assert len(pooled) == 22  # 20 files, config.json, and both versions of etc/version
+    collect(Store.open(cache), GcOptions())
+    assert aside.exists()  # its holder runs
+    _end(runner)
+    report = collect(Store.open(cache), GcOptions())
+    assert not aside.exists()
+    assert [r.name for r in report.removed if r.kind == "staged"] == [str(aside)]
+    pooled = {p.name for p in (other_fs / ".ocistage-pool").rglob("*") if p.is_file()}
+    assert len(pooled) == 21
+    assert (other_fs / "app" / "rootfs" / "etc" / "version").read_text() == "two\n"
