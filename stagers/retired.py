@@ -17,7 +17,8 @@ live), or a process — holds a lease on it, the replaced version is *retired* i
   of ``NAME`` that no live lease holds any more; ``unstage`` releases the caller's leases on
   them first (without a holder: every lease, and with ``--force`` they go whoever holds them).
 
-Pins do not keep a retired version: a pin (``stage:USER`` outside a job) is held until
+The stager's own holder counts only if it held ``NAME`` before this stage. Pins do not keep a
+retired version: a pin (``stage:USER`` outside a job) is held until
 ``unstage`` and names no running process, so it would keep every version ever replaced.
 Only the stager's own cache's leases are seen: jobs of other users that run a bundle staged
 by you are not known to it.
