@@ -46,6 +46,7 @@ from stagers.filemanifest import (
     fill_missing_hashes,
 )
 from stagers.fresh import build_first
+from stagers.gcpause import cyclic_gc_paused
 from stagers.markers import default_holder, record_bundle_use
 from stagers.pool import Pool, pool_key
 from stagers.session import Staging
@@ -89,8 +90,9 @@ def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | Non
                          "stage to a directory outside the tree being staged")
     label = source_label or os.fspath(source)
     record_bundle_use(source, cache_root)
-    with Staging(to, name, cache_root=cache_root, holder=holder or default_holder(),
-                 what=os.fspath(source)) as staging:
+    with cyclic_gc_paused(), Staging(to, name, cache_root=cache_root,
+                                     holder=holder or default_holder(),
+                                     what=os.fspath(source)) as staging:
         if format == "squashfs":
             return stage_squashfs(staging, source, label, mount_image=squashfs_mount,
                                   jobs=jobs, progress=image_progress)
