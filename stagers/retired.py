@@ -34,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from cache import leases, staged
-from cache.fsops import DIR_FOLLOW, remove_tree
+from cache.fsops import DIR_FOLLOW, remove_tree, trust_problem
 from cache.leases import Holder, Lease
 from cache.staged import RETIRED_PREFIX
 from stagers.markers import live_leases, marker_of, same_holder, staged_target, write_at
@@ -70,13 +70,25 @@ def retire(replaced: Path, final: Path, cache_root: Path, holders: Iterable[Hold
 
 
 def retired_versions(to: Path, name: str) -> list[Path]:
-    """The retired versions of ``name`` in ``to``."""
+    """The retired versions of ``name`` in ``to``: directories of that name's pattern that
+    are ours (:func:`cache.fsops.trust_problem`). In a sticky target a co-tenant can plant
+    anything under such a name (a directory of theirs, a symlink): that is not ours to sweep,
+    and failing on it would let them stop every stage of ``name``."""
     pattern = re.compile(re.escape(RETIRED_PREFIX + name) + r"\.[0-9a-f]{10}")
     try:
         entries = os.listdir(to)
     except OSError:
         return []
-    return [to / entry for entry in sorted(entries) if pattern.fullmatch(entry)]
+    found = []
+    for entry in sorted(entries):
+        if not pattern.fullmatch(entry):
+            continue
+        try:
+            if trust_problem(os.lstat(to / entry)) is None:
+                found.append(to / entry)
+        except FileNotFoundError:
+            continue
+    return found
 
 
 def sweep(to: Path, name: str, cache_root: Path, *, holder: Holder | None = None,

@@ -151,6 +151,29 @@ def test_a_pool_or_tmp_another_user_made_in_a_sticky_target_is_refused(
     assert not (shm_shared / "mine").exists()
 
 
+def test_planted_retired_versions_in_a_sticky_target_are_left_alone(
+        tmp_path: Path, ocistage: OcistageRunner, shared: Path, root_only: Path) -> None:
+    """A co-tenant plants entries named like retired versions of our bundle in a sticky
+    target (a directory of theirs with a file in it, a symlink to a directory only root may
+    change): staging again and unstaging sweep only retired versions that are ours, so they
+    neither fail nor touch the co-tenant's files or what the link points at."""
+    tree = tmp_path / "tree"
+    (tree / "rootfs").mkdir(parents=True)
+    (tree / "rootfs" / "file").write_text("x")
+    (tree / "config.json").write_text("{}")
+    theirs = shared / ".ocistage-retired-mine.0123456789"
+    as_nobody("mkdir", "-m", "0777", str(theirs))
+    as_nobody("touch", str(theirs / "their-file"))
+    link = shared / ".ocistage-retired-mine.abcdefabcd"
+    as_nobody("ln", "-s", str(root_only), str(link))
+    for text in ("one", "two"):  # the second stage replaces a version
+        (tree / "rootfs" / "file").write_text(text)
+        ocistage("stage", str(tree), "--to", str(shared), "--name", "mine", check=True)
+    ocistage("unstage", str(shared / "mine"), check=True)
+    assert (theirs / "their-file").exists()
+    assert link.is_symlink() and (root_only / "precious").read_text() == "keep me"
+
+
 def test_pool_entries_that_fail_verification_are_never_linked(
         tmp_path: Path, ocistage: OcistageRunner, shm_shared: Path) -> None:
     """In the caller's own pool, entries under the right keys with the wrong owner, type or
