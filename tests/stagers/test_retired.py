@@ -116,19 +116,27 @@ def test_pins_and_the_stager_itself_do_not_retire(tmp_path: Path) -> None:
     assert retired_versions(to, "app") == []
 
 
-def test_unstage_releases_the_callers_leases_on_retired_versions(tmp_path: Path,
-                                                                 runner: Holder) -> None:
-    source, to, cache = _source(tmp_path / "src", "one\n"), tmp_path / "to", tmp_path / "cache"
+def _retired_once(tmp_path: Path, to: Path, runner: Holder) -> tuple[Path, Path, Path]:
+    """Stage, let ``runner`` hold the bundle, change the source and stage again: the staged
+    path, the cache and the one retired version."""
+    source, cache = _source(tmp_path / "src", "one\n"), tmp_path / "cache"
     first = _stage(source, to, cache)
     hold(cache, first.path, runner)
     _write(source / "rootfs" / "etc" / "version", "two\n")
     _stage(source, to, cache)
     [aside] = retired_versions(to, "app")
+    return first.path, cache, aside
+
+
+def test_unstage_releases_the_callers_leases_on_retired_versions(tmp_path: Path,
+                                                                 runner: Holder) -> None:
+    to = tmp_path / "to"
+    staged, cache, aside = _retired_once(tmp_path, to, runner)
     # another holder's unstage: the runner still uses both the bundle and the retired version
-    assert unstage(first.path, cache_root=cache, holder=PIN) is False
+    assert unstage(staged, cache_root=cache, holder=PIN) is False
     assert retired_versions(to, "app") == [aside]
     # the runner's own unstage (as a job's cleanup): both go
-    assert unstage(first.path, cache_root=cache, holder=runner) is True
+    assert unstage(staged, cache_root=cache, holder=runner) is True
     assert retired_versions(to, "app") == []
     assert not to.joinpath(".ocistage-pool").exists() or not any(
         p.is_file() for p in to.joinpath(".ocistage-pool").rglob("*"))
@@ -136,13 +144,9 @@ def test_unstage_releases_the_callers_leases_on_retired_versions(tmp_path: Path,
 
 def test_unstage_force_removes_retired_versions_whoever_holds_them(tmp_path: Path,
                                                                    runner: Holder) -> None:
-    source, to, cache = _source(tmp_path / "src", "one\n"), tmp_path / "to", tmp_path / "cache"
-    first = _stage(source, to, cache)
-    hold(cache, first.path, runner)
-    _write(source / "rootfs" / "etc" / "version", "two\n")
-    _stage(source, to, cache)
-    assert len(retired_versions(to, "app")) == 1
-    assert unstage(first.path, cache_root=cache, holder=PIN, force=True) is True
+    to = tmp_path / "to"
+    staged, cache, _aside = _retired_once(tmp_path, to, runner)
+    assert unstage(staged, cache_root=cache, holder=PIN, force=True) is True
     assert retired_versions(to, "app") == []
     assert [lease for lease in leases.all_leases(cache) if RETIRED_PREFIX in lease.target] == []
 
@@ -151,13 +155,8 @@ def test_cache_gc_removes_a_retired_version_once_its_holders_are_gone(
         tmp_path: Path, other_fs: Path, runner: Holder) -> None:
     """Nobody stages the name again: ``cache gc`` finds the retired version by its leases,
     and the pool entries only it linked go with it."""
-    source, cache = _source(tmp_path / "src", "one\n"), tmp_path / "cache"
-    first = _stage(source, other_fs, cache)
-    assert first.method == "pool"
-    hold(cache, first.path, runner)
-    _write(source / "rootfs" / "etc" / "version", "two\n")
-    _stage(source, other_fs, cache)
-    [aside] = retired_versions(other_fs, "app")
+    _staged, cache, aside = _retired_once(tmp_path, other_fs, runner)
+    assert (other_fs / ".ocistage-pool").is_dir()  # staged through the pool
     pooled = {p.name for p in (other_fs / ".ocistage-pool").rglob("*") if p.is_file()}
     assert len(pooled) == 22  # 20 files, config.json, and both versions of etc/version
     collect(Store.open(cache), GcOptions())
