@@ -26,6 +26,7 @@ by you are not known to it.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import uuid
@@ -34,10 +35,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from cache import leases, staged
+from cache.errors import OcistageError
 from cache.fsops import DIR_FOLLOW, remove_tree, trust_problem
 from cache.leases import Holder, Lease
 from cache.staged import RETIRED_PREFIX
 from stagers.markers import live_leases, marker_of, same_holder, staged_target, write_at
+
+log = logging.getLogger(__name__)
 
 
 def retired_path(to: Path, name: str) -> Path:
@@ -110,10 +114,29 @@ def sweep(to: Path, name: str, cache_root: Path, *, holder: Holder | None = None
                 remaining.append(lease)
         if live_leases(remaining):
             continue
-        remove_tree(path)
+        try:
+            _remove(path)
+        except (OSError, OcistageError) as exc:  # e.g. a file a job made that is not ours:
+            # never a reason to fail the stage or unstage at hand; its leases stay, so the
+            # next sweep and cache gc try again (and gc reports it)
+            log.warning("cannot remove the retired version %s yet: %s", path, exc)
+            continue
         for lease in remaining:
             leases.release(cache_root, lease.id)
         removed += 1
     if removed:
         staged.sweep_pool(to)
     return removed
+
+
+def _remove(path: Path) -> None:
+    """Remove a retired version, its marker last (:func:`cache.staged.take_down`): one that
+    stops half-way stays recognisable to ``cache gc`` and the next sweep."""
+    bundle = staged.open_staged(path)
+    if bundle is None:  # no marker (a crash between the rename and the marker's rewrite)
+        remove_tree(path)
+        return
+    try:
+        staged.take_down(bundle)
+    finally:
+        os.close(bundle.parent_fd)

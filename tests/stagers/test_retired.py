@@ -9,6 +9,7 @@ a real Slurm job reading the bundle in its container.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -168,3 +169,32 @@ def test_cache_gc_removes_a_retired_version_once_its_holders_are_gone(
     pooled = {p.name for p in (other_fs / ".ocistage-pool").rglob("*") if p.is_file()}
     assert len(pooled) == 21
     assert (other_fs / "app" / "rootfs" / "etc" / "version").read_text() == "two\n"
+
+
+def test_a_retired_version_that_cannot_be_removed_does_not_stop_staging(
+        tmp_path: Path, runner: Holder) -> None:
+    """A file in a retired version that may not be removed (immutable here; a file a job made
+    that is not ours, on a cluster): the next stage of the name still works, the version and
+    its leases stay, and a later sweep removes it once it can."""
+    chattr = shutil.which("chattr")
+    if chattr is None or os.geteuid() != 0:
+        pytest.skip("needs chattr and root")
+    to = tmp_path / "to"
+    _staged, cache, aside = _retired_once(tmp_path, to, runner)
+    stuck = aside / "rootfs" / "stuck"
+    stuck.write_text("x")
+    if subprocess.run([chattr, "+i", str(stuck)], capture_output=True).returncode != 0:
+        pytest.skip("this filesystem has no immutable flag")
+    try:
+        _end(runner)
+        source = tmp_path / "src"
+        _write(source / "rootfs" / "etc" / "version", "three\n")
+        third = _stage(source, to, cache)
+        assert (third.path / "rootfs" / "etc" / "version").read_text() == "three\n"
+        assert retired_versions(to, "app") == [aside]
+        assert (aside / MARKER_NAME).is_file()  # removed last: gc still knows it
+        assert leases.leases_on(cache, f"staged:{aside}") != []
+    finally:
+        subprocess.run([chattr, "-i", str(stuck)], check=True)
+    _stage(source, to, cache)
+    assert retired_versions(to, "app") == []
