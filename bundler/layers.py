@@ -739,22 +739,34 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
         view, offset = view[written:], offset + written
 
 
-def _member_data(archive: tarfile.TarFile, member: tarfile.TarInfo) -> Iterator[bytes]:
+def _member_data(archive: tarfile.TarFile, member: tarfile.TarInfo) -> Iterator[bytes | memoryview]:
     """The data of a plain (not sparse) regular member, in chunks of at most ``COPY_CHUNK``.
 
     Read straight from the archive's stream (``extractfile`` builds two file objects per
-    member: measurable on layers of small files).
+    member: measurable on layers of small files), with the padding to the next 512-byte
+    block: the stream is then where ``tarfile`` expects the next header, which it otherwise
+    reaches by a seek and a one-byte read. A small file is one read, data and padding.
     """
     stream = archive.fileobj
     assert stream is not None  # an open archive has its stream
     stream.seek(member.offset_data)
-    remaining = member.size
+    size = member.size
+    padding = -size % tarfile.BLOCKSIZE
+    if size + padding <= COPY_CHUNK:
+        block = stream.read(size + padding)
+        if len(block) != size + padding:  # as tarfile's own check before the next header
+            raise tarfile.ReadError("unexpected end of data")
+        yield memoryview(block)[:size] if padding else block
+        return
+    remaining = size
     while remaining:
         chunk = stream.read(min(remaining, COPY_CHUNK))
         if not chunk:
             raise tarfile.ReadError("unexpected end of data")
         remaining -= len(chunk)
         yield chunk
+    if len(stream.read(padding)) != padding:
+        raise tarfile.ReadError("unexpected end of data")
 
 
 _NS_MAX = (1 << 63) - 1  # what a 64-bit timespec holds, in ns (years 1678 to 2262)

@@ -26,9 +26,13 @@ def reflink(src_fd: int, dst_fd: int) -> bool:
     return True
 
 
-def write_all(fd: int, data: bytes) -> None:
-    """Write all of ``data`` to ``fd``, however many ``write`` calls it takes."""
-    view = memoryview(data)
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """Write all of ``data`` to ``fd``, however many ``write`` calls it takes (one, for a
+    small file: no view is made then)."""
+    written = os.write(fd, data)
+    if written == len(data):
+        return
+    view = memoryview(data)[written:]
     while view:
         view = view[os.write(fd, view):]
 

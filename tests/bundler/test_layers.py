@@ -390,6 +390,19 @@ def test_truncated_layer_is_a_layer_error(rootfs: Path) -> None:
         apply_layer(open_layer_stream(io.BytesIO(blob[: len(blob) // 2])), rootfs)
 
 
+@pytest.mark.parametrize("size", [100, 2_000_000])  # one read, or chunks (COPY_CHUNK)
+def test_a_layer_cut_in_a_files_data_or_padding_is_a_layer_error(rootfs: Path,
+                                                                 size: int) -> None:
+    """The data is read with its padding to the next block: a stream that ends inside either
+    is an error, as tarfile's own check before the next header made it."""
+    tar = build_tar([file("a", b"x" * size), file("b", b"y")])
+    padding = -size % 512
+    assert padding
+    for cut in (512 + size // 2, 512 + size + padding // 2):
+        with pytest.raises(LayerError, match="unexpected end of data"):
+            apply_layer(io.BytesIO(tar[:cut]), rootfs)
+
+
 def test_parent_that_is_a_file_is_a_layer_error(rootfs: Path) -> None:
     with pytest.raises(LayerError, match="not a directory"):
         apply(rootfs, [file("f", b"x"), file("f/inside", b"y")])
