@@ -162,14 +162,17 @@ def open_staged(path: Path) -> StagedBundle | None:
     return StagedBundle(parent_fd, Path(parent), name, fd, marker, outer, mounted)
 
 
-def unmount(mountpoint: Path) -> None:
-    """Unmount a FUSE mount: ``fusermount3 -u``, ``fusermount -u`` or ``umount``."""
+def unmount(mountpoint: Path, *, lazy: bool = False) -> None:
+    """Unmount a FUSE mount: ``fusermount3 -u``, ``fusermount -u`` or ``umount``. ``lazy``
+    (``-z``, ``umount -l``): detach it now even while it is in use; whoever uses it (a running
+    container) goes on reading it, and the filesystem goes when the last of them is done."""
     for tool in ("fusermount3", "fusermount", "umount"):
         path = shutil.which(tool)
         if path is None:
             continue
-        argv = [path, "-u", os.fspath(mountpoint)] if tool != "umount" else [
-            path, os.fspath(mountpoint)]
+        flags = (["-l"] if lazy else []) if tool == "umount" else (
+            ["-u", "-z"] if lazy else ["-u"])
+        argv = [path, *flags, os.fspath(mountpoint)]
         try:
             result = subprocess.run(argv, capture_output=True, text=True,
                                     timeout=UNMOUNT_TIMEOUT, stdin=subprocess.DEVNULL,

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cache.cpus import usable_cpus
+from cache.errors import StoreError
 from cache.staged import image_path
 from cache.staged import unmount as unmount
 from cache.unpackbudget import ENTRY_CHARGE, UnpackBudget, default_unpack_limit
@@ -380,6 +381,12 @@ def install_image(staging: Staging, built: Path, label: str,
 
 def _take_down(final: Path) -> None:
     """Unmount a previous image at ``final`` (an unpacked previous version stays until the new
-    one replaces it)."""
+    one replaces it). An image in use (a running job's container) is detached lazily: the job
+    goes on reading the image it started with, as with a retired directory version
+    (:mod:`stagers.retired`), and the image's file, replaced by the new one, goes when the
+    last reader is done."""
     if os.path.ismount(final):
-        unmount(final)
+        try:
+            unmount(final)
+        except StoreError:  # busy
+            unmount(final, lazy=True)

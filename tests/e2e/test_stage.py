@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 from cache import leases
 from cache.bundleinfo import SHARED_ROOT_ANNOTATION
 from cache.fsops import remove_tree
-from pytest_ocistage.bundles import run_bundle
+from pytest_ocistage.bundles import BundleRun, run_bundle
 from pytest_ocistage.components import require_binary
 from pytest_ocistage.images import ImageRef
 from pytest_ocistage.slurm import SlurmCluster
@@ -120,6 +122,46 @@ def test_squashfs_staged_bundle_runs(images: dict[str, ImageRef], ocistage: Ocis
         ocistage("unstage", str(staged), check=True)
     assert not os.path.lexists(staged)
     assert not (target / f"{staged.name}.sqfs").exists()
+
+
+def test_a_restaged_squashfs_mount_stays_readable_to_a_running_container(
+        images: dict[str, ImageRef], ocistage: OcistageRunner, tmp_path: Path) -> None:
+    """A mounted squashfs bundle is re-staged while a container runs on it: its mount is busy,
+    so it is detached lazily (it used to fail "cannot unmount"); the container goes on
+    reading the image it started with, and NAME mounts the new one."""
+    for binary in ("mksquashfs", "squashfuse"):
+        require_binary(binary)
+    bundle = tmp_path / "bundle"
+    ocistage("bundle", images["busybox"].ref, str(bundle), check=True)
+    version = bundle / "rootfs" / "etc" / "version"
+    version.write_text("one\n")
+    config = json.loads((bundle / "config.json").read_text())
+    config["process"]["args"] = ["/bin/sh", "-c",
+                                 "cat /etc/version; sleep 6; cat /etc/version; ls /bin/sh"]
+    (bundle / "config.json").write_text(json.dumps(config))
+    target = tmp_path / "target"
+    staged = Path(str(stage(ocistage, str(bundle), "--to", str(target), "--format", "squashfs",
+                            "--mount")["path"]))
+    try:
+        runs: list[BundleRun] = []
+        runner = threading.Thread(
+            target=lambda: runs.append(run_bundle(staged, tmp_path / "runc")))
+        runner.start()
+        time.sleep(3)  # the container has started and read /etc/version once
+        replacement = version.with_name("version.new")
+        replacement.write_text("two\n")
+        os.replace(replacement, version)
+        again = stage(ocistage, str(bundle), "--to", str(target), "--format", "squashfs",
+                      "--mount")
+        assert again["method"] == "squashfs-mount"
+        runner.join(timeout=120)
+        [run] = runs
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.split() == ["one", "one", "/bin/sh"]
+        assert (staged / "rootfs" / "etc" / "version").read_text() == "two\n"
+    finally:
+        ocistage("unstage", str(staged), check=True)
+    assert not os.path.lexists(staged)
 
 
 def test_squashfs_image_through_a_file_url_runs(images: dict[str, ImageRef],
