@@ -35,7 +35,6 @@ cache_app = typer.Typer(help="Inspect and clean the content-addressed cache.",
     rich_markup_mode=None, no_args_is_help=True, add_completion=False)
 
 
-
 MaxSizeOpt = Annotated[str | None, typer.Option(
     "--max-size", metavar="SIZE",
     help="Evict least recently used images and bundles until the cache fits SIZE (500M, 20G, "

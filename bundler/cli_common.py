@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from cache.store import Store
 
 
-
 class _LazyConsole:
     """A rich ``Console`` made on first use: rich's import (~20 ms here) is paid by the
     commands that print through it, not by every command line (``--version``, ``scrun

@@ -27,8 +27,6 @@ config_app = typer.Typer(help="Show the configuration (options, environment, con
     rich_markup_mode=None, no_args_is_help=True, add_completion=False)
 
 
-
-
 def _values(settings: Settings) -> dict[str, Any]:
     return {
         "cache": str(settings.cache),

@@ -206,12 +206,9 @@ def _read_toml(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:  # ValueError: tomllib's TOMLDecodeError, bad UTF-8
-        raise _unreadable_config(path, exc) from exc
-
-
-def _unreadable_config(path: Path, exc: Exception) -> UsageError:
-    return UsageError(f"cannot read config file {path}: {exc}",
-                      f"fix or remove the file; its format is described in {CONFIG_DOC}")
+        raise UsageError(f"cannot read config file {path}: {exc}",
+                         f"fix or remove the file; its format is described in {CONFIG_DOC}"
+                         ) from exc
 
 
 @dataclass
