@@ -60,7 +60,6 @@ from cache.inventory import (
     Ref,
     bundle_last_used,
     bundle_scratch_dirs,
-    job_states_of,
     list_blobs,
     list_bundles,
     read_refs,
@@ -74,6 +73,7 @@ from cache.leases import (
     Lease,
     all_leases,
     is_live,
+    job_states_of,
     release,
     squeue_states,
 )

@@ -32,7 +32,7 @@ from cache.bundleinfo import read_bundle_info
 from cache.digest import Digest
 from cache.errors import OcistageError
 from cache.fsops import path_stats
-from cache.leases import JobStates, Lease, all_leases, is_live, squeue_states
+from cache.leases import JobStates, Lease, all_leases, is_live, job_states_of, squeue_states
 from cache.refnames import INDEX_MEDIA_TYPE, REF_NAME, is_alias, platform_path, record_name
 from cache.snapshots import SnapshotInfo, chain_ids, list_snapshots
 from cache.store import Store, scratch_target
@@ -359,11 +359,6 @@ class Listing:
 def lease_rows(leases: Iterable[Lease], states: dict[str, str] | None) -> list[LeaseRow]:
     return [LeaseRow(lease.id, ", ".join(lease.targets), lease.holder.describe(),
                      lease.created, is_live(lease, states)) for lease in leases]
-
-
-def job_states_of(leases: Iterable[Lease], job_states: JobStates) -> dict[str, str] | None:
-    jobs = [str(lease.holder.job_id) for lease in leases if lease.holder.kind == "slurm-job"]
-    return job_states(jobs) if jobs else {}
 
 
 def listing(store: Store, job_states: JobStates = squeue_states) -> Listing:

@@ -233,10 +233,17 @@ def is_live(lease: Lease, job_states: dict[str, str] | None,
     return False
 
 
+def job_states_of(leases: Iterable[Lease],
+                  job_states: JobStates = squeue_states) -> dict[str, str] | None:
+    """The states of the Slurm jobs that hold ``leases`` (one ``squeue``, none without jobs),
+    for :func:`is_live`."""
+    jobs = [str(lease.holder.job_id) for lease in leases if lease.holder.kind == "slurm-job"]
+    return job_states(jobs) if jobs else {}
+
+
 def dead_leases(cache_root: Path, job_states: JobStates = squeue_states) -> list[Lease]:
     leases = all_leases(cache_root)
-    jobs = [str(lease.holder.job_id) for lease in leases if lease.holder.kind == "slurm-job"]
-    states = job_states(jobs) if jobs else {}
+    states = job_states_of(leases, job_states)
     return [lease for lease in leases if not is_live(lease, states)]
 
 

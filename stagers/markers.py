@@ -126,12 +126,21 @@ def releasing_holder(pin: str | None = None,
     return Holder.slurm_job(job) if job else None
 
 
+def release_leases(cache_root: Path, path: Path, holder: Holder | None) -> list[Lease]:
+    """Release ``holder``'s leases on staged ``path`` (every lease when ``holder`` is None);
+    returns the others, live or not."""
+    remaining = []
+    for lease in leases.leases_on(cache_root, staged_target(path)):
+        if holder is None or same_holder(lease.holder, holder):
+            leases.release(cache_root, lease.id)
+        else:
+            remaining.append(lease)
+    return remaining
+
+
 def live_leases(found: list[Lease]) -> list[Lease]:
     """The leases among ``found`` that are live (Slurm jobs asked with one ``squeue``)."""
-    if not found:
-        return []
-    jobs = [str(lease.holder.job_id) for lease in found if lease.holder.kind == "slurm-job"]
-    states = leases.squeue_states(jobs) if jobs else {}
+    states = leases.job_states_of(found)
     return [lease for lease in found if leases.is_live(lease, states)]
 
 

@@ -39,7 +39,7 @@ from cache.errors import OcistageError
 from cache.fsops import DIR_FOLLOW, remove_tree, trust_problem
 from cache.leases import Holder, Lease
 from cache.staged import RETIRED_PREFIX
-from stagers.markers import live_leases, marker_of, same_holder, staged_target, write_at
+from stagers.markers import live_leases, marker_of, release_leases, staged_target, write_at
 
 log = logging.getLogger(__name__)
 
@@ -105,13 +105,10 @@ def sweep(to: Path, name: str, cache_root: Path, *, holder: Holder | None = None
     """
     removed = 0
     for path in retired_versions(to, name):
-        target = staged_target(path)
-        remaining = []
-        for lease in leases.leases_on(cache_root, target):
-            if force or (release and (holder is None or same_holder(lease.holder, holder))):
-                leases.release(cache_root, lease.id)
-            else:
-                remaining.append(lease)
+        if force or release:
+            remaining = release_leases(cache_root, path, None if force else holder)
+        else:
+            remaining = leases.leases_on(cache_root, staged_target(path))
         if live_leases(remaining):
             continue
         try:

@@ -18,24 +18,17 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from cache import leases, staged
+from cache import staged
 from cache.fsops import DIR_READ
 from cache.leases import Holder, Lease
 from stagers import retired
 from stagers.errors import StageError
-from stagers.markers import Marker, live_leases, marker_of, same_holder, staged_target, write_at
+from stagers.markers import Marker, live_leases, marker_of, release_leases, write_at
 
 
 def _release_leases(cache_root: Path, path: Path, holder: Holder | None) -> list[Lease]:
     """Release this holder's (or every) lease on ``path``; returns the live leases left."""
-    target = staged_target(path)
-    remaining = []
-    for lease in leases.leases_on(cache_root, target):
-        if holder is None or same_holder(lease.holder, holder):
-            leases.release(cache_root, lease.id)
-        else:
-            remaining.append(lease)
-    return live_leases(remaining)
+    return live_leases(release_leases(cache_root, path, holder))
 
 
 def _hand_over(parent_fd: int, name: str, fd: int, marker: Marker, mounted: bool,
