@@ -129,8 +129,13 @@ def scan(root: Path) -> list[Entry]:
     try:
         return entries_of(walk(root))
     except OSError as exc:
-        raise StageError(f"cannot read the source tree {root}: {exc.strerror} "
-                         f"({exc.filename})") from exc
+        raise unreadable(root, exc) from exc
+
+
+def unreadable(root: Path | str, exc: OSError) -> StageError:
+    """The error of a source tree that cannot be walked (an entry that cannot be listed or
+    ``lstat``-ed, or that vanished meanwhile)."""
+    return StageError(f"cannot read the source tree {root}: {exc.strerror} ({exc.filename})")
 
 
 def entries_of(records: Iterable[Record], before: Mapping[str, Entry] | None = None,
@@ -189,12 +194,14 @@ def children(directory: str, prefix: str) -> tuple[list[Record], list[tuple[str,
     return records, subdirs
 
 
-def walk(root: Path | str) -> Iterator[Record]:
-    """(relative path, type, lstat, symlink target) of every entry below ``root`` but the
-    reserved names at its top, depth first in a fixed order, the order of the manifest: a
-    directory's listing (by name), then the subtrees of its subdirectories, the last name
-    first (:mod:`stagers.fresh` produces the same order without this walk)."""
-    stack: list[tuple[str, str]] = [(os.fspath(root), "")]
+def walk(root: Path | str, prefix: str = "") -> Iterator[Record]:
+    """The :data:`Record` of every entry below ``root`` but the reserved names at its top,
+    depth first in a fixed order, the order of the manifest: a directory's listing (by name),
+    then the subtrees of its subdirectories, the last name first (:mod:`stagers.fresh`
+    produces the same order without this walk). ``prefix`` (ending in ``/``): ``root`` is
+    that subdirectory of the tree, and relative paths start with it
+    (:mod:`stagers.statwalk`)."""
+    stack: list[tuple[str, str]] = [(os.fspath(root), prefix)]
     while stack:
         directory, prefix = stack.pop()
         records, subdirs = children(directory, prefix)
@@ -247,8 +254,7 @@ def walk_digest(root: Path, records: list[Record] | None) -> str:
             if keep is not None:
                 keep(record)
     except OSError as exc:
-        raise StageError(f"cannot read the source tree {root}: {exc.strerror} "
-                         f"({exc.filename})") from exc
+        raise unreadable(root, exc) from exc
     return hasher.hexdigest()
 
 

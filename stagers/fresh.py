@@ -34,6 +34,7 @@ from stagers.filemanifest import (
     fill_missing_hashes,
     hash_file,
     listing,
+    unreadable,
 )
 from stagers.parallel import MAX_QUEUE, map_queue
 
@@ -65,8 +66,7 @@ def build_first(builder: Builder, processes: int, hash_first: bool) -> tuple[lis
                                                strict=True):
                 order[position] = entry
     except OSError as exc:
-        raise StageError(f"cannot read the source tree {source}: {exc.strerror} "
-                         f"({exc.filename})") from exc
+        raise unreadable(source, exc) from exc
     if small:
         entries = [entry for entry in order if entry is not None]
         if hash_first:

@@ -30,8 +30,7 @@ from pathlib import Path
 
 import xxhash
 
-from stagers.errors import StageError
-from stagers.filemanifest import Record, children, digest_lines, walk_digest
+from stagers.filemanifest import Record, children, digest_lines, unreadable, walk, walk_digest
 from stagers.parallel import MAX_QUEUE, map_queue
 
 #: subtrees per process wanted: enough for a worker that drew a big one to take fewer
@@ -80,14 +79,14 @@ def parallel_walk_digest(root: Path, processes: int) -> StatWalk:
     try:
         pieces = _expand(os.fspath(root), processes * SUBTREES_PER_PROCESS)
     except OSError as exc:
-        raise _unreadable(root, exc) from exc
+        raise unreadable(root, exc) from exc
     subtrees = [piece for piece in pieces if isinstance(piece, _Subtree)]
     if not MIN_PARALLEL_DIRS <= len(subtrees) <= MAX_QUEUE:  # small, or wider than a queue
         return _sequential(root)
     try:
         walked = iter(map_queue(_walk_subtree, subtrees, processes))
     except OSError as exc:
-        raise _unreadable(root, exc) from exc
+        raise unreadable(root, exc) from exc
     hasher = xxhash.xxh3_128()
     parts: list[list[Record] | bytes] = []
     for piece in pieces:
@@ -134,15 +133,5 @@ def _expand(root: str, wanted: int) -> list[_Piece]:
 def _walk_subtree(subtree: _Subtree) -> tuple[bytes, bytes]:
     """In a worker: the digest lines of the walk of ``subtree`` and its records (a
     ``marshal`` blob), in walk order."""
-    rows: list[Record] = []
-    stack = [(subtree.path, subtree.prefix)]
-    while stack:
-        directory, prefix = stack.pop()
-        found, subdirs = children(directory, prefix)
-        rows.extend(found)
-        stack.extend(subdirs)
+    rows = list(walk(subtree.path, subtree.prefix))
     return digest_lines(rows), marshal.dumps(rows)
-
-
-def _unreadable(root: Path, exc: OSError) -> StageError:
-    return StageError(f"cannot read the source tree {root}: {exc.strerror} ({exc.filename})")

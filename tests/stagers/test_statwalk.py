@@ -70,18 +70,19 @@ def test_a_subtree_a_worker_cannot_read_is_a_stage_error(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A directory that cannot be listed (EACCES, or gone) deep in a worker's subtree: the
     worker's OSError comes back as the stage's error (root reads everything, so the listing
-    fails by a patch that the forked workers inherit)."""
-    import stagers.statwalk
+    fails by a patch that the forked workers inherit: of the listing step their walk takes,
+    stagers.filemanifest.children)."""
+    import stagers.filemanifest
 
     root = _tree(tmp_path / "tree", seed=1, dirs=300, depth=6)
-    real = stagers.statwalk.children
+    real = stagers.filemanifest.children
 
     def refusing(directory: str, prefix: str) -> tuple[list[Record], list[tuple[str, str]]]:
         if prefix.count("/") >= 4:
             raise PermissionError(13, "Permission denied", directory)
         return real(directory, prefix)
 
-    monkeypatch.setattr(stagers.statwalk, "children", refusing)
+    monkeypatch.setattr(stagers.filemanifest, "children", refusing)
     with pytest.raises(StageError, match=r"cannot read the source tree .*Permission denied"):
         parallel_walk_digest(root, 2)
 
