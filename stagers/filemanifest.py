@@ -83,10 +83,21 @@ class Manifest:
         return {entry.path: entry for entry in self.entries}
 
     def to_json(self) -> bytes:
-        return json.dumps({"version": MANIFEST_VERSION, "source": self.source,
+        return b"".join(self.json_chunks())
+
+    def json_chunks(self, batch: int = 4096) -> Iterator[bytes]:
+        """The JSON document in pieces of at most ``batch`` entries each (the entries are
+        tuples: JSON arrays, read by :meth:`Entry.from_row`). Written so, a manifest is never
+        held whole: 300k entries make ~45 MB of JSON, held twice by one ``json.dumps``
+        (the text and its bytes)."""
+        head = json.dumps({"version": MANIFEST_VERSION, "source": self.source,
                            "method": self.method, "readonlyRoot": self.readonly_root,
-                           "entries": self.entries},  # tuples: JSON arrays, read by from_row
-                          separators=(",", ":")).encode()
+                           "entries": []}, separators=(",", ":"))
+        yield head[:-2].encode()  # up to and with the entries' "["
+        for start in range(0, len(self.entries), batch):
+            rows = json.dumps(self.entries[start:start + batch], separators=(",", ":"))
+            yield (rows[1:-1] if start == 0 else "," + rows[1:-1]).encode()
+        yield b"]}"
 
     @classmethod
     def from_json(cls, data: bytes) -> Manifest:

@@ -41,7 +41,7 @@ from stagers.filemanifest import (
 )
 from stagers.markers import Marker
 from stagers.session import Staging
-from stagers.target import StageResult, readonly_config
+from stagers.target import StageResult, readonly_config, write_private
 
 TOOL_TIMEOUT = 3600
 
@@ -346,7 +346,7 @@ def make_image(source: Path, entries: list[Entry], scratch: Path, image_name: st
     extra.mkdir()
     _readonly_config_file(source, extra)
     manifest = Manifest(tuple(entries), method="squashfs", readonly_root=True)
-    (extra / MANIFEST_NAME).write_bytes(manifest.to_json())
+    write_private(extra / MANIFEST_NAME, manifest.json_chunks())
     (extra / MARKER_NAME).write_bytes(marker.to_json())
     built = scratch / image_name
     build_image(source, built, extra, jobs=min(jobs, usable_cpus()), progress=progress)

@@ -177,7 +177,7 @@ def _build(staging: Staging, source: Path, label: str, method: Method, identity:
     files = sum(1 for e in entries if e.type == "file")
     manifest = Manifest(tuple(entries), source=identity, method=method,
                         readonly_root=method != "copy")
-    write_private(scratch / MANIFEST_NAME, manifest.to_json())
+    write_private(scratch / MANIFEST_NAME, manifest.json_chunks())
     write_private(scratch / MARKER_NAME, staging.new_marker(
         label, method, tree=tree, sealed=identity, files=files).to_json())
     processes = min(jobs, usable_cpus()) if files >= FORK_MIN_FILES else 1

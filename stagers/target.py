@@ -16,7 +16,7 @@ import os
 import re
 import stat
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -247,8 +247,13 @@ def writable_config(data: bytes) -> bytes | None:
     return json.dumps(config, indent=2).encode() + b"\n"
 
 
-def write_private(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes | Iterable[bytes]) -> None:
+    """Create ``path`` (never an existing one, never through a symlink) with ``data``, or
+    the pieces it yields."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "wb") as out:
-        out.write(data)
+        if isinstance(data, bytes):
+            out.write(data)
+        else:
+            out.writelines(data)
 

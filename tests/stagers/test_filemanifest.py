@@ -7,7 +7,9 @@ import pytest
 
 from stagers.filemanifest import (
     MANIFEST_NAME,
+    MANIFEST_VERSION,
     MARKER_NAME,
+    Entry,
     Manifest,
     fill_hashes,
     hash_file,
@@ -82,6 +84,25 @@ def test_manifest_round_trip(tree: Path, tmp_path: Path) -> None:
     assert load_manifest(path) is None
     assert load_manifest(tmp_path / "missing") is None
 
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 4096, 4097, 9000])
+def test_manifest_pieces_make_the_document_one_dumps_makes(count: int) -> None:
+    """The manifest is written in pieces (never held whole); the bytes are exactly those of
+    one ``json.dumps`` of the whole document, the format every ocistage version reads."""
+    import json
+
+    names = ["plain", "dïr/ünï", "new\nline", "surrogate-\udcff", 'quo"te']
+    entries = tuple(Entry(f"d/{n}-{names[n % 5]}", "file" if n % 3 else "symlink", 0o644,
+                          n, 10**18 + n, 2049, n, f"{n:032x}" if n % 3 else None,
+                          None if n % 3 else "../t") for n in range(count))
+    manifest = Manifest(entries, source="/src/ü", method="pool", readonly_root=True)
+    whole = json.dumps({"version": MANIFEST_VERSION, "source": "/src/ü", "method": "pool",
+                        "readonlyRoot": True, "entries": entries},
+                       separators=(",", ":")).encode()
+    assert b"".join(manifest.json_chunks()) == whole == manifest.to_json()
+    assert all(len(piece) < 4096 * 200 for piece in manifest.json_chunks())
+    assert Manifest.from_json(whole) == manifest
 
 def test_hash_file_streams_and_refuses_symlinks(tmp_path: Path) -> None:
     big = tmp_path / "big"
