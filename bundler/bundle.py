@@ -1,7 +1,8 @@
 """``ocistage bundle``: a pulled image -> a runtime bundle (``rootfs/`` + ``config.json``).
 
-Layers are unpacked while they download (:mod:`bundler.snapshots`): the pull runs in a thread
-and tells this module when the config is known; every layer is then applied in order, read
+Layers are unpacked while they download: the pull runs in a thread (:mod:`bundler.follower`)
+and tells this module when the config is known; every layer is then applied in order
+(:mod:`bundler.snapshots`, for the rootfs :mod:`bundler.rootfs` makes), read
 from its growing download, decompressed in a thread of its own, its uncompressed stream hashed
 and compared with the config's ``diff_id``. Nothing is published before the pull verified every
 blob and every diff_id matched.
@@ -40,54 +41,22 @@ import hashlib
 import json
 import os
 import stat
-import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bundler.follower import PullThread
 from bundler.manifest import Descriptor
-from bundler.pull import (
-    CANCEL_GRACE,
-    Canceller,
-    PulledImage,
-    PullOptions,
-    PullProgress,
-    interrupted,
-    pull,
-)
+from bundler.pull import CANCEL_GRACE, PulledImage, PullOptions, PullProgress, interrupted
 from bundler.reference import ImageSource
 from bundler.runtime_config import ConfigOptions, build_runtime_config, write_runtime_config
-from bundler.snapshots import (
-    AppliedLayers,
-    BlobFollower,
-    PullFailed,
-    StreamRestarted,
-    apply_layers,
-)
 from cache import usage
 from cache.bundleinfo import SHARED_ROOT_ANNOTATION, write_bundle_info
 from cache.digest import Digest
-from cache.errors import OcistageError, StoreError, UsageError
-from cache.fsops import (
-    check_shared_parent,
-    hardlinks_work,
-    reflinks_work,
-    release_owned_dir,
-    remove_tree,
-)
+from cache.errors import StoreError, UsageError
+from cache.fsops import check_shared_parent, remove_tree
 from cache.leases import InUse
-from cache.snapshots import METADATA as SNAPSHOT_METADATA
-from cache.snapshots import (
-    chain_ids,
-    copy_tree,
-    find_snapshot,
-    lease_target,
-    link_tree,
-    publish_snapshot,
-    snapshot_warnings,
-)
 from cache.store import Store, fsync_dir, remove_dead_scratch, scratch_name
-from cache.unpackbudget import UnpackBudget, default_unpack_limit
 
 BUNDLE_FORMAT = 1  # bump when the bundle layout or config generation changes meaning
 
@@ -136,52 +105,6 @@ def _scratch_beside(dest: Path) -> Path:
     return scratch
 
 
-class _PullThread:
-    """``pull()`` running beside the unpacking, reporting to a :class:`BlobFollower`."""
-
-    def __init__(self, source: ImageSource, store: Store, options: PullOptions,
-                 progress: PullProgress | None, in_use: InUse) -> None:
-        self.follower = BlobFollower(store)
-        self.canceller = Canceller()
-        self.unpack_limit = options.unpack_limit
-        self._image: PulledImage | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._run, args=(source, store, options, progress, in_use),
-            name="pull", daemon=True)
-        self._thread.start()
-
-    def _run(self, source: ImageSource, store: Store, options: PullOptions,
-             progress: PullProgress | None, in_use: InUse) -> None:
-        try:
-            self._image = pull(source, store, options, progress, in_use=in_use,
-                               observer=self.follower, canceller=self.canceller)
-        except BaseException as exc:
-            self._error = exc
-        finally:
-            self.follower.stop()
-
-    def stop(self, grace: float) -> None:
-        """Wait at most ``grace`` seconds for a cancelled pull to end."""
-        self._thread.join(grace)
-
-    def result(self) -> PulledImage:
-        """The pulled image once every blob is verified and stored; the pull's error if not."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._image is not None
-        return self._image
-
-    def config(self) -> tuple[Digest, tuple[Descriptor, ...], tuple[Digest, ...], bytes]:
-        try:
-            manifest_digest, config, layers = self.follower.wait_config()
-        except PullFailed:
-            self.result()  # raises the pull's own error
-            raise
-        return manifest_digest, layers, config.diff_ids, config.raw
-
-
 def make_bundle(
     source: ImageSource,
     store: Store,
@@ -199,7 +122,7 @@ def make_bundle(
     ``link``: make ``dest`` from a cached snapshot by hard links, with a read-only root (see
     the module docstring); ignored without ``dest`` (cached bundles always link).
     ``keep_snapshot``: a writable ``dest`` is copied from the image's snapshot, made first
-    when missing, even where that copy is no reflink (see :func:`_copy_from_snapshot`).
+    when missing, even where that copy is no reflink (:mod:`bundler.rootfs`).
     ``on_layer(n, descriptor)`` is called before layer ``n`` is unpacked.
     """
     pull_options = pull_options or PullOptions()
@@ -222,7 +145,7 @@ def _make_bundle(source: ImageSource, store: Store, dest: Path | None, in_use: I
                  progress: PullProgress | None,
                  on_layer: Callable[[int, Descriptor], None] | None,
                  link: bool, keep_snapshot: bool) -> BundleResult:
-    puller = _PullThread(source, store, pull_options, progress, in_use)
+    puller = PullThread(source, store, pull_options, progress, in_use)
     try:
         return _build(puller, store, dest, in_use, config_options, on_layer, link,
                       keep_snapshot)
@@ -236,7 +159,7 @@ def _make_bundle(source: ImageSource, store: Store, dest: Path | None, in_use: I
         raise
 
 
-def _build(puller: _PullThread, store: Store, dest: Path | None, in_use: InUse,
+def _build(puller: PullThread, store: Store, dest: Path | None, in_use: InUse,
            config_options: ConfigOptions, on_layer: Callable[[int, Descriptor], None] | None,
            link: bool, keep_snapshot: bool) -> BundleResult:
     manifest_digest, layers, diff_ids, raw_config = puller.config()
@@ -256,31 +179,15 @@ def _build(puller: _PullThread, store: Store, dest: Path | None, in_use: InUse,
         dest.parent.mkdir(parents=True, exist_ok=True)
         check_shared_parent(dest.parent, "destination directory", group_shared=True)
         _check_destination(dest)
-    snapshot: Path | None = None
     scratch = None
     try:
         scratch = _scratch_beside(dest)
+        # the unpacking modules only now: a cached bundle found above never needs them
+        from bundler.rootfs import make_rootfs
+
+        applied, snapshot, link = make_rootfs(puller, store, in_use, layers, diff_ids, scratch,
+                                              on_layer, link=link, keep_snapshot=keep_snapshot)
         rootfs = scratch / "rootfs"
-        base, cached = _cached_prefix(store, in_use, diff_ids)
-        if link or keep_snapshot or _copy_from_snapshot(cached == len(layers), store, scratch):
-            snapshot, applied = _snapshot(puller, store, layers, diff_ids, on_layer, base,
-                                          cached)
-            # another mount point of the same filesystem refuses links (EXDEV): copy then
-            link = link and hardlinks_work(snapshot.parent / SNAPSHOT_METADATA, scratch)
-            try:
-                (link_tree if link else copy_tree)(snapshot, rootfs)
-            except StoreError:
-                # cp cannot clone every tree (a path longer than PATH_MAX): the verified
-                # layers are unpacked again, through descriptors, straight into the bundle
-                remove_tree(rootfs)
-                rootfs.mkdir(mode=0o755)
-                applied = apply_layers(store.open_blob, layers, diff_ids, rootfs,
-                                       on_layer=on_layer)
-                link = False
-            if not link:
-                snapshot = None  # a private copy: it shares nothing with the cache
-        else:
-            applied = _unpack(puller, store, layers, diff_ids, rootfs, on_layer)
         shared_root = link and not config_options.readonly
         if link:
             # the rootfs shares file inodes with the cache's snapshot: a container writing
@@ -320,87 +227,3 @@ def _build(puller: _PullThread, store: Store, dest: Path | None, in_use: InUse,
         usage.touch(store.root, "bundle", key)
     return BundleResult(dest, image, reused=False, warnings=image.warnings + applied.warnings,
                         layers_applied=applied.layers, snapshot=snapshot)
-
-
-def _unpack(puller: _PullThread, store: Store, layers: tuple[Descriptor, ...],
-            diff_ids: tuple[Digest, ...], rootfs: Path,
-            on_layer: Callable[[int, Descriptor], None] | None, *, first: int = 1,
-            base: Path | None = None) -> AppliedLayers:
-    """Apply ``layers`` onto a new ``rootfs`` (empty, or a linked clone of ``base``) while
-    they download; if a download had to start over, again from the verified blobs."""
-
-    def prepare() -> None:
-        if base is not None:
-            link_tree(base, rootfs)  # applying layers never writes into linked files
-        else:
-            rootfs.mkdir(mode=0o755)
-
-    limit = puller.unpack_limit
-    if limit is None:
-        limit = default_unpack_limit(sum(layer.size for layer in layers))
-    prepare()
-    try:
-        return apply_layers(puller.follower.open, layers, diff_ids, rootfs, first=first,
-                            on_layer=on_layer, budget=UnpackBudget(limit))
-    except (StreamRestarted, OcistageError):
-        # Bytes that fail to unpack may be a bad download that the pull is retrying: the
-        # pull's verdict comes first, and a layer whose download started over is unpacked
-        # again from its verified blob.
-        puller.result()
-        if not puller.follower.discarded():
-            raise
-        remove_tree(rootfs)
-        prepare()
-        return apply_layers(store.open_blob, layers, diff_ids, rootfs, first=first,
-                            on_layer=on_layer, budget=UnpackBudget(limit))
-
-
-def _copy_from_snapshot(complete: bool, store: Store, scratch: Path) -> bool:
-    """Whether a writable bundle (in ``scratch``) is copied from the image's snapshot rather
-    than unpacked from the blobs: when the snapshot of all its layers is cached
-    (``complete``: a copy costs a fraction of an unpack), or when a copy from the cache to
-    ``scratch`` is a reflink (the snapshot kept for later bundles then costs no more than the
-    unpack itself). Otherwise keeping a snapshot would write the tree twice: measured, +26% on
-    a cold bundle on ext4, +11% on tmpfs and twice the memory there (docs/performance.md), so
-    the bundle is unpacked straight into ``scratch`` and no snapshot is kept."""
-    return complete or reflinks_work(store.tmp_dir, scratch)
-
-
-def _cached_prefix(store: Store, in_use: InUse,
-                   diff_ids: tuple[Digest, ...]) -> tuple[Path | None, int]:
-    """The rootfs of the longest cached snapshot of the image's layers and how many layers it
-    holds (None, 0: none). The snapshots are leased first, so GC leaves what is found."""
-    chain = chain_ids(diff_ids)
-    in_use.protect([lease_target(c) for c in chain])
-    for depth in range(len(chain), 0, -1):
-        base = find_snapshot(store, chain[depth - 1])
-        if base is not None:
-            return base, depth
-    return None, 0
-
-
-def _snapshot(puller: _PullThread, store: Store, layers: tuple[Descriptor, ...],
-              diff_ids: tuple[Digest, ...],
-              on_layer: Callable[[int, Descriptor], None] | None, base: Path | None,
-              cached: int) -> tuple[Path, AppliedLayers]:
-    """The snapshot of all ``layers``: ``base`` when it holds all of them (``cached``), else
-    built on it (:func:`_cached_prefix`)."""
-    chain = chain_ids(diff_ids)
-    inherited = snapshot_warnings(base) if base is not None else ()
-    if base is not None and cached == len(chain):
-        return base, AppliedLayers(0, 0, inherited)
-    work = store.temp_dir("snapshot")
-    try:
-        applied = _unpack(puller, store, layers[cached:], diff_ids[cached:], work / "rootfs",
-                          on_layer, first=cached + 1, base=base)
-        applied = dataclasses.replace(applied, warnings=inherited + applied.warnings)
-        puller.result()  # every blob verified before the snapshot is published
-        published = publish_snapshot(store, work, chain[-1], diff_ids, applied.entries,
-                                     applied.warnings)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            store.remove_temp_dir(work)
-        raise
-    with contextlib.suppress(OSError):
-        release_owned_dir(work)
-    return published, applied

@@ -7,6 +7,9 @@ The pipeline for one image (``docs/performance.md`` has the measurements behind 
                        decompress thread: read, gunzip/unzstd, hash (diff_id) --queue-->
                        main thread: tar parse + write files (bundler.layers.apply_layer)
 
+A layer is read from the store once its blob is complete, or from its growing download
+(:class:`bundler.follower.BlobFollower`).
+
 Layers are applied in order into one scratch rootfs; layer N+1 downloads while layer N is
 being applied, and decompression runs beside tar parsing (zlib, zstd and hashlib release the
 GIL). Nothing is published before the pull finished (every blob verified against its digest
@@ -14,8 +17,8 @@ at commit) and every layer's uncompressed stream matched its diff_id: the scratc
 renamed into place (a snapshot, by :mod:`cache.snapshots`) or thrown away.
 
 If a download has to start over (the server ignored ``Range``, or the blob failed
-verification), the bytes already unpacked may not be the blob's: the build raises
-:class:`StreamRestarted` and the caller starts again from the verified blobs.
+verification), the bytes already unpacked may not be the blob's: the reader raises
+:class:`bundler.follower.StreamRestarted` and the caller starts again from the verified blobs.
 """
 
 from __future__ import annotations
@@ -24,190 +27,19 @@ import hashlib
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from bundler.decompress import open_layer_stream
 from bundler.layers import apply_layer
-from bundler.manifest import Descriptor, ImageConfig
-from bundler.registry_types import BlobSink
+from bundler.manifest import Descriptor
 from cache.digest import Digest
-from cache.errors import IntegrityError, OcistageError
-from cache.store import Ingest, Store
+from cache.errors import IntegrityError
 from cache.unpackbudget import UnpackBudget
 
 CHUNK = 1 << 20
 QUEUE_CHUNKS = 8  # decompressed MiB in flight between the decompress and the tar thread
-
-
-class StreamRestarted(OcistageError):
-    """A layer's download started over while it was being unpacked (internal: retried)."""
-
-
-class PullFailed(OcistageError):
-    """The pull stopped before the config was known (internal: the pull's error is raised)."""
-
-
-@dataclass
-class _Blob:
-    partial: Path | None = None
-    generation: int = 0        # bumped when written bytes are discarded
-    done: bool = False
-
-
-@dataclass
-class BlobFollower:
-    """A :class:`bundler.pull.PullObserver` that lets readers follow blobs as they download."""
-
-    store: Store
-    _cond: threading.Condition = field(default_factory=threading.Condition)
-    _blobs: dict[Digest, _Blob] = field(default_factory=dict)
-    _config: tuple[Digest, ImageConfig, tuple[Descriptor, ...]] | None = None
-    _stopped: bool = False
-
-    # -- the pull's side ---------------------------------------------------------------------
-
-    def config_ready(self, manifest_digest: Digest, config: ImageConfig,
-                     layers: tuple[Descriptor, ...]) -> None:
-        with self._cond:
-            self._config = (manifest_digest, config, layers)
-            self._cond.notify_all()
-
-    def sink(self, digest: Digest, ingest: Ingest) -> BlobSink:
-        with self._cond:
-            blob = self._blobs.setdefault(digest, _Blob())
-            blob.partial = ingest.partial
-            blob.done = False
-            self._cond.notify_all()
-        return _TeeSink(self, digest, ingest)
-
-    def finished(self, digest: Digest, ok: bool) -> None:
-        with self._cond:
-            blob = self._blobs.setdefault(digest, _Blob())
-            if ok:
-                blob.done = True
-            else:
-                blob.generation += 1
-                blob.partial = None
-            self._cond.notify_all()
-
-    def wrote(self, digest: Digest, restarted: bool = False) -> None:
-        with self._cond:
-            if restarted:
-                self._blobs[digest].generation += 1
-            self._cond.notify_all()
-
-    def discarded(self) -> bool:
-        """Whether any download started over (bytes a reader may have seen were dropped)."""
-        with self._cond:
-            return any(blob.generation for blob in self._blobs.values())
-
-    def stop(self) -> None:
-        """The pull ended (successfully or not): nothing more will arrive."""
-        with self._cond:
-            self._stopped = True
-            self._cond.notify_all()
-
-    # -- the reader's side -------------------------------------------------------------------
-
-    def wait_config(self) -> tuple[Digest, ImageConfig, tuple[Descriptor, ...]]:
-        with self._cond:
-            while self._config is None:
-                if self._stopped:
-                    raise PullFailed("the pull ended before the image config was known")
-                self._cond.wait()
-            return self._config
-
-    def open(self, digest: Digest) -> BinaryIO:
-        """The blob's bytes: from the store once published, else following its download."""
-        with self._cond:
-            while True:
-                blob = self._blobs.get(digest)
-                if blob is not None and blob.done:
-                    return self.store.open_blob(digest)
-                if blob is not None and blob.partial is not None:
-                    try:
-                        file = open(blob.partial, "rb")  # noqa: SIM115 - owned by the reader
-                    except FileNotFoundError:
-                        if self.store.has_blob(digest):  # committed just now
-                            return self.store.open_blob(digest)
-                        self._cond.wait(timeout=0.1)
-                        continue
-                    return _FollowingReader(self, digest, blob.generation, file)  # type: ignore[return-value]
-                if self._stopped:
-                    raise StreamRestarted(f"blob {digest.short} was not downloaded")
-                self._cond.wait()
-
-    def check(self, digest: Digest, generation: int) -> None:
-        """Raise if the bytes of ``digest`` were discarded since a reader started."""
-        with self._cond:
-            if self._blobs[digest].generation != generation:
-                raise StreamRestarted(f"the download of {digest.short} started over")
-
-    def wait_more(self, digest: Digest, generation: int) -> bool:
-        """Block until more bytes may be there; ``False`` once the blob is complete."""
-        with self._cond:
-            blob = self._blobs[digest]
-            if blob.generation != generation:
-                raise StreamRestarted(f"the download of {digest.short} started over")
-            if blob.done:
-                return False
-            if self._stopped:
-                raise StreamRestarted(f"the download of {digest.short} stopped")
-            self._cond.wait(timeout=0.5)
-            return True
-
-
-@dataclass
-class _TeeSink:
-    """The ingest, telling the follower about each write (readers then read the file)."""
-
-    follower: BlobFollower
-    digest: Digest
-    ingest: Ingest
-
-    @property
-    def offset(self) -> int:
-        return self.ingest.offset
-
-    def write(self, chunk: bytes) -> None:
-        self.ingest.write(chunk)
-        self.follower.wrote(self.digest)
-
-    def restart(self) -> None:
-        self.ingest.restart()
-        self.follower.wrote(self.digest, restarted=True)
-
-
-class _FollowingReader:
-    """Reads a partial blob file while it is being written; EOF once the blob is complete."""
-
-    def __init__(self, follower: BlobFollower, digest: Digest, generation: int,
-                 file: BinaryIO) -> None:
-        self._follower = follower
-        self._digest = digest
-        self._generation = generation
-        self._file = file
-
-    def read(self, size: int = -1) -> bytes:
-        size = CHUNK if size is None or size < 0 else size
-        while True:
-            data = self._file.read(size)
-            if data:
-                self._follower.check(self._digest, self._generation)
-                return data
-            if not self._follower.wait_more(self._digest, self._generation):
-                return self._file.read(size)  # the last bytes, flushed at commit
-
-    def close(self) -> None:
-        self._file.close()
-
-    def __enter__(self) -> _FollowingReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class _Decompressed:

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from bundler.bundle import make_bundle
+from bundler.follower import BlobFollower, StreamRestarted
 from bundler.reference import parse_reference
 from bundler.runtime_config import ConfigOptions
-from bundler.snapshots import BlobFollower, StreamRestarted
 from cache.digest import Digest
 from cache.errors import IntegrityError
 from cache.fsops import reflinks_work
@@ -129,9 +129,9 @@ def test_a_first_writable_dest_keeps_the_snapshot_where_copies_are_reflinks(
     writable DEST is unpacked into a snapshot and copied from it (sharing extents): the image
     is never unpacked again. The probe is patched: tmp_path has no reflinks here, and the
     copy (``cp --reflink=auto``) makes a plain copy then."""
-    import bundler.bundle
+    import bundler.rootfs
 
-    monkeypatch.setattr(bundler.bundle, "reflinks_work", lambda _source, _dir: True)
+    monkeypatch.setattr(bundler.rootfs, "reflinks_work", lambda _source, _dir: True)
     ref = layout(tmp_path, "img", [BASE, MIDDLE, TOP])
     store = Store.open(tmp_path / "cache")
     copied, applied_copy, _ = bundle(store, ref, tmp_path / "copied")

@@ -22,6 +22,7 @@ HEAVY = frozenset({
     "zstandard", "rich.table", "rich.progress",
     "bundler.registry", "bundler.transport", "bundler.pull", "bundler.bundle",
     "bundler.schema", "bundler.runtime_config", "bundler.settings", "bundler.snapshots",
+    "bundler.follower", "bundler.rootfs", "bundler.layers",
     "bundler.inspect", "cache.gc", "cache.inventory", "cache.verify", "cache.store",
     "stagers.stage", "stagers.remote", "runtimes.scrun", "runtimes.submit",
     "pytest", "pytest_ocistage",  # the test plugin: never loaded by a command line
@@ -141,13 +142,17 @@ def test_bundling_from_an_image_layout_loads_no_http_client(tmp_path: Path) -> N
 
     write_oci_layout(tmp_path / "layout", [build_tar([file("hello.txt", b"hello")])],
                      tag="v1", kind="gzip")
-    for argv in (["bundle", "-q", f"oci:{tmp_path / 'layout'}:v1"],   # cold
-                 ["bundle", "-q", f"oci:{tmp_path / 'layout'}:v1"]):  # in the cache
+    unpacking = {"bundler.rootfs", "bundler.snapshots", "bundler.layers", "cache.snapshots"}
+    argv = ["bundle", "-q", "--cmd", "true", f"oci:{tmp_path / 'layout'}:v1"]
+    for n in range(2):  # cold, then found in the cache
         loaded = _modules_after(argv, tmp_path)
+        [made] = (tmp_path / "cache" / "bundles").iterdir()
+        assert (made / "config.json").is_file()
         assert "bundler.bundle" in loaded and "bundler.sources" in loaded
         assert sorted({"requests", "urllib3", "bundler.registry", "bundler.transport"}
                       & loaded) == [], argv
-    assert (tmp_path / "cache" / "bundles").is_dir()
+        # a bundle found in the cache needs none of the unpacking machinery
+        assert sorted(unpacking & loaded) == (sorted(unpacking) if n == 0 else []), n
 
 
 # the modules that define commands: a command line loads the one of its command only

@@ -481,7 +481,7 @@ def crash_once(monkeypatch: pytest.MonkeyPatch, owner: object, name: str,
 
 def _layer_applier() -> object:
     """The module whose ``apply_layer`` name the bundle code calls."""
-    for name in ("bundler.snapshots", "bundler.bundle"):
+    for name in ("bundler.snapshots", "bundler.rootfs", "bundler.bundle"):
         with contextlib.suppress(ImportError):
             module = importlib.import_module(name)
             if hasattr(module, "apply_layer"):

@@ -132,7 +132,7 @@ def layer_size(image: ImageRef, n: int) -> int:
 KILL_POINTS = {
     # module, attribute, when ("before" the call, or "after:N" the Nth call), command
     "during-layer-extraction": ("bundler.snapshots", "apply_layer", "after:1", "bundle"),
-    "snapshot-built-not-published": ("bundler.bundle", "publish_snapshot", "before", "bundle"),
+    "snapshot-built-not-published": ("bundler.rootfs", "publish_snapshot", "before", "bundle"),
     "bundle-renamed-not-synced": ("bundler.bundle", "fsync_dir", "before", "bundle"),
     "blobs-published-ref-not-tagged": ("cache.store", "Store.tag", "before", "pull"),
 }
