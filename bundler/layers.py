@@ -72,8 +72,7 @@ def apply_layer(stream: BinaryIO, rootfs: Path, *, rootless: bool = True,
             # docs/performance.md)
             with tarfile.open(fileobj=_ForwardReader(stream), mode="r:",  # type: ignore[call-overload]
                               tarinfo=tarinfo_class()) as archive:
-                while (member := archive.next()) is not None:
-                    archive.members.clear()  # tarfile keeps every member: memory would grow
+                for member in members(archive):
                     applier.apply(archive, member)
             applier.finish()
     except tarfile.TarError as exc:
@@ -149,6 +148,10 @@ class _ForwardReader:
             self._base += self._pos
             self._buf, self._pos = b"".join(parts), 0
         return self._buf[self._pos:self._pos + size]
+
+    def consume(self, size: int) -> None:
+        """Move past ``size`` bytes that :meth:`peek_exact` has just returned."""
+        self._pos += size
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         if whence == os.SEEK_CUR:
@@ -263,6 +266,60 @@ class _TarInfo(tarfile.TarInfo):
         return member
 
 
+#: entry types whose 512-byte header is the whole entry header (no extended header, GNU long
+#: name or sparse map before or after it): :func:`members` reads those itself
+_PLAIN_TYPES = frozenset((tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.LNKTYPE, tarfile.SYMTYPE,
+                          tarfile.CHRTYPE, tarfile.BLKTYPE, tarfile.DIRTYPE, tarfile.FIFOTYPE,
+                          tarfile.CONTTYPE))
+
+
+def members(archive: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    """The members of ``archive``, read front to back as ``archive.next()`` reads them, none
+    kept (tarfile keeps every member it reads: memory would grow with the layer).
+
+    With the fast parser over a :class:`_ForwardReader`, a plain header (:data:`_PLAIN_TYPES`)
+    where tarfile expects the next one, with no global PAX header in force, is parsed here: the
+    member and the archive's next offset come out as ``next()`` makes them, without its
+    per-member bookkeeping (four ``tell()`` calls, three dispatching methods, the members
+    list). Anything else (extended and GNU headers, the end of the archive, a short or damaged
+    header, a member whose data was not read to its end) is left where it is, unread, for
+    ``archive.next()``.
+    """
+    stream = archive.fileobj
+    fast = isinstance(stream, _ForwardReader) and archive.tarinfo is _TarInfo
+    while True:
+        if (fast and archive.firstmember is None  # type: ignore[attr-defined]
+                and not archive.pax_headers and archive.offset == stream.tell()):
+            assert isinstance(stream, _ForwardReader)
+            member = _plain_member(archive, stream)
+            if member is not None:
+                yield member
+                continue
+        found = archive.next()
+        archive.members.clear()  # type: ignore[attr-defined]
+        if found is None:
+            return
+        yield found
+
+
+def _plain_member(archive: tarfile.TarFile, stream: _ForwardReader) -> tarfile.TarInfo | None:
+    """The member whose plain header comes next, consumed; None (nothing consumed) if the
+    next header is not one :func:`members` reads itself."""
+    buf = stream.peek_exact(tarfile.BLOCKSIZE)
+    if len(buf) != tarfile.BLOCKSIZE or buf[156:157] not in _PLAIN_TYPES:
+        return None
+    try:
+        member = _TarInfo.frombuf(buf, archive.encoding, archive.errors)
+    except tarfile.HeaderError:
+        return None  # the end of the archive, or damage: next() reads it again and decides
+    stream.consume(tarfile.BLOCKSIZE)
+    member.offset = archive.offset
+    member.offset_data = data = archive.offset + tarfile.BLOCKSIZE
+    # as TarInfo._proc_builtin: a regular file's data (rounded up to whole blocks) follows
+    archive.offset = data + member._block(member.size) if member.isreg() else data  # type: ignore[attr-defined]
+    return member
+
+
 _PRIVATE_SHAPES = {  # the tarfile internals _TarInfo calls or overrides, and their parameters
     "_proc_pax": ["self", "tarfile"],
     "_block": ["self", "count"],
@@ -293,21 +350,27 @@ def fast_parser_usable() -> bool:
 
 
 def _sample_members(tarinfo: type[tarfile.TarInfo]) -> list[tuple[object, ...]]:
-    """What ``tarinfo`` reads from a small PAX archive (long names, decimal mtime, xattrs)."""
+    """What ``tarinfo`` (through :func:`members`) reads from a small PAX archive: long names,
+    decimal mtimes and xattrs in extended headers, and plain ustar headers between them."""
     import io
 
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
-        for n, name in enumerate(("plain", "d/" + "long" * 40, "x/ünï")):
+        for n, name in enumerate(("plain", "d/" + "long" * 40, "x/ünï", "d/", "d/f", "l")):
             info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.mode = n, 1234567890.5 + n, 0o4755
-            info.pax_headers = {"SCHILY.xattr.user.k": f"v{n}"}
-            archive.addfile(info, io.BytesIO(b"x" * n))
+            info.size, info.mtime, info.mode = n % 3, 1234567890 + n, 0o4755
+            if n < 3:
+                info.mtime += 0.5
+                info.pax_headers = {"SCHILY.xattr.user.k": f"v{n}"}
+            info.type = {3: tarfile.DIRTYPE, 5: tarfile.SYMTYPE}.get(n, tarfile.REGTYPE)
+            info.linkname = "d/f" if n == 5 else ""
+            archive.addfile(info, io.BytesIO(b"x" * info.size))
     buffer.seek(0)
     with tarfile.open(fileobj=_ForwardReader(buffer), mode="r:",  # type: ignore[call-overload]
                       tarinfo=tarinfo) as archive:
-        return [(m.name, m.size, m.mtime, m.mode, m.type, m.offset, m.offset_data,
-                 dict(m.pax_headers)) for m in archive]
+        return [(m.name, m.size, m.mtime, m.mode, m.type, m.linkname, m.offset, m.offset_data,
+                 dict(m.pax_headers), b"".join(_member_data(archive, m)) if m.isreg() else b"")
+                for m in members(archive)]
 
 
 @functools.cache

@@ -79,6 +79,45 @@ def test_fast_header_parser_gives_tarfiles_results(
         assert ours == theirs
 
 
+
+HEADER = st.builds(
+    lambda name, size, type_, fix, body: (_header({
+        "name": name, "size": size, "type": type_, "mode": b"0000644", "uid": b"0000000",
+        "gid": b"0000000", "mtime": b"00000000001", "magic": b"ustar\x0000"}, fix), body),
+    name=st.one_of(st.sampled_from([b"a", b"d/", b"d/f", b"./x", b"l/" + b"n" * 97]), TEXT),
+    size=st.one_of(st.integers(0, 1500).map(lambda n: b"%011o" % n), NUMBER),
+    type_=st.sampled_from([b"0", b"\0", b"5", b"2", b"1", b"3", b"6", b"7", b"x", b"g", b"L",
+                           b"S", b"Z"]),
+    fix=st.integers(0, 9).map(lambda n: n > 0),  # mostly valid checksums
+    body=st.binary(max_size=1500))
+
+
+@settings(max_examples=300, deadline=None)
+@given(entries=st.lists(HEADER, max_size=8), read_data=st.booleans(),
+       end=st.sampled_from([b"\0" * 1024, b"\0" * 512, b"", b"junk"]))
+def test_members_reads_plain_headers_as_tarfiles_next_does(
+        entries: list[tuple[bytes, bytes]], read_data: bool, end: bytes) -> None:
+    """Archives of plain and other headers, with and without their data read: the members,
+    offsets and errors of layers.members() are tarfile's."""
+    data = b"".join(header + body + b"\0" * (-len(body) % 512) for header, body in entries)
+    data += end
+
+    def listed(fast: bool) -> object:
+        found: list[object] = []
+        stream = _ForwardReader(io.BytesIO(data))
+        try:
+            with tarfile.open(fileobj=stream, mode="r:",  # type: ignore[call-overload]
+                              tarinfo=_TarInfo if fast else tarfile.TarInfo) as archive:
+                for member in (layers.members(archive) if fast else iter(archive.next, None)):
+                    found.append(repr([getattr(member, name) for name in MEMBER_FIELDS]))
+                    if read_data and member.isreg() and member.sparse is None:
+                        found.append(b"".join(layers._member_data(archive, member)))
+        except (tarfile.TarError, ValueError, OSError) as exc:  # OSError: a backward seek
+            found.append((type(exc).__name__, str(exc)))
+        return found
+
+    assert listed(fast=True) == listed(fast=False)
+
 @settings(max_examples=200, deadline=None)
 @given(data=st.binary(min_size=0, max_size=5000),
        steps=st.lists(st.tuples(st.sampled_from(["read", "skip", "peek"]),
@@ -154,7 +193,7 @@ def _members(data: bytes, fast: bool) -> object:
     try:
         with tarfile.open(fileobj=stream, mode="r:",  # type: ignore[call-overload]
                           tarinfo=_TarInfo if fast else tarfile.TarInfo) as archive:
-            while (member := archive.next()) is not None:
+            for member in (layers.members(archive) if fast else iter(archive.next, None)):
                 found.append(repr([getattr(member, name) for name in MEMBER_FIELDS]))  # NaN
                 if member.isreg():
                     source = archive.extractfile(member)
