@@ -219,9 +219,13 @@ def plot(results: dict[str, Any], path: Path) -> bool:
                         xs.append(point[key] / (MB if key == "size" else 1))
                         ys.append(value)
             ax.plot(xs, ys, marker="o", label=tool)
+        if points and axis == "files":
+            fixed = f"{points[0]['size'] // MB} MB"
+        elif points:  # the 10 GB point of the full set has 300k files, not 30k
+            base = points[0]["files"]
+            odd = [f"{p['size'] // MB} MB: {p['files']}" for p in points if p["files"] != base]
+            fixed = f"{base} files" + (f"; {', '.join(odd)}" if odd else "")
         if points:
-            fixed = (f"{points[0]['size'] // MB} MB" if axis == "files"
-                     else f"{points[0]['files']} files")
             ax.set_title(f"time vs {axis} (gzip, {fixed})")
         ax.set_xscale("log")
         ax.set_yscale("log")
