@@ -1,6 +1,8 @@
-"""Following blobs while they download: the pull reports its progress to a
-:class:`BlobFollower`, and readers (the layer unpacking of :mod:`bundler.snapshots`) read a
-blob's growing file as it is written, or the stored blob once it is complete.
+"""Following blobs while they download: :class:`PullThread` runs ``pull()`` in a thread that
+reports its progress to a :class:`BlobFollower`, and readers (the layer unpacking of
+:mod:`bundler.snapshots`) read a blob's growing file as it is written, or the stored blob once
+it is complete. :meth:`PullThread.config` returns as soon as the pull has the image config,
+while the layers may still be downloading.
 
 If a download starts over (the server ignored ``Range``, or the blob failed verification),
 the bytes a reader has already seen may not be the blob's: the reader raises
