@@ -286,12 +286,12 @@ def members(archive: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
     ``archive.next()``.
     """
     stream = archive.fileobj
-    fast = isinstance(stream, _ForwardReader) and archive.tarinfo is _TarInfo
+    reader = (stream if isinstance(stream, _ForwardReader) and archive.tarinfo is _TarInfo
+              else None)  # None: every member through next()
     while True:
-        if (fast and archive.firstmember is None  # type: ignore[attr-defined]
-                and not archive.pax_headers and archive.offset == stream.tell()):
-            assert isinstance(stream, _ForwardReader)
-            member = _plain_member(archive, stream)
+        if (reader is not None and archive.firstmember is None  # type: ignore[attr-defined]
+                and not archive.pax_headers and archive.offset == reader.tell()):
+            member = _plain_member(archive, reader)
             if member is not None:
                 yield member
                 continue

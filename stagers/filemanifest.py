@@ -82,14 +82,11 @@ class Manifest:
     def by_path(self) -> dict[str, Entry]:
         return {entry.path: entry for entry in self.entries}
 
-    def to_json(self) -> bytes:
-        return b"".join(self.json_chunks())
-
     def json_chunks(self, batch: int = 4096) -> Iterator[bytes]:
-        """The JSON document in pieces of at most ``batch`` entries each (the entries are
-        tuples: JSON arrays, read by :meth:`Entry.from_row`). Written so, a manifest is never
-        held whole: 300k entries make ~45 MB of JSON, held twice by one ``json.dumps``
-        (the text and its bytes)."""
+        """The manifest as the JSON document :meth:`from_json` reads, in pieces of at most
+        ``batch`` entries each (the entries are tuples: JSON arrays, read by
+        :meth:`Entry.from_row`). Written so, a manifest is never held whole: 300k entries make
+        ~45 MB of JSON, held twice by one ``json.dumps`` (the text and its bytes)."""
         head = json.dumps({"version": MANIFEST_VERSION, "source": self.source,
                            "method": self.method, "readonlyRoot": self.readonly_root,
                            "entries": []}, separators=(",", ":"))
