@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PYTEST_ARGS ?=
 
-.PHONY: deps venv demo test lint typecheck unit example bench clean
+.PHONY: deps venv demo test lint typecheck unit example bench clean dist
 
 DEBIAN_PACKAGES = python3-venv \
 	docker-registry skopeo umoci runc crun squashfs-tools squashfuse lua5.3 \
@@ -25,7 +25,7 @@ deps: $(DEPS_STAMP) venv  ## Debian packages (as root or with sudo), then the ve
 # The editable install in $(VENV) with its test extras. The stamp is per venv; the install is
 # redone when it points at another checkout (a moved or copied tree) or is gone.
 venv: $(VENV_STAMP)
-	@cd / && $(VENV_BIN)/python -c 'import sys, bundler; sys.exit(bundler.__file__ != "$(CURDIR)/bundler/__init__.py")' \
+	@cd / && $(VENV_BIN)/python -c 'import sys, ocistage; sys.exit(ocistage.__file__ != "$(CURDIR)/ocistage/__init__.py")' \
 		2>/dev/null || $(VENV_BIN)/python -m pip install -q -e '$(CURDIR)[test]'
 
 $(VENV_STAMP): pyproject.toml
@@ -94,5 +94,12 @@ bench:  deps $(BENCH_STAMP) ## benchmarks (bench/README.md): bundle vs peers and
 	PATH="$(RUN_PATH)" $(VENV_BIN)/python -m bench stage
 	PATH="$(RUN_PATH)" $(VENV_BIN)/python -m bench scale --set $(SCALE_SET)
 
+# the wheel and sdist a site installs (`pip install dist/ocistage-*.whl`), built offline with the
+# venv's setuptools; tests/plugin/test_coexistence.py installs such a wheel into a fresh venv
+dist: deps
+	rm -rf dist && $(VENV_BIN)/python -m pip wheel -q --no-deps --no-build-isolation --no-index -w dist .
+	$(VENV_BIN)/python -c 'import setuptools.build_meta as b; b.build_sdist("dist")' >/dev/null
+	@ls dist
+
 clean:
-	rm -rf .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info

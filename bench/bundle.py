@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.images import BuiltImage, build_all, cache_root, push
-from cache.fsops import remove_tree
+from ocistage.cache.fsops import remove_tree
 
 RESULTS = Path(__file__).parent / "results"
 COLD_RUNS = frozenset({"ocistage", "skopeo+umoci", "ch-image", "podman", "floor",
@@ -130,7 +130,7 @@ def drop_page_cache() -> bool:
     for argv in ([ocistage_script(), "bundle", "--help"], ["skopeo", "--version"],
                  ["umoci", "--version"], ["curl", "--version"], ["tar", "--version"],
                  ["gzip", "--version"], ["zstd", "--version"],
-                 [sys.executable, "-c", "import bundler.bundle"]):
+                 [sys.executable, "-c", "import ocistage.bundler.bundle"]):
         subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     return True
 
@@ -204,9 +204,9 @@ def ocistage_env(cache: Path, home: Path) -> dict[str, str]:
 LINK_SCRIPT = """
 import json, sys
 from pathlib import Path
-from bundler.bundle import make_bundle
-from bundler.reference import parse_reference
-from cache.store import Store
+from ocistage.bundler.bundle import make_bundle
+from ocistage.bundler.image.reference import parse_reference
+from ocistage.cache.store import Store
 result = make_bundle(parse_reference(sys.argv[1]), Store.open(sys.argv[2]), Path(sys.argv[3]),
                      link=True)
 print(json.dumps({"path": str(result.path), "layers_applied": result.layers_applied,

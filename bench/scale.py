@@ -53,7 +53,7 @@ from bench.bundle import (
 )
 from bench.images import MB, BuiltImage, cache_root, push
 from bench.synthetic import SynthSpec, build_synthetic
-from cache.fsops import remove_tree
+from ocistage.cache.fsops import remove_tree
 
 GB = 1024 * MB
 TOOLS = ("ocistage", "floor", "skopeo+umoci", "podman")

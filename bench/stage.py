@@ -21,7 +21,7 @@ alternating (A/B, B/A, ...):
 - ``nochange``  the same again, nothing changed
 - ``changed``   after rewriting 1% of the files of the source (new content and mtime)
 
-ocistage is measured twice: ``lib`` calls :func:`stagers.stage.stage_directory` in this
+ocistage is measured twice: ``lib`` calls :func:`ocistage.stagers.stage.stage_directory` in this
 process (what ``ocistage stage`` does after the interpreter has started) and ``cli`` runs
 ``ocistage stage`` as a process like rsync (including Python's start-up, ~0.3 s here).
 Ratios are ocistage / rsync (lower is better); each line ends with its goal (:data:`GOALS`)
@@ -48,10 +48,10 @@ from typing import Any
 
 from bench.bundle import ocistage_script
 from bench.images import cache_root
-from cache import leases
-from cache.fsops import remove_tree
-from cache.leases import Holder
-from stagers.stage import stage_directory
+from ocistage.cache import leases
+from ocistage.cache.fsops import remove_tree
+from ocistage.cache.leases import Holder
+from ocistage.stagers.stage import stage_directory
 
 RESULTS = Path(__file__).parent / "results"
 SYNTHETIC_VERSION = 1

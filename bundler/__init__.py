@@ -1,3 +1,1 @@
-"""The front of ocistage: references, registry client, pull, layer unpack, bundle config."""
-
-__version__ = "0.1.0"
+"""The front of ocistage: the CLI, the registry client, the layer unpacker, pull and bundle."""

@@ -1,13 +1,14 @@
 """``ocistage bundle``: a pulled image -> a runtime bundle (``rootfs/`` + ``config.json``).
 
-Layers are unpacked while they download: the pull runs in a thread (:mod:`bundler.follower`)
+Layers are unpacked while they download: the pull runs in a thread
+(:mod:`ocistage.bundler.follower`)
 and tells this module when the config is known; every layer is then applied in order
-(:mod:`bundler.snapshots`, for the rootfs :mod:`bundler.rootfs` makes), read
-from its growing download, decompressed in a thread of its own, its uncompressed stream hashed
+(:mod:`ocistage.bundler.unpack.layerchain`, for the rootfs :mod:`ocistage.bundler.rootfs` makes),
+read from its growing download, decompressed in a thread of its own, its uncompressed stream hashed
 and compared with the config's ``diff_id``. Nothing is published before the pull verified every
 blob and every diff_id matched.
 
-Every bundle's tree is cloned from a *snapshot* (:mod:`cache.snapshots`): the tree of the
+Every bundle's tree is cloned from a *snapshot* (:mod:`ocistage.cache.snapshots`): the tree of the
 image's layers, kept in the cache by ChainID and made first when missing (on the longest cached
 prefix: an image sharing base layers with a cached one only fetches and unpacks its new layers).
 An image unpacked once is never unpacked again, whichever command came first.
@@ -26,8 +27,9 @@ config and validated before it is written.
 
 Without DEST the bundle goes to ``CACHE/bundles/<key>``, keyed by the manifest digest and the
 options that shape the bundle, so asking twice for the same bundle returns the existing one.
-Such a bundle records the manifest it was made from (``cache.bundleinfo.write_bundle_info``, so
-``cache gc`` knows when its image is gone) and its last use (``cache.usage``); the command
+Such a bundle records the manifest it was made from
+(``ocistage.cache.bundleinfo.write_bundle_info``, so
+``cache gc`` knows when its image is gone) and its last use (``ocistage.cache.usage``); the command
 holds a lease on it and on the image while it works, and GCs down to
 ``PullOptions.max_size`` at the end.
 """
@@ -45,18 +47,22 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bundler.follower import PullThread
-from bundler.manifest import Descriptor
-from bundler.pull import CANCEL_GRACE, PulledImage, PullOptions, PullProgress, interrupted
-from bundler.reference import ImageSource
-from bundler.runtime_config import ConfigOptions, build_runtime_config, write_runtime_config
-from cache import usage
-from cache.bundleinfo import SHARED_ROOT_ANNOTATION, write_bundle_info
-from cache.digest import Digest
-from cache.errors import StoreError, UsageError
-from cache.fsops import check_shared_parent, remove_tree
-from cache.leases import InUse
-from cache.store import Store, fsync_dir, remove_dead_scratch, scratch_name
+from ocistage.bundler.follower import PullThread
+from ocistage.bundler.image.manifest import Descriptor
+from ocistage.bundler.image.reference import ImageSource
+from ocistage.bundler.pull import CANCEL_GRACE, PulledImage, PullOptions, PullProgress, interrupted
+from ocistage.bundler.runtime_config import (
+    ConfigOptions,
+    build_runtime_config,
+    write_runtime_config,
+)
+from ocistage.cache import usage
+from ocistage.cache.bundleinfo import SHARED_ROOT_ANNOTATION, write_bundle_info
+from ocistage.cache.digest import Digest
+from ocistage.cache.errors import StoreError, UsageError
+from ocistage.cache.fsops import check_shared_parent, remove_tree
+from ocistage.cache.leases import InUse
+from ocistage.cache.store import Store, fsync_dir, remove_dead_scratch, scratch_name
 
 BUNDLE_FORMAT = 1  # bump when the bundle layout or config generation changes meaning
 
@@ -122,7 +128,7 @@ def make_bundle(
     ``link``: make ``dest`` from a cached snapshot by hard links, with a read-only root (see
     the module docstring); ignored without ``dest`` (cached bundles always link).
     ``keep_snapshot``: a writable ``dest`` is copied from the image's snapshot, made first
-    when missing, even where that copy is no reflink (:mod:`bundler.rootfs`).
+    when missing, even where that copy is no reflink (:mod:`ocistage.bundler.rootfs`).
     ``on_layer(n, descriptor)`` is called before layer ``n`` is unpacked.
     """
     pull_options = pull_options or PullOptions()
@@ -132,8 +138,9 @@ def make_bundle(
                               config_options or ConfigOptions(), progress, on_layer,
                               link, keep_snapshot)
         if pull_options.max_size is not None:
-            # only with a budget: cache.gc and cache.inventory are not needed otherwise
-            from cache.gc import enforce_budget
+            # only with a budget: ocistage.cache.gc and ocistage.cache.inventory are not needed
+            # otherwise
+            from ocistage.cache.gc import enforce_budget
 
             warnings = enforce_budget(store, pull_options.max_size, in_use.targets)
             result = dataclasses.replace(result, warnings=result.warnings + warnings)
@@ -151,7 +158,8 @@ def _make_bundle(source: ImageSource, store: Store, dest: Path | None, in_use: I
                       keep_snapshot)
     except KeyboardInterrupt:
         puller.canceller.cancel()  # downloads stop now and keep what they wrote
-        puller.stop(CANCEL_GRACE)  # a connect in progress is left behind (bundler.cli.main)
+        # a connect in progress is left behind (ocistage.bundler.cli.app.main)
+        puller.stop(CANCEL_GRACE)
         raise interrupted(store) from None
     except Exception:
         with contextlib.suppress(BaseException):
@@ -183,7 +191,7 @@ def _build(puller: PullThread, store: Store, dest: Path | None, in_use: InUse,
     try:
         scratch = _scratch_beside(dest)
         # the unpacking modules only now: a cached bundle found above never needs them
-        from bundler.rootfs import make_rootfs
+        from ocistage.bundler.rootfs import make_rootfs
 
         applied, snapshot, link = make_rootfs(puller, store, in_use, layers, diff_ids, scratch,
                                               on_layer, link=link, keep_snapshot=keep_snapshot)

@@ -1,6 +1,7 @@
 """Following blobs while they download: :class:`PullThread` runs ``pull()`` in a thread that
 reports its progress to a :class:`BlobFollower`, and readers (the layer unpacking of
-:mod:`bundler.snapshots`) read a blob's growing file as it is written, or the stored blob once
+:mod:`ocistage.bundler.unpack.layerchain`) read a blob's growing file as it is written, or the
+stored blob once
 it is complete. :meth:`PullThread.config` returns as soon as the pull has the image config,
 while the layers may still be downloading.
 
@@ -16,14 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from bundler.manifest import Descriptor, ImageConfig
-from bundler.pull import Canceller, PulledImage, PullOptions, PullProgress, pull
-from bundler.reference import ImageSource
-from bundler.registry_types import BlobSink
-from cache.digest import Digest
-from cache.errors import OcistageError
-from cache.leases import InUse
-from cache.store import Ingest, Store
+from ocistage.bundler.image.manifest import Descriptor, ImageConfig
+from ocistage.bundler.image.reference import ImageSource
+from ocistage.bundler.pull import Canceller, PulledImage, PullOptions, PullProgress, pull
+from ocistage.bundler.registry.types import BlobSink
+from ocistage.cache.digest import Digest
+from ocistage.cache.errors import OcistageError
+from ocistage.cache.leases import InUse
+from ocistage.cache.store import Ingest, Store
 
 CHUNK = 1 << 20
 
@@ -45,7 +46,8 @@ class _Blob:
 
 @dataclass
 class BlobFollower:
-    """A :class:`bundler.pull.PullObserver` that lets readers follow blobs as they download."""
+    """A :class:`ocistage.bundler.pull.PullObserver` that lets readers follow blobs as they
+    download."""
 
     store: Store
     _cond: threading.Condition = field(default_factory=threading.Condition)

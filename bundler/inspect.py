@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bundler.manifest import Descriptor, ImageConfig, ImageIndex, parse_image_config
-from bundler.platform import Platform, host_platform
-from bundler.pull import BlobCounter, PullOptions, fetch_blob, resolve
-from bundler.reference import ImageSource
-from bundler.sources import open_provider
-from cache.digest import Digest
-from cache.store import Store
+from ocistage.bundler.image.manifest import Descriptor, ImageConfig, ImageIndex, parse_image_config
+from ocistage.bundler.image.platform import Platform, host_platform
+from ocistage.bundler.image.reference import ImageSource
+from ocistage.bundler.pull import BlobCounter, PullOptions, fetch_blob, resolve
+from ocistage.bundler.sources import open_provider
+from ocistage.cache.digest import Digest
+from ocistage.cache.store import Store
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from cache.digest import Digest
+from ocistage.cache.digest import Digest
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 class RichPullProgress:
-    """A :class:`bundler.pull.PullProgress` that draws one bar per blob on stderr."""
+    """A :class:`ocistage.bundler.pull.PullProgress` that draws one bar per blob on stderr."""
 
     def __init__(self, console: Console) -> None:
         self._console = console

@@ -11,10 +11,10 @@ The order of events is what keeps the cache consistent whatever happens:
 
 A crash before step 4 leaves verified blobs and partial downloads, which the next pull reuses.
 
-Before step 3 the pull records a lease (:class:`cache.leases.InUse`) on the ref and every blob
-it is about to use, so a concurrent ``cache gc`` cannot take them; afterwards it records the
-image's last use (:mod:`cache.usage`) and, with ``PullOptions.max_size``, GCs the cache down to
-that budget without touching what it uses.
+Before step 3 the pull records a lease (:class:`ocistage.cache.leases.InUse`) on the ref and every
+blob it is about to use, so a concurrent ``cache gc`` cannot take them; afterwards it records the
+image's last use (:mod:`ocistage.cache.usage`) and, with ``PullOptions.max_size``, GCs the cache
+down to that budget without touching what it uses.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from bundler.errors import UnsupportedManifest
-from bundler.manifest import (
+from ocistage.bundler.errors import SourceError
+from ocistage.bundler.image.errors import SchemaError, UnsupportedManifest
+from ocistage.bundler.image.manifest import (
     Descriptor,
     ImageConfig,
     ImageIndex,
@@ -39,16 +40,16 @@ from bundler.manifest import (
     parse_manifest,
     select_manifest,
 )
-from bundler.platform import Platform, host_platform, select_platform
-from bundler.reference import ImageSource
-from bundler.registry_types import BlobSink, FetchedManifest, RegistryConfig
-from bundler.settings import DEFAULT_JOBS
-from bundler.sources import ImageProvider, OciLayoutProvider, open_provider
-from cache import usage
-from cache.digest import Digest
-from cache.errors import IntegrityError, Interrupted, OcistageError, SchemaError, SourceError
-from cache.leases import InUse
-from cache.store import Ingest, Store
+from ocistage.bundler.image.platform import Platform, host_platform, select_platform
+from ocistage.bundler.image.reference import ImageSource
+from ocistage.bundler.registry.types import BlobSink, FetchedManifest, RegistryConfig
+from ocistage.bundler.settings import DEFAULT_JOBS
+from ocistage.bundler.sources import ImageProvider, OciLayoutProvider, open_provider
+from ocistage.cache import usage
+from ocistage.cache.digest import Digest
+from ocistage.cache.errors import IntegrityError, Interrupted, OcistageError
+from ocistage.cache.leases import InUse
+from ocistage.cache.store import Ingest, Store
 
 ANNOTATION_RESOLVED = "io.ocistage.resolved"
 ANNOTATION_INDEX = "io.ocistage.index-digest"
@@ -93,7 +94,7 @@ class PullOptions:
     # always: resolve at the source; missing: a complete cached copy of the reference for the
     # platform is used without asking the source; never: only the cache, else an error
     policy: str = "always"
-    # bundles made from the pull: what they may unpack (None: cache.unpackbudget default)
+    # bundles made from the pull: what they may unpack (None: ocistage.cache.unpackbudget default)
     unpack_limit: int | None = None
 
 
@@ -352,8 +353,9 @@ def pull(source: ImageSource, store: Store, options: PullOptions | None = None,
             raise interrupted(store) from None
         usage.touch(store.root, "image", image.manifest.digest.hex)
         if options.max_size is not None:
-            # only with a budget: cache.gc and cache.inventory are not needed otherwise
-            from cache.gc import enforce_budget
+            # only with a budget: ocistage.cache.gc and ocistage.cache.inventory are not needed
+            # otherwise
+            from ocistage.cache.gc import enforce_budget
 
             warnings = enforce_budget(store, options.max_size, lease.targets)
             image = dataclasses.replace(image, warnings=image.warnings + warnings)
@@ -402,8 +404,8 @@ def _pull(source: ImageSource, store: Store, options: PullOptions,
             future.result()
     except KeyboardInterrupt:
         # the downloads stop now and keep what they wrote; a worker still connecting (which
-        # no socket shutdown reaches) is not waited for beyond CANCEL_GRACE (bundler.cli.main
-        # then ends the process without it)
+        # no socket shutdown reaches) is not waited for beyond CANCEL_GRACE
+        # (ocistage.bundler.cli.app.main then ends the process without it)
         stopped = True
         canceller.cancel()
         wait(futures, timeout=CANCEL_GRACE)

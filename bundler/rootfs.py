@@ -1,7 +1,7 @@
 """A bundle's ``rootfs/``, made in its scratch directory: cloned from the image's snapshot, or
 unpacked straight into it while the layers download.
 
-The snapshot (:mod:`cache.snapshots`) is found in the cache, or built first on the longest
+The snapshot (:mod:`ocistage.cache.snapshots`) is found in the cache, or built first on the longest
 cached prefix of the image's layers (an image sharing base layers with a cached one only
 unpacks its new layers). The rootfs is then a hard-linked clone of it (``link``: new
 directories, shared file inodes) or an independent copy (``cp -a --reflink=auto``). A writable
@@ -17,15 +17,15 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from bundler.follower import PullThread, StreamRestarted
-from bundler.manifest import Descriptor
-from bundler.snapshots import AppliedLayers, apply_layers
-from cache.digest import Digest
-from cache.errors import OcistageError, StoreError
-from cache.fsops import hardlinks_work, reflinks_work, release_owned_dir, remove_tree
-from cache.leases import InUse
-from cache.snapshots import METADATA as SNAPSHOT_METADATA
-from cache.snapshots import (
+from ocistage.bundler.follower import PullThread, StreamRestarted
+from ocistage.bundler.image.manifest import Descriptor
+from ocistage.bundler.unpack.layerchain import AppliedLayers, apply_layers
+from ocistage.cache.digest import Digest
+from ocistage.cache.errors import OcistageError, StoreError
+from ocistage.cache.fsops import hardlinks_work, reflinks_work, release_owned_dir, remove_tree
+from ocistage.cache.leases import InUse
+from ocistage.cache.snapshots import METADATA as SNAPSHOT_METADATA
+from ocistage.cache.snapshots import (
     chain_ids,
     copy_tree,
     find_snapshot,
@@ -34,8 +34,8 @@ from cache.snapshots import (
     publish_snapshot,
     snapshot_warnings,
 )
-from cache.store import Store
-from cache.unpackbudget import UnpackBudget, default_unpack_limit
+from ocistage.cache.store import Store
+from ocistage.cache.unpackbudget import UnpackBudget, default_unpack_limit
 
 
 def make_rootfs(puller: PullThread, store: Store, in_use: InUse,

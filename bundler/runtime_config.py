@@ -2,8 +2,8 @@
 
 Follows image-spec ``conversion.md``: ``process.args`` = Entrypoint + Cmd, ``process.env`` from
 ``Env``, ``process.cwd`` from ``WorkingDir``, ``process.user`` from ``User`` resolved against the
-rootfs (:mod:`bundler.userdb`), annotations from the implicit fields and ``Labels``. The rest is
-ocistage's own policy, chosen to run under rootless ``runc``/``crun`` and under Slurm:
+rootfs (:mod:`ocistage.runtimes.userdb`), annotations from the implicit fields and ``Labels``. The
+rest is ocistage's own policy, chosen to run under rootless ``runc``/``crun`` and under Slurm:
 
 - rootless (default): a user namespace mapping the caller's host uid/gid to the image user's
   uid/gid (one id each, no ``newuidmap`` needed), plus mount, pid, ipc and uts namespaces;
@@ -12,7 +12,7 @@ ocistage's own policy, chosen to run under rootless ``runc``/``crun`` and under 
 - mounts, masked and read-only paths, capabilities, rlimits and ``noNewPrivileges`` as
   ``runc spec --rootless`` writes them, with the differences listed in docs/runtime-config.md.
 
-The result always validates against the runtime-spec schema (``bundler.schema``);
+The result always validates against the runtime-spec schema (``ocistage.bundler.image.schema``);
 :func:`write_runtime_config` validates again and publishes ``config.json`` atomically.
 """
 
@@ -30,11 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bundler.idmap import RootPlaceholder, detect_root_placeholder
-from bundler.rootless import SYSFS_BIND, RootlessIds, make_rootless
-from bundler.userdb import ResolvedUser, resolve_user
-from cache.errors import SchemaError, StoreError, UsageError
-from cache.store import fsync_dir
+from ocistage.bundler.image.errors import SchemaError
+from ocistage.cache.errors import StoreError, UsageError
+from ocistage.cache.store import fsync_dir
+from ocistage.runtimes.idmap import RootPlaceholder, detect_root_placeholder
+from ocistage.runtimes.rootless import SYSFS_BIND, RootlessIds, make_rootless
+from ocistage.runtimes.userdb import ResolvedUser, resolve_user
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ def build_runtime_config(image_config: Mapping[str, Any], rootfs: Path,
     if gpus:
         config["hooks"] = {"prestart": [_nvidia_hook()]}
     if options.rootless:
-        # the same rules as for the configs Docker/Podman hand to scrun (bundler.rootless)
+        # the same rules as for the configs Docker/Podman hand to scrun (ocistage.runtimes.rootless)
         config, _ = make_rootless(config, RootlessIds(options.host_uid, options.host_gid,
                                                       options.root_placeholder))
     _validate(config)
@@ -132,7 +133,7 @@ def build_runtime_config(image_config: Mapping[str, Any], rootfs: Path,
 def _validate(config: Mapping[str, Any]) -> None:
     # imported here: jsonschema is ~40 ms of start-up, and a bundle found in the cache
     # writes no config
-    from bundler.schema import validate
+    from ocistage.bundler.image.schema import validate
 
     validate(config, "runtime-config")
 

@@ -43,13 +43,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cache.errors import UsageError
-from cache.sizes import parse_size
+from ocistage.cache.errors import UsageError
+from ocistage.cache.sizes import parse_size
 
 if TYPE_CHECKING:
-    from bundler.registry_types import RegistryConfig
+    from ocistage.bundler.registry.types import RegistryConfig
 
-DEFAULT_JOBS = 6  # parallel blob downloads (bundler.pull's default too)
+DEFAULT_JOBS = 6  # parallel blob downloads (ocistage.bundler.pull's default too)
 MAX_JOBS = 64  # as --jobs accepts
 PULL_POLICIES = ("always", "missing", "never")
 
@@ -70,7 +70,8 @@ class Settings:
     max_size: int | None = None  # cache budget in bytes; None: unlimited
     stage_to: str | None = None  # default stage target (`stage --to`); None: none configured
     pull: str = "always"  # one of PULL_POLICIES
-    unpack_limit: int | None = None  # bytes a bundle may unpack; None: bundler.layers' default
+    # bytes a bundle may unpack; None: ocistage.bundler.unpack.apply' default
+    unpack_limit: int | None = None
     keep_snapshot: bool = False  # `bundle REF DEST` unpacks into a snapshot kept in the cache
     # where each setting above comes from: "option --jobs", "environment OCISTAGE_PULL",
     # "file /etc/ocistage/config.toml" or "default" (several, comma-separated, for the
@@ -91,7 +92,7 @@ class Settings:
 
     def registry_config(self) -> RegistryConfig:
         # requests: only commands that talk to a registry import it
-        from bundler.registry_types import RegistryConfig
+        from ocistage.bundler.registry.types import RegistryConfig
 
         return RegistryConfig(insecure_registries=self.insecure_registries,
                               ca_file=self.ca_file, mirrors=dict(self.mirrors),

@@ -2,8 +2,8 @@
 
 Every source is an :class:`ImageProvider`: it resolves its reference to a top-level manifest or
 index (bytes plus digest), fetches further manifests by digest, and streams blobs into a sink
-(a :class:`cache.store.Ingest`) that verifies them before they are published. `pull.py` holds the
-policy (platform selection, parallelism, what to store); providers only move bytes.
+(a :class:`ocistage.cache.store.Ingest`) that verifies them before they are published. `pull.py`
+holds the policy (platform selection, parallelism, what to store); providers only move bytes.
 
 ``docker-archive:`` files (``docker save``) have no OCI manifest: the provider synthesises one
 from the archive's ``manifest.json`` and the image config, so the rest of ocistage sees an
@@ -24,10 +24,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
-from bundler import mediatypes
-from bundler.decompress import detect_compression
-from bundler.errors import InvalidReference
-from bundler.reference import (
+from ocistage.bundler.errors import SourceError
+from ocistage.bundler.image import mediatypes
+from ocistage.bundler.image.errors import InvalidReference
+from ocistage.bundler.image.reference import (
     DockerArchiveReference,
     ImageSource,
     OciArchiveReference,
@@ -35,13 +35,14 @@ from bundler.reference import (
     RegistryReference,
     parse_registry_reference,
 )
-from bundler.registry_types import BlobSink, FetchedManifest, RegistryConfig
-from cache.digest import Digest, hash_file
-from cache.errors import IntegrityError, Interrupted, NotFound, SourceError
-from cache.jsondoc import MAX_DOCUMENT, parse_json, read_document
+from ocistage.bundler.registry.types import BlobSink, FetchedManifest, RegistryConfig
+from ocistage.bundler.unpack.decompress import detect_compression
+from ocistage.cache.digest import Digest, hash_file
+from ocistage.cache.errors import IntegrityError, Interrupted, NotFound
+from ocistage.cache.jsondoc import MAX_DOCUMENT, parse_json, read_document
 
 if TYPE_CHECKING:
-    from bundler.registry import RegistryClient
+    from ocistage.bundler.registry.client import RegistryClient
 
 CHUNK = 1 << 20
 REF_NAME = "org.opencontainers.image.ref.name"
@@ -126,7 +127,9 @@ def _fetched(data: bytes, digest: Digest | None, what: str) -> FetchedManifest:
 
 class RegistryProvider:
     def __init__(self, reference: RegistryReference, config: RegistryConfig) -> None:
-        from bundler.registry import RegistryClient  # the HTTP client: only for registries
+        from ocistage.bundler.registry.client import (
+            RegistryClient,  # the HTTP client: only for registries
+        )
 
         self.reference = reference
         self.name = str(reference)

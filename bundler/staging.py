@@ -7,15 +7,16 @@ and target.
 - an existing directory is staged as it is (a bundle, or any tree);
 - something that looks like a path (``/x``, ``./x``, ``../x``, ``~/x``, ``x/`` or ``a/b`` whose
   ``a`` is a directory here) and is not a directory is an error: *no such directory*;
-- an image reference is bundled into the cache first (:func:`bundler.bundle.make_bundle`) —
+- an image reference is bundled into the cache first (:func:`ocistage.bundler.bundle.make_bundle`) —
   but only one that names its registry (``docker.io/library/alpine``, ``localhost:5000/x``) or
   its transport (``docker://alpine``, ``oci:``, ``oci-archive:``, ``docker-archive:``). A bare
   name such as ``mybundle`` is most likely a mistyped directory; as skopeo does, ocistage does
   not guess Docker Hub for it (a careful podman refuses ambiguous short names too).
 
-Then it is staged on this node (:func:`stagers.stage.stage_directory`,
-:func:`stagers.remote.stage_from_url`), stored at a URL (:func:`stagers.remote.push_tree`), or
-staged on every node of the Slurm allocation (:func:`stagers.allnodes.stage_all_nodes`).
+Then it is staged on this node (:func:`ocistage.stagers.stage.stage_directory`,
+:func:`ocistage.stagers.remote.stage_from_url`), stored at a URL
+(:func:`ocistage.stagers.remote.push_tree`), or
+staged on every node of the Slurm allocation (:func:`ocistage.stagers.allnodes.stage_all_nodes`).
 
 This module is why ``bundler`` imports ``stagers`` (docs/architecture.md): a REF must become
 a bundle before it can be staged, and ``stagers`` knows nothing of images.
@@ -33,18 +34,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cache.errors import UsageError
-from stagers.errors import StageError
+from ocistage.cache.errors import UsageError
+from ocistage.stagers.errors import StageError
 
 if TYPE_CHECKING:
-    from bundler.pull import PullOptions, PullProgress
-    from cache.store import Store
-    from stagers.allnodes import NodeResult
-    from stagers.remote import PushResult
-    from stagers.squashfs import ImageProgress
-    from stagers.target import StageResult
+    from ocistage.bundler.pull import PullOptions, PullProgress
+    from ocistage.cache.store import Store
+    from ocistage.stagers.allnodes import NodeResult
+    from ocistage.stagers.remote import PushResult
+    from ocistage.stagers.squashfs import ImageProgress
+    from ocistage.stagers.target import StageResult
 
-#: explicit transports of an image reference (bundler.reference)
+#: explicit transports of an image reference (ocistage.bundler.image.reference)
 _TRANSPORTS = ("docker://", "oci:", "oci-archive:", "docker-archive:")
 
 
@@ -83,7 +84,7 @@ def stage(what: str, options: StageOptions, *, store: Store,
         raise UsageError(f"unknown format {options.format!r}",
                          "use --format dir or --format squashfs")
     if options.all_nodes:
-        from stagers.allnodes import check_all_nodes
+        from ocistage.stagers.allnodes import check_all_nodes
 
         check_all_nodes()  # before the REF is resolved: refused where it would run N times
     source, label, warnings = _resolve(what, store, pull_options, progress)
@@ -93,7 +94,7 @@ def stage(what: str, options: StageOptions, *, store: Store,
 def _resolve(what: str, store: Store, pull_options: Callable[[], PullOptions] | None,
              progress: ProgressFactory | None) -> tuple[Path | str, str, tuple[str, ...]]:
     """The directory (or URL) to stage, its label, and warnings of making it."""
-    from stagers.urls import is_url
+    from ocistage.stagers.urls import is_url
 
     if is_url(what):
         return what, what, ()
@@ -107,8 +108,8 @@ def _resolve(what: str, store: Store, pull_options: Callable[[], PullOptions] | 
                              "(file://...) or an image reference")
         raise StageError(f"no such directory: {what}",
                          "give an existing bundle directory, or an image reference")
-    from bundler.bundle import make_bundle
-    from bundler.reference import RegistryReference, parse_reference
+    from ocistage.bundler.bundle import make_bundle
+    from ocistage.bundler.image.reference import RegistryReference, parse_reference
 
     reference = parse_reference(what)
     if isinstance(reference, RegistryReference) and not _names_registry(what):
@@ -140,16 +141,16 @@ def _names_registry(what: str) -> bool:
 def _dispatch(source: Path | str, label: str, options: StageOptions, store: Store,
               image_progress: ImageProgress | None,
               ) -> StageResult | PushResult | list[NodeResult]:
-    from stagers.markers import default_holder
-    from stagers.urls import is_url
+    from ocistage.stagers.markers import default_holder
+    from ocistage.stagers.urls import is_url
 
     cache_root = store.root
     if options.all_nodes:
-        from stagers.allnodes import stage_all_nodes
+        from ocistage.stagers.allnodes import stage_all_nodes
 
         return stage_all_nodes(_node_argv(os.fspath(source), options, cache_root.absolute()))
     if is_url(options.to):
-        from stagers.remote import push_tree
+        from ocistage.stagers.remote import push_tree
 
         if not isinstance(source, Path):
             raise UsageError(f"cannot stage {label} to another URL",
@@ -162,11 +163,11 @@ def _dispatch(source: Path | str, label: str, options: StageOptions, store: Stor
             store.remove_temp_dir(work)
     holder = default_holder(options.pin)
     if isinstance(source, str):
-        from stagers.remote import stage_from_url
+        from ocistage.stagers.remote import stage_from_url
 
         return stage_from_url(source, Path(options.to), cache_root=cache_root,
                               name=options.name, holder=holder, mount_image=options.mount)
-    from stagers.stage import stage_directory
+    from ocistage.stagers.stage import stage_directory
 
     return stage_directory(source, Path(options.to), cache_root=cache_root, name=options.name,
                            holder=holder, link=options.link, jobs=options.jobs,
@@ -178,7 +179,7 @@ def _dispatch(source: Path | str, label: str, options: StageOptions, store: Stor
 def _node_argv(source: str, options: StageOptions, cache_root: Path) -> list[str]:
     """The ``ocistage stage`` argv each node runs: the resolved source, one JSON line out."""
     command = shutil.which("ocistage")
-    argv = [command] if command else [sys.executable, "-m", "bundler.cli"]
+    argv = [command] if command else [sys.executable, "-m", "ocistage.bundler.cli.app"]
     argv += ["stage", source, "--to", options.to, "--cache", os.fspath(cache_root),
              "--json-lines", "--format", options.format, "--jobs", str(options.jobs)]
     if options.name is not None:

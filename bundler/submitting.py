@@ -1,6 +1,7 @@
 """``submit_image()``: the library call behind ``ocistage submit`` — a REF is bundled into the
-cache (:func:`bundler.bundle.make_bundle`), then staged where the job runs and handed to Slurm
-(:func:`runtimes.submit.submit`: held ``sbatch --container``, its lease, the ``afterany``
+cache (:func:`ocistage.bundler.bundle.make_bundle`), then staged where the job runs and handed to
+Slurm
+(:func:`ocistage.runtimes.submit.submit`: held ``sbatch --container``, its lease, the ``afterany``
 cleanup job; or ``srun --container``).
 
 This module is why ``bundler`` imports ``runtimes`` (docs/architecture.md), as
@@ -15,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cache.errors import UsageError
+from ocistage.cache.errors import UsageError
 
 if TYPE_CHECKING:
-    from bundler.pull import PullOptions, PullProgress
-    from bundler.reference import ImageSource
-    from cache.store import Store
-    from runtimes.submit import SubmitOptions, SubmitResult
+    from ocistage.bundler.image.reference import ImageSource
+    from ocistage.bundler.pull import PullOptions, PullProgress
+    from ocistage.cache.store import Store
+    from ocistage.runtimes.submit import SubmitOptions, SubmitResult
 
 #: a URL (``memory://x``; ``Path`` would have made it ``memory:/x``)
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/")
@@ -46,9 +47,9 @@ def submit_image(source: ImageSource, options: SubmitOptions, *, store: Store,
                  pull_options: PullOptions, map_root: bool = False,
                  progress: PullProgress | None = None) -> Submitted:
     """Bundle ``source`` and submit it as ``options`` say (module docstring)."""
-    from bundler.bundle import make_bundle
-    from bundler.runtime_config import ConfigOptions
-    from runtimes.submit import check_options, submit
+    from ocistage.bundler.bundle import make_bundle
+    from ocistage.bundler.runtime_config import ConfigOptions
+    from ocistage.runtimes.submit import check_options, submit
 
     check_options(options.options)  # before anything is pulled
     bundle = make_bundle(source, store, pull_options=pull_options,

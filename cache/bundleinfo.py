@@ -1,7 +1,8 @@
 """What a cached bundle records about itself: the manifest it was made from.
 
 Small on purpose: ``bundle`` writes this on every cached bundle it makes, ``cache ls/gc``
-(:mod:`cache.inventory`) read it, and importing the inventory's listing machinery costs a warm
+(:mod:`ocistage.cache.inventory`) read it, and importing the inventory's listing machinery costs a
+warm
 ``ocistage bundle`` ~9 ms it does not need.
 """
 
@@ -10,10 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cache.digest import Digest
-from cache.errors import OcistageError, StoreError
-from cache.fdio import write_new_file
-from cache.jsondoc import parse_json, read_document
+from ocistage.cache.digest import Digest
+from ocistage.cache.errors import OcistageError, StoreError
+from ocistage.cache.fdio import write_new_file
+from ocistage.cache.jsondoc import parse_json, read_document
 
 BUNDLE_INFO = ".ocistage-bundle.json"
 

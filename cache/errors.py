@@ -12,20 +12,17 @@ them as one ``error: ...`` line plus a ``hint: ...`` line and exits with ``exit_
     ├── NotFound                      an image, tag, manifest or blob that is not there
     │                                 (in a registry, a local source or the cache)
     ├── IntegrityError                bytes do not match their digest or declared size
-    ├── SourceError                   a local source (oci: layout, docker-archive:) is unusable
-    ├── SchemaError                   a document does not validate against its OCI schema
-    ├── UserResolutionError           the image's User is not in its /etc/passwd or /etc/group
-    ├── LayerError                    a layer cannot be applied (bad tar, unsafe entry)
+    ├── LayerError                    a layer cannot be applied (bad tar, unsafe entry, budget)
     ├── StoreError                    the cache cannot be read or written (disk full, perms)
     │   ├── UntrustedPath             a directory or entry fails the trust rule (docs/trust.md)
     │   └── LockTimeout               another process holds a lock for too long
-    ├── SlurmError                    a Slurm command is missing, failed or unreadable
-    ├── ScrunError                    a scrun stage hook cannot do its work
-    ├── StageError (stagers/errors.py) staging or unstaging failed
     └── Interrupted                   exit 130: stopped by Ctrl-C (SIGINT); partial downloads kept
 
-Errors that only one package raises live in that package and subclass these: the registry
-and reference errors in :mod:`bundler.errors`, the stagers' in :mod:`stagers.errors`.
+Errors that one package raises live with it and subclass these (docs/architecture.md):
+:mod:`ocistage.bundler.image.errors` (InvalidReference, SchemaError, UnsupportedManifest),
+:mod:`ocistage.bundler.registry.errors` (RegistryError and its kinds),
+:mod:`ocistage.bundler.errors` (SourceError), :mod:`ocistage.stagers.errors` (StageError),
+:mod:`ocistage.runtimes.errors` (SlurmError, ScrunError, UserResolutionError).
 """
 
 from __future__ import annotations
@@ -65,21 +62,6 @@ class IntegrityError(OcistageError):
     )
 
 
-class SourceError(OcistageError):
-    pass
-
-
-class SchemaError(OcistageError):
-    pass
-
-
-class UserResolutionError(OcistageError):
-    default_hint = (
-        "the image's User does not exist in its /etc/passwd or /etc/group; "
-        "override it with a numeric uid[:gid]"
-    )
-
-
 class LayerError(OcistageError):
     pass
 
@@ -100,17 +82,6 @@ class UntrustedPath(StoreError):
 
 class LockTimeout(StoreError):
     default_hint = "another ocistage process is working on the same item; retry later"
-
-
-class SlurmError(OcistageError):
-    """A Slurm command is missing, failed, or printed something we cannot read."""
-
-    default_hint = ("check that Slurm's client commands are installed and that `sinfo` "
-                    "reaches the controller")
-
-
-class ScrunError(OcistageError):
-    """A stage hook cannot do its work (unreadable bundle, not a bundle we staged)."""
 
 
 class Interrupted(OcistageError):

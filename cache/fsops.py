@@ -12,21 +12,21 @@ Walks (:func:`remove_at`, :func:`tree_stats`) are iterative and indifferent to d
 :data:`MAX_OPEN_DIRS` descriptors are held. Deeper ancestors are closed and re-opened through
 ``..`` of their child when the walk climbs back, and re-checked to be the very directory
 (``st_dev``, ``st_ino``) that was left: a directory moved away meanwhile stops the walk with
-:class:`~cache.errors.StoreError` instead of touching whatever is there now.
+:class:`~ocistage.cache.errors.StoreError` instead of touching whatever is there now.
 
 The ownership rule of removal (docs/trust.md): the entry removed must be the caller's when the
 directory holding it is one others can write (:func:`others_can_write`: a sticky ``/tmp``, a
 world- or group-writable directory, or one owned by somebody else than the caller or root);
 inside the tree, a caller other than root touches only its own entries in world-writable
 directories (an image's ``/tmp``: it could not remove others' entries of a sticky one anyway).
-Others' entries are left and reported by :class:`~cache.errors.UntrustedPath` at the end.
+Others' entries are left and reported by :class:`~ocistage.cache.errors.UntrustedPath` at the end.
 Everything else inside a tree the caller may remove is the tree's own content and goes with
 it — an image's files unpacked as root with their own uids, or the mount point slurmstepd
 makes in a staged rootfs as the job's user — since nothing reached through descriptors leads
 outside the tree; leaving such entries would leave the bundle on the node for good.
 
 Scratch directories with an owner file (``NAME`` + ``NAME.owner``, the owner's host and pid as
-:class:`cache.locks.Owner` JSON) are made, dropped and released here too
+:class:`ocistage.cache.locks.Owner` JSON) are made, dropped and released here too
 (:func:`make_owned_dir`, :func:`drop_owned_dir`, :func:`release_owned_dir`).
 """
 
@@ -42,9 +42,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cache.errors import StoreError, UntrustedPath
-from cache.fdio import reflink
-from cache.locks import Owner
+from ocistage.cache.errors import StoreError, UntrustedPath
+from ocistage.cache.fdio import reflink
+from ocistage.cache.locks import Owner
 
 #: a directory opened for listing, never through a symlink
 DIR_READ = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -1,6 +1,6 @@
 """``cache gc``: remove what nothing needs, then the least recently used, never what is in use.
 
-One run, under ``CACHE/gc.lock`` (see :mod:`cache.leases` for why that makes GC and running
+One run, under ``CACHE/gc.lock`` (see :mod:`ocistage.cache.leases` for why that makes GC and running
 commands race-free):
 
 1. leftovers of dead processes: temp dirs, bundles being built, partial downloads nobody is
@@ -9,8 +9,8 @@ commands race-free):
 2. leases: dead leases are dropped; a staged bundle whose leases are *all* dead is removed if
    its marker ``<path>/.ocistage-staged.json`` (or, for a mounted image fetched from a URL,
    the outer marker beside it) names one of them, and then its leases are dropped. Removal is
-   :func:`cache.staged.remove`: no symlink is followed, a squashfs mount is unmounted first,
-   the tree is removed through descriptors, the image beside it goes too, and the target's
+   :func:`ocistage.cache.staged.remove`: no symlink is followed, a squashfs mount is unmounted
+   first, the tree is removed through descriptors, the image beside it goes too, and the target's
    pool is swept of entries no bundle links to any more. A removal that fails (a busy mount)
    keeps the leases, so the next GC tries again;
 3. eviction, only when asked (``max_size``, ``older_than``): refs, cached bundles and layer
@@ -27,7 +27,7 @@ only entries that still point where they did), then bundles and snapshots (renam
 dir, then deleted, so no half tree is ever visible at its path), then blobs: the cache stays a
 valid OCI layout at every moment.
 
-Sizes are blocks on disk counted as ``du`` counts them (:mod:`cache.footprint`): a file
+Sizes are blocks on disk counted as ``du`` counts them (:mod:`ocistage.cache.footprint`): a file
 hard-linked between a snapshot and bundles counts once, and removing one of them frees only
 what no remaining part of the cache links (evicting a snapshot that a kept bundle links frees
 its directories, not the bundle's files). The cache is measured once, before anything is
@@ -48,12 +48,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from cache import staged, usage
-from cache.digest import Digest
-from cache.errors import LockTimeout, NotFound, StoreError
-from cache.footprint import Footprint, measure
-from cache.fsops import OWNER_SUFFIX, owner_file, remove_tree
-from cache.inventory import (
+from ocistage.cache import staged, usage
+from ocistage.cache.digest import Digest
+from ocistage.cache.errors import LockTimeout, NotFound, StoreError
+from ocistage.cache.footprint import Footprint, measure
+from ocistage.cache.fsops import OWNER_SUFFIX, owner_file, remove_tree
+from ocistage.cache.inventory import (
     QUARANTINE,
     Blob,
     Bundle,
@@ -67,7 +67,7 @@ from cache.inventory import (
     snapshot_target,
     tree_size,
 )
-from cache.leases import (
+from ocistage.cache.leases import (
     GC_LOCK,
     JobStates,
     Lease,
@@ -77,10 +77,10 @@ from cache.leases import (
     release,
     squeue_states,
 )
-from cache.locks import FileLock, owner_is_dead
-from cache.sizes import format_size
-from cache.snapshots import SnapshotInfo, list_snapshots, remove_snapshot
-from cache.store import Store, scratch_is_dead
+from ocistage.cache.locks import FileLock, owner_is_dead
+from ocistage.cache.sizes import format_size
+from ocistage.cache.snapshots import SnapshotInfo, list_snapshots, remove_snapshot
+from ocistage.cache.store import Store, scratch_is_dead
 
 log = logging.getLogger(__name__)
 LEFTOVER_TEMP_AGE = 3600.0
@@ -399,7 +399,8 @@ def _apply(plan: _Plan, store: Store, dry_run: bool) -> list[Removal]:
             store.untag(chosen)
             for path in [store.root / "index.json", *(path for path, _ in aliases)]:
                 plan.footprint.refresh(path)
-        # index.json's change and new alias indexes (cache.refnames): charged to the first ref
+        # index.json's change and new alias indexes (ocistage.cache.refnames): charged to the first
+        # ref
         shrunk = size - plan.footprint.size()
         for n, ref in enumerate(evicted):
             label = f"{ref.name} ({ref.platform})" if ref.platform else ref.name

@@ -1,14 +1,14 @@
 """What the cache holds: refs and the blobs they reach, bundles, sizes (``cache ls`` / ``du``).
 
 Everything here reads; nothing changes the cache except :func:`write_bundle_info`, which
-``bundler.bundle`` calls on a bundle's scratch directory before publishing it.
+``ocistage.bundler.bundle`` calls on a bundle's scratch directory before publishing it.
 
 A ref (one ``index.json`` entry) reaches its manifest, the manifest's config and layers (and
 the children of an index, if a ref names one), plus the index it was chosen from when the pull
 recorded one (annotation ``io.ocistage.index-digest``). A cached bundle records the manifest it
 was made from in ``CACHE/bundles/<key>/.ocistage-bundle.json``; it belongs to every ref naming
-that manifest. A layer snapshot (``cache.snapshots``) belongs to every ref whose layers start
-with the snapshot's layers (its ChainID is one of the ref's ChainIDs).
+that manifest. A layer snapshot (``ocistage.cache.snapshots``) belongs to every ref whose layers
+start with the snapshot's layers (its ChainID is one of the ref's ChainIDs).
 
 Sizes: *logical* bytes are file sizes as if nothing were shared (every ref counting its own
 layers, every hardlink counting again); *disk* bytes are allocated blocks (``st_blocks``), each
@@ -27,15 +27,22 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from cache import usage
-from cache.bundleinfo import read_bundle_info
-from cache.digest import Digest
-from cache.errors import OcistageError
-from cache.fsops import path_stats
-from cache.leases import JobStates, Lease, all_leases, is_live, job_states_of, squeue_states
-from cache.refnames import INDEX_MEDIA_TYPE, REF_NAME, is_alias, platform_path, record_name
-from cache.snapshots import SnapshotInfo, chain_ids, list_snapshots
-from cache.store import Store, scratch_target
+from ocistage.cache import usage
+from ocistage.cache.bundleinfo import read_bundle_info
+from ocistage.cache.digest import Digest
+from ocistage.cache.errors import OcistageError
+from ocistage.cache.fsops import path_stats
+from ocistage.cache.leases import (
+    JobStates,
+    Lease,
+    all_leases,
+    is_live,
+    job_states_of,
+    squeue_states,
+)
+from ocistage.cache.refnames import INDEX_MEDIA_TYPE, REF_NAME, is_alias, platform_path, record_name
+from ocistage.cache.snapshots import SnapshotInfo, chain_ids, list_snapshots
+from ocistage.cache.store import Store, scratch_target
 
 ANNOTATION_RESOLVED = "io.ocistage.resolved"
 ANNOTATION_INDEX = "io.ocistage.index-digest"
@@ -134,13 +141,13 @@ def _chain_ids(store: Store, manifest: Digest) -> tuple[Digest, ...]:
 
 
 def _alias_indexes(entries: list[dict[str, Any]]) -> dict[str, str]:
-    """ref name -> the digest of the index its alias names (cache.refnames)."""
+    """ref name -> the digest of the index its alias names (ocistage.cache.refnames)."""
     return {str(entry["annotations"].get(REF_NAME)): str(entry.get("digest"))
             for entry in entries if is_alias(entry) and entry.get("mediaType") == INDEX_MEDIA_TYPE}
 
 
 def read_refs(store: Store) -> list[Ref]:
-    """Every ref in index.json, one per platform (its record; see cache.refnames), with the
+    """Every ref in index.json, one per platform (its record; see ocistage.cache.refnames), with the
     blobs it reaches, the index its alias names included (entries with a bad digest skipped)."""
     refs: list[Ref] = []
     entries = store.read_index()
@@ -257,7 +264,7 @@ def tree_size(path: Path, seen: set[tuple[int, int]] | None = None,
     Pass one ``seen`` set to several calls to count inodes shared between trees once overall.
     ``linked`` collects the bytes on disk of each inode counted here that has more than one
     link (what another tree may share). The walk goes through descriptors
-    (:func:`cache.fsops.path_stats`): any depth, any path length.
+    (:func:`ocistage.cache.fsops.path_stats`): any depth, any path length.
     """
     seen = set() if seen is None else seen
     logical = disk = files = 0
@@ -415,7 +422,7 @@ class Usage:
 class DiskUsage:
     images: Usage         # logical: every ref counting every blob it reaches
     blobs: Usage          # unique blobs as stored
-    snapshots: Usage      # unpacked layer trees (cache.snapshots)
+    snapshots: Usage      # unpacked layer trees (ocistage.cache.snapshots)
     bundles: Usage        # files hard-linked to snapshots or each other count once on disk
     scratch: Usage        # partial downloads, temp dirs, bundles being built
     quarantine: Usage

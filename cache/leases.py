@@ -18,8 +18,8 @@ atomic rename, so many nodes can take and drop leases on a shared filesystem wit
 
 A lease whose holder is known to be gone is *dead*; ``cache gc`` deletes dead leases and then
 everything no live lease or ref protects. A staged bundle's leases are dropped only together,
-once all of them are dead (``cache.gc`` then removes the staged directory if its marker names
-one of them).
+once all of them are dead (``ocistage.cache.gc`` then removes the staged directory if its marker
+names one of them).
 
 Leases and GC race-free: ``cache gc`` holds ``CACHE/gc.lock`` from reading the leases until it
 has deleted what it decided to delete. A command that is about to use content first records its
@@ -45,10 +45,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
-from cache.errors import StoreError, UsageError
-from cache.jsondoc import parse_json, read_document
-from cache.locks import Owner, lock_owner, owner_is_dead
-from cache.store import write_file_atomic
+from ocistage.cache.errors import StoreError, UsageError
+from ocistage.cache.jsondoc import parse_json, read_document
+from ocistage.cache.locks import Owner, lock_owner, owner_is_dead
+from ocistage.cache.store import write_file_atomic
 
 #: a lease file is a few hundred bytes
 MAX_LEASE_BYTES = 64 << 10

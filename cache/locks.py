@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from cache.errors import LockTimeout, StoreError
-from cache.jsondoc import parse_json, read_document
+from ocistage.cache.errors import LockTimeout, StoreError
+from ocistage.cache.jsondoc import parse_json, read_document
 
 HEARTBEAT_SECONDS = 5.0
 STALE_AFTER_SECONDS = 60.0

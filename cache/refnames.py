@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cache.digest import Digest
+from ocistage.cache.digest import Digest
 
 REF_NAME = "org.opencontainers.image.ref.name"
 ANNOTATION_REF = "io.ocistage.ref"              # on a record: the reference it is a platform of

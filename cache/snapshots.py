@@ -45,13 +45,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache.cpus import usable_cpus
-from cache.digest import Digest
-from cache.errors import OcistageError, StoreError
-from cache.fdio import write_new_file
-from cache.fsops import open_parent, remove_tree, walk_dirs
-from cache.jsondoc import parse_json, read_document
-from cache.store import Store, _translate_oserror, fsync_dir
+from ocistage.cache.cpus import usable_cpus
+from ocistage.cache.digest import Digest
+from ocistage.cache.errors import OcistageError, StoreError
+from ocistage.cache.fdio import write_new_file
+from ocistage.cache.fsops import open_parent, remove_tree, walk_dirs
+from ocistage.cache.jsondoc import parse_json, read_document
+from ocistage.cache.store import Store, _translate_oserror, fsync_dir
 
 SNAPSHOTS = "snapshots"
 METADATA = "snapshot.json"
@@ -318,7 +318,7 @@ _PATH_MARGIN = 512  # for the destination's own path, which may be longer than t
 
 def _scan(source: Path) -> _Dir:
     """Every directory under ``source`` with its non-directory entries: an fd-based walk
-    (:func:`cache.fsops.walk_dirs`: any depth and path length, never following a link)."""
+    (:func:`ocistage.cache.fsops.walk_dirs`: any depth and path length, never following a link)."""
     parent_fd, name = open_parent(source)
     nodes: dict[str, _Dir] = {}
     order: list[_Dir] = []

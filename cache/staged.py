@@ -7,7 +7,7 @@ and ``stagers`` imports ``cache``, never the reverse: so the layout is defined h
 ``stagers`` takes every name below from this module (docs/staging.md)::
 
     TARGET/NAME/                          a staged tree
-    TARGET/NAME/.ocistage-manifest.json   its file manifest (stagers.filemanifest)
+    TARGET/NAME/.ocistage-manifest.json   its file manifest (ocistage.stagers.filemanifest)
     TARGET/NAME/.ocistage-staged.json     the marker: {"id": <lease id>, "method", "format",
                                           "image": <squashfs image file name beside NAME>, ...}
     TARGET/.NAME.ocistage-staged.json     the outer marker of a mounted image whose own marker
@@ -17,14 +17,15 @@ and ``stagers`` imports ``cache``, never the reverse: so the layout is defined h
     TARGET/.ocistage-pool/<hh>/<key>      file contents shared by the target's bundles; an
                                           entry with link count 1 is used by no bundle;
                                           ``<key>.<pid>-<random>.tmp``: one being written
-    TARGET/.ocistage-tmp/NAME.lock        the lock of a stager working on NAME (cache.locks)
+    TARGET/.ocistage-tmp/NAME.lock        the lock of a stager working on NAME
+    (ocistage.cache.locks)
     TARGET/.ocistage-tmp/NAME.<pid>-<random>[.owner]   scratch dir of a stager, its owner
 
 Names starting with ``.ocistage`` are reserved: no bundle may be staged under one.
 
 Removal never follows a symlink: ``NAME`` is opened with ``O_NOFOLLOW`` relative to its
 parent, a squashfs mount (a different ``st_dev`` than the parent's) is unmounted first, and
-a directory is removed through descriptors (:mod:`cache.fsops`).
+a directory is removed through descriptors (:mod:`ocistage.cache.fsops`).
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache.errors import StoreError
-from cache.fsops import DIR_FOLLOW, DIR_READ, remove_at, remove_opened, trust_problem
+from ocistage.cache.errors import StoreError
+from ocistage.cache.fsops import DIR_FOLLOW, DIR_READ, remove_at, remove_opened, trust_problem
 
 RESERVED_PREFIX = ".ocistage"
 MARKER_NAME = ".ocistage-staged.json"

@@ -6,11 +6,12 @@ Layout (``CACHE`` is ``--cache``, ``$OCISTAGE_CACHE`` or ``$XDG_CACHE_HOME/ocist
     index.json                 OCI index: one descriptor per pulled (reference, platform)
     blobs/sha256/<hex>         verified blobs, read-only, never rewritten
     ingest/<hex>.partial       a download in progress, kept after a crash for Range resume
-    ingest/<hex>.lock          the owner of that download (see cache.locks)
+    ingest/<hex>.lock          the owner of that download (see ocistage.cache.locks)
     tmp/<owner>-<random>/      scratch of a running process; removed when its owner is dead
-    bundles/<key>/             cached bundles (bundler.bundle); .<key>.ocistage-<host>-<pid>-<r>
+    bundles/<key>/             cached bundles (ocistage.bundler.bundle);
+    .<key>.ocistage-<host>-<pid>-<r>
                                is one being built (see :func:`scratch_name`)
-    used/, leases/             last use (cache.usage) and leases (cache.leases)
+    used/, leases/             last use (ocistage.cache.usage) and leases (ocistage.cache.leases)
     quarantine/                corrupt entries moved aside by ``cache verify``
 
 Invariants: a path under ``blobs/`` exists only once its full content was verified against its
@@ -36,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from cache.digest import Digest
-from cache.errors import IntegrityError, StoreError, UntrustedPath
-from cache.fsops import (
+from ocistage.cache.digest import Digest
+from ocistage.cache.errors import IntegrityError, StoreError, UntrustedPath
+from ocistage.cache.fsops import (
     DIR_FOLLOW,
     OWNER_SUFFIX,
     check_trusted_dir,
@@ -47,9 +48,9 @@ from cache.fsops import (
     owned_by_caller,
     remove_tree,
 )
-from cache.jsondoc import parse_json, read_document
-from cache.locks import FileLock, Owner, owner_is_dead
-from cache.refnames import INDEX_MEDIA_TYPE, record, record_name, rename
+from ocistage.cache.jsondoc import parse_json, read_document
+from ocistage.cache.locks import FileLock, Owner, owner_is_dead
+from ocistage.cache.refnames import INDEX_MEDIA_TYPE, record, record_name, rename
 
 OCI_LAYOUT_VERSION = "1.0.0"
 CHUNK = 1 << 20
@@ -188,7 +189,8 @@ def _without(manifests: list[dict[str, Any]], match: Callable[[dict[str, Any]], 
 
 def _renamed(manifests: list[dict[str, Any]], names: set[str]
              ) -> tuple[list[dict[str, Any]], list[bytes]]:
-    """``manifests`` with the records and alias of each of ``names`` renamed (cache.refnames),
+    """``manifests`` with the records and alias of each of ``names`` renamed
+    (ocistage.cache.refnames),
     and the index documents the aliases name."""
     documents: list[bytes] = []
     for name in sorted(names):
@@ -399,8 +401,10 @@ class Store:
         return [m for m in manifests if isinstance(m, dict)]
 
     def tag(self, name: str, descriptor: dict[str, Any]) -> None:
-        """Record ``descriptor`` as ref ``name`` for the descriptor's platform in index.json
-        (replacing the record of that platform); see :mod:`cache.refnames` for the names."""
+        """Record ``descriptor`` as ref ``name`` for the descriptor's platform in
+        index.json
+        (replacing the record of that platform); see :mod:`ocistage.cache.refnames` for the
+        names."""
         platform = descriptor.get("platform")
         with FileLock(self.root / "index.json.lock"):
             manifests = [m for m in self.read_index()

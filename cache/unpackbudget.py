@@ -1,16 +1,16 @@
 """The unpack budget: how much one bundle (or unpacked squashfs image) may write.
 
-Shared by the layer applier (``bundler.layers``) and the squashfs unpacker
-(``stagers.squashfs``): file data written counts (holes are free), and so does every entry
+Shared by the layer applier (``ocistage.bundler.unpack.apply``) and the squashfs unpacker
+(``ocistage.stagers.squashfs``): file data written counts (holes are free), and so does every entry
 (file, directory, link, whiteout), at :data:`ENTRY_CHARGE`: a flood of empty files writes no
 data but fills the filesystem's inodes. A decompression bomb stops at the limit with a
-:class:`cache.errors.LayerError`.
+:class:`ocistage.cache.errors.LayerError`.
 """
 
 from __future__ import annotations
 
-from cache.errors import LayerError
-from cache.sizes import format_size
+from ocistage.cache.errors import LayerError
+from ocistage.cache.sizes import format_size
 
 UNPACK_FLOOR = 4 << 30  # the default unpack budget is the larger of this
 UNPACK_RATIO = 100      # and this many times the compressed size of the layers

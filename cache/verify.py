@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from cache.digest import Digest, hash_file
-from cache.errors import OcistageError, StoreError
-from cache.inventory import QUARANTINE, Blob, list_blobs, list_bundles, read_refs
-from cache.store import Store
+from ocistage.cache.digest import Digest, hash_file
+from ocistage.cache.errors import OcistageError, StoreError
+from ocistage.cache.inventory import QUARANTINE, Blob, list_blobs, list_bundles, read_refs
+from ocistage.cache.store import Store
 
 ProblemKind = Literal["corrupt-blob", "foreign-file", "broken-ref", "broken-bundle"]
 

@@ -2,7 +2,8 @@
 
 :class:`OcistageRunner` runs a command line two ways:
 
-- ``runner(*args)`` in-process (given ``timeout=``, as a process): ``bundler.cli.run`` in
+- ``runner(*args)`` in-process (given ``timeout=``, as a process): ``ocistage.bundler.cli.app.run``
+in
   this interpreter with ``sys.argv``, ``os.environ``, the working directory and the standard
   streams swapped for the call and restored after it. It returns an
   :class:`OcistageResult` (exit code, stdout, stderr, and ``.json``, the parsed stdout of a
@@ -42,7 +43,8 @@ from pytest_ocistage.components import Outcome, Registry
 SCRUBBED_ENV = ("DOCKER_CONFIG", "REGISTRY_AUTH_FILE", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME",
                 "XDG_CACHE_HOME", "XDG_DATA_HOME", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE",
                 "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY")
-LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"  # what bundler.cli_common.setup_logging uses
+# what ocistage.bundler.cli.common.setup_logging uses
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 
 def ocistage_command() -> list[str]:
@@ -55,7 +57,7 @@ def ocistage_command() -> list[str]:
     script = shutil.which("ocistage")
     if script is not None:
         return [script]
-    return [sys.executable, "-c", "from bundler.cli import main; main()"]
+    return [sys.executable, "-c", "from ocistage.bundler.cli.app import main; main()"]
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,7 @@ class OcistageRunner:
         process can be stopped when time is up)."""
         if timeout is not None:
             return self.run_process(*args, env=env, input=input, timeout=timeout, check=check)
-        from bundler.cli import run  # the CLI loads only when a test runs it
+        from ocistage.bundler.cli.app import run  # the CLI loads only when a test runs it
 
         with _swapped_process_state(args, self.environment(env), self.cwd,
                                     input or "") as (out, err):

@@ -82,8 +82,8 @@ from pathlib import Path
 
 import pytest
 
+from ocistage.runtimes.slurm import parse_scontrol_record
 from pytest_ocistage.components import e2e_required, free_port, require_binary, stop_process
-from runtimes.slurm import parse_scontrol_record
 
 SLURM_24_05_SHA256 = "b1b1549ee80fbcd2e4a3b40f17b0e794f92893b6e059d32d964d8db92c399b0e"
 SLURM_24_05_PREFIX = Path("/opt/ocistage-slurm") / SLURM_24_05_SHA256[:16]
@@ -203,7 +203,8 @@ class SlurmCluster:
         return env
 
     def export(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Point this test process's own Slurm calls (``squeue`` in cache.leases, say) at the
+        """Point this test process's own Slurm calls (``squeue`` in ocistage.cache.leases, say) at
+        the
         cluster until the test ends."""
         for key, value in self.environ().items():
             if key in ("SLURM_CONF", "PATH"):

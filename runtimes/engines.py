@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 
-from cache.errors import UsageError
+from ocistage.cache.errors import UsageError
 
 
 def find_scrun(scrun: str | None = None, path: str | None = None) -> str:

@@ -21,8 +21,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache.errors import UsageError
-from runtimes.slurm import SlurmVersion
+from ocistage.cache.errors import UsageError
+from ocistage.runtimes.slurm import SlurmVersion
 
 RUNTIMES = ("runc", "crun", "nvidia-container-runtime", "apptainer", "enroot")
 #: short names accepted for a runtime

@@ -4,7 +4,8 @@ Slurm's ``scrun`` (the OCI runtime that rootless Docker/Podman call) hands the h
 ``/etc/slurm/scrun.lua`` the bundle the engine made: a ``config.json`` whose ``root.path``
 points at the engine's rootfs. The generated Lua calls ``ocistage scrun stage-in``, which
 
-1. stages that rootfs content-addressed (``stagers.stage.stage_directory``: unchanged files are
+1. stages that rootfs content-addressed (``ocistage.stagers.stage.stage_directory``: unchanged files
+are
    not copied again) to ``STAGE_DIR/<uid>/<id>/rootfs``, leased to the Slurm job;
 2. writes ``STAGE_DIR/<uid>/<id>/config.json`` rewritten for Slurm: ``root.path`` is the staged
    rootfs, the user namespace maps the container user to the job user, the job environment is
@@ -29,12 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from bundler.idmap import detect_root_placeholder
-from bundler.rootless import RootlessIds, make_rootless
-from cache.errors import OcistageError, ScrunError, UsageError
-from cache.fsops import remove_tree
-from cache.leases import Holder
-from cache.store import write_file_atomic
+from ocistage.cache.errors import OcistageError, UsageError
+from ocistage.cache.fsops import remove_tree
+from ocistage.cache.leases import Holder
+from ocistage.cache.store import write_file_atomic
+from ocistage.runtimes.errors import ScrunError
+from ocistage.runtimes.idmap import detect_root_placeholder
+from ocistage.runtimes.rootless import RootlessIds, make_rootless
 
 StageTo = Literal["shared", "node-local"]
 MARKER = ".ocistage-scrun.json"
@@ -360,7 +362,7 @@ def rewrite_config(config: Mapping[str, Any], *, root_path: Path, uid: int, gid:
     """``config`` adjusted for running under Slurm as ``uid:gid``; returns it and what was
     dropped or changed (one description per item).
 
-    The rootless rules are :func:`bundler.rootless.make_rootless`'s, the same as for the
+    The rootless rules are :func:`ocistage.runtimes.rootless.make_rootless`'s, the same as for the
     bundles ocistage makes; here only what is particular to an engine's config handed to scrun.
     """
     result: dict[str, Any] = json.loads(json.dumps(config))
@@ -426,7 +428,7 @@ def private_dir(path: Path) -> Path:
 
 def stage_in(request: StageInRequest, *, cache_root: Path, jobs: int = 8) -> StageInResult:
     """Stage the engine's bundle for Slurm (see the module docstring)."""
-    from stagers.stage import stage_directory  # imported late: a sibling package's API
+    from ocistage.stagers.stage import stage_directory  # imported late: a sibling package's API
 
     container_id = check_container_id(request.container_id)
     config = read_config(request.config_file)
@@ -466,7 +468,7 @@ def stage_in(request: StageInRequest, *, cache_root: Path, jobs: int = 8) -> Sta
 def _queue_cleanup(request: StageInRequest, bundle: Path,
                    cache_root: Path) -> tuple[str | None, str | None]:
     """The cleanup job's id, or why there is none (runtimes/scrun_cleanup.py)."""
-    from runtimes.scrun_cleanup import queue_cleanup
+    from ocistage.runtimes.scrun_cleanup import queue_cleanup
 
     if request.sbatch is None or not request.job_id:
         return None, None
@@ -488,7 +490,7 @@ def stage_out(bundle: Path, *, cache_root: Path) -> bool:
     Refuses a directory without stage-in's marker (scrun may pass the engine's own bundle if
     stage-in failed). Returns False when the bundle is gone already.
     """
-    from stagers.unstage import unstage  # imported late: a sibling package's API
+    from ocistage.stagers.unstage import unstage  # imported late: a sibling package's API
 
     bundle = bundle.absolute()
     marker = _marker_path(bundle)
@@ -511,7 +513,7 @@ def stage_out(bundle: Path, *, cache_root: Path) -> bool:
     remove_tree(bundle)
     cleanup_id, sbatch = record.get("cleanup_job_id"), record.get("sbatch")
     if isinstance(cleanup_id, str) and cleanup_id.isdigit() and isinstance(sbatch, str):
-        from runtimes.scrun_cleanup import cancel_cleanup
+        from ocistage.runtimes.scrun_cleanup import cancel_cleanup
 
         cancel_cleanup(cleanup_id, sbatch_program=sbatch)  # not needed any more
     return True

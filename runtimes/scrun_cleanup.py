@@ -19,9 +19,9 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from cache.errors import OcistageError
-from runtimes.slurm import cancel_job, sbatch
-from runtimes.submit import cleanup_options, this_ocistage, wrap_command
+from ocistage.cache.errors import OcistageError
+from ocistage.runtimes.slurm import cancel_job, sbatch
+from ocistage.runtimes.submit import cleanup_options, this_ocistage, wrap_command
 
 #: the job's own placement, as an srun or allocation environment gives it
 _PLACEMENT_ENV = {"SLURM_JOB_PARTITION": "--partition", "SLURM_JOB_ACCOUNT": "--account",

@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache.errors import SlurmError, UsageError
+from ocistage.cache.errors import UsageError
+from ocistage.runtimes.errors import SlurmError
 
 
 @dataclass(frozen=True, order=True)

@@ -28,10 +28,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bundler.bundle_command import resolve_command
-from cache.errors import OcistageError, SlurmError, UsageError
-from cache.leases import Holder
-from runtimes.slurm import cancel_job, release_job, sbatch, srun_argv
+from ocistage.cache.errors import OcistageError, UsageError
+from ocistage.cache.leases import Holder
+from ocistage.runtimes.bundle_command import resolve_command
+from ocistage.runtimes.errors import SlurmError
+from ocistage.runtimes.slurm import cancel_job, release_job, sbatch, srun_argv
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def check_options(options: Sequence[str]) -> None:
 
 def submit(bundle: Path, options: SubmitOptions, *, cache_root: Path) -> SubmitResult:
     """Stage ``bundle`` to ``options.stage_to`` and submit it (see the module docstring)."""
-    from stagers.stage import stage_directory  # a sibling package's API
+    from ocistage.stagers.stage import stage_directory  # a sibling package's API
 
     check_options(options.options)
     # absolute inside the image: Slurm 24.05 resolves a bare name on the host's PATH
@@ -154,7 +155,7 @@ def this_ocistage() -> tuple[str, ...]:
     """The argv prefix that runs this ocistage (this interpreter) on a node sharing its
     filesystem. ``-P``: the job's working directory is not put on ``sys.path`` (a ``cache/``
     directory there would shadow the package)."""
-    return (sys.executable, "-P", "-m", "bundler.cli")
+    return (sys.executable, "-P", "-m", "ocistage")
 
 
 def unstage_command(ocistage: Sequence[str], staged: Path, job_id: str,
@@ -167,7 +168,7 @@ def unstage_command(ocistage: Sequence[str], staged: Path, job_id: str,
 
 
 def _unstage(staged: Path, job_id: str, cache_root: Path) -> None:
-    from stagers.unstage import unstage  # a sibling package's API
+    from ocistage.stagers.unstage import unstage  # a sibling package's API
 
     with contextlib.suppress(OcistageError, OSError):  # best effort: the error in flight wins
         unstage(staged, cache_root=cache_root, holder=Holder.slurm_job(job_id))

@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cache.errors import UsageError
-from stagers.errors import StageError
+from ocistage.cache.errors import UsageError
+from ocistage.stagers.errors import StageError
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ then the times and modes of directories, children before parents.
 
 :class:`Builder` holds what placing a file needs (descriptors of the scratch tree, the source
 or the pool, the previous version's entries). Its per-file work runs in threads or forked
-workers (:mod:`stagers.parallel`): it changes no state but its copier's and its cache of
+workers (:mod:`ocistage.stagers.parallel`): it changes no state but its copier's and its cache of
 descriptors of the previous version, so a fork can run it on a slice of the files.
 """
 
@@ -18,14 +18,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache.cpus import usable_cpus
-from cache.fdio import process_umask
-from cache.fsops import DIR_FOLLOW, DIR_READ, identity, link_refused
-from stagers.copy import Copier
-from stagers.filemanifest import Entry, Manifest, hash_file
-from stagers.parallel import map_batched, map_parts
-from stagers.pool import Pool, pool_key
-from stagers.target import Method, readonly_config, writable_config, write_private
+from ocistage.cache.cpus import usable_cpus
+from ocistage.cache.fdio import process_umask
+from ocistage.cache.fsops import DIR_FOLLOW, DIR_READ, identity, link_refused
+from ocistage.stagers.copy import Copier
+from ocistage.stagers.filemanifest import Entry, Manifest, hash_file
+from ocistage.stagers.parallel import map_batched, map_parts
+from ocistage.stagers.pool import Pool, pool_key
+from ocistage.stagers.target import Method, readonly_config, writable_config, write_private
 
 #: what placing a file did: "copied", "linked" or "unchanged", bytes copied, and the content
 #: hash when it was computed on the way (a first stage into an empty pool)

@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cache.fdio import UNSUPPORTED, reflink, write_all
+from ocistage.cache.fdio import UNSUPPORTED, reflink, write_all
 
 CHUNK = 1 << 30  # per copy_file_range/sendfile call; the kernel caps it anyway
 

@@ -1,8 +1,9 @@
-"""The errors of the ``stagers`` package, in the one hierarchy rooted in :mod:`cache.errors`."""
+"""The errors of the ``stagers`` package, in the one hierarchy rooted in
+:mod:`ocistage.cache.errors`."""
 
 from __future__ import annotations
 
-from cache.errors import OcistageError
+from ocistage.cache.errors import OcistageError
 
 
 class StageError(OcistageError):

@@ -23,10 +23,10 @@ from typing import Any, Literal, NamedTuple
 
 import xxhash
 
-from cache.staged import MANIFEST_NAME as MANIFEST_NAME
-from cache.staged import MARKER_NAME as MARKER_NAME
-from stagers.errors import StageError
-from stagers.parallel import map_batched
+from ocistage.cache.staged import MANIFEST_NAME as MANIFEST_NAME
+from ocistage.cache.staged import MARKER_NAME as MARKER_NAME
+from ocistage.stagers.errors import StageError
+from ocistage.stagers.parallel import map_batched
 
 #: files ocistage itself writes at the top of a staged bundle; never taken from a source
 RESERVED_NAMES = frozenset({MANIFEST_NAME, MARKER_NAME})
@@ -125,7 +125,7 @@ def entry_type(mode: int) -> EntryType:
 
 #: what a walk yields per entry: relative path, type, mode bits, size, mtime_ns, st_dev,
 #: st_ino, a symlink's target (an :class:`Entry` without its hash: flat, so forked walkers
-#: hand records back cheaply, :mod:`stagers.statwalk`)
+#: hand records back cheaply, :mod:`ocistage.stagers.statwalk`)
 Record = tuple[str, EntryType, int, int, int, int, int, str | None]
 
 
@@ -205,10 +205,10 @@ def children(directory: str, prefix: str) -> tuple[list[Record], list[tuple[str,
 def walk(root: Path | str, prefix: str = "") -> Iterator[Record]:
     """The :data:`Record` of every entry below ``root`` but the reserved names at its top,
     depth first in a fixed order, the order of the manifest: a directory's listing (by name),
-    then the subtrees of its subdirectories, the last name first (:mod:`stagers.fresh`
+    then the subtrees of its subdirectories, the last name first (:mod:`ocistage.stagers.fresh`
     produces the same order without this walk). ``prefix`` (ending in ``/``): ``root`` is
     that subdirectory of the tree, and relative paths start with it
-    (:mod:`stagers.statwalk`)."""
+    (:mod:`ocistage.stagers.statwalk`)."""
     stack: list[tuple[str, str]] = [(os.fspath(root), prefix)]
     while stack:
         directory, prefix = stack.pop()

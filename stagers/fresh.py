@@ -4,10 +4,11 @@ With no previous version there is nothing to compare with, so placing files need
 for a whole walk. This process lists the directories (names and ``d_type`` only, no ``lstat``
 of the files in them), which fixes the order of the manifest, and creates the directories
 in the scratch tree; every other entry goes, in runs of consecutive ones, through a queue to
-forked workers (:func:`stagers.parallel.map_queue`). A worker stats its entries and
-places them with the :class:`~stagers.builder.Builder`, so stat calls, copies, hashes and
-links all run in parallel. The result is the list of entries :func:`~stagers.filemanifest.walk`
-and :func:`~stagers.filemanifest.entries_of` give, in the same order, and so the same tree
+forked workers (:func:`ocistage.stagers.parallel.map_queue`). A worker stats its entries and
+places them with the :class:`~ocistage.stagers.builder.Builder`, so stat calls, copies, hashes and
+links all run in parallel. The result is the list of entries
+:func:`~ocistage.stagers.filemanifest.walk`
+and :func:`~ocistage.stagers.filemanifest.entries_of` give, in the same order, and so the same tree
 digest that a later re-stage compares with.
 
 A source that changes while it is staged gives what a walk at some moment during the stage
@@ -24,10 +25,10 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from cache.fsops import DIR_FOLLOW
-from stagers.builder import FORK_MIN_FILES, Builder, Outcome
-from stagers.errors import StageError
-from stagers.filemanifest import (
+from ocistage.cache.fsops import DIR_FOLLOW
+from ocistage.stagers.builder import FORK_MIN_FILES, Builder, Outcome
+from ocistage.stagers.errors import StageError
+from ocistage.stagers.filemanifest import (
     Entry,
     entries_digest,
     entry_type,
@@ -36,7 +37,7 @@ from stagers.filemanifest import (
     listing,
     unreadable,
 )
-from stagers.parallel import MAX_QUEUE, map_queue
+from ocistage.stagers.parallel import MAX_QUEUE, map_queue
 
 #: runs per process in the queue: enough for a worker that drew big files to take fewer runs
 RUNS_PER_PROCESS = 16

@@ -5,7 +5,7 @@
 "image": <file name of the squashfs image beside the path, if any>, "tree": <stat digest of
 the source>, "sealed": <identity of a sealed source>, "files": <count>}``. ``ocistage unstage`` and
 ``cache gc`` remove nothing without it. Every staging takes a lease
-``staged:<absolute path>`` in the cache (see :mod:`cache.leases`) for its holder.
+``staged:<absolute path>`` in the cache (see :mod:`ocistage.cache.leases`) for its holder.
 
 Default holder: inside a Slurm job the job (``$SLURM_JOB_ID``), so the bundle may be collected
 once the job has ended; otherwise a pin named ``stage:<user>``, which lives until
@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cache import leases, usage
-from cache.fsops import DIR_FOLLOW, DIR_READ, trust_problem
-from cache.leases import Holder, Lease
-from cache.staged import image_name, outer_marker_name, read_json_at
-from stagers.filemanifest import MARKER_NAME
+from ocistage.cache import leases, usage
+from ocistage.cache.fsops import DIR_FOLLOW, DIR_READ, trust_problem
+from ocistage.cache.leases import Holder, Lease
+from ocistage.cache.staged import image_name, outer_marker_name, read_json_at
+from ocistage.stagers.filemanifest import MARKER_NAME
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Marker:
     format: str = "dir"
     image: str | None = None
     tree: str = ""       # stat digest of the source tree staged (filemanifest.stat_digest)
-    sealed: str = ""     # identity of a sealed source (stagers.target.source_identity)
+    sealed: str = ""     # identity of a sealed source (ocistage.stagers.target.source_identity)
     files: int = 0       # regular files staged
 
     def to_json(self) -> bytes:
@@ -199,7 +199,7 @@ def claim(cache_root: Path, path: Path, holder: Holder) -> tuple[Lease, bool]:
 def release_if_unused(cache_root: Path, path: Path, lease: Lease, taken: bool) -> None:
     """After a failed staging: drop ``lease`` if :func:`claim` took it for this staging and
     what is staged at ``path`` (if anything) is not marked with it, by its own marker or by
-    the outer marker beside it (:func:`cache.staged.outer_marker_name`)."""
+    the outer marker beside it (:func:`ocistage.cache.staged.outer_marker_name`)."""
     if not taken:
         return
     marker = read_marker(path)

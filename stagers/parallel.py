@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
-from cache.fdio import write_all
+from ocistage.cache.fdio import write_all
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import xxhash
 
-from cache.fdio import created_exactly, write_all
-from cache.fsops import check_trusted_dir, identity, link_refused
-from cache.staged import POOL_DIR, POOL_TEMP_SUFFIX
-from stagers.copy import Copier, link_fd
-from stagers.filemanifest import CHUNK
+from ocistage.cache.fdio import created_exactly, write_all
+from ocistage.cache.fsops import check_trusted_dir, identity, link_refused
+from ocistage.cache.staged import POOL_DIR, POOL_TEMP_SUFFIX
+from ocistage.stagers.copy import Copier, link_fd
+from ocistage.stagers.filemanifest import CHUNK
 
 
 def pool_key(content_hash: str, mode: int) -> str:
@@ -181,9 +181,9 @@ class Pool:
         ``size`` (from the scan) lets a small file be read in one call. ``source`` and
         ``dest`` are relative to the directory descriptors ``source_dir`` and ``dest_dir``
         when given (no path walk per file). ``umask``, the process's
-        (:func:`cache.fdio.process_umask`),
+        (:func:`ocistage.cache.fdio.process_umask`),
         lets ``dest`` be created with its final mode instead of being chmod'ed after
-        (:func:`cache.fdio.created_exactly`).
+        (:func:`ocistage.cache.fdio.created_exactly`).
         Returns (xxh3-128 hex, whether the content was new to the pool).
         """
         hasher = xxhash.xxh3_128()

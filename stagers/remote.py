@@ -24,16 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from cache.fsops import remove_tree
-from cache.leases import Holder, Lease
-from cache.staged import IMAGE_SUFFIX, image_path, outer_marker_name
-from cache.store import write_file_atomic
-from stagers.errors import StageError
-from stagers.filemanifest import MANIFEST_NAME, fill_hashes, load_manifest, scan
-from stagers.markers import Marker
-from stagers.session import Staging
-from stagers.squashfs import install_image, make_image, tree_size
-from stagers.target import StageResult, check_name
+from ocistage.cache.fsops import remove_tree
+from ocistage.cache.leases import Holder, Lease
+from ocistage.cache.staged import IMAGE_SUFFIX, image_path, outer_marker_name
+from ocistage.cache.store import write_file_atomic
+from ocistage.stagers.errors import StageError
+from ocistage.stagers.filemanifest import MANIFEST_NAME, fill_hashes, load_manifest, scan
+from ocistage.stagers.markers import Marker
+from ocistage.stagers.session import Staging
+from ocistage.stagers.squashfs import install_image, make_image, tree_size
+from ocistage.stagers.target import StageResult, check_name
 
 CHUNK = 4 << 20
 TAR_SUFFIX = ".tar"
@@ -170,7 +170,7 @@ def stage_from_url(url: str, to: Path, *, cache_root: Path, name: str | None = N
 
 
 def write_outer_marker(final: Path, lease: Lease, url: str) -> None:
-    """Name ``lease`` in ``TO/.NAME.ocistage-staged.json`` (:mod:`cache.staged`).
+    """Name ``lease`` in ``TO/.NAME.ocistage-staged.json`` (:mod:`ocistage.cache.staged`).
 
     The marker inside a fetched image was written when it was pushed and names no lease of
     this cache; the image is read-only, so ``cache gc`` learns from the outer marker which

@@ -34,12 +34,12 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from cache import leases, staged
-from cache.errors import OcistageError
-from cache.fsops import DIR_FOLLOW, remove_tree, trust_problem
-from cache.leases import Holder, Lease
-from cache.staged import RETIRED_PREFIX
-from stagers.markers import live_leases, marker_of, release_leases, staged_target, write_at
+from ocistage.cache import leases, staged
+from ocistage.cache.errors import OcistageError
+from ocistage.cache.fsops import DIR_FOLLOW, remove_tree, trust_problem
+from ocistage.cache.leases import Holder, Lease
+from ocistage.cache.staged import RETIRED_PREFIX
+from ocistage.stagers.markers import live_leases, marker_of, release_leases, staged_target, write_at
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def retire(replaced: Path, final: Path, cache_root: Path, holders: Iterable[Hold
 
 def retired_versions(to: Path, name: str) -> list[Path]:
     """The retired versions of ``name`` in ``to``: directories of that name's pattern that
-    are ours (:func:`cache.fsops.trust_problem`). In a sticky target a co-tenant can plant
+    are ours (:func:`ocistage.cache.fsops.trust_problem`). In a sticky target a co-tenant can plant
     anything under such a name (a directory of theirs, a symlink): that is not ours to sweep,
     and failing on it would let them stop every stage of ``name``."""
     pattern = re.compile(re.escape(RETIRED_PREFIX + name) + r"\.[0-9a-f]{10}")
@@ -127,7 +127,7 @@ def sweep(to: Path, name: str, cache_root: Path, *, holder: Holder | None = None
 
 
 def _remove(path: Path) -> None:
-    """Remove a retired version, its marker last (:func:`cache.staged.take_down`): one that
+    """Remove a retired version, its marker last (:func:`ocistage.cache.staged.take_down`): one that
     stops half-way stays recognisable to ``cache gc`` and the next sweep."""
     bundle = staged.open_staged(path)
     if bundle is None:  # no marker (a crash between the rename and the marker's rewrite)

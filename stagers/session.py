@@ -1,7 +1,8 @@
 """One staging of ``NAME`` under a target: the sequence every kind of staging goes through.
 
-Directory trees (:mod:`stagers.stage`), squashfs images (:mod:`stagers.squashfs`) and images
-fetched from a URL (:mod:`stagers.remote`) differ only in how they fill a scratch tree; the
+Directory trees (:mod:`ocistage.stagers.stage`), squashfs images (:mod:`ocistage.stagers.squashfs`)
+and images
+fetched from a URL (:mod:`ocistage.stagers.remote`) differ only in how they fill a scratch tree; the
 sequence around that is this module's, written once::
 
     with Staging(to, name, cache_root=..., holder=..., what=...) as staging:
@@ -10,7 +11,7 @@ sequence around that is this module's, written once::
         ...                                  # the strategy fills it
         staging.publish(scratch)             # rename (or exchange) into TO/NAME; the
                                              # replaced version is removed, or retired while
-                                             # a job may run on it (stagers.retired)
+                                             # a job may run on it (ocistage.stagers.retired)
 
 Entering: make ``TO`` (a file there is refused), take ``NAME``'s lock, claim the holder's lease
 *before* looking at what is staged (a GC that started earlier finishes first), remove the
@@ -31,17 +32,17 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-from cache.leases import Holder, Lease
-from cache.locks import FileLock
-from cache.staged import image_path, sweep_pool
-from cache.store import fsync_dir
-from stagers import retired
-from stagers.errors import StageError
-from stagers.filemanifest import MANIFEST_NAME, Manifest, load_manifest
-from stagers.markers import Marker, claim, new_marker, read_marker, release_if_unused
-from stagers.pool import Pool
-from stagers.removal import remove_in_workers
-from stagers.target import (
+from ocistage.cache.leases import Holder, Lease
+from ocistage.cache.locks import FileLock
+from ocistage.cache.staged import image_path, sweep_pool
+from ocistage.cache.store import fsync_dir
+from ocistage.stagers import retired
+from ocistage.stagers.errors import StageError
+from ocistage.stagers.filemanifest import MANIFEST_NAME, Manifest, load_manifest
+from ocistage.stagers.markers import Marker, claim, new_marker, read_marker, release_if_unused
+from ocistage.stagers.pool import Pool
+from ocistage.stagers.removal import remove_in_workers
+from ocistage.stagers.target import (
     LOCK_TIMEOUT,
     StageResult,
     check_name,
@@ -223,7 +224,8 @@ class Staging:
         self._pool.prepare()
 
     def users(self) -> list[Holder]:
-        """Who may be running on the current version of ``TO/NAME`` (:mod:`stagers.retired`):
+        """Who may be running on the current version of ``TO/NAME``
+        (:mod:`ocistage.stagers.retired`):
         live Slurm jobs and processes holding it, asked once per staging."""
         if self._users is None:
             self._users = [lease.holder for lease in retired.users(

@@ -24,13 +24,13 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from cache.cpus import usable_cpus
-from cache.errors import StoreError
-from cache.staged import image_path
-from cache.staged import unmount as unmount
-from cache.unpackbudget import ENTRY_CHARGE, UnpackBudget, default_unpack_limit
-from stagers.errors import StageError
-from stagers.filemanifest import (
+from ocistage.cache.cpus import usable_cpus
+from ocistage.cache.errors import StoreError
+from ocistage.cache.staged import image_path
+from ocistage.cache.staged import unmount as unmount
+from ocistage.cache.unpackbudget import ENTRY_CHARGE, UnpackBudget, default_unpack_limit
+from ocistage.stagers.errors import StageError
+from ocistage.stagers.filemanifest import (
     MANIFEST_NAME,
     MARKER_NAME,
     Entry,
@@ -39,9 +39,9 @@ from stagers.filemanifest import (
     scan,
     unchanged,
 )
-from stagers.markers import Marker
-from stagers.session import Staging
-from stagers.target import StageResult, readonly_config, write_private
+from ocistage.stagers.markers import Marker
+from ocistage.stagers.session import Staging
+from ocistage.stagers.target import StageResult, readonly_config, write_private
 
 TOOL_TIMEOUT = 3600
 
@@ -198,14 +198,15 @@ _SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID
 def unpack(image: Path, dest: Path, *, rootless: bool = True, limit: int | None = None) -> None:
     """Unpack ``image`` into ``dest`` (must not exist; its parent is private) with unsquashfs.
 
-    ``rootless`` (the default, as for layers, :func:`bundler.layers.apply_layer`): an image is
+    ``rootless`` (the default, as for layers, :func:`ocistage.bundler.unpack.apply.apply_layer`):
+    an image is
     hostile until proven otherwise, so no device node is created (they are left out), no file
     keeps a setuid or setgid bit, and only ``user.*`` xattrs are extracted (no file
     capabilities). ``rootless=False`` unpacks everything as it is, and only for root.
 
     Before anything is written, the listing is held to the unpack budget as layers are
-    (:mod:`cache.unpackbudget`; ``limit`` [default: from the image's size]): the files' sizes
-    plus a charge per entry, so a bomb of data or of empty files is refused (LayerError).
+    (:mod:`ocistage.cache.unpackbudget`; ``limit`` [default: from the image's size]): the files'
+    sizes plus a charge per entry, so a bomb of data or of empty files is refused (LayerError).
     """
     unsquashfs = _tool("unsquashfs")
     if limit is None:
@@ -383,7 +384,7 @@ def _take_down(final: Path) -> None:
     """Unmount a previous image at ``final`` (an unpacked previous version stays until the new
     one replaces it). An image in use (a running job's container) is detached lazily: the job
     goes on reading the image it started with, as with a retired directory version
-    (:mod:`stagers.retired`), and the image's file, replaced by the new one, goes when the
+    (:mod:`ocistage.stagers.retired`), and the image's file, replaced by the new one, goes when the
     last reader is done."""
     if os.path.ismount(final):
         try:

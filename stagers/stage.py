@@ -1,7 +1,7 @@
 """``stage_directory``: put a bundle (or any tree) at ``TO/NAME``, incrementally and atomically.
 
-The target's layout is :mod:`cache.staged`'s; the sequence around a staging is
-:class:`stagers.session.Staging`'s. This module is the directory strategy.
+The target's layout is :mod:`ocistage.cache.staged`'s; the sequence around a staging is
+:class:`ocistage.stagers.session.Staging`'s. This module is the directory strategy.
 
 How files get there (``method``):
 
@@ -32,11 +32,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache.cpus import usable_cpus
-from cache.leases import Holder
-from stagers.builder import FORK_MIN_FILES, Builder
-from stagers.errors import StageError
-from stagers.filemanifest import (
+from ocistage.cache.cpus import usable_cpus
+from ocistage.cache.leases import Holder
+from ocistage.stagers.builder import FORK_MIN_FILES, Builder
+from ocistage.stagers.errors import StageError
+from ocistage.stagers.filemanifest import (
     MANIFEST_NAME,
     MARKER_NAME,
     Entry,
@@ -45,14 +45,14 @@ from stagers.filemanifest import (
     entries_of,
     fill_missing_hashes,
 )
-from stagers.fresh import build_first
-from stagers.gcpause import cyclic_gc_paused
-from stagers.markers import default_holder, record_bundle_use
-from stagers.pool import Pool, pool_key
-from stagers.session import Staging
-from stagers.squashfs import ImageProgress, stage_squashfs
-from stagers.statwalk import parallel_walk_digest
-from stagers.target import (
+from ocistage.stagers.fresh import build_first
+from ocistage.stagers.gcpause import cyclic_gc_paused
+from ocistage.stagers.markers import default_holder, record_bundle_use
+from ocistage.stagers.pool import Pool, pool_key
+from ocistage.stagers.session import Staging
+from ocistage.stagers.squashfs import ImageProgress, stage_squashfs
+from ocistage.stagers.statwalk import parallel_walk_digest
+from ocistage.stagers.target import (
     Format,
     Method,
     StageResult,
@@ -64,7 +64,8 @@ from stagers.target import (
 
 __all__ = ["StageResult", "stage_directory"]
 
-# -- staging a tree (the library call of runtimes, bench and bundler.staging) ----------------
+# -- staging a tree (the library call of runtimes, bench and ocistage.bundler.staging)
+# ----------------
 
 def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | None = None,
                     holder: Holder | None = None, link: bool | None = None, jobs: int = 8,
@@ -147,7 +148,7 @@ def _compare(staging: Staging, records: list[Record], tree: str,
 def _build(staging: Staging, source: Path, label: str, method: Method, identity: str,
            compared: _Compared | None, jobs: int) -> StageResult:
     """Build the new version in a scratch dir and publish it. ``compared`` None: a first
-    stage, which walks and places at once (stagers.fresh)."""
+    stage, which walks and places at once (ocistage.stagers.fresh)."""
     pool = Pool.of_target(staging.to)
     previous = compared.previous if compared is not None else None
     before = compared.before if compared is not None else {}

@@ -1,14 +1,14 @@
 """The stat walk of a source tree, its subtrees walked by forked workers.
 
 A re-stage decides "unchanged?" from one ``lstat`` of every entry of the source
-(:func:`stagers.filemanifest.walk_digest`). For 100k entries that walk is ~0.5 s of Python
+(:func:`ocistage.stagers.filemanifest.walk_digest`). For 100k entries that walk is ~0.5 s of Python
 around the syscalls on one core, longer than ``rsync -a`` with nothing to do (whose sender and
 receiver walk at once, in C). :func:`parallel_walk_digest` gives the same digest and the same
 records in the same order, with the subtrees of the top of the tree handed out to
-``processes`` forked workers (:func:`stagers.parallel.map_queue`, this process being one).
+``processes`` forked workers (:func:`ocistage.stagers.parallel.map_queue`, this process being one).
 
-The walk order (:func:`stagers.filemanifest.walk`) is a directory's listing, then the subtrees
-of its subdirectories, the last name first; so the tree's digest stream is the lines of the
+The walk order (:func:`ocistage.stagers.filemanifest.walk`) is a directory's listing, then the
+subtrees of its subdirectories, the last name first; so the tree's digest stream is the lines of the
 top directory's records followed by each subtree's stream, in that order. This module expands
 the top of the tree breadth first into such a sequence of pieces (records listed here, and
 subtrees to walk), walks the subtrees in parallel, each worker returning its subtree's digest
@@ -30,8 +30,15 @@ from pathlib import Path
 
 import xxhash
 
-from stagers.filemanifest import Record, children, digest_lines, unreadable, walk, walk_digest
-from stagers.parallel import MAX_QUEUE, map_queue
+from ocistage.stagers.filemanifest import (
+    Record,
+    children,
+    digest_lines,
+    unreadable,
+    walk,
+    walk_digest,
+)
+from ocistage.stagers.parallel import MAX_QUEUE, map_queue
 
 #: subtrees per process wanted: enough for a worker that drew a big one to take fewer
 SUBTREES_PER_PROCESS = 16
@@ -71,7 +78,7 @@ class StatWalk:
 
 
 def parallel_walk_digest(root: Path, processes: int) -> StatWalk:
-    """:func:`~stagers.filemanifest.walk_digest` of ``root`` and its records, the subtrees
+    """:func:`~ocistage.stagers.filemanifest.walk_digest` of ``root`` and its records, the subtrees
     walked by ``processes`` forked workers; the same digest and records in the same order. A
     small tree (or ``processes`` <= 1) is walked here."""
     if processes <= 1:

@@ -1,6 +1,6 @@
 """The target directory of staging: names, per-name locks, scratch dirs, atomic publish.
 
-The layout of a target is defined once, in :mod:`cache.staged`. A version is built in a
+The layout of a target is defined once, in :mod:`ocistage.cache.staged`. A version is built in a
 scratch dir and published by ``rename()``, or by an atomic ``renameat2(RENAME_EXCHANGE)`` with
 the previous version (then removed). Scratch dirs whose owner died (kill -9, node crash) are
 removed by the next stager of the same name, under its lock.
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from cache.bundleinfo import SHARED_ROOT_ANNOTATION
-from cache.fsops import (
+from ocistage.cache.bundleinfo import SHARED_ROOT_ANNOTATION
+from ocistage.cache.fsops import (
     OWNER_SUFFIX,
     check_shared_parent,
     check_trusted_dir,
@@ -31,9 +31,9 @@ from cache.fsops import (
     make_owned_dir,
     remove_tree,
 )
-from cache.locks import FileLock
-from cache.staged import RESERVED_PREFIX, TMP_DIR, plain_name
-from stagers.errors import StageError
+from ocistage.cache.locks import FileLock
+from ocistage.cache.staged import RESERVED_PREFIX, TMP_DIR, plain_name
+from ocistage.stagers.errors import StageError
 
 Method = Literal["hardlink", "pool", "copy"]
 Format = Literal["dir", "squashfs"]

@@ -2,7 +2,7 @@
 
 Only a directory carrying an ocistage marker (``.ocistage-staged.json``) is removed. The path's
 last component is opened with ``O_NOFOLLOW``: a symlink there is refused, never followed, and
-the removal itself works through directory descriptors (:mod:`cache.fsops`), so a symlink
+the removal itself works through directory descriptors (:mod:`ocistage.cache.fsops`), so a symlink
 swapped in at any level while it runs cannot redirect it outside the bundle. A squashfs mount is
 unmounted first and its image (named in the marker, beside the path) removed.
 
@@ -18,12 +18,12 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from cache import staged
-from cache.fsops import DIR_READ
-from cache.leases import Holder, Lease
-from stagers import retired
-from stagers.errors import StageError
-from stagers.markers import Marker, live_leases, marker_of, release_leases, write_at
+from ocistage.cache import staged
+from ocistage.cache.fsops import DIR_READ
+from ocistage.cache.leases import Holder, Lease
+from ocistage.stagers import retired
+from ocistage.stagers.errors import StageError
+from ocistage.stagers.markers import Marker, live_leases, marker_of, release_leases, write_at
 
 
 def _release_leases(cache_root: Path, path: Path, holder: Holder | None) -> list[Lease]:
@@ -63,7 +63,7 @@ def unstage(path: Path, *, cache_root: Path, holder: Holder | None = None,
         raise StageError(f"cannot open {parent}: {exc.strerror}") from exc
     try:
         removed = _unstage_in(parent_fd, Path(parent), name, path, cache_root, holder, force)
-        # versions of it that a re-stage retired while jobs ran on them (stagers.retired)
+        # versions of it that a re-stage retired while jobs ran on them (ocistage.stagers.retired)
         retired.sweep(Path(parent), name, cache_root, holder=holder, release=True, force=force)
     except OSError as exc:
         raise StageError(f"removing {path} failed: {exc.strerror} ({exc.filename})",

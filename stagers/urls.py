@@ -1,6 +1,6 @@
 """Telling a URL that bundles are stored at (fsspec's ``file://``, ``sftp://``, ``s3://`` ...)
 from a directory or an image reference, without loading the remote machinery
-(:mod:`stagers.remote`) for the directories that most stages are."""
+(:mod:`ocistage.stagers.remote`) for the directories that most stages are."""
 
 from __future__ import annotations
 

@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from bundler import settings
-from bundler.cli import run
+from ocistage.bundler import settings
+from ocistage.bundler.cli.app import run
 from pytest_ocistage.components import Outcome
 
 
 @dataclass(frozen=True)
 class Cli:
-    """``cli("cache", "ls")`` runs ``ocistage cache ls`` through :func:`bundler.cli.run`."""
+    """``cli("cache", "ls")`` runs ``ocistage cache ls`` through
+    :func:`ocistage.bundler.cli.app.run`."""
 
     capsys: pytest.CaptureFixture[str]
     root: Path

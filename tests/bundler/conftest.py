@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from bundler import layers
+from ocistage.bundler.unpack import apply as applier
+from ocistage.bundler.unpack import tarstream
 
 BOTH_PARSERS = ("test_layers", "test_layers_hostile", "test_layers_model", "test_layer_tar",
                 "test_sparse")
@@ -23,10 +24,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(scope="module")
 def tar_parser(request: pytest.FixtureRequest) -> Iterator[str]:
-    chosen: type[tarfile.TarInfo] = (layers.tarinfo_class() if request.param == "fast"
+    chosen: type[tarfile.TarInfo] = (tarstream.tarinfo_class() if request.param == "fast"
                                      else tarfile.TarInfo)
     if request.param == "fast":
-        assert chosen is layers._TarInfo, "this Python's tarfile lost the fast path"
+        assert chosen is tarstream._TarInfo, "this Python's tarfile lost the fast path"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(layers, "tarinfo_class", lambda: chosen)
+        patch.setattr(applier, "tarinfo_class", lambda: chosen)
         yield request.param

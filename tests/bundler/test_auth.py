@@ -10,17 +10,17 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from bundler.auth import (
+from ocistage.bundler.registry.auth import (
     Challenge,
     TokenCache,
     credentials_may_go_to,
     parse_www_authenticate,
     repository_of,
 )
-from bundler.credentials import CredentialStore
-from bundler.errors import AuthenticationError
-from bundler.registry import RegistryClient, RegistryConfig
-from cache.digest import Digest
+from ocistage.bundler.registry.client import RegistryClient, RegistryConfig
+from ocistage.bundler.registry.credentials import CredentialStore
+from ocistage.bundler.registry.errors import AuthenticationError
+from ocistage.cache.digest import Digest
 from tests.bundler.fakeregistry import FakeRegistry, MemorySink, self_signed_cert, serve
 
 ACCEPT = ["application/vnd.oci.image.manifest.v1+json"]

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from bundler.bundle import make_bundle
-from bundler.follower import BlobFollower, StreamRestarted
-from bundler.reference import parse_reference
-from bundler.runtime_config import ConfigOptions
-from cache.digest import Digest
-from cache.errors import IntegrityError
-from cache.fsops import reflinks_work
-from cache.snapshots import (
+from ocistage.bundler.bundle import make_bundle
+from ocistage.bundler.follower import BlobFollower, StreamRestarted
+from ocistage.bundler.image.reference import parse_reference
+from ocistage.bundler.runtime_config import ConfigOptions
+from ocistage.cache.digest import Digest
+from ocistage.cache.errors import IntegrityError
+from ocistage.cache.fsops import reflinks_work
+from ocistage.cache.snapshots import (
     chain_ids,
     find_snapshot,
     list_snapshots,
@@ -30,7 +30,7 @@ from cache.snapshots import (
     remove_snapshot,
     snapshot_dir,
 )
-from cache.store import Store
+from ocistage.cache.store import Store
 from tests.bundler.tarbuilder import (
     Node,
     build_tar,
@@ -129,9 +129,9 @@ def test_a_first_writable_dest_keeps_the_snapshot_where_copies_are_reflinks(
     writable DEST is unpacked into a snapshot and copied from it (sharing extents): the image
     is never unpacked again. The probe is patched: tmp_path has no reflinks here, and the
     copy (``cp --reflink=auto``) makes a plain copy then."""
-    import bundler.rootfs
+    from ocistage.bundler import rootfs
 
-    monkeypatch.setattr(bundler.rootfs, "reflinks_work", lambda _source, _dir: True)
+    monkeypatch.setattr(rootfs, "reflinks_work", lambda _source, _dir: True)
     ref = layout(tmp_path, "img", [BASE, MIDDLE, TOP])
     store = Store.open(tmp_path / "cache")
     copied, applied_copy, _ = bundle(store, ref, tmp_path / "copied")

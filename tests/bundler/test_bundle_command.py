@@ -1,4 +1,5 @@
-"""bundler.bundle_command: a command's PATH lookup inside the bundle, never on the host."""
+"""ocistage.runtimes.bundle_command: a command's PATH lookup inside the bundle, never on the
+host."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bundler.bundle_command import resolve_command
+from ocistage.runtimes.bundle_command import resolve_command
 
 
 def _bundle(tmp_path: Path, env: list[str] | None = None, root: str = "rootfs") -> Path:

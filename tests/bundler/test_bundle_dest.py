@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from bundler.bundle import make_bundle
-from bundler.reference import parse_reference
-from bundler.runtime_config import ConfigOptions
-from cache.errors import UsageError
-from cache.store import Store
+from ocistage.bundler.bundle import make_bundle
+from ocistage.bundler.image.reference import parse_reference
+from ocistage.bundler.runtime_config import ConfigOptions
+from ocistage.cache.errors import UsageError
+from ocistage.cache.store import Store
 from tests.bundler.tarbuilder import build_tar, directory, file, write_oci_layout
 
 LAYER = build_tar([directory("bin"), file("bin/tool", b"#!/bin/sh\n" * 1000, mode=0o755),
@@ -50,7 +50,7 @@ def test_a_symlink_dest_is_refused(tmp_path: Path, target: str) -> None:
 
 def _cli() -> list[str]:
     script = shutil.which("ocistage")
-    return [script] if script else [sys.executable, "-c", "from bundler.cli import main; main()"]
+    return [script] if script else [sys.executable, "-m", "ocistage"]
 
 
 @pytest.mark.parametrize("processes", [2, 4])

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from bundler.cli_common import sanitize, summarize_warnings
+from ocistage.bundler.cli.common import sanitize, summarize_warnings
 from tests.bundler.clirun import Cli, cli
 from tests.bundler.tarbuilder import build_tar, chardev, directory, file, write_oci_layout
 
@@ -109,12 +109,12 @@ def test_any_exception_is_one_error_line(cli: Cli, layout: Path,
                                          monkeypatch: pytest.MonkeyPatch,
                                          exception: Exception) -> None:
     """A fault the library did not translate (a bug) is still one line, traceback with -v."""
-    import bundler.pull
+    from ocistage.bundler import pull as pull_module
 
     def broken(*args: object, **kwargs: object) -> None:
         raise exception
 
-    monkeypatch.setattr(bundler.pull, "pull", broken)
+    monkeypatch.setattr(pull_module, "pull", broken)
     result = cli("pull", _ref(layout))
     assert result.exit_code == 1
     line = _one_error(result.stderr)
@@ -130,12 +130,12 @@ def test_any_exception_is_one_error_line(cli: Cli, layout: Path,
 
 
 def test_interrupted_exits_130(cli: Cli, layout: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import bundler.pull
+    from ocistage.bundler import pull as pull_module
 
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(bundler.pull, "pull", interrupted)
+    monkeypatch.setattr(pull_module, "pull", interrupted)
     result = cli("pull", _ref(layout))
     assert result.exit_code == 130 and "interrupted" in result.stderr
     assert "Traceback" not in result.stderr
@@ -179,7 +179,7 @@ def test_image_config_values_reach_the_terminal_escaped(cli: Cli, layout: Path) 
 
 def test_error_messages_from_outside_are_escaped(cli: Cli) -> None:
     """A registry's error message is part of an error; the boundary escapes every error."""
-    from bundler.cli import render_error
+    from ocistage.bundler.cli.app import render_error
 
     cli.capsys.readouterr()
     render_error("registry said: \x1b[2Jgone", "hint \x1b]0;title\x07")
@@ -255,7 +255,7 @@ def _command_options() -> dict[tuple[str, ...], tuple[list[str], list[str]]]:
     """Each command's (flags, options taking a value), read from the CLI itself."""
     import typer.main
 
-    from bundler.cli import app
+    from ocistage.bundler.cli.app import app
 
     found: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
 
@@ -374,7 +374,8 @@ def test_no_input_reaches_a_traceback(cli: Cli, layout: Path, data: st.DataObjec
 
 
 def test_log_lines_of_verbose_runs_are_escaped(tmp_path: Path) -> None:
-    code = ("import logging; from bundler.cli_common import setup_logging; setup_logging(True); "
+    code = ("import logging; from ocistage.bundler.cli.common import setup_logging; "
+            "setup_logging(True); "
             "logging.getLogger('ocistage.x').warning('registry said %s', '\\x1b[2Jgone')")
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                             text=True, timeout=120, check=True)

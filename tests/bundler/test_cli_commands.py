@@ -1,12 +1,13 @@
-"""The lazy command table (bundler.cli_commands): what ``ocistage --help`` lists without loading
+"""The lazy command table (ocistage.bundler.cli.commands): what ``ocistage --help`` lists without
+loading
 a command is what each command says of itself once loaded."""
 
 from __future__ import annotations
 
 import pytest
 
-from bundler.cli import run
-from bundler.cli_commands import COMMANDS, LazyGroup, load_command
+from ocistage.bundler.cli.app import run
+from ocistage.bundler.cli.commands import COMMANDS, LazyGroup, load_command
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))

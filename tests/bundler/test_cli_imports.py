@@ -1,7 +1,8 @@
 """The CLI's start-up imports: ``--help`` and the light commands must not load the heavy library.
 
 Every ``ocistage`` command line (and every Slurm job's ``scrun stage-in`` hook) pays for what
-``bundler.cli`` imports. The command modules import the library inside the commands; these
+``ocistage.bundler.cli.app`` imports. The command modules import the library inside the commands;
+these
 tests run a fresh interpreter and look at ``sys.modules``, so an eager import added back at the
 top of a CLI module fails here (no timing involved).
 """
@@ -20,11 +21,16 @@ import pytest
 HEAVY = frozenset({
     "requests", "urllib3", "charset_normalizer", "jsonschema", "referencing", "fsspec",
     "zstandard", "rich.table", "rich.progress",
-    "bundler.registry", "bundler.transport", "bundler.pull", "bundler.bundle",
-    "bundler.schema", "bundler.runtime_config", "bundler.settings", "bundler.snapshots",
-    "bundler.follower", "bundler.rootfs", "bundler.layers",
-    "bundler.inspect", "cache.gc", "cache.inventory", "cache.verify", "cache.store",
-    "stagers.stage", "stagers.remote", "runtimes.scrun", "runtimes.submit",
+    "ocistage.bundler.registry.client", "ocistage.bundler.registry.transport",
+    "ocistage.bundler.pull", "ocistage.bundler.bundle",
+    "ocistage.bundler.image.schema", "ocistage.bundler.runtime_config",
+    "ocistage.bundler.settings", "ocistage.bundler.unpack.layerchain",
+    "ocistage.bundler.follower", "ocistage.bundler.rootfs", "ocistage.bundler.unpack.apply",
+    "ocistage.bundler.unpack.tarstream",
+    "ocistage.bundler.inspect", "ocistage.cache.gc", "ocistage.cache.inventory",
+    "ocistage.cache.verify", "ocistage.cache.store",
+    "ocistage.stagers.stage", "ocistage.stagers.remote", "ocistage.runtimes.scrun",
+    "ocistage.runtimes.submit",
     "pytest", "pytest_ocistage",  # the test plugin: never loaded by a command line
 })
 # the third-party libraries behind fetching, validating and remote staging
@@ -34,7 +40,7 @@ THIRD_PARTY = frozenset({"requests", "urllib3", "charset_normalizer", "jsonschem
 _PROBE = """
 import json, sys
 sys.argv = ["ocistage", *json.loads(sys.argv[1])]
-from bundler.cli import main
+from ocistage.bundler.cli.app import main
 try:
     main()
 except SystemExit:
@@ -57,11 +63,12 @@ def _modules_after(argv: list[str], tmp_path: Path) -> set[str]:
 
 
 def test_importing_the_cli_loads_no_library_module(tmp_path: Path) -> None:
-    code = "import json, sys, bundler.cli; print(json.dumps(sorted(sys.modules)))"
+    code = "import json, sys, ocistage.bundler.cli.app; print(json.dumps(sorted(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                             text=True, timeout=120, check=True)
     loaded = set(json.loads(result.stdout))
-    assert {"bundler.cli", "bundler.cli_common", "typer"} <= loaded  # the probe sees imports
+    # the probe sees imports
+    assert {"ocistage.bundler.cli.app", "ocistage.bundler.cli.common", "typer"} <= loaded
     assert sorted(HEAVY & loaded) == []
 
 
@@ -80,7 +87,7 @@ def test_importing_the_cli_loads_no_library_module(tmp_path: Path) -> None:
 ])
 def test_help_loads_no_library_module(argv: list[str], tmp_path: Path) -> None:
     loaded = _modules_after(argv, tmp_path)
-    assert "bundler.cli" in loaded
+    assert "ocistage.bundler.cli.app" in loaded
     assert sorted(HEAVY & loaded) == []
 
 
@@ -89,15 +96,17 @@ def test_runtime_commands_load_no_library_module(tmp_path: Path) -> None:
                  ["runtime", "docker-config"],
                  ["runtime", "scrun-lua", "--ocistage", "/usr/bin/ocistage"]):
         loaded = _modules_after(argv, tmp_path)
-        assert "runtimes.oci_conf" in loaded
-        assert sorted((THIRD_PARTY | {"bundler.pull", "bundler.bundle", "stagers.stage"})
+        assert "ocistage.runtimes.oci_conf" in loaded
+        assert sorted((THIRD_PARTY | {"ocistage.bundler.pull", "ocistage.bundler.bundle",
+                                      "ocistage.stagers.stage"})
                       & loaded) == [], argv
 
 
 def test_cache_ls_loads_neither_schemas_nor_stagers(tmp_path: Path) -> None:
     loaded = _modules_after(["cache", "ls"], tmp_path)
-    assert "cache.inventory" in loaded
-    assert sorted({"jsonschema", "bundler.schema", "bundler.bundle", "stagers.stage",
+    assert "ocistage.cache.inventory" in loaded
+    assert sorted({"jsonschema", "ocistage.bundler.image.schema", "ocistage.bundler.bundle",
+                   "ocistage.stagers.stage",
                    "rich.progress"} & loaded) == []
 
 
@@ -111,9 +120,10 @@ def test_commands_that_talk_to_no_registry_load_no_http_client(tmp_path: Path) -
     for argv in (["cache", "ls"], ["stage", str(tree), "--to", str(staged)],
                  ["unstage", str(staged / "tree")]):
         loaded = _modules_after(argv, tmp_path)
-        assert "bundler.settings" in loaded, argv  # the command ran and read the settings
-        assert sorted({"requests", "urllib3", "bundler.registry", "bundler.transport",
-                       "bundler.pull"} & loaded) == [], argv
+        assert "ocistage.bundler.settings" in loaded, argv  # the command ran and read the settings
+        assert sorted({"requests", "urllib3", "ocistage.bundler.registry.client",
+                       "ocistage.bundler.registry.transport",
+                       "ocistage.bundler.pull"} & loaded) == [], argv
 
 
 def test_staging_a_directory_loads_no_remote_or_config_machinery(tmp_path: Path) -> None:
@@ -127,8 +137,8 @@ def test_staging_a_directory_loads_no_remote_or_config_machinery(tmp_path: Path)
     staged.mkdir()
     for _ in range(2):  # first stage, then a re-stage
         loaded = _modules_after(["stage", str(tree), "--to", str(staged)], tmp_path)
-        assert "stagers.stage" in loaded
-        assert sorted({"stagers.remote", "stagers.allnodes", "tomllib", "tarfile"}
+        assert "ocistage.stagers.stage" in loaded
+        assert sorted({"ocistage.stagers.remote", "ocistage.stagers.allnodes", "tomllib", "tarfile"}
                       & loaded) == []
     assert (staged / "tree" / "config.json").is_file()
     config = tmp_path / "config" / "ocistage"
@@ -142,43 +152,47 @@ def test_bundling_from_an_image_layout_loads_no_http_client(tmp_path: Path) -> N
 
     write_oci_layout(tmp_path / "layout", [build_tar([file("hello.txt", b"hello")])],
                      tag="v1", kind="gzip")
-    unpacking = {"bundler.rootfs", "bundler.snapshots", "bundler.layers", "cache.snapshots"}
+    unpacking = {"ocistage.bundler.rootfs", "ocistage.bundler.unpack.layerchain",
+                 "ocistage.bundler.unpack.apply", "ocistage.bundler.unpack.tarstream",
+                 "ocistage.cache.snapshots"}
     argv = ["bundle", "-q", "--cmd", "true", f"oci:{tmp_path / 'layout'}:v1"]
     for n in range(2):  # cold, then found in the cache
         loaded = _modules_after(argv, tmp_path)
         [made] = (tmp_path / "cache" / "bundles").iterdir()
         assert (made / "config.json").is_file()
-        assert "bundler.bundle" in loaded and "bundler.sources" in loaded
-        assert sorted({"requests", "urllib3", "bundler.registry", "bundler.transport"}
+        assert "ocistage.bundler.bundle" in loaded and "ocistage.bundler.sources" in loaded
+        assert sorted({"requests", "urllib3", "ocistage.bundler.registry.client",
+                       "ocistage.bundler.registry.transport"}
                       & loaded) == [], argv
         # a bundle found in the cache needs none of the unpacking machinery
         assert sorted(unpacking & loaded) == (sorted(unpacking) if n == 0 else []), n
 
 
 # the modules that define commands: a command line loads the one of its command only
-COMMAND_MODULES = frozenset({"bundler.cli_image", "bundler.cli_stage", "bundler.cli_slurm",
-                             "bundler.cli_cache", "bundler.cli_config"})
+COMMAND_MODULES = frozenset({"ocistage.bundler.cli.image", "ocistage.bundler.cli.stage",
+                             "ocistage.bundler.cli.slurm",
+                             "ocistage.bundler.cli.cache", "ocistage.bundler.cli.config"})
 
 
 @pytest.mark.parametrize(("argv", "wanted"), [
     (["--version"], set()),
     (["--help"], set()),
     ([], set()),
-    (["bundle", "--help"], {"bundler.cli_image"}),
-    (["cache", "ls", "--help"], {"bundler.cli_cache"}),
-    (["scrun", "stage-in", "--help"], {"bundler.cli_slurm"}),
-    (["stage", "--help"], {"bundler.cli_stage"}),
+    (["bundle", "--help"], {"ocistage.bundler.cli.image"}),
+    (["cache", "ls", "--help"], {"ocistage.bundler.cli.cache"}),
+    (["scrun", "stage-in", "--help"], {"ocistage.bundler.cli.slurm"}),
+    (["stage", "--help"], {"ocistage.bundler.cli.stage"}),
 ])
 def test_a_command_line_loads_its_own_command_module_only(argv: list[str], wanted: set[str],
                                                          tmp_path: Path) -> None:
     loaded = _modules_after(argv, tmp_path)
-    assert "bundler.cli" in loaded
+    assert "ocistage.bundler.cli.app" in loaded
     assert COMMAND_MODULES & loaded == wanted
 
 
 def test_version_and_routine_output_load_no_rich(tmp_path: Path) -> None:
     """rich (~20 ms) is for tables, progress bars and colored errors: ``--version``, a piped
-    bundle, stage and unstage print plain lines (bundler.cli_common.echo)."""
+    bundle, stage and unstage print plain lines (ocistage.bundler.cli.common.echo)."""
     from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
 
     write_oci_layout(tmp_path / "layout", [build_tar([file("hello.txt", b"hello")])],

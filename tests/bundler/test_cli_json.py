@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from runtimes.scrun import StageInResult
+from ocistage.runtimes.scrun import StageInResult
 from tests.bundler.clirun import Cli, cli
 from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
 

@@ -1,5 +1,5 @@
 """The CLI's shape: shared options declared once, settings built one way, groups attached one
-way (issue 15.3; since issue 16 through the lazy command table, bundler.cli_commands). A
+way (issue 15.3; since issue 16 through the lazy command table, ocistage.bundler.cli.commands). A
 declaration copied into a command module, a second way to build settings or a command attached
 by hand fails here."""
 
@@ -8,19 +8,19 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-BUNDLER = Path(__file__).resolve().parents[2] / "bundler"
+CLI = Path(__file__).resolve().parents[2] / "bundler" / "cli"
 SHARED = ("--cache", "--platform", "--insecure-registry", "--mirror", "--ca-file", "--pull",
           "--json", "--quiet", "--verbose")
 # the same name with another meaning, each for a reason
 OWN_MEANING = {
-    ("cli_cache.py", "--platform"),  # cache rm: only this platform's entry, default all
-    ("cli_slurm.py", "--cache"),     # runtime scrun-lua: a path written into the Lua, as
+    ("cache.py", "--platform"),  # cache rm: only this platform's entry, default all
+    ("slurm.py", "--cache"),     # runtime scrun-lua: a path written into the Lua, as
                                      # the nodes see it, not this host's cache
 }
 
 
 def _modules() -> dict[str, str]:
-    return {path.name: path.read_text() for path in sorted(BUNDLER.glob("cli*.py"))}
+    return {path.name: path.read_text() for path in sorted(CLI.glob("*.py"))}
 
 
 def test_shared_options_are_declared_once() -> None:
@@ -28,31 +28,32 @@ def test_shared_options_are_declared_once() -> None:
         where = [name for name, text in _modules().items()
                  for _ in re.finditer(rf'typer\.Option\(\s*"{re.escape(option)}"', text)
                  if (name, option) not in OWN_MEANING]
-        assert where == ["cli_common.py"], (option, where)
+        assert where == ["common.py"], (option, where)
 
 
 def test_settings_are_built_one_way() -> None:
     for name, text in _modules().items():
-        if name != "cli_common.py":
+        if name != "common.py":
             assert "load_settings(" not in text, name
-    assert "def settings_from" not in _modules()["cli_common.py"]
+    assert "def settings_from" not in _modules()["common.py"]
 
 
 def test_commands_are_attached_one_way() -> None:
-    """Every top-level command is an entry of bundler.cli_commands.COMMANDS, naming a
+    """Every top-level command is an entry of ocistage.bundler.cli.commands.COMMANDS, naming a
     ``typer.Typer`` of its module; nothing attaches commands by hand."""
     import typer
 
-    from bundler.cli_commands import COMMANDS
+    from ocistage.bundler.cli.commands import COMMANDS
 
     modules = _modules()
     for name, text in modules.items():
         assert "add_typer" not in text, name
         assert "def register(" not in text, name
-    assert not re.search(r"^from bundler import cli_|^import bundler\.cli_", modules["cli.py"],
-                         re.MULTILINE)  # cli.py imports no command module
+    command_modules = {entry.module for entry in COMMANDS.values()}
+    assert not any(re.search(rf"^\s*(from|import) {re.escape(module)}\b", modules["app.py"],
+                             re.MULTILINE) for module in command_modules)  # app.py imports none
     for name, entry in COMMANDS.items():
-        module = entry.module.removeprefix("bundler.") + ".py"
+        module = entry.module.removeprefix("ocistage.bundler.cli.") + ".py"
         assert f'{entry.app} = typer.Typer(' in modules[module], (name, entry)
         import importlib
 

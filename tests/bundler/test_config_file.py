@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from bundler import settings as settings_module
-from bundler.settings import KEYS, REGISTRY_KEYS, load_settings
-from cache.errors import UsageError
+from ocistage.bundler import settings as settings_module
+from ocistage.bundler.settings import KEYS, REGISTRY_KEYS, load_settings
+from ocistage.cache.errors import UsageError
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bundler.credentials import Credentials, CredentialStore, normalize_key
-from bundler.errors import AuthenticationError
+from ocistage.bundler.registry.credentials import Credentials, CredentialStore, normalize_key
+from ocistage.bundler.registry.errors import AuthenticationError
 
 
 def _b64(text: str) -> str:
@@ -163,7 +163,7 @@ def test_creds_store_is_the_default(tmp_path: Path, helper_dir: Path) -> None:
 
 def test_missing_helper_is_not_a_crash(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = _write(tmp_path / "config.json", {"credsStore": "does-not-exist-anywhere"})
-    with caplog.at_level("DEBUG", logger="bundler.credentials"):
+    with caplog.at_level("DEBUG", logger="ocistage.bundler.registry.credentials"):
         assert CredentialStore([path]).lookup("reg.example") is None
     assert "docker-credential-does-not-exist-anywhere" in caplog.text
 

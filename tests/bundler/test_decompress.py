@@ -9,9 +9,9 @@ from typing import BinaryIO
 import pytest
 import zstandard
 
-import bundler.decompress
-from bundler.decompress import detect_compression, open_layer_stream
-from cache.errors import LayerError
+from ocistage.bundler.unpack import decompress as decompress_module
+from ocistage.bundler.unpack.decompress import detect_compression, open_layer_stream
+from ocistage.cache.errors import LayerError
 
 
 @pytest.fixture(autouse=True, params=["isal", "zlib"])
@@ -19,9 +19,9 @@ def inflate(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     """Every test runs with ISA-L's inflate and with zlib's (the fallback without isal)."""
     if request.param == "isal":
         from isal import isal_zlib
-        assert bundler.decompress._INFLATE is isal_zlib  # isal is a dependency: it is used
+        assert decompress_module._INFLATE is isal_zlib  # isal is a dependency: it is used
     else:
-        monkeypatch.setattr(bundler.decompress, "_INFLATE", zlib)
+        monkeypatch.setattr(decompress_module, "_INFLATE", zlib)
     return str(request.param)
 
 

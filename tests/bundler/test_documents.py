@@ -14,14 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from bundler.credentials import CredentialStore
-from bundler.errors import AuthenticationError
-from bundler.manifest import parse_manifest
-from bundler.registry import RegistryClient, RegistryConfig
-from bundler.sources import OciLayoutProvider
-from cache.errors import NotFound, SchemaError, SourceError, StoreError
-from cache.jsondoc import MAX_DEPTH, check_depth, parse_json
-from cache.store import Store
+from ocistage.bundler.errors import SourceError
+from ocistage.bundler.image.errors import SchemaError
+from ocistage.bundler.image.manifest import parse_manifest
+from ocistage.bundler.registry.client import RegistryClient, RegistryConfig
+from ocistage.bundler.registry.credentials import CredentialStore
+from ocistage.bundler.registry.errors import AuthenticationError
+from ocistage.bundler.sources import OciLayoutProvider
+from ocistage.cache.errors import NotFound, StoreError
+from ocistage.cache.jsondoc import MAX_DEPTH, check_depth, parse_json
+from ocistage.cache.store import Store
 from tests.bundler.fakeregistry import FakeRegistry, serve
 
 ACCEPT = ["application/vnd.oci.image.manifest.v1+json"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bundler.idmap import (
+from ocistage.runtimes.idmap import (
     OVERFLOW_ID,
     RootPlaceholder,
     detect_root_placeholder,

@@ -1,4 +1,4 @@
-"""The tar parsing fast paths of bundler.layers give exactly tarfile's results.
+"""The tar parsing fast paths of ocistage.bundler.unpack.tarstream give exactly tarfile's results.
 
 ``_TarInfo.frombuf`` (ustar headers) and ``_TarInfo._proc_pax`` (PAX extended headers) take the
 common cases and defer the rest to tarfile; every test here compares them with tarfile's own
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bundler import layers
-from bundler.layers import _ForwardReader, _pax_records, _TarInfo
+from ocistage.bundler.unpack import tarstream
+from ocistage.bundler.unpack.tarstream import ForwardReader, _pax_records, _TarInfo
 
 FIELDS = ("name", "mode", "uid", "gid", "size", "mtime", "chksum", "type", "linkname", "uname",
           "gname", "devmajor", "devminor")
@@ -98,20 +98,20 @@ HEADER = st.builds(
 def test_members_reads_plain_headers_as_tarfiles_next_does(
         entries: list[tuple[bytes, bytes]], read_data: bool, end: bytes) -> None:
     """Archives of plain and other headers, with and without their data read: the members,
-    offsets and errors of layers.members() are tarfile's."""
+    offsets and errors of tarstream.members() are tarfile's."""
     data = b"".join(header + body + b"\0" * (-len(body) % 512) for header, body in entries)
     data += end
 
     def listed(fast: bool) -> object:
         found: list[object] = []
-        stream = _ForwardReader(io.BytesIO(data))
+        stream = ForwardReader(io.BytesIO(data))
         try:
             with tarfile.open(fileobj=stream, mode="r:",  # type: ignore[call-overload]
                               tarinfo=_TarInfo if fast else tarfile.TarInfo) as archive:
-                for member in (layers.members(archive) if fast else iter(archive.next, None)):
+                for member in (tarstream.members(archive) if fast else iter(archive.next, None)):
                     found.append(repr([getattr(member, name) for name in MEMBER_FIELDS]))
                     if read_data and member.isreg() and member.sparse is None:
-                        found.append(b"".join(layers._member_data(archive, member)))
+                        found.append(b"".join(tarstream.member_data(archive, member)))
         except (tarfile.TarError, ValueError, OSError) as exc:  # OSError: a backward seek
             found.append((type(exc).__name__, str(exc)))
         return found
@@ -135,7 +135,7 @@ def test_forward_reader_reads_peeks_and_skips_like_a_file(data: bytes, steps: li
             self.pos += len(out)
             return out
 
-    reader = _ForwardReader(Trickle())  # type: ignore[arg-type]
+    reader = ForwardReader(Trickle())  # type: ignore[arg-type]
     reference = io.BytesIO(data)
     for op, n in steps:
         if op == "peek":  # the bytes ahead, without consuming them
@@ -189,11 +189,11 @@ def _archive(pax_payload: bytes, kind: bytes = tarfile.XHDTYPE) -> bytes:
 def _members(data: bytes, fast: bool) -> object:
     """What tarfile (or our fast path) makes of ``data``: each member's fields, or the error."""
     found: list[object] = []
-    stream = _ForwardReader(io.BytesIO(data)) if fast else io.BytesIO(data)
+    stream = ForwardReader(io.BytesIO(data)) if fast else io.BytesIO(data)
     try:
         with tarfile.open(fileobj=stream, mode="r:",  # type: ignore[call-overload]
                           tarinfo=_TarInfo if fast else tarfile.TarInfo) as archive:
-            for member in (layers.members(archive) if fast else iter(archive.next, None)):
+            for member in (tarstream.members(archive) if fast else iter(archive.next, None)):
                 found.append(repr([getattr(member, name) for name in MEMBER_FIELDS]))  # NaN
                 if member.isreg():
                     source = archive.extractfile(member)
@@ -261,7 +261,7 @@ def test_pax_size_moves_the_next_header_as_tarfile_does() -> None:
 
 
 def test_the_fast_parser_is_used_while_tarfile_keeps_its_shape() -> None:
-    assert layers.fast_parser_usable()
+    assert tarstream.fast_parser_usable()
 
 
 @pytest.mark.parametrize("change", ["missing", "signature", "behaviour"])
@@ -280,4 +280,4 @@ def test_a_changed_tarfile_falls_back_to_the_public_parser(
             member.mtime = 0
             return member
         monkeypatch.setattr(tarfile.TarInfo, "_proc_pax", differently)
-    assert not layers.fast_parser_usable()
+    assert not tarstream.fast_parser_usable()

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from bundler.decompress import open_layer_stream
-from bundler.layers import ApplyReport, apply_layer
-from cache.errors import LayerError
+from ocistage.bundler.unpack.apply import ApplyReport, apply_layer
+from ocistage.bundler.unpack.decompress import open_layer_stream
+from ocistage.cache.errors import LayerError
 from tests.bundler.tarbuilder import (
     MTIME,
     Entry,
@@ -182,7 +182,7 @@ def test_rootless_directories_keep_owner_rwx(rootfs: Path) -> None:
 UNPRIVILEGED_SCRIPT = """
 import io, os, shutil, sys
 from pathlib import Path
-from bundler.layers import apply_layer
+from ocistage.bundler.unpack.apply import apply_layer
 root = Path(sys.argv[1]) / "rootfs"
 root.mkdir()
 for layer in sys.argv[2:]:

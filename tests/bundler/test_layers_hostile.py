@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bundler.layers import apply_layer
-from cache.errors import LayerError
+from ocistage.bundler.unpack.apply import apply_layer
+from ocistage.cache.errors import LayerError
 from tests.bundler.tarbuilder import (
     Entry,
     build_tar,

@@ -7,8 +7,8 @@ contents, symlink targets, modes (directories with u+rwx, rootless) and hardlink
 the model says a layer is invalid (a hardlink to nothing, a file used as a directory, a symlink
 loop), apply_layer must raise LayerError on that same layer.
 
-The model is written from the spec, independently of bundler.safepath: a dict from path tuples
-to nodes; paths through symlinks are resolved as a chroot would, with a hop limit.
+The model is written from the spec, independently of ocistage.bundler.unpack.safepath: a dict from
+path tuples to nodes; paths through symlinks are resolved as a chroot would, with a hop limit.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bundler.layers import apply_layer
-from cache.errors import LayerError
+from ocistage.bundler.unpack.apply import apply_layer
+from ocistage.cache.errors import LayerError
 from tests.bundler.tarbuilder import (
     Entry,
     build_tar,

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from bundler import mediatypes as mt
-from bundler.errors import UnsupportedManifest
-from bundler.manifest import (
+from ocistage.bundler.image import mediatypes as mt
+from ocistage.bundler.image.errors import SchemaError, UnsupportedManifest
+from ocistage.bundler.image.manifest import (
     MAX_DOCUMENT_SIZE,
     SCHEMA1_HINT,
     Descriptor,
@@ -24,17 +24,16 @@ from bundler.manifest import (
     runnable_manifests,
     select_manifest,
 )
-from bundler.platform import Platform
-from cache.digest import Digest
-from cache.errors import SchemaError
+from ocistage.bundler.image.platform import Platform
+from ocistage.cache.digest import Digest
 
 
 @pytest.fixture(autouse=True, params=["with-schema", "without-schema"])
 def schema_module(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run every test with bundler.schema and without it: the structural checks of
-    bundler.manifest must reject malformed documents on their own too."""
+    """Run every test with ocistage.bundler.image.schema and without it: the structural checks of
+    ocistage.bundler.image.manifest must reject malformed documents on their own too."""
     if request.param == "without-schema":
-        monkeypatch.setitem(sys.modules, "bundler.schema", None)
+        monkeypatch.setitem(sys.modules, "ocistage.bundler.image.schema", None)
     return str(request.param)
 
 

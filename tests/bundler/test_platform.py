@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from bundler.platform import Platform, host_platform, normalize_architecture, select_platform
-from cache.errors import UsageError
+from ocistage.bundler.image.platform import (
+    Platform,
+    host_platform,
+    normalize_architecture,
+    select_platform,
+)
+from ocistage.cache.errors import UsageError
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -1,4 +1,4 @@
-"""bundler.progress: bars on a terminal, set up by the first download only."""
+"""ocistage.bundler.progress: bars on a terminal, set up by the first download only."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import threading
 
 from rich.console import Console
 
-from bundler.progress import RichPullProgress
-from cache.digest import Digest
+from ocistage.bundler.progress import RichPullProgress
+from ocistage.cache.digest import Digest
 
 DIGEST = Digest("sha256", "ab" * 32)
 OTHER = Digest("sha256", "cd" * 32)
@@ -76,8 +76,8 @@ def test_a_warm_run_does_not_import_rich_progress() -> None:
     code = (
         "import io, sys\n"
         "from rich.console import Console\n"
-        "from bundler.progress import RichPullProgress\n"
-        "from cache.digest import Digest\n"
+        "from ocistage.bundler.progress import RichPullProgress\n"
+        "from ocistage.cache.digest import Digest\n"
         "console = Console(file=io.StringIO(), force_terminal=True)\n"
         "with RichPullProgress(console) as progress:\n"
         "    progress.blob_finished(Digest('sha256', 'ab' * 32), reused=True)\n"

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from bundler.errors import InvalidReference
-from bundler.reference import (
+from ocistage.bundler.image.errors import InvalidReference
+from ocistage.bundler.image.reference import (
     DockerArchiveReference,
     OciArchiveReference,
     OciLayoutReference,
@@ -18,8 +18,8 @@ from bundler.reference import (
     parse_reference,
     parse_registry_reference,
 )
-from cache.digest import Digest
-from cache.errors import UsageError
+from ocistage.cache.digest import Digest
+from ocistage.cache.errors import UsageError
 
 SHA = "sha256:" + "0123456789abcdef" * 4
 SHA512 = "sha512:" + "ab" * 64

@@ -12,25 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from bundler.credentials import CredentialStore
-from bundler.errors import (
-    InvalidReference,
-    RateLimited,
-    RegistryError,
-    RegistryUnreachable,
-    UnsupportedManifest,
-)
-from bundler.registry import (
+from ocistage.bundler.image.errors import InvalidReference, UnsupportedManifest
+from ocistage.bundler.registry.client import (
     MANIFEST_LIMIT,
     RegistryClient,
     RegistryConfig,
     base_urls,
     parse_retry_after,
 )
-from bundler.transport import TlsPolicy
-from cache.digest import Digest
-from cache.errors import IntegrityError, NotFound
-from cache.store import Store
+from ocistage.bundler.registry.credentials import CredentialStore
+from ocistage.bundler.registry.errors import RateLimited, RegistryError, RegistryUnreachable
+from ocistage.bundler.registry.transport import TlsPolicy
+from ocistage.cache.digest import Digest
+from ocistage.cache.errors import IntegrityError, NotFound
+from ocistage.cache.store import Store
 from tests.bundler.fakeregistry import (
     FakeRegistry,
     MemorySink,

@@ -1,4 +1,4 @@
-"""bundler.rootless: the one set of rules that makes a runtime config run rootless."""
+"""ocistage.runtimes.rootless: the one set of rules that makes a runtime config run rootless."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bundler.idmap import RootPlaceholder
-from bundler.rootless import SYSFS_BIND, RootlessIds, make_rootless
+from ocistage.runtimes.idmap import RootPlaceholder
+from ocistage.runtimes.rootless import SYSFS_BIND, RootlessIds, make_rootless
 
 
 def podman_shaped() -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""bundler.runtime_config: each conversion rule, and real runs under rootless runc and crun."""
+"""ocistage.bundler.runtime_config: each conversion rule, and real runs under rootless runc and
+crun."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from bundler.idmap import RootPlaceholder
-from bundler.runtime_config import (
+from ocistage.bundler.image.errors import SchemaError
+from ocistage.bundler.image.schema import validate
+from ocistage.bundler.runtime_config import (
     CDI_ANNOTATION,
     DEFAULT_PATH,
     DROPPED_LABELS_ANNOTATION,
@@ -26,8 +28,9 @@ from bundler.runtime_config import (
     build_runtime_config,
     write_runtime_config,
 )
-from bundler.schema import validate
-from cache.errors import SchemaError, StoreError, UsageError, UserResolutionError
+from ocistage.cache.errors import StoreError, UsageError
+from ocistage.runtimes.errors import UserResolutionError
+from ocistage.runtimes.idmap import RootPlaceholder
 from pytest_ocistage.bundles import hybrid_cgroup_prefix
 from pytest_ocistage.components import require_binary
 

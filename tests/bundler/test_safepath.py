@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from bundler.safepath import MAX_SYMLINK_HOPS, SafeRoot, join_link, normalize
-from cache.errors import LayerError
-from cache.fsops import remove_at
+from ocistage.bundler.unpack.safepath import MAX_SYMLINK_HOPS, SafeRoot, join_link, normalize
+from ocistage.cache.errors import LayerError
+from ocistage.cache.fsops import remove_at
 
 
 @pytest.mark.parametrize("name,parts", [

@@ -1,4 +1,5 @@
-"""bundler.schema: our OCI schemas accept real documents and name the path of the first problem."""
+"""ocistage.bundler.image.schema: our OCI schemas accept real documents and name the path of the
+first problem."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from bundler.schema import KINDS, Kind, validate
-from cache.errors import SchemaError
+from ocistage.bundler.image.errors import SchemaError
+from ocistage.bundler.image.schema import KINDS, Kind, validate
 from pytest_ocistage.components import require_binary
 
 SHA_A = "sha256:" + "a" * 64
@@ -350,7 +351,7 @@ def test_every_schema_file_is_a_valid_draft_2020_12_schema() -> None:
 
     from jsonschema import Draft202012Validator
 
-    files = list(resources.files("bundler").joinpath("schemas").iterdir())
+    files = list(resources.files("ocistage.bundler.image").joinpath("schemas").iterdir())
     assert len(files) >= len(KINDS)
     for file in files:
         Draft202012Validator.check_schema(json.loads(file.read_text("utf-8")))

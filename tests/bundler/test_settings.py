@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bundler import settings
-from bundler.settings import load_settings
-from cache.errors import UsageError
+from ocistage.bundler import settings
+from ocistage.bundler.settings import load_settings
+from ocistage.cache.errors import UsageError
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_stage_to_must_be_a_string(config_files: tuple[Path, Path]) -> None:
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", "from bundler.cli import main; main()", *args],
+    return subprocess.run([sys.executable, "-m", "ocistage", *args],
                           env=env, capture_output=True, text=True, timeout=120,
                           stdin=subprocess.DEVNULL, check=False)
 

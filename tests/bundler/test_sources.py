@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from bundler.platform import Platform
-from bundler.pull import PullOptions, pull
-from bundler.reference import parse_reference
-from cache.digest import Digest
-from cache.errors import IntegrityError, NotFound, SourceError
-from cache.store import Store
+from ocistage.bundler.errors import SourceError
+from ocistage.bundler.image.platform import Platform
+from ocistage.bundler.image.reference import parse_reference
+from ocistage.bundler.pull import PullOptions, pull
+from ocistage.cache.digest import Digest
+from ocistage.cache.errors import IntegrityError, NotFound
+from ocistage.cache.store import Store
 from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
 
 LAYER = build_tar([file("hello.txt", b"hello")])

@@ -15,14 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from bundler.bundle import make_bundle
-from bundler.layers import apply_layer
-from bundler.pull import PullOptions
-from bundler.reference import parse_reference
-from bundler.runtime_config import ConfigOptions
-from cache.errors import LayerError
-from cache.store import Store
-from cache.unpackbudget import ENTRY_CHARGE, UNPACK_FLOOR, UnpackBudget, default_unpack_limit
+from ocistage.bundler.bundle import make_bundle
+from ocistage.bundler.image.reference import parse_reference
+from ocistage.bundler.pull import PullOptions
+from ocistage.bundler.runtime_config import ConfigOptions
+from ocistage.bundler.unpack.apply import apply_layer
+from ocistage.cache.errors import LayerError
+from ocistage.cache.store import Store
+from ocistage.cache.unpackbudget import (
+    ENTRY_CHARGE,
+    UNPACK_FLOOR,
+    UnpackBudget,
+    default_unpack_limit,
+)
 from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
 
 SIZE = 256 << 20

@@ -1,4 +1,4 @@
-"""bundler.staging.stage: one entry point; anything that looks like a path is a path."""
+"""ocistage.bundler.staging.stage: one entry point; anything that looks like a path is a path."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from bundler.staging import Staged, StageOptions, stage
-from cache.errors import UsageError
-from cache.store import Store
-from stagers.errors import StageError
-from stagers.target import StageResult
+from ocistage.bundler.staging import Staged, StageOptions, stage
+from ocistage.cache.errors import UsageError
+from ocistage.cache.store import Store
+from ocistage.stagers.errors import StageError
+from ocistage.stagers.target import StageResult
 from tests.stagers.conftest import make_tree
 
 

@@ -1,4 +1,5 @@
-"""bundler.userdb: Config.User resolution and reading the user database inside a rootfs only."""
+"""ocistage.runtimes.userdb: Config.User resolution and reading the user database inside a rootfs
+only."""
 
 from __future__ import annotations
 
@@ -7,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from bundler.userdb import (
+from ocistage.runtimes.errors import UserResolutionError
+from ocistage.runtimes.userdb import (
     ResolvedUser,
     open_in_rootfs,
     read_group,
     read_passwd,
     resolve_user,
 )
-from cache.errors import UserResolutionError
 
 PASSWD = """\
 root:x:0:0:root:/root:/bin/sh

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bundler.watchdog import CANCELLED, Limits, Transfer, Watchdog
+from ocistage.bundler.registry.watchdog import CANCELLED, Limits, Transfer, Watchdog
 
 
 def test_the_deadline_rule() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from cache.leases import GC_LOCK
+from ocistage.cache.leases import GC_LOCK
 
 
 @contextmanager
@@ -21,7 +21,7 @@ def gc_lock_held(cache_root: Path) -> Iterator[Callable[[], None]]:
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from cache.locks import FileLock
+        from ocistage.cache.locks import FileLock
         lock = FileLock(Path({str(cache_root / GC_LOCK)!r}), heartbeat=0.5)
         lock.acquire()
         print("locked", flush=True)

@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from cache.footprint import measure
+from ocistage.cache.footprint import measure
 
 
 def du(path: Path) -> int:

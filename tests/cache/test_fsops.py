@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from cache import fsops
-from cache.errors import StoreError, UntrustedPath
-from cache.fsops import (
+from ocistage.cache import fsops
+from ocistage.cache.errors import StoreError, UntrustedPath
+from ocistage.cache.fsops import (
     make_owned_dir,
     owner_file,
     path_stats,
@@ -288,7 +288,8 @@ def test_an_unreadable_directory_of_another_user_is_reported_not_opened(
     (shared / "roots" / "f").write_text("x")
     repo = Path(__file__).resolve().parents[2]
     code = (f"import sys; sys.path.insert(0, {str(repo)!r}); "
-            "from cache.errors import UntrustedPath; from cache.fsops import remove_tree\n"
+            "from ocistage.cache.errors import UntrustedPath\n"
+            "from ocistage.cache.fsops import remove_tree\n"
             "try:\n"
             f"    remove_tree({str(shared / 'roots')!r})\n"
             "except UntrustedPath as exc:\n"

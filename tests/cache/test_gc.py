@@ -18,20 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from bundler import bundle as bundle_module
-from bundler.bundle import BundleResult
-from cache import usage
-from cache.digest import Digest
-from cache.errors import NotFound, StoreError
-from cache.gc import GcOptions, GcReport, collect, enforce_budget, remove_ref
-from cache.inventory import (
+from ocistage.bundler import bundle as bundle_module
+from ocistage.bundler.bundle import BundleResult
+from ocistage.cache import usage
+from ocistage.cache.digest import Digest
+from ocistage.cache.errors import NotFound, StoreError
+from ocistage.cache.gc import GcOptions, GcReport, collect, enforce_budget, remove_ref
+from ocistage.cache.inventory import (
     bundle_scratch_dirs,
     disk_usage,
     list_blobs,
     list_bundles,
     read_refs,
 )
-from cache.leases import (
+from ocistage.cache.leases import (
     GC_LOCK,
     Holder,
     InUse,
@@ -41,10 +41,10 @@ from cache.leases import (
     gc_running,
     release,
 )
-from cache.locks import FileLock
-from cache.snapshots import chain_ids, list_snapshots
-from cache.store import Ingest, Store, scratch_name
-from cache.verify import verify
+from ocistage.cache.locks import FileLock
+from ocistage.cache.snapshots import chain_ids, list_snapshots
+from ocistage.cache.store import Ingest, Store, scratch_name
+from ocistage.cache.verify import verify
 from tests.cache.gclock import gc_lock_held
 from tests.cache.test_inventory import BASE, bundle_ref, image_ref, pull_ref, set_last_use
 from tests.cache.test_refnames import NAMES, PLATFORMS, manifest
@@ -446,7 +446,7 @@ def test_leftovers_of_dead_processes_go_and_live_ones_stay(store: Store, tmp_pat
 
 def test_a_partial_being_downloaded_is_left_alone(store: Store) -> None:
     data = os.urandom(1000)
-    from cache.digest import Digest
+    from ocistage.cache.digest import Digest
     digest = Digest.of_bytes(data)
     with store.ingest(digest, len(data)) as ingest:
         assert isinstance(ingest, Ingest)
@@ -481,7 +481,8 @@ def crash_once(monkeypatch: pytest.MonkeyPatch, owner: object, name: str,
 
 def _layer_applier() -> object:
     """The module whose ``apply_layer`` name the bundle code calls."""
-    for name in ("bundler.snapshots", "bundler.rootfs", "bundler.bundle"):
+    for name in ("ocistage.bundler.unpack.layerchain", "ocistage.bundler.rootfs",
+                 "ocistage.bundler.bundle"):
         with contextlib.suppress(ImportError):
             module = importlib.import_module(name)
             if hasattr(module, "apply_layer"):
@@ -525,7 +526,7 @@ def test_a_crash_in_gc_leaves_a_valid_layout_and_the_next_gc_finishes(
     kept = pull_ref(store, image_ref(tmp_path / "src", "b", b"b"))
     set_last_use(store, "image", made.image.manifest.digest.hex, time.time() - 86400)
     set_last_use(store, "bundle", made.path.name, time.time() - 86400)
-    import cache.gc as gc_module
+    import ocistage.cache.gc as gc_module
     target: tuple[object, str, int] = {
         "untag": (Store, "untag", 0),
         "bundle-removal": (gc_module, "remove_tree", 0),

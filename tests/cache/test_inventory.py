@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from bundler.bundle import BundleResult, make_bundle
-from bundler.pull import PulledImage, PullOptions, pull
-from bundler.reference import parse_reference
-from bundler.runtime_config import ConfigOptions
-from cache import usage
-from cache.bundleinfo import BUNDLE_INFO, read_bundle_info
-from cache.digest import Digest
-from cache.inventory import (
+from ocistage.bundler.bundle import BundleResult, make_bundle
+from ocistage.bundler.image.reference import parse_reference
+from ocistage.bundler.pull import PulledImage, PullOptions, pull
+from ocistage.bundler.runtime_config import ConfigOptions
+from ocistage.cache import usage
+from ocistage.cache.bundleinfo import BUNDLE_INFO, read_bundle_info
+from ocistage.cache.digest import Digest
+from ocistage.cache.inventory import (
     disk_usage,
     list_blobs,
     listing,
@@ -29,8 +29,8 @@ from cache.inventory import (
     read_refs,
     tree_size,
 )
-from cache.leases import Holder, acquire
-from cache.store import Store
+from ocistage.cache.leases import Holder, acquire
+from ocistage.cache.store import Store
 from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
 
 BASE = os.urandom(64 << 10)  # incompressible, so sizes are predictable

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cache.errors import UsageError
-from cache.leases import (
+from ocistage.cache.errors import UsageError
+from ocistage.cache.leases import (
     Holder,
     Lease,
     acquire,
@@ -40,7 +40,7 @@ def test_invalid_targets_are_refused(tmp_path: Path, target: str) -> None:
 def test_a_dead_process_lease_expires(tmp_path: Path) -> None:
     child = subprocess.run(
         [sys.executable, "-c",
-         f"from cache.leases import acquire, Holder; from pathlib import Path; "
+         f"from ocistage.cache.leases import acquire, Holder; from pathlib import Path; "
          f"print(acquire(Path({str(tmp_path)!r}), 'blob:sha256:' + 'a' * 64, "
          f"Holder.this_process()).id)"], capture_output=True, text=True, check=True)
     dead_id = child.stdout.strip()

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cache.digest import Digest
-from cache.inventory import read_refs
-from cache.refnames import ANNOTATION_PLATFORMS, INDEX_MEDIA_TYPE, REF_NAME
-from cache.store import Store
+from ocistage.cache.digest import Digest
+from ocistage.cache.inventory import read_refs
+from ocistage.cache.refnames import ANNOTATION_PLATFORMS, INDEX_MEDIA_TYPE, REF_NAME
+from ocistage.cache.store import Store
 
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 PLATFORMS = ({"os": "linux", "architecture": "amd64"},

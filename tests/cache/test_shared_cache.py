@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from bundler.bundle import make_bundle
-from bundler.pull import pull
-from bundler.reference import parse_reference
-from bundler.runtime_config import ConfigOptions
-from cache.digest import Digest
-from cache.errors import IntegrityError
-from cache.store import Store
+from ocistage.bundler.bundle import make_bundle
+from ocistage.bundler.image.reference import parse_reference
+from ocistage.bundler.pull import pull
+from ocistage.bundler.runtime_config import ConfigOptions
+from ocistage.cache.digest import Digest
+from ocistage.cache.errors import IntegrityError
+from ocistage.cache.store import Store
 from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
 
 NOBODY = 65534

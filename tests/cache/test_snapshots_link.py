@@ -1,4 +1,4 @@
-"""cache.snapshots.link_tree / split_tree: clones of snapshot trees.
+"""ocistage.cache.snapshots.link_tree / split_tree: clones of snapshot trees.
 
 A linked clone has new directories with the source's modes, owners, xattrs and times, and
 every other entry (files, symlinks, FIFOs) hard-linked, symlinks never followed — whether one
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from cache.digest import Digest
-from cache.errors import StoreError
-from cache.snapshots import (
+from ocistage.cache.digest import Digest
+from ocistage.cache.errors import StoreError
+from ocistage.cache.snapshots import (
     _DIR_WEIGHT,
     MAX_KEPT_WARNINGS,
     MAX_LINK_PARTS,
@@ -29,7 +29,7 @@ from cache.snapshots import (
     snapshot_warnings,
     split_tree,
 )
-from cache.store import Store
+from ocistage.cache.store import Store
 from tests.cache.deeptree import make_chain
 
 Entry = tuple[str, str, int, int, int, int, tuple[tuple[str, bytes], ...]]
@@ -235,9 +235,9 @@ def test_split_tree_scans_deeper_and_longer_than_path_max(tmp_path: Path) -> Non
 
 
 def test_the_reflink_probe_leaves_nothing_behind(tmp_path: Path) -> None:
-    """cache.fsops.reflinks_work tries a real FICLONE between two probe files and removes
+    """ocistage.cache.fsops.reflinks_work tries a real FICLONE between two probe files and removes
     both; ext4 and tmpfs say no, btrfs/XFS yes; a directory it cannot write in is a no."""
-    from cache.fsops import reflinks_work
+    from ocistage.cache.fsops import reflinks_work
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

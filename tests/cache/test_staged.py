@@ -1,4 +1,4 @@
-"""cache.staged: the staged-bundle layout as GC sees it — opening without following links,
+"""ocistage.cache.staged: the staged-bundle layout as GC sees it — opening without following links,
 removal through descriptors, the outer marker, and the pool sweep (link count 1 only)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from cache import staged
-from cache.gc import GcOptions, collect
-from cache.leases import Holder, acquire, all_leases
-from cache.store import Store
+from ocistage.cache import staged
+from ocistage.cache.gc import GcOptions, collect
+from ocistage.cache.leases import Holder, acquire, all_leases
+from ocistage.cache.store import Store
 
 
 def no_jobs(job_ids: object) -> dict[str, str]:

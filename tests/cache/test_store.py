@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from cache.digest import Digest
-from cache.errors import IntegrityError, StoreError
-from cache.store import Store, _temp_tag
+from ocistage.cache.digest import Digest
+from ocistage.cache.errors import IntegrityError, StoreError
+from ocistage.cache.store import Store, _temp_tag
 
 
 def digest_of(data: bytes) -> Digest:
@@ -136,7 +136,7 @@ def test_scratch_of_dead_owner_is_removed_on_open(tmp_path: Path) -> None:
     mine = store.temp_dir()
     child = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(f"""
-            from cache.store import Store
+            from ocistage.cache.store import Store
             print(Store.open({str(tmp_path)!r}).temp_dir())
         """)], check=True, capture_output=True, text=True)
     theirs = Path(child.stdout.strip())
@@ -149,8 +149,8 @@ def test_scratch_of_dead_owner_is_removed_on_open(tmp_path: Path) -> None:
 WRITER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from cache.digest import Digest
-    from cache.store import Store
+    from ocistage.cache.digest import Digest
+    from ocistage.cache.store import Store
     root, hexd, size, path, slow = sys.argv[1:6]
     store = Store.open(root)
     data = Path(path).read_bytes()
@@ -224,11 +224,11 @@ def test_dead_owner_lock_is_removed_and_live_one_kept(tmp_path: Path) -> None:
     dead = tmp_path / "ingest" / f"{'d' * 64}.lock"
     subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
         from pathlib import Path
-        from cache.locks import FileLock
+        from ocistage.cache.locks import FileLock
         FileLock(Path({str(dead)!r})).try_acquire()  # exits without releasing
     """)], check=True)
     assert dead.exists()
-    from cache.locks import FileLock
+    from ocistage.cache.locks import FileLock
     live = FileLock(tmp_path / "ingest" / f"{'e' * 64}.lock")
     assert live.try_acquire()
     old = time.time() - 3600
@@ -245,7 +245,7 @@ def test_temp_files_of_dead_writers_are_removed(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import os
         from pathlib import Path
-        import cache.store as store
+        import ocistage.cache.store as store
         # die between writing the temp file and renaming it
         store.os.rename = lambda *a: os._exit(9)
         store.write_file_atomic(Path({str(tmp_path / "leases" / "x.json")!r}), b"{{}}")

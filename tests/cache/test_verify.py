@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cache.inventory import list_blobs, list_bundles, read_refs
-from cache.store import Store
-from cache.verify import verify
+from ocistage.cache.inventory import list_blobs, list_bundles, read_refs
+from ocistage.cache.store import Store
+from ocistage.cache.verify import verify
 from tests.cache.test_inventory import bundle_ref, image_ref, pull_ref
 
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from cache import leases
-from cache.locks import _process_start_time
-from cache.refnames import REF_NAME
-from cache.sizes import format_size
+from ocistage.cache import leases
+from ocistage.cache.locks import _process_start_time
+from ocistage.cache.refnames import REF_NAME
+from ocistage.cache.sizes import format_size
 from pytest_ocistage.components import require_binary
 from pytest_ocistage.faultproxy import Fault, FaultProxy
 from pytest_ocistage.images import ImageRef, host_architecture
@@ -55,7 +55,7 @@ PAUSING_CLI = textwrap.dedent("""
 
     setattr(owner, name, paused)
     sys.argv = ["ocistage", *argv]
-    from bundler.cli import main
+    from ocistage.bundler.cli.app import main
     main()
 """)
 
@@ -131,10 +131,12 @@ def layer_size(image: ImageRef, n: int) -> int:
 
 KILL_POINTS = {
     # module, attribute, when ("before" the call, or "after:N" the Nth call), command
-    "during-layer-extraction": ("bundler.snapshots", "apply_layer", "after:1", "bundle"),
-    "snapshot-built-not-published": ("bundler.rootfs", "publish_snapshot", "before", "bundle"),
-    "bundle-renamed-not-synced": ("bundler.bundle", "fsync_dir", "before", "bundle"),
-    "blobs-published-ref-not-tagged": ("cache.store", "Store.tag", "before", "pull"),
+    "during-layer-extraction": ("ocistage.bundler.unpack.layerchain", "apply_layer", "after:1",
+                                "bundle"),
+    "snapshot-built-not-published": ("ocistage.bundler.rootfs", "publish_snapshot", "before",
+                                     "bundle"),
+    "bundle-renamed-not-synced": ("ocistage.bundler.bundle", "fsync_dir", "before", "bundle"),
+    "blobs-published-ref-not-tagged": ("ocistage.cache.store", "Store.tag", "before", "pull"),
 }
 
 

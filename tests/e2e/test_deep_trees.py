@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cache.fsops import path_stats
+from ocistage.cache.fsops import path_stats
 from tests.bundler.tarbuilder import build_tar, directory, file, write_oci_layout
 from tests.cache.deeptree import make_chain
 from tests.e2e.conftest import OcistageRunner

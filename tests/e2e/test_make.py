@@ -41,9 +41,9 @@ def test_make_venv_installs_into_a_venv_of_debians_python(tmp_path: Path) -> Non
     assert made.returncode == 0, made.stdout + made.stderr
     assert "externally-managed-environment" not in made.stderr
     probe = subprocess.run([str(venv / "bin" / "python"), "-c",
-                            "import sys, bundler; print(sys.base_prefix, bundler.__file__)"],
+                            "import sys, ocistage; print(sys.base_prefix, ocistage.__file__)"],
                            cwd=tmp_path, capture_output=True, text=True, check=True)
-    assert probe.stdout.split() == ["/usr", str(REPO / "bundler" / "__init__.py")]
+    assert probe.stdout.split() == ["/usr", str(REPO / "ocistage" / "__init__.py")]
     version = subprocess.run([str(venv / "bin" / "ocistage"), "--help"], env=env,
                              capture_output=True, text=True, check=False)
     assert version.returncode == 0 and "bundle" in version.stdout

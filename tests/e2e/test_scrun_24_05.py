@@ -25,12 +25,12 @@ from typing import Any
 
 import pytest
 
-from cache.leases import all_leases
+from ocistage.cache.leases import all_leases
+from ocistage.runtimes.engines import podman_containers_conf
+from ocistage.runtimes.scrun import ScrunLuaOptions, render_scrun_lua
 from pytest_ocistage.components import require_binary
 from pytest_ocistage.images import OS_RELEASE_NAME, ImageRef
 from pytest_ocistage.slurm import SlurmCluster
-from runtimes.engines import podman_containers_conf
-from runtimes.scrun import ScrunLuaOptions, render_scrun_lua
 from tests.e2e.conftest import OcistageRunner
 from tests.runtimes.scrun_bundle import make_engine_bundle
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from ocistage.runtimes.engines import podman_containers_conf
 from pytest_ocistage.components import require_binary
 from pytest_ocistage.images import FixtureLayouts
-from runtimes.engines import podman_containers_conf
 from tests.e2e.conftest import OcistageRunner
 
 NOBODY = 65534

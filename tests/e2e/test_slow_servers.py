@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from bundler.credentials import CredentialStore
-from bundler.errors import RegistryUnreachable
-from bundler.registry import RegistryClient
-from bundler.registry_types import RegistryConfig
-from cache.digest import Digest
-from cache.store import Store
+from ocistage.bundler.registry.client import RegistryClient
+from ocistage.bundler.registry.credentials import CredentialStore
+from ocistage.bundler.registry.errors import RegistryUnreachable
+from ocistage.bundler.registry.types import RegistryConfig
+from ocistage.cache.digest import Digest
+from ocistage.cache.store import Store
 from pytest_ocistage.faultproxy import Fault, FaultProxy
 from pytest_ocistage.images import ImageRef
 from tests.e2e.conftest import OcistageRunner

@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from bundler.bundle import make_bundle
-from bundler.reference import parse_reference
-from bundler.runtime_config import ConfigOptions
-from cache.leases import Holder, all_leases
-from cache.store import Store
+from ocistage.bundler.bundle import make_bundle
+from ocistage.bundler.image.reference import parse_reference
+from ocistage.bundler.runtime_config import ConfigOptions
+from ocistage.cache.leases import Holder, all_leases
+from ocistage.cache.store import Store
+from ocistage.stagers.markers import hold
+from ocistage.stagers.retired import retired_versions
+from ocistage.stagers.stage import stage_directory
 from pytest_ocistage.images import OS_RELEASE_NAME, ImageRef
 from pytest_ocistage.slurm import JobUser, SlurmCluster, read_output
-from stagers.markers import hold
-from stagers.retired import retired_versions
-from stagers.stage import stage_directory
 from tests.e2e.conftest import OcistageRunner
 
 pytestmark = pytest.mark.timeout(600)
@@ -218,7 +218,7 @@ def test_submit_srun_blocks_and_passes_the_exit_status(
         slurm_cluster: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
         shared_dir: Path) -> None:
     """A bare command name (sh) runs the image's sh on 24.05 too, whose slurmstepd would look
-    it up on the host (bundler.bundle_command)."""
+    it up on the host (ocistage.runtimes.bundle_command)."""
     stage_to = shared_dir / "staged"
     # --srun: srun writes to the terminal it inherits, so the CLI runs as a process here
     result = ocistage.run_process("submit", images["busybox"].ref, "--srun", "--stage-to",

@@ -24,14 +24,14 @@ from pathlib import Path
 
 import pytest
 
-from bundler.bundle import make_bundle
-from bundler.reference import parse_reference
-from bundler.runtime_config import ConfigOptions
-from cache.store import Store
+from ocistage.bundler.bundle import make_bundle
+from ocistage.bundler.image.reference import parse_reference
+from ocistage.bundler.runtime_config import ConfigOptions
+from ocistage.cache.store import Store
+from ocistage.runtimes.oci_conf import RUNTIMES
 from pytest_ocistage.components import Registry, http_status, require_binary, running_registry
 from pytest_ocistage.images import OS_RELEASE_NAME, FixtureLayouts, ImageRef, PushSpec, push
 from pytest_ocistage.slurm import JobUser, SlurmCluster
-from runtimes.oci_conf import RUNTIMES
 from tests.e2e.conftest import OcistageRunner
 
 pytestmark = pytest.mark.timeout(600)

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from cache import leases
-from cache.bundleinfo import SHARED_ROOT_ANNOTATION
-from cache.fsops import remove_tree
+from ocistage.cache import leases
+from ocistage.cache.bundleinfo import SHARED_ROOT_ANNOTATION
+from ocistage.cache.fsops import remove_tree
+from ocistage.stagers.filemanifest import MARKER_NAME
 from pytest_ocistage.bundles import BundleRun, run_bundle
 from pytest_ocistage.components import require_binary
 from pytest_ocistage.images import ImageRef
 from pytest_ocistage.slurm import SlurmCluster
-from stagers.filemanifest import MARKER_NAME
 from tests.e2e.conftest import OcistageRunner
 from tests.e2e.terminal import run_on_terminal
 

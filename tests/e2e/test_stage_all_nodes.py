@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cache.leases import all_leases
+from ocistage.cache.leases import all_leases
 from pytest_ocistage.faultproxy import FaultProxy
 from pytest_ocistage.images import ImageRef
 from pytest_ocistage.slurm import SlurmCluster

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cache.leases import all_leases, dead_leases
+from ocistage.cache.leases import all_leases, dead_leases
 from pytest_ocistage.images import ImageRef
 from pytest_ocistage.slurm import SlurmCluster
 from tests.e2e.conftest import OcistageRunner

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cache.leases import all_leases
+from ocistage.cache.leases import all_leases
 from pytest_ocistage.images import ImageRef
 from pytest_ocistage.slurm import SlurmCluster
 from tests.e2e.conftest import OcistageRunner

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pytest_ocistage.components import require_binary
 
-CLI = [sys.executable, "-c", "from bundler.cli import main; main()"]
+CLI = [sys.executable, "-c", "from ocistage.bundler.cli.app import main; main()"]
 
 
 SYSTEM_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from cache.errors import UsageError
-from runtimes.oci_conf import (
+from ocistage.cache.errors import UsageError
+from ocistage.runtimes.oci_conf import (
     RUNTIMES,
     OciConfOptions,
     default_root,
@@ -19,7 +19,7 @@ from runtimes.oci_conf import (
     parse_oci_conf,
     render_oci_conf,
 )
-from runtimes.slurm import SlurmVersion, parse_scontrol_record
+from ocistage.runtimes.slurm import SlurmVersion, parse_scontrol_record
 
 V22 = SlurmVersion(22, 5)
 V23 = SlurmVersion(23, 2)

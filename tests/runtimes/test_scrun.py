@@ -13,11 +13,10 @@ from typing import Any
 
 import pytest
 
-from cache.errors import UsageError
-from cache.leases import all_leases
-from pytest_ocistage.components import require_binary
-from runtimes.engines import docker_daemon_json, podman_containers_conf
-from runtimes.scrun import (
+from ocistage.cache.errors import UsageError
+from ocistage.cache.leases import all_leases
+from ocistage.runtimes.engines import docker_daemon_json, podman_containers_conf
+from ocistage.runtimes.scrun import (
     MARKER,
     ScrunError,
     ScrunLuaOptions,
@@ -30,10 +29,11 @@ from runtimes.scrun import (
     stage_in,
     stage_out,
 )
+from pytest_ocistage.components import require_binary
 from tests.runtimes.scrun_bundle import ENGINE_FILE, make_engine_bundle, minimal_runtime_config
 
 HARNESS = Path(__file__).with_name("scrun_harness.lua")
-OCISTAGE = (sys.executable, "-c", "from bundler.cli import main; main()")
+OCISTAGE = (sys.executable, "-c", "from ocistage.bundler.cli.app import main; main()")
 
 
 def _rootfs(path: Path) -> Path:

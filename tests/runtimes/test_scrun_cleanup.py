@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtimes.scrun_cleanup import (
+from ocistage.runtimes.scrun_cleanup import (
     cancel_cleanup,
     cleanup_job_options,
     stage_out_command,

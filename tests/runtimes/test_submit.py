@@ -1,4 +1,5 @@
-"""runtimes.submit: the cleanup job that removes a submitted job's staged bundle after it (the
+"""ocistage.runtimes.submit: the cleanup job that removes a submitted job's staged bundle after it
+(the
 run on a real cluster is tests/e2e/test_submit_cleanup.py)."""
 
 from __future__ import annotations
@@ -6,7 +7,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from runtimes.submit import cleanup_options, this_ocistage, unstage_command
+from ocistage.runtimes.submit import cleanup_options, this_ocistage, unstage_command
 
 
 def test_cleanup_job_runs_after_the_job_whatever_its_end_where_the_job_may_run() -> None:
@@ -20,9 +21,9 @@ def test_cleanup_job_runs_after_the_job_whatever_its_end_where_the_job_may_run()
 
 
 def test_cleanup_unstages_as_the_job_through_this_ocistage() -> None:
-    argv = unstage_command(("/venv/bin/python", "-m", "bundler.cli"), Path("/s/b1"), "42",
+    argv = unstage_command(("/venv/bin/python", "-m", "ocistage"), Path("/s/b1"), "42",
                            Path("/c"))
-    assert argv == ["env", "SLURM_JOB_ID=42", "/venv/bin/python", "-m", "bundler.cli",
+    assert argv == ["env", "SLURM_JOB_ID=42", "/venv/bin/python", "-m", "ocistage",
                     "unstage", "--cache", "/c", "--quiet", "/s/b1"]
 
 

@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from cache.errors import UsageError
-from stagers.allnodes import (
+from ocistage.cache.errors import UsageError
+from ocistage.stagers.allnodes import (
     allocation_nodes,
     check_all_nodes,
     node_name,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stagers.copy import Copier, link_fd
+from ocistage.stagers.copy import Copier, link_fd
 
 
 def _source(tmp_path: Path, size: int) -> Path:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from stagers.filemanifest import (
+from ocistage.stagers.filemanifest import (
     MANIFEST_NAME,
     MANIFEST_VERSION,
     MARKER_NAME,
@@ -118,7 +118,7 @@ def test_hash_file_streams_and_refuses_symlinks(tmp_path: Path) -> None:
 
 
 def test_stat_digest_is_the_digest_of_the_scan(tree: Path) -> None:
-    from stagers.filemanifest import entries_digest, stat_digest
+    from ocistage.stagers.filemanifest import entries_digest, stat_digest
 
     (tree / "rootfs" / "bin" / "sub" / "deeper").mkdir(parents=True)
     (tree / "rootfs" / "bin" / "sub" / "deeper" / "x").write_text("x")
@@ -129,7 +129,7 @@ def test_stat_digest_is_the_digest_of_the_scan(tree: Path) -> None:
 
 
 def test_one_walk_gives_the_digest_and_the_entries(tree: Path) -> None:
-    from stagers.filemanifest import Record, entries_of, stat_digest, walk_digest
+    from ocistage.stagers.filemanifest import Record, entries_of, stat_digest, walk_digest
 
     records: list[Record] = []
     assert walk_digest(tree, records) == stat_digest(tree)
@@ -138,7 +138,7 @@ def test_one_walk_gives_the_digest_and_the_entries(tree: Path) -> None:
 
 
 def test_entries_of_keeps_hashes_of_files_whose_stat_is_unchanged(tree: Path) -> None:
-    from stagers.filemanifest import Record, entries_of, fill_missing_hashes, walk_digest
+    from ocistage.stagers.filemanifest import Record, entries_of, fill_missing_hashes, walk_digest
 
     hashed, _ = fill_hashes(tree, scan(tree), None, jobs=1)
     # a hash that is not the content's: kept as long as the stat matches (never read again)

@@ -1,4 +1,4 @@
-"""The first stage of a tree (stagers.fresh): walking and placing at once in forked workers
+"""The first stage of a tree (ocistage.stagers.fresh): walking and placing at once in forked workers
 gives the entries, order and tree digest of a plain walk, and the tree a walk-then-build
 stage gives; modes survive any umask."""
 
@@ -17,11 +17,11 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cache.fsops import remove_tree
-from cache.leases import Holder
-from stagers import builder as builder_module
-from stagers import fresh
-from stagers.filemanifest import (
+from ocistage.cache.fsops import remove_tree
+from ocistage.cache.leases import Holder
+from ocistage.stagers import builder as builder_module
+from ocistage.stagers import fresh
+from ocistage.stagers.filemanifest import (
     MANIFEST_NAME,
     MARKER_NAME,
     StageError,
@@ -30,8 +30,8 @@ from stagers.filemanifest import (
     stat_digest,
     walk,
 )
-from stagers.markers import Marker
-from stagers.stage import stage_directory
+from ocistage.stagers.markers import Marker
+from ocistage.stagers.stage import stage_directory
 from tests.stagers.conftest import make_tree
 
 NAMES = st.sampled_from(["a", "b", "B", "a.b", "a-b", "_", "z", "10", "9", ".hidden",
@@ -72,7 +72,7 @@ def forked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fresh, "FORK_MIN_FILES", 1)
     monkeypatch.setattr(fresh, "MIN_RUN", 2)
     monkeypatch.setattr(builder_module, "usable_cpus", lambda: 2)
-    monkeypatch.setattr("stagers.stage.usable_cpus", lambda: 2)
+    monkeypatch.setattr("ocistage.stagers.stage.usable_cpus", lambda: 2)
 
 
 @pytest.fixture

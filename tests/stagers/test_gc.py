@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from cache import leases, staged, usage
-from cache.gc import GcOptions, GcReport, collect
-from cache.leases import Holder
-from cache.store import Store
+from ocistage.cache import leases, staged, usage
+from ocistage.cache.gc import GcOptions, GcReport, collect
+from ocistage.cache.leases import Holder
+from ocistage.cache.store import Store
+from ocistage.stagers.errors import StageError
+from ocistage.stagers.remote import push_tree, stage_from_url
+from ocistage.stagers.stage import stage_directory
+from ocistage.stagers.unstage import unstage
 from pytest_ocistage.components import require_binary
-from stagers.errors import StageError
-from stagers.remote import push_tree, stage_from_url
-from stagers.stage import stage_directory
-from stagers.unstage import unstage
 from tests.cache.gclock import gc_lock_held
 from tests.stagers.conftest import make_tree
 

@@ -1,4 +1,5 @@
-"""stagers.gcpause: a stage runs without automatic cyclic collection, and leaves the collector
+"""ocistage.stagers.gcpause: a stage runs without automatic cyclic collection, and leaves the
+collector
 as it found it (also after an error)."""
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-import stagers.stage
-from cache.leases import Holder
-from stagers.gcpause import cyclic_gc_paused
-from stagers.stage import stage_directory
+from ocistage.cache.leases import Holder
+from ocistage.stagers import stage as stage_module
+from ocistage.stagers.gcpause import cyclic_gc_paused
+from ocistage.stagers.stage import stage_directory
 
 
 @pytest.fixture
@@ -39,13 +40,13 @@ def test_a_stage_builds_with_the_collector_paused(tree: Path, tmp_path: Path,
                                                   collector_on: None,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[bool] = []
-    real = stagers.stage._stage_tree
+    real = stage_module._stage_tree
 
     def spying(*args: object, **kwargs: object) -> object:
         seen.append(gc.isenabled())
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(stagers.stage, "_stage_tree", spying)
+    monkeypatch.setattr(stage_module, "_stage_tree", spying)
     stage_directory(tree, tmp_path / "to", cache_root=tmp_path / "cache",
                     holder=Holder.pin("test"))
     assert seen == [False]

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import xxhash
 
-from cache.leases import Holder
-from stagers import builder as builder_module
-from stagers.filemanifest import MANIFEST_NAME
-from stagers.parallel import MAX_QUEUE, batches, map_parts, map_queue
-from stagers.stage import stage_directory
+from ocistage.cache.leases import Holder
+from ocistage.stagers import builder as builder_module
+from ocistage.stagers.filemanifest import MANIFEST_NAME
+from ocistage.stagers.parallel import MAX_QUEUE, batches, map_parts, map_queue
+from ocistage.stagers.stage import stage_directory
 
 
 def _squares_in_child(part: Sequence[int]) -> list[tuple[int, int]]:
@@ -55,10 +55,10 @@ def test_batches_are_contiguous_and_cover_everything() -> None:
 
 def test_a_first_stage_of_thousands_of_files_through_forked_workers(
         tmp_path: Path, other_fs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from stagers import fresh
+    from ocistage.stagers import fresh
 
     monkeypatch.setattr(fresh, "FORK_MIN_FILES", 100)  # the first stage's queue of runs
-    monkeypatch.setattr("stagers.stage.usable_cpus", lambda: 2)
+    monkeypatch.setattr("ocistage.stagers.stage.usable_cpus", lambda: 2)
     queued: list[tuple[int, int]] = []
 
     def spy(function: Any, tasks: Sequence[Any], processes: int) -> list[Any]:
@@ -119,8 +119,8 @@ def test_map_parts_hands_each_process_one_contiguous_slice() -> None:
 @pytest.mark.parametrize("where", ["same-fs", "other-fs"])
 def test_a_restage_through_forked_workers_reads_and_copies_only_what_changed(
         tmp_path: Path, other_fs: Path, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from stagers import filemanifest
-    from stagers.pool import pool_key
+    from ocistage.stagers import filemanifest
+    from ocistage.stagers.pool import pool_key
 
     monkeypatch.setattr(builder_module, "FORK_MIN_FILES", 100)
     monkeypatch.setattr(builder_module, "usable_cpus", lambda: 2)
@@ -211,7 +211,7 @@ def test_map_queue_raises_a_workers_error_and_refuses_an_oversized_queue() -> No
 _KILLED_STAGER = """
 import os, sys, time
 from pathlib import Path
-from stagers.parallel import map_queue
+from ocistage.stagers.parallel import map_queue
 marks = Path(sys.argv[1])
 
 def task(n):

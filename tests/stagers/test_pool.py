@@ -3,10 +3,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cache.staged import sweep_pool
-from stagers.copy import Copier
-from stagers.filemanifest import hash_file
-from stagers.pool import Pool, pool_key
+from ocistage.cache.staged import sweep_pool
+from ocistage.stagers.copy import Copier
+from ocistage.stagers.filemanifest import hash_file
+from ocistage.stagers.pool import Pool, pool_key
 
 
 def test_equal_contents_are_stored_once(tmp_path: Path) -> None:

@@ -10,18 +10,18 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from cache.errors import OcistageError
-from cache.leases import Holder
-from pytest_ocistage.components import require_binary
-from stagers.filemanifest import fill_hashes, scan
-from stagers.remote import (
+from ocistage.cache.errors import OcistageError
+from ocistage.cache.leases import Holder
+from ocistage.stagers.filemanifest import fill_hashes, scan
+from ocistage.stagers.remote import (
     fetch_file,
     push_file,
     push_tree,
     stage_from_url,
 )
-from stagers.unstage import unstage
-from stagers.urls import is_url
+from ocistage.stagers.unstage import unstage
+from ocistage.stagers.urls import is_url
+from pytest_ocistage.components import require_binary
 
 
 def _view(root: Path) -> dict[str, tuple[object, ...]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from stagers.removal import remove_in_workers, split
+from ocistage.stagers.removal import remove_in_workers, split
 
 
 def _nested(root: Path, dirs: int = 6, files: int = 5) -> None:

@@ -1,9 +1,10 @@
-"""stagers.retired: a re-stage keeps the replaced version while a live holder other than the
+"""ocistage.stagers.retired: a re-stage keeps the replaced version while a live holder other than
+the
 stager may run on it, and removes it once that holder is gone (next stage, unstage, cache gc).
 
 A live holder here is a process (a ``pid`` lease of a ``sleep`` this test starts), which
-:func:`cache.leases.is_live` checks without Slurm; tests/e2e/test_slurm.py runs the same with
-a real Slurm job reading the bundle in its container.
+:func:`ocistage.cache.leases.is_live` checks without Slurm; tests/e2e/test_slurm.py runs the same
+with a real Slurm job reading the bundle in its container.
 """
 
 from __future__ import annotations
@@ -17,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from cache import leases
-from cache.gc import GcOptions, collect
-from cache.leases import Holder
-from cache.staged import MARKER_NAME, RETIRED_PREFIX
-from cache.store import Store
-from stagers.markers import Marker, hold
-from stagers.retired import retired_versions
-from stagers.stage import StageResult, stage_directory
-from stagers.unstage import unstage
+from ocistage.cache import leases
+from ocistage.cache.gc import GcOptions, collect
+from ocistage.cache.leases import Holder
+from ocistage.cache.staged import MARKER_NAME, RETIRED_PREFIX
+from ocistage.cache.store import Store
+from ocistage.stagers.markers import Marker, hold
+from ocistage.stagers.retired import retired_versions
+from ocistage.stagers.stage import StageResult, stage_directory
+from ocistage.stagers.unstage import unstage
 
 PIN = Holder.pin("test")
 

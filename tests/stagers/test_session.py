@@ -1,4 +1,4 @@
-"""stagers.session: the one staging sequence every format and source goes through."""
+"""ocistage.stagers.session: the one staging sequence every format and source goes through."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from cache import leases
-from cache.leases import Holder
-from cache.staged import POOL_DIR, TMP_DIR
+from ocistage.cache import leases
+from ocistage.cache.leases import Holder
+from ocistage.cache.staged import POOL_DIR, TMP_DIR
+from ocistage.stagers.errors import StageError
+from ocistage.stagers.remote import push_tree, stage_from_url
+from ocistage.stagers.session import Staging
+from ocistage.stagers.stage import stage_directory
 from pytest_ocistage.components import require_binary
-from stagers.errors import StageError
-from stagers.remote import push_tree, stage_from_url
-from stagers.session import Staging
-from stagers.stage import stage_directory
 
 
 def _pin() -> Holder:

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from cache import leases
-from cache.leases import Holder
+from ocistage.cache import leases
+from ocistage.cache.leases import Holder
+from ocistage.stagers.filemanifest import MARKER_NAME, fill_hashes, scan
+from ocistage.stagers.markers import Marker
+from ocistage.stagers.stage import stage_directory
+from ocistage.stagers.unstage import unstage
 from pytest_ocistage.components import require_binary
-from stagers.filemanifest import MARKER_NAME, fill_hashes, scan
-from stagers.markers import Marker
-from stagers.stage import stage_directory
-from stagers.unstage import unstage
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,7 +83,7 @@ def test_mounted_image_is_the_tree_and_unstage_unmounts(tree: Path, tmp_path: Pa
 
 
 def test_missing_mountpoints_are_listed_parents_first(tmp_path: Path) -> None:
-    from stagers.squashfs import missing_mountpoints
+    from ocistage.stagers.squashfs import missing_mountpoints
 
     bundle = tmp_path / "b"
     (bundle / "rootfs" / "dev").mkdir(parents=True)
@@ -106,7 +106,7 @@ def test_missing_mountpoints_are_listed_parents_first(tmp_path: Path) -> None:
 def test_formats_do_not_replace_each_other_under_one_name(tree: Path, tmp_path: Path) -> None:
     require_binary("mksquashfs")
     require_binary("unsquashfs")
-    from cache.errors import OcistageError
+    from ocistage.cache.errors import OcistageError
 
     cache = tmp_path / "cache"
     staged = stage_directory(tree, tmp_path / "t", cache_root=cache, name="one")
@@ -122,7 +122,7 @@ def test_formats_do_not_replace_each_other_under_one_name(tree: Path, tmp_path: 
 
 def test_building_an_image_reports_mksquashfs_progress(tmp_path: Path) -> None:
     require_binary("mksquashfs")
-    from stagers.squashfs import build_image
+    from ocistage.stagers.squashfs import build_image
 
     source = tmp_path / "src"
     source.mkdir()
@@ -169,7 +169,7 @@ def test_a_hostile_image_unpacks_without_devices_or_setuid(tmp_path: Path) -> No
     """13.3: `stage URL.sqfs --unpack` ran unsquashfs as is: as root it made device nodes and
     setuid-root files from the image."""
     require_binary("unsquashfs")
-    from stagers.remote import stage_from_url
+    from ocistage.stagers.remote import stage_from_url
 
     image = _hostile_image(tmp_path)
     cache = tmp_path / "cache"
@@ -187,7 +187,7 @@ def test_unpacking_everything_is_for_root_who_asks(tmp_path: Path) -> None:
     require_binary("unsquashfs")
     if os.geteuid() != 0:
         pytest.skip("only root may unpack device nodes")
-    from stagers.squashfs import unpack
+    from ocistage.stagers.squashfs import unpack
 
     image = _hostile_image(tmp_path)
     (tmp_path / "private").mkdir(mode=0o700)
@@ -205,7 +205,7 @@ def test_a_user_unpacks_an_image_with_device_nodes(tmp_path: Path) -> None:
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv to run as a second user")
     usable = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                             sys.executable, "-c", "import xxhash, stagers.squashfs"],
+                             sys.executable, "-c", "import xxhash, ocistage.stagers.squashfs"],
                             capture_output=True, text=True, cwd=REPO, check=False)
     if usable.returncode != 0:
         pytest.skip(f"uid 65534 cannot run this interpreter ({sys.executable}) on this "
@@ -217,7 +217,8 @@ def test_a_user_unpacks_an_image_with_device_nodes(tmp_path: Path) -> None:
         (work / "private").mkdir(mode=0o700)
         for path in (work, work / "image.sqfs", work / "private"):
             os.chown(path, 65534, 65534)
-        script = ("import sys; from pathlib import Path; from stagers.squashfs import unpack; "
+        script = ("import sys; from pathlib import Path; "
+                  "from ocistage.stagers.squashfs import unpack; "
                   "unpack(Path(sys.argv[1]), Path(sys.argv[2]))")
         result = subprocess.run(
             ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
@@ -252,8 +253,8 @@ def _bomb_image(tmp_path: Path, kind: str) -> Path:
 def test_a_squashfs_bomb_is_refused_before_anything_is_written(tmp_path: Path,
                                                                kind: str) -> None:
     require_binary("unsquashfs")
-    from cache.errors import LayerError
-    from stagers.squashfs import unpack
+    from ocistage.cache.errors import LayerError
+    from ocistage.stagers.squashfs import unpack
 
     image = _bomb_image(tmp_path, kind)
     assert image.stat().st_size < 1 << 20

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from cache import leases
-from cache.errors import OcistageError
-from cache.leases import Holder
-from cache.staged import TMP_DIR
-from stagers.filemanifest import (
+from ocistage.cache import leases
+from ocistage.cache.errors import OcistageError
+from ocistage.cache.leases import Holder
+from ocistage.cache.staged import TMP_DIR
+from ocistage.stagers.filemanifest import (
     MANIFEST_NAME,
     MARKER_NAME,
     fill_hashes,
@@ -24,8 +24,8 @@ from stagers.filemanifest import (
     load_manifest,
     scan,
 )
-from stagers.markers import Marker
-from stagers.stage import StageResult, stage_directory
+from ocistage.stagers.markers import Marker
+from ocistage.stagers.stage import StageResult, stage_directory
 from tests.stagers.conftest import make_tree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -161,8 +161,8 @@ _CHILD = """
 import json, sys
 from pathlib import Path
 sys.path.insert(0, {repo!r})
-from cache.leases import Holder
-from stagers.stage import stage_directory
+from ocistage.cache.leases import Holder
+from ocistage.stagers.stage import stage_directory
 r = stage_directory(Path(sys.argv[1]), Path(sys.argv[2]), cache_root=Path(sys.argv[3]),
                     holder=Holder.pin(sys.argv[4]), link=sys.argv[5] == "link" or None,
                     jobs=1)
@@ -260,7 +260,7 @@ def test_an_unchanged_restage_does_not_read_the_previous_manifest(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The stat digest is compared with the marker first: the manifest (11 MB of JSON for
     100k files) is read only when the tree changed, and then its hashes are taken over."""
-    from stagers.session import Staging
+    from ocistage.stagers.session import Staging
 
     to = tmp_path / "target" if where == "same-fs" else other_fs
     first = _stage(tree, to, tmp_path / "cache")

@@ -1,4 +1,5 @@
-"""stagers.statwalk: the parallel stat walk gives the sequential walk's digest and records, in
+"""ocistage.stagers.statwalk: the parallel stat walk gives the sequential walk's digest and records,
+in
 the same order, whatever the shape of the tree."""
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stagers.errors import StageError
-from stagers.filemanifest import Record, walk_digest
-from stagers.statwalk import MIN_PARALLEL_DIRS, _expand, parallel_walk_digest
+from ocistage.stagers.errors import StageError
+from ocistage.stagers.filemanifest import Record, walk_digest
+from ocistage.stagers.statwalk import MIN_PARALLEL_DIRS, _expand, parallel_walk_digest
 
 
 def _tree(root: Path, seed: int, dirs: int, depth: int) -> Path:
@@ -71,18 +72,18 @@ def test_a_subtree_a_worker_cannot_read_is_a_stage_error(tmp_path: Path,
     """A directory that cannot be listed (EACCES, or gone) deep in a worker's subtree: the
     worker's OSError comes back as the stage's error (root reads everything, so the listing
     fails by a patch that the forked workers inherit: of the listing step their walk takes,
-    stagers.filemanifest.children)."""
-    import stagers.filemanifest
+    ocistage.stagers.filemanifest.children)."""
+    from ocistage.stagers import filemanifest
 
     root = _tree(tmp_path / "tree", seed=1, dirs=300, depth=6)
-    real = stagers.filemanifest.children
+    real = filemanifest.children
 
     def refusing(directory: str, prefix: str) -> tuple[list[Record], list[tuple[str, str]]]:
         if prefix.count("/") >= 4:
             raise PermissionError(13, "Permission denied", directory)
         return real(directory, prefix)
 
-    monkeypatch.setattr(stagers.filemanifest, "children", refusing)
+    monkeypatch.setattr(filemanifest, "children", refusing)
     with pytest.raises(StageError, match=r"cannot read the source tree .*Permission denied"):
         parallel_walk_digest(root, 2)
 
@@ -91,12 +92,12 @@ def test_a_level_wider_than_a_task_queue_is_not_taken(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A top whose next level would hand out more subtrees than the task queue holds stops
     expanding before it; the walk stays the sequential one's."""
-    import stagers.statwalk
+    from ocistage.stagers import statwalk
 
     root = tmp_path / "tree"
     for n in range(40):
         (root / "wide" / f"d{n:02d}" / "sub").mkdir(parents=True)
-    monkeypatch.setattr(stagers.statwalk, "MAX_QUEUE", 30)
+    monkeypatch.setattr(statwalk, "MAX_QUEUE", 30)
     pieces = _expand(os.fspath(root), 1000)
     assert sum(1 for p in pieces if not isinstance(p, list)) == 1  # "wide" only: 40 > 30
     expected: list[Record] = []

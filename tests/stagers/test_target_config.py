@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from cache.bundleinfo import SHARED_ROOT_ANNOTATION
-from stagers.target import readonly_config, writable_config
+from ocistage.cache.bundleinfo import SHARED_ROOT_ANNOTATION
+from ocistage.stagers.target import readonly_config, writable_config
 
 
 def config(readonly: bool, **annotations: str) -> bytes:

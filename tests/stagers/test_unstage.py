@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from cache import leases
-from cache import staged as staged_module
-from cache.errors import OcistageError
-from cache.fsops import remove_opened, remove_tree
-from cache.leases import Holder
-from stagers.filemanifest import MARKER_NAME
-from stagers.stage import stage_directory
-from stagers.unstage import unstage
+from ocistage.cache import leases
+from ocistage.cache import staged as staged_module
+from ocistage.cache.errors import OcistageError
+from ocistage.cache.fsops import remove_opened, remove_tree
+from ocistage.cache.leases import Holder
+from ocistage.stagers.filemanifest import MARKER_NAME
+from ocistage.stagers.stage import stage_directory
+from ocistage.stagers.unstage import unstage
 
 
 @pytest.fixture
@@ -181,7 +181,7 @@ def test_an_unprivileged_owner_removes_mode_000_directories(open_dir: Path,
     for path in [tmp_path / "userdir", *(tmp_path / "userdir").rglob("*")]:
         os.lchown(path, 65534, 65534)
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r}); "
-            "from cache.fsops import remove_tree; "
+            "from ocistage.cache.fsops import remove_tree; "
             f"remove_tree({str(staged)!r})")
     result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                              sys.executable, "-c", code], capture_output=True, text=True,
@@ -212,7 +212,7 @@ def test_an_edited_marker_never_makes_unstage_delete_a_sibling(tree: Path, tmp_p
 
 
 def test_whose_leases_unstage_releases() -> None:
-    from stagers.markers import default_holder, releasing_holder
+    from ocistage.stagers.markers import default_holder, releasing_holder
 
     job = {"SLURM_JOB_ID": "77"}
     assert releasing_holder("mine", job) == Holder.pin("mine")

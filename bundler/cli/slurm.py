@@ -1,0 +1,299 @@
+"""`ocistage runtime ...`, `ocistage scrun ...` and `ocistage submit`: the Slurm hand-off."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from typer.core import TyperCommand
+
+from ocistage.bundler.cli.common import (
+    CacheOpt,
+    CaFileOpt,
+    InsecureOpt,
+    JsonOpt,
+    MirrorOpt,
+    PlatformOpt,
+    PullOpt,
+    QuietOpt,
+    RefArg,
+    VerboseOpt,
+    download_progress,
+    image_inputs,
+    load_cli_settings,
+    print_json,
+    print_warnings,
+    setup_logging,
+    shown,
+    stderr,
+    stdout,
+)
+
+# light modules whose constants the options show; the rest is imported inside the commands
+# (see ocistage.bundler.cli.common)
+from ocistage.runtimes.oci_conf import RUNTIMES
+
+if TYPE_CHECKING:
+    from ocistage.runtimes.slurm import SlurmVersion
+
+# the commands' typer apps, built when their command runs (ocistage.bundler.cli.commands)
+runtime_app = typer.Typer(help="Generate Slurm runtime configuration (oci.conf, scrun.lua).",
+    rich_markup_mode=None, no_args_is_help=True, add_completion=False)
+scrun_app = typer.Typer(help="Entry points called by the scrun.lua stage hooks.",
+    rich_markup_mode=None, no_args_is_help=True, add_completion=False)
+submit_app = typer.Typer(rich_markup_mode=None, add_completion=False)
+
+SlurmVersionOpt = Annotated[str | None, typer.Option(
+    "--slurm-version", metavar="X.Y",
+    help="Generate for this Slurm release [default: the installed one, `scontrol --version`].")]
+StageToOpt = Annotated[str, typer.Option(
+    "--stage-to", metavar="shared|node-local",
+    help="shared: stage on the submit host into a directory every node sees; node-local: "
+         "stage on the job's node (slurm.remote_command).")]
+ScrunOpt = Annotated[str | None, typer.Option(
+    "--scrun", metavar="PATH", help="Path of scrun [default: the scrun on PATH].")]
+
+
+def _slurm_version(text: str | None) -> SlurmVersion:
+    from ocistage.runtimes.slurm import SlurmVersion, installed_version
+
+    return SlurmVersion.parse(text) if text else installed_version()
+
+
+def _cache_root(cache: Path | None) -> Path:
+    return load_cli_settings(cache=cache).cache
+
+
+# -- oci.conf ----------------------------------------------------------------------------------
+
+
+@runtime_app.command("oci-conf")
+def runtime_oci_conf(
+    runtime: Annotated[str, typer.Option(
+        "--runtime", metavar="|".join(RUNTIMES), help="The OCI runtime slurmstepd calls.")
+    ] = "runc",
+    mode: Annotated[str, typer.Option(
+        "--mode", metavar="run",
+        help="run: one RunTimeRun call, the only mode slurmstepd runs correctly (create/start "
+             "hangs with runc and crun and loses the exit status: refused, see docs/slurm.md).")
+    ] = "run",
+    root: Annotated[str | None, typer.Option(
+        "--root", metavar="DIR",
+        help="Runtime state directory (may use Slurm patterns) [default: "
+             "/run/user/UID/ocistage-RUNTIME].")] = None,
+    slurm_version: SlurmVersionOpt = None,
+    check: Annotated[Path | None, typer.Option(
+        "--check", metavar="FILE",
+        help="Lint FILE instead: one line per problem, exit 1 if there are any.")] = None,
+) -> None:
+    """Print an oci.conf for Slurm for a given runtime (runc, crun, nvidia, ...)."""
+    from ocistage.runtimes.oci_conf import lint_oci_conf_file, oci_conf_options, render_oci_conf
+
+    version = _slurm_version(slurm_version)
+    if check is not None:
+        problems = lint_oci_conf_file(check, version)
+        for problem in problems:
+            stdout.print(f"{check}: {problem}", markup=False)
+        if problems:
+            raise typer.Exit(1)
+        return
+    text = render_oci_conf(oci_conf_options(runtime, mode, root, version))
+    stdout.print(text, end="", markup=False)
+
+
+# -- scrun.lua and engine snippets -------------------------------------------------------------
+
+
+def _ocistage_command() -> str:
+    found = shutil.which("ocistage")
+    return os.path.abspath(found) if found else "ocistage"
+
+
+@runtime_app.command("scrun-lua")
+def runtime_scrun_lua(
+    stage_to: StageToOpt = "shared",
+    stage_dir: Annotated[str, typer.Option(
+        "--stage-dir", metavar="DIR",
+        help="Where staged bundles go (per user: DIR/UID/); on a shared filesystem for "
+             "--stage-to shared.")] = "/tmp/ocistage-scrun",
+    ocistage: Annotated[str | None, typer.Option(
+        "--ocistage", metavar="PATH",
+        help="The ocistage command as the nodes see it [default: this one].")] = None,
+    cache: Annotated[str | None, typer.Option(
+        "--cache", metavar="DIR",
+        help="Cache (leases) the hooks use [default: each user's own].")] = None,
+    sbatch: Annotated[str | None, typer.Option(
+        "--sbatch", metavar="PATH",
+        help="The sbatch that queues each staged bundle's cleanup job (it removes the bundle "
+             "after the job, also after scrun kill) [default: the sbatch on PATH].")] = None,
+    cleanup_job: Annotated[bool, typer.Option(
+        "--cleanup-job/--no-cleanup-job",
+        help="Queue a cleanup job per staged bundle (docs/slurm.md).")] = True,
+) -> None:
+    """Print a scrun.lua whose stage hooks call `ocistage scrun ...`."""
+    from ocistage.runtimes.scrun import render_scrun_lua, scrun_lua_options
+
+    options = scrun_lua_options(ocistage=ocistage or _ocistage_command(), stage_to=stage_to,
+                                stage_dir=stage_dir, cache=cache,
+                                sbatch=sbatch if cleanup_job else None,
+                                find_sbatch=cleanup_job)
+    stdout.print(render_scrun_lua(options), end="", markup=False)
+
+
+@runtime_app.command("docker-config")
+def runtime_docker_config(scrun: ScrunOpt = None) -> None:
+    """Print ~/.config/docker/daemon.json for rootless Docker with scrun as its runtime."""
+    from ocistage.runtimes.engines import docker_daemon_json, docker_run_flags, find_scrun
+
+    stdout.print(docker_daemon_json(find_scrun(scrun)), end="", markup=False)
+    stderr.print("# also pass to docker run: " + " ".join(docker_run_flags()), markup=False)
+
+
+@runtime_app.command("podman-config")
+def runtime_podman_config(scrun: ScrunOpt = None) -> None:
+    """Print ~/.config/containers/containers.conf for rootless Podman with scrun."""
+    from ocistage.runtimes.engines import find_scrun, podman_containers_conf
+
+    stdout.print(podman_containers_conf(find_scrun(scrun)), end="", markup=False)
+
+
+# -- scrun stage hooks -------------------------------------------------------------------------
+
+
+@scrun_app.command("stage-in")
+def scrun_stage_in(
+    container_id: Annotated[str, typer.Option("--id", help="Container id from scrun.")],
+    bundle: Annotated[Path, typer.Option("--bundle", help="The engine's bundle directory.")],
+    stage_dir: Annotated[Path, typer.Option("--stage-dir", help="Staging directory.")],
+    config: Annotated[Path | None, typer.Option(
+        "--config", help="The bundle's config.json [default: BUNDLE/config.json].")] = None,
+    job_id: Annotated[str | None, typer.Option("--job-id", help="Slurm job id.")] = None,
+    uid: Annotated[int | None, typer.Option("--uid", help="Job user id.")] = None,
+    gid: Annotated[int | None, typer.Option("--gid", help="Job group id.")] = None,
+    env_file: Annotated[Path | None, typer.Option(
+        "--env-file", help="JSON list of the job's NAME=value variables.")] = None,
+    stage_to: StageToOpt = "shared",
+    link: Annotated[bool, typer.Option(
+        "--link", help="Share inodes with the source/pool; the root becomes read-only.")
+    ] = False,
+    sbatch: Annotated[str | None, typer.Option(
+        "--sbatch", metavar="PATH",
+        help="Queue the bundle's cleanup job with this sbatch (after --job-id ends).")] = None,
+    cache: CacheOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Stage-in entry point called by scrun.lua; prints one JSON line."""
+    from ocistage.runtimes.scrun import StageInRequest, read_job_env, stage_in
+
+    setup_logging(verbose)
+    # node-local: the cleanup job must run on this node (srun sets SLURMD_NODENAME)
+    node = os.environ.get("SLURMD_NODENAME") if stage_to == "node-local" else None
+    request = StageInRequest(
+        container_id=container_id, bundle=bundle.absolute(),
+        config_file=(config or bundle / "config.json").absolute(),
+        stage_dir=stage_dir.absolute(), job_id=job_id or None,
+        uid=os.getuid() if uid is None else uid, gid=os.getgid() if gid is None else gid,
+        job_env=read_job_env(env_file), link=link, sbatch=sbatch,
+        stage_to="node-local" if stage_to == "node-local" else "shared", node=node)
+    result = stage_in(request, cache_root=_cache_root(cache))
+    sys.stdout.write(json.dumps(result.to_json()) + "\n")
+
+
+@scrun_app.command("stage-out")
+def scrun_stage_out(
+    bundle: Annotated[Path, typer.Option("--bundle", help="The staged bundle to remove.")],
+    root_path: Annotated[str | None, typer.Option(
+        "--root-path", help="Its root path (as scrun passes it; informational).")] = None,
+    cache: CacheOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Stage-out entry point called by scrun.lua; prints one JSON line."""
+    from ocistage.runtimes.scrun import stage_out
+
+    setup_logging(verbose)
+    removed = stage_out(bundle, cache_root=_cache_root(cache))
+    sys.stdout.write(json.dumps({"bundle": str(bundle), "root_path": root_path,
+                                 "removed": removed}) + "\n")
+
+
+# -- submit ------------------------------------------------------------------------------------
+
+
+#: where the job's command (what follows ``--``) is kept for submit_command
+_COMMAND = "ocistage.command"
+
+
+class _CommandAfterDashes(TyperCommand):
+    """``REF [SBATCH OPTS] -- CMD...``: what follows the first ``--`` is the job's command,
+    taken off before click parses the rest (click would merge it into the unknown options)."""
+
+    # ctx: click's Context (vendored as typer._click by typer 0.28, the click package before)
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        at = args.index("--") if "--" in args else len(args)
+        ctx.meta[_COMMAND] = args[at + 1:]
+        return super().parse_args(ctx, args[:at])
+
+
+@submit_app.command("submit", cls=_CommandAfterDashes,
+                    context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def submit_command(
+    ref: RefArg,
+    ctx: typer.Context,
+    stage_to: Annotated[Path | None, typer.Option(
+        "--stage-to", metavar="DIR", envvar="OCISTAGE_STAGE_TO",
+        help="Staging directory that the compute nodes see [default: the stage_to setting, "
+             "as for `stage`].")
+    ] = None,
+    srun: Annotated[bool, typer.Option(
+        "--srun", help="Run blocking with srun (interactive) instead of sbatch.")] = False,
+    copy: Annotated[bool, typer.Option(
+        "--copy", help="Stage a private writable copy (default: shared, read-only root).")
+    ] = False,
+    map_root: Annotated[bool, typer.Option(
+        "--map-root", help="Run as root inside the container, mapped to you (runc 1.1 "
+                           "under Slurm needs it when neither you nor the image user is "
+                           "root; see docs/slurm.md).")] = False,
+    cache: CacheOpt = None,
+    platform: PlatformOpt = None,
+    insecure_registry: InsecureOpt = None,
+    mirror: MirrorOpt = None,
+    ca_file: CaFileOpt = None,
+    pull_policy: PullOpt = None,
+    json_output: JsonOpt = False,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Pull, bundle and stage REF, then sbatch --container it: REF [SBATCH OPTS] -- CMD."""
+    from ocistage.bundler.submitting import check_stage_target, submit_image
+    from ocistage.runtimes.submit import SubmitOptions, check_options, this_ocistage
+
+    setup_logging(verbose)
+    check_options(ctx.args)  # part of parsing: the sbatch options passed through
+    settings = load_cli_settings(cache=cache, insecure=insecure_registry, mirror=mirror,
+                                 ca_file=ca_file, pull=pull_policy)
+    options = SubmitOptions(
+        stage_to=check_stage_target(  # the same default as `stage`
+            settings.stage_target(os.fspath(stage_to) if stage_to else None)),
+        options=list(ctx.args), command=ctx.meta.get(_COMMAND, []), srun=srun, copy=copy,
+        ocistage=this_ocistage())
+    source, store, pulling = image_inputs(ref, settings, platform)
+    with download_progress(quiet or json_output) as progress:
+        submitted = submit_image(source, options, store=store, pull_options=pulling,
+                                 map_root=map_root, progress=progress)
+    print_warnings(submitted.warnings, quiet)
+    result = submitted.result
+    if json_output:
+        print_json({"job_id": result.job_id, "staged": str(result.staged),
+                    "lease_id": result.lease_id, "exit_code": result.exit_code,
+                    "cleanup_job_id": result.cleanup_job_id, "bundle": str(submitted.bundle)})
+    elif result.job_id is not None:
+        if not quiet:
+            stderr.print(f"staged {shown(str(result.staged))}")
+        stdout.print(result.job_id)
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)

@@ -1,0 +1,1 @@
+"""The image model: references, manifests, platforms, media types, schema checks."""

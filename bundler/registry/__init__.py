@@ -1,0 +1,1 @@
+"""The registry client: transport, auth, credentials, manifests and blobs over HTTP."""

@@ -1,0 +1,212 @@
+"""Registry credentials from docker and containers auth files and credential helpers.
+
+Files are searched in this order, the first one with an entry for the registry wins:
+``$REGISTRY_AUTH_FILE``, ``$XDG_RUNTIME_DIR/containers/auth.json``,
+``~/.config/containers/auth.json``, ``$DOCKER_CONFIG/config.json`` (or ``~/.docker/config.json``).
+Within a file: ``credHelpers[host]``, then ``auths`` (most specific key first: containers
+allows ``host/namespace/repo`` keys), then the default ``credsStore`` helper. A missing or
+failing helper means "no credentials" (logged at debug level), never a crash; an auth file
+that does not parse is an :class:`AuthenticationError` naming the file.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ocistage.bundler.registry.errors import AuthenticationError
+
+log = logging.getLogger(__name__)
+
+DOCKER_HUB_ALIASES = ("docker.io", "index.docker.io", "registry-1.docker.io")
+DOCKER_HUB_SERVER_URL = "https://index.docker.io/v1/"
+HELPER_TIMEOUT = 60.0
+_TOKEN_USERNAME = "<token>"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """A username/password pair, or an identity (refresh) token for the OAuth2 flow."""
+
+    username: str
+    password: str = field(repr=False)
+    identity_token: str | None = field(default=None, repr=False)
+
+
+def normalize_key(key: str) -> str:
+    """``https://index.docker.io/v1/`` -> ``index.docker.io``; ``host/ns/`` -> ``host/ns``."""
+    text = key.strip()
+    for prefix in ("https://", "http://"):
+        if text.lower().startswith(prefix):
+            text = text[len(prefix):]
+            break
+    text = text.rstrip("/")
+    for suffix in ("/v1", "/v2"):
+        if text.endswith(suffix) and "/" not in text[: -len(suffix)]:
+            text = text[: -len(suffix)]
+    return text
+
+
+def _candidate_keys(registry: str, repository: str | None) -> list[str]:
+    """Keys to look up, most specific first (``host/a/b``, ``host/a``, ``host``)."""
+    hosts = list(DOCKER_HUB_ALIASES) if registry in DOCKER_HUB_ALIASES else [registry]
+    keys: list[str] = []
+    parts = repository.split("/") if repository else []
+    for count in range(len(parts), 0, -1):
+        keys.extend(f"{host}/{'/'.join(parts[:count])}" for host in hosts)
+    keys.extend(hosts)
+    return keys
+
+
+def _server_url(registry: str) -> str:
+    """The server address docker passes to credential helpers."""
+    return DOCKER_HUB_SERVER_URL if registry in DOCKER_HUB_ALIASES else registry
+
+
+def run_helper(name: str, server_url: str, environ: Mapping[str, str] | None = None,
+               ) -> Credentials | None:
+    """Ask ``docker-credential-<name> get`` for credentials; None if it has none or fails."""
+    program = f"docker-credential-{name}"
+    try:
+        result = subprocess.run([program, "get"], input=server_url.encode(),
+                                capture_output=True, timeout=HELPER_TIMEOUT, check=False,
+                                env=dict(environ) if environ is not None else None)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.debug("credential helper %s unusable: %s", program, exc)
+        return None
+    if result.returncode != 0:
+        log.debug("credential helper %s has no credentials for %s: %s", program, server_url,
+                  result.stdout.decode(errors="replace").strip()
+                  or result.stderr.decode(errors="replace").strip())
+        return None
+    try:
+        reply = json.loads(result.stdout)
+        username, secret = reply["Username"], reply["Secret"]
+    except (ValueError, KeyError, TypeError) as exc:
+        log.debug("credential helper %s gave an unreadable answer: %s", program, exc)
+        return None
+    if not isinstance(username, str) or not isinstance(secret, str) or not secret:
+        log.debug("credential helper %s gave no usable secret", program)
+        return None
+    if username == _TOKEN_USERNAME:
+        return Credentials(username="", password="", identity_token=secret)
+    return Credentials(username=username, password=secret)
+
+
+@dataclass(frozen=True)
+class AuthFile:
+    """One docker ``config.json`` or containers ``auth.json``; read at lookup time."""
+
+    path: Path
+
+    def _load(self) -> dict[str, Any] | None:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise AuthenticationError(f"cannot read auth file {self.path}: {exc.strerror}",
+                                      "fix its permissions or remove it") from exc
+        try:
+            document = json.loads(text) if text.strip() else {}
+        except ValueError as exc:
+            raise AuthenticationError(f"auth file {self.path} is not valid JSON: {exc}",
+                                      "fix the file or log in again") from exc
+        if not isinstance(document, dict):
+            raise AuthenticationError(f"auth file {self.path} is not a JSON object",
+                                      "fix the file or log in again")
+        return document
+
+    def lookup(self, registry: str, repository: str | None,
+               environ: Mapping[str, str] | None = None) -> Credentials | None:
+        document = self._load()
+        if document is None:
+            return None
+        helpers = document.get("credHelpers")
+        if isinstance(helpers, dict):
+            normalized = {normalize_key(str(k)): v for k, v in helpers.items()}
+            for key in _candidate_keys(registry, None):
+                name = normalized.get(key)
+                if isinstance(name, str) and name:
+                    return run_helper(name, _server_url(registry), environ)
+        auths = document.get("auths")
+        if isinstance(auths, dict):
+            entries = {normalize_key(str(k)): v for k, v in auths.items()}
+            for key in _candidate_keys(registry, repository):
+                entry = entries.get(key)
+                if isinstance(entry, dict):
+                    found = self._entry(entry, key)
+                    if found is not None:
+                        return found
+        store = document.get("credsStore")
+        if isinstance(store, str) and store:
+            return run_helper(store, _server_url(registry), environ)
+        return None
+
+    def _entry(self, entry: Mapping[str, Any], key: str) -> Credentials | None:
+        token = entry.get("identitytoken")
+        identity = token if isinstance(token, str) and token else None
+        username, password = entry.get("username"), entry.get("password")
+        encoded = entry.get("auth")
+        if isinstance(encoded, str) and encoded:
+            try:
+                decoded = base64.b64decode(encoded, validate=True).decode("utf-8")
+            except (binascii.Error, UnicodeDecodeError) as exc:
+                raise AuthenticationError(
+                    f"the auth entry for {key} in {self.path} is not valid base64",
+                    "log in again to rewrite it") from exc
+            username, sep, password = decoded.partition(":")
+            if not sep:
+                raise AuthenticationError(
+                    f"the auth entry for {key} in {self.path} is not user:password",
+                    "log in again to rewrite it")
+        if isinstance(username, str) and isinstance(password, str) and (username or password):
+            return Credentials(username, password, identity)
+        if identity is not None:
+            return Credentials(username if isinstance(username, str) else "", "", identity)
+        return None
+
+
+class CredentialStore:
+    """Credentials for registries, looked up in auth files in order (first match wins)."""
+
+    def __init__(self, files: Sequence[Path], environ: Mapping[str, str] | None = None) -> None:
+        self._files = [AuthFile(Path(p)) for p in files]
+        self._environ = environ
+
+    @property
+    def files(self) -> list[Path]:
+        return [f.path for f in self._files]
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None,
+                         home: Path | None = None) -> CredentialStore:
+        env = os.environ if environ is None else environ
+        home_dir = home if home is not None else Path(env.get("HOME") or Path.home())
+        files: list[Path] = []
+        if env.get("REGISTRY_AUTH_FILE"):
+            files.append(Path(env["REGISTRY_AUTH_FILE"]))
+        if env.get("XDG_RUNTIME_DIR"):
+            files.append(Path(env["XDG_RUNTIME_DIR"]) / "containers" / "auth.json")
+        files.append(home_dir / ".config" / "containers" / "auth.json")
+        if env.get("DOCKER_CONFIG"):
+            files.append(Path(env["DOCKER_CONFIG"]) / "config.json")
+        else:
+            files.append(home_dir / ".docker" / "config.json")
+        return cls(files, environ)
+
+    def lookup(self, registry: str, repository: str | None = None) -> Credentials | None:
+        """Credentials for ``registry`` (``host[:port]``), optionally for one repository."""
+        for auth_file in self._files:
+            found = auth_file.lookup(registry, repository, self._environ)
+            if found is not None:
+                return found
+        return None

@@ -1,0 +1,1 @@
+"""The layer unpacker: decompression, the tar reader, the layer applier, path safety."""
