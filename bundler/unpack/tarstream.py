@@ -178,8 +178,9 @@ class _TarInfo(tarfile.TarInfo):
         stream = tarfile_.fileobj
         length = self._block(self.size)  # type: ignore[attr-defined]
         if (self.type not in (tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE)
-                or not isinstance(stream, ForwardReader) or length > _PAX_FAST_LIMIT
+                or not isinstance(stream, ForwardReader) or not 0 <= length <= _PAX_FAST_LIMIT
                 or "hdrcharset" in tarfile_.pax_headers):
+            # a negative size (base-256) is tarfile's to read: it reads to the end then
             return super()._proc_pax(tarfile_)  # type: ignore[misc, no-any-return]
         buf = stream.peek_exact(length)
         records = _pax_records(buf)

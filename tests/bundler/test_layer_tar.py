@@ -12,7 +12,7 @@ import tarfile
 from collections.abc import Callable
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ocistage.bundler.unpack import tarstream
@@ -95,6 +95,11 @@ HEADER = st.builds(
 @settings(max_examples=300, deadline=None)
 @given(entries=st.lists(HEADER, max_size=8), read_data=st.booleans(),
        end=st.sampled_from([b"\0" * 1024, b"\0" * 512, b"", b"junk"]))
+# an extended header whose size is a negative base-256 number: tarfile reads to the end
+@example(entries=[(_header({"name": b"a", "size": b"\xff", "type": b"x", "mode": b"0000644",
+                            "uid": b"0000000", "gid": b"0000000", "mtime": b"00000000001",
+                            "magic": b"ustar\x0000"}, True), b"")],
+         read_data=False, end=b"\0" * 1024)
 def test_members_reads_plain_headers_as_tarfiles_next_does(
         entries: list[tuple[bytes, bytes]], read_data: bool, end: bytes) -> None:
     """Archives of plain and other headers, with and without their data read: the members,
