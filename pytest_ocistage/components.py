@@ -10,11 +10,14 @@ crypto package.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import http.client
 import json
 import os
 import random
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -347,7 +350,8 @@ def running_registry(workdir: Path, *, tls: TlsMaterial | None = None,
             env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
             process = subprocess.Popen([REGISTRY_BINARY, "serve", str(config_file)],
                                        stdin=subprocess.DEVNULL, stdout=log,
-                                       stderr=subprocess.STDOUT, env=env)
+                                       stderr=subprocess.STDOUT, env=env,
+                                       preexec_fn=die_with_parent)
         try:
             try:
                 wait_for_http(f"{registry.url}/v2/", registry.ssl_context(), process, log_file)
@@ -359,6 +363,15 @@ def running_registry(workdir: Path, *, tls: TlsMaterial | None = None,
         finally:
             stop_process(process)
     raise ComponentError(f"could not start a registry in {workdir}: {last_error}")
+
+
+def die_with_parent() -> None:
+    """preexec_fn of every daemon a fixture starts: the kernel sends it SIGTERM when the test
+    session dies, however it dies (SIGTERM, SIGKILL, a crash), so no registry or Slurm daemon
+    outlives the run that started it (``PR_SET_PDEATHSIG``; the fixtures start them from the
+    session's main thread, whose end is the process's)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 def stop_process(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:

@@ -65,7 +65,6 @@ environment.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import pwd
 import re
@@ -83,7 +82,13 @@ from pathlib import Path
 import pytest
 
 from ocistage.runtimes.slurm import parse_scontrol_record
-from pytest_ocistage.components import e2e_required, free_port, require_binary, stop_process
+from pytest_ocistage.components import (
+    die_with_parent,
+    e2e_required,
+    free_port,
+    require_binary,
+    stop_process,
+)
 
 SLURM_24_05_SHA256 = "b1b1549ee80fbcd2e4a3b40f17b0e794f92893b6e059d32d964d8db92c399b0e"
 SLURM_24_05_PREFIX = Path("/opt/ocistage-slurm") / SLURM_24_05_SHA256[:16]
@@ -378,17 +383,11 @@ def _hybrid_cgroup2() -> bool:
     return False
 
 
-def _die_with_parent() -> None:
-    """preexec_fn: the daemon is killed when the test session dies, however it dies."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
 def _start(argv: Sequence[str], log: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, env=dict(env),
-                                start_new_session=True, preexec_fn=_die_with_parent)
+                                start_new_session=True, preexec_fn=die_with_parent)
 
 
 def _mount_namespace(pid: int) -> str | None:
