@@ -65,11 +65,21 @@ MASKED_PATHS = (
 )
 READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
 
-# Image labels become annotations, except keys that runtimes or device plugins act on (crun's
-# run.oci.*, CDI device requests, systemd properties, hook/engine keys) and our own namespace:
-# an image must not be able to request devices, hooks or runtime behaviour by labelling itself.
-UNSAFE_LABEL_PREFIXES = (
+# Image labels become annotations only where they are known to be descriptive (an allow-list):
+# the image-spec's own keys, label-schema's, and plain words ("maintainer", "version"). Runtimes,
+# hooks and device plugins act on keys of their own namespaces (crun's run.oci.* and
+# module.wasm.image/variant, CRIU's org.criu.config, Kata's io.katacontainers.config.*, CDI
+# device requests, systemd properties, ...), and new ones appear with new runtimes: an image
+# must not be able to request devices, hooks or runtime behaviour by labelling itself, so any
+# other key is left out and named in DROPPED_LABELS_ANNOTATION (the image config keeps them all).
+ALLOWED_LABEL_PREFIXES = ("org.opencontainers.image.", "org.label-schema.")
+_PLAIN_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+# of the keys left out, those known to change what a runtime does: said as a warning
+RUNTIME_LABEL_PREFIXES = (
     "run.oci.",
+    "module.wasm.image/",
+    "org.criu.",
+    "io.katacontainers.",
     "cdi.k8s.io/",
     "org.systemd.property.",
     "io.containers.",
@@ -77,6 +87,12 @@ UNSAFE_LABEL_PREFIXES = (
     "io.ocistage.",
     "nvidia.com/",
 )
+
+
+def label_allowed(key: str) -> bool:
+    """Whether an image label may become an annotation of the runtime config."""
+    return key.startswith(ALLOWED_LABEL_PREFIXES) or _PLAIN_LABEL.match(key) is not None
+
 
 _ENV_NAME = re.compile(r"^[^=\x00]+$")
 _HOSTNAME = re.compile(r"^(?=.{1,64}$)[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
@@ -376,13 +392,17 @@ def _annotations(image_config: Mapping[str, Any], settings: Mapping[str, Any],
         if not isinstance(value, str) or not key:
             raise SchemaError(f"image config label {key!r} is not a non-empty key with a "
                               "string value", "the image configuration is malformed")
-        if key.startswith(UNSAFE_LABEL_PREFIXES):
+        if not label_allowed(key):
             dropped.append(key)
             continue
         annotations[key] = value
     if dropped:
-        log.warning("image labels not converted to annotations (unsafe for runtimes): %s",
-                    ", ".join(dropped))
+        acted_on = [key for key in dropped if key.startswith(RUNTIME_LABEL_PREFIXES)]
+        if acted_on:
+            log.warning("image labels not converted to annotations (runtimes act on them): %s",
+                        ", ".join(acted_on))
+        log.info("image labels not converted to annotations (not on the allow-list): %s",
+                 ", ".join(dropped))
         annotations[DROPPED_LABELS_ANNOTATION] = ",".join(dropped)
 
     volumes = _section(settings.get("Volumes"), "config.Volumes")

@@ -326,7 +326,8 @@ def test_implicit_annotations_and_label_precedence(rootfs: Path) -> None:
     document = image(Cmd=["sh"], StopSignal="SIGINT",
                      ExposedPorts={"80/tcp": {}, "53/udp": {}},
                      Labels={"org.opencontainers.image.architecture": "from-label",
-                             "com.example.team": "hpc"})
+                             "com.example.team": "hpc", "maintainer": "hpc team",
+                             "org.label-schema.version": "1.0"})
     document.update({"variant": "v8", "os.version": "10.0", "os.features": ["win32k"],
                      "author": "me", "created": "2024-01-01T00:00:00Z"})
     annotations = build_runtime_config(document, rootfs, ROOT_OPTS)["annotations"]
@@ -340,22 +341,35 @@ def test_implicit_annotations_and_label_precedence(rootfs: Path) -> None:
         "org.opencontainers.image.created": "2024-01-01T00:00:00Z",
         "org.opencontainers.image.stopSignal": "SIGINT",
         "org.opencontainers.image.exposedPorts": "80/tcp,53/udp",
-        "com.example.team": "hpc",
+        "maintainer": "hpc team",
+        "org.label-schema.version": "1.0",
+        "io.ocistage.dropped-labels": "com.example.team",
     }
 
 
-def test_unsafe_labels_are_dropped_and_reported(rootfs: Path,
+def test_only_allowed_labels_become_annotations(rootfs: Path,
                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """An allow-list (issue 27.12): keys runtimes act on, known today or not, stay out."""
     labels = {"run.oci.handler": "krun", "cdi.k8s.io/x": "vendor.com/dev=all",
-              "io.ocistage.image.volumes": "/spoof", "ok.label": "1"}
+              "io.ocistage.image.volumes": "/spoof", "module.wasm.image/variant": "compat",
+              "org.criu.config": "/x", "io.katacontainers.config.hypervisor.path": "/x",
+              "com.future-runtime.handler": "x", "ok.label": "1", "version": "2",
+              "org.opencontainers.image.title": "t"}
     annotations = build(rootfs, Labels=labels)["annotations"]
-    assert annotations["ok.label"] == "1"
-    for key in ("run.oci.handler", "cdi.k8s.io/x"):
+    assert annotations["version"] == "2"
+    assert annotations["org.opencontainers.image.title"] == "t"
+    for key in ("run.oci.handler", "cdi.k8s.io/x", "module.wasm.image/variant",
+                "org.criu.config", "io.katacontainers.config.hypervisor.path",
+                "com.future-runtime.handler", "ok.label"):
         assert key not in annotations
     assert VOLUMES_ANNOTATION not in annotations
-    assert annotations[DROPPED_LABELS_ANNOTATION] == \
-        "run.oci.handler,cdi.k8s.io/x,io.ocistage.image.volumes"
-    assert "run.oci.handler" in caplog.text
+    assert annotations[DROPPED_LABELS_ANNOTATION] == (
+        "run.oci.handler,cdi.k8s.io/x,io.ocistage.image.volumes,module.wasm.image/variant,"
+        "org.criu.config,io.katacontainers.config.hypervisor.path,com.future-runtime.handler,"
+        "ok.label")
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "run.oci.handler" in warned[0]
+    assert "ok.label" not in warned[0] and "com.future-runtime.handler" not in warned[0]
 
 
 def test_volumes_are_noted_not_mounted(rootfs: Path) -> None:
