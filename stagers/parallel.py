@@ -86,6 +86,9 @@ def map_parts(function: Callable[[Sequence[T]], list[R]], items: Sequence[T], pr
         for part in parts[1:]:
             children.append(_fork_worker(partial(function, part)))
         results = function(parts[0])
+    except BaseException:
+        _stop(children)
+        raise
     finally:
         outcomes = [_collect(pid, fd) for pid, fd in children]
     for ok, value in outcomes:
@@ -133,6 +136,9 @@ def map_queue(function: Callable[[T], R], tasks: Sequence[T], processes: int) ->
         for _ in range(processes - 1):
             children.append(_fork_worker(drain))
         results = drain()
+    except BaseException:
+        _stop(children)
+        raise
     finally:
         outcomes = [_collect(pid, fd) for pid, fd in children]
         os.close(read_fd)
@@ -181,6 +187,15 @@ def _die_with(parent: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # it died before the request was made
         os._exit(1)
+
+
+def _stop(children: list[tuple[int, int]]) -> None:
+    """This process's share failed or was interrupted (Ctrl-C, SIGTERM): the workers are
+    killed rather than waited for, so a stop is prompt and nothing writes on into the scratch
+    tree its cleanup removes. They are reaped by :func:`_collect` as usual."""
+    for pid, _fd in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _collect(pid: int, read_fd: int) -> tuple[bool, Any]:

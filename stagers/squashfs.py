@@ -21,7 +21,7 @@ import shutil
 import stat
 import subprocess
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ocistage.cache.cpus import usable_cpus
@@ -82,7 +82,7 @@ def _run_reporting(argv: list[str], what: str, progress: ImageProgress) -> None:
     assert process.stdout is not None
     said: deque[bytes] = deque(maxlen=8)  # what it printed besides the bar, for an error
     pending = b""
-    with process:
+    with process, _killed_on_error(process):
         while chunk := os.read(process.stdout.fileno(), 1 << 16):
             *parts, pending = re.split(rb"[\r\n]", pending + chunk)
             pending = pending[-4096:]  # a bar is short; never hold an endless line
@@ -95,6 +95,20 @@ def _run_reporting(argv: list[str], what: str, progress: ImageProgress) -> None:
     if process.returncode != 0:
         detail = said[-1].decode(errors="replace") if said else str(process.returncode)
         raise StageError(f"{what} failed: {detail}")
+
+
+@contextlib.contextmanager
+def _killed_on_error(process: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Kill and reap ``process`` when the block raises (Ctrl-C, SIGTERM as KeyboardInterrupt,
+    an error): Popen's own exit waits for it instead, and a mksquashfs or unsquashfs left
+    running would go on writing into a scratch directory the cleanup removes."""
+    try:
+        yield
+    except BaseException:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        raise
 
 
 def missing_mountpoints(source: Path) -> list[tuple[str, str]]:

@@ -12,6 +12,7 @@ errors); any other exception is one line too; tracebacks are shown only with ``-
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import traceback
@@ -158,6 +159,7 @@ def _render_usage_error(error: Exception, argv: Sequence[str]) -> int:
 
 
 def main() -> None:
+    _stop_on_termination()
     code = run(sys.argv[1:])
     if code == 130 and _left_behind():
         # interrupted while a download thread was still connecting (a connect cannot be cut
@@ -167,6 +169,20 @@ def main() -> None:
         sys.stderr.flush()
         os._exit(code)
     sys.exit(code)
+
+
+def _stop_on_termination() -> None:
+    """SIGTERM (a workflow tool's ``terminate()``, systemd, Slurm's time limit) and SIGHUP (a
+    closed terminal) stop ocistage as Ctrl-C does (issue 27.6): KeyboardInterrupt in the main
+    thread, so children are killed and waited for (``cp``, ``mksquashfs``, forked staging
+    workers), scratch directories are removed and partial downloads kept, and a re-run starts
+    clean. A signal the caller ignores (``nohup``) stays ignored."""
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, interrupt)
 
 
 def _left_behind() -> bool:

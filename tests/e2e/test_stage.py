@@ -314,3 +314,69 @@ def test_squashfs_staging_shows_progress_on_a_terminal(ocistage: OcistageRunner,
          "squashfs", "--unpack"], ocistage.environment({"TERM": "xterm"}), ocistage.cwd)
     assert code == 0, shown
     assert b"building squashfs image" in shown
+
+
+def _children_named(pid: int, name: str) -> list[int]:
+    """Processes called ``name`` among the descendants of ``pid``."""
+    found, queue = [], [pid]
+    while queue:
+        parent = queue.pop()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                status = Path(f"/proc/{entry}/status").read_text()
+            except OSError:
+                continue
+            fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+            if fields.get("PPid", "").strip() == str(parent):
+                queue.append(int(entry))
+                if fields.get("Name", "").strip() == name:
+                    found.append(int(entry))
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("signum", [15, 1], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_stop_a_stage_and_its_mksquashfs_like_ctrl_c(
+        ocistage: OcistageRunner, tmp_path: Path, signum: int) -> None:
+    """A workflow tool's terminate() or a closed terminal (issue 27.6): the stage stops with
+    its mksquashfs, leaves no scratch behind, and the immediate re-run succeeds."""
+    require_binary("mksquashfs")
+    tree = tmp_path / "tree"
+    for n in range(20):
+        (tree / f"d{n}").mkdir(parents=True)
+        for m in range(4):
+            (tree / f"d{n}" / f"f{m}").write_bytes(os.urandom(1 << 20))  # incompressible
+    target = tmp_path / "target"
+    argv = [*ocistage.command, "stage", str(tree), "--to", str(target), "--name", "x",
+            "--format", "squashfs", "--unpack"]
+    process = subprocess.Popen(argv, cwd=ocistage.cwd, env=ocistage.environment(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (children := _children_named(process.pid, "mksquashfs")):
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "mksquashfs never started"
+            time.sleep(0.02)
+        os.kill(process.pid, signum)
+        _out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    time.sleep(0.5)
+    assert [pid for pid in children if _running(pid)] == []
+    leftovers = [p.name for p in target.iterdir()] if target.exists() else []
+    assert [name for name in leftovers if not name.startswith(".ocistage")] == [], leftovers
+    again = ocistage("stage", str(tree), "--to", str(target), "--name", "x",
+                     "--format", "squashfs", "--unpack", check=True)
+    assert (Path(again.stdout.strip()) / "d3" / "f1").stat().st_size == 1 << 20
