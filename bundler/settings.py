@@ -38,6 +38,7 @@ unknown key is a warning with the closest known key. docs/config.md describes ev
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from ocistage.cache.errors import UsageError
 from ocistage.cache.sizes import parse_size
+from ocistage.cache.userdirs import expand_user, xdg_dir
 
 if TYPE_CHECKING:
     from ocistage.bundler.registry.types import RegistryConfig
@@ -102,9 +104,8 @@ class Settings:
 def user_config_path() -> Path:
     env = os.environ.get("OCISTAGE_CONFIG")
     if env:
-        return Path(os.path.expanduser(env))
-    xdg = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(xdg) / "ocistage" / "config.toml"
+        return Path(expand_user(env))
+    return xdg_dir("XDG_CONFIG_HOME", ".config") / "ocistage" / "config.toml"
 
 
 # -- the config file's keys --------------------------------------------------------------------
@@ -194,22 +195,72 @@ def check_config(path: Path, data: Mapping[str, Any]) -> list[str]:
 def default_cache_dir() -> Path:
     """The cache when no option, variable or config file names one: ``$XDG_CACHE_HOME``'s
     (else ``~/.cache``'s) ``ocistage``."""
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "ocistage"
+    return xdg_dir("XDG_CACHE_HOME", ".cache") / "ocistage"
+
+
+#: a config file is a few hundred bytes; anything this large is not one
+CONFIG_LIMIT = 1 << 20
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as file:
-            import tomllib  # 2 ms of regexes, for users who have a config file
-
-            return tomllib.load(file)
-    except FileNotFoundError:
+    """The TOML document at ``path`` ({} when there is none), read as ssh reads its files: a
+    regular file (a FIFO is refused, never waited on), of the caller or root, that nobody else
+    can write, at most :data:`CONFIG_LIMIT` bytes, nested no deeper than the parser can go."""
+    text = _config_text(path)
+    if text is None:
         return {}
-    except (OSError, ValueError) as exc:  # ValueError: tomllib's TOMLDecodeError, bad UTF-8
-        raise UsageError(f"cannot read config file {path}: {exc}",
-                         f"fix or remove the file; its format is described in {CONFIG_DOC}"
-                         ) from exc
+    import tomllib  # 2 ms of regexes, for users who have a config file
+
+    try:
+        return tomllib.loads(text)
+    except RecursionError as exc:
+        raise _config_error(path, "it is nested too deeply") from exc
+    except ValueError as exc:  # tomllib's TOMLDecodeError
+        raise _config_error(path, str(exc)) from exc
+
+
+def _config_text(path: Path) -> str | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _config_error(path, exc.strerror or str(exc)) from exc
+    try:
+        info = os.fstat(fd)
+        problem = _config_problem(info)
+        if problem:
+            raise _config_error(path, problem, "chown/chmod it (chmod go-w), or remove it")
+        data = os.read(fd, CONFIG_LIMIT + 1)
+        while len(data) <= CONFIG_LIMIT and (more := os.read(fd, CONFIG_LIMIT + 1 - len(data))):
+            data += more
+    except OSError as exc:
+        raise _config_error(path, exc.strerror or str(exc)) from exc
+    finally:
+        os.close(fd)
+    if len(data) > CONFIG_LIMIT:
+        raise _config_error(path, f"it is larger than {CONFIG_LIMIT >> 20} MiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _config_error(path, f"it is not UTF-8 ({exc.reason})") from exc
+
+
+def _config_problem(info: os.stat_result) -> str | None:
+    """The trust rule of docs/trust.md, for a file: the caller's or root's, and writable by
+    nobody else (group write only by the owner's user-private group)."""
+    if not stat.S_ISREG(info.st_mode):
+        return "it is not a regular file"
+    from ocistage.cache.fsops import trust_problem  # only where a config file exists
+
+    problem = trust_problem(os.stat_result((stat.S_IFDIR | stat.S_IMODE(info.st_mode),
+                                            *tuple(info)[1:])))
+    return f"it {problem}" if problem else None
+
+
+def _config_error(path: Path, why: str, hint: str | None = None) -> UsageError:
+    return UsageError(f"cannot read config file {path}: {why}",
+                      hint or f"fix or remove the file; its format is described in {CONFIG_DOC}")
 
 
 @dataclass
@@ -359,7 +410,7 @@ def load_settings(
     insecure_hosts, mirror_map = _registries(layers, insecure, mirrors, origins)
 
     return Settings(
-        cache=Path(os.path.expanduser(cache_dir)) if cache_dir is not None else default_cache_dir(),
+        cache=Path(expand_user(cache_dir)) if cache_dir is not None else default_cache_dir(),
         jobs=jobs_value if jobs_value is not None else DEFAULT_JOBS,
         ca_file=str(chosen_ca) if chosen_ca is not None else None,
         insecure_registries=insecure_hosts,
@@ -367,7 +418,7 @@ def load_settings(
         loopback_insecure=loopback if loopback is not None else True,
         max_size=_size(size_choice),
         unpack_limit=_size(unpack_choice),
-        stage_to=os.path.expanduser(stage_to) if stage_to and "://" not in stage_to
+        stage_to=expand_user(stage_to) if stage_to and "://" not in stage_to
         else stage_to,
         pull=policy if policy is not None else "always",
         keep_snapshot=bool(keep),

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ocistage.bundler.registry.errors import AuthenticationError
+from ocistage.cache.userdirs import home_dir as user_home
+from ocistage.cache.userdirs import owned_by_caller
 
 log = logging.getLogger(__name__)
 
@@ -190,12 +192,14 @@ class CredentialStore:
     def from_environment(cls, environ: Mapping[str, str] | None = None,
                          home: Path | None = None) -> CredentialStore:
         env = os.environ if environ is None else environ
-        home_dir = home if home is not None else Path(env.get("HOME") or Path.home())
+        home_dir = home if home is not None else user_home(env)
         files: list[Path] = []
         if env.get("REGISTRY_AUTH_FILE"):
             files.append(Path(env["REGISTRY_AUTH_FILE"]))
         if env.get("XDG_RUNTIME_DIR"):
-            files.append(Path(env["XDG_RUNTIME_DIR"]) / "containers" / "auth.json")
+            runtime = Path(env["XDG_RUNTIME_DIR"])
+            if runtime.is_absolute() and owned_by_caller(runtime):
+                files.append(runtime / "containers" / "auth.json")
         files.append(home_dir / ".config" / "containers" / "auth.json")
         if env.get("DOCKER_CONFIG"):
             files.append(Path(env["DOCKER_CONFIG"]) / "config.json")

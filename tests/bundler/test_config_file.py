@@ -177,3 +177,70 @@ def test_a_bad_environment_value_names_the_variable(files: tuple[Path, Path],
     monkeypatch.setenv("OCISTAGE_PULL", "often")
     with pytest.raises(UsageError, match=r"'often' \(environment OCISTAGE_PULL\)"):
         load_settings()
+
+
+def _one_line_error(files: tuple[Path, Path]) -> UsageError:
+    with pytest.raises(UsageError) as info:
+        load_settings()
+    assert info.value.exit_code == 2
+    return info.value
+
+
+def test_a_deeply_nested_or_huge_config_is_a_usage_error(files: tuple[Path, Path]) -> None:
+    """20,000 nested arrays gave `internal error: RecursionError`, a 1 GiB file MemoryError
+    (issue 27.11)."""
+    _site, user = files
+    user.write_text("x = " + "[" * 20000 + "]" * 20000 + "\n")
+    assert "nested too deeply" in _one_line_error(files).message
+    user.write_text("x = 1\n")
+    with user.open("r+b") as out:
+        out.truncate(1 << 30)  # sparse: the size is what counts
+    assert "larger than 1 MiB" in _one_line_error(files).message
+
+
+def test_a_fifo_config_is_refused_without_waiting(files: tuple[Path, Path]) -> None:
+    import os
+
+    _site, user = files
+    os.mkfifo(user)
+    assert "not a regular file" in _one_line_error(files).message
+
+
+def test_a_config_others_can_write_is_refused_as_ssh_does(files: tuple[Path, Path]) -> None:
+    import os
+
+    _site, user = files
+    user.write_text("jobs = 3\n")
+    user.chmod(0o666)
+    error = _one_line_error(files)
+    assert "writable by every user" in error.message and "chmod go-w" in (error.hint or "")
+    user.chmod(0o644)
+    os.chown(user, 65534, 65534)
+    assert "owned by" in _one_line_error(files).message
+    os.chown(user, os.getuid(), os.getgid())
+    assert load_settings().jobs == 3
+
+
+def test_another_users_home_is_not_where_my_settings_are(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hook run by a daemon started from root's shell has HOME=/root (issue 26): a user's
+    settings come from that user, whatever HOME says."""
+    import os
+    import pwd
+
+    from ocistage.cache.userdirs import home_dir, xdg_dir
+
+    foreign = tmp_path / "foreign-home"
+    foreign.mkdir()
+    os.chown(foreign, 65534, 65534)
+    monkeypatch.setenv("HOME", str(foreign))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(foreign / ".config"))
+    os.makedirs(foreign / ".config", exist_ok=True)
+    os.chown(foreign / ".config", 65534, 65534)
+    mine = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    assert home_dir() == mine
+    assert xdg_dir("XDG_CONFIG_HOME", ".config") == mine / ".config"
+    own = tmp_path / "own"
+    own.mkdir()
+    monkeypatch.setenv("HOME", str(own))
+    assert home_dir() == own
