@@ -43,10 +43,11 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from ocistage.cache import staged, usage
 from ocistage.cache.digest import Digest
@@ -81,12 +82,11 @@ from ocistage.cache.locks import FileLock, owner_is_dead
 from ocistage.cache.sizes import format_size
 from ocistage.cache.snapshots import SnapshotInfo, list_snapshots, remove_snapshot
 from ocistage.cache.store import Store, scratch_is_dead
+from ocistage.cache.sweep import Removal, Sweep
 
 log = logging.getLogger(__name__)
 LEFTOVER_TEMP_AGE = 3600.0
 QUARANTINE_KEEP = 7 * 86400.0
-RemovalKind = Literal["ref", "blob", "bundle", "snapshot", "staged", "lease", "scratch",
-                      "partial", "leftover", "quarantine", "usage"]
 
 
 @dataclass(frozen=True)
@@ -96,14 +96,6 @@ class GcOptions:
     dry_run: bool = False
     keep: frozenset[str] = frozenset()  # lease targets the caller uses (besides live leases)
     lock_timeout: float | None = 120.0  # wait this long for another GC (None: forever)
-
-
-@dataclass(frozen=True)
-class Removal:
-    kind: RemovalKind
-    name: str
-    size: int          # bytes on disk this frees (inside the cache: as du counts them)
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -130,32 +122,78 @@ class GcReport:
 
 # -- leftovers ---------------------------------------------------------------------------------
 
-def _leftovers(store: Store, dry_run: bool, now: float, footprint: Footprint) -> list[Removal]:
-    removed: list[Removal] = []
-    for path in store.clean_leftovers(dry_run=dry_run):
-        size = footprint.drop(path)
-        if path.parent == store.tmp_dir:
-            size += footprint.drop(owner_file(path))
-        removed.append(Removal("scratch", str(path), size, "temp dir of a dead process"))
+def _leftovers(sweep: Sweep[Removal], store: Store, now: float) -> None:
+    _dead_scratch(sweep, store, now)
+    _dead_partials(sweep, store)
+    _interrupted_removals(sweep, store, now)
+    _interrupted_writes(sweep, store, now)
+    _old_quarantine(sweep, store, now)
+
+
+def _dead_scratch(sweep: Sweep[Removal], store: Store, now: float) -> None:
+    """Temp dirs, stale locks and writers' temp files of dead processes (which the store
+    removes itself), then bundles that dead processes were building."""
+    for path in store.clean_leftovers(dry_run=sweep.dry_run):
+        owner = (owner_file(path),) if path.parent == store.tmp_dir else ()
+        sweep.remove("scratch", str(path), "temp dir of a dead process", paths=(path, *owner))
     for path in bundle_scratch_dirs(store):
         if scratch_is_dead(path, now):
-            size = footprint.drop(path)
-            if not dry_run:
-                remove_tree(path)
-            removed.append(Removal("scratch", str(path), size, "bundle build of a dead process"))
-    removed.extend(_dead_partials(store, dry_run, footprint))
+            sweep.remove("scratch", str(path), "bundle build of a dead process", paths=(path,),
+                         action=partial(remove_tree, path))
+
+
+def _dead_partials(sweep: Sweep[Removal], store: Store) -> None:
+    """Partial downloads that no live process owns: taken over by their lock (a dry run takes
+    no lock, it only asks whether the lock's owner is gone)."""
+    for stem in _download_stems(store):
+        path = store.ingest_dir / f"{stem}.partial"
+        lock = FileLock(store.ingest_dir / f"{stem}.lock")
+        if sweep.dry_run:
+            if owner_is_dead(lock.path):  # else a live process is downloading this blob
+                _remove_partial(sweep, path)
+        elif lock.try_acquire():
+            try:
+                _remove_partial(sweep, path)
+            finally:
+                lock.release()
+
+
+def _download_stems(store: Store) -> list[str]:
+    stems: set[str] = set()
+    with contextlib.suppress(FileNotFoundError), os.scandir(store.ingest_dir) as entries:
+        for entry in entries:
+            stem, dot, suffix = entry.name.partition(".")
+            if dot and suffix in ("partial", "lock"):
+                stems.add(stem)
+    return sorted(stems)
+
+
+def _remove_partial(sweep: Sweep[Removal], path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):  # none to remove: no removal
+        sweep.remove("partial", str(path), "download nobody is finishing", paths=(path,),
+                     action=path.unlink, otherwise=partial(_must_exist, path))
+
+
+def _must_exist(path: Path) -> None:
+    if not path.exists():
+        raise FileNotFoundError(path)
+
+
+def _interrupted_removals(sweep: Sweep[Removal], store: Store, now: float) -> None:
+    """Temp dirs without an owner file: a rename-then-delete that a crash interrupted."""
     with contextlib.suppress(FileNotFoundError), os.scandir(store.tmp_dir) as entries:
         tmp_entries = [Path(e.path) for e in entries]
-    for path in tmp_entries:  # no owner file: a rename-then-delete that a crash interrupted
+    for path in tmp_entries:
         if path.name.endswith(OWNER_SUFFIX) or owner_file(path).exists():
             continue
         with contextlib.suppress(FileNotFoundError):
             if now - os.lstat(path).st_mtime > LEFTOVER_TEMP_AGE:
-                size = footprint.drop(path)
-                if not dry_run:
-                    remove_tree(path)
-                removed.append(Removal("scratch", str(path), size,
-                                       "removal interrupted by a crash"))
+                sweep.remove("scratch", str(path), "removal interrupted by a crash",
+                             paths=(path,), action=partial(remove_tree, path))
+
+
+def _interrupted_writes(sweep: Sweep[Removal], store: Store, now: float) -> None:
+    """Old ``.*.tmp`` files of atomic writes."""
     for directory in (store.root, store.blobs / "sha256", store.blobs / "sha512",
                       store.root / "leases"):
         with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
@@ -165,122 +203,77 @@ def _leftovers(store: Store, dry_run: bool, now: float, footprint: Footprint) ->
                 with contextlib.suppress(FileNotFoundError):
                     st = entry.stat(follow_symlinks=False)
                     if stat.S_ISREG(st.st_mode) and now - st.st_mtime > LEFTOVER_TEMP_AGE:
-                        if not dry_run:
-                            os.unlink(entry.path)
-                        removed.append(Removal("leftover", entry.path, footprint.drop(entry.path),
-                                               "temp file of an interrupted write"))
+                        sweep.remove("leftover", entry.path, "temp file of an interrupted write",
+                                     paths=(entry.path,), action=partial(os.unlink, entry.path))
+
+
+def _old_quarantine(sweep: Sweep[Removal], store: Store, now: float) -> None:
     with contextlib.suppress(FileNotFoundError), os.scandir(store.root / QUARANTINE) as q:
         for entry in q:
             with contextlib.suppress(FileNotFoundError):
                 if now - entry.stat(follow_symlinks=False).st_mtime > QUARANTINE_KEEP:
-                    size = footprint.drop(entry.path)
-                    if not dry_run:
-                        remove_tree(Path(entry.path))
-                    removed.append(Removal("quarantine", entry.path, size,
-                                           "quarantined more than a week ago"))
-    return removed
-
-
-def _dead_partials(store: Store, dry_run: bool, footprint: Footprint) -> list[Removal]:
-    """Partial downloads that no live process owns (taken over by their lock; a dry run only
-    asks whether the lock's owner is gone)."""
-    removed: list[Removal] = []
-    names: set[str] = set()
-    with contextlib.suppress(FileNotFoundError), os.scandir(store.ingest_dir) as entries:
-        for entry in entries:
-            stem, dot, suffix = entry.name.partition(".")
-            if dot and suffix in ("partial", "lock"):
-                names.add(stem)
-    for stem in sorted(names):
-        partial = store.ingest_dir / f"{stem}.partial"
-        lock = FileLock(store.ingest_dir / f"{stem}.lock")
-        if dry_run:
-            if not owner_is_dead(lock.path):
-                continue  # a live process is downloading this blob
-            if partial.exists():
-                removed.append(Removal("partial", str(partial), footprint.drop(partial),
-                                       "download nobody is finishing"))
-            continue
-        if not lock.try_acquire():
-            continue
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                partial.unlink()
-                removed.append(Removal("partial", str(partial), footprint.drop(partial),
-                                       "download nobody is finishing"))
-        finally:
-            lock.release()
-    return removed
+                    sweep.remove("quarantine", entry.path, "quarantined more than a week ago",
+                                 paths=(entry.path,), action=partial(remove_tree, entry.path))
 
 
 # -- leases and staged bundles -----------------------------------------------------------------
 
-def _remove_staged(target: str, leases: list[Lease], dry_run: bool) -> list[Removal]:
-    """Remove a staged bundle all of whose ``leases`` are dead, if its marker says it is ours.
-
-    Returns the removals, the dead leases included; the caller drops those leases.
-    """
-    text = target.removeprefix("staged:")
-    path = Path(text)
-    removed: list[Removal] = []
-    ids = {lease.id for lease in leases}
-    normal = path.is_absolute() and os.path.normpath(text) == text and text != "/"
-    bundle = staged.open_staged(path) if normal else None
-    if bundle is not None and not bundle.lease_ids() & ids:
-        bundle.close()
-        bundle = None
-    if bundle is not None:
-        size = bundle.image_size() + (0 if bundle.mounted else tree_size(path).disk)
-        if dry_run:
-            bundle.close()
-        else:
-            try:
-                staged.remove(bundle)
-            except (OSError, StoreError) as exc:  # e.g. a mount that is busy: retry next time
-                log.warning("cannot remove staged bundle %s: %s", text, exc)
-                return []
-        removed.append(Removal("staged", text, size, "staged bundle whose leases are all dead"))
-        reason = "dead lease of a removed staged bundle"
-    else:
-        reason = "dead lease of a staged path that is gone or not marked as this lease's"
-    removed.extend(Removal("lease", lease.id, 0, f"{reason} ({lease.holder.describe()})")
-                   for lease in leases)
-    return removed
-
-
-def _lease_file(store: Store, lease_id: str) -> Path:
-    return store.root / "leases" / f"{lease_id}.json"
-
-
-def _expire(store: Store, leases: list[Lease], states: dict[str, str] | None,
-            dry_run: bool, footprint: Footprint) -> tuple[list[Removal], set[str]]:
-    """Drop dead leases (staged bundles included); return the removals and the live targets."""
-    removed: list[Removal] = []
+def _expire(sweep: Sweep[Removal], store: Store, leases: list[Lease],
+            states: dict[str, str] | None) -> set[str]:
+    """Drop dead leases (staged bundles included); return the live targets."""
     live: set[str] = set()
-    staged: dict[str, list[Lease]] = {}
+    staged_leases: dict[str, list[Lease]] = {}
     for lease in leases:
         if lease.target.startswith("staged:") and not lease.also:
-            staged.setdefault(lease.target, []).append(lease)
-            continue
-        if is_live(lease, states):
+            staged_leases.setdefault(lease.target, []).append(lease)
+        elif is_live(lease, states):
             live.update(lease.targets)
         else:
-            if not dry_run:
-                release(store.root, lease.id)
-            removed.append(Removal("lease", lease.id,
-                                   footprint.drop(_lease_file(store, lease.id)),
-                                   f"holder is gone ({lease.holder.describe()})"))
-    for target, group in staged.items():
+            _drop_lease(sweep, store, lease, "holder is gone")
+    for target, group in staged_leases.items():
         if any(is_live(lease, states) for lease in group):
             live.add(target)
-            continue
-        for removal in _remove_staged(target, group, dry_run):
-            if removal.kind == "lease":
-                if not dry_run:
-                    release(store.root, removal.name)
-                removal = replace(removal, size=footprint.drop(_lease_file(store, removal.name)))
-            removed.append(removal)
-    return removed, live
+        else:
+            _expire_staged(sweep, store, target, group)
+    return live
+
+
+def _drop_lease(sweep: Sweep[Removal], store: Store, lease: Lease, why: str) -> None:
+    sweep.remove("lease", lease.id, f"{why} ({lease.holder.describe()})",
+                 paths=(store.root / "leases" / f"{lease.id}.json",),
+                 action=partial(release, store.root, lease.id))
+
+
+def _expire_staged(sweep: Sweep[Removal], store: Store, target: str,
+                   leases: list[Lease]) -> None:
+    """Remove a staged bundle all of whose ``leases`` are dead, if its marker says it is ours,
+    then drop the leases (all of them stay if the removal fails)."""
+    text = target.removeprefix("staged:")
+    bundle = _own_staged(text, {lease.id for lease in leases})
+    why = "dead lease of a staged path that is gone or not marked as this lease's"
+    if bundle is not None:
+        size = bundle.image_size() + (0 if bundle.mounted else tree_size(Path(text)).disk)
+        try:
+            sweep.remove("staged", text, "staged bundle whose leases are all dead", size=size,
+                         action=partial(staged.remove, bundle), otherwise=bundle.close)
+        except (OSError, StoreError) as exc:  # e.g. a mount that is busy: retry next time
+            log.warning("cannot remove staged bundle %s: %s", text, exc)
+            return
+        why = "dead lease of a removed staged bundle"
+    for lease in leases:
+        _drop_lease(sweep, store, lease, why)
+
+
+def _own_staged(text: str, lease_ids: set[str]) -> staged.StagedBundle | None:
+    """The staged bundle at path ``text`` (opened) if its marker names one of ``lease_ids``."""
+    path = Path(text)
+    if not (path.is_absolute() and os.path.normpath(text) == text and text != "/"):
+        return None
+    bundle = staged.open_staged(path)
+    if bundle is not None and not bundle.lease_ids() & lease_ids:
+        bundle.close()
+        return None
+    return bundle
 
 
 # -- what stays --------------------------------------------------------------------------------
@@ -344,24 +337,21 @@ class _Plan:
         self.settle()
         return self.footprint.size()
 
+    def evict(self, item: Ref | Bundle | SnapshotInfo) -> None:
+        if isinstance(item, Ref):
+            self.evicted_refs.append(item)
+        elif isinstance(item, Bundle):
+            self.evicted_bundles.add(item.key)
+        else:
+            self.evicted_snapshots.add(item.chain_id)
+
+
+# -- eviction ----------------------------------------------------------------------------------
 
 def _evict(plan: _Plan, store: Store, options: GcOptions, now: float) -> list[str]:
-    """Choose LRU refs and bundles to evict; returns what leases kept from eviction."""
-    uses = usage.all_usage(store.root)
-    candidates: list[tuple[float, int, Ref | Bundle | SnapshotInfo]] = []
-    for ref in plan.refs:
-        candidates.append((ref_last_used(ref, uses), len(candidates), ref))
-    live_bundles = plan.live_bundles()
-    for bundle in plan.bundles:
-        if bundle.key in live_bundles:
-            candidates.append((bundle_last_used(bundle, uses), len(candidates), bundle))
-    live_snapshots = plan.live_snapshots()
-    for snapshot in plan.snapshots:
-        if snapshot.chain_id in live_snapshots:
-            candidates.append((snapshot.last_used, len(candidates), snapshot))
-    candidates.sort(key=lambda c: (c[0], c[1]))
+    """Choose LRU refs, bundles and snapshots to evict; returns what leases kept from eviction."""
     protected: list[str] = []
-    for used, _, item in candidates:
+    for used, item in _by_last_use(plan, usage.all_usage(store.root)):
         too_old = options.older_than is not None and now - used > options.older_than
         too_big = options.max_size is not None and plan.size() > options.max_size
         if not (too_old or too_big):
@@ -369,98 +359,126 @@ def _evict(plan: _Plan, store: Store, options: GcOptions, now: float) -> list[st
         target = snapshot_target(item) if isinstance(item, SnapshotInfo) else item.target
         if target in plan.protected:
             protected.append(target)
-            continue
-        if isinstance(item, Ref):
-            plan.evicted_refs.append(item)
-        elif isinstance(item, Bundle):
-            plan.evicted_bundles.add(item.key)
         else:
-            plan.evicted_snapshots.add(item.chain_id)
+            plan.evict(item)
     return protected
 
 
-def _apply(plan: _Plan, store: Store, dry_run: bool) -> list[Removal]:
-    removed: list[Removal] = []
-    evicted = plan.evicted_refs
-    if evicted:
-        def chosen(entry: dict[str, Any]) -> bool:
-            return any(ref.same_entry(entry) for ref in evicted)
-
-        size = plan.footprint.size()
-        index_size, documents = store.preview_untag(chosen)
-        plan.alias_indexes |= {Digest.of_bytes(d) for d in documents}
-        aliases = [(store.blob_path(Digest.of_bytes(d)), len(d)) for d in documents]
-        aliases = [(path, n) for path, n in aliases if not plan.footprint.has(path)]
-        if dry_run:
-            plan.footprint.predict(store.root / "index.json", index_size)
-            for path, n in aliases:
-                plan.footprint.predict(path, n)
-        else:
-            store.untag(chosen)
-            for path in [store.root / "index.json", *(path for path, _ in aliases)]:
-                plan.footprint.refresh(path)
-        # index.json's change and new alias indexes (ocistage.cache.refnames): charged to the first
-        # ref
-        shrunk = size - plan.footprint.size()
-        for n, ref in enumerate(evicted):
-            label = f"{ref.name} ({ref.platform})" if ref.platform else ref.name
-            removed.append(Removal("ref", label, 0 if n else shrunk, "least recently used"))
+def _by_last_use(plan: _Plan, uses: dict[tuple[str, str], float]
+                 ) -> list[tuple[float, Ref | Bundle | SnapshotInfo]]:
+    """What eviction may take, least recently used first (refs, bundles, snapshots on a tie)."""
     live_bundles = plan.live_bundles()
-    doomed = [b for b in plan.bundles if b.key not in live_bundles]
-    if doomed and not dry_run:
-        trash = store.temp_dir("gc")
-        try:
-            for bundle in doomed:
-                with contextlib.suppress(FileNotFoundError):
-                    os.rename(bundle.path, trash / bundle.key)
-            remove_tree(trash)
-        finally:
-            store.remove_temp_dir(trash)
-    for bundle in doomed:
-        reason = ("least recently used" if bundle.key in plan.evicted_bundles
-                  else "its image is no longer cached" if bundle.manifest is not None
-                  else "made from an unknown image")
-        removed.append(Removal("bundle", bundle.key, plan.footprint.drop(bundle.path), reason))
     live_snapshots = plan.live_snapshots()
+    candidates: list[tuple[float, Ref | Bundle | SnapshotInfo]] = [
+        *((ref_last_used(ref, uses), ref) for ref in plan.refs),
+        *((bundle_last_used(b, uses), b) for b in plan.bundles if b.key in live_bundles),
+        *((s.last_used, s) for s in plan.snapshots if s.chain_id in live_snapshots)]
+    return sorted(candidates, key=lambda candidate: candidate[0])
+
+
+# -- removal -----------------------------------------------------------------------------------
+
+def _apply(sweep: Sweep[Removal], plan: _Plan, store: Store) -> None:
+    """Remove what the plan no longer keeps: refs, bundles, snapshots, blobs, last-use records."""
+    _evicted_refs(sweep, plan, store)
+    live_bundles = plan.live_bundles()
+    doomed = _orphan_bundles(sweep, plan, store, live_bundles)
+    _orphan_snapshots(sweep, plan, store)
+    _orphan_blobs(sweep, plan)
+    _forget_stale_usage(sweep, store, {r.digest.hex for r in plan.kept_refs()},
+                        live_bundles, doomed, plan.started)
+
+
+def _evicted_refs(sweep: Sweep[Removal], plan: _Plan, store: Store) -> None:
+    """Untag the evicted refs; index.json's change and new alias indexes
+    (:mod:`ocistage.cache.refnames`) are charged to the first."""
+    evicted = plan.evicted_refs
+    if not evicted:
+        return
+
+    def chosen(entry: dict[str, Any]) -> bool:
+        return any(ref.same_entry(entry) for ref in evicted)
+
+    size = plan.footprint.size()
+    index_size, documents = store.preview_untag(chosen)
+    plan.alias_indexes |= {Digest.of_bytes(d) for d in documents}
+    aliases = [(store.blob_path(Digest.of_bytes(d)), len(d)) for d in documents]
+    aliases = [(path, n) for path, n in aliases if not plan.footprint.has(path)]
+    sweep.run(partial(store.untag, chosen))
+    for path, n in [(store.root / "index.json", index_size), *aliases]:
+        sweep.rewritten(path, n)
+    shrunk = size - plan.footprint.size()
+    for n, ref in enumerate(evicted):
+        label = f"{ref.name} ({ref.platform})" if ref.platform else ref.name
+        sweep.remove("ref", label, "least recently used", size=0 if n else shrunk)
+
+
+def _orphan_bundles(sweep: Sweep[Removal], plan: _Plan, store: Store,
+                    live: set[str]) -> set[str]:
+    """Remove the cached bundles that are not ``live``; returns their keys."""
+    doomed = [b for b in plan.bundles if b.key not in live]
+    with _trash(store) as move:
+        for bundle in doomed:
+            reason = ("least recently used" if bundle.key in plan.evicted_bundles
+                      else "its image is no longer cached" if bundle.manifest is not None
+                      else "made from an unknown image")
+            sweep.remove("bundle", bundle.key, reason, paths=(bundle.path,),
+                         action=partial(move, bundle))
+    return {b.key for b in doomed}
+
+
+@contextlib.contextmanager
+def _trash(store: Store) -> Iterator[Callable[[Bundle], None]]:
+    """A mover of bundles into one temp dir (made at the first move), which is deleted with
+    them at the end: no half-removed tree is ever visible at a bundle's path."""
+    made: list[Path] = []
+
+    def move(bundle: Bundle) -> None:
+        if not made:
+            made.append(store.temp_dir("gc"))
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(bundle.path, made[0] / bundle.key)
+
+    try:
+        yield move
+        for trash in made:
+            remove_tree(trash)
+    finally:
+        for trash in made:
+            store.remove_temp_dir(trash)
+
+
+def _orphan_snapshots(sweep: Sweep[Removal], plan: _Plan, store: Store) -> None:
+    live = plan.live_snapshots()
     for snapshot in plan.snapshots:
-        if snapshot.chain_id in live_snapshots:
+        if snapshot.chain_id in live:
             continue
-        if not dry_run:
-            remove_snapshot(store, snapshot.chain_id)
         reason = ("least recently used" if snapshot.chain_id in plan.evicted_snapshots
                   else "no cached image has these layers")
-        removed.append(Removal("snapshot", str(snapshot.chain_id),
-                               plan.footprint.drop(snapshot.path), reason))
-    live_blobs = plan.live_blobs()
+        sweep.remove("snapshot", str(snapshot.chain_id), reason, paths=(snapshot.path,),
+                     action=partial(remove_snapshot, store, snapshot.chain_id))
+
+
+def _orphan_blobs(sweep: Sweep[Removal], plan: _Plan) -> None:
+    live = plan.live_blobs()
     for digest, blob in sorted(plan.blobs.items()):
-        if digest in live_blobs:
-            continue
-        if not dry_run:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(blob.path)
-        removed.append(Removal("blob", str(digest), plan.footprint.drop(blob.path),
-                               "no cached image uses it"))
-    removed.extend(_forget_stale_usage(store, {r.digest.hex for r in plan.kept_refs()},
-                                       live_bundles, {b.key for b in doomed}, plan.started,
-                                       plan.footprint, dry_run))
-    return removed
+        if digest not in live:
+            sweep.remove("blob", str(digest), "no cached image uses it", paths=(blob.path,),
+                         action=partial(blob.path.unlink, missing_ok=True))
 
 
-def _forget_stale_usage(store: Store, manifests: set[str], bundles: set[str], doomed: set[str],
-                        started: float, footprint: Footprint, dry_run: bool) -> list[Removal]:
+def _forget_stale_usage(sweep: Sweep[Removal], store: Store, manifests: set[str],
+                        bundles: set[str], doomed: set[str], started: float) -> None:
     """Drop last-use records of removed bundles and of gone entries (not those a running
     command touched since)."""
-    removed: list[Removal] = []
     for (kind, key), used in usage.all_usage(store.root).items():
         if used >= started and not (kind == "bundle" and key in doomed):
             continue
         if (kind == "image" and key not in manifests) or (kind == "bundle" and key not in bundles):
             usage_kind: usage.UsageKind = "image" if kind == "image" else "bundle"
-            if not dry_run:
-                usage.forget(store.root, usage_kind, key)
-            size = footprint.drop(usage.usage_path(store.root, usage_kind, key))
-            removed.append(Removal("usage", f"{kind}-{key}", size, "its entry is gone"))
-    return removed
+            sweep.remove("usage", f"{kind}-{key}", "its entry is gone",
+                         paths=(usage.usage_path(store.root, usage_kind, key),),
+                         action=partial(usage.forget, store.root, usage_kind, key))
 
 
 # -- the entry points --------------------------------------------------------------------------
@@ -489,11 +507,10 @@ def _collect(store: Store, options: GcOptions, job_states: JobStates, now: float
     started = time.time()
     footprint = measure(store.root, skip=(GC_LOCK,))
     size_before = footprint.size()
-    removed = _leftovers(store, options.dry_run, now, footprint)
+    sweep: Sweep[Removal] = Sweep(options.dry_run, footprint)
+    _leftovers(sweep, store, now)
     leases = all_leases(store.root)
-    states = job_states_of(leases, job_states)
-    expired, live = _expire(store, leases, states, options.dry_run, footprint)
-    removed.extend(expired)
+    live = _expire(sweep, store, leases, job_states_of(leases, job_states))
     plan = _Plan(refs=read_refs(store), blobs=list_blobs(store), bundles=list_bundles(store),
                  snapshots=list_snapshots(store), protected=live | set(options.keep),
                  footprint=footprint, started=started)
@@ -502,8 +519,8 @@ def _collect(store: Store, options: GcOptions, job_states: JobStates, now: float
     kept: list[str] = []
     if options.max_size is not None or options.older_than is not None:
         kept = _evict(plan, store, options, now)
-    removed.extend(_apply(plan, store, options.dry_run))
-    return GcReport(removed=tuple(removed), protected=tuple(dict.fromkeys(kept)),
+    _apply(sweep, plan, store)
+    return GcReport(removed=tuple(sweep.records), protected=tuple(dict.fromkeys(kept)),
                     size_before=size_before, size_after=plan.size(),
                     max_size=options.max_size, dry_run=options.dry_run,
                     size_floor=footprint.floor())
@@ -517,24 +534,12 @@ def remove_ref(store: Store, name: str, platform: str | None = None, force: bool
     A ref that a live lease names is refused unless ``force``; even then, leased blobs and
     bundles stay until their lease ends (a later GC removes them).
     """
-    def wanted(ref: Ref) -> bool:
-        return ref.name == name and (platform is None or ref.platform == platform
-                                     or ref.platform.startswith(platform + "/"))
-
     lock = FileLock(store.root / GC_LOCK, heartbeat=1.0)
     lock.acquire(timeout=GcOptions().lock_timeout)
     try:
-        refs = [ref for ref in read_refs(store) if wanted(ref)]
-        if not refs:
-            raise NotFound(f"{name}{' for ' + platform if platform else ''} is not in the cache",
-                           "`ocistage cache ls` lists the cached images")
-        leases = [lease for lease in all_leases(store.root) if f"image:{name}" in lease.targets]
-        states = job_states_of(leases, job_states)
-        holders = [lease.holder.describe() for lease in leases if is_live(lease, states)]
-        if holders and not force:
-            raise StoreError(f"{name} is in use ({', '.join(holders)})",
-                             "wait until it is released, or pass --force to drop the ref "
-                             "anyway (leased content stays until its lease ends)")
+        refs = _refs_named(store, name, platform)
+        if not force:
+            _refuse_if_leased(store, name, job_states)
         store.untag(lambda entry: any(ref.same_entry(entry) for ref in refs))
         report = _collect(store, GcOptions(), job_states, time.time())
     finally:
@@ -544,6 +549,26 @@ def remove_ref(store: Store, name: str, platform: str | None = None, force: bool
     return GcReport(removed=dropped + report.removed, protected=report.protected,
                     size_before=report.size_before, size_after=report.size_after,
                     max_size=None, dry_run=False, size_floor=report.size_floor)
+
+
+def _refs_named(store: Store, name: str, platform: str | None) -> list[Ref]:
+    """The cached refs ``name`` (of ``platform`` and its variants, or all); NotFound if none."""
+    refs = [ref for ref in read_refs(store) if ref.name == name and (
+        platform is None or ref.platform == platform or ref.platform.startswith(platform + "/"))]
+    if not refs:
+        raise NotFound(f"{name}{' for ' + platform if platform else ''} is not in the cache",
+                       "`ocistage cache ls` lists the cached images")
+    return refs
+
+
+def _refuse_if_leased(store: Store, name: str, job_states: JobStates) -> None:
+    leases = [lease for lease in all_leases(store.root) if f"image:{name}" in lease.targets]
+    states = job_states_of(leases, job_states)
+    holders = [lease.holder.describe() for lease in leases if is_live(lease, states)]
+    if holders:
+        raise StoreError(f"{name} is in use ({', '.join(holders)})",
+                         "wait until it is released, or pass --force to drop the ref "
+                         "anyway (leased content stays until its lease ends)")
 
 
 def enforce_budget(store: Store, max_size: int, keep: Iterable[str] = (),

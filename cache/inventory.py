@@ -449,27 +449,32 @@ def disk_usage(store: Store) -> DiskUsage:
     refs = read_refs(store)
     blobs = list_blobs(store)
     images_logical = sum(blobs[d].size for ref in refs for d in set(ref.blobs) if d in blobs)
-    seen: set[tuple[int, int]] = set()
-    snapshot_sizes = [tree_size(s.path, seen) for s in list_snapshots(store)]
-    bundle_sizes = [tree_size(b.path, seen) for b in list_bundles(store)]
-    scratch_paths = bundle_scratch_dirs(store)
-    for directory in (store.ingest_dir, store.tmp_dir):
-        with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
-            scratch_paths.extend(Path(e.path) for e in entries)
-    quarantine_paths: list[Path] = []
-    with contextlib.suppress(FileNotFoundError), os.scandir(store.root / QUARANTINE) as q:
-        quarantine_paths.extend(Path(e.path) for e in q)
-    other_paths = [store.root / name for name in ("index.json", "oci-layout")]
-    for subdir in ("leases", usage.USED_DIR):
-        with contextlib.suppress(FileNotFoundError), os.scandir(store.root / subdir) as d:
-            other_paths.extend(Path(e.path) for e in d)
+    blobs_disk = sum(b.disk for b in blobs.values())
+    seen: set[tuple[int, int]] = set()  # a file linked from several parts counts once
     return DiskUsage(
-        images=Usage(images_logical, sum(b.disk for b in blobs.values()), len(refs)),
-        blobs=Usage(sum(b.size for b in blobs.values()), sum(b.disk for b in blobs.values()),
-                    len(blobs)),
-        snapshots=_sum(snapshot_sizes),
-        bundles=_sum(bundle_sizes),
-        scratch=_sum(tree_size(p, seen) for p in scratch_paths),
-        quarantine=_sum(tree_size(p, seen) for p in quarantine_paths),
-        other=_sum(tree_size(p, seen) for p in other_paths),
+        images=Usage(images_logical, blobs_disk, len(refs)),
+        blobs=Usage(sum(b.size for b in blobs.values()), blobs_disk, len(blobs)),
+        snapshots=_sum(tree_size(s.path, seen) for s in list_snapshots(store)),
+        bundles=_sum(tree_size(b.path, seen) for b in list_bundles(store)),
+        scratch=_sum(tree_size(p, seen) for p in _scratch_paths(store)),
+        quarantine=_sum(tree_size(p, seen) for p in _entries(store.root / QUARANTINE)),
+        other=_sum(tree_size(p, seen) for p in _other_paths(store)),
     )
+
+
+def _entries(directory: Path) -> list[Path]:
+    """The entries of ``directory`` (none if it is absent)."""
+    with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
+        return [Path(e.path) for e in entries]
+    return []
+
+
+def _scratch_paths(store: Store) -> list[Path]:
+    """Bundles being built, partial downloads and their locks, temp dirs."""
+    return [*bundle_scratch_dirs(store), *_entries(store.ingest_dir), *_entries(store.tmp_dir)]
+
+
+def _other_paths(store: Store) -> list[Path]:
+    """The layout's files, leases and last-use records."""
+    return [store.root / "index.json", store.root / "oci-layout",
+            *_entries(store.root / "leases"), *_entries(store.root / usage.USED_DIR)]

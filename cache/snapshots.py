@@ -348,16 +348,34 @@ def split_tree(source: Path, parts: int) -> TreeSplit | None:
     one) until no subtree weighs more than an eighth of a group; the subtrees and loose
     entries are then dealt out, heaviest first, to the lightest group.
     """
-    if parts < 2 or not source.is_dir() or source.is_symlink():
+    root = _scan_for_split(source) if parts >= 2 else None
+    if root is None:
+        return None
+    dirs, units = _expand(root, limit=root.weight / parts / 8)
+    groups = _deal(units, parts)
+    if not _fits_command_lines(source, dirs, groups):
+        return None
+    return TreeSplit(tuple(node.rel for node in dirs),
+                     tuple(tuple(group) for group in groups if group))
+
+
+def _scan_for_split(source: Path) -> _Dir | None:
+    """The scanned tree at ``source``, or None if it is no directory, cannot be scanned (cp
+    reports that, as it did before the split existed) or is too light to be worth a split."""
+    if not source.is_dir() or source.is_symlink():
         return None
     try:
         root = _scan(source)
     except OSError:
-        return None  # cp reports it, as it did before the split existed
-    if root.weight < MIN_SPLIT_WEIGHT:
         return None
-    limit = root.weight / parts / 8
-    dirs: list[_Dir] = []  # expanded; a directory only after its parent
+    return root if root.weight >= MIN_SPLIT_WEIGHT else None
+
+
+def _expand(root: _Dir, limit: float) -> tuple[list[_Dir], list[tuple[int, str]]]:
+    """Expand the heaviest directory until no subtree weighs more than ``limit`` (at least
+    the root, at most :data:`_MAX_SPLIT_DIRS`); returns the expanded directories (a directory
+    only after its parent) and the units left to clone: ``(weight, relative path)``."""
+    dirs: list[_Dir] = []
     units: list[tuple[int, str]] = []
     heap: list[tuple[int, int, _Dir]] = [(-root.weight, 0, root)]
     serial = 0
@@ -369,23 +387,30 @@ def split_tree(source: Path, parts: int) -> TreeSplit | None:
             serial += 1
             heapq.heappush(heap, (-child.weight, serial, child))
     units.extend((-weight, node.rel) for weight, _n, node in heap)
+    return dirs, units
+
+
+def _deal(units: list[tuple[int, str]], parts: int) -> list[list[str]]:
+    """Deal the units out, heaviest first, each to the group that is lightest so far."""
     groups: list[list[str]] = [[] for _ in range(parts)]
     loads = [0] * parts
     for weight, rel in sorted(units, key=lambda unit: -unit[0]):
         lightest = loads.index(min(loads))
         groups[lightest].append(rel)
         loads[lightest] += weight
+    return groups
+
+
+def _fits_command_lines(source: Path, dirs: list[_Dir], groups: list[list[str]]) -> bool:
+    """Whether every group fits one ``cp`` command line, and every planned path the kernel's
+    PATH_MAX: one near it (a deep or long tree, which the fd-based scan lists) would fail in
+    ``cp``, where a single recursive ``cp`` copies it."""
     if any(sum(len(os.fsencode(rel)) + 1 for rel in group) > _MAX_ARGV_BYTES
            for group in groups):
-        return None
-    # cp gets each planned entry as a path: one near PATH_MAX (a deep or long tree, which
-    # the fd-based scan lists) would fail there, where a single recursive cp copies it
+        return False
     longest = max(len(os.fsencode(rel)) for rel in (*(n.rel for n in dirs), *(
         rel for group in groups for rel in group)))
-    if len(os.fsencode(str(source))) + longest + _PATH_MARGIN >= _PATH_MAX:
-        return None
-    return TreeSplit(tuple(node.rel for node in dirs),
-                     tuple(tuple(group) for group in groups if group))
+    return len(os.fsencode(str(source))) + longest + _PATH_MARGIN < _PATH_MAX
 
 
 def _copy_dir_attributes(source: Path, dest: Path) -> None:

@@ -22,15 +22,26 @@ import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
 from ocistage.cache.digest import Digest, hash_file
 from ocistage.cache.errors import OcistageError, StoreError
-from ocistage.cache.inventory import QUARANTINE, Blob, list_blobs, list_bundles, read_refs
+from ocistage.cache.inventory import (
+    QUARANTINE,
+    Blob,
+    Bundle,
+    Ref,
+    list_blobs,
+    list_bundles,
+    read_refs,
+)
 from ocistage.cache.store import Store
+from ocistage.cache.sweep import Sweep
 
 ProblemKind = Literal["corrupt-blob", "foreign-file", "broken-ref", "broken-bundle"]
+NO_ACTION = "none (dry run)"
 
 
 @dataclass(frozen=True)
@@ -122,45 +133,68 @@ def _bundle_problem(path: Path) -> str | None:
 
 def verify(store: Store, jobs: int = 2, dry_run: bool = False) -> VerifyReport:
     """Check the whole cache (see the module docstring); with ``dry_run`` only report."""
-    problems: list[Problem] = []
+    sweep: Sweep[Problem] = Sweep(dry_run)
     blobs = list_blobs(store)
+    _corrupt_blobs(sweep, store, blobs, jobs)
+    _foreign(sweep, store)
+    refs = read_refs(store)
+    _broken_refs(sweep, store, refs)
+    bundles = list_bundles(store)
+    _broken_bundles(sweep, store, bundles)
+    return VerifyReport(blobs=len(blobs), bytes=sum(b.size for b in blobs.values()),
+                        refs=len(refs), bundles=len(bundles), problems=tuple(sweep.records),
+                        dry_run=dry_run)
+
+
+def _quarantined(sweep: Sweep[Problem], store: Store, kind: ProblemKind, name: str, detail: str,
+                 path: Path, label: str) -> None:
+    moved = sweep.run(partial(quarantine, store, path, label))
+    sweep.report(Problem(kind, name, detail,
+                         NO_ACTION if moved is None else f"quarantined to {moved}"))
+
+
+def _corrupt_blobs(sweep: Sweep[Problem], store: Store, blobs: dict[Digest, Blob],
+                   jobs: int) -> None:
     with ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="verify") as pool:
         actual = dict(zip(blobs, pool.map(_hash, blobs.values()), strict=True))
     for digest, found in sorted(actual.items()):
-        if found is None or found == digest:
-            continue
-        action = "none (dry run)"
-        if not dry_run:
-            action = f"quarantined to {quarantine(store, blobs[digest].path, 'blob')}"
-        why = f"content hashes to {found}" if isinstance(found, Digest) else found
-        problems.append(Problem("corrupt-blob", str(digest), why, action))
+        if found is not None and found != digest:
+            why = f"content hashes to {found}" if isinstance(found, Digest) else found
+            _quarantined(sweep, store, "corrupt-blob", str(digest), why, blobs[digest].path,
+                         "blob")
+
+
+def _foreign(sweep: Sweep[Problem], store: Store) -> None:
     for path in _foreign_files(store):
-        action = "none (dry run)" if dry_run else \
-            f"quarantined to {quarantine(store, path, 'foreign')}"
-        problems.append(Problem("foreign-file", str(path.relative_to(store.root)),
-                                "not a blob (its name is no digest, or it is no file)", action))
-    refs = read_refs(store)
-    if dry_run:
-        bad_digests = {p.name for p in problems if p.kind == "corrupt-blob"}
-        broken = [r for r in refs if r.missing or any(str(d) in bad_digests for d in r.blobs)]
-    else:
-        broken = [r for r in refs if r.missing]
-    if broken and not dry_run:
-        store.untag(lambda entry: any(ref.same_entry(entry) for ref in broken))
+        _quarantined(sweep, store, "foreign-file", str(path.relative_to(store.root)),
+                     "not a blob (its name is no digest, or it is no file)", path, "foreign")
+
+
+def _broken_refs(sweep: Sweep[Problem], store: Store, refs: list[Ref]) -> None:
+    """Drop the refs that need a blob the cache lacks (in a dry run: or one found corrupt,
+    which is still there)."""
+    corrupt = _corrupt_in_place(sweep)
+    broken = [r for r in refs if r.missing or any(str(d) in corrupt for d in r.blobs)]
+    if broken:
+        sweep.run(partial(store.untag, lambda entry: any(ref.same_entry(entry)
+                                                         for ref in broken)))
+    action = NO_ACTION if sweep.dry_run else "dropped from index.json; pull the image again"
     for ref in broken:
         lacking = ", ".join(str(d) for d in ref.missing) or "a corrupt blob"
-        problems.append(Problem("broken-ref", f"{ref.name} ({ref.platform})",
-                                f"needs {lacking}",
-                                "none (dry run)" if dry_run else "dropped from index.json; "
-                                "pull the image again"))
-    bundles = list_bundles(store)
+        sweep.report(Problem("broken-ref", f"{ref.name} ({ref.platform})", f"needs {lacking}",
+                             action))
+
+
+def _corrupt_in_place(sweep: Sweep[Problem]) -> set[str]:
+    """The blobs found corrupt that are still in place: in a dry run all, else none."""
+    if not sweep.dry_run:
+        return set()
+    return {p.name for p in sweep.records if p.kind == "corrupt-blob"}
+
+
+def _broken_bundles(sweep: Sweep[Problem], store: Store, bundles: list[Bundle]) -> None:
     for bundle in bundles:
         detail = _bundle_problem(bundle.path)
-        if detail is None:
-            continue
-        action = "none (dry run)" if dry_run else \
-            f"quarantined to {quarantine(store, bundle.path, 'bundle')}"
-        problems.append(Problem("broken-bundle", bundle.key, detail, action))
-    return VerifyReport(blobs=len(blobs), bytes=sum(b.size for b in blobs.values()),
-                        refs=len(refs), bundles=len(bundles), problems=tuple(problems),
-                        dry_run=dry_run)
+        if detail is not None:
+            _quarantined(sweep, store, "broken-bundle", bundle.key, detail, bundle.path,
+                         "bundle")

@@ -1,0 +1,86 @@
+"""One pass that removes from the cache: ``cache gc`` and ``cache verify``.
+
+A :class:`Sweep` holds what every such pass does the same way, so that the passes themselves
+are one short function per area (dead leases, leftovers, orphans, LRU eviction, quarantine):
+
+- it removes, or, in a dry run, does not (:meth:`Sweep.run` is the one place that asks);
+- it charges each removal what it frees in the cache's :class:`~ocistage.cache.footprint.Footprint`
+  (GC's accounting; a dry run is charged exactly as the real run, so it reports the same sizes);
+- it reports: the records (GC's :class:`Removal`, verify's problems) in the order of the removals.
+
+An action that raises leaves no record and no charge: a file that is gone by the time it is
+removed (``FileNotFoundError``, which the caller suppresses) was removed by someone else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Generic, Literal, TypeVar
+
+from ocistage.cache.footprint import Footprint
+
+RemovalKind = Literal["ref", "blob", "bundle", "snapshot", "staged", "lease", "scratch",
+                      "partial", "leftover", "quarantine", "usage"]
+R = TypeVar("R")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Removal:
+    kind: RemovalKind
+    name: str
+    size: int          # bytes on disk this frees (inside the cache: as du counts them)
+    reason: str
+
+
+class Sweep(Generic[R]):
+    """The removals of one pass over the cache and their records (see the module docstring)."""
+
+    def __init__(self, dry_run: bool, footprint: Footprint | None = None) -> None:
+        self.dry_run = dry_run
+        self.footprint = footprint
+        self.records: list[R] = []
+
+    def run(self, action: Callable[[], T], otherwise: Callable[[], object] | None = None
+            ) -> T | None:
+        """``action()``'s result; in a dry run None, and ``otherwise()`` is called instead
+        (to release what the real action would have: a descriptor)."""
+        if not self.dry_run:
+            return action()
+        if otherwise is not None:
+            otherwise()
+        return None
+
+    def charge(self, paths: Iterable[Path | str]) -> int:
+        """Drop the parts at ``paths`` from the footprint; the bytes that frees (0 without
+        a footprint, or for paths it does not hold)."""
+        if self.footprint is None:
+            return 0
+        return sum(self.footprint.drop(path) for path in paths)
+
+    def rewritten(self, path: Path, size: int) -> None:
+        """Charge the file at ``path`` that the real run rewrote (measured again), or that a
+        dry run predicts it writes with ``size`` bytes."""
+        if self.footprint is None:
+            return
+        if self.dry_run:
+            self.footprint.predict(path, size)
+        else:
+            self.footprint.refresh(path)
+
+    def report(self, record: R) -> R:
+        self.records.append(record)
+        return record
+
+    def remove(self: Sweep[Removal], kind: RemovalKind, name: str, reason: str, *,
+               paths: Iterable[Path | str] = (), action: Callable[[], object] | None = None,
+               otherwise: Callable[[], object] | None = None, size: int | None = None
+               ) -> Removal:
+        """Run ``action`` (unless a dry run: ``otherwise``), charge the parts at ``paths`` (or
+        count ``size``, for what lies outside the footprint) and report the removal."""
+        if action is not None:
+            self.run(action, otherwise)
+        freed = self.charge(paths) if size is None else size
+        return self.report(Removal(kind, name, freed, reason))
