@@ -5,9 +5,12 @@ only typer and rich at the top: the library modules (and requests, jsonschema, .
 them) are imported inside the functions that use them. ``tests/bundler/test_cli_imports.py``
 checks that ``--help`` and the light commands stay free of them.
 
-A command reads: declare its options with the types below, build its settings with
-:func:`load_cli_settings`, make one library call, render the result (:func:`print_json` for
-``--json``; :func:`shown` around every string that came from outside before it is printed).
+A command reads: declare its own options, take the shared ones with :func:`with_options` (it is
+handed them as one :class:`CommonOptions`), build its settings with
+:meth:`CommonOptions.settings`, make one library call, and print what it returned with
+:meth:`CommonOptions.emit`: the result's JSON (``to_json``) with --json, else its human form
+(``render``, told to a :class:`CliRenderer`, which writes out control characters and escapes
+markup); see ``ocistage.cache.results``.
 """
 
 from __future__ import annotations
