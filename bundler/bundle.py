@@ -46,6 +46,7 @@ import stat
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ocistage.bundler.follower import PullThread
 from ocistage.bundler.image.manifest import Descriptor
@@ -64,6 +65,9 @@ from ocistage.cache.fsops import check_shared_parent, remove_tree
 from ocistage.cache.leases import InUse
 from ocistage.cache.store import Store, fsync_dir, remove_dead_scratch, scratch_name
 
+if TYPE_CHECKING:
+    from ocistage.cache.results import Renderer
+
 BUNDLE_FORMAT = 1  # bump when the bundle layout or config generation changes meaning
 
 
@@ -75,6 +79,17 @@ class BundleResult:
     warnings: tuple[str, ...] = ()
     layers_applied: int = 0           # layers unpacked by this call (0: all from snapshots)
     snapshot: Path | None = None      # the snapshot rootfs the bundle links to, if any
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``bundle --json`` prints."""
+        return {"path": str(self.path), "reused": self.reused,
+                "layers_applied": self.layers_applied, "warnings": list(self.warnings),
+                "image": self.image.to_json()}
+
+    def render(self, out: Renderer) -> None:
+        out.note(f"{'reused' if self.reused else 'made'} bundle of {self.image.name} "
+                 f"({self.image.platform}, {len(self.image.layers)} layers)")
+        out.line(str(self.path))
 
 
 def _bundle_key(manifest_digest: Digest, options: ConfigOptions) -> str:

@@ -7,8 +7,9 @@ kept in the store (a later pull reuses them); layers are only described.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ocistage.bundler.image.manifest import Descriptor, ImageConfig, ImageIndex, parse_image_config
 from ocistage.bundler.image.platform import Platform, host_platform
@@ -16,7 +17,11 @@ from ocistage.bundler.image.reference import ImageSource
 from ocistage.bundler.pull import BlobCounter, PullOptions, fetch_blob, resolve
 from ocistage.bundler.sources import open_provider
 from ocistage.cache.digest import Digest
+from ocistage.cache.sizes import format_size
 from ocistage.cache.store import Store
+
+if TYPE_CHECKING:
+    from ocistage.cache.results import Renderer
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,29 @@ class ImageReport:
             ],
             "size": self.compressed_size,
         }
+
+    def render(self, out: Renderer) -> None:
+        settings = self.config.container
+        out.heading(self.source)
+        out.line(f"  digest:     {self.digest}  ({self.media_type})")
+        if self.platforms:
+            out.line("  platforms:  " + ", ".join(str(p) if p else "unknown"
+                                                  for p, _ in self.platforms))
+        out.line(f"  platform:   {self.platform}  manifest {self.manifest.digest}")
+        out.line(f"  created:    {self.config.created or '-'}")
+        for key, value in (("entrypoint", settings.entrypoint), ("cmd", settings.cmd),
+                           ("workdir", settings.working_dir), ("user", settings.user)):
+            if value:
+                out.line(f"  {key + ':':<12}{json.dumps(value)}")
+        for variable in settings.env:
+            out.line(f"  env:        {variable}")
+        for label, value in settings.labels.items():
+            out.line(f"  label:      {label}={value}")
+        for n, layer in enumerate(self.layers, start=1):
+            out.line(f"  layer {n}:{'':<3}{layer.digest}  {format_size(layer.size):>10}  "
+                     f"{layer.media_type}")
+        out.line(f"  total:      {format_size(self.compressed_size)} "
+                 f"in {len(self.layers)} layers")
 
 
 def inspect_image(source: ImageSource, store: Store,

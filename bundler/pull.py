@@ -26,7 +26,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ocistage.bundler.errors import SourceError
 from ocistage.bundler.image.errors import SchemaError, UnsupportedManifest
@@ -49,7 +50,11 @@ from ocistage.cache import usage
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import IntegrityError, Interrupted, OcistageError
 from ocistage.cache.leases import InUse
+from ocistage.cache.sizes import format_size
 from ocistage.cache.store import Ingest, Store
+
+if TYPE_CHECKING:
+    from ocistage.cache.results import Renderer
 
 ANNOTATION_RESOLVED = "io.ocistage.resolved"
 ANNOTATION_INDEX = "io.ocistage.index-digest"
@@ -111,10 +116,35 @@ class PulledImage:
     fetched_bytes: int
     reused_blobs: int
     warnings: tuple[str, ...] = ()
+    cache: Path | None = None       # the cache it was pulled into
 
     @property
     def size(self) -> int:
         return self.manifest.size + sum(layer.size for layer in self.layers)
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``pull --json`` prints (also ``image`` of ``bundle --json``)."""
+        return {
+            "name": self.name,
+            "digest": str(self.manifest.digest),
+            "media_type": self.manifest.media_type,
+            "index_digest": str(self.index_digest) if self.index_digest else None,
+            "platform": str(self.platform),
+            "config": str(self.config_digest),
+            "layers": [{"digest": str(layer.digest), "media_type": layer.media_type,
+                        "size": layer.size} for layer in self.layers],
+            "size": self.size,
+            "fetched_bytes": self.fetched_bytes,
+            "reused_blobs": self.reused_blobs,
+            "cache": str(self.cache) if self.cache is not None else None,
+            "warnings": list(self.warnings),
+        }
+
+    def render(self, out: Renderer) -> None:
+        out.note(f"pulled {self.name} ({self.platform}, {len(self.layers)} layers, "
+                 f"{format_size(self.size)}; fetched {format_size(self.fetched_bytes)}, "
+                 f"reused {self.reused_blobs} blobs)")
+        out.line(str(self.manifest.digest))
 
 
 @dataclass(frozen=True)
@@ -440,4 +470,5 @@ def _pull(source: ImageSource, store: Store, options: PullOptions,
         fetched_bytes=counter.fetched,
         reused_blobs=counter.reused,
         warnings=tuple(warnings),
+        cache=store.root,
     )

@@ -50,6 +50,7 @@ from ocistage.cache.userdirs import expand_user, xdg_dir
 
 if TYPE_CHECKING:
     from ocistage.bundler.registry.types import RegistryConfig
+    from ocistage.cache.results import Renderer
 
 DEFAULT_JOBS = 6  # parallel blob downloads (ocistage.bundler.pull's default too)
 MAX_JOBS = 64  # as --jobs accepts
@@ -106,6 +107,63 @@ def user_config_path() -> Path:
     if env:
         return Path(expand_user(env))
     return xdg_dir("XDG_CONFIG_HOME", ".config") / "ocistage" / "config.toml"
+
+
+@dataclass(frozen=True)
+class SettingsReport:
+    """What ``ocistage config show`` reports: each setting's value and where it comes from,
+    and the config files looked for."""
+
+    settings: Settings
+
+    def values(self) -> dict[str, Any]:
+        settings = self.settings
+        return {
+            "cache": str(settings.cache),
+            "jobs": settings.jobs,
+            "pull": settings.pull,
+            "max_size": settings.max_size,
+            "unpack_limit": settings.unpack_limit,
+            "stage_to": settings.stage_to,
+            "ca_file": settings.ca_file,
+            "loopback_insecure": settings.loopback_insecure,
+            "keep_snapshot": settings.keep_snapshot,
+            "insecure_registries": sorted(settings.insecure_registries),
+            "mirrors": {host: list(urls) for host, urls in sorted(settings.mirrors.items())},
+        }
+
+    @staticmethod
+    def files() -> list[dict[str, Any]]:
+        return [{"path": str(path), "exists": path.is_file()}
+                for path in (SITE_CONFIG, user_config_path())]
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``config show --json`` prints."""
+        return {"settings": {key: {"value": value, "origin": self.settings.origins[key]}
+                             for key, value in self.values().items()},
+                "files": self.files()}
+
+    def render(self, out: Renderer) -> None:
+        values = self.values()
+        width = max(map(len, values))
+        for key, value in values.items():
+            out.line(f"{key:<{width}}  {_text(value)}  ",
+                     faint=f"({self.settings.origins[key]})")
+        for file in self.files():
+            out.line(faint=f"config file: {file['path']}{'' if file['exists'] else ' (absent)'}")
+
+
+def _text(value: Any) -> str:
+    """A setting's value as ``config show`` prints it."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ", ".join(value) or "-"
+    if isinstance(value, dict):
+        return "; ".join(f"{host} -> {', '.join(urls)}" for host, urls in value.items()) or "-"
+    return str(value)
 
 
 # -- the config file's keys --------------------------------------------------------------------

@@ -39,6 +39,7 @@ from ocistage.stagers.errors import StageError
 
 if TYPE_CHECKING:
     from ocistage.bundler.pull import PullOptions, PullProgress
+    from ocistage.cache.results import JsonDoc, Renderer
     from ocistage.cache.store import Store
     from ocistage.stagers.allnodes import NodeResult
     from ocistage.stagers.remote import PushResult
@@ -66,6 +67,39 @@ class Staged:
     label: str                    # what was staged: the REF, directory or URL
     outcome: StageResult | PushResult | list[NodeResult]
     warnings: tuple[str, ...] = ()   # from bundling a REF
+
+    def to_json(self) -> JsonDoc:
+        """What ``stage --json`` prints: the staged bundle, the URL stored at, or a list of
+        the nodes' results (``--all-nodes``)."""
+        from ocistage.stagers.allnodes import node_name
+        from ocistage.stagers.target import StageResult  # (remote's PushResult: not loaded)
+
+        outcome = self.outcome
+        if isinstance(outcome, list):
+            return [r.result for r in outcome]
+        if not isinstance(outcome, StageResult):
+            return outcome.to_json()
+        return {"path": str(outcome.path), "source": self.label, "node": node_name(),
+                "method": outcome.method, "files": outcome.files, "copied": outcome.copied,
+                "linked": outcome.linked, "unchanged": outcome.unchanged,
+                "bytes_copied": outcome.bytes_copied, "lease_id": outcome.lease_id}
+
+    def render(self, out: Renderer) -> None:
+        from ocistage.cache.sizes import format_size
+        from ocistage.stagers.target import StageResult
+
+        outcome = self.outcome
+        if isinstance(outcome, list):  # --all-nodes: one result per node
+            for r in outcome:
+                out.line(f"{r.node}: {r.result.get('path')}")
+            return
+        if not isinstance(outcome, StageResult):
+            outcome.render(out)
+            return
+        out.note(f"staged {self.label} ({outcome.method}: {outcome.files} files, "
+                 f"{outcome.copied} copied ({format_size(outcome.bytes_copied)}), "
+                 f"{outcome.linked} linked, {outcome.unchanged} unchanged)")
+        out.line(str(outcome.path))
 
 
 ProgressFactory = Callable[[], AbstractContextManager["PullProgress | None"]]

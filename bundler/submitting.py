@@ -14,13 +14,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ocistage.cache.errors import UsageError
 
 if TYPE_CHECKING:
     from ocistage.bundler.image.reference import ImageSource
     from ocistage.bundler.pull import PullOptions, PullProgress
+    from ocistage.cache.results import Renderer
     from ocistage.cache.store import Store
     from ocistage.runtimes.submit import SubmitOptions, SubmitResult
 
@@ -33,6 +34,19 @@ class Submitted:
     bundle: Path                   # the bundle in the cache that was staged
     result: SubmitResult
     warnings: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``submit --json`` prints."""
+        result = self.result
+        return {"job_id": result.job_id, "staged": str(result.staged),
+                "lease_id": result.lease_id, "exit_code": result.exit_code,
+                "cleanup_job_id": result.cleanup_job_id, "bundle": str(self.bundle)}
+
+    def render(self, out: Renderer) -> None:
+        """The job id (none for --srun, whose job ran already)."""
+        if self.result.job_id is not None:
+            out.note(f"staged {self.result.staged}")
+            out.line(self.result.job_id)
 
 
 def check_stage_target(target: str) -> Path:

@@ -44,10 +44,10 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ocistage.cache import staged, usage
 from ocistage.cache.digest import Digest
@@ -84,6 +84,9 @@ from ocistage.cache.snapshots import SnapshotInfo, list_snapshots, remove_snapsh
 from ocistage.cache.store import Store, scratch_is_dead
 from ocistage.cache.sweep import Removal, Sweep
 
+if TYPE_CHECKING:
+    from ocistage.cache.results import Renderer
+
 log = logging.getLogger(__name__)
 LEFTOVER_TEMP_AGE = 3600.0
 QUARANTINE_KEEP = 7 * 86400.0
@@ -118,6 +121,25 @@ class GcReport:
         """Content that GC may not remove (leased, in use) keeps the cache over its budget."""
         return (self.max_size is not None
                 and self.size_after > max(self.max_size, self.size_floor))
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``cache gc --json`` and ``cache rm --json`` print."""
+        return {**asdict(self), "freed": self.freed, "over_budget": self.over_budget}
+
+    def render(self, out: Renderer) -> None:
+        verb = "would remove" if self.dry_run else "removed"
+        for removal in self.removed:
+            if removal.kind == "usage":
+                continue  # bookkeeping of entries listed anyway
+            size = f" ({format_size(removal.size)})" if removal.size else ""
+            out.detail(f"{verb} {removal.kind} {removal.name}{size}: {removal.reason}")
+        for target in self.protected:
+            out.detail(f"kept {target}: in use (leased)")
+        out.line(f"{verb} {len(self.removed)} entries, {format_size(self.freed)}; "
+                 f"cache {format_size(self.size_before)} -> {format_size(self.size_after)}")
+        if self.over_budget and self.max_size is not None:
+            out.warning(f"the cache holds {format_size(self.size_after)}, over its budget of "
+                        f"{format_size(self.max_size)}: what remains is leased or in use")
 
 
 # -- leftovers ---------------------------------------------------------------------------------

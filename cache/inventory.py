@@ -18,14 +18,16 @@ inode counted once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import stat
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ocistage.cache import usage
 from ocistage.cache.bundleinfo import read_bundle_info
@@ -41,8 +43,12 @@ from ocistage.cache.leases import (
     squeue_states,
 )
 from ocistage.cache.refnames import INDEX_MEDIA_TYPE, REF_NAME, is_alias, platform_path, record_name
+from ocistage.cache.sizes import format_age, format_size
 from ocistage.cache.snapshots import SnapshotInfo, chain_ids, list_snapshots
 from ocistage.cache.store import Store, scratch_target
+
+if TYPE_CHECKING:
+    from ocistage.cache.results import Renderer
 
 ANNOTATION_RESOLVED = "io.ocistage.resolved"
 ANNOTATION_INDEX = "io.ocistage.index-digest"
@@ -362,6 +368,41 @@ class Listing:
     bundles: tuple[BundleRow, ...]
     leases: tuple[LeaseRow, ...]   # every lease, including those on staged bundles
 
+    def to_json(self) -> dict[str, Any]:
+        """What ``cache ls --json`` prints: every field, as it is."""
+        return dataclasses.asdict(self)
+
+    def render(self, out: Renderer) -> None:
+        """Three tables: images, cached bundles, staged bundles (the last two if any)."""
+        out.table(["DIGEST", "PLATFORM", "SIZE", "UNIQUE", "LAST USE", "BUNDLES", "LEASES",
+                   "IMAGE"],
+                  ([row.digest.removeprefix("sha256:")[:12], row.platform, format_size(row.size),
+                    format_size(row.unique_size), _ago(row.last_used), str(len(row.bundles)),
+                    _lease_text(row.leases), row.name + (" (incomplete)" if row.missing else "")]
+                   for row in self.images),
+                  title="images", right=("SIZE", "UNIQUE"))
+        if self.bundles:
+            out.table(["BUNDLE", "SIZE", "LAST USE", "LEASES", "IMAGE"],
+                      ([bundle.key[:12], format_size(bundle.disk), _ago(bundle.last_used),
+                        _lease_text(bundle.leases),
+                        (bundle.image or "-") + (" (gone)" if bundle.orphan else "")]
+                       for bundle in self.bundles),
+                      title="bundles", right=("SIZE",))
+        staged = [lease for lease in self.leases if lease.target.startswith("staged:")]
+        if staged:
+            out.table(["HOLDER", "SINCE", "LIVE", "PATH"],
+                      ([lease.holder, _ago(lease.created), "yes" if lease.live else "no",
+                        lease.target.removeprefix("staged:")] for lease in staged),
+                      title="staged bundles")
+
+
+def _ago(when: float) -> str:
+    return f"{format_age(time.time() - when)} ago" if when > 0 else "-"
+
+
+def _lease_text(leases: tuple[LeaseRow, ...]) -> str:
+    return ", ".join(lease.holder + ("" if lease.live else " (dead)") for lease in leases) or "-"
+
 
 def lease_rows(leases: Iterable[Lease], states: dict[str, str] | None) -> list[LeaseRow]:
     return [LeaseRow(lease.id, ", ".join(lease.targets), lease.holder.describe(),
@@ -437,6 +478,23 @@ class DiskUsage:
     def total_logical(self) -> int:
         return (self.images.logical + self.snapshots.logical + self.bundles.logical
                 + self.scratch.logical + self.quarantine.logical + self.other.logical)
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``cache du --json`` prints: every part, and the totals."""
+        return {**dataclasses.asdict(self), "total": {"logical": self.total_logical,
+                                                      "disk": self.total_disk}}
+
+    def render(self, out: Renderer) -> None:
+        parts = (("blobs", self.blobs), ("snapshots", self.snapshots),
+                 ("bundles", self.bundles), ("scratch", self.scratch),
+                 ("quarantine", self.quarantine), ("other", self.other))
+        out.table(["PART", "COUNT", "LOGICAL", "ON DISK"],
+                  [["images (blobs per image)", str(self.images.count),
+                    format_size(self.images.logical), ""],
+                   *([name, str(part.count), format_size(part.logical), format_size(part.disk)]
+                     for name, part in parts),
+                   ["total", "", format_size(self.total_logical), format_size(self.total_disk)]],
+                  right=("COUNT", "LOGICAL", "ON DISK"), names_last=False)
 
 
 def _sum(sizes: Iterable[TreeSize]) -> Usage:

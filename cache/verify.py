@@ -21,10 +21,10 @@ import os
 import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ocistage.cache.digest import Digest, hash_file
 from ocistage.cache.errors import OcistageError, StoreError
@@ -37,8 +37,12 @@ from ocistage.cache.inventory import (
     list_bundles,
     read_refs,
 )
+from ocistage.cache.sizes import format_size
 from ocistage.cache.store import Store
 from ocistage.cache.sweep import Sweep
+
+if TYPE_CHECKING:
+    from ocistage.cache.results import Renderer
 
 ProblemKind = Literal["corrupt-blob", "foreign-file", "broken-ref", "broken-bundle"]
 NO_ACTION = "none (dry run)"
@@ -64,6 +68,17 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``cache verify --json`` prints."""
+        return {**asdict(self), "ok": self.ok}
+
+    def render(self, out: Renderer) -> None:
+        for problem in self.problems:
+            out.line(f"{problem.kind}: {problem.name}: {problem.detail}; {problem.action}")
+        out.line(f"checked {self.blobs} blobs ({format_size(self.bytes)}), {self.refs} refs, "
+                 f"{self.bundles} bundles: "
+                 f"{'ok' if self.ok else f'{len(self.problems)} problems'}")
 
 
 def quarantine(store: Store, path: Path, label: str) -> Path:

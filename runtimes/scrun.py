@@ -287,6 +287,20 @@ class StageInResult:
                 "cleanup_job_id": self.cleanup_job_id, "cleanup_error": self.cleanup_error}
 
 
+@dataclass(frozen=True)
+class StagedOut:
+    """What ``ocistage scrun stage-out`` reports: the bundle, scrun's root path, and whether
+    :func:`stage_out` removed it."""
+
+    bundle: Path
+    root_path: str | None
+    removed: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bundle": str(self.bundle), "root_path": self.root_path,
+                "removed": self.removed}
+
+
 def check_container_id(container_id: str) -> str:
     if not _ID_RE.match(container_id) or ".." in container_id:
         raise UsageError(f"invalid container id {container_id!r}",

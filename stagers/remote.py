@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ocistage.cache.fsops import remove_tree
 from ocistage.cache.leases import Holder, Lease
@@ -35,6 +35,9 @@ from ocistage.stagers.session import Staging
 from ocistage.stagers.squashfs import install_image, make_image, tree_size
 from ocistage.stagers.target import StageResult, check_name
 
+if TYPE_CHECKING:
+    from ocistage.cache.results import Renderer
+
 CHUNK = 4 << 20
 TAR_SUFFIX = ".tar"
 
@@ -44,6 +47,13 @@ class PushResult:
     url: str
     format: str
     size: int
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``stage --json`` prints for a bundle stored at a URL."""
+        return {"url": self.url, "format": self.format, "size": self.size}
+
+    def render(self, out: Renderer) -> None:
+        out.line(self.url)
 
 
 def _filesystem(url: str) -> tuple[Any, str]:

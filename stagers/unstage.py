@@ -15,8 +15,9 @@ lease on the path is released. Pool entries no other bundle links to any more ar
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ocistage.cache import staged
 from ocistage.cache.fsops import DIR_READ
@@ -24,6 +25,9 @@ from ocistage.cache.leases import Holder, Lease
 from ocistage.stagers import retired
 from ocistage.stagers.errors import StageError
 from ocistage.stagers.markers import Marker, live_leases, marker_of, release_leases, write_at
+
+if TYPE_CHECKING:
+    from ocistage.cache.results import Renderer
 
 
 def _release_leases(cache_root: Path, path: Path, holder: Holder | None) -> list[Lease]:
@@ -46,6 +50,20 @@ def _hand_over(parent_fd: int, name: str, fd: int, marker: Marker, mounted: bool
         write_at(parent_fd, staged.outer_marker_name(name), data)
     else:
         write_at(fd, staged.MARKER_NAME, data)
+
+
+@dataclass(frozen=True)
+class Unstaged:
+    """What ``ocistage unstage`` reports: the path it was given, and :func:`unstage`'s answer."""
+
+    path: Path
+    removed: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": str(self.path.absolute()), "removed": self.removed}
+
+    def render(self, out: Renderer) -> None:
+        out.note(f"{'removed' if self.removed else 'kept (absent or still in use)'} {self.path}")
 
 
 def unstage(path: Path, *, cache_root: Path, holder: Holder | None = None,

@@ -5,20 +5,26 @@ only typer and rich at the top: the library modules (and requests, jsonschema, .
 them) are imported inside the functions that use them. ``tests/bundler/test_cli_imports.py``
 checks that ``--help`` and the light commands stay free of them.
 
-A command reads: declare its options with the types below, build its settings with
-:func:`load_cli_settings`, make one library call, render the result (:func:`print_json` for
-``--json``; :func:`shown` around every string that came from outside before it is printed).
+A command reads: declare its own options, take the shared ones with :func:`with_options` (it is
+handed them as one :class:`CommonOptions`), build its settings with
+:meth:`CommonOptions.settings`, make one library call, and print what it returned with
+:meth:`CommonOptions.emit`: the result's JSON (``to_json``) with --json, else its human form
+(``render``, told to a :class:`CliRenderer`, which writes out control characters and escapes
+markup); see ``ocistage.cache.results``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import json
 import logging
 import os
 import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
@@ -30,6 +36,7 @@ if TYPE_CHECKING:
     from ocistage.bundler.image.reference import ImageSource
     from ocistage.bundler.pull import PullOptions, PullProgress
     from ocistage.bundler.settings import Settings
+    from ocistage.cache.results import JsonResult, Result
     from ocistage.cache.store import Store
 
 
@@ -127,50 +134,138 @@ QuietOpt = Annotated[bool, typer.Option(
     "--quiet", "-q", help="No progress and no routine warnings, only the result.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens (stderr).")]
 
-# -- settings and the inputs of an image command -----------------------------------------------
+# -- the option group: the shared options, declared once, handed to a command as one object ----
+
+#: every shared option in the order a command's --help lists them (after the command's own)
+_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "cache": (CacheOpt, None),
+    "platform": (PlatformOpt, None),
+    "insecure_registry": (InsecureOpt, None),
+    "mirror": (MirrorOpt, None),
+    "ca_file": (CaFileOpt, None),
+    "jobs": (JobsOpt, None),
+    "pull": (PullOpt, None),
+    "json": (JsonOpt, False),
+    "quiet": (QuietOpt, False),
+    "verbose": (VerboseOpt, False),
+}
+#: the options of the commands that pull an image (pull, bundle)
+PULLING = tuple(_OPTIONS)
+#: ... of those that may pull one but pass --jobs on to something else (stage, submit)
+STAGING = tuple(name for name in _OPTIONS if name != "jobs")
 
 
-def load_cli_settings(*, cache: Path | None = None, insecure: list[str] | None = None,
-                      mirror: list[str] | None = None, ca_file: Path | None = None,
-                      jobs: int | None = None, pull: str | None = None,
-                      max_size: str | None = None,
-                      keep_snapshot: bool | None = None) -> Settings:
-    """The settings of a command: its options over environment, config files and defaults.
+@dataclass(frozen=True)
+class CommonOptions:
+    """The shared options of a command line, as one value (those a command does not take keep
+    their defaults). :func:`with_options` adds them to a command and hands it this."""
 
-    The config files' warnings (unknown keys) are printed here.
+    cache: Path | None = None
+    platform: str | None = None
+    insecure_registry: tuple[str, ...] = ()
+    mirror: tuple[str, ...] = ()
+    ca_file: Path | None = None
+    jobs: int | None = None
+    pull: str | None = None
+    json: bool = False
+    quiet: bool = False
+    verbose: bool = False
+
+    def settings(self, *, max_size: str | None = None,
+                 keep_snapshot: bool | None = None) -> Settings:
+        """The settings of the command: its options over environment, config files and
+        defaults. The config files' warnings (unknown keys) are printed here."""
+        from ocistage.bundler.settings import load_settings
+
+        settings = load_settings(cache=self.cache, jobs=self.jobs,
+                                 ca_file=str(self.ca_file) if self.ca_file else None,
+                                 insecure=self.insecure_registry, mirrors=self.mirror,
+                                 pull=self.pull, max_size=max_size, keep_snapshot=keep_snapshot)
+        print_warnings(settings.warnings)
+        return settings
+
+    def store(self, settings: Settings | None = None) -> Store:
+        """The cache of ``settings`` (made from the options if not given), opened."""
+        from ocistage.cache.store import Store
+
+        return Store.open((settings or self.settings()).cache)
+
+    def pull_options(self, settings: Settings) -> PullOptions:
+        from ocistage.bundler.image.platform import Platform
+        from ocistage.bundler.pull import PullOptions
+
+        return PullOptions(platform=Platform.parse(self.platform) if self.platform else None,
+                           jobs=settings.jobs, registry=settings.registry_config(),
+                           max_size=settings.max_size, policy=settings.pull,
+                           unpack_limit=settings.unpack_limit)
+
+    def image_inputs(self, ref: str,
+                     settings: Settings) -> tuple[ImageSource, Store, PullOptions]:
+        """What pull, bundle, inspect and submit take: the parsed REF, the cache, the pull
+        options."""
+        from ocistage.bundler.image.reference import parse_reference
+
+        return parse_reference(ref), self.store(settings), self.pull_options(settings)
+
+    def progress(self) -> contextlib.AbstractContextManager[PullProgress | None]:
+        """Download progress on stderr, unless --quiet or --json (:func:`download_progress`)."""
+        return download_progress(self.quiet or self.json)
+
+    def emit(self, result: Result, *, rich: bool = False, one_line: bool = False) -> None:
+        """``result`` as the command prints it: its JSON with --json (one line with
+        ``one_line``), else its human form, through rich if ``rich`` (else plain lines,
+        without loading rich)."""
+        if self.json or one_line:
+            print_json(result.to_json(), one_line=one_line)
+        else:
+            result.render(CliRenderer(quiet=self.quiet, rich=rich))
+
+
+def with_options(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Add the shared options ``names`` (keys of :class:`CommonOptions`) to a command.
+
+    The command declares its own options and a last parameter ``opts: CommonOptions``; the
+    function typer sees has the command's own options, then the shared ones in one order
+    (that of :data:`_OPTIONS`), and calls the command with them gathered in ``opts`` (after
+    setting up logging when it takes --verbose)::
+
+        @pull_app.command("pull")
+        @with_options(*PULLING)
+        def pull_command(ref: RefArg, opts: CommonOptions) -> None: ...
     """
-    from ocistage.bundler.settings import load_settings
+    unknown = set(names) - set(_OPTIONS)
+    if unknown:
+        raise ValueError(f"no shared options {sorted(unknown)}")
+    shared = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                annotation=annotation)
+              for name, (annotation, default) in _OPTIONS.items() if name in names]
 
-    settings = load_settings(cache=cache, jobs=jobs, ca_file=str(ca_file) if ca_file else None,
-                             insecure=insecure or (), mirrors=mirror or (), pull=pull,
-                             max_size=max_size, keep_snapshot=keep_snapshot)
-    print_warnings(settings.warnings)
-    return settings
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(command, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.name != "opts"]
+        if len(own) == len(signature.parameters):
+            raise TypeError(f"{command.__name__} takes no opts: CommonOptions")
+        if {p.name for p in own} & set(names):
+            raise TypeError(f"{command.__name__} declares a shared option of its own")
 
+        @functools.wraps(command)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            given: dict[str, Any] = {p.name: kwargs.pop(p.name) for p in shared}
+            # an option not given keeps the field's default; repeated ones arrive as lists
+            values: dict[str, Any] = {name: tuple(value) if isinstance(value, list) else value
+                                      for name, value in given.items() if value is not None}
+            opts = CommonOptions(**values)
+            if "verbose" in given:
+                setup_logging(opts.verbose)
+            return command(*args, opts=opts, **kwargs)
 
-def open_store(settings: Settings) -> Store:
-    from ocistage.cache.store import Store
+        parameters = [*own, *shared]
+        run.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+        run.__annotations__ = {**{p.name: p.annotation for p in parameters},
+                               "return": signature.return_annotation}
+        return run
 
-    return Store.open(settings.cache)
-
-
-def image_inputs(ref: str, settings: Settings,
-                 platform: str | None) -> tuple[ImageSource, Store, PullOptions]:
-    """What pull, bundle and inspect take: the parsed REF, the cache, the pull options."""
-    from ocistage.bundler.image.reference import parse_reference
-
-    source = parse_reference(ref)
-    return source, open_store(settings), pull_options(settings, platform)
-
-
-def pull_options(settings: Settings, platform: str | None) -> PullOptions:
-    from ocistage.bundler.image.platform import Platform
-    from ocistage.bundler.pull import PullOptions
-
-    return PullOptions(platform=Platform.parse(platform) if platform else None,
-                       jobs=settings.jobs, registry=settings.registry_config(),
-                       max_size=settings.max_size, policy=settings.pull,
-                       unpack_limit=settings.unpack_limit)
+    return decorate
 
 
 class _SanitizingFormatter(logging.Formatter):
@@ -256,6 +351,69 @@ def print_warnings(warnings: Iterable[str], quiet: bool = False) -> None:
         echo(f"warning: {warning}", err=True)
 
 
-def print_json(value: Any) -> None:
-    """``value`` as indented JSON on stdout (non-ASCII and control characters escaped)."""
-    sys.stdout.write(json.dumps(value, indent=2) + "\n")
+def print_json(value: Any, *, one_line: bool = False) -> None:
+    """``value`` as indented JSON on stdout (non-ASCII and control characters escaped), or as
+    one line (``one_line``: a line per result, for a script that reads lines)."""
+    sys.stdout.write(json.dumps(value, indent=None if one_line else 2) + "\n")
+
+
+def print_json_line(result: JsonResult) -> None:
+    """A result that is only JSON as one line on stdout (what the scrun hooks read)."""
+    print_json(result.to_json(), one_line=True)
+
+
+class CliRenderer:
+    """The command line's :class:`ocistage.cache.results.Renderer`: a result's human form on
+    stdout and stderr. Every text has its control characters written out; with ``rich`` it is
+    printed through rich (markup escaped), else as a plain line without loading rich (the
+    routine commands: pull, bundle, stage, unstage). ``quiet`` leaves out notes and details."""
+
+    def __init__(self, *, quiet: bool = False, rich: bool = False) -> None:
+        self.quiet = quiet
+        self.rich = rich
+
+    def _print(self, text: str, *, err: bool = False, style: str = "") -> None:
+        if not self.rich:
+            echo(text, err=err)
+            return
+        markup = shown(text)
+        (stderr if err else stdout).print(f"[{style}]{markup}[/{style}]" if style and markup
+                                          else markup)
+
+    def line(self, text: str = "", *, faint: str = "") -> None:
+        if faint and self.rich:
+            stdout.print(shown(text) + f"[dim]{shown(faint)}[/dim]")
+        else:
+            self._print(text + faint)
+
+    def detail(self, text: str) -> None:
+        if not self.quiet:
+            self._print(text)
+
+    def heading(self, text: str) -> None:
+        self._print(text, style="bold")
+
+    def note(self, text: str) -> None:
+        if not self.quiet:
+            self._print(text, err=True)
+
+    def warning(self, text: str) -> None:
+        self._print(f"warning: {text}", err=True)
+
+    def table(self, columns: Sequence[str], rows: Iterable[Sequence[str]], *,
+              title: str | None = None, right: Collection[str] = (),
+              names_last: bool = True) -> None:
+        from rich.table import Table
+
+        table = Table(title=title, title_justify="left", box=None, pad_edge=False)
+        for column in columns:
+            justify = "right" if column in right else "left"
+            if not names_last:
+                table.add_column(column, justify=justify)  # type: ignore[arg-type]
+                continue
+            last = column == columns[-1]
+            table.add_column(column, justify=justify,  # type: ignore[arg-type]
+                             overflow="fold", no_wrap=not last, min_width=24 if last else None)
+        for row in rows:
+            table.add_row(*map(shown, row))
+        stdout.print(table)

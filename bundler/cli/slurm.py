@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -13,25 +11,14 @@ import typer
 from typer.core import TyperCommand
 
 from ocistage.bundler.cli.common import (
-    CacheOpt,
-    CaFileOpt,
-    InsecureOpt,
-    JsonOpt,
-    MirrorOpt,
-    PlatformOpt,
-    PullOpt,
-    QuietOpt,
+    STAGING,
+    CommonOptions,
     RefArg,
-    VerboseOpt,
-    download_progress,
-    image_inputs,
-    load_cli_settings,
-    print_json,
+    print_json_line,
     print_warnings,
-    setup_logging,
-    shown,
     stderr,
     stdout,
+    with_options,
 )
 
 # light modules whose constants the options show; the rest is imported inside the commands
@@ -63,10 +50,6 @@ def _slurm_version(text: str | None) -> SlurmVersion:
     from ocistage.runtimes.slurm import SlurmVersion, installed_version
 
     return SlurmVersion.parse(text) if text else installed_version()
-
-
-def _cache_root(cache: Path | None) -> Path:
-    return load_cli_settings(cache=cache).cache
 
 
 # -- oci.conf ----------------------------------------------------------------------------------
@@ -166,6 +149,7 @@ def runtime_podman_config(scrun: ScrunOpt = None) -> None:
 
 
 @scrun_app.command("stage-in")
+@with_options("cache", "verbose")
 def scrun_stage_in(
     container_id: Annotated[str, typer.Option("--id", help="Container id from scrun.")],
     bundle: Annotated[Path, typer.Option("--bundle", help="The engine's bundle directory.")],
@@ -184,13 +168,12 @@ def scrun_stage_in(
     sbatch: Annotated[str | None, typer.Option(
         "--sbatch", metavar="PATH",
         help="Queue the bundle's cleanup job with this sbatch (after --job-id ends).")] = None,
-    cache: CacheOpt = None,
-    verbose: VerboseOpt = False,
+    *,
+    opts: CommonOptions,
 ) -> None:
     """Stage-in entry point called by scrun.lua; prints one JSON line."""
     from ocistage.runtimes.scrun import StageInRequest, read_job_env, stage_in
 
-    setup_logging(verbose)
     # node-local: the cleanup job must run on this node (srun sets SLURMD_NODENAME)
     node = os.environ.get("SLURMD_NODENAME") if stage_to == "node-local" else None
     request = StageInRequest(
@@ -200,25 +183,23 @@ def scrun_stage_in(
         uid=os.getuid() if uid is None else uid, gid=os.getgid() if gid is None else gid,
         job_env=read_job_env(env_file), link=link, sbatch=sbatch,
         stage_to="node-local" if stage_to == "node-local" else "shared", node=node)
-    result = stage_in(request, cache_root=_cache_root(cache))
-    sys.stdout.write(json.dumps(result.to_json()) + "\n")
+    print_json_line(stage_in(request, cache_root=opts.settings().cache))
 
 
 @scrun_app.command("stage-out")
+@with_options("cache", "verbose")
 def scrun_stage_out(
     bundle: Annotated[Path, typer.Option("--bundle", help="The staged bundle to remove.")],
     root_path: Annotated[str | None, typer.Option(
         "--root-path", help="Its root path (as scrun passes it; informational).")] = None,
-    cache: CacheOpt = None,
-    verbose: VerboseOpt = False,
+    *,
+    opts: CommonOptions,
 ) -> None:
     """Stage-out entry point called by scrun.lua; prints one JSON line."""
-    from ocistage.runtimes.scrun import stage_out
+    from ocistage.runtimes.scrun import StagedOut, stage_out
 
-    setup_logging(verbose)
-    removed = stage_out(bundle, cache_root=_cache_root(cache))
-    sys.stdout.write(json.dumps({"bundle": str(bundle), "root_path": root_path,
-                                 "removed": removed}) + "\n")
+    removed = stage_out(bundle, cache_root=opts.settings().cache)
+    print_json_line(StagedOut(bundle, root_path, removed))
 
 
 # -- submit ------------------------------------------------------------------------------------
@@ -241,6 +222,7 @@ class _CommandAfterDashes(TyperCommand):
 
 @submit_app.command("submit", cls=_CommandAfterDashes,
                     context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@with_options(*STAGING)
 def submit_command(
     ref: RefArg,
     ctx: typer.Context,
@@ -258,42 +240,25 @@ def submit_command(
         "--map-root", help="Run as root inside the container, mapped to you (runc 1.1 "
                            "under Slurm needs it when neither you nor the image user is "
                            "root; see docs/slurm.md).")] = False,
-    cache: CacheOpt = None,
-    platform: PlatformOpt = None,
-    insecure_registry: InsecureOpt = None,
-    mirror: MirrorOpt = None,
-    ca_file: CaFileOpt = None,
-    pull_policy: PullOpt = None,
-    json_output: JsonOpt = False,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
+    *,
+    opts: CommonOptions,
 ) -> None:
     """Pull, bundle and stage REF, then sbatch --container it: REF [SBATCH OPTS] -- CMD."""
     from ocistage.bundler.submitting import check_stage_target, submit_image
     from ocistage.runtimes.submit import SubmitOptions, check_options, this_ocistage
 
-    setup_logging(verbose)
     check_options(ctx.args)  # part of parsing: the sbatch options passed through
-    settings = load_cli_settings(cache=cache, insecure=insecure_registry, mirror=mirror,
-                                 ca_file=ca_file, pull=pull_policy)
+    settings = opts.settings()
     options = SubmitOptions(
         stage_to=check_stage_target(  # the same default as `stage`
             settings.stage_target(os.fspath(stage_to) if stage_to else None)),
         options=list(ctx.args), command=ctx.meta.get(_COMMAND, []), srun=srun, copy=copy,
         ocistage=this_ocistage())
-    source, store, pulling = image_inputs(ref, settings, platform)
-    with download_progress(quiet or json_output) as progress:
+    source, store, pulling = opts.image_inputs(ref, settings)
+    with opts.progress() as progress:
         submitted = submit_image(source, options, store=store, pull_options=pulling,
                                  map_root=map_root, progress=progress)
-    print_warnings(submitted.warnings, quiet)
-    result = submitted.result
-    if json_output:
-        print_json({"job_id": result.job_id, "staged": str(result.staged),
-                    "lease_id": result.lease_id, "exit_code": result.exit_code,
-                    "cleanup_job_id": result.cleanup_job_id, "bundle": str(submitted.bundle)})
-    elif result.job_id is not None:
-        if not quiet:
-            stderr.print(f"staged {shown(str(result.staged))}")
-        stdout.print(result.job_id)
-    if result.exit_code:
-        raise typer.Exit(result.exit_code)
+    print_warnings(submitted.warnings, opts.quiet)
+    opts.emit(submitted, rich=True)
+    if submitted.result.exit_code:
+        raise typer.Exit(submitted.result.exit_code)

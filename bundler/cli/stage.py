@@ -3,40 +3,21 @@
 from __future__ import annotations
 
 import contextlib
-import json
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
 
 from ocistage.bundler.cli.common import (
-    CacheOpt,
-    CaFileOpt,
-    InsecureOpt,
-    JsonOpt,
-    MirrorOpt,
-    PlatformOpt,
-    PullOpt,
-    QuietOpt,
-    VerboseOpt,
+    STAGING,
+    CommonOptions,
     console,
     download_progress,
-    echo,
     is_terminal,
-    load_cli_settings,
-    open_store,
-    print_json,
     print_warnings,
-    pull_options,
-    setup_logging,
+    with_options,
 )
-from ocistage.cache.sizes import format_size
-
-if TYPE_CHECKING:
-    from ocistage.bundler.staging import Staged
-    from ocistage.stagers.target import StageResult
 
 # The stagers, the cache, the bundler and their dependencies are imported inside the commands:
 # every `ocistage` invocation imports this module, few of them stage (see
@@ -48,16 +29,8 @@ stage_app = typer.Typer(rich_markup_mode=None, add_completion=False)
 unstage_app = typer.Typer(rich_markup_mode=None, add_completion=False)
 
 
-def _result_json(result: StageResult, source: str) -> dict[str, Any]:
-    from ocistage.stagers.allnodes import node_name
-
-    return {"path": str(result.path), "source": source, "node": node_name(),
-            "method": result.method, "files": result.files, "copied": result.copied,
-            "linked": result.linked, "unchanged": result.unchanged,
-            "bytes_copied": result.bytes_copied, "lease_id": result.lease_id}
-
-
 @stage_app.command("stage")
+@with_options(*STAGING)
 def stage_command(
     what: Annotated[str, typer.Argument(
         metavar="REF|BUNDLE|DIR|URL",
@@ -96,34 +69,24 @@ def stage_command(
     jobs: Annotated[int, typer.Option(
         "--jobs", "-j", min=1, max=64, help="Parallel file operations.")] = 8,
     json_lines: Annotated[bool, typer.Option("--json-lines", hidden=True)] = False,
-    cache: CacheOpt = None,
-    platform: PlatformOpt = None,
-    insecure_registry: InsecureOpt = None,
-    mirror: MirrorOpt = None,
-    ca_file: CaFileOpt = None,
-    pull_policy: PullOpt = None,
-    json_output: JsonOpt = False,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
+    *,
+    opts: CommonOptions,
 ) -> None:
     """Stage a bundle onto a shared or node-local target; print the staged path."""
-    setup_logging(verbose)
     from ocistage.bundler.staging import StageOptions, stage
 
-    settings = load_cli_settings(cache=cache, insecure=insecure_registry, mirror=mirror,
-                                 ca_file=ca_file, pull=pull_policy)
-    to = settings.stage_target(to)
-    silent = quiet or json_output or json_lines
+    settings = opts.settings()
+    silent = opts.quiet or opts.json or json_lines
     with _image_progress(silent or format != "squashfs") as image_progress:
-        staged = stage(what, StageOptions(to=to, format=format, name=name, pin=pin,
-                                          all_nodes=all_nodes, link=link, mount=mount,
-                                          jobs=jobs),
-                       store=open_store(settings),
-                       pull_options=lambda: pull_options(settings, platform),
+        staged = stage(what, StageOptions(to=settings.stage_target(to), format=format,
+                                          name=name, pin=pin, all_nodes=all_nodes, link=link,
+                                          mount=mount, jobs=jobs),
+                       store=opts.store(settings),
+                       pull_options=lambda: opts.pull_options(settings),
                        progress=lambda: download_progress(silent),
                        image_progress=image_progress)
-    print_warnings(staged.warnings, quiet)
-    _render(staged, json_output, json_lines, quiet)
+    print_warnings(staged.warnings, opts.quiet)
+    opts.emit(staged, one_line=json_lines)
 
 
 @contextlib.contextmanager
@@ -144,44 +107,8 @@ def _image_progress(silent: bool) -> Iterator[Callable[[int, int], None] | None]
         yield update
 
 
-def _render(staged: Staged, json_output: bool, json_lines: bool, quiet: bool) -> None:
-    from ocistage.stagers.target import (
-        StageResult,  # (ocistage.stagers.remote's PushResult: not loaded here)
-    )
-
-    outcome = staged.outcome
-    if isinstance(outcome, list):  # --all-nodes: one result per node
-        if json_output:
-            print_json([r.result for r in outcome])
-            return
-        for r in outcome:
-            echo(f"{r.node}: {r.result.get('path')}")
-        return
-    if not isinstance(outcome, StageResult):  # stored at a URL (a PushResult)
-        if json_output or json_lines:
-            _emit({"url": outcome.url, "format": outcome.format, "size": outcome.size},
-                  json_lines)
-            return
-        echo(outcome.url)
-        return
-    if json_output or json_lines:
-        _emit(_result_json(outcome, staged.label), json_lines)
-        return
-    if not quiet:
-        echo(f"staged {staged.label} ({outcome.method}: {outcome.files} files, "
-             f"{outcome.copied} copied ({format_size(outcome.bytes_copied)}), "
-             f"{outcome.linked} linked, {outcome.unchanged} unchanged)", err=True)
-    echo(str(outcome.path))
-
-
-def _emit(doc: dict[str, Any], one_line: bool) -> None:
-    if one_line:
-        sys.stdout.write(json.dumps(doc) + "\n")
-    else:
-        print_json(doc)
-
-
 @unstage_app.command("unstage")
+@with_options("cache", "json", "quiet", "verbose")
 def unstage_command(
     path: Annotated[Path, typer.Argument(
         metavar="PATH", help="The path `ocistage stage` printed.")],
@@ -190,10 +117,8 @@ def unstage_command(
                                       "other holders use it.")] = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Remove even if other live leases (jobs, pins) still hold it.")] = False,
-    cache: CacheOpt = None,
-    json_output: JsonOpt = False,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
+    *,
+    opts: CommonOptions,
 ) -> None:
     """Remove a staged bundle (and its lease) safely.
 
@@ -201,14 +126,8 @@ def unstage_command(
     jobs hold it; outside a job every lease on it is released and it is removed.
     """
     from ocistage.stagers.markers import releasing_holder
-    from ocistage.stagers.unstage import unstage
+    from ocistage.stagers.unstage import Unstaged, unstage
 
-    setup_logging(verbose)
-    settings = load_cli_settings(cache=cache)
-    removed = unstage(path, cache_root=settings.cache, holder=releasing_holder(pin),
+    removed = unstage(path, cache_root=opts.settings().cache, holder=releasing_holder(pin),
                       force=force)
-    if json_output:
-        print_json({"path": str(path.absolute()), "removed": removed})
-        return
-    if not quiet:
-        echo(f"{'removed' if removed else 'kept (absent or still in use)'} {path}", err=True)
+    opts.emit(Unstaged(path, removed))

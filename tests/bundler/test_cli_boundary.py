@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from ocistage.bundler.cli.common import sanitize, summarize_warnings
+from ocistage.bundler.cli.common import CliRenderer, sanitize, summarize_warnings
 from tests.bundler.clirun import Cli, cli
 from tests.bundler.tarbuilder import build_tar, chardev, directory, file, write_oci_layout
 
@@ -162,6 +162,26 @@ def test_sanitize_writes_out_control_characters() -> None:
     assert sanitize("a\x1b[31mb\x07c\x9bd\x7f\u202ee\tf\ng") == \
         "a\\x1b[31mb\\x07c\\x9bd\\x7f\\u202ee\tf\ng"
     assert sanitize("plain ünïcode") == "plain ünïcode"
+
+
+@pytest.mark.parametrize("rich", [False, True])
+def test_a_result_says_plain_text_and_the_renderer_makes_it_safe(
+        rich: bool, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a result tells the renderer (ocistage.cache.results.Renderer) is plain text: control
+    characters are written out and markup is shown as text; --quiet drops notes and details,
+    not the result and not warnings."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    for quiet in (False, True):
+        out = CliRenderer(quiet=quiet, rich=rich)
+        out.heading("[bold]\x1b[2Jname")
+        out.line("a\x1b]0;t\x07b", faint=" (from [dim])")
+        out.detail("detail")
+        out.note("note \x1b[31m")
+        out.warning("careful")
+        stdout, stderr = capsys.readouterr()
+        assert stdout == ("[bold]\\x1b[2Jname\na\\x1b]0;t\\x07b (from [dim])\n"
+                          + ("" if quiet else "detail\n")), (rich, quiet)
+        assert stderr == ("" if quiet else "note \\x1b[31m\n") + "warning: careful\n"
 
 
 def test_image_config_values_reach_the_terminal_escaped(cli: Cli, layout: Path) -> None:
