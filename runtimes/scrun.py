@@ -378,14 +378,30 @@ def rewrite_config(config: Mapping[str, Any], *, root_path: Path, uid: int, gid:
     result["root"]["path"] = str(root_path)
     process = result.setdefault("process", {})
     user = process.setdefault("user", {})
-    if uid != 0 and (int(user.get("uid", 0)), int(user.get("gid", 0))) != (0, 0):
-        # an unprivileged job user can map only itself, and runc 1.1 needs container 0
-        # mapped: run as container root (which is the job user outside)
+    if uid != 0:
+        _run_as_container_root(user, dropped)
+    process["env"] = merge_env([e for e in process.get("env", []) if isinstance(e, str)],
+                               job_env)
+    _drop_engine_hooks(result, dropped)
+    result["mounts"] = _mounts_with_sources(result.get("mounts", []), dropped)
+    # root may map container 0 to the overflow id; anyone else runs as container 0 (above)
+    placeholder = detect_root_placeholder(uid, gid) if uid == 0 else None
+    result, changed = make_rootless(result, RootlessIds(uid, gid, placeholder))
+    return result, dropped + changed
+
+
+def _run_as_container_root(user: dict[str, Any], dropped: list[str]) -> None:
+    """An unprivileged job user can map only itself, and runc 1.1 needs container 0 mapped:
+    the process runs as container root (which is the job user outside)."""
+    if (int(user.get("uid", 0)), int(user.get("gid", 0))) != (0, 0):
         dropped.append(f"process.user {user.get('uid', 0)}:{user.get('gid', 0)} (runs as 0:0, "
                        "the job user outside)")
         user["uid"], user["gid"] = 0, 0
-    process["env"] = merge_env([e for e in process.get("env", []) if isinstance(e, str)],
-                               job_env)
+
+
+def _drop_engine_hooks(result: dict[str, Any], dropped: list[str]) -> None:
+    """The engine's seccomp profile and its prestart and createRuntime hooks (its own
+    programs, which do not run on a compute node)."""
     linux = result.setdefault("linux", {})
     if linux.pop("seccomp", None) is not None:
         dropped.append("linux.seccomp")
@@ -394,21 +410,25 @@ def rewrite_config(config: Mapping[str, Any], *, root_path: Path, uid: int, gid:
         for key in ("prestart", "createRuntime"):
             if hooks.pop(key, None) is not None:
                 dropped.append(f"hooks.{key}")
-    mounts = []
-    for mount in result.get("mounts", []):
+
+
+def _is_bind(mount: Any) -> bool:
+    return isinstance(mount, dict) and (mount.get("type") == "bind" or "bind" in
+                                        mount.get("options", []) or
+                                        "rbind" in mount.get("options", []))
+
+
+def _mounts_with_sources(mounts: Sequence[Any], dropped: list[str]) -> list[Any]:
+    """``mounts`` without the bind mounts whose source does not exist here (the engine's
+    ``resolv.conf``, ...)."""
+    kept = []
+    for mount in mounts:
         source = mount.get("source", "") if isinstance(mount, dict) else ""
-        is_bind = isinstance(mount, dict) and (mount.get("type") == "bind" or "bind" in
-                                               mount.get("options", []) or
-                                               "rbind" in mount.get("options", []))
-        if is_bind and isinstance(source, str) and not os.path.exists(source):
+        if _is_bind(mount) and isinstance(source, str) and not os.path.exists(source):
             dropped.append(f"mount {mount.get('destination')} (source {source} missing)")
             continue
-        mounts.append(mount)
-    result["mounts"] = mounts
-    # root may map container 0 to the overflow id; anyone else runs as container 0 (above)
-    placeholder = detect_root_placeholder(uid, gid) if uid == 0 else None
-    result, changed = make_rootless(result, RootlessIds(uid, gid, placeholder))
-    return result, dropped + changed
+        kept.append(mount)
+    return kept
 
 
 def _marker_path(bundle: Path) -> Path:
