@@ -73,7 +73,7 @@ def make_rootless(config: Mapping[str, Any], ids: RootlessIds,
 
 
 def _rootless_namespaces(linux: dict[str, Any], mounts: list[dict[str, Any]],
-                         changes: list[str]) -> list[str]:
+                         changes: list[str]) -> list[str | None]:
     """``linux.namespaces`` without the host's (:data:`HOST_NAMESPACES`), with a pid or ipc
     namespace where a ``proc`` or ``mqueue`` mount needs one, and a user namespace last;
     returns the kinds kept besides the user namespace."""
