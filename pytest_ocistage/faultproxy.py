@@ -144,6 +144,25 @@ def _request_body(handler: BaseHTTPRequestHandler) -> Iterator[bytes]:
             yield data
 
 
+def _response_length(response: http.client.HTTPResponse, fault: Fault | None) -> int | None:
+    """The Content-Length to send (None: unknown); a ``truncate`` fault shortens it to the
+    fault's ``after_bytes``. ``fault`` is None for a response without a body."""
+    header = response.getheader("Content-Length")
+    length = int(header) if header is not None else None
+    if fault is not None and fault.kind == "truncate":
+        length = fault.after_bytes if length is None else min(length, fault.after_bytes)
+    return length
+
+
+def _flipped(data: bytes, offset: int, at: int) -> bytes:
+    """``data`` (the body from ``offset`` on) with the byte at body offset ``at`` inverted,
+    if it holds that byte."""
+    if not offset <= at < offset + len(data):
+        return data
+    index = at - offset
+    return data[:index] + bytes([data[index] ^ 0xFF]) + data[index + 1:]
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _ProxyServer
     protocol_version = "HTTP/1.1"
@@ -161,36 +180,11 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {k: v for k, v in self.headers.items()}
         fault = state.take_fault(self.command, self.path)
         if fault is not None and fault.kind in ("status", "redirect"):
-            for _ in _request_body(self):
-                pass
-            status = fault.status if fault.kind == "status" else 307
-            state.record(RecordedRequest(self.command, self.path, headers, status, fault.kind))
-            if fault.kind == "status":
-                self._answer_status(fault)
-            else:
-                self.send_response(307)
-                self.send_header("Location", fault.location)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+            self._answer_locally(fault, headers)
             return
         upstream = self._connect()
         try:
-            chunked = self.headers.get("Transfer-Encoding", "").lower() == "chunked"
-            has_body = chunked or "Content-Length" in self.headers
-            upstream.putrequest(self.command, self.path, skip_host=True,
-                                skip_accept_encoding=True)
-            for key, value in self.headers.items():
-                if key.lower() not in HOP_BY_HOP:
-                    upstream.putheader(key, value)
-            if chunked:
-                upstream.putheader("Transfer-Encoding", "chunked")
-            upstream.endheaders()
-            if has_body:
-                for data in _request_body(self):
-                    upstream.send(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
-                if chunked:
-                    upstream.send(b"0\r\n\r\n")
-            response = upstream.getresponse()
+            response = self._forward(upstream)
         except (OSError, http.client.HTTPException):
             # the upstream is unreachable or broke before answering: a gateway error
             state.record(RecordedRequest(self.command, self.path, headers, 502, None))
@@ -206,6 +200,40 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # client went away or upstream broke mid-body
         finally:
             upstream.close()
+
+    def _answer_locally(self, fault: Fault, headers: dict[str, str]) -> None:
+        """A ``status`` or ``redirect`` fault: the request body is read and dropped, and the
+        answer comes from here, without the upstream."""
+        for _ in _request_body(self):
+            pass
+        status = fault.status if fault.kind == "status" else 307
+        self.server.state.record(RecordedRequest(self.command, self.path, headers, status,
+                                                 fault.kind))
+        if fault.kind == "status":
+            self._answer_status(fault)
+        else:
+            self.send_response(307)
+            self.send_header("Location", fault.location)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    def _forward(self, upstream: http.client.HTTPConnection) -> http.client.HTTPResponse:
+        """Send the client's request (headers but the hop-by-hop ones, body streamed) to the
+        upstream; its response."""
+        chunked = self.headers.get("Transfer-Encoding", "").lower() == "chunked"
+        upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+        for key, value in self.headers.items():
+            if key.lower() not in HOP_BY_HOP:
+                upstream.putheader(key, value)
+        if chunked:
+            upstream.putheader("Transfer-Encoding", "chunked")
+        upstream.endheaders()
+        if chunked or "Content-Length" in self.headers:
+            for data in _request_body(self):
+                upstream.send(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+            if chunked:
+                upstream.send(b"0\r\n\r\n")
+        return upstream.getresponse()
 
     def _connect(self) -> http.client.HTTPConnection:
         url = urlsplit(self.server.state.upstream)
@@ -241,11 +269,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._trickle(f"HTTP/1.1 {response.status} {response.reason}\r\n".encode(), fault)
             self._drop()
             return
-        length_header = response.getheader("Content-Length")
-        length = int(length_header) if length_header is not None else None
         has_body = self.command != "HEAD" and response.status not in (204, 304)
-        if fault is not None and fault.kind == "truncate" and has_body:
-            length = fault.after_bytes if length is None else min(length, fault.after_bytes)
+        length = _response_length(response, fault if has_body else None)
+        self._send_headers(response, length)
+        if has_body:
+            self._relay_body(response, fault, length)
+
+    def _send_headers(self, response: http.client.HTTPResponse, length: int | None) -> None:
+        """The upstream's status and headers (but the hop-by-hop ones) with Content-Length
+        ``length``; without one, the connection closes after the body."""
         self.send_response_only(response.status, response.reason)
         for key, value in response.getheaders():
             if key.lower() not in HOP_BY_HOP and key.lower() != "content-length":
@@ -256,40 +288,44 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
             self.close_connection = True
         self.end_headers()
-        if not has_body:
-            return
+
+    def _relay_body(self, response: http.client.HTTPResponse, fault: Fault | None,
+                    limit: int | None) -> None:
+        """The body, up to ``limit`` bytes (None: to its end), with ``fault`` applied."""
+        kind = fault.kind if fault is not None else None
+        cut = fault if kind in ("drop", "stall", "trickle") else None
+        flip_at = fault.after_bytes if fault is not None and kind == "flip" else None
         sent = 0
-        limit = length
-        drop_at = (fault.after_bytes
-                   if fault is not None and fault.kind in ("drop", "stall", "trickle")
-                   else None)
-        flip_at = fault.after_bytes if fault is not None and fault.kind == "flip" else None
         while limit is None or sent < limit:
             want = CHUNK if limit is None else min(CHUNK, limit - sent)
-            if drop_at is not None:
-                want = min(want, drop_at - sent)
+            if cut is not None:
+                want = min(want, cut.after_bytes - sent)
                 if want <= 0:
-                    if fault is not None and fault.kind == "stall":
-                        self._stall(fault)
-                    if fault is not None and fault.kind == "trickle":
-                        self._trickle(response.read(), fault)
-                    self._drop()
+                    self._cut(response, cut)
                     return
             data = response.read(want)
             if not data:
                 break
-            if flip_at is not None and sent <= flip_at < sent + len(data):
-                index = flip_at - sent
-                data = data[:index] + bytes([data[index] ^ 0xFF]) + data[index + 1:]
+            if flip_at is not None:
+                data = _flipped(data, sent, flip_at)
             # counted before the client can have it, so a count read after a response never
             # misses its last chunk
             self.server.state.count_bytes(len(data))
             self.wfile.write(data)
             sent += len(data)
-        if drop_at is not None:
+        if cut is not None:
             self._drop()
-        elif fault is not None and fault.kind == "truncate":
+        elif kind == "truncate":
             self.close_connection = True  # the upstream body was not read to its end
+
+    def _cut(self, response: http.client.HTTPResponse, fault: Fault) -> None:
+        """A ``drop``, ``stall`` or ``trickle`` fault at its offset: stall or trickle the
+        rest first, then close the connection."""
+        if fault.kind == "stall":
+            self._stall(fault)
+        if fault.kind == "trickle":
+            self._trickle(response.read(), fault)
+        self._drop()
 
     def _trickle(self, data: bytes, fault: Fault) -> None:
         """Send ``data`` a byte at a time, ``fault.interval`` apart, until released."""

@@ -333,9 +333,27 @@ def build_image(layout_path: Path, layers: Sequence[LayerSource], *, tag: str = 
     if compression not in LAYER_MEDIA_TYPES:
         raise ValueError(f"compression must be one of {', '.join(LAYER_MEDIA_TYPES)}")
     layout = _init_layout(layout_path)
+    descriptors, diff_ids = _write_layers(layout, layers, compression)
+    container = _container_config(
+        _env_list(env), ("Entrypoint", list(entrypoint) if entrypoint is not None else None),
+        ("Cmd", list(cmd) if cmd is not None else None), ("User", user),
+        ("WorkingDir", workdir), ("Labels", dict(labels) if labels else None))
+    manifests = [_platform_manifest(layout, _platform(spec), container, descriptors, diff_ids)
+                 for spec in platforms or [f"linux/{host_architecture()}"]]
+    layout.set_tag(tag, _top(layout, manifests))
+    described: LayoutImage = _describe(layout, tag)
+    return BuiltImage(layout_path, tag, described.digest, described.media_type,
+                      described.config_digest, described.layer_digests, described.diff_ids,
+                      described.platforms)
+
+
+def _write_layers(layout: Layout, layers: Sequence[LayerSource],
+                  compression: str) -> tuple[list[Json], list[str]]:
+    """Each layer written as a tar (parents it lacks added, :func:`_write_layer_tar`) and
+    added to ``layout``; their descriptors and diff ids."""
     descriptors, diff_ids = [], []
     known: set[str] = set()
-    with tempfile.TemporaryDirectory(prefix=".layers-", dir=layout_path) as scratch:
+    with tempfile.TemporaryDirectory(prefix=".layers-", dir=layout.path) as scratch:
         for number, source in enumerate(layers):
             entries = (_directory_entries(source) if isinstance(source, Path)
                        else _mapping_entries(source))
@@ -344,35 +362,45 @@ def build_image(layout_path: Path, layers: Sequence[LayerSource], *, tag: str = 
             descriptor, diff_id = layout.add_tar_layer(tar_path, compression)
             descriptors.append(descriptor)
             diff_ids.append(diff_id)
+    return descriptors, diff_ids
+
+
+def _env_list(env: Mapping[str, str] | Iterable[str] | None) -> list[str]:
+    """``NAME=value`` strings, :data:`DEFAULT_PATH` first unless a ``PATH`` is given."""
     env_list = [f"{k}={v}" for k, v in env.items()] if isinstance(env, Mapping) else list(env or ())
     if not any(item.startswith("PATH=") for item in env_list):
         env_list.insert(0, DEFAULT_PATH)
+    return env_list
+
+
+def _container_config(env_list: list[str], *fields: tuple[str, object]) -> Json:
+    """The image config's ``config``: ``Env`` and every field whose value is not None."""
     container: Json = {"Env": env_list}
-    for key, value in (("Entrypoint", list(entrypoint) if entrypoint is not None else None),
-                       ("Cmd", list(cmd) if cmd is not None else None), ("User", user),
-                       ("WorkingDir", workdir), ("Labels", dict(labels) if labels else None)):
+    for key, value in fields:
         if value is not None:
             container[key] = value
-    manifests = []
-    for spec in platforms or [f"linux/{host_architecture()}"]:
-        platform = _platform(spec)
-        config: Json = {**platform, "created": CREATED, "config": container,
-                        "rootfs": {"type": "layers", "diff_ids": diff_ids},
-                        "history": [{"created": CREATED, "created_by": f"layer {n}"}
-                                    for n in range(len(descriptors))]}
-        manifest: Json = {"schemaVersion": 2, "mediaType": MEDIA_MANIFEST,
-                          "config": _dump(layout, config, MEDIA_CONFIG), "layers": descriptors}
-        manifests.append({**_dump(layout, manifest, MEDIA_MANIFEST), "platform": platform})
+    return container
+
+
+def _platform_manifest(layout: Layout, platform: dict[str, str], container: Json,
+                       descriptors: list[Json], diff_ids: list[str]) -> Json:
+    """The config and manifest of one platform written; the manifest's descriptor with its
+    ``platform``."""
+    config: Json = {**platform, "created": CREATED, "config": container,
+                    "rootfs": {"type": "layers", "diff_ids": diff_ids},
+                    "history": [{"created": CREATED, "created_by": f"layer {n}"}
+                                for n in range(len(descriptors))]}
+    manifest: Json = {"schemaVersion": 2, "mediaType": MEDIA_MANIFEST,
+                      "config": _dump(layout, config, MEDIA_CONFIG), "layers": descriptors}
+    return {**_dump(layout, manifest, MEDIA_MANIFEST), "platform": platform}
+
+
+def _top(layout: Layout, manifests: list[Json]) -> Json:
+    """What the tag names: the one manifest, or an index of several (written)."""
     if len(manifests) == 1:
-        top = {k: v for k, v in manifests[0].items() if k != "platform"}
-    else:
-        top = _dump(layout, {"schemaVersion": 2, "mediaType": MEDIA_INDEX,
-                             "manifests": manifests}, MEDIA_INDEX)
-    layout.set_tag(tag, top)
-    described: LayoutImage = _describe(layout, tag)
-    return BuiltImage(layout_path, tag, described.digest, described.media_type,
-                      described.config_digest, described.layer_digests, described.diff_ids,
-                      described.platforms)
+        return {k: v for k, v in manifests[0].items() if k != "platform"}
+    return _dump(layout, {"schemaVersion": 2, "mediaType": MEDIA_INDEX,
+                          "manifests": manifests}, MEDIA_INDEX)
 
 
 __all__ = ["CREATED", "DEFAULT_PATH", "OPAQUE", "REF_NAME", "WHITEOUT", "BuiltImage", "Dir",

@@ -286,6 +286,16 @@ def _escaped(value: str, index: int) -> bool:
 def lint_oci_conf(text: str, version: SlurmVersion) -> list[Problem]:
     """Every problem slurmstepd of ``version`` would have with this ``oci.conf``."""
     entries, problems = parse_oci_conf(text)
+    problems.extend(_key_problems(entries, version))
+    problems.extend(_runtime_problems(entries))
+    problems.extend(_value_problems(entries, version))
+    return sorted(problems, key=lambda p: (p.line, p.message))
+
+
+def _key_problems(entries: dict[str, tuple[int, str]],
+                  version: SlurmVersion) -> list[Problem]:
+    """Keys ``version`` does not know, and pattern tokens it does not know."""
+    problems = []
     keys, tokens = known_keys(version), known_tokens(version)
     for name, (number, value) in entries.items():
         if name not in keys:
@@ -294,24 +304,31 @@ def lint_oci_conf(text: str, version: SlurmVersion) -> list[Problem]:
             continue
         if name in _PATTERN_KEYS:
             problems.extend(_token_problems(name, number, value, tokens, version))
+    return problems
+
+
+def _runtime_problems(entries: dict[str, tuple[int, str]]) -> list[Problem]:
+    """The runtime commands slurmstepd needs: query, kill and delete, and either
+    ``RunTimeRun`` or both ``RunTimeCreate`` and ``RunTimeStart`` (create mode is flagged)."""
+    problems = []
     has = {name for name, (_, value) in entries.items() if value}
     for required in ("RunTimeQuery", "RunTimeKill", "RunTimeDelete"):
         if required not in has:
             problems.append(Problem(0, f"missing required key {required}"))
-    if "RunTimeRun" in has and has & {"RunTimeCreate", "RunTimeStart"}:
-        problems.append(Problem(entries["RunTimeRun"][0],
-                                "RunTimeRun excludes RunTimeCreate/RunTimeStart"))
-    elif "RunTimeRun" not in has:
-        if not has & {"RunTimeCreate", "RunTimeStart"}:
-            problems.append(Problem(0, "missing RunTimeRun"))
-        for key, other in (("RunTimeCreate", "RunTimeStart"), ("RunTimeStart", "RunTimeCreate")):
-            if key in has and other not in has:
-                problems.append(Problem(entries[key][0], f"{key} needs {other}"))
-        if "RunTimeCreate" in has:
-            problems.append(Problem(entries["RunTimeCreate"][0],
-                                    f"{CREATE_MODE_PROBLEM}; {CREATE_MODE_HINT}"))
-    problems.extend(_value_problems(entries, version))
-    return sorted(problems, key=lambda p: (p.line, p.message))
+    if "RunTimeRun" in has:
+        if has & {"RunTimeCreate", "RunTimeStart"}:
+            problems.append(Problem(entries["RunTimeRun"][0],
+                                    "RunTimeRun excludes RunTimeCreate/RunTimeStart"))
+        return problems
+    if not has & {"RunTimeCreate", "RunTimeStart"}:
+        problems.append(Problem(0, "missing RunTimeRun"))
+    for key, other in (("RunTimeCreate", "RunTimeStart"), ("RunTimeStart", "RunTimeCreate")):
+        if key in has and other not in has:
+            problems.append(Problem(entries[key][0], f"{key} needs {other}"))
+    if "RunTimeCreate" in has:
+        problems.append(Problem(entries["RunTimeCreate"][0],
+                                f"{CREATE_MODE_PROBLEM}; {CREATE_MODE_HINT}"))
+    return problems
 
 
 def _value_problems(entries: dict[str, tuple[int, str]],

@@ -5,9 +5,9 @@ Two kinds of config pass through here: the ones ocistage builds from an image co
 ``ocistage scrun stage-in`` rewrites before Slurm runs them (:mod:`ocistage.runtimes.scrun`).
 Whatever made it, a config runs rootless only if:
 
-- it has a user namespace mapping the process user to the caller (:mod:`ocistage.runtimes.idmap`:
-one id
-  each, plus container 0 where runc 1.1 needs it), and no supplementary groups (a one-id
+- it has a user namespace mapping the process user to the caller
+  (:mod:`ocistage.runtimes.idmap`: one id each, plus container 0 where runc 1.1 needs it), and
+  no supplementary groups (a one-id
   namespace maps one gid, ``setgroups`` to others fails);
 - ``proc`` is mounted in a pid namespace of its own (the kernel refuses a ``proc`` mount in a
   user namespace that does not own the pid namespace: Podman's ``pidns = "host"`` config has
@@ -62,6 +62,21 @@ def make_rootless(config: Mapping[str, Any], ids: RootlessIds,
     _clamp_rlimits(process, changes)
     linux = result.setdefault("linux", {})
     mounts = [mount for mount in result.get("mounts", []) if isinstance(mount, dict)]
+    kept = _rootless_namespaces(linux, mounts, changes)
+    if "hostname" in result and "uts" not in kept:
+        result.pop("hostname")
+        changes.append("hostname (no uts namespace)")
+    _map_ids(linux, user, ids)
+    result["mounts"] = _rootless_mounts(mounts, changes)
+    _drop_host_settings(linux, changes)
+    return result, changes
+
+
+def _rootless_namespaces(linux: dict[str, Any], mounts: list[dict[str, Any]],
+                         changes: list[str]) -> list[str | None]:
+    """``linux.namespaces`` without the host's (:data:`HOST_NAMESPACES`), with a pid or ipc
+    namespace where a ``proc`` or ``mqueue`` mount needs one, and a user namespace last;
+    returns the kinds kept besides the user namespace."""
     kinds = [ns.get("type") for ns in linux.get("namespaces", []) if isinstance(ns, dict)]
     for kind in HOST_NAMESPACES:
         if kind in kinds:
@@ -73,15 +88,22 @@ def make_rootless(config: Mapping[str, Any], ids: RootlessIds,
         if kind not in kept and any(m.get("type") == mount_type for m in mounts):
             kept.append(kind)
             changes.append(f"{kind} namespace added (a {mount_type} mount needs its own)")
-    if "hostname" in result and "uts" not in kept:
-        result.pop("hostname")
-        changes.append("hostname (no uts namespace)")
     linux["namespaces"] = [{"type": kind} for kind in [*kept, "user"]]
+    return kept
+
+
+def _map_ids(linux: dict[str, Any], user: Mapping[str, Any], ids: RootlessIds) -> None:
+    """The user namespace's mappings: the process user to ``ids``
+    (:mod:`ocistage.runtimes.idmap`)."""
     uid, gid = int(user.get("uid", 0)), int(user.get("gid", 0))
     placeholder = ids.placeholder
     linux["uidMappings"] = mappings(uid, ids.host_uid, placeholder.uid if placeholder else None)
     linux["gidMappings"] = mappings(gid, ids.host_gid, placeholder.gid if placeholder else None)
-    result["mounts"] = _rootless_mounts(mounts, changes)
+
+
+def _drop_host_settings(linux: dict[str, Any], changes: list[str]) -> None:
+    """Without the host's cgroup and network namespaces: no cgroup path, resources, Intel RDT
+    or ``net.*`` sysctls."""
     for key in ("cgroupsPath", "resources", "intelRdt"):
         if linux.pop(key, None) is not None:
             changes.append(f"linux.{key}")
@@ -90,7 +112,6 @@ def make_rootless(config: Mapping[str, Any], ids: RootlessIds,
         for name in [name for name in sysctl if name.startswith("net.")]:
             sysctl.pop(name)
             changes.append(f"linux.sysctl {name} (no network namespace)")
-    return result, changes
 
 
 def _rootless_mounts(mounts: list[dict[str, Any]], changes: list[str]) -> list[dict[str, Any]]:

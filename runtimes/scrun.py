@@ -4,10 +4,11 @@ Slurm's ``scrun`` (the OCI runtime that rootless Docker/Podman call) hands the h
 ``/etc/slurm/scrun.lua`` the bundle the engine made: a ``config.json`` whose ``root.path``
 points at the engine's rootfs. The generated Lua calls ``ocistage scrun stage-in``, which
 
-1. stages that rootfs content-addressed (``ocistage.stagers.stage.stage_directory``: unchanged files
-are
-   not copied again) to ``STAGE_DIR/<uid>/<id>/rootfs``, leased to the Slurm job;
-2. writes ``STAGE_DIR/<uid>/<id>/config.json`` rewritten for Slurm: ``root.path`` is the staged
+1. stages that rootfs content-addressed (``ocistage.stagers.stage.stage_directory``: unchanged
+   files are not copied again) to ``STAGE_DIR/<uid>/<id>/rootfs`` (or ``STAGE_DIR-<uid>/<id>``
+   when STAGE_DIR is not one every user can trust, :func:`user_stage_dir`), leased to the
+   Slurm job;
+2. writes ``<id>/config.json`` beside it, rewritten for Slurm: ``root.path`` is the staged
    rootfs, the user namespace maps the container user to the job user, the job environment is
    merged, and what cannot work on a compute node is dropped (``cgroupsPath``, resources,
    prestart hooks, a network namespace, bind mounts of missing sources);
@@ -30,8 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ocistage.cache.errors import OcistageError, UsageError
-from ocistage.cache.fsops import remove_tree
+from ocistage.cache.errors import OcistageError, UntrustedPath, UsageError
+from ocistage.cache.fsops import (
+    PARENT_MODE,
+    check_path_trusted,
+    remove_tree,
+    sticky_of_ours,
+    trust_problem,
+    walk_trusted,
+)
 from ocistage.cache.leases import Holder
 from ocistage.cache.store import write_file_atomic
 from ocistage.runtimes.errors import ScrunError
@@ -250,7 +258,7 @@ class StageInRequest:
     container_id: str
     bundle: Path                      # the bundle Docker/Podman made
     config_file: Path                 # its config.json (scrun passes it separately)
-    stage_dir: Path                   # STAGE_DIR: bundles go to STAGE_DIR/<uid>/
+    stage_dir: Path                   # STAGE_DIR: bundles go to STAGE_DIR/<uid>/ (user_stage_dir)
     job_id: str | None = None
     uid: int = field(default_factory=os.getuid)
     gid: int = field(default_factory=os.getgid)
@@ -384,14 +392,30 @@ def rewrite_config(config: Mapping[str, Any], *, root_path: Path, uid: int, gid:
     result["root"]["path"] = str(root_path)
     process = result.setdefault("process", {})
     user = process.setdefault("user", {})
-    if uid != 0 and (int(user.get("uid", 0)), int(user.get("gid", 0))) != (0, 0):
-        # an unprivileged job user can map only itself, and runc 1.1 needs container 0
-        # mapped: run as container root (which is the job user outside)
+    if uid != 0:
+        _run_as_container_root(user, dropped)
+    process["env"] = merge_env([e for e in process.get("env", []) if isinstance(e, str)],
+                               job_env)
+    _drop_engine_hooks(result, dropped)
+    result["mounts"] = _mounts_with_sources(result.get("mounts", []), dropped)
+    # root may map container 0 to the overflow id; anyone else runs as container 0 (above)
+    placeholder = detect_root_placeholder(uid, gid) if uid == 0 else None
+    result, changed = make_rootless(result, RootlessIds(uid, gid, placeholder))
+    return result, dropped + changed
+
+
+def _run_as_container_root(user: dict[str, Any], dropped: list[str]) -> None:
+    """An unprivileged job user can map only itself, and runc 1.1 needs container 0 mapped:
+    the process runs as container root (which is the job user outside)."""
+    if (int(user.get("uid", 0)), int(user.get("gid", 0))) != (0, 0):
         dropped.append(f"process.user {user.get('uid', 0)}:{user.get('gid', 0)} (runs as 0:0, "
                        "the job user outside)")
         user["uid"], user["gid"] = 0, 0
-    process["env"] = merge_env([e for e in process.get("env", []) if isinstance(e, str)],
-                               job_env)
+
+
+def _drop_engine_hooks(result: dict[str, Any], dropped: list[str]) -> None:
+    """The engine's seccomp profile and its prestart and createRuntime hooks (its own
+    programs, which do not run on a compute node)."""
     linux = result.setdefault("linux", {})
     if linux.pop("seccomp", None) is not None:
         dropped.append("linux.seccomp")
@@ -400,38 +424,91 @@ def rewrite_config(config: Mapping[str, Any], *, root_path: Path, uid: int, gid:
         for key in ("prestart", "createRuntime"):
             if hooks.pop(key, None) is not None:
                 dropped.append(f"hooks.{key}")
-    mounts = []
-    for mount in result.get("mounts", []):
+
+
+def _is_bind(mount: Any) -> bool:
+    return isinstance(mount, dict) and (mount.get("type") == "bind" or "bind" in
+                                        mount.get("options", []) or
+                                        "rbind" in mount.get("options", []))
+
+
+def _mounts_with_sources(mounts: Sequence[Any], dropped: list[str]) -> list[Any]:
+    """``mounts`` without the bind mounts whose source does not exist here (the engine's
+    ``resolv.conf``, ...)."""
+    kept = []
+    for mount in mounts:
         source = mount.get("source", "") if isinstance(mount, dict) else ""
-        is_bind = isinstance(mount, dict) and (mount.get("type") == "bind" or "bind" in
-                                               mount.get("options", []) or
-                                               "rbind" in mount.get("options", []))
-        if is_bind and isinstance(source, str) and not os.path.exists(source):
+        if _is_bind(mount) and isinstance(source, str) and not os.path.exists(source):
             dropped.append(f"mount {mount.get('destination')} (source {source} missing)")
             continue
-        mounts.append(mount)
-    result["mounts"] = mounts
-    # root may map container 0 to the overflow id; anyone else runs as container 0 (above)
-    placeholder = detect_root_placeholder(uid, gid) if uid == 0 else None
-    result, changed = make_rootless(result, RootlessIds(uid, gid, placeholder))
-    return result, dropped + changed
+        kept.append(mount)
+    return kept
 
 
 def _marker_path(bundle: Path) -> Path:
     return bundle / MARKER
 
 
+def user_stage_dir(stage_dir: Path, uid: int) -> Path:
+    """The directory of ``uid``'s bundles, made if needed (:func:`private_dir`).
+
+    STAGE_DIR is shared by every user of the node (``/tmp/ocistage-scrun``), so who makes it
+    first must not decide for the others (docs/trust.md, "STAGE_DIR"): root makes it root's
+    and sticky (1777, like ``/tmp``); every user's bundles go to ``STAGE_DIR/<uid>`` when it
+    is such a directory, or the caller's own, or root's holding ``<uid>`` already. Anybody
+    else's STAGE_DIR (a co-tenant who made it first, 0755 or 0777), or none when the caller
+    is not root, is never used: the bundles go to ``STAGE_DIR-<uid>`` beside it instead.
+    """
+    if os.geteuid() == 0:
+        _make_shared_stage_dir(stage_dir)
+    if _holds_user_dirs(stage_dir, uid):
+        return private_dir(stage_dir / str(uid))
+    return private_dir(stage_dir.with_name(f"{stage_dir.name}-{uid}"))
+
+
+def _make_shared_stage_dir(stage_dir: Path) -> None:
+    """Root only: a missing STAGE_DIR made root's and sticky, as ``/tmp`` (its parent checked
+    first, :func:`check_path_trusted`); an existing one is left as it is."""
+    if os.path.lexists(stage_dir):
+        return
+    check_path_trusted(stage_dir.parent, "scrun stage directory", make=PARENT_MODE,
+                       shared=True)
+    try:
+        os.mkdir(stage_dir, 0o700)
+    except FileExistsError:
+        return  # made meanwhile: judged by _holds_user_dirs like any existing one
+    except OSError as exc:
+        raise ScrunError(f"cannot create {stage_dir}: {exc.strerror}") from exc
+    os.chmod(stage_dir, 0o1777)  # in a checked parent: nobody but root can swap it
+
+
+def _holds_user_dirs(stage_dir: Path, uid: int) -> bool:
+    """Whether ``STAGE_DIR/<uid>`` is where the caller's bundles go: STAGE_DIR (every
+    directory above it checked) is root's sticky one, or the caller's own, or root's already
+    holding ``<uid>`` (a site that made the users' directories)."""
+    try:
+        st = walk_trusted(stage_dir, "scrun stage directory")
+    except (FileNotFoundError, UntrustedPath):
+        return False  # anything wrong above STAGE_DIR is found again beside it
+    except OSError as exc:
+        raise ScrunError(f"cannot examine {stage_dir}: {exc.strerror}") from exc
+    if sticky_of_ours(st) and st.st_uid == 0:
+        return True
+    if trust_problem(st) is not None:
+        return False
+    return st.st_uid == os.geteuid() or os.path.lexists(stage_dir / str(uid))
+
+
 def private_dir(path: Path) -> Path:
     """Create ``path`` (mode 0700) if needed and make sure it is a directory of ours.
 
-    STAGE_DIR is often a shared ``/tmp``-like directory: another user could have made
-    ``STAGE_DIR/<uid>`` first (or a symlink there) to receive or swap our files.
+    Every directory above it is checked (:func:`ocistage.cache.fsops.walk_trusted`): in a
+    sticky STAGE_DIR (or ``/tmp``) another user could have made ``path`` first (or a symlink
+    there) to receive or swap our files, and in a directory another user can write they could
+    swap it after we made it.
     """
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            path.mkdir(mode=0o700)
-        st = os.lstat(path)
+        st = walk_trusted(path, "scrun stage directory", make=0o700, follow=False)
     except OSError as exc:
         raise ScrunError(f"cannot create {path}: {exc.strerror}") from exc
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
@@ -447,7 +524,7 @@ def stage_in(request: StageInRequest, *, cache_root: Path, jobs: int = 8) -> Sta
     container_id = check_container_id(request.container_id)
     config = read_config(request.config_file)
     rootfs = source_rootfs(request.bundle, config)
-    user_dir = private_dir(request.stage_dir / str(request.uid))
+    user_dir = user_stage_dir(request.stage_dir, request.uid)
     holder = Holder.slurm_job(request.job_id) if request.job_id else Holder.this_process()
     # link=False: the container gets its own writable files (a shared inode would let it
     # write through into the engine's rootfs or other bundles); link=True shares them, and
@@ -471,6 +548,8 @@ def stage_in(request: StageInRequest, *, cache_root: Path, jobs: int = 8) -> Sta
          "sbatch": request.sbatch}).encode(), mode=0o600)
     config_path = bundle / "config.json"
     write_file_atomic(config_path, json.dumps(new_config, indent=2).encode(), mode=0o644)
+    # what slurmstepd runs: nobody but the caller and root may be able to swap it
+    check_path_trusted(bundle, "staged bundle", follow=False)
     return StageInResult(bundle=bundle, root_path=root_path, config=config_path,
                          files=staged.files, copied=staged.copied, linked=staged.linked,
                          unchanged=staged.unchanged, bytes_copied=staged.bytes_copied,

@@ -7,7 +7,10 @@ the job with a ``slurm-job`` lease.
 Order matters: the job is submitted held (its container path is known in advance, ``TO/NAME``),
 the bundle is staged under the job's own lease (the staged marker names it, which is what gc
 checks before removing), a cleanup job is submitted, then the job is released. If anything
-fails before the release, the job is cancelled and the staged bundle released.
+fails before the release, the job is cancelled and the staged bundle released. ``TO`` and
+every directory above it are checked before sbatch is given ``TO/NAME``, and the staged bundle
+again before the job is released (docs/trust.md: nobody but the caller and root may be able to
+swap what Slurm runs).
 
 The cleanup job (``sbatch --dependency=afterany:JOB``, one task, five minutes) runs once the job
 has ended in any way (completed, failed, cancelled with ``scancel``, timed out), whoever is
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ocistage.cache.errors import OcistageError, UsageError
+from ocistage.cache.fsops import check_path_trusted
 from ocistage.cache.leases import Holder
 from ocistage.runtimes.bundle_command import resolve_command
 from ocistage.runtimes.errors import SlurmError
@@ -95,6 +99,7 @@ def submit(bundle: Path, options: SubmitOptions, *, cache_root: Path) -> SubmitR
         # srun returns, then gc may collect it
         staged = stage_directory(bundle, options.stage_to, cache_root=cache_root, name=name,
                                  holder=Holder.this_process(), link=link)
+        check_handed_over(Path(staged.path))
         argv = srun_argv(options.options, container=Path(staged.path), command=command)
         try:
             exit_code = subprocess.run(argv, check=False).returncode
@@ -104,6 +109,7 @@ def submit(bundle: Path, options: SubmitOptions, *, cache_root: Path) -> SubmitR
     # submit held, stage under the job's own lease, submit the cleanup job, then release: the
     # staged bundle's marker names the job's lease, the cleanup job releases it
     path = options.stage_to.absolute() / name
+    check_path_trusted(options.stage_to, "stage target", make=0o755, shared=True)
     user_holds = any(o == "--hold" or o == "-H" for o in options.options)
     job_id = sbatch([*options.options, "--hold"], container=path, wrap=wrap_command(command))
     staged_path: Path | None = None
@@ -111,6 +117,7 @@ def submit(bundle: Path, options: SubmitOptions, *, cache_root: Path) -> SubmitR
         staged = stage_directory(bundle, options.stage_to, cache_root=cache_root, name=name,
                                  holder=Holder.slurm_job(job_id), link=link)
         staged_path = Path(staged.path)
+        check_handed_over(staged_path)
         cleanup_id = sbatch(cleanup_options(options.options, job_id), container=None,
                             wrap=wrap_command(unstage_command(options.ocistage, staged_path,
                                                               job_id, cache_root)))
@@ -123,6 +130,12 @@ def submit(bundle: Path, options: SubmitOptions, *, cache_root: Path) -> SubmitR
             _unstage(staged_path, job_id, cache_root)
         raise
     return SubmitResult(job_id, staged_path, staged.lease_id, cleanup_job_id=cleanup_id)
+
+
+def check_handed_over(staged: Path) -> None:
+    """The staged bundle Slurm runs, and every directory above it, can be changed by nobody
+    but the caller and root (:func:`ocistage.cache.fsops.check_path_trusted`)."""
+    check_path_trusted(staged, "staged bundle", follow=False)
 
 
 #: sbatch options that say who pays and where a job may run: the cleanup job needs the same

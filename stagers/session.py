@@ -29,9 +29,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from pathlib import Path
 from types import TracebackType
 
+from ocistage.cache.fsops import walk_trusted
 from ocistage.cache.leases import Holder, Lease
 from ocistage.cache.locks import FileLock
 from ocistage.cache.staged import image_path, sweep_pool
@@ -59,16 +61,25 @@ _FORMATS = {"dir": "directory bundle", "squashfs": "squashfs image"}
 
 
 def make_target(to: Path) -> Path:
-    """``to`` made absolute and created if missing; a StageError if it is not a directory."""
+    """``to`` made absolute and created if missing, every directory above it checked first
+    (:func:`ocistage.cache.fsops.walk_trusted`, :class:`UntrustedPath`); a StageError if it
+    is not a directory. Whether ``to`` itself is trusted is checked by
+    :func:`ocistage.stagers.target.tmp_dir`."""
     to = Path(os.path.abspath(to))
     try:
-        to.mkdir(parents=True, exist_ok=True)
+        st = walk_trusted(to, "stage target", make=0o755)
     except (FileExistsError, NotADirectoryError) as exc:
-        raise StageError(f"the target {to} is not a directory",
-                         "give --to a directory (it is created if missing) or a URL") from exc
+        raise _not_a_directory(to) from exc
     except OSError as exc:
         raise staging_error(exc, f"cannot create the target {to}", to) from exc
+    if not stat.S_ISDIR(st.st_mode):
+        raise _not_a_directory(to)
     return to
+
+
+def _not_a_directory(to: Path) -> StageError:
+    return StageError(f"the target {to} is not a directory",
+                      "give --to a directory (it is created if missing) or a URL")
 
 
 def staging_error(exc: OSError, what: str, to: Path) -> StageError:

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from ocistage.cache.bundleinfo import SHARED_ROOT_ANNOTATION
 from ocistage.cache.fsops import (
     OWNER_SUFFIX,
-    check_shared_parent,
+    check_path_trusted,
     check_trusted_dir,
     drop_owned_dir,
     hardlinks_work,
@@ -114,10 +114,10 @@ def publish(scratch: Path, final: Path) -> Path | None:
 
 def tmp_dir(to: Path) -> Path:
     """``TO/.ocistage-tmp``, made if needed; ``TO`` and it must be trusted (docs/trust.md):
-    ``TO`` owned by the caller or root and not writable by others, or a sticky directory
-    like ``/tmp`` (then ``.ocistage-tmp`` must be the caller's)."""
-    to.mkdir(mode=0o755, parents=True, exist_ok=True)
-    check_shared_parent(to, "stage target")
+    every directory above ``TO`` (:func:`ocistage.cache.fsops.walk_trusted`), ``TO`` owned by
+    the caller or root and not writable by others, or a sticky directory like ``/tmp`` (then
+    ``.ocistage-tmp`` must be the caller's)."""
+    check_path_trusted(to, "stage target", make=0o755, shared=True)
     path = to / TMP_DIR
     with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o755)
