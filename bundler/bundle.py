@@ -70,6 +70,7 @@ from ocistage.cache.digest import Digest
 from ocistage.cache.errors import StoreError, UsageError
 from ocistage.cache.fsops import check_shared_parent, remove_tree
 from ocistage.cache.leases import InUse
+from ocistage.cache.notice import Notice
 from ocistage.cache.store import Store, fsync_dir, remove_dead_scratch, scratch_name
 
 BUNDLE_FORMAT = 1  # bump when the bundle layout or config generation changes meaning
@@ -80,7 +81,7 @@ class BundleResult:
     path: Path
     image: PulledImage
     reused: bool                      # an identical bundle existed already
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[Notice, ...] = ()
     layers_applied: int = 0           # layers unpacked by this call (0: all from snapshots)
     snapshot: Path | None = None      # the snapshot rootfs the bundle links to, if any
 

@@ -49,6 +49,7 @@ from ocistage.cache import usage
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import IntegrityError, Interrupted, OcistageError
 from ocistage.cache.leases import InUse
+from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.store import Ingest, Store
 
 ANNOTATION_RESOLVED = "io.ocistage.resolved"
@@ -110,7 +111,7 @@ class PulledImage:
     layers: tuple[Descriptor, ...]
     fetched_bytes: int
     reused_blobs: int
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[Notice, ...] = ()
 
     @property
     def size(self) -> int:
@@ -233,16 +234,16 @@ def resolve(provider: ImageProvider, wanted: Platform,
 
 
 def _check_platform(config: ImageConfig, wanted: Platform, explicit: bool,
-                    name: str) -> tuple[Platform, list[str]]:
+                    name: str) -> tuple[Platform, list[Notice]]:
     actual = Platform(os=config.os or "linux", architecture=config.architecture or "unknown",
                       variant=config.variant or None)
-    warnings: list[str] = []
+    warnings: list[Notice] = []
     if (actual.os, actual.normalized().architecture) != (
             wanted.os, wanted.normalized().architecture):
         message = f"{name} is for {actual}, not {wanted}"
         if explicit:
             raise UnsupportedManifest(message, "this image has no manifest for that platform")
-        warnings.append(message)
+        warnings.append(Notice(Kind.PLATFORM, message))
     return actual, warnings
 
 

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ocistage.cache.errors import UsageError
+from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.sizes import parse_size
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class Settings:
     # registries, which add up)
     origins: Mapping[str, str] = field(default_factory=dict, compare=False)
     # what the config files hold that ocistage does not know (with the closest known key)
-    warnings: tuple[str, ...] = field(default=(), compare=False)
+    warnings: tuple[Notice, ...] = field(default=(), compare=False)
 
     def stage_target(self, option: str | None) -> str:
         """Where `stage` and `submit` stage: the option, else the ``stage_to`` setting
@@ -159,17 +160,18 @@ def _bad_value(path: Path, key: str, expected: str, value: object) -> UsageError
                       f"{CONFIG_DOC}")
 
 
-def _unknown(path: Path, where: str, key: str, known: Sequence[str]) -> str:
+def _unknown(path: Path, where: str, key: str, known: Sequence[str]) -> Notice:
     import difflib  # only for an unknown key
 
     close = difflib.get_close_matches(key, known, n=1)
     guess = f" (did you mean `{where}{close[0]}`?)" if close else ""
-    return f"config file {path}: unknown key `{where}{key}`{guess}; it is ignored"
+    return Notice(Kind.CONFIG,
+                  f"config file {path}: unknown key `{where}{key}`{guess}; it is ignored")
 
 
-def check_config(path: Path, data: Mapping[str, Any]) -> list[str]:
+def check_config(path: Path, data: Mapping[str, Any]) -> list[Notice]:
     """Check ``data`` read from ``path``: raise on a bad value, return unknown-key warnings."""
-    warnings: list[str] = []
+    warnings: list[Notice] = []
     for key, value in data.items():
         if key not in KEYS:
             warnings.append(_unknown(path, "", key, list(KEYS)))
@@ -217,7 +219,7 @@ class _Layers:
     """The config files, site then user, each checked, and where each key was last set."""
 
     files: list[tuple[Path, dict[str, Any]]]
-    warnings: list[str]
+    warnings: list[Notice]
 
     @classmethod
     def read(cls) -> _Layers:

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
+from ocistage.cache.notice import Kind, Notice
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -228,22 +230,16 @@ def shown(text: object) -> str:
     return escape(sanitize(str(text)))
 
 
-# `layer N: PATH: character device 5:1 replaced by an empty file (rootless)`, as
-# ocistage.bundler.unpack.apply words it; every Debian-based image has about eight under /dev
-_DEVICE_WARNING_RE = re.compile(r"(?:layer \d+: )?.*: (?:character|block) device \d+:\d+ "
-                                r"replaced by an empty file \(rootless\)")
-
-
-def summarize_warnings(warnings: Iterable[str], quiet: bool = False) -> list[str]:
+def summarize_warnings(warnings: Iterable[Notice], quiet: bool = False) -> list[str]:
     """The warnings to print: device nodes replaced by empty files become one line, none if
     ``quiet`` (they are expected of every image with a /dev, and the runtime provides /dev)."""
     kept: list[str] = []
     devices = 0
     for warning in warnings:
-        if _DEVICE_WARNING_RE.fullmatch(warning):
+        if warning.kind is Kind.DEVICE_NODE:
             devices += 1
         else:
-            kept.append(warning)
+            kept.append(str(warning))
     if devices and not quiet:
         kept.append(f"{devices} device node{'s' if devices != 1 else ''} (as under /dev) "
                     "replaced by empty files: a rootless bundle cannot hold them "
@@ -251,7 +247,7 @@ def summarize_warnings(warnings: Iterable[str], quiet: bool = False) -> list[str
     return kept
 
 
-def print_warnings(warnings: Iterable[str], quiet: bool = False) -> None:
+def print_warnings(warnings: Iterable[Notice], quiet: bool = False) -> None:
     for warning in summarize_warnings(warnings, quiet):
         echo(f"warning: {warning}", err=True)
 

@@ -59,7 +59,7 @@ def _pulled_json(image: PulledImage, cache: Path) -> dict[str, Any]:
         "fetched_bytes": image.fetched_bytes,
         "reused_blobs": image.reused_blobs,
         "cache": str(cache),
-        "warnings": list(image.warnings),
+        "warnings": [str(warning) for warning in image.warnings],
     }
 
 
@@ -227,7 +227,7 @@ def bundle_command(
     if json_output:
         print_json({"path": str(result.path), "reused": result.reused,
                     "layers_applied": result.layers_applied,
-                    "warnings": list(result.warnings),
+                    "warnings": [str(warning) for warning in result.warnings],
                     "image": _pulled_json(result.image, settings.cache)})
         return
     if not quiet:
