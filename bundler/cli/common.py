@@ -24,14 +24,13 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
-from ocistage.cache.notice import Kind, Notice
-
 if TYPE_CHECKING:
     from rich.console import Console
 
     from ocistage.bundler.image.reference import ImageSource
     from ocistage.bundler.pull import PullOptions, PullProgress
     from ocistage.bundler.settings import Settings
+    from ocistage.cache.notice import Notice
     from ocistage.cache.store import Store
 
 
@@ -233,6 +232,8 @@ def shown(text: object) -> str:
 def summarize_warnings(warnings: Iterable[Notice], quiet: bool = False) -> list[str]:
     """The warnings to print: device nodes replaced by empty files become one line, none if
     ``quiet`` (they are expected of every image with a /dev, and the runtime provides /dev)."""
+    from ocistage.cache.notice import Kind  # light commands print no warnings
+
     kept: list[str] = []
     devices = 0
     for warning in warnings:
