@@ -51,7 +51,15 @@ from typing import TYPE_CHECKING, Any
 from ocistage.bundler.follower import PullThread
 from ocistage.bundler.image.manifest import Descriptor
 from ocistage.bundler.image.reference import ImageSource
-from ocistage.bundler.pull import CANCEL_GRACE, PulledImage, PullOptions, PullProgress, interrupted
+from ocistage.bundler.pull import (
+    CANCEL_GRACE,
+    NO_PROGRESS,
+    PulledImage,
+    PullOptions,
+    PullProgress,
+    PullRun,
+    interrupted,
+)
 from ocistage.bundler.runtime_config import (
     ConfigOptions,
     build_runtime_config,
@@ -63,6 +71,7 @@ from ocistage.cache.digest import Digest
 from ocistage.cache.errors import StoreError, UsageError
 from ocistage.cache.fsops import check_shared_parent, remove_tree
 from ocistage.cache.leases import InUse
+from ocistage.cache.notice import Notice
 from ocistage.cache.store import Store, fsync_dir, remove_dead_scratch, scratch_name
 
 if TYPE_CHECKING:
@@ -76,14 +85,15 @@ class BundleResult:
     path: Path
     image: PulledImage
     reused: bool                      # an identical bundle existed already
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[Notice, ...] = ()
     layers_applied: int = 0           # layers unpacked by this call (0: all from snapshots)
     snapshot: Path | None = None      # the snapshot rootfs the bundle links to, if any
 
     def to_json(self) -> dict[str, Any]:
         """What ``bundle --json`` prints."""
         return {"path": str(self.path), "reused": self.reused,
-                "layers_applied": self.layers_applied, "warnings": list(self.warnings),
+                "layers_applied": self.layers_applied,
+                "warnings": [str(notice) for notice in self.warnings],
                 "image": self.image.to_json()}
 
     def render(self, out: Renderer) -> None:
@@ -147,11 +157,11 @@ def make_bundle(
     ``on_layer(n, descriptor)`` is called before layer ``n`` is unpacked.
     """
     pull_options = pull_options or PullOptions()
+    request = _Request(dest, config_options or ConfigOptions(), on_layer, link, keep_snapshot)
     with InUse(store.root) as in_use:
-        result = _make_bundle(source, store, dest, in_use,
-                              dataclasses.replace(pull_options, max_size=None),
-                              config_options or ConfigOptions(), progress, on_layer,
-                              link, keep_snapshot)
+        run = PullRun(source, store, dataclasses.replace(pull_options, max_size=None),
+                      progress or NO_PROGRESS, in_use=in_use)
+        result = _make_bundle(run, in_use, request)
         if pull_options.max_size is not None:
             # only with a budget: ocistage.cache.gc and ocistage.cache.inventory are not needed
             # otherwise
@@ -162,39 +172,51 @@ def make_bundle(
     return result
 
 
-def _make_bundle(source: ImageSource, store: Store, dest: Path | None, in_use: InUse,
-                 pull_options: PullOptions, config_options: ConfigOptions,
-                 progress: PullProgress | None,
-                 on_layer: Callable[[int, Descriptor], None] | None,
-                 link: bool, keep_snapshot: bool) -> BundleResult:
-    puller = PullThread(source, store, pull_options, progress, in_use)
+@dataclass(frozen=True)
+class _Request:
+    """What :func:`make_bundle` was asked to make, beside the pull (see its docstring)."""
+
+    dest: Path | None
+    config_options: ConfigOptions
+    on_layer: Callable[[int, Descriptor], None] | None
+    link: bool
+    keep_snapshot: bool
+
+
+def _make_bundle(run: PullRun, in_use: InUse, request: _Request) -> BundleResult:
+    """The bundle of ``request`` made while ``run`` (leased by ``in_use``) pulls."""
+    puller = PullThread(run)
     try:
-        return _build(puller, store, dest, in_use, config_options, on_layer, link,
-                      keep_snapshot)
+        return _build(puller, run, in_use, request)
     except KeyboardInterrupt:
         puller.canceller.cancel()  # downloads stop now and keep what they wrote
         # a connect in progress is left behind (ocistage.bundler.cli.app.main)
         puller.stop(CANCEL_GRACE)
-        raise interrupted(store) from None
+        raise interrupted(run.store) from None
     except Exception:
         with contextlib.suppress(BaseException):
             puller.result()  # let the downloads finish into the cache; report our error
         raise
 
 
-def _build(puller: PullThread, store: Store, dest: Path | None, in_use: InUse,
-           config_options: ConfigOptions, on_layer: Callable[[int, Descriptor], None] | None,
-           link: bool, keep_snapshot: bool) -> BundleResult:
+def _reused(puller: PullThread, store: Store, key: str, dest: Path) -> BundleResult:
+    """The cached bundle ``key`` already at ``dest``, once the pull is done."""
+    image = puller.result()
+    usage.touch(store.root, "bundle", key)
+    return BundleResult(dest, image, reused=True, warnings=image.warnings)
+
+
+def _build(puller: PullThread, run: PullRun, in_use: InUse,
+           request: _Request) -> BundleResult:
+    store = run.store
     manifest_digest, layers, diff_ids, raw_config = puller.config()
-    key = None
+    key, dest, link = None, request.dest, request.link
     if dest is None:
-        key = _bundle_key(manifest_digest, config_options)
+        key = _bundle_key(manifest_digest, request.config_options)
         in_use.protect([f"bundle:{key}"])
         dest = store.root / "bundles" / key
         if (dest / "config.json").is_file():
-            image = puller.result()
-            usage.touch(store.root, "bundle", key)
-            return BundleResult(dest, image, reused=True, warnings=image.warnings)
+            return _reused(puller, store, key, dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
         link = True
     else:
@@ -206,41 +228,19 @@ def _build(puller: PullThread, store: Store, dest: Path | None, in_use: InUse,
     try:
         scratch = _scratch_beside(dest)
         # the unpacking modules only now: a cached bundle found above never needs them
-        from ocistage.bundler.rootfs import make_rootfs
+        from ocistage.bundler.rootfs import RootfsJob, make_rootfs
 
-        applied, snapshot, link = make_rootfs(puller, store, in_use, layers, diff_ids, scratch,
-                                              on_layer, link=link, keep_snapshot=keep_snapshot)
-        rootfs = scratch / "rootfs"
-        shared_root = link and not config_options.readonly
-        if link:
-            # the rootfs shares file inodes with the cache's snapshot: a container writing
-            # into its root would change the cache and every other bundle linked to it
-            config_options = dataclasses.replace(config_options, readonly=True)
+        job = RootfsJob(store, in_use, puller, layers, diff_ids, run.options.unpack_limit,
+                        request.on_layer)
+        applied, snapshot, link = make_rootfs(job, scratch, link=link,
+                                              keep_snapshot=request.keep_snapshot)
         image = puller.result()  # every blob verified before anything is published
-        config = build_runtime_config(json.loads(raw_config), rootfs, config_options)
-        if shared_root:  # read-only for the sharing only: a private copy may be writable
-            config.setdefault("annotations", {})[SHARED_ROOT_ANNOTATION] = "true"
-        write_runtime_config(scratch, config)
+        _write_config(scratch, raw_config, request.config_options, link)
         if key is not None:
             write_bundle_info(scratch, image.manifest.digest, image.name)
-        os.chmod(scratch, 0o755)
-        try:
-            # replaces an empty directory the user made for us, atomically; a filled one is
-            # refused (ENOTEMPTY), so of several commands bundling into one DEST the first
-            # to publish wins and the others fail cleanly
-            os.rename(scratch, dest)
-        except OSError as exc:
-            if key is not None and (dest / "config.json").is_file():
-                # another process published the same cached bundle first; use theirs
-                remove_tree(scratch)
-                usage.touch(store.root, "bundle", key)
-                return BundleResult(dest, image, reused=True, warnings=image.warnings)
-            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
-                raise UsageError(f"{dest} was filled or replaced by another process while "
-                                 f"this bundle was made; nothing was written to it",
-                                 "bundle into a destination of its own") from exc
-            raise StoreError(f"cannot publish the bundle at {dest}: {exc.strerror}") from exc
-        fsync_dir(dest.parent)
+        if not _publish(scratch, dest, key):
+            assert key is not None  # only a cached bundle is taken from another process
+            return _reused(puller, store, key, dest)
     except BaseException:
         if scratch is not None:
             with contextlib.suppress(OSError):
@@ -250,3 +250,41 @@ def _build(puller: PullThread, store: Store, dest: Path | None, in_use: InUse,
         usage.touch(store.root, "bundle", key)
     return BundleResult(dest, image, reused=False, warnings=image.warnings + applied.warnings,
                         layers_applied=applied.layers, snapshot=snapshot)
+
+
+def _write_config(scratch: Path, raw_config: bytes, options: ConfigOptions,
+                  link: bool) -> None:
+    """``scratch/config.json`` for the rootfs made there (``link``: sharing the cache's
+    files)."""
+    shared_root = link and not options.readonly
+    if link:
+        # the rootfs shares file inodes with the cache's snapshot: a container writing
+        # into its root would change the cache and every other bundle linked to it
+        options = dataclasses.replace(options, readonly=True)
+    config = build_runtime_config(json.loads(raw_config), scratch / "rootfs", options)
+    if shared_root:  # read-only for the sharing only: a private copy may be writable
+        config.setdefault("annotations", {})[SHARED_ROOT_ANNOTATION] = "true"
+    write_runtime_config(scratch, config)
+
+
+def _publish(scratch: Path, dest: Path, key: str | None) -> bool:
+    """Rename ``scratch`` to ``dest``; False: the cached bundle ``key`` was published there
+    by another process first (``scratch`` is removed)."""
+    os.chmod(scratch, 0o755)
+    try:
+        # replaces an empty directory the user made for us, atomically; a filled one is
+        # refused (ENOTEMPTY), so of several commands bundling into one DEST the first
+        # to publish wins and the others fail cleanly
+        os.rename(scratch, dest)
+    except OSError as exc:
+        if key is not None and (dest / "config.json").is_file():
+            # another process published the same cached bundle first; use theirs
+            remove_tree(scratch)
+            return False
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise UsageError(f"{dest} was filled or replaced by another process while "
+                             f"this bundle was made; nothing was written to it",
+                             "bundle into a destination of its own") from exc
+        raise StoreError(f"cannot publish the bundle at {dest}: {exc.strerror}") from exc
+    fsync_dir(dest.parent)
+    return True

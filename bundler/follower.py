@@ -12,18 +12,17 @@ the bytes a reader has already seen may not be the blob's: the reader raises
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
 from ocistage.bundler.image.manifest import Descriptor, ImageConfig
-from ocistage.bundler.image.reference import ImageSource
-from ocistage.bundler.pull import Canceller, PulledImage, PullOptions, PullProgress, pull
+from ocistage.bundler.pull import PulledImage, PullRun, run_pull
 from ocistage.bundler.registry.types import BlobSink
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import OcistageError
-from ocistage.cache.leases import InUse
 from ocistage.cache.store import Ingest, Store
 
 CHUNK = 1 << 20
@@ -200,29 +199,26 @@ class _FollowingReader:
 
 
 class PullThread:
-    """``pull()`` running beside the unpacking, reporting to a :class:`BlobFollower`."""
+    """``pull()`` of a :class:`ocistage.bundler.pull.PullRun` running beside the unpacking,
+    reporting to a :class:`BlobFollower`: :meth:`open` reads a layer as it downloads."""
 
-    def __init__(self, source: ImageSource, store: Store, options: PullOptions,
-                 progress: PullProgress | None, in_use: InUse) -> None:
-        self.follower = BlobFollower(store)
-        self.canceller = Canceller()
-        self.unpack_limit = options.unpack_limit
+    def __init__(self, run: PullRun) -> None:
+        self._follower = BlobFollower(run.store)
+        self.canceller = run.canceller
         self._image: PulledImage | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(
-            target=self._run, args=(source, store, options, progress, in_use),
+            target=self._run, args=(dataclasses.replace(run, observer=self._follower),),
             name="pull", daemon=True)
         self._thread.start()
 
-    def _run(self, source: ImageSource, store: Store, options: PullOptions,
-             progress: PullProgress | None, in_use: InUse) -> None:
+    def _run(self, run: PullRun) -> None:
         try:
-            self._image = pull(source, store, options, progress, in_use=in_use,
-                               observer=self.follower, canceller=self.canceller)
+            self._image = run_pull(run)
         except BaseException as exc:
             self._error = exc
         finally:
-            self.follower.stop()
+            self._follower.stop()
 
     def stop(self, grace: float) -> None:
         """Wait at most ``grace`` seconds for a cancelled pull to end."""
@@ -238,8 +234,16 @@ class PullThread:
 
     def config(self) -> tuple[Digest, tuple[Descriptor, ...], tuple[Digest, ...], bytes]:
         try:
-            manifest_digest, config, layers = self.follower.wait_config()
+            manifest_digest, config, layers = self._follower.wait_config()
         except PullFailed:
             self.result()  # raises the pull's own error
             raise
         return manifest_digest, layers, config.diff_ids, config.raw
+
+    def open(self, digest: Digest) -> BinaryIO:
+        """A blob's bytes, following its download (:meth:`BlobFollower.open`)."""
+        return self._follower.open(digest)
+
+    def restarted(self) -> bool:
+        """Whether any download started over (:meth:`BlobFollower.discarded`)."""
+        return self._follower.discarded()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ocistage.bundler.image.manifest import Descriptor, ImageConfig, ImageIndex, parse_image_config
 from ocistage.bundler.image.platform import Platform, host_platform
 from ocistage.bundler.image.reference import ImageSource
-from ocistage.bundler.pull import BlobCounter, PullOptions, fetch_blob, resolve
+from ocistage.bundler.pull import Fetcher, PullOptions, resolve
 from ocistage.bundler.sources import open_provider
 from ocistage.cache.digest import Digest
 from ocistage.cache.sizes import format_size
@@ -113,7 +113,7 @@ def inspect_image(source: ImageSource, store: Store,
         if isinstance(resolved.index, ImageIndex):
             platforms = tuple((d.platform, d) for d in resolved.index.manifests)
         manifest = resolved.manifest
-        fetch_blob(provider, store, manifest.config, "config", None, BlobCounter())
+        Fetcher(provider, store).fetch(manifest.config, "config")
         config = parse_image_config(store.read_blob(manifest.config.digest))
         store.put_blob(resolved.manifest_fetched.data, resolved.manifest_fetched.digest)
         return ImageReport(

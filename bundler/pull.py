@@ -50,6 +50,7 @@ from ocistage.cache import usage
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import IntegrityError, Interrupted, OcistageError
 from ocistage.cache.leases import InUse
+from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.sizes import format_size
 from ocistage.cache.store import Ingest, Store
 
@@ -115,7 +116,7 @@ class PulledImage:
     layers: tuple[Descriptor, ...]
     fetched_bytes: int
     reused_blobs: int
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[Notice, ...] = ()
     cache: Path | None = None       # the cache it was pulled into
 
     @property
@@ -137,7 +138,7 @@ class PulledImage:
             "fetched_bytes": self.fetched_bytes,
             "reused_blobs": self.reused_blobs,
             "cache": str(self.cache) if self.cache is not None else None,
-            "warnings": list(self.warnings),
+            "warnings": [str(notice) for notice in self.warnings],
         }
 
     def render(self, out: Renderer) -> None:
@@ -263,16 +264,16 @@ def resolve(provider: ImageProvider, wanted: Platform,
 
 
 def _check_platform(config: ImageConfig, wanted: Platform, explicit: bool,
-                    name: str) -> tuple[Platform, list[str]]:
+                    name: str) -> tuple[Platform, list[Notice]]:
     actual = Platform(os=config.os or "linux", architecture=config.architecture or "unknown",
                       variant=config.variant or None)
-    warnings: list[str] = []
+    warnings: list[Notice] = []
     if (actual.os, actual.normalized().architecture) != (
             wanted.os, wanted.normalized().architecture):
         message = f"{name} is for {actual}, not {wanted}"
         if explicit:
             raise UnsupportedManifest(message, "this image has no manifest for that platform")
-        warnings.append(message)
+        warnings.append(Notice(Kind.PLATFORM, message))
     return actual, warnings
 
 
@@ -293,48 +294,105 @@ class BlobCounter:
             self.reused += 1
 
 
-def fetch_blob(provider: ImageProvider, store: Store, descriptor: Descriptor, label: str,
-               progress: PullProgress | None, counter: BlobCounter,
-               observer: PullObserver | None = None) -> None:
-    """Fetch one blob into the store unless it is there; retry once from scratch if corrupt."""
-    digest = descriptor.digest
-    for attempt in (1, 2):
-        with store.ingest(digest, descriptor.size) as ingest:
-            if ingest is None:
-                counter.reuse()
-                if progress is not None:
-                    progress.blob_finished(digest, reused=True)
-                if observer is not None:
+class NoProgress:
+    """A :class:`PullProgress` that shows nothing (library callers, piped output)."""
+
+    def blob_started(self, digest: Digest, size: int | None, label: str, offset: int) -> None:
+        pass
+
+    def blob_advanced(self, digest: Digest, n: int) -> None:
+        pass
+
+    def blob_finished(self, digest: Digest, reused: bool) -> None:
+        pass
+
+
+class NoObserver:
+    """A :class:`PullObserver` that follows nothing: blobs go straight into their ingest."""
+
+    def config_ready(self, manifest_digest: Digest, config: ImageConfig,
+                     layers: tuple[Descriptor, ...]) -> None:
+        pass
+
+    def sink(self, digest: Digest, ingest: Ingest) -> BlobSink:
+        return ingest
+
+    def finished(self, digest: Digest, ok: bool) -> None:
+        pass
+
+
+NO_PROGRESS = NoProgress()
+NO_OBSERVER = NoObserver()
+
+
+@dataclass(frozen=True)
+class PullRun:
+    """One pull: what to fetch (``source``) into which ``store``, how (``options``), and who
+    hears about it (``progress``, ``observer``: see :class:`PullProgress`,
+    :class:`PullObserver`). ``canceller`` lets another thread stop it; ``in_use`` is the
+    caller's lease, extended with what the pull uses (None: a lease of the pull's own, ended
+    when it returns)."""
+
+    source: ImageSource
+    store: Store
+    options: PullOptions = field(default_factory=PullOptions)
+    progress: PullProgress = NO_PROGRESS
+    observer: PullObserver = NO_OBSERVER
+    canceller: Canceller = field(default_factory=Canceller)
+    in_use: InUse | None = None
+
+
+@dataclass(frozen=True)
+class Fetcher:
+    """Fetches blobs of one provider into the store, reporting to ``progress`` and counting
+    into ``counter``."""
+
+    provider: ImageProvider
+    store: Store
+    progress: PullProgress = NO_PROGRESS
+    counter: BlobCounter = field(default_factory=BlobCounter)
+
+    def fetch(self, descriptor: Descriptor, label: str,
+              observer: PullObserver = NO_OBSERVER) -> None:
+        """Fetch one blob into the store unless it is there; retry once from scratch if
+        corrupt. ``observer`` follows the download (see :class:`PullObserver`)."""
+        digest = descriptor.digest
+        for attempt in (1, 2):
+            with self.store.ingest(digest, descriptor.size) as ingest:
+                if ingest is None:
+                    self.counter.reuse()
+                    self.progress.blob_finished(digest, reused=True)
                     observer.finished(digest, ok=True)
-                return
-            if progress is not None:
-                progress.blob_started(digest, descriptor.size, label, ingest.offset)
+                    return
+                if self._download(descriptor, label, ingest, observer, last=attempt == 2):
+                    return
 
-            def advanced(n: int) -> None:
-                counter.add(n)
-                if progress is not None:
-                    progress.blob_advanced(digest, n)
+    def _download(self, descriptor: Descriptor, label: str, ingest: Ingest,
+                  observer: PullObserver, last: bool) -> bool:
+        """Download into ``ingest`` and commit; False: the bytes were corrupt and discarded
+        (raised instead when this was the ``last`` attempt)."""
+        digest = descriptor.digest
+        self.progress.blob_started(digest, descriptor.size, label, ingest.offset)
 
-            sink: BlobSink = ingest if observer is None else observer.sink(digest, ingest)
-            try:
-                provider.fetch_blob(digest, descriptor.size, sink, progress=advanced,
-                                    urls=descriptor.urls)
-                ingest.commit()
-            except IntegrityError:
-                if observer is not None:
-                    observer.finished(digest, ok=False)
-                if attempt == 2:
-                    raise
-                continue  # commit() discarded the bad bytes; download once more
-            except BaseException:
-                if observer is not None:
-                    observer.finished(digest, ok=False)
+        def advanced(n: int) -> None:
+            self.counter.add(n)
+            self.progress.blob_advanced(digest, n)
+
+        try:
+            self.provider.fetch_blob(digest, descriptor.size, observer.sink(digest, ingest),
+                                     progress=advanced, urls=descriptor.urls)
+            ingest.commit()
+        except IntegrityError:
+            observer.finished(digest, ok=False)
+            if last:
                 raise
-            if progress is not None:
-                progress.blob_finished(digest, reused=False)
-            if observer is not None:
-                observer.finished(digest, ok=True)
-            return
+            return False  # commit() discarded the bad bytes; download once more
+        except BaseException:
+            observer.finished(digest, ok=False)
+            raise
+        self.progress.blob_finished(digest, reused=False)
+        observer.finished(digest, ok=True)
+        return True
 
 
 def _descriptor_json(descriptor: Descriptor, annotations: dict[str, str],
@@ -361,24 +419,31 @@ def pull(source: ImageSource, store: Store, options: PullOptions | None = None,
     ``in_use``: the caller's lease, extended with what this pull uses (default: a lease of
     this pull's own, ended when it returns). ``observer``: see :class:`PullObserver`.
     ``canceller``: lets another thread stop the pull. A KeyboardInterrupt in the calling
-    thread stops the downloads at once and becomes :class:`Interrupted`.
+    thread stops the downloads at once and becomes :class:`Interrupted`. The same as
+    :func:`run_pull` of a :class:`PullRun` of these.
     """
-    options = options or PullOptions()
+    run = PullRun(source, store, options or PullOptions(), progress or NO_PROGRESS,
+                  observer or NO_OBSERVER, canceller or Canceller(), in_use)
+    return run_pull(run, provider_factory)
+
+
+def run_pull(run: PullRun, provider_factory: Callable[[ImageSource, RegistryConfig],
+                                                      ImageProvider] = open_provider
+             ) -> PulledImage:
+    """:func:`pull` of one :class:`PullRun`."""
+    store, options = run.store, run.options
     wanted = (options.platform or host_platform()).normalized()
-    cached = cached_image(source, store, wanted) if options.policy != "always" else None
+    cached = cached_image(run.source, store, wanted) if options.policy != "always" else None
     if cached is None and options.policy == "never":
-        raise SourceError(f"{source} ({wanted}) is not in the cache",
+        raise SourceError(f"{run.source} ({wanted}) is not in the cache",
                           "pull it first (ocistage pull), or use --pull missing")
     provider: ImageProvider = (cached if cached is not None
-                               else provider_factory(source, options.registry))
-    counter = BlobCounter()
-    lease = in_use if in_use is not None else InUse(store.root)
-    canceller = canceller or Canceller()
-    canceller.register(provider)
+                               else provider_factory(run.source, options.registry))
+    lease = run.in_use if run.in_use is not None else InUse(store.root)
+    run.canceller.register(provider)
     try:
         try:
-            image = _pull(source, store, options, progress, provider, counter, wanted, lease,
-                          observer, canceller)
+            image = _pull(run, Fetcher(provider, store, run.progress), wanted, lease)
         except KeyboardInterrupt:
             raise interrupted(store) from None
         usage.touch(store.root, "image", image.manifest.digest.hex)
@@ -392,14 +457,12 @@ def pull(source: ImageSource, store: Store, options: PullOptions | None = None,
         return image
     finally:
         provider.close()
-        if in_use is None:
+        if run.in_use is None:
             lease.release()
 
 
-def _pull(source: ImageSource, store: Store, options: PullOptions,
-          progress: PullProgress | None, provider: ImageProvider, counter: BlobCounter,
-          wanted: Platform, in_use: InUse, observer: PullObserver | None,
-          canceller: Canceller) -> PulledImage:
+def _pull(run: PullRun, fetcher: Fetcher, wanted: Platform, in_use: InUse) -> PulledImage:
+    source, store, provider = run.source, run.store, fetcher.provider
     recorded = recorded_digests(store, ref_name(source))
     resolved = resolve(provider, wanted, recorded)
     manifest = resolved.manifest
@@ -409,7 +472,7 @@ def _pull(source: ImageSource, store: Store, options: PullOptions,
     if resolved.index_fetched is not None:
         used.append(resolved.index_fetched.digest)
     in_use.protect([f"image:{ref_name(source)}", *(f"blob:{d}" for d in used)])
-    fetch_blob(provider, store, config_descriptor, "config", progress, counter)
+    fetcher.fetch(config_descriptor, "config")
     config = parse_image_config(store.read_blob(config_descriptor.digest),
                                 validated=resolved.manifest_fetched.digest in recorded)
     if len(config.diff_ids) != len(manifest.layers):
@@ -417,32 +480,10 @@ def _pull(source: ImageSource, store: Store, options: PullOptions,
             f"{provider.name}: the manifest has {len(manifest.layers)} layers but the "
             f"config lists {len(config.diff_ids)} diff_ids",
             "the image is malformed; rebuild or re-push it")
-    platform, warnings = _check_platform(config, wanted, options.platform is not None,
+    platform, warnings = _check_platform(config, wanted, run.options.platform is not None,
                                          provider.name)
-    if observer is not None:
-        observer.config_ready(resolved.manifest_fetched.digest, config, manifest.layers)
-    jobs = max(1, options.jobs)
-    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="pull")
-    futures = [
-        pool.submit(fetch_blob, provider, store, layer,
-                    f"layer {n}/{len(manifest.layers)}", progress, counter, observer)
-        for n, layer in enumerate(manifest.layers, start=1)
-    ]
-    stopped = False
-    try:
-        for future in futures:
-            future.result()
-    except KeyboardInterrupt:
-        # the downloads stop now and keep what they wrote; a worker still connecting (which
-        # no socket shutdown reaches) is not waited for beyond CANCEL_GRACE
-        # (ocistage.bundler.cli.app.main then ends the process without it)
-        stopped = True
-        canceller.cancel()
-        wait(futures, timeout=CANCEL_GRACE)
-        raise
-    finally:
-        # after an error the other downloads finish into the cache; after Ctrl-C they do not
-        pool.shutdown(wait=not stopped, cancel_futures=stopped)
+    run.observer.config_ready(resolved.manifest_fetched.digest, config, manifest.layers)
+    _fetch_layers(run, fetcher, manifest.layers)
     store.put_blob(resolved.manifest_fetched.data, resolved.manifest_fetched.digest)
     if resolved.index_fetched is not None:
         store.put_blob(resolved.index_fetched.data, resolved.index_fetched.digest)
@@ -467,8 +508,30 @@ def _pull(source: ImageSource, store: Store, options: PullOptions,
         config=config,
         config_digest=config_descriptor.digest,
         layers=manifest.layers,
-        fetched_bytes=counter.fetched,
-        reused_blobs=counter.reused,
+        fetched_bytes=fetcher.counter.fetched,
+        reused_blobs=fetcher.counter.reused,
         warnings=tuple(warnings),
         cache=store.root,
     )
+
+
+def _fetch_layers(run: PullRun, fetcher: Fetcher, layers: tuple[Descriptor, ...]) -> None:
+    """Fetch ``layers`` in parallel (``options.jobs``), each followed by the observer."""
+    pool = ThreadPoolExecutor(max_workers=max(1, run.options.jobs), thread_name_prefix="pull")
+    futures = [pool.submit(fetcher.fetch, layer, f"layer {n}/{len(layers)}", run.observer)
+               for n, layer in enumerate(layers, start=1)]
+    stopped = False
+    try:
+        for future in futures:
+            future.result()
+    except KeyboardInterrupt:
+        # the downloads stop now and keep what they wrote; a worker still connecting (which
+        # no socket shutdown reaches) is not waited for beyond CANCEL_GRACE
+        # (ocistage.bundler.cli.app.main then ends the process without it)
+        stopped = True
+        run.canceller.cancel()
+        wait(futures, timeout=CANCEL_GRACE)
+        raise
+    finally:
+        # after an error the other downloads finish into the cache; after Ctrl-C they do not
+        pool.shutdown(wait=not stopped, cancel_futures=stopped)

@@ -15,9 +15,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, Protocol
 
-from ocistage.bundler.follower import PullThread, StreamRestarted
+from ocistage.bundler.follower import StreamRestarted
 from ocistage.bundler.image.manifest import Descriptor
 from ocistage.bundler.unpack.layerchain import AppliedLayers, apply_layers
 from ocistage.cache.digest import Digest
@@ -38,19 +40,47 @@ from ocistage.cache.store import Store
 from ocistage.cache.unpackbudget import UnpackBudget, default_unpack_limit
 
 
-def make_rootfs(puller: PullThread, store: Store, in_use: InUse,
-                layers: tuple[Descriptor, ...], diff_ids: tuple[Digest, ...], scratch: Path,
-                on_layer: Callable[[int, Descriptor], None] | None, *, link: bool,
+class Downloads(Protocol):
+    """The image's layers while its pull runs (:class:`ocistage.bundler.follower.PullThread`)."""
+
+    def open(self, digest: Digest) -> BinaryIO:
+        """A layer's bytes, following its download."""
+        ...
+
+    def restarted(self) -> bool:
+        """Whether any download started over (bytes a reader saw may have been dropped)."""
+        ...
+
+    def result(self) -> object:
+        """Wait until the pull verified every blob; raise its error if it failed."""
+        ...
+
+
+@dataclass(frozen=True)
+class RootfsJob:
+    """The layers a rootfs is made of and where they come from: the verified blobs of
+    ``store`` and the ``downloads`` still running; ``in_use`` leases the snapshots used."""
+
+    store: Store
+    in_use: InUse
+    downloads: Downloads
+    layers: tuple[Descriptor, ...]
+    diff_ids: tuple[Digest, ...]
+    unpack_limit: int | None = None  # file data it may unpack (None: by the layers' size)
+    on_layer: Callable[[int, Descriptor], None] | None = None  # before layer n is unpacked
+
+
+def make_rootfs(job: RootfsJob, scratch: Path, *, link: bool,
                 keep_snapshot: bool) -> tuple[AppliedLayers, Path | None, bool]:
     """Make ``scratch/rootfs`` of the image; return what was unpacked, the snapshot the rootfs
     links to (None: a private tree) and whether it is linked (a link can fall back to a copy).
     """
     rootfs = scratch / "rootfs"
     snapshot: Path | None = None
-    base, cached = _cached_prefix(store, in_use, diff_ids)
-    if link or keep_snapshot or _copy_from_snapshot(cached == len(layers), store, scratch):
-        snapshot, applied = _snapshot(puller, store, layers, diff_ids, on_layer, base,
-                                      cached)
+    base, cached = _cached_prefix(job.store, job.in_use, job.diff_ids)
+    if link or keep_snapshot or _copy_from_snapshot(cached == len(job.layers), job.store,
+                                                    scratch):
+        snapshot, applied = _snapshot(job, base, cached)
         # another mount point of the same filesystem refuses links (EXDEV): copy then
         link = link and hardlinks_work(snapshot.parent / SNAPSHOT_METADATA, scratch)
         try:
@@ -60,22 +90,21 @@ def make_rootfs(puller: PullThread, store: Store, in_use: InUse,
             # layers are unpacked again, through descriptors, straight into the bundle
             remove_tree(rootfs)
             rootfs.mkdir(mode=0o755)
-            applied = apply_layers(store.open_blob, layers, diff_ids, rootfs,
-                                   on_layer=on_layer)
+            applied = apply_layers(job.store.open_blob, job.layers, job.diff_ids, rootfs,
+                                   on_layer=job.on_layer)
             link = False
         if not link:
             snapshot = None  # a private copy: it shares nothing with the cache
     else:
-        applied = _unpack(puller, store, layers, diff_ids, rootfs, on_layer)
+        applied = _unpack(job, rootfs)
     return applied, snapshot, link
 
 
-def _unpack(puller: PullThread, store: Store, layers: tuple[Descriptor, ...],
-            diff_ids: tuple[Digest, ...], rootfs: Path,
-            on_layer: Callable[[int, Descriptor], None] | None, *, first: int = 1,
+def _unpack(job: RootfsJob, rootfs: Path, *, first: int = 1,
             base: Path | None = None) -> AppliedLayers:
-    """Apply ``layers`` onto a new ``rootfs`` (empty, or a linked clone of ``base``) while
-    they download; if a download had to start over, again from the verified blobs."""
+    """Apply the layers from number ``first`` on onto a new ``rootfs`` (empty, or a linked
+    clone of ``base``) while they download; if a download had to start over, again from the
+    verified blobs."""
 
     def prepare() -> None:
         if base is not None:
@@ -83,24 +112,25 @@ def _unpack(puller: PullThread, store: Store, layers: tuple[Descriptor, ...],
         else:
             rootfs.mkdir(mode=0o755)
 
-    limit = puller.unpack_limit
+    layers, diff_ids = job.layers[first - 1:], job.diff_ids[first - 1:]
+    limit = job.unpack_limit
     if limit is None:
         limit = default_unpack_limit(sum(layer.size for layer in layers))
     prepare()
     try:
-        return apply_layers(puller.follower.open, layers, diff_ids, rootfs, first=first,
-                            on_layer=on_layer, budget=UnpackBudget(limit))
+        return apply_layers(job.downloads.open, layers, diff_ids, rootfs, first=first,
+                            on_layer=job.on_layer, budget=UnpackBudget(limit))
     except (StreamRestarted, OcistageError):
         # Bytes that fail to unpack may be a bad download that the pull is retrying: the
         # pull's verdict comes first, and a layer whose download started over is unpacked
         # again from its verified blob.
-        puller.result()
-        if not puller.follower.discarded():
+        job.downloads.result()
+        if not job.downloads.restarted():
             raise
         remove_tree(rootfs)
         prepare()
-        return apply_layers(store.open_blob, layers, diff_ids, rootfs, first=first,
-                            on_layer=on_layer, budget=UnpackBudget(limit))
+        return apply_layers(job.store.open_blob, layers, diff_ids, rootfs, first=first,
+                            on_layer=job.on_layer, budget=UnpackBudget(limit))
 
 
 def _copy_from_snapshot(complete: bool, store: Store, scratch: Path) -> bool:
@@ -127,23 +157,20 @@ def _cached_prefix(store: Store, in_use: InUse,
     return None, 0
 
 
-def _snapshot(puller: PullThread, store: Store, layers: tuple[Descriptor, ...],
-              diff_ids: tuple[Digest, ...],
-              on_layer: Callable[[int, Descriptor], None] | None, base: Path | None,
-              cached: int) -> tuple[Path, AppliedLayers]:
-    """The snapshot of all ``layers``: ``base`` when it holds all of them (``cached``), else
+def _snapshot(job: RootfsJob, base: Path | None, cached: int) -> tuple[Path, AppliedLayers]:
+    """The snapshot of all the layers: ``base`` when it holds all of them (``cached``), else
     built on it (:func:`_cached_prefix`)."""
-    chain = chain_ids(diff_ids)
+    chain = chain_ids(job.diff_ids)
     inherited = snapshot_warnings(base) if base is not None else ()
     if base is not None and cached == len(chain):
         return base, AppliedLayers(0, 0, inherited)
+    store = job.store
     work = store.temp_dir("snapshot")
     try:
-        applied = _unpack(puller, store, layers[cached:], diff_ids[cached:], work / "rootfs",
-                          on_layer, first=cached + 1, base=base)
+        applied = _unpack(job, work / "rootfs", first=cached + 1, base=base)
         applied = dataclasses.replace(applied, warnings=inherited + applied.warnings)
-        puller.result()  # every blob verified before the snapshot is published
-        published = publish_snapshot(store, work, chain[-1], diff_ids, applied.entries,
+        job.downloads.result()  # every blob verified before the snapshot is published
+        published = publish_snapshot(store, work, chain[-1], job.diff_ids, applied.entries,
                                      applied.warnings)
     except BaseException:
         with contextlib.suppress(OSError):

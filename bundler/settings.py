@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ocistage.cache.errors import UsageError
+from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.sizes import parse_size
 from ocistage.cache.userdirs import expand_user, xdg_dir
 
@@ -81,7 +82,7 @@ class Settings:
     # registries, which add up)
     origins: Mapping[str, str] = field(default_factory=dict, compare=False)
     # what the config files hold that ocistage does not know (with the closest known key)
-    warnings: tuple[str, ...] = field(default=(), compare=False)
+    warnings: tuple[Notice, ...] = field(default=(), compare=False)
 
     def stage_target(self, option: str | None) -> str:
         """Where `stage` and `submit` stage: the option, else the ``stage_to`` setting
@@ -218,17 +219,18 @@ def _bad_value(path: Path, key: str, expected: str, value: object) -> UsageError
                       f"{CONFIG_DOC}")
 
 
-def _unknown(path: Path, where: str, key: str, known: Sequence[str]) -> str:
+def _unknown(path: Path, where: str, key: str, known: Sequence[str]) -> Notice:
     import difflib  # only for an unknown key
 
     close = difflib.get_close_matches(key, known, n=1)
     guess = f" (did you mean `{where}{close[0]}`?)" if close else ""
-    return f"config file {path}: unknown key `{where}{key}`{guess}; it is ignored"
+    return Notice(Kind.CONFIG,
+                  f"config file {path}: unknown key `{where}{key}`{guess}; it is ignored")
 
 
-def check_config(path: Path, data: Mapping[str, Any]) -> list[str]:
+def check_config(path: Path, data: Mapping[str, Any]) -> list[Notice]:
     """Check ``data`` read from ``path``: raise on a bad value, return unknown-key warnings."""
-    warnings: list[str] = []
+    warnings: list[Notice] = []
     for key, value in data.items():
         if key not in KEYS:
             warnings.append(_unknown(path, "", key, list(KEYS)))
@@ -326,7 +328,7 @@ class _Layers:
     """The config files, site then user, each checked, and where each key was last set."""
 
     files: list[tuple[Path, dict[str, Any]]]
-    warnings: list[str]
+    warnings: list[Notice]
 
     @classmethod
     def read(cls) -> _Layers:
@@ -391,36 +393,51 @@ def _registries(layers: _Layers, insecure: Sequence[str], mirrors: Sequence[str]
                 origins: dict[str, str]) -> tuple[frozenset[str], dict[str, tuple[str, ...]]]:
     """Insecure registries and mirrors: the files' tables (site, then user), the environment
     and the options add up; their origins go into ``origins``."""
-    insecure_hosts: set[str] = set()
-    insecure_from: list[str] = []
-    mirror_map: dict[str, list[str]] = {}
-    mirrors_from: list[str] = []
+    insecure_hosts, insecure_from = _insecure_registries(layers, insecure)
+    mirror_map, mirrors_from = _mirrors(layers, mirrors)
+    origins["insecure_registries"] = ", ".join(dict.fromkeys(insecure_from)) or DEFAULT
+    origins["mirrors"] = ", ".join(dict.fromkeys(mirrors_from)) or DEFAULT
+    return frozenset(insecure_hosts), {host: tuple(urls) for host, urls in mirror_map.items()}
+
+
+def _insecure_registries(layers: _Layers, insecure: Sequence[str]) -> tuple[set[str], list[str]]:
+    """The insecure registries of the files, the environment and ``--insecure-registry``,
+    and where they were set."""
+    hosts: set[str] = set()
+    origins: list[str] = []
     for host, origin, entry in layers.registries():
         if "insecure" in entry:  # the user's file may say false where the site's says true
-            insecure_hosts.discard(host)
+            hosts.discard(host)
             if entry["insecure"]:
-                insecure_hosts.add(host)
-                insecure_from.append(origin)
-        if entry.get("mirrors"):
-            mirror_map[host] = [url.rstrip("/") for url in entry["mirrors"]]
-            mirrors_from.append(origin)
+                hosts.add(host)
+                origins.append(origin)
     env_insecure = os.environ.get("OCISTAGE_INSECURE_REGISTRIES", "")
     if env_insecure.strip(","):
-        insecure_hosts |= {h.strip() for h in env_insecure.split(",") if h.strip()}
-        insecure_from.append("environment OCISTAGE_INSECURE_REGISTRIES")
+        hosts |= {h.strip() for h in env_insecure.split(",") if h.strip()}
+        origins.append("environment OCISTAGE_INSECURE_REGISTRIES")
     if any(h.strip() for h in insecure):
-        insecure_hosts |= {h.strip() for h in insecure if h.strip()}
-        insecure_from.append("option --insecure-registry")
+        hosts |= {h.strip() for h in insecure if h.strip()}
+        origins.append("option --insecure-registry")
+    return hosts, origins
+
+
+def _mirrors(layers: _Layers, mirrors: Sequence[str]) -> tuple[dict[str, list[str]], list[str]]:
+    """The mirrors of each registry, from the files and ``--mirror`` (tried first), and
+    where they were set."""
+    mirror_map: dict[str, list[str]] = {}
+    origins: list[str] = []
+    for host, origin, entry in layers.registries():
+        if entry.get("mirrors"):
+            mirror_map[host] = [url.rstrip("/") for url in entry["mirrors"]]
+            origins.append(origin)
     for text in mirrors:
         host, url = parse_mirror(text)
         mirror_map.setdefault(host, [])
         if url not in mirror_map[host]:
             mirror_map[host].insert(0, url)
     if mirrors:
-        mirrors_from.append("option --mirror")
-    origins["insecure_registries"] = ", ".join(dict.fromkeys(insecure_from)) or DEFAULT
-    origins["mirrors"] = ", ".join(dict.fromkeys(mirrors_from)) or DEFAULT
-    return frozenset(insecure_hosts), {host: tuple(urls) for host, urls in mirror_map.items()}
+        origins.append("option --mirror")
+    return mirror_map, origins
 
 
 def load_settings(

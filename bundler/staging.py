@@ -39,6 +39,7 @@ from ocistage.stagers.errors import StageError
 
 if TYPE_CHECKING:
     from ocistage.bundler.pull import PullOptions, PullProgress
+    from ocistage.cache.notice import Notice
     from ocistage.cache.results import JsonDoc, Renderer
     from ocistage.cache.store import Store
     from ocistage.stagers.allnodes import NodeResult
@@ -66,7 +67,7 @@ class StageOptions:
 class Staged:
     label: str                    # what was staged: the REF, directory or URL
     outcome: StageResult | PushResult | list[NodeResult]
-    warnings: tuple[str, ...] = ()   # from bundling a REF
+    warnings: tuple[Notice, ...] = ()   # from bundling a REF
 
     def to_json(self) -> JsonDoc:
         """What ``stage --json`` prints: the staged bundle, the URL stored at, or a list of
@@ -126,7 +127,7 @@ def stage(what: str, options: StageOptions, *, store: Store,
 
 
 def _resolve(what: str, store: Store, pull_options: Callable[[], PullOptions] | None,
-             progress: ProgressFactory | None) -> tuple[Path | str, str, tuple[str, ...]]:
+             progress: ProgressFactory | None) -> tuple[Path | str, str, tuple[Notice, ...]]:
     """The directory (or URL) to stage, its label, and warnings of making it."""
     from ocistage.stagers.urls import is_url
 

@@ -21,6 +21,7 @@ from ocistage.cache.errors import UsageError
 if TYPE_CHECKING:
     from ocistage.bundler.image.reference import ImageSource
     from ocistage.bundler.pull import PullOptions, PullProgress
+    from ocistage.cache.notice import Notice
     from ocistage.cache.results import Renderer
     from ocistage.cache.store import Store
     from ocistage.runtimes.submit import SubmitOptions, SubmitResult
@@ -33,7 +34,7 @@ _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/")
 class Submitted:
     bundle: Path                   # the bundle in the cache that was staged
     result: SubmitResult
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[Notice, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """What ``submit --json`` prints."""

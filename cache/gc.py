@@ -79,6 +79,7 @@ from ocistage.cache.leases import (
     squeue_states,
 )
 from ocistage.cache.locks import FileLock, owner_is_dead
+from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.sizes import format_size
 from ocistage.cache.snapshots import SnapshotInfo, list_snapshots, remove_snapshot
 from ocistage.cache.store import Store, scratch_is_dead
@@ -594,7 +595,7 @@ def _refuse_if_leased(store: Store, name: str, job_states: JobStates) -> None:
 
 
 def enforce_budget(store: Store, max_size: int, keep: Iterable[str] = (),
-                   job_states: JobStates = squeue_states) -> tuple[str, ...]:
+                   job_states: JobStates = squeue_states) -> tuple[Notice, ...]:
     """GC down to ``max_size`` after a pull; returns warnings (never fails the pull for it).
 
     If another GC is running this one is skipped: that GC is already making room.
@@ -608,6 +609,7 @@ def enforce_budget(store: Store, max_size: int, keep: Iterable[str] = (),
     finally:
         lock.release()
     if report.over_budget:
-        return (f"the cache holds {format_size(report.size_after)}, over its budget of "
-                f"{format_size(max_size)}: the rest is in use or leased",)
+        return (Notice(Kind.OVER_BUDGET,
+                       f"the cache holds {format_size(report.size_after)}, over its budget of "
+                       f"{format_size(max_size)}: the rest is in use or leased"),)
     return ()

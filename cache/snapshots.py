@@ -51,6 +51,7 @@ from ocistage.cache.errors import OcistageError, StoreError
 from ocistage.cache.fdio import write_new_file
 from ocistage.cache.fsops import open_parent, remove_tree, walk_dirs
 from ocistage.cache.jsondoc import parse_json, read_document
+from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.store import Store, _translate_oserror, fsync_dir
 
 SNAPSHOTS = "snapshots"
@@ -139,7 +140,7 @@ def find_snapshot(store: Store, chain_id: Digest) -> Path | None:
     return directory / "rootfs"
 
 
-def snapshot_warnings(rootfs: Path) -> tuple[str, ...]:
+def snapshot_warnings(rootfs: Path) -> tuple[Notice, ...]:
     """What unpacking the layers of the snapshot at ``rootfs`` warned about (device nodes
     replaced, ...), as recorded when it was published: a bundle cloned from it reports them
     as the command that unpacked them did."""
@@ -147,16 +148,29 @@ def snapshot_warnings(rootfs: Path) -> tuple[str, ...]:
     kept = metadata.get("warnings") if metadata is not None else None
     if not isinstance(kept, list):
         return ()
-    return tuple(str(warning) for warning in kept if isinstance(warning, str))
+    found = (_legacy_notice(item) if isinstance(item, str) else Notice.from_json(item)
+             for item in kept)
+    return tuple(notice for notice in found if notice is not None)
+
+
+# how ocistage.bundler.unpack.apply worded a device node replaced by an empty file, when
+# snapshots kept their warnings as plain text (before ocistage.cache.notice)
+_LEGACY_DEVICE_SUFFIX = " replaced by an empty file (rootless)"
+
+
+def _legacy_notice(text: str) -> Notice:
+    """A warning a snapshot made by an earlier version kept as its text (``layer N: ...``)."""
+    kind = Kind.DEVICE_NODE if text.endswith(_LEGACY_DEVICE_SUFFIX) else Kind.OTHER
+    return Notice(kind, text)
 
 
 def publish_snapshot(store: Store, scratch: Path, chain_id: Digest,
                      diff_ids: Sequence[Digest], entries: int,
-                     warnings: Sequence[str] = ()) -> Path:
+                     warnings: Sequence[Notice] = ()) -> Path:
     """Publish ``scratch`` (holding ``rootfs/``) as snapshot ``chain_id``; return its rootfs.
 
     ``warnings`` (what unpacking it said) are kept with it for :func:`snapshot_warnings`: the
-    first :data:`MAX_KEPT_WARNINGS`, each cut to :data:`MAX_WARNING_CHARS`.
+    first :data:`MAX_KEPT_WARNINGS`, each text cut to :data:`MAX_WARNING_CHARS`.
 
     If another process published the same snapshot first, ``scratch`` is removed and theirs
     is used: both were built from the same verified layers.
@@ -166,7 +180,7 @@ def publish_snapshot(store: Store, scratch: Path, chain_id: Digest,
                 "diff_ids": [str(d) for d in diff_ids], "entries": entries,
                 "created": time.time(), "host": os.uname().nodename, "boot_id": _boot_id(),
                 "synced": False,
-                "warnings": [warning[:MAX_WARNING_CHARS]
+                "warnings": [warning.to_json(MAX_WARNING_CHARS)
                              for warning in warnings[:MAX_KEPT_WARNINGS]]}
     try:
         write_new_file(scratch / METADATA, (json.dumps(metadata, indent=2) + "\n").encode())

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ocistage.bundler.image.reference import ImageSource
     from ocistage.bundler.pull import PullOptions, PullProgress
     from ocistage.bundler.settings import Settings
+    from ocistage.cache.notice import Notice
     from ocistage.cache.results import JsonResult, Result
     from ocistage.cache.store import Store
 
@@ -323,22 +324,18 @@ def shown(text: object) -> str:
     return escape(sanitize(str(text)))
 
 
-# `layer N: PATH: character device 5:1 replaced by an empty file (rootless)`, as
-# ocistage.bundler.unpack.apply words it; every Debian-based image has about eight under /dev
-_DEVICE_WARNING_RE = re.compile(r"(?:layer \d+: )?.*: (?:character|block) device \d+:\d+ "
-                                r"replaced by an empty file \(rootless\)")
-
-
-def summarize_warnings(warnings: Iterable[str], quiet: bool = False) -> list[str]:
+def summarize_warnings(warnings: Iterable[Notice], quiet: bool = False) -> list[str]:
     """The warnings to print: device nodes replaced by empty files become one line, none if
     ``quiet`` (they are expected of every image with a /dev, and the runtime provides /dev)."""
+    from ocistage.cache.notice import Kind  # light commands print no warnings
+
     kept: list[str] = []
     devices = 0
     for warning in warnings:
-        if _DEVICE_WARNING_RE.fullmatch(warning):
+        if warning.kind is Kind.DEVICE_NODE:
             devices += 1
         else:
-            kept.append(warning)
+            kept.append(str(warning))
     if devices and not quiet:
         kept.append(f"{devices} device node{'s' if devices != 1 else ''} (as under /dev) "
                     "replaced by empty files: a rootless bundle cannot hold them "
@@ -346,7 +343,7 @@ def summarize_warnings(warnings: Iterable[str], quiet: bool = False) -> list[str
     return kept
 
 
-def print_warnings(warnings: Iterable[str], quiet: bool = False) -> None:
+def print_warnings(warnings: Iterable[Notice], quiet: bool = False) -> None:
     for warning in summarize_warnings(warnings, quiet):
         echo(f"warning: {warning}", err=True)
 

@@ -245,6 +245,24 @@ def _reject_constant(name: str) -> Any:
 
 def _manifest_media_type(doc: Mapping[str, Any], header: str | None) -> str:
     """The media type a manifest document is, from header, ``mediaType`` field or shape."""
+    from_header, from_doc, version = _declared_media_types(doc, header)
+    if from_header and from_doc and from_header != from_doc:
+        raise SchemaError(f"manifest is served as {from_header} but says it is {from_doc}",
+                          "the registry or a proxy is rewriting content types")
+    kind = from_header or from_doc or _media_type_by_shape(doc)
+    if kind not in _SCHEMA_KINDS:
+        raise UnsupportedManifest(f"unsupported manifest media type {kind!r}",
+                                  "ocistage reads OCI and Docker schema 2 images")
+    if version != 2:
+        raise SchemaError(f"manifest schemaVersion is {doc.get('schemaVersion')!r}, expected 2")
+    return kind
+
+
+def _declared_media_types(doc: Mapping[str, Any],
+                          header: str | None) -> tuple[str, str, int | None]:
+    """The media types the header (unless generic) and the ``mediaType`` field declare
+    (normalized, "" for none) and the integer ``schemaVersion`` (else None); a Docker
+    schema 1 manifest is refused here."""
     declared = doc.get("mediaType")
     if declared is not None and not isinstance(declared, str):
         raise SchemaError("manifest mediaType is not a string")
@@ -257,16 +275,7 @@ def _manifest_media_type(doc: Mapping[str, Any], header: str | None) -> str:
         raise UnsupportedManifest("the image has a Docker schema 1 manifest", SCHEMA1_HINT)
     if from_header in _GENERIC_MEDIA_TYPES:
         from_header = ""
-    if from_header and from_doc and from_header != from_doc:
-        raise SchemaError(f"manifest is served as {from_header} but says it is {from_doc}",
-                          "the registry or a proxy is rewriting content types")
-    kind = from_header or from_doc or _media_type_by_shape(doc)
-    if kind not in _SCHEMA_KINDS:
-        raise UnsupportedManifest(f"unsupported manifest media type {kind!r}",
-                                  "ocistage reads OCI and Docker schema 2 images")
-    if version != 2:
-        raise SchemaError(f"manifest schemaVersion is {doc.get('schemaVersion')!r}, expected 2")
-    return kind
+    return from_header, from_doc, version
 
 
 def _media_type_by_shape(doc: Mapping[str, Any]) -> str:

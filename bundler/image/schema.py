@@ -12,6 +12,7 @@ naming the JSON path of the most relevant problem, e.g.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import cache
 from importlib import resources
 from typing import Any, Literal, get_args
@@ -81,31 +82,45 @@ def _shown(value: object) -> str:
 
 def _describe(error: ValidationError) -> str:
     """A one-line, bounded description of one schema violation."""
-    keyword = error.validator
-    expected = error.validator_value
-    instance = error.instance
-    if keyword == "required":
-        missing = [name for name in expected if isinstance(instance, dict) and name not in instance]
-        return f"missing required property {missing[0]!r}" if missing else "missing property"
-    if keyword == "type":
-        allowed = expected if isinstance(expected, list) else [expected]
-        return f"expected {' or '.join(allowed)}, got {_json_type(instance)} {_shown(instance)}"
-    if keyword == "const":
-        return f"expected {_shown(expected)}, got {_shown(instance)}"
-    if keyword == "enum":
-        choices = ", ".join(_shown(choice) for choice in expected)
-        return f"{_shown(instance)} is not one of {choices}"
-    if keyword == "pattern":
-        return f"{_shown(instance)} does not match the pattern {expected}"
-    if keyword in ("minimum", "maximum"):
-        bound = ">=" if keyword == "minimum" else "<="
-        return f"{_shown(instance)} is out of range (must be {bound} {expected})"
-    if keyword == "minItems":
-        return f"expected at least {expected} item(s), got {len(instance)}"
-    if keyword == "minLength":
-        return f"{_shown(instance)} is too short (at least {expected} character(s))"
+    describe = _DESCRIBERS.get(str(error.validator))
+    if describe is not None:
+        return describe(error.validator_value, error.instance)
     message: str = error.message
     return message if len(message) <= 2 * _MAX_SHOWN else message[: 2 * _MAX_SHOWN - 3] + "..."
+
+
+def _missing(expected: Any, instance: Any) -> str:
+    missing = [name for name in expected if isinstance(instance, dict) and name not in instance]
+    return f"missing required property {missing[0]!r}" if missing else "missing property"
+
+
+def _wrong_type(expected: Any, instance: Any) -> str:
+    allowed = expected if isinstance(expected, list) else [expected]
+    return f"expected {' or '.join(allowed)}, got {_json_type(instance)} {_shown(instance)}"
+
+
+def _not_one_of(expected: Any, instance: Any) -> str:
+    choices = ", ".join(_shown(choice) for choice in expected)
+    return f"{_shown(instance)} is not one of {choices}"
+
+
+# how each schema keyword's violation is described: (the keyword's value, the instance) -> text
+_DESCRIBERS: dict[str, Callable[[Any, Any], str]] = {
+    "required": _missing,
+    "type": _wrong_type,
+    "const": lambda expected, instance: f"expected {_shown(expected)}, got {_shown(instance)}",
+    "enum": _not_one_of,
+    "pattern": lambda expected, instance:
+        f"{_shown(instance)} does not match the pattern {expected}",
+    "minimum": lambda expected, instance:
+        f"{_shown(instance)} is out of range (must be >= {expected})",
+    "maximum": lambda expected, instance:
+        f"{_shown(instance)} is out of range (must be <= {expected})",
+    "minItems": lambda expected, instance:
+        f"expected at least {expected} item(s), got {len(instance)}",
+    "minLength": lambda expected, instance:
+        f"{_shown(instance)} is too short (at least {expected} character(s))",
+}
 
 
 def _json_type(value: object) -> str:

@@ -224,28 +224,32 @@ class Authenticator:
             self._tokens.drop(self._token_key(cached_from, request.scope))
         elif header is not None:
             raise self._rejected(request.scope)
+        header = yield from self._answer_challenge(request, response)
+        if header is None:
+            return
+        response = yield request.with_headers({"Authorization": header})
+        if response.status_code == 401:
+            raise self._rejected(request.scope)
+
+    def _answer_challenge(self, request: HttpRequest, response: requests.Response
+                          ) -> Generator[HttpRequest, requests.Response, str | None]:
+        """The Authorization header answering the challenge of the 401 ``response`` to
+        ``request``; None if the token issuer asks to retry."""
         challenges = parse_www_authenticate(response.headers.get("WWW-Authenticate", ""))
         bearer = next((c for c in challenges if c.scheme == "bearer"), None)
-        basic = next((c for c in challenges if c.scheme == "basic"), None)
         if bearer is not None:
             self._bearer = bearer
             token = yield from self._fetch_token(bearer, request.scope, request.url)
-            if token is None:
-                return
-            header = f"Bearer {token}"
-        elif basic is not None:
+            return None if token is None else f"Bearer {token}"
+        if any(c.scheme == "basic" for c in challenges):
             creds = self.credentials(request.scope)
             if creds is None or not creds.password:
                 raise AuthenticationError(f"{self.name} requires a login (basic auth) and no "
                                           "credentials are stored for it")
             self._basic = True
-            header = basic_header(creds)
-        else:
-            raise AuthenticationError(f"{self.name} answered 401 Unauthorized without a "
-                                      "challenge this client supports")
-        response = yield request.with_headers({"Authorization": header})
-        if response.status_code == 401:
-            raise self._rejected(request.scope)
+            return basic_header(creds)
+        raise AuthenticationError(f"{self.name} answered 401 Unauthorized without a "
+                                  "challenge this client supports")
 
     def _rejected(self, scope: str | None) -> AuthenticationError:
         creds = self.credentials(scope)
@@ -317,25 +321,31 @@ class Authenticator:
         if status in RETRYABLE_STATUS:
             return None
         issuer = urlsplit(challenge.realm or "").netloc
-        if status in (401, 403):
-            response.close()
-            if withheld:
-                raise AuthenticationError(
-                    f"{self.name}: token issuer {issuer} refused anonymous access (HTTP "
-                    f"{status}); the stored credentials were not sent to it because it is "
-                    f"plain HTTP on another origin",
-                    hint="the registry's token realm must be https (or on the registry's "
-                         "own host) for credentials to be sent")
-            raise self._rejected_by_issuer(issuer, status, scope)
         if status != 200:
             response.close()
-            raise AuthenticationError(f"token request for {self.name} to {issuer} failed "
-                                      f"with HTTP {status}",
-                                      hint="the registry's token service is failing; retry later")
+            raise self._token_refused(issuer, status, scope, withheld)
         body = self._read_body(response, TOKEN_BODY_LIMIT)
         token, lifetime = _parse_token(body, issuer)
         self._tokens.put(key, token, lifetime)
         return token
+
+    def _token_refused(self, issuer: str, status: int, scope: str | None,
+                       withheld: bool) -> AuthenticationError:
+        """The error for a token request that ``issuer`` answered with HTTP ``status``
+        (``withheld``: the stored credentials were not sent to it)."""
+        if status not in (401, 403):
+            return AuthenticationError(f"token request for {self.name} to {issuer} failed "
+                                       f"with HTTP {status}",
+                                       hint="the registry's token service is failing; "
+                                            "retry later")
+        if withheld:
+            return AuthenticationError(
+                f"{self.name}: token issuer {issuer} refused anonymous access (HTTP "
+                f"{status}); the stored credentials were not sent to it because it is "
+                f"plain HTTP on another origin",
+                hint="the registry's token realm must be https (or on the registry's "
+                     "own host) for credentials to be sent")
+        return self._rejected_by_issuer(issuer, status, scope)
 
     def _rejected_by_issuer(self, issuer: str, status: int,
                             scope: str | None) -> AuthenticationError:

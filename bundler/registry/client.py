@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import Enum
 from typing import TypeVar
 from urllib.parse import urljoin, urlsplit
 
@@ -90,6 +91,13 @@ class _Endpoint:
 
     def candidates(self) -> list[str]:
         return [self.resolved] if self.resolved is not None else self.bases
+
+
+class _Answer(Enum):
+    """What a blob download's answer means (else: a reason to try again)."""
+
+    BODY = "body"          # a body to stream into the sink
+    COMPLETE = "complete"  # the sink holds the whole blob
 
 
 @dataclass
@@ -542,41 +550,53 @@ class RegistryClient:
             headers = {"Accept-Encoding": "identity"}
             if offset > 0:
                 headers["Range"] = f"bytes={offset}-"
-            response = open_(headers)
-            with self._closing(response):
-                status = response.status_code
-                if status == 416:
-                    _, total = _content_range(response)
-                    if offset > 0 and (offset == state.size or total == offset):
-                        return
-                    sink.restart()
-                    self._interrupted(state, retries, f"{name} refused the range {offset}-")
-                    continue
-                if status == 206:
-                    start, _ = _content_range(response)
-                    if start != offset:
-                        log.debug("%s: resume answer starts at %s, not %d; restarting", name,
-                                  start, offset)
-                        sink.restart()
-                        self._interrupted(state, retries,
-                                          f"{name} answered a resume with the wrong range")
-                        continue
-                elif status == 200:
-                    if offset > 0:
-                        log.debug("%s ignored Range; downloading %s again", name, state.what)
-                        sink.restart()
-                else:
-                    self._raise_for_status(name, response, state.what)
-                try:
-                    self._stream(state, response, progress)
-                except BodyInterrupted as exc:
-                    self._interrupted(state, retries, str(exc))
-                    continue
-            if state.size is not None and sink.offset < state.size:
-                self._interrupted(state, retries, f"{name} ended {state.what} after "
-                                                  f"{sink.offset} of {state.size} bytes")
-                continue
-            return
+            with self._closing(open_(headers)) as response:
+                answer = self._answer(state, response, name, offset)
+                if answer is _Answer.BODY:
+                    answer = self._body(state, response, name, progress)
+            if answer is _Answer.COMPLETE:
+                return
+            assert isinstance(answer, str)
+            self._interrupted(state, retries, answer)
+
+    def _answer(self, state: _BlobDownload, response: requests.Response, name: str,
+                offset: int) -> _Answer | str:
+        """What an answer to a request from ``offset`` means: a body to stream, the blob
+        already complete, or why to try again (the sink restarted where its bytes are of no
+        use); raises for an error status."""
+        status = response.status_code
+        if status == 416:
+            _, total = _content_range(response)
+            if offset > 0 and (offset == state.size or total == offset):
+                return _Answer.COMPLETE
+            state.sink.restart()
+            return f"{name} refused the range {offset}-"
+        if status == 206:
+            start, _ = _content_range(response)
+            if start != offset:
+                log.debug("%s: resume answer starts at %s, not %d; restarting", name, start,
+                          offset)
+                state.sink.restart()
+                return f"{name} answered a resume with the wrong range"
+        elif status == 200:
+            if offset > 0:
+                log.debug("%s ignored Range; downloading %s again", name, state.what)
+                state.sink.restart()
+        else:
+            self._raise_for_status(name, response, state.what)
+        return _Answer.BODY
+
+    def _body(self, state: _BlobDownload, response: requests.Response, name: str,
+              progress: Callable[[int], None] | None) -> _Answer | str:
+        """Stream the body into the sink: COMPLETE, or why to try again."""
+        try:
+            self._stream(state, response, progress)
+        except BodyInterrupted as exc:
+            return str(exc)
+        if state.size is not None and state.sink.offset < state.size:
+            return (f"{name} ended {state.what} after {state.sink.offset} of {state.size} "
+                    "bytes")
+        return _Answer.COMPLETE
 
     def _stream(self, state: _BlobDownload, response: requests.Response,
                 progress: Callable[[int], None] | None) -> None:

@@ -35,6 +35,7 @@ from ocistage.bundler.unpack.tarstream import (
 from ocistage.cache.errors import LayerError, OcistageError
 from ocistage.cache.fdio import created_exactly, process_umask, write_all
 from ocistage.cache.fsops import DIR_READ, chmod_path_fd, chown_path_fd, remove_at
+from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.unpackbudget import ENTRY_CHARGE, UnpackBudget
 
 WHITEOUT_PREFIX = ".wh."
@@ -53,7 +54,7 @@ class ApplyReport:
 
     entries: int = 0
     bytes_written: int = 0
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[Notice] = field(default_factory=list)
 
 
 def apply_layer(stream: BinaryIO, rootfs: Path, *, rootless: bool = True,
@@ -137,8 +138,8 @@ class _Applier:
         info = os.stat(parent_fd)
         self.saved_mtimes[parent] = (info.st_atime_ns, info.st_mtime_ns)
 
-    def _warn(self, message: str) -> None:
-        self.report.warnings.append(message)
+    def _warn(self, kind: Kind, message: str) -> None:
+        self.report.warnings.append(Notice(kind, message))
 
     def _parent(self, parts: Parts) -> tuple[int, Parts]:
         found = self.root.resolve_dir(parts[:-1], create=True, on_create=self._implicit_dir)
@@ -166,7 +167,8 @@ class _Applier:
             if member.isdir():
                 self.dirs[()] = self._dir_meta(member)
             else:
-                self._warn(f"skipped non-directory entry {member.name!r} for the root")
+                self._warn(Kind.SKIPPED,
+                           f"skipped non-directory entry {member.name!r} for the root")
             return
         base = parts[-1]
         if base.startswith(WHITEOUT_PREFIX):
@@ -186,7 +188,8 @@ class _Applier:
         elif member.isfifo() or member.ischr() or member.isblk():
             self._make_special(parent_fd, base, path, member)
         else:
-            self._warn(f"skipped {display(path)}: unsupported tar entry type {member.type!r}")
+            self._warn(Kind.SKIPPED,
+                       f"skipped {display(path)}: unsupported tar entry type {member.type!r}")
             return
         self._mark_created(path)
 
@@ -283,7 +286,7 @@ class _Applier:
         if not self.rootless:
             os.chown(name, member.uid, member.gid, dir_fd=parent_fd, follow_symlinks=False)
         if member_xattrs(member):
-            self._warn(f"skipped xattrs of symlink {member.name!r}")
+            self._warn(Kind.XATTR, f"skipped xattrs of symlink {member.name!r}")
         mtime = mtime_ns(member)
         os.utime(name, ns=(mtime, mtime), dir_fd=parent_fd, follow_symlinks=False)
 
@@ -337,7 +340,8 @@ class _Applier:
         device_node = member.ischr() or member.isblk()
         if device_node and self.rootless:
             kind = "character" if member.ischr() else "block"
-            self._warn(f"{display(path)}: {kind} device {member.devmajor}:{member.devminor} "
+            self._warn(Kind.DEVICE_NODE,
+                       f"{display(path)}: {kind} device {member.devmajor}:{member.devminor} "
                        f"replaced by an empty file (rootless)")
             fd = self._create_file(parent_fd, name)
             try:
@@ -366,7 +370,7 @@ class _Applier:
         finally:
             os.close(fd)
         if member_xattrs(member):
-            self._warn(f"skipped xattrs of special file {display(path)}")
+            self._warn(Kind.XATTR, f"skipped xattrs of special file {display(path)}")
         mtime = mtime_ns(member)
         os.utime(name, ns=(mtime, mtime), dir_fd=parent_fd, follow_symlinks=False)
 
@@ -377,14 +381,14 @@ class _Applier:
             except OSError as exc:
                 if exc.errno not in _XATTR_SKIPPABLE:
                     raise
-                self._warn(f"{display(path)}: xattr {key} not set ({exc.strerror})")
+                self._warn(Kind.XATTR, f"{display(path)}: xattr {key} not set ({exc.strerror})")
 
     # -- whiteouts -----------------------------------------------------------------------------
 
     def _whiteout(self, parts: Parts) -> None:
         base = parts[-1]
         if base != OPAQUE_MARKER and base.startswith(OPAQUE_MARKER[:8]):
-            self._warn(f"skipped AUFS metadata entry {display(parts)}")
+            self._warn(Kind.SKIPPED, f"skipped AUFS metadata entry {display(parts)}")
             return
         if base != OPAQUE_MARKER:
             victim = base[len(WHITEOUT_PREFIX):]

@@ -38,6 +38,7 @@ from ocistage.bundler.unpack.apply import apply_layer
 from ocistage.bundler.unpack.decompress import open_layer_stream
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import IntegrityError
+from ocistage.cache.notice import Notice
 from ocistage.cache.unpackbudget import UnpackBudget
 
 CHUNK = 1 << 20
@@ -117,7 +118,7 @@ class _Decompressed:
 class AppliedLayers:
     layers: int
     entries: int
-    warnings: tuple[str, ...]
+    warnings: tuple[Notice, ...]
 
 
 def apply_layers(open_blob: Callable[[Digest], BinaryIO], layers: Sequence[Descriptor],
@@ -128,7 +129,7 @@ def apply_layers(open_blob: Callable[[Digest], BinaryIO], layers: Sequence[Descr
 
     ``open_blob`` gives each layer's compressed bytes (the store, or a :class:`BlobFollower`).
     """
-    warnings: list[str] = []
+    warnings: list[Notice] = []
     entries = count = 0
     for n, (layer, diff_id) in enumerate(zip(layers, diff_ids, strict=True), start=first):
         if on_layer is not None:
@@ -151,5 +152,5 @@ def apply_layers(open_blob: Callable[[Digest], BinaryIO], layers: Sequence[Descr
                 f"config says its diff_id is {diff_id}")
         entries += report.entries
         count += 1
-        warnings.extend(f"layer {n}: {w}" for w in report.warnings)
+        warnings.extend(warning.in_layer(n) for warning in report.warnings)
     return AppliedLayers(count, entries, tuple(warnings))

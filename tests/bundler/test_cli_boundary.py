@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from ocistage.bundler.cli.common import CliRenderer, sanitize, summarize_warnings
+from ocistage.cache.notice import Kind, Notice
 from tests.bundler.clirun import Cli, cli
 from tests.bundler.tarbuilder import build_tar, chardev, directory, file, write_oci_layout
 
@@ -227,9 +228,15 @@ def test_device_nodes_are_one_warning_line_and_none_with_quiet(cli: Cli, layout:
 
 
 def test_other_warnings_are_kept() -> None:
-    assert summarize_warnings(["layer 1: /dev/null: character device 1:3 replaced by an "
-                               "empty file (rootless)", "layer 2: skipped /x: odd"],
-                              quiet=True) == ["layer 2: skipped /x: odd"]
+    warnings = [Notice(Kind.DEVICE_NODE, "/dev/null: character device 1:3 replaced by an "
+                       "empty file (rootless)", 1), Notice(Kind.SKIPPED, "skipped /x: odd", 2),
+                Notice(Kind.DEVICE_NODE, "/dev/zero: character device 1:5 replaced by an "
+                       "empty file (rootless)", 1)]
+    assert summarize_warnings(warnings, quiet=True) == ["layer 2: skipped /x: odd"]
+    assert summarize_warnings(warnings) == [
+        "layer 2: skipped /x: odd",
+        "2 device nodes (as under /dev) replaced by empty files: a rootless bundle cannot hold "
+        "them (the runtime provides /dev)"]
 
 
 # -- version and completion --------------------------------------------------------------------

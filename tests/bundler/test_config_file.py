@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from ocistage.bundler import settings as settings_module
 from ocistage.bundler.settings import KEYS, REGISTRY_KEYS, load_settings
 from ocistage.cache.errors import UsageError
+from ocistage.cache.notice import Kind
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
@@ -73,7 +74,8 @@ def test_unknown_keys_are_warned_with_the_closest_key(files: tuple[Path, Path]) 
                     '[registries."r:5000"]\nmirorrs = ["https://m"]\n')
     loaded = load_settings()
     assert loaded.jobs == 6  # the misspelt key is not used
-    assert list(loaded.warnings) == [
+    assert {w.kind for w in loaded.warnings} == {Kind.CONFIG}
+    assert [str(w) for w in loaded.warnings] == [
         f"config file {user}: unknown key `jobz` (did you mean `jobs`?); it is ignored",
         f"config file {user}: unknown key `max-size` (did you mean `max_size`?); it is ignored",
         f"config file {user}: unknown key `whatever`; it is ignored",

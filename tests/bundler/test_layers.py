@@ -18,6 +18,7 @@ import zstandard
 from ocistage.bundler.unpack.apply import ApplyReport, apply_layer
 from ocistage.bundler.unpack.decompress import open_layer_stream
 from ocistage.cache.errors import LayerError
+from ocistage.cache.notice import Kind
 from tests.bundler.tarbuilder import (
     MTIME,
     Entry,
@@ -138,8 +139,9 @@ def test_user_xattrs_set_unsupported_namespaces_warned(rootfs: Path) -> None:
     ])
     assert os.getxattr(rootfs / "d/f", "user.one") == b"1"
     assert os.getxattr(rootfs / "d", "user.dir") == b"D"
-    assert any("system.bogus" in w for w in report.warnings)
-    assert any("symlink" in w for w in report.warnings)
+    assert any("system.bogus" in w.text for w in report.warnings)
+    assert any("symlink" in w.text for w in report.warnings)
+    assert {w.kind for w in report.warnings} == {Kind.XATTR}
 
 
 def test_rootless_devices_become_empty_files(rootfs: Path) -> None:
@@ -149,7 +151,8 @@ def test_rootless_devices_become_empty_files(rootfs: Path) -> None:
         assert stat.S_ISREG(info.st_mode) and info.st_size == 0
         assert stat.S_IMODE(info.st_mode) == mode
     assert len(report.warnings) == 2
-    assert "1:3" in report.warnings[0] and "character" in report.warnings[0]
+    assert "1:3" in report.warnings[0].text and "character" in report.warnings[0].text
+    assert {w.kind for w in report.warnings} == {Kind.DEVICE_NODE}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="creating device nodes and chown need root")
@@ -464,7 +467,7 @@ def test_same_tree_as_umoci_unpack_rootless(tmp_path: Path, kind: str) -> None:
     ours.mkdir()
     warnings: list[str] = []
     for layer in layers:
-        warnings += apply_layer(io.BytesIO(layer), ours).warnings
+        warnings += [str(w) for w in apply_layer(io.BytesIO(layer), ours).warnings]
     theirs = snapshot(tmp_path / "bundle" / "rootfs")
     mine = snapshot(ours)
     # Deliberate difference: rootless directories keep u+rwx (umoci keeps 0555 as is).

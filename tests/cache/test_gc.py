@@ -42,6 +42,7 @@ from ocistage.cache.leases import (
     release,
 )
 from ocistage.cache.locks import FileLock
+from ocistage.cache.notice import Kind
 from ocistage.cache.snapshots import chain_ids, list_snapshots
 from ocistage.cache.store import Ingest, Store, scratch_name
 from ocistage.cache.verify import verify
@@ -303,10 +304,12 @@ def test_budget_after_a_pull_never_takes_what_the_pull_uses(store: Store,
     fresh = pull_ref(store, image_ref(tmp_path / "src", "fresh", os.urandom(50_000)),
                      max_size=1)
     assert ref_names(store) == {fresh.name}
-    assert fresh.warnings and "over its budget" in fresh.warnings[-1]
+    assert fresh.warnings and "over its budget" in fresh.warnings[-1].text
+    assert fresh.warnings[-1].kind is Kind.OVER_BUDGET
     made = bundle_ref(store, image_ref(tmp_path / "src", "e", b"e"), max_size=1)
     assert made.path.is_dir() and ref_names(store) == {made.image.name}
-    assert made.warnings and "over its budget" in made.warnings[-1]
+    assert made.warnings and "over its budget" in made.warnings[-1].text
+    assert made.warnings[-1].kind is Kind.OVER_BUDGET
     assert all_leases(store.root) == []  # the commands' own leases ended with them
     assert_layout_consistent(store)
 

@@ -7,6 +7,7 @@ every other entry (files, symlinks, FIFOs) hard-linked, symlinks never followed 
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -15,11 +16,13 @@ import pytest
 
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import StoreError
+from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.snapshots import (
     _DIR_WEIGHT,
     MAX_KEPT_WARNINGS,
     MAX_LINK_PARTS,
     MAX_WARNING_CHARS,
+    METADATA,
     MIN_SPLIT_WEIGHT,
     _scan,
     copy_tree,
@@ -152,16 +155,18 @@ def test_a_snapshot_keeps_what_unpacking_it_warned_about(tmp_path: Path) -> None
     chain_id = Digest("sha256", "c" * 64)
     work = store.temp_dir("snapshot")
     (work / "rootfs").mkdir()
-    warnings = [f"layer 1: dev/n{n}: character device 1:{n} replaced" for n in range(3)]
+    warnings = [Notice(Kind.DEVICE_NODE, f"dev/n{n}: character device 1:{n} replaced", 1)
+                for n in range(3)] + [Notice(Kind.XATTR, "a: xattr user.x not set")]
     rootfs = publish_snapshot(store, work, chain_id, [chain_id], 1, warnings)
     assert snapshot_warnings(rootfs) == tuple(warnings)
-    flood = [f"w{n}:" + "x" * 5000 for n in range(MAX_KEPT_WARNINGS + 50)]
+    flood = [Notice(Kind.SKIPPED, f"w{n}:" + "x" * 5000) for n in range(MAX_KEPT_WARNINGS + 50)]
     work = store.temp_dir("snapshot")
     (work / "rootfs").mkdir()
     other = Digest("sha256", "d" * 64)
     kept = snapshot_warnings(publish_snapshot(store, work, other, [other], 1, flood))
     assert len(kept) == MAX_KEPT_WARNINGS  # a flood stays far below the metadata's cap
-    assert all(len(w) == MAX_WARNING_CHARS for w in kept) and kept[0].startswith("w0:")
+    assert all(len(w.text) == MAX_WARNING_CHARS for w in kept) and kept[0].text.startswith("w0:")
+    assert {w.kind for w in kept} == {Kind.SKIPPED}
     assert snapshot_warnings(tmp_path / "nowhere" / "rootfs") == ()
 
 
@@ -259,3 +264,23 @@ def _fstype(path: Path) -> str:
         if (str(path) + "/").startswith(mount.rstrip("/") + "/") and len(mount) >= len(best):
             best, kind = mount, fields[2]
     return kind
+
+
+def test_a_snapshot_of_an_earlier_version_keeps_its_warnings_as_text(tmp_path: Path) -> None:
+    """Snapshots published before warnings had a kind kept their text: a device node's is
+    still known as one (the CLI makes one line of them), any other is kept as it was."""
+    store = Store.open(tmp_path / "cache")
+    work = store.temp_dir("snapshot")
+    (work / "rootfs").mkdir()
+    chain_id = Digest("sha256", "e" * 64)
+    rootfs = publish_snapshot(store, work, chain_id, [chain_id], 1)
+    metadata_path = rootfs.parent / METADATA
+    metadata = json.loads(metadata_path.read_text())
+    device = "layer 2: dev/null: character device 1:3 replaced by an empty file (rootless)"
+    metadata["warnings"] = [device, "layer 1: skipped a: odd", {"kind": "future", "text": "t"},
+                            {"text": 3}, 7]
+    metadata_path.write_text(json.dumps(metadata))
+    assert snapshot_warnings(rootfs) == (Notice(Kind.DEVICE_NODE, device),
+                                         Notice(Kind.OTHER, "layer 1: skipped a: odd"),
+                                         Notice(Kind.OTHER, "t"))
+    assert [str(w) for w in snapshot_warnings(rootfs)][:2] == [device, "layer 1: skipped a: odd"]
