@@ -45,9 +45,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
-from ocistage.cache.errors import StoreError, UsageError
+from ocistage.cache.errors import ForeignFile, StoreError, UsageError
 from ocistage.cache.jsondoc import parse_json, read_document
-from ocistage.cache.locks import Owner, lock_owner, owner_is_dead
+from ocistage.cache.locks import Owner, is_foreign, lock_owner, owner_is_dead
 from ocistage.cache.store import write_file_atomic
 
 #: a lease file is a few hundred bytes
@@ -171,9 +171,11 @@ def all_leases(cache_root: Path) -> list[Lease]:
     result = []
     with contextlib.suppress(FileNotFoundError):
         for path in directory.glob("*.json"):
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                # O_NOFOLLOW and a size cap: a group-shared cache's members can plant files
-                result.append(Lease.from_json(read_document(path, MAX_LEASE_BYTES).decode()))
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError, ForeignFile):
+                # a group-shared cache's members can plant files: no symlink, FIFO or
+                # outsider's file is read (ocistage.cache.readback), and the size is capped
+                data = read_document(path, MAX_LEASE_BYTES, owners="group")
+                result.append(Lease.from_json(data.decode()))
     return sorted(result, key=lambda lease: lease.created)
 
 
@@ -248,11 +250,12 @@ def dead_leases(cache_root: Path, job_states: JobStates = squeue_states) -> list
 
 
 def gc_running(cache_root: Path) -> bool:
-    """Whether a live ``cache gc`` (other than this process) holds ``CACHE/gc.lock``."""
+    """Whether a live ``cache gc`` (other than this process) holds ``CACHE/gc.lock``. A FIFO,
+    symlink or outsider's file there is no lock: no GC holds it (and none can take it)."""
     path = cache_root / GC_LOCK
     if lock_owner(path) == Owner.me():
         return False  # the budget GC inside this very command
-    return not owner_is_dead(path)
+    return not owner_is_dead(path) and not is_foreign(path)
 
 
 def wait_for_gc(cache_root: Path, poll: float = 0.2) -> None:
