@@ -6,7 +6,8 @@ commands race-free):
 1. leftovers of dead processes: temp dirs, bundles being built, partial downloads nobody is
    downloading, stale lock files; temp files of atomic writes and ownerless temp dirs (a
    removal that was interrupted) older than an hour; quarantined entries older than a week;
-2. leases: dead leases are dropped; a staged bundle whose leases are *all* dead is removed if
+2. leases: dead leases are dropped; a staged bundle whose leases are *all* dead (those on its
+   place under every spelling, :func:`ocistage.cache.leases.staged_groups`) is removed if
    its marker ``<path>/.ocistage-staged.json`` (or, for a mounted image fetched from a URL,
    the outer marker beside it) names one of them, and then its leases are dropped. Removal is
    :func:`ocistage.cache.staged.remove`: no symlink is followed, a squashfs mount is unmounted
@@ -76,6 +77,7 @@ from ocistage.cache.leases import (
     job_states_of,
     release,
     squeue_states,
+    staged_groups,
 )
 from ocistage.cache.locks import FileLock, owner_is_dead
 from ocistage.cache.sizes import format_size
@@ -215,20 +217,31 @@ def _dead_partials(store: Store, dry_run: bool, footprint: Footprint) -> list[Re
 
 # -- leases and staged bundles -----------------------------------------------------------------
 
-def _remove_staged(target: str, leases: list[Lease], dry_run: bool) -> list[Removal]:
-    """Remove a staged bundle all of whose ``leases`` are dead, if its marker says it is ours.
-
-    Returns the removals, the dead leases included; the caller drops those leases.
-    """
-    text = target.removeprefix("staged:")
+def _open_marked(text: str, ids: set[str]) -> staged.StagedBundle | None:
+    """The staged bundle at ``text`` if its marker names one of ``ids``."""
     path = Path(text)
-    removed: list[Removal] = []
-    ids = {lease.id for lease in leases}
     normal = path.is_absolute() and os.path.normpath(text) == text and text != "/"
     bundle = staged.open_staged(path) if normal else None
     if bundle is not None and not bundle.lease_ids() & ids:
         bundle.close()
         bundle = None
+    return bundle
+
+
+def _remove_staged(leases: list[Lease], dry_run: bool) -> list[Removal]:
+    """Remove a staged bundle all of whose ``leases`` are dead, if its marker says it is ours
+    (through the first of the leases' spellings of its path that leads to it).
+
+    Returns the removals, the dead leases included; the caller drops those leases.
+    """
+    removed: list[Removal] = []
+    ids = {lease.id for lease in leases}
+    bundle, text = None, ""
+    for text in dict.fromkeys(lease.target.removeprefix("staged:") for lease in leases):
+        bundle = _open_marked(text, ids)
+        if bundle is not None:
+            break
+    path = Path(text)
     if bundle is not None:
         size = bundle.image_size() + (0 if bundle.mounted else tree_size(path).disk)
         if dry_run:
@@ -257,10 +270,10 @@ def _expire(store: Store, leases: list[Lease], states: dict[str, str] | None,
     """Drop dead leases (staged bundles included); return the removals and the live targets."""
     removed: list[Removal] = []
     live: set[str] = set()
-    staged: dict[str, list[Lease]] = {}
+    staged: list[Lease] = []
     for lease in leases:
         if lease.target.startswith("staged:") and not lease.also:
-            staged.setdefault(lease.target, []).append(lease)
+            staged.append(lease)
             continue
         if is_live(lease, states):
             live.update(lease.targets)
@@ -270,11 +283,11 @@ def _expire(store: Store, leases: list[Lease], states: dict[str, str] | None,
             removed.append(Removal("lease", lease.id,
                                    footprint.drop(_lease_file(store, lease.id)),
                                    f"holder is gone ({lease.holder.describe()})"))
-    for target, group in staged.items():
+    for group in staged_groups(staged):  # one bundle, whatever its leases' spellings of it
         if any(is_live(lease, states) for lease in group):
-            live.add(target)
+            live.update(lease.target for lease in group)
             continue
-        for removal in _remove_staged(target, group, dry_run):
+        for removal in _remove_staged(group, dry_run):
             if removal.kind == "lease":
                 if not dry_run:
                     release(store.root, removal.name)
