@@ -196,7 +196,9 @@ class FileLock:
         if not owner_is_dead(self.path, self.stale_after):
             return False
         # rename first so that two breakers cannot both delete a fresh lock taken in between
-        grave = self.path.with_name(f"{self.path.name}.stale-{uuid.uuid4().hex}")
+        # 12 hex digits are plenty apart, and keep the name short (a staged NAME's lock,
+        # NAME.lock.stale-<hex>, must fit in 255 bytes: ocistage.stagers.target.MAX_NAME)
+        grave = self.path.with_name(f"{self.path.name}.stale-{uuid.uuid4().hex[:12]}")
         try:
             os.rename(self.path, grave)
         except FileNotFoundError:
