@@ -34,7 +34,7 @@ def write_bundle_info(bundle_dir: Path, manifest: Digest, image: str) -> None:
 
 def read_bundle_info(bundle_dir: Path) -> tuple[Digest | None, str | None]:
     try:
-        data = parse_json(read_document(bundle_dir / BUNDLE_INFO, 1 << 16))
+        data = parse_json(read_document(bundle_dir / BUNDLE_INFO, 1 << 16, owners="group"))
         return Digest.parse(str(data["manifest"])), str(data.get("image") or "") or None
     except (OSError, ValueError, KeyError, TypeError, OcistageError):
         return None, None

@@ -15,6 +15,8 @@ them as one ``error: ...`` line plus a ``hint: ...`` line and exits with ``exit_
     ├── LayerError                    a layer cannot be applied (bad tar, unsafe entry, budget)
     ├── StoreError                    the cache cannot be read or written (disk full, perms)
     │   ├── UntrustedPath             a directory or entry fails the trust rule (docs/trust.md)
+    │   │   └── ForeignFile           a file read back is not a regular file of ours (a FIFO,
+    │   │                             another user's file): skipped, never removed or waited for
     │   └── LockTimeout               another process holds a lock for too long
     └── Interrupted                   exit 130: stopped by Ctrl-C (SIGINT); partial downloads kept
 
@@ -78,6 +80,12 @@ class UntrustedPath(StoreError):
 
     default_hint = ("use a directory that you (or root) own and that others cannot write, "
                     "e.g. chmod go-w DIR")
+
+
+class ForeignFile(UntrustedPath):
+    """A file ocistage would read back (a marker, a manifest, a lease, a lock) is not a
+    regular file of the caller, root or (in a group-shared cache) a member
+    (:mod:`ocistage.cache.readback`); whoever meets it treats it as not ours."""
 
 
 class LockTimeout(StoreError):

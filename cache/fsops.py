@@ -45,6 +45,7 @@ from pathlib import Path
 from ocistage.cache.errors import StoreError, UntrustedPath
 from ocistage.cache.fdio import reflink
 from ocistage.cache.locks import Owner
+from ocistage.cache.readback import group_shared as is_group_shared
 
 #: a directory opened for listing, never through a symlink
 DIR_READ = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -104,12 +105,6 @@ def _private_group(gid: int) -> bool:
     return group.gr_name == user and set(group.gr_mem) <= {user}
 
 
-def _group_shared(st: os.stat_result) -> bool:
-    """A directory a site marked as group-shared: setgid, of a group the caller is in."""
-    return bool(st.st_mode & stat.S_ISGID) and (
-        st.st_gid == os.getegid() or st.st_gid in os.getgroups())
-
-
 def trust_problem(st: os.stat_result, *, group_shared: bool = False) -> str | None:
     """Why the directory ``st`` is not trusted for ocistage to write into or read back from,
     or None (docs/trust.md): it must be owned by the caller or root and not be writable by
@@ -120,7 +115,7 @@ def trust_problem(st: os.stat_result, *, group_shared: bool = False) -> str | No
         return "is a symbolic link"
     if not stat.S_ISDIR(st.st_mode):
         return "is not a directory"
-    shared = group_shared and _group_shared(st)
+    shared = group_shared and is_group_shared(st)
     if st.st_uid not in (uid, 0) and not shared:
         return f"is owned by {user_name(st.st_uid)}, not by you ({user_name(uid)}) or root"
     if st.st_mode & stat.S_IWOTH:

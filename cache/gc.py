@@ -6,7 +6,8 @@ commands race-free):
 1. leftovers of dead processes: temp dirs, bundles being built, partial downloads nobody is
    downloading, stale lock files; temp files of atomic writes and ownerless temp dirs (a
    removal that was interrupted) older than an hour; quarantined entries older than a week;
-2. leases: dead leases are dropped; a staged bundle whose leases are *all* dead is removed if
+2. leases: dead leases are dropped; a staged bundle whose leases are *all* dead (those on its
+   place under every spelling, :func:`ocistage.cache.leases.staged_groups`) is removed if
    its marker ``<path>/.ocistage-staged.json`` (or, for a mounted image fetched from a URL,
    the outer marker beside it) names one of them, and then its leases are dropped. Removal is
    :func:`ocistage.cache.staged.remove`: no symlink is followed, a squashfs mount is unmounted
@@ -77,6 +78,7 @@ from ocistage.cache.leases import (
     job_states_of,
     release,
     squeue_states,
+    staged_groups,
 )
 from ocistage.cache.locks import FileLock, owner_is_dead
 from ocistage.cache.notice import Kind, Notice
@@ -245,19 +247,19 @@ def _expire(sweep: Sweep[Removal], store: Store, leases: list[Lease],
             states: dict[str, str] | None) -> set[str]:
     """Drop dead leases (staged bundles included); return the live targets."""
     live: set[str] = set()
-    staged_leases: dict[str, list[Lease]] = {}
+    staged_leases: list[Lease] = []
     for lease in leases:
         if lease.target.startswith("staged:") and not lease.also:
-            staged_leases.setdefault(lease.target, []).append(lease)
+            staged_leases.append(lease)
         elif is_live(lease, states):
             live.update(lease.targets)
         else:
             _drop_lease(sweep, store, lease, "holder is gone")
-    for target, group in staged_leases.items():
+    for group in staged_groups(staged_leases):  # one bundle, whatever its leases' spellings
         if any(is_live(lease, states) for lease in group):
-            live.add(target)
+            live.update(lease.target for lease in group)
         else:
-            _expire_staged(sweep, store, target, group)
+            _expire_staged(sweep, store, group)
     return live
 
 
@@ -267,12 +269,16 @@ def _drop_lease(sweep: Sweep[Removal], store: Store, lease: Lease, why: str) -> 
                  action=partial(release, store.root, lease.id))
 
 
-def _expire_staged(sweep: Sweep[Removal], store: Store, target: str,
-                   leases: list[Lease]) -> None:
-    """Remove a staged bundle all of whose ``leases`` are dead, if its marker says it is ours,
-    then drop the leases (all of them stay if the removal fails)."""
-    text = target.removeprefix("staged:")
-    bundle = _own_staged(text, {lease.id for lease in leases})
+def _expire_staged(sweep: Sweep[Removal], store: Store, leases: list[Lease]) -> None:
+    """Remove a staged bundle all of whose ``leases`` are dead, if its marker says it is ours
+    (through the first of the leases' spellings of its path that leads to it), then drop the
+    leases (all of them stay if the removal fails)."""
+    ids = {lease.id for lease in leases}
+    bundle, text = None, ""
+    for text in dict.fromkeys(lease.target.removeprefix("staged:") for lease in leases):
+        bundle = _own_staged(text, ids)
+        if bundle is not None:
+            break
     why = "dead lease of a staged path that is gone or not marked as this lease's"
     if bundle is not None:
         size = bundle.image_size() + (0 if bundle.mounted else tree_size(Path(text)).disk)

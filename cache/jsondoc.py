@@ -13,25 +13,23 @@ documents nest a handful of levels; :data:`MAX_DEPTH` leaves room for any real o
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from ocistage.cache.readback import Owners, read_own
 
 MAX_DEPTH = 100
 MAX_DOCUMENT = 4 << 20
 
 
-def read_document(path: Path, limit: int = MAX_DOCUMENT) -> bytes:
-    """The bytes of the file at ``path`` (a symlink is refused: ELOOP), at most ``limit``.
+def read_document(path: Path, limit: int = MAX_DOCUMENT, *, owners: Owners = "anyone") -> bytes:
+    """The bytes of the regular file at ``path``, at most ``limit``: opened by
+    :func:`ocistage.cache.readback.open_own` (a symlink is refused: ELOOP; a FIFO or a file of
+    an owner ``owners`` does not accept: ForeignFile; never waits).
 
     Raises OSError as ``open`` does, and ValueError if the file is larger than ``limit``.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as file:
-        data = file.read(limit + 1)
-    if len(data) > limit:
-        raise ValueError(f"larger than {limit >> 20} MiB, the limit for a document")
-    return data
+    return read_own(path, limit, owners=owners)
 
 
 def parse_json(data: bytes | str) -> Any:

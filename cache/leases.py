@@ -11,6 +11,17 @@ A lease names a *target* and a *holder*. Targets are strings with a kind prefix:
 A lease may name more targets in ``also`` (one file for everything a command uses, see
 :class:`InUse`).
 
+A staged path has many spellings: ``~/x`` and ``/gpfs/home/u/x``, a symlink, a bind mount
+of the target. A lease on one is therefore also keyed by the *place* (:class:`StagedPlace`):
+its ``identity`` is ``<st_dev>:<st_ino>/<NAME>`` of the directory holding ``NAME``, the
+same through every symlink and bind mount on a node. Leases on a place
+(:func:`leases_on_place`, and GC's :func:`staged_groups`) are those whose path is the same or
+whose identity is; a lease written before identities were recorded (none in its file) is
+placed by where its path leads now. Its path stays what humans read (``cache ls``) and what
+GC removes through; an older ocistage reads the same file and goes by the path alone. Across
+nodes the identity of one shared directory may differ (``st_dev`` is numbered per node):
+there the path is what matches.
+
 Holders are a process (``pid`` on a host, with its start time so a reused pid does not count),
 a Slurm job (``slurm-job`` with its id; live while ``squeue`` lists it), or a named ``pin``
 (live until released). Each lease is one JSON file ``CACHE/leases/<id>.json`` written by
@@ -34,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -45,9 +57,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
-from ocistage.cache.errors import StoreError, UsageError
+from ocistage.cache.errors import ForeignFile, StoreError, UsageError
 from ocistage.cache.jsondoc import parse_json, read_document
-from ocistage.cache.locks import Owner, lock_owner, owner_is_dead
+from ocistage.cache.locks import Owner, is_foreign, lock_owner, owner_is_dead
 from ocistage.cache.store import write_file_atomic
 
 #: a lease file is a few hundred bytes
@@ -104,13 +116,17 @@ class Lease:
     holder: Holder
     created: float
     also: tuple[str, ...] = field(default=())
+    identity: str = ""   # of a staged target: where it is, whatever the spelling (StagedPlace)
 
     @property
     def targets(self) -> tuple[str, ...]:
         return (self.target, *self.also)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        doc = asdict(self)
+        if not self.identity:
+            del doc["identity"]
+        return json.dumps(doc, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Lease:
@@ -120,7 +136,7 @@ class Lease:
             raise ValueError("'also' must be a list")
         return cls(id=str(data["id"]), target=str(data["target"]),
                    holder=Holder(**data["holder"]), created=float(data["created"]),
-                   also=tuple(str(t) for t in also))
+                   also=tuple(str(t) for t in also), identity=str(data.get("identity", "")))
 
 
 def check_target(target: str) -> str:
@@ -146,10 +162,11 @@ def _write(cache_root: Path, lease: Lease) -> None:
         raise StoreError(f"cannot record a lease in {cache_root}: {exc.strerror}") from exc
 
 
-def acquire(cache_root: Path, target: str, holder: Holder) -> Lease:
-    """Record a lease on ``target`` for ``holder``; returns it (its id releases it)."""
+def acquire(cache_root: Path, target: str, holder: Holder, identity: str = "") -> Lease:
+    """Record a lease on ``target`` for ``holder``; returns it (its id releases it).
+    ``identity``: of a staged target, see :class:`StagedPlace`."""
     lease = Lease(id=uuid.uuid4().hex, target=check_target(target), holder=holder,
-                  created=time.time())
+                  created=time.time(), identity=identity)
     _write(cache_root, lease)
     return lease
 
@@ -171,14 +188,100 @@ def all_leases(cache_root: Path) -> list[Lease]:
     result = []
     with contextlib.suppress(FileNotFoundError):
         for path in directory.glob("*.json"):
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                # O_NOFOLLOW and a size cap: a group-shared cache's members can plant files
-                result.append(Lease.from_json(read_document(path, MAX_LEASE_BYTES).decode()))
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError, ForeignFile):
+                # a group-shared cache's members can plant files: no symlink, FIFO or
+                # outsider's file is read (ocistage.cache.readback), and the size is capped
+                data = read_document(path, MAX_LEASE_BYTES, owners="group")
+                result.append(Lease.from_json(data.decode()))
     return sorted(result, key=lambda lease: lease.created)
 
 
 def leases_on(cache_root: Path, target: str) -> list[Lease]:
+    """The leases naming ``target`` as spelled (for a staged path, :func:`leases_on_place`)."""
     return [lease for lease in all_leases(cache_root) if target in lease.targets]
+
+
+# -- staged places -----------------------------------------------------------------------------
+
+STAGED = "staged:"
+
+
+def staged_identity(path: str | os.PathLike[str]) -> str:
+    """``<st_dev>:<st_ino>/<name>`` of the directory holding the (absolute) ``path``, reached
+    through any symlinks and mounts; "" if that directory cannot be examined."""
+    parent, name = os.path.split(os.path.abspath(path))
+    try:
+        st = os.stat(parent or "/")
+    except OSError:
+        return ""
+    return f"{st.st_dev}:{st.st_ino}/{name}"
+
+
+@dataclass(frozen=True)
+class StagedPlace:
+    """A staged path as spelled (``path``: humans read it, GC removes through it) and where it
+    is (``identity``: :func:`staged_identity`, "" where its directory is gone)."""
+
+    path: Path
+    identity: str
+
+    @classmethod
+    def of(cls, path: str | os.PathLike[str]) -> StagedPlace:
+        absolute = Path(os.path.abspath(path))
+        return cls(absolute, staged_identity(absolute))
+
+    @property
+    def target(self) -> str:
+        return f"{STAGED}{self.path}"
+
+    def acquire(self, cache_root: Path, holder: Holder) -> Lease:
+        """A new lease of ``holder`` on this place."""
+        return acquire(cache_root, self.target, holder, self.identity)
+
+    def held_by(self, lease: Lease) -> bool:
+        """Whether ``lease`` is on this place: the same path, or the same identity (recorded,
+        or, for a lease that records none, where its path leads now)."""
+        if self.target in lease.targets:
+            return True
+        if not self.identity or not lease.target.startswith(STAGED):
+            return False
+        if lease.identity:
+            return lease.identity == self.identity
+        path = lease.target.removeprefix(STAGED)
+        return (os.path.basename(path) == self.path.name
+                and staged_identity(path) == self.identity)
+
+
+def leases_on_place(cache_root: Path, place: StagedPlace) -> list[Lease]:
+    """The leases on the staged ``place``, whatever path they spell it with."""
+    return [lease for lease in all_leases(cache_root) if place.held_by(lease)]
+
+
+def staged_groups(found: Iterable[Lease]) -> list[list[Lease]]:
+    """The staged leases among ``found`` grouped by place: leases with the same path or the
+    same identity (recorded, or where the path of a lease that records none leads) are one
+    group, each in the order given."""
+    items = [lease for lease in found if lease.target.startswith(STAGED)]
+    parent = list(range(len(items)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first: dict[str, int] = {}
+    for i, lease in enumerate(items):
+        identity = lease.identity or staged_identity(lease.target.removeprefix(STAGED))
+        for key in (lease.target, f"id:{identity}" if identity else ""):
+            if key and key in first:
+                parent[root(i)] = root(first[key])
+            elif key:
+                first[key] = i
+    groups: dict[int, list[Lease]] = {}
+    for i, lease in enumerate(items):
+        groups.setdefault(root(i), []).append(lease)
+    return list(groups.values())
 
 
 JobStates = Callable[[Iterable[str]], dict[str, str] | None]
@@ -248,11 +351,12 @@ def dead_leases(cache_root: Path, job_states: JobStates = squeue_states) -> list
 
 
 def gc_running(cache_root: Path) -> bool:
-    """Whether a live ``cache gc`` (other than this process) holds ``CACHE/gc.lock``."""
+    """Whether a live ``cache gc`` (other than this process) holds ``CACHE/gc.lock``. A FIFO,
+    symlink or outsider's file there is no lock: no GC holds it (and none can take it)."""
     path = cache_root / GC_LOCK
     if lock_owner(path) == Owner.me():
         return False  # the budget GC inside this very command
-    return not owner_is_dead(path)
+    return not owner_is_dead(path) and not is_foreign(path)
 
 
 def wait_for_gc(cache_root: Path, poll: float = 0.2) -> None:

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from ocistage.cache.errors import LockTimeout, StoreError
-from ocistage.cache.jsondoc import parse_json, read_document
+from ocistage.cache.errors import ForeignFile, LockTimeout, StoreError
+from ocistage.cache.jsondoc import parse_json
+from ocistage.cache.readback import open_own, read_capped
 
 HEARTBEAT_SECONDS = 5.0
 STALE_AFTER_SECONDS = 60.0
@@ -78,29 +79,48 @@ class Owner:
         return self.start is None or _process_start_time(self.pid) == self.start
 
 
-def _read_small(path: Path) -> str:
-    """A lock or marker file's text: never through a symlink (ELOOP), at most 64 KiB
-    (ValueError): in a group-shared cache another member could have planted either."""
-    return read_document(path, MAX_LOCK_BYTES).decode("utf-8", errors="replace")
+def _read_small(path: Path) -> tuple[str, os.stat_result]:
+    """A lock or owner file's text and ``fstat``, at most 64 KiB (ValueError), opened by
+    :func:`ocistage.cache.readback.open_own`: a symlink (ELOOP), a FIFO or a file of somebody
+    outside a group-shared cache (ForeignFile) is never read, and the open never waits."""
+    fd, st = open_own(path, owners="group")
+    try:
+        return read_capped(fd, MAX_LOCK_BYTES).decode("utf-8", errors="replace"), st
+    finally:
+        os.close(fd)
 
 
 def lock_owner(path: Path) -> Owner | None:
-    """The owner recorded on the first line of lock file ``path`` (None: absent, unreadable
-    or half-written)."""
+    """The owner recorded on the first line of lock file ``path`` (None: absent, unreadable,
+    half-written or not a lock file of ours)."""
     try:
-        return Owner.from_json(_read_small(path).partition("\n")[0])
-    except (OSError, ValueError):
+        return Owner.from_json(_read_small(path)[0].partition("\n")[0])
+    except (OSError, ValueError, ForeignFile):
         return None
 
 
-def owner_is_dead(path: Path, stale_after: float = STALE_AFTER_SECONDS) -> bool:
-    """Whether the owner recorded in lock or marker file ``path`` is known to be gone."""
+def is_foreign(path: Path) -> bool:
+    """Whether ``path`` holds something that is no lock or owner file of ours: a FIFO, a
+    symlink, a file of another user (:mod:`ocistage.cache.readback`). Nobody holds a lock
+    through it, and nobody can take the lock while it is there."""
     try:
-        text = _read_small(path)
-        age = time.time() - path.stat().st_mtime
+        os.close(open_own(path, owners="group")[0])
+    except ForeignFile:
+        return True
+    except OSError as exc:
+        return exc.errno == errno.ELOOP
+    return False
+
+
+def owner_is_dead(path: Path, stale_after: float = STALE_AFTER_SECONDS) -> bool:
+    """Whether the owner recorded in lock or owner file ``path`` is known to be gone (never
+    for something that is not a lock file of ours: it is not ours to judge, or remove)."""
+    try:
+        text, st = _read_small(path)
+        age = time.time() - st.st_mtime
     except FileNotFoundError:
         return True
-    except (OSError, ValueError):  # a symlink or a huge file planted there: not ours to judge
+    except (OSError, ValueError, ForeignFile):  # a symlink, FIFO or huge file planted there
         return False
     # a lock file holds the owner's JSON on its first line (then the holder's token)
     owner = Owner.from_json(text.partition("\n")[0])
@@ -158,8 +178,8 @@ class FileLock:
 
     def held(self) -> bool:
         try:
-            return _read_small(self.path) == self._token
-        except (OSError, ValueError):
+            return _read_small(self.path)[0] == self._token
+        except (OSError, ValueError, ForeignFile):
             return False
 
     def release(self) -> None:
@@ -176,7 +196,9 @@ class FileLock:
         if not owner_is_dead(self.path, self.stale_after):
             return False
         # rename first so that two breakers cannot both delete a fresh lock taken in between
-        grave = self.path.with_name(f"{self.path.name}.stale-{uuid.uuid4().hex}")
+        # 12 hex digits are plenty apart, and keep the name short (a staged NAME's lock,
+        # NAME.lock.stale-<hex>, must fit in 255 bytes: ocistage.stagers.target.MAX_NAME)
+        grave = self.path.with_name(f"{self.path.name}.stale-{uuid.uuid4().hex[:12]}")
         try:
             os.rename(self.path, grave)
         except FileNotFoundError:

@@ -47,7 +47,7 @@ from pathlib import Path
 
 from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import OcistageError, StoreError
+from ocistage.cache.errors import ForeignFile, OcistageError, StoreError
 from ocistage.cache.fdio import write_new_file
 from ocistage.cache.fsops import open_parent, remove_tree, walk_dirs
 from ocistage.cache.jsondoc import parse_json, read_document
@@ -116,8 +116,9 @@ def _trusted(metadata: dict[str, object]) -> bool:
 
 def _read_metadata(directory: Path) -> dict[str, object] | None:
     try:
-        data = parse_json(read_document(directory / METADATA, MAX_METADATA_BYTES))
-    except (OSError, ValueError):  # O_NOFOLLOW: a symlink planted there is never followed
+        data = parse_json(read_document(directory / METADATA, MAX_METADATA_BYTES,
+                                        owners="group"))
+    except (OSError, ValueError, ForeignFile):  # a symlink or FIFO planted there: not ours
         return None
     return data if isinstance(data, dict) else None
 

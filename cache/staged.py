@@ -40,8 +40,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ocistage.cache.errors import StoreError
+from ocistage.cache.errors import ForeignFile, StoreError
 from ocistage.cache.fsops import DIR_FOLLOW, DIR_READ, remove_at, remove_opened, trust_problem
+from ocistage.cache.readback import read_own
 
 RESERVED_PREFIX = ".ocistage"
 MARKER_NAME = ".ocistage-staged.json"
@@ -53,6 +54,7 @@ RETIRED_PREFIX = ".ocistage-retired-"  # + NAME.<rand>: a replaced version jobs 
 IMAGE_SUFFIX = ".sqfs"
 UNMOUNT_TIMEOUT = 60
 TEMP_GRACE = 3600.0   # a named temp file in the pool younger than this may be being written
+MAX_MARKER_BYTES = 1 << 16
 
 
 def outer_marker_name(name: str) -> str:
@@ -66,16 +68,12 @@ def image_path(final: Path) -> Path:
 
 
 def read_json_at(dir_fd: int, name: str) -> dict[str, object] | None:
-    """The JSON object in file ``name`` of ``dir_fd`` (not following a link); None if absent,
-    unreadable or not an object."""
+    """The JSON object in file ``name`` of ``dir_fd``; None if absent, unreadable, not an
+    object, or not a regular file of the caller or root (a symlink, a FIFO a co-tenant made
+    beside a bundle in a sticky target, their file: :mod:`ocistage.cache.readback`)."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "rb") as file:
-            data = json.loads(file.read(1 << 16))
-    except (OSError, ValueError):
+        data = json.loads(read_own(name, MAX_MARKER_BYTES, dir_fd))
+    except (OSError, ValueError, ForeignFile):
         return None
     return data if isinstance(data, dict) else None
 

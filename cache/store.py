@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import IntegrityError, StoreError, UntrustedPath
+from ocistage.cache.errors import ForeignFile, IntegrityError, StoreError, UntrustedPath
 from ocistage.cache.fsops import (
     DIR_FOLLOW,
     OWNER_SUFFIX,
@@ -50,6 +50,7 @@ from ocistage.cache.fsops import (
 )
 from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.locks import FileLock, Owner, owner_is_dead
+from ocistage.cache.readback import open_own
 from ocistage.cache.refnames import INDEX_MEDIA_TYPE, record, record_name, rename
 
 OCI_LAYOUT_VERSION = "1.0.0"
@@ -291,7 +292,10 @@ class Store:
         """The blob's file, opened without following a symbolic link at its name."""
         path = self.blob_path(digest)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd, _ = open_own(path, owners="anyone")  # never waits on a FIFO planted there
+        except ForeignFile as exc:
+            raise IntegrityError(f"blob {digest} in the cache is not a regular file",
+                                 _TAMPERED_HINT) from exc
         except FileNotFoundError as exc:
             raise StoreError(f"blob {digest} is not in the cache",
                              "pull the image again (`ocistage pull REF`)") from exc
@@ -394,7 +398,7 @@ class Store:
 
     def read_index(self) -> list[dict[str, Any]]:
         try:
-            data = parse_json(read_document(self.root / "index.json", INDEX_LIMIT))
+            data = parse_json(read_document(self.root / "index.json", INDEX_LIMIT, owners="group"))
         except (OSError, ValueError) as exc:
             raise StoreError(f"cannot read {self.root / 'index.json'}: {exc}") from exc
         manifests = data.get("manifests", [])

@@ -36,7 +36,9 @@ def touch(cache_root: Path, kind: UsageKind, key: str) -> bool:
     path = usage_path(cache_root, kind, key)
     try:
         path.parent.mkdir(exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        # O_NONBLOCK: a FIFO a member planted fails (ENXIO) instead of waiting for a reader
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC, 0o644)
         try:
             os.utime(fd)
         finally:

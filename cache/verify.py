@@ -37,6 +37,7 @@ from ocistage.cache.inventory import (
     list_bundles,
     read_refs,
 )
+from ocistage.cache.readback import open_own
 from ocistage.cache.sizes import format_size
 from ocistage.cache.store import Store
 from ocistage.cache.sweep import Sweep
@@ -134,10 +135,10 @@ def _foreign_files(store: Store) -> list[Path]:
 
 def _bundle_problem(path: Path) -> str | None:
     try:
-        fd = os.open(path / "config.json", os.O_RDONLY | os.O_NOFOLLOW)
+        fd, _ = open_own(path / "config.json", owners="group")
         with os.fdopen(fd, "rb") as file:
             config = json.loads(file.read(16 << 20))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, OcistageError) as exc:
         return f"config.json is unreadable: {exc}"
     if not isinstance(config, dict):
         return "config.json is not a JSON object"

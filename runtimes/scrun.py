@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ocistage.cache.errors import OcistageError, UntrustedPath, UsageError
+from ocistage.cache.errors import ForeignFile, OcistageError, UntrustedPath, UsageError
 from ocistage.cache.fsops import (
     PARENT_MODE,
     check_path_trusted,
@@ -41,6 +41,7 @@ from ocistage.cache.fsops import (
     walk_trusted,
 )
 from ocistage.cache.leases import Holder
+from ocistage.cache.readback import read_own
 from ocistage.cache.store import write_file_atomic
 from ocistage.runtimes.errors import ScrunError
 from ocistage.runtimes.idmap import detect_root_placeholder
@@ -590,12 +591,12 @@ def stage_out(bundle: Path, *, cache_root: Path) -> bool:
     if not bundle.exists():
         return False
     try:
-        record = json.loads(marker.read_text())
+        record = json.loads(read_own(marker, MAX_CONFIG_BYTES))  # never a FIFO, never theirs
         root_path = Path(record["root_path"])
     except FileNotFoundError as exc:
         raise ScrunError(f"{bundle} was not staged by `ocistage scrun stage-in`; "
                          "not removing it") from exc
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, ForeignFile) as exc:
         raise ScrunError(f"unreadable stage-in marker {marker}: {exc}") from exc
     if root_path != bundle / "rootfs":
         raise ScrunError(f"stage-in marker of {bundle} names {root_path}, not the rootfs "

@@ -23,6 +23,8 @@ from typing import Any, Literal, NamedTuple
 
 import xxhash
 
+from ocistage.cache.errors import ForeignFile
+from ocistage.cache.readback import open_own
 from ocistage.cache.staged import MANIFEST_NAME as MANIFEST_NAME
 from ocistage.cache.staged import MARKER_NAME as MARKER_NAME
 from ocistage.stagers.errors import StageError
@@ -107,11 +109,13 @@ class Manifest:
 
 
 def load_manifest(path: Path) -> Manifest | None:
-    """The manifest at ``path``; None when it is missing or unreadable (treated as no manifest)."""
+    """The manifest at ``path``; None when it is missing, unreadable or not a regular file of
+    the caller or root (:mod:`ocistage.cache.readback`): treated as no manifest."""
     try:
-        with open(path, "rb") as file:
+        fd, _ = open_own(path)
+        with os.fdopen(fd, "rb") as file:
             return Manifest.from_json(file.read())
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, ForeignFile):
         return None
 
 

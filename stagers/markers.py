@@ -5,7 +5,10 @@
 "image": <file name of the squashfs image beside the path, if any>, "tree": <stat digest of
 the source>, "sealed": <identity of a sealed source>, "files": <count>}``. ``ocistage unstage`` and
 ``cache gc`` remove nothing without it. Every staging takes a lease
-``staged:<absolute path>`` in the cache (see :mod:`ocistage.cache.leases`) for its holder.
+``staged:<absolute path>`` in the cache (see :mod:`ocistage.cache.leases`) for its holder,
+keyed by the place as well (:class:`ocistage.cache.leases.StagedPlace`): a job that staged
+``~/x/app`` and one that stages ``/gpfs/home/u/x/app`` (a symlink, a bind mount) hold one
+bundle, and :func:`staged_leases` finds the leases of both.
 
 Default holder: inside a Slurm job the job (``$SLURM_JOB_ID``), so the bundle may be collected
 once the job has ended; otherwise a pin named ``stage:<user>``, which lives until
@@ -26,7 +29,7 @@ from typing import Any
 
 from ocistage.cache import leases, usage
 from ocistage.cache.fsops import DIR_FOLLOW, DIR_READ, trust_problem
-from ocistage.cache.leases import Holder, Lease
+from ocistage.cache.leases import Holder, Lease, StagedPlace
 from ocistage.cache.staged import image_name, outer_marker_name, read_json_at
 from ocistage.stagers.filemanifest import MARKER_NAME
 
@@ -130,7 +133,7 @@ def release_leases(cache_root: Path, path: Path, holder: Holder | None) -> list[
     """Release ``holder``'s leases on staged ``path`` (every lease when ``holder`` is None);
     returns the others, live or not."""
     remaining = []
-    for lease in leases.leases_on(cache_root, staged_target(path)):
+    for lease in staged_leases(cache_root, path):
         if holder is None or same_holder(lease.holder, holder):
             leases.release(cache_root, lease.id)
         else:
@@ -170,7 +173,13 @@ def same_holder(a: Holder, b: Holder) -> bool:
 
 
 def staged_target(path: Path) -> str:
-    return f"staged:{path}"
+    """The lease target of staged ``path`` as spelled (leases on it: :func:`staged_leases`)."""
+    return StagedPlace.of(path).target
+
+
+def staged_leases(cache_root: Path, path: Path) -> list[Lease]:
+    """The leases on staged ``path``, through whatever spelling of it they were taken."""
+    return leases.leases_on_place(cache_root, StagedPlace.of(path))
 
 
 def hold(cache_root: Path, path: Path, holder: Holder) -> Lease:
@@ -186,12 +195,12 @@ def claim(cache_root: Path, path: Path, holder: Holder) -> tuple[Lease, bool]:
     the path is gone. Returns the lease and whether it was taken now (release it if staging
     fails before anything was published).
     """
-    target = staged_target(path)
-    for lease in leases.leases_on(cache_root, target):
+    place = StagedPlace.of(path)
+    for lease in leases.leases_on_place(cache_root, place):
         if same_holder(lease.holder, holder):
             leases.wait_for_gc(cache_root)
             return lease, False
-    lease = leases.acquire(cache_root, target, holder)
+    lease = place.acquire(cache_root, holder)
     leases.wait_for_gc(cache_root)
     return lease, True
 

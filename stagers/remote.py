@@ -24,13 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ocistage.cache.fsops import remove_tree
+from ocistage.cache.fsops import DIR_FOLLOW, remove_tree
 from ocistage.cache.leases import Holder, Lease
 from ocistage.cache.staged import IMAGE_SUFFIX, image_path, outer_marker_name
-from ocistage.cache.store import write_file_atomic
 from ocistage.stagers.errors import StageError
 from ocistage.stagers.filemanifest import MANIFEST_NAME, fill_hashes, load_manifest, scan
-from ocistage.stagers.markers import Marker
+from ocistage.stagers.markers import Marker, write_at
 from ocistage.stagers.session import Staging
 from ocistage.stagers.squashfs import install_image, make_image, tree_size
 from ocistage.stagers.target import StageResult, check_name
@@ -188,4 +187,9 @@ def write_outer_marker(final: Path, lease: Lease, url: str) -> None:
     """
     marker = Marker(id=lease.id, source=url, created=time.time(), method="squashfs-mount",
                     format="squashfs", image=final.name + IMAGE_SUFFIX)
-    write_file_atomic(final.parent / outer_marker_name(final.name), marker.to_json())
+    fd = os.open(final.parent, DIR_FOLLOW)
+    try:  # write_at's temp name is bounded (ocistage.stagers.target.MAX_NAME), no host in it
+        write_at(fd, outer_marker_name(final.name), marker.to_json())
+        os.fsync(fd)
+    finally:
+        os.close(fd)

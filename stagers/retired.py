@@ -37,9 +37,15 @@ from pathlib import Path
 from ocistage.cache import leases, staged
 from ocistage.cache.errors import OcistageError
 from ocistage.cache.fsops import DIR_FOLLOW, remove_tree, trust_problem
-from ocistage.cache.leases import Holder, Lease
+from ocistage.cache.leases import Holder, Lease, StagedPlace
 from ocistage.cache.staged import RETIRED_PREFIX
-from ocistage.stagers.markers import live_leases, marker_of, release_leases, staged_target, write_at
+from ocistage.stagers.markers import (
+    live_leases,
+    marker_of,
+    release_leases,
+    staged_leases,
+    write_at,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +58,7 @@ def retired_path(to: Path, name: str) -> Path:
 def users(cache_root: Path, final: Path, own: Lease, own_is_new: bool) -> list[Lease]:
     """The live leases on ``final`` whose holders may run on its current version: Slurm jobs
     and processes, not pins; this staging's own lease only if it held ``final`` before."""
-    found = [lease for lease in leases.leases_on(cache_root, staged_target(final))
+    found = [lease for lease in staged_leases(cache_root, final)
              if lease.holder.kind != "pin" and not (own_is_new and lease.id == own.id)]
     return live_leases(found)
 
@@ -61,7 +67,8 @@ def retire(replaced: Path, final: Path, cache_root: Path, holders: Iterable[Hold
     """Move the replaced version ``replaced`` of ``final`` aside, held by ``holders``; returns
     where it now is (see the module docstring)."""
     aside = retired_path(final.parent, final.name)
-    taken = [leases.acquire(cache_root, staged_target(aside), holder) for holder in holders]
+    place = StagedPlace.of(aside)
+    taken = [place.acquire(cache_root, holder) for holder in holders]
     os.rename(replaced, aside)
     fd = os.open(aside, DIR_FOLLOW)
     try:
@@ -108,7 +115,7 @@ def sweep(to: Path, name: str, cache_root: Path, *, holder: Holder | None = None
         if force or release:
             remaining = release_leases(cache_root, path, None if force else holder)
         else:
-            remaining = leases.leases_on(cache_root, staged_target(path))
+            remaining = staged_leases(cache_root, path)
         if live_leases(remaining):
             continue
         try:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import stat
 from pathlib import Path
@@ -58,6 +59,7 @@ from ocistage.stagers.target import (
 #: errno values that mean "the target's filesystem is full" (space or quota)
 _FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 _FORMATS = {"dir": "directory bundle", "squashfs": "squashfs image"}
+log = logging.getLogger(__name__)
 
 
 def make_target(to: Path) -> Path:
@@ -170,6 +172,14 @@ class Staging:
         finally:
             self._release_lock()
 
+    def _keep(self, replaced: Path) -> None:
+        """A replaced version that could not be retired is never dropped with the scratch dirs:
+        a job may be running on it."""
+        self._scratches = [s for s in self._scratches
+                           if s != replaced and s not in replaced.parents]
+        log.warning("the replaced version of %s, which a running job may use, stays at %s",
+                    self.final, replaced)
+
     def _release_lock(self) -> None:
         if self._lock is not None:
             self._lock.release()
@@ -254,7 +264,11 @@ class Staging:
         if replaced is None:
             return False
         if users:
-            retired.retire(replaced, self.final, self.cache_root, users)
+            try:
+                retired.retire(replaced, self.final, self.cache_root, users)
+            except BaseException:
+                self._keep(replaced)
+                raise
         else:
             remove_in_workers(replaced, processes)
         return True

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ocistage.cache.bundleinfo import SHARED_ROOT_ANNOTATION
+from ocistage.cache.errors import UsageError
 from ocistage.cache.fsops import (
     OWNER_SUFFIX,
     check_path_trusted,
@@ -32,7 +33,7 @@ from ocistage.cache.fsops import (
     remove_tree,
 )
 from ocistage.cache.locks import FileLock
-from ocistage.cache.staged import RESERVED_PREFIX, TMP_DIR, plain_name
+from ocistage.cache.staged import RESERVED_PREFIX, TMP_DIR, outer_marker_name, plain_name
 from ocistage.stagers.errors import StageError
 
 Method = Literal["hardlink", "pool", "copy"]
@@ -52,10 +53,27 @@ class StageResult:
     method: str          # hardlink | pool | copy | squashfs-mount | squashfs-unpack
 
 
+#: the longest name a file system takes (NAME_MAX on Linux)
+NAME_MAX = 255
+#: what ocistage adds to NAME at most in the names it makes for it: the temp file of an outer
+#: marker, ``..NAME.ocistage-staged.json.<pid>.tmp`` (35 with a 7-digit pid; pid_max is at
+#: most 2**22); a retired version ``.ocistage-retired-NAME.<10 hex>`` takes 29, a scratch
+#: dir's owner file ``NAME.<pid>-<10 hex>.owner`` and a stale lock set aside
+#: ``NAME.lock.stale-<12 hex>`` 25 and 24, the image ``NAME.sqfs`` 5
+NAME_RESERVE = 1 + len(outer_marker_name("")) + len(".4194304.tmp")
+#: the longest staged NAME: every name derived from it fits (a retired name that did not
+#: fit made a re-stage under a live job delete the version the job held)
+MAX_NAME = NAME_MAX - NAME_RESERVE
+
+
 def check_name(name: str) -> str:
     if not plain_name(name) or "\0" in name or name.startswith(RESERVED_PREFIX):
         raise StageError(f"invalid staged name {name!r}",
                          "a name is one path component and must not start with '.ocistage'")
+    if len(os.fsencode(name)) > MAX_NAME:
+        raise UsageError(f"the staged name {name[:40]}... is {len(os.fsencode(name))} bytes "
+                         f"long", f"a staged name has at most {MAX_NAME} bytes (ocistage adds "
+                         f"up to {NAME_RESERVE} to it in the target); choose a shorter --name")
     return name
 
 

@@ -1,7 +1,8 @@
 """``unstage``: remove a staged bundle safely and drop its lease.
 
 Only a directory carrying an ocistage marker (``.ocistage-staged.json``) is removed. The path's
-last component is opened with ``O_NOFOLLOW``: a symlink there is refused, never followed, and
+last component is opened with ``O_NOFOLLOW`` (the target holding it may be reached through a
+symlink the user chose, as with ``stage --to``): a symlink there is refused, never followed, and
 the removal itself works through directory descriptors (:mod:`ocistage.cache.fsops`), so a symlink
 swapped in at any level while it runs cannot redirect it outside the bundle. A squashfs mount is
 unmounted first and its image (named in the marker, beside the path) removed.
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ocistage.cache import staged
-from ocistage.cache.fsops import DIR_READ
+from ocistage.cache.fsops import DIR_FOLLOW, DIR_READ
 from ocistage.cache.leases import Holder, Lease
 from ocistage.stagers import retired
 from ocistage.stagers.errors import StageError
@@ -73,7 +74,7 @@ def unstage(path: Path, *, cache_root: Path, holder: Holder | None = None,
     path = Path(os.path.abspath(path))
     parent, name = os.path.split(path)
     try:
-        parent_fd = os.open(parent, DIR_READ)
+        parent_fd = os.open(parent, DIR_FOLLOW)  # the target, reached as the user spells it
     except OSError as exc:
         if isinstance(exc, FileNotFoundError):
             _release_leases(cache_root, path, holder)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -18,19 +19,24 @@ from ocistage.bundler.bundle import make_bundle
 from ocistage.bundler.image.reference import parse_reference
 from ocistage.bundler.pull import pull
 from ocistage.bundler.runtime_config import ConfigOptions
+from ocistage.cache import leases
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import IntegrityError
+from ocistage.cache.leases import Holder
+from ocistage.cache.locks import owner_is_dead
 from ocistage.cache.store import Store
 from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
+from tests.deadline import deadline
 
 NOBODY = 65534
 GROUP = os.getegid()  # the cache's group: the caller's own (the trust rule asks for that)
 
 
-def as_nobody(*argv: str) -> None:
+def as_nobody(*argv: str, input: str | None = None) -> None:
     """Run as another member of the cache's group: uid nobody, gid the caller's group."""
     subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={GROUP}", "--clear-groups",
-                    *argv], check=True, capture_output=True)
+                    *argv], check=True, capture_output=True, input=input,
+                   text=input is not None)
 
 
 @pytest.fixture
@@ -112,3 +118,29 @@ def test_a_replaced_config_is_never_used(shared: Path) -> None:
     as_nobody("ln", "-s", str(layout / "index.json"), str(config))
     with pytest.raises(IntegrityError, match="symbolic link"):
         store.read_blob(image.config_digest)
+
+
+def test_a_members_fifos_as_lease_and_locks_block_nothing(shared: Path) -> None:
+    """A FIFO under a lease's, gc.lock's or a download lock's name: opening it for reading
+    used to wait for a writer forever (every pull, bundle and stage waits for GC); now it is
+    no lease or lock (skipped, left in place), while a member's real lease still counts."""
+    store = Store.open(shared / "cache")
+    directory = store.root / "leases"
+    leases.acquire(store.root, "image:mine", Holder.pin("me"))
+    os.chown(directory, -1, GROUP)
+    directory.chmod(0o2775)
+    member = leases.Lease(id="0" * 32, target="image:theirs", holder=Holder.pin("them"),
+                          created=1.0)
+    as_nobody("sh", "-c", f"cat > {directory}/{member.id}.json", input=member.to_json())
+    fifos = [directory / f"{'f' * 32}.json", store.root / leases.GC_LOCK,
+             store.ingest_dir / f"{'a' * 64}.lock"]
+    for fifo in fifos:
+        as_nobody("mkfifo", "-m", "666", str(fifo))
+    with deadline(20):
+        found = leases.all_leases(store.root)
+        assert not leases.gc_running(store.root)
+        leases.wait_for_gc(store.root)
+        assert not owner_is_dead(fifos[2])  # not ours to judge, nor to break
+        store.clean_leftovers()
+    assert sorted(lease.target for lease in found) == ["image:mine", "image:theirs"]
+    assert all(stat.S_ISFIFO(os.lstat(fifo).st_mode) for fifo in fifos)

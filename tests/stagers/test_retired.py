@@ -9,6 +9,7 @@ with a real Slurm job reading the bundle in its container.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import socket
@@ -19,14 +20,21 @@ from pathlib import Path
 import pytest
 
 from ocistage.cache import leases
+from ocistage.cache.errors import UsageError
 from ocistage.cache.gc import GcOptions, collect
 from ocistage.cache.leases import Holder
 from ocistage.cache.staged import MARKER_NAME, RETIRED_PREFIX
 from ocistage.cache.store import Store
+from ocistage.stagers import retired
+from ocistage.stagers.errors import StageError
 from ocistage.stagers.markers import Marker, hold
 from ocistage.stagers.retired import retired_versions
 from ocistage.stagers.stage import StageResult, stage_directory
+from ocistage.stagers.target import MAX_NAME
 from ocistage.stagers.unstage import unstage
+from tests.bundler.clirun import Cli, cli
+
+__all__ = ["cli"]  # the fixture
 
 PIN = Holder.pin("test")
 
@@ -199,3 +207,48 @@ def test_a_retired_version_that_cannot_be_removed_does_not_stop_staging(
         subprocess.run([chattr, "-i", str(stuck)], check=True)
     _stage(source, to, cache)
     assert retired_versions(to, "app") == []
+
+
+def test_the_longest_name_is_retired_and_one_more_byte_is_a_usage_error(
+        tmp_path: Path, runner: Holder, cli: Cli) -> None:
+    """A retired version's name is NAME + 29 bytes (the outer marker's temp file NAME + 35):
+    a name whose derived names would not fit used to be staged, and then a re-stage under a
+    live job published the new version, deleted the one the job held and failed with
+    ENAMETOOLONG. Such a name is refused up front, as bad input (exit 2)."""
+    source, to, cache = _source(tmp_path / "src", "one\n"), tmp_path / "to", tmp_path / "cache"
+    longest = "n" * MAX_NAME
+    first = stage_directory(source, to, cache_root=cache, name=longest, holder=PIN)
+    hold(cache, first.path, runner)
+    _write(source / "rootfs" / "etc" / "version", "two\n")
+    stage_directory(source, to, cache_root=cache, name=longest, holder=PIN)
+    [aside] = retired_versions(to, longest)
+    assert (aside / "rootfs" / "etc" / "version").read_text() == "one\n"
+    for length in (MAX_NAME + 1, 231):
+        with pytest.raises(UsageError) as refused:
+            stage_directory(source, to, cache_root=cache, name="n" * length, holder=PIN)
+        assert refused.value.exit_code == 2 and str(MAX_NAME) in (refused.value.hint or "")
+        assert not os.path.lexists(to / ("n" * length))
+    outcome = cli("stage", str(source), "--to", str(to), "--name", "m" * (MAX_NAME + 1))
+    assert outcome.returncode == 2 and f"at most {MAX_NAME} bytes" in outcome.stderr
+
+
+def test_a_replaced_version_that_cannot_be_retired_is_never_dropped(
+        tmp_path: Path, runner: Holder, monkeypatch: pytest.MonkeyPatch) -> None:
+    source, to, cache = _source(tmp_path / "src", "one\n"), tmp_path / "to", tmp_path / "cache"
+    first = _stage(source, to, cache)
+    hold(cache, first.path, runner)
+    inside = os.open(first.path / "rootfs" / "etc", os.O_RDONLY)
+    try:
+        def fail(*args: object) -> Path:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(retired, "retire", fail)
+        _write(source / "rootfs" / "etc" / "version", "two\n")
+        with pytest.raises(StageError, match="no space left"):
+            _stage(source, to, cache)
+        # the job's version is where the failed stage left it, whole
+        with os.fdopen(os.open("version", os.O_RDONLY, dir_fd=inside)) as version:
+            assert version.read() == "one\n"
+        assert len(os.listdir(inside)) == 1
+    finally:
+        os.close(inside)
