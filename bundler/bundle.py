@@ -60,7 +60,7 @@ from ocistage.cache import usage
 from ocistage.cache.bundleinfo import SHARED_ROOT_ANNOTATION, write_bundle_info
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import StoreError, UsageError
-from ocistage.cache.fsops import check_shared_parent, remove_tree
+from ocistage.cache.fsops import PRIVATE_DIR_MODE, check_shared_parent, make_private, remove_tree
 from ocistage.cache.leases import InUse
 from ocistage.cache.store import Store, fsync_dir, remove_dead_scratch, scratch_name
 
@@ -167,6 +167,18 @@ def _make_bundle(source: ImageSource, store: Store, dest: Path | None, in_use: I
         raise
 
 
+def _reused(puller: PullThread, store: Store, dest: Path, key: str) -> BundleResult | None:
+    """The cached bundle ``key`` at ``dest`` if it is published already."""
+    if not (dest / "config.json").is_file():
+        return None
+    image = puller.result()
+    if not store.group_shared:
+        with contextlib.suppress(OSError):
+            make_private(dest)  # one made before bundles were kept private
+    usage.touch(store.root, "bundle", key)
+    return BundleResult(dest, image, reused=True, warnings=image.warnings)
+
+
 def _build(puller: PullThread, store: Store, dest: Path | None, in_use: InUse,
            config_options: ConfigOptions, on_layer: Callable[[int, Descriptor], None] | None,
            link: bool, keep_snapshot: bool) -> BundleResult:
@@ -176,10 +188,9 @@ def _build(puller: PullThread, store: Store, dest: Path | None, in_use: InUse,
         key = _bundle_key(manifest_digest, config_options)
         in_use.protect([f"bundle:{key}"])
         dest = store.root / "bundles" / key
-        if (dest / "config.json").is_file():
-            image = puller.result()
-            usage.touch(store.root, "bundle", key)
-            return BundleResult(dest, image, reused=True, warnings=image.warnings)
+        reused = _reused(puller, store, dest, key)
+        if reused is not None:
+            return reused
         dest.parent.mkdir(parents=True, exist_ok=True)
         link = True
     else:
@@ -192,6 +203,7 @@ def _build(puller: PullThread, store: Store, dest: Path | None, in_use: InUse,
         scratch = _scratch_beside(dest)
         # the unpacking modules only now: a cached bundle found above never needs them
         from ocistage.bundler.rootfs import make_rootfs
+        from ocistage.cache.snapshots import strip_for_group
 
         applied, snapshot, link = make_rootfs(puller, store, in_use, layers, diff_ids, scratch,
                                               on_layer, link=link, keep_snapshot=keep_snapshot)
@@ -208,7 +220,11 @@ def _build(puller: PullThread, store: Store, dest: Path | None, in_use: InUse,
         write_runtime_config(scratch, config)
         if key is not None:
             write_bundle_info(scratch, image.manifest.digest, image.name)
-        os.chmod(scratch, 0o755)
+            # a private copy (cp could not link) or a snapshot of before the stripping
+            applied = dataclasses.replace(
+                applied, warnings=applied.warnings + strip_for_group(store, rootfs))
+        # the image's setuid files and capabilities: nobody else may reach them (docs/trust.md)
+        os.chmod(scratch, store.tree_dir_mode() if key is not None else PRIVATE_DIR_MODE)
         try:
             # replaces an empty directory the user made for us, atomically; a filled one is
             # refused (ENOTEMPTY), so of several commands bundling into one DEST the first

@@ -33,6 +33,7 @@ from ocistage.cache.snapshots import (
     link_tree,
     publish_snapshot,
     snapshot_warnings,
+    strip_for_group,
 )
 from ocistage.cache.store import Store
 from ocistage.cache.unpackbudget import UnpackBudget, default_unpack_limit
@@ -141,8 +142,9 @@ def _snapshot(puller: PullThread, store: Store, layers: tuple[Descriptor, ...],
     try:
         applied = _unpack(puller, store, layers[cached:], diff_ids[cached:], work / "rootfs",
                           on_layer, first=cached + 1, base=base)
-        applied = dataclasses.replace(applied, warnings=inherited + applied.warnings)
         puller.result()  # every blob verified before the snapshot is published
+        stripped = strip_for_group(store, work / "rootfs")
+        applied = dataclasses.replace(applied, warnings=inherited + applied.warnings + stripped)
         published = publish_snapshot(store, work, chain[-1], diff_ids, applied.entries,
                                      applied.warnings)
     except BaseException:

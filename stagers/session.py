@@ -32,6 +32,7 @@ import os
 from pathlib import Path
 from types import TracebackType
 
+from ocistage.cache.fsops import PRIVATE_DIR_MODE
 from ocistage.cache.leases import Holder, Lease
 from ocistage.cache.locks import FileLock
 from ocistage.cache.staged import image_path, sweep_pool
@@ -235,8 +236,13 @@ class Staging:
     def publish(self, tree: Path, processes: int = 1) -> bool:
         """Make ``tree`` (in a scratch dir) ``TO/NAME`` by one rename, or an exchange with the
         previous version, which is then removed (in ``processes`` workers), or retired while
-        :meth:`users` may run on it. True if a previous version was replaced."""
-        os.chmod(tree, 0o755)
+        :meth:`users` may run on it. True if a previous version was replaced.
+
+        ``tree`` is made owner-only (:data:`ocistage.cache.fsops.PRIVATE_DIR_MODE`), and so
+        stays when it is retired: no other user of the host may reach the image's setuid/setgid
+        files and file capabilities through it (docs/trust.md). Its ``rootfs/`` keeps the
+        image's mode, which a non-root container user needs."""
+        os.chmod(tree, PRIVATE_DIR_MODE)
         users = self.users() if os.path.lexists(self.final) else []
         replaced = publish(tree, self.final)
         fsync_dir(self.to)

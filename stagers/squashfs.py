@@ -18,7 +18,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import subprocess
 from collections import deque
 from collections.abc import Callable
@@ -26,6 +25,8 @@ from pathlib import Path
 
 from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.errors import StoreError
+from ocistage.cache.fsops import PRIVATE_DIR_MODE
+from ocistage.cache.privileges import strip_privileges
 from ocistage.cache.staged import image_path
 from ocistage.cache.staged import unmount as unmount
 from ocistage.cache.unpackbudget import ENTRY_CHARGE, UnpackBudget, default_unpack_limit
@@ -192,7 +193,6 @@ def mount(image: Path, mountpoint: Path) -> bool:
 #: a device node in ``unsquashfs -lln``:
 #: ``crw-rw-rw- 0/0  1,  3 2024-01-01 00:00 squashfs-root/dev/null``
 _DEVICE_LINE = re.compile(rb"[cb]\S{9} \S+\s+\d+,\s*\d+ \S+ \S+ squashfs-root/(.+)")
-_SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID
 
 
 def unpack(image: Path, dest: Path, *, rootless: bool = True, limit: int | None = None) -> None:
@@ -225,7 +225,7 @@ def unpack(image: Path, dest: Path, *, rootless: bool = True, limit: int | None 
              f"unsquashfs of {image.name}")
     finally:
         os.unlink(excluded)
-    make_rootless(dest)
+    strip_privileges(dest, devices=True)  # any the listing missed, and set-id bits
 
 
 def _listing(unsquashfs: str, image: Path, budget: UnpackBudget) -> list[bytes]:
@@ -260,45 +260,6 @@ def _file_size(line: bytes) -> int:
         return 0
     fields = line.split(None, 3)
     return int(fields[2]) if len(fields) > 2 and fields[2].isdigit() else 0
-
-
-def make_rootless(root: Path) -> None:
-    """In the private tree ``root``: remove device nodes, clear setuid and setgid bits.
-
-    Iterative and through directory descriptors (any depth, no symlink followed)."""
-    stack = [os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)]
-    try:
-        while stack:
-            dir_fd = stack.pop()
-            try:
-                _make_rootless_in(dir_fd, stack)
-            finally:
-                os.close(dir_fd)
-    finally:
-        for fd in stack:
-            os.close(fd)
-
-
-def _make_rootless_in(dir_fd: int, subdirs: list[int]) -> None:
-    with os.scandir(dir_fd) as entries:
-        for entry in entries:
-            st = entry.stat(follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                subdirs.append(os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-                                       | os.O_CLOEXEC, dir_fd=dir_fd))
-            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-                os.unlink(entry.name, dir_fd=dir_fd)
-            elif stat.S_ISREG(st.st_mode) and st.st_mode & _SPECIAL_BITS:
-                _chmod_at(dir_fd, entry.name, stat.S_IMODE(st.st_mode) & ~_SPECIAL_BITS)
-
-
-def _chmod_at(dir_fd: int, name: str, mode: int) -> None:
-    """chmod of the very inode ``name`` in ``dir_fd`` names (never a symlink's target)."""
-    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    try:
-        os.chmod(f"/proc/self/fd/{fd}", mode)
-    finally:
-        os.close(fd)
 
 
 def _readonly_config_file(source: Path, extra: Path) -> None:
@@ -363,7 +324,7 @@ def install_image(staging: Staging, built: Path, label: str,
     _take_down(final)
     os.rename(built, image)
     if not os.path.isdir(final):
-        os.mkdir(final, 0o755)
+        os.mkdir(final, PRIVATE_DIR_MODE)
     if mount_image is not False and mount(image, final):
         return "squashfs-mount"
     if mount_image is True:
