@@ -22,8 +22,12 @@ An image unpacked once is never unpacked again, whichever command came first.
   extents). What keeping the snapshot costs a cold bundle: docs/performance.md.
 
 Either way the bundle is built in a scratch directory and published by one ``rename()``: a
-crash leaves no half bundle at the final path. ``config.json`` is generated from the image
-config and validated before it is written.
+crash leaves no half bundle at the final path. The bundle's directory is owner-only (0700), as
+are the snapshots (docs/trust.md rule 3): ``rootfs/`` keeps the image's setuid/setgid bits and
+file capabilities for the container, and no other user of the host reaches them. In a
+group-shared cache a cached bundle is open to the group and its files lose those privileges
+(:func:`ocistage.cache.snapshots.strip_for_group`, with a warning). ``config.json`` is
+generated from the image config and validated before it is written.
 
 Without DEST the bundle goes to ``CACHE/bundles/<key>``, keyed by the manifest digest and the
 options that shape the bundle, so asking twice for the same bundle returns the existing one.

@@ -32,7 +32,7 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-from ocistage.cache.fsops import PRIVATE_DIR_MODE
+from ocistage.cache.fsops import PRIVATE_DIR_MODE, make_private
 from ocistage.cache.leases import Holder, Lease
 from ocistage.cache.locks import FileLock
 from ocistage.cache.staged import image_path, sweep_pool
@@ -200,7 +200,10 @@ class Staging:
         return load_manifest(self.final / MANIFEST_NAME)
 
     def unchanged(self, files: int, method: str) -> StageResult:
-        """The result of a staging that found nothing to do."""
+        """The result of a staging that found nothing to do (``TO/NAME`` made owner-only if
+        an older ocistage left it open: docs/trust.md rule 3)."""
+        with contextlib.suppress(OSError):  # a mounted image's root cannot change
+            make_private(self.final)
         return StageResult(self.final, files, 0, 0, files, 0, self.lease.id, method)
 
     def new_marker(self, source: str, method: str, format: str = "dir",

@@ -138,10 +138,11 @@ def missing_mountpoints(source: Path) -> list[tuple[str, str]]:
 
 
 def build_image(source: Path, image: Path, extra: Path | None = None, jobs: int = 2,
-                progress: ImageProgress | None = None) -> None:
+                progress: ImageProgress | None = None, root_mode: int | None = None) -> None:
     """Make ``image`` from ``source`` (zstd); the files in ``extra`` replace top-level ones.
 
     ``image`` must not exist. Ownership is stored as found (a rootless bundle is the user's).
+    ``root_mode``: the mode of the image's root directory (default: ``source``'s).
     Missing mount points of the bundle's config.json are added (:func:`missing_mountpoints`).
     ``progress`` is told how far mksquashfs is, from its progress bar.
     """
@@ -150,6 +151,8 @@ def build_image(source: Path, image: Path, extra: Path | None = None, jobs: int 
             "-quiet", "-no-recovery", "-processors", str(max(1, jobs))]
     if progress is None:
         argv.append("-no-progress")
+    rooted = [] if root_mode is None else ["-root-mode", f"{root_mode:o}"]
+    argv += rooted
     uid, gid = os.getuid(), os.getgid()
     for path, kind in missing_mountpoints(source):
         argv += ["-p", f"{path} d 755 {uid} {gid}" if kind == "d"
@@ -165,8 +168,9 @@ def build_image(source: Path, image: Path, extra: Path | None = None, jobs: int 
     else:
         _run_reporting(argv, f"mksquashfs of {source}", progress)
     if extra is not None:
+        # appending sets the root directory's mode again (from extra's, unless told)
         _run([mksquashfs, os.fspath(extra), os.fspath(image), "-no-progress", "-quiet",
-              "-no-recovery"], f"adding ocistage files to {image.name}")
+              "-no-recovery", *rooted], f"adding ocistage files to {image.name}")
 
 
 def mount(image: Path, mountpoint: Path) -> bool:
@@ -288,7 +292,7 @@ def stage_squashfs(staging: Staging, source: Path, label: str, *,
     image = image_path(staging.final)
     built = make_image(source, entries, scratch, image.name,
                        staging.new_marker(label, method, "squashfs", image.name), jobs,
-                       progress)
+                       progress, private=True)
     method = install_image(staging, built, label, mount_image)
     return StageResult(staging.final, files, files, 0, 0, tree_size(entries),
                        staging.lease.id, method)
@@ -301,9 +305,11 @@ def tree_size(entries: list[Entry]) -> int:
 
 
 def make_image(source: Path, entries: list[Entry], scratch: Path, image_name: str,
-               marker: Marker, jobs: int = 8, progress: ImageProgress | None = None) -> Path:
+               marker: Marker, jobs: int = 8, progress: ImageProgress | None = None, *,
+               private: bool = False) -> Path:
     """Build ``scratch/image_name`` from ``source`` with its manifest (``entries`` with hashes),
-    ``marker`` and a read-only-root ``config.json``; returns its path."""
+    ``marker`` and a read-only-root ``config.json``; returns its path. ``private``: the
+    image's root directory is owner-only (an image mounted here, docs/trust.md rule 3)."""
     extra = scratch / "extra"
     extra.mkdir()
     _readonly_config_file(source, extra)
@@ -311,7 +317,8 @@ def make_image(source: Path, entries: list[Entry], scratch: Path, image_name: st
     write_private(extra / MANIFEST_NAME, manifest.json_chunks())
     (extra / MARKER_NAME).write_bytes(marker.to_json())
     built = scratch / image_name
-    build_image(source, built, extra, jobs=min(jobs, usable_cpus()), progress=progress)
+    build_image(source, built, extra, jobs=min(jobs, usable_cpus()), progress=progress,
+                root_mode=PRIVATE_DIR_MODE if private else None)
     return built
 
 

@@ -239,3 +239,28 @@ def test_a_group_shared_cache_strips_setid_bits_and_capabilities(base: Path) -> 
     again = ocistage.run_process("bundle", image.ref, str(base / "dest"), check=True)
     assert "the cache is group-shared" in again.stderr
     assert stat.S_IMODE(os.stat(base / "dest").st_mode) == 0o700
+
+
+def test_a_squashfs_staging_keeps_them_out_of_reach_mounted_or_unpacked(base: Path) -> None:
+    image = setid_image(base / "layout")
+    ocistage = runner_in(base / "root")
+    ocistage.run_process("bundle", image.ref, str(base / "dest"), check=True)
+    # a source directory others may enter (as a user's own tree may be)
+    (base / "dest").chmod(0o755)
+    ocistage.run_process("stage", str(base / "dest"), "--to", str(base / "sq"), "--name",
+                         "img", "--format", "squashfs", "--unpack", check=True)
+    assert privileged_files(base / "sq" / "img") == {}  # stripped, as it always was
+    mountable = shutil.which("squashfuse") is not None and os.path.exists("/dev/fuse")
+    if not mountable:
+        return
+    ocistage.run_process("stage", str(base / "dest"), "--to", str(base / "mnt"), "--name",
+                         "img", "--format", "squashfs", "--mount", check=True)
+    try:
+        mounted = base / "mnt" / "img"
+        assert os.path.ismount(mounted)
+        assert stat.S_IMODE(os.stat(mounted).st_mode) == 0o700
+        assert os.stat(mounted / "rootfs/bin/su-id").st_mode & 0o7777 == 0o4755
+        assert assert_unreachable([mounted]) >= 2
+    finally:
+        ocistage.run_process("unstage", str(base / "mnt" / "img"), check=True)
+    (base / "dest").chmod(0o700)
