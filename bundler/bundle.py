@@ -22,8 +22,12 @@ An image unpacked once is never unpacked again, whichever command came first.
   extents). What keeping the snapshot costs a cold bundle: docs/performance.md.
 
 Either way the bundle is built in a scratch directory and published by one ``rename()``: a
-crash leaves no half bundle at the final path. ``config.json`` is generated from the image
-config and validated before it is written.
+crash leaves no half bundle at the final path. The bundle's directory is owner-only (0700), as
+are the snapshots (docs/trust.md rule 3): ``rootfs/`` keeps the image's setuid/setgid bits and
+file capabilities for the container, and no other user of the host reaches them. In a
+group-shared cache a cached bundle is open to the group and its files lose those privileges
+(:func:`ocistage.cache.snapshots.strip_for_group`, with a warning). ``config.json`` is
+generated from the image config and validated before it is written.
 
 Without DEST the bundle goes to ``CACHE/bundles/<key>``, keyed by the manifest digest and the
 options that shape the bundle, so asking twice for the same bundle returns the existing one.
@@ -69,7 +73,7 @@ from ocistage.cache import usage
 from ocistage.cache.bundleinfo import SHARED_ROOT_ANNOTATION, write_bundle_info
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import StoreError, UsageError
-from ocistage.cache.fsops import check_shared_parent, remove_tree
+from ocistage.cache.fsops import PRIVATE_DIR_MODE, check_shared_parent, make_private, remove_tree
 from ocistage.cache.leases import InUse
 from ocistage.cache.notice import Notice
 from ocistage.cache.store import Store, fsync_dir, remove_dead_scratch, scratch_name
@@ -202,6 +206,9 @@ def _make_bundle(run: PullRun, in_use: InUse, request: _Request) -> BundleResult
 def _reused(puller: PullThread, store: Store, key: str, dest: Path) -> BundleResult:
     """The cached bundle ``key`` already at ``dest``, once the pull is done."""
     image = puller.result()
+    if not store.group_shared:
+        with contextlib.suppress(OSError):
+            make_private(dest)  # one made before bundles were kept private
     usage.touch(store.root, "bundle", key)
     return BundleResult(dest, image, reused=True, warnings=image.warnings)
 
@@ -229,6 +236,7 @@ def _build(puller: PullThread, run: PullRun, in_use: InUse,
         scratch = _scratch_beside(dest)
         # the unpacking modules only now: a cached bundle found above never needs them
         from ocistage.bundler.rootfs import RootfsJob, make_rootfs
+        from ocistage.cache.snapshots import strip_for_group
 
         job = RootfsJob(store, in_use, puller, layers, diff_ids, run.options.unpack_limit,
                         request.on_layer)
@@ -238,7 +246,12 @@ def _build(puller: PullThread, run: PullRun, in_use: InUse,
         _write_config(scratch, raw_config, request.config_options, link)
         if key is not None:
             write_bundle_info(scratch, image.manifest.digest, image.name)
-        if not _publish(scratch, dest, key):
+            # a private copy (cp could not link) or a snapshot of before the stripping
+            applied = dataclasses.replace(
+                applied, warnings=applied.warnings + strip_for_group(store, scratch / "rootfs"))
+        # the image's setuid files and capabilities: nobody else may reach them (docs/trust.md)
+        mode = store.tree_dir_mode() if key is not None else PRIVATE_DIR_MODE
+        if not _publish(scratch, dest, key, mode):
             assert key is not None  # only a cached bundle is taken from another process
             return _reused(puller, store, key, dest)
     except BaseException:
@@ -267,10 +280,10 @@ def _write_config(scratch: Path, raw_config: bytes, options: ConfigOptions,
     write_runtime_config(scratch, config)
 
 
-def _publish(scratch: Path, dest: Path, key: str | None) -> bool:
-    """Rename ``scratch`` to ``dest``; False: the cached bundle ``key`` was published there
-    by another process first (``scratch`` is removed)."""
-    os.chmod(scratch, 0o755)
+def _publish(scratch: Path, dest: Path, key: str | None, mode: int) -> bool:
+    """Rename ``scratch`` (made ``mode`` first) to ``dest``; False: the cached bundle ``key``
+    was published there by another process first (``scratch`` is removed)."""
+    os.chmod(scratch, mode)
     try:
         # replaces an empty directory the user made for us, atomically; a filled one is
         # refused (ENOTEMPTY), so of several commands bundling into one DEST the first

@@ -35,6 +35,7 @@ from ocistage.cache.snapshots import (
     link_tree,
     publish_snapshot,
     snapshot_warnings,
+    strip_for_group,
 )
 from ocistage.cache.store import Store
 from ocistage.cache.unpackbudget import UnpackBudget, default_unpack_limit
@@ -168,8 +169,9 @@ def _snapshot(job: RootfsJob, base: Path | None, cached: int) -> tuple[Path, App
     work = store.temp_dir("snapshot")
     try:
         applied = _unpack(job, work / "rootfs", first=cached + 1, base=base)
-        applied = dataclasses.replace(applied, warnings=inherited + applied.warnings)
         job.downloads.result()  # every blob verified before the snapshot is published
+        stripped = strip_for_group(store, work / "rootfs")
+        applied = dataclasses.replace(applied, warnings=inherited + applied.warnings + stripped)
         published = publish_snapshot(store, work, chain[-1], job.diff_ids, applied.entries,
                                      applied.warnings)
     except BaseException:

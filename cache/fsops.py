@@ -657,6 +657,16 @@ def walk_dirs(parent_fd: int, name: str) -> Iterator[tuple[str, list[str], list[
     ``os.fwalk`` would give, but iterative (any depth), with a bounded number of open
     descriptors, never following a link. A subdirectory that cannot be opened is listed but
     not entered; ``name`` itself must open (OSError)."""
+    for _fd, rel, dirs, others in walk_dir_fds(parent_fd, name):
+        yield rel, dirs, others
+
+
+def walk_dir_fds(parent_fd: int, name: str, *, strict: bool = False
+                 ) -> Iterator[tuple[int, str, list[str], list[str]]]:
+    """:func:`walk_dirs` with each directory's descriptor first (open until the next item is
+    asked for). ``strict``: every subdirectory is entered (one of the caller's that it may
+    not read or search is made ``u+rwx`` first, as :func:`open_dir` does) or the walk raises
+    OSError; a subdirectory gone or swapped for a non-directory meanwhile is skipped."""
     fd = os.open(name, DIR_READ, dir_fd=parent_fd)
     walk = _Walk(parent_fd)
     walk.push(_Frame("", fd, identity(os.fstat(fd)), False))
@@ -670,12 +680,34 @@ def walk_dirs(parent_fd: int, name: str) -> Iterator[tuple[str, list[str], list[
                     for entry in listing:
                         (dirs if entry.is_dir(follow_symlinks=False) else others).append(
                             entry.name)
-                yield top.name, dirs, others
+                yield top.fd, top.name, dirs, others
                 prefix = f"{top.name}/" if top.name else ""
                 top.pending = [prefix + d for d in reversed(dirs)]
-            walk.advance(top)  # gone, swapped or unreadable: listed, not entered
+            if strict:
+                _enter_strictly(walk, top)
+            else:
+                walk.advance(top)  # gone, swapped or unreadable: listed, not entered
     finally:
         walk.close()
+
+
+def _enter_strictly(walk: _Walk, top: _Frame) -> None:
+    """:meth:`_Walk.advance` that enters every subdirectory it can find (:func:`open_dir`) and
+    raises when one cannot be opened."""
+    while top.pending:
+        child = top.pending.pop()
+        try:
+            child_fd = open_dir(child.rpartition("/")[2], top.fd)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                continue
+            raise
+        walk.push(_Frame(child, child_fd, identity(os.fstat(child_fd)), False))
+        return
+    done, _ = walk.pop()
+    os.close(done.fd)
 
 
 def path_stats(path: str | os.PathLike[str]) -> Iterator[os.stat_result]:
@@ -688,6 +720,27 @@ def path_stats(path: str | os.PathLike[str]) -> Iterator[os.stat_result]:
         yield from tree_stats(parent_fd, name)
     finally:
         os.close(parent_fd)
+
+
+# -- directories that hold an image's rootfs -----------------------------------------------------
+
+#: the mode of a directory that holds an image's rootfs (a bundle, a snapshot, a staged
+#: version, the stage pool): owner-only, so that no other user of the host can reach the
+#: image's setuid/setgid files and file capabilities through it (docs/trust.md)
+PRIVATE_DIR_MODE = 0o700
+
+
+def make_private(path: Path) -> None:
+    """Make the caller's directory ``path`` (never a symlink's target) owner-only
+    (:data:`PRIVATE_DIR_MODE`) if others may enter it: one made before ocistage kept such
+    directories private. Another user's directory is left as it is."""
+    fd = os.open(path, DIR_PATH)
+    try:
+        st = os.fstat(fd)
+        if owned_by_caller(st) and stat.S_IMODE(st.st_mode) != PRIVATE_DIR_MODE:
+            chmod_path_fd(fd, PRIVATE_DIR_MODE)
+    finally:
+        os.close(fd)
 
 
 # -- hard links -------------------------------------------------------------------------------

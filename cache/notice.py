@@ -23,6 +23,7 @@ class Kind(StrEnum):
     PLATFORM = "platform"         # the image is for another platform than the one wanted
     OVER_BUDGET = "over-budget"   # the cache stays over its size budget
     CONFIG = "config"             # a config file has a key that is not known
+    PRIVILEGES = "privileges"     # setuid/setgid bits and file capabilities were taken away
     OTHER = "other"               # none of the above (a snapshot's notice of a kind unknown)
 
 

@@ -11,6 +11,10 @@ one-layer image the ChainID *is* the layer's diff_id. Layout::
 
 Invariants:
 
+- ``snapshots/<hex>/`` is owner-only (0700): the image's setuid/setgid files and file
+  capabilities in ``rootfs/`` are reachable by no other user (docs/trust.md). In a
+  group-shared cache it is open to the group, and those privileges were taken from the files
+  before it was published (:func:`strip_for_group`);
 - a path under ``snapshots/`` exists only once every layer in it was applied and its diff_id
   verified, and each layer blob was verified against its digest: snapshots are built in a
   scratch dir of the store and published by ``rename()``;
@@ -49,9 +53,10 @@ from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import ForeignFile, OcistageError, StoreError
 from ocistage.cache.fdio import write_new_file
-from ocistage.cache.fsops import open_parent, remove_tree, walk_dirs
+from ocistage.cache.fsops import make_private, open_parent, remove_tree, walk_dirs
 from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.notice import Kind, Notice
+from ocistage.cache.privileges import strip_privileges, stripped_warning
 from ocistage.cache.store import Store, _translate_oserror, fsync_dir
 
 SNAPSHOTS = "snapshots"
@@ -138,7 +143,24 @@ def find_snapshot(store: Store, chain_id: Digest) -> Path | None:
         return None
     with contextlib.suppress(OSError):
         os.utime(directory / METADATA)  # last use, for gc's age-based policies
+    if not store.group_shared:
+        with contextlib.suppress(OSError):
+            make_private(directory)  # one made before snapshots were kept private
     return directory / "rootfs"
+
+
+def strip_for_group(store: Store, rootfs: Path) -> tuple[Notice, ...]:
+    """In a group-shared cache, take the image's setuid/setgid bits and file capabilities
+    from the still private tree ``rootfs`` before the group may reach it
+    (:func:`ocistage.cache.privileges.strip_privileges`); the warning saying how many files
+    lost them. Nothing in a private cache, whose trees are kept in owner-only directories."""
+    if not store.group_shared:
+        return ()
+    try:
+        stripped = strip_privileges(rootfs)
+    except OSError as exc:
+        raise _translate_oserror(exc, f"stripping set-id bits in {rootfs}") from exc
+    return stripped_warning(stripped, "the cache is group-shared")
 
 
 def snapshot_warnings(rootfs: Path) -> tuple[Notice, ...]:
@@ -185,6 +207,7 @@ def publish_snapshot(store: Store, scratch: Path, chain_id: Digest,
                              for warning in warnings[:MAX_KEPT_WARNINGS]]}
     try:
         write_new_file(scratch / METADATA, (json.dumps(metadata, indent=2) + "\n").encode())
+        os.chmod(scratch, store.tree_dir_mode())
         final.parent.mkdir(exist_ok=True)
         try:
             os.rename(scratch, final)

@@ -39,9 +39,11 @@ from typing import Any, BinaryIO
 
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import ForeignFile, IntegrityError, StoreError, UntrustedPath
+from ocistage.cache.fdio import process_umask
 from ocistage.cache.fsops import (
     DIR_FOLLOW,
     OWNER_SUFFIX,
+    PRIVATE_DIR_MODE,
     check_trusted_dir,
     drop_owned_dir,
     make_owned_dir,
@@ -448,12 +450,33 @@ class Store:
 
     # -- scratch space -------------------------------------------------------------------------
 
+    @property
+    def group_shared(self) -> bool:
+        """Whether the cache is group-shared (docs/trust.md): its directory is setgid. Its
+        snapshots and bundles are then open to the group, without the image's setuid/setgid
+        bits and file capabilities (:mod:`ocistage.cache.privileges`); a private cache keeps
+        them in owner-only directories instead."""
+        try:
+            return bool(os.stat(self.root).st_mode & stat.S_ISGID)
+        except OSError:
+            return False
+
+    def tree_dir_mode(self) -> int:
+        """The mode of a directory of the cache that holds an image's rootfs (a snapshot, a
+        cached bundle): owner-only (:data:`PRIVATE_DIR_MODE`), or in a group-shared cache
+        setgid and what the umask lets the group have, as every directory there."""
+        if not self.group_shared:
+            return PRIVATE_DIR_MODE
+        umask = process_umask()
+        return stat.S_ISGID | 0o777 & ~(0o022 if umask is None else umask)
+
     def temp_dir(self, prefix: str = "work") -> Path:
-        """A fresh scratch dir owned by this process; the caller removes or renames it."""
+        """A fresh scratch dir owned by this process, owner-only; the caller removes or
+        renames it."""
         owner = Owner.me()
         path = self.tmp_dir / f"{prefix}-{owner.host}-{owner.pid}-{uuid.uuid4().hex[:12]}"
         try:
-            make_owned_dir(path, 0o777)
+            make_owned_dir(path, PRIVATE_DIR_MODE)
         except OSError as exc:
             raise _translate_oserror(exc, "creating a temporary directory in the cache") from exc
         return path

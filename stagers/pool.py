@@ -25,7 +25,13 @@ from pathlib import Path
 import xxhash
 
 from ocistage.cache.fdio import created_exactly, write_all
-from ocistage.cache.fsops import check_trusted_dir, identity, link_refused
+from ocistage.cache.fsops import (
+    PRIVATE_DIR_MODE,
+    check_trusted_dir,
+    identity,
+    link_refused,
+    make_private,
+)
 from ocistage.cache.staged import POOL_DIR, POOL_TEMP_SUFFIX
 from ocistage.stagers.copy import Copier, link_fd
 from ocistage.stagers.filemanifest import CHUNK
@@ -49,9 +55,15 @@ class Pool:
     def prepare(self) -> None:
         """Create the pool and its 256 fan-out directories once, instead of checking per
         file; the pool must be trusted (docs/trust.md: the caller's or root's, not writable
-        by others), or another user could have planted its entries."""
-        self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
+        by others), or another user could have planted its entries. It is owner-only
+        (:data:`ocistage.cache.fsops.PRIVATE_DIR_MODE`; one made before is made so): its
+        entries are the staged images' files, setuid ones and those with file capabilities
+        among them, which no other user may reach."""
+        self.root.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            self.root.mkdir(mode=PRIVATE_DIR_MODE)
         check_trusted_dir(self.root, "pool")
+        make_private(self.root)
         for n in range(256):
             os.makedirs(os.path.join(self.root, f"{n:02x}"), exist_ok=True)
 

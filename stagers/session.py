@@ -34,7 +34,7 @@ import stat
 from pathlib import Path
 from types import TracebackType
 
-from ocistage.cache.fsops import walk_trusted
+from ocistage.cache.fsops import PRIVATE_DIR_MODE, make_private, walk_trusted
 from ocistage.cache.leases import Holder, Lease
 from ocistage.cache.locks import FileLock
 from ocistage.cache.staged import image_path, sweep_pool
@@ -220,7 +220,10 @@ class Staging:
         return load_manifest(self.final / MANIFEST_NAME)
 
     def unchanged(self, files: int, method: str) -> StageResult:
-        """The result of a staging that found nothing to do."""
+        """The result of a staging that found nothing to do (``TO/NAME`` made owner-only if
+        an older ocistage left it open: docs/trust.md rule 3)."""
+        with contextlib.suppress(OSError):  # a mounted image's root cannot change
+            make_private(self.final)
         return StageResult(self.final, files, 0, 0, files, 0, self.lease.id, method)
 
     def new_marker(self, source: str, method: str, format: str = "dir",
@@ -256,8 +259,13 @@ class Staging:
     def publish(self, tree: Path, processes: int = 1) -> bool:
         """Make ``tree`` (in a scratch dir) ``TO/NAME`` by one rename, or an exchange with the
         previous version, which is then removed (in ``processes`` workers), or retired while
-        :meth:`users` may run on it. True if a previous version was replaced."""
-        os.chmod(tree, 0o755)
+        :meth:`users` may run on it. True if a previous version was replaced.
+
+        ``tree`` is made owner-only (:data:`ocistage.cache.fsops.PRIVATE_DIR_MODE`), and so
+        stays when it is retired: no other user of the host may reach the image's setuid/setgid
+        files and file capabilities through it (docs/trust.md). Its ``rootfs/`` keeps the
+        image's mode, which a non-root container user needs."""
+        os.chmod(tree, PRIVATE_DIR_MODE)
         users = self.users() if os.path.lexists(self.final) else []
         replaced = publish(tree, self.final)
         fsync_dir(self.to)

@@ -18,7 +18,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import subprocess
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -26,6 +25,8 @@ from pathlib import Path
 
 from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.errors import StoreError
+from ocistage.cache.fsops import PRIVATE_DIR_MODE
+from ocistage.cache.privileges import strip_privileges
 from ocistage.cache.staged import image_path
 from ocistage.cache.staged import unmount as unmount
 from ocistage.cache.unpackbudget import ENTRY_CHARGE, UnpackBudget, default_unpack_limit
@@ -151,10 +152,11 @@ def missing_mountpoints(source: Path) -> list[tuple[str, str]]:
 
 
 def build_image(source: Path, image: Path, extra: Path | None = None, jobs: int = 2,
-                progress: ImageProgress | None = None) -> None:
+                progress: ImageProgress | None = None, root_mode: int | None = None) -> None:
     """Make ``image`` from ``source`` (zstd); the files in ``extra`` replace top-level ones.
 
     ``image`` must not exist. Ownership is stored as found (a rootless bundle is the user's).
+    ``root_mode``: the mode of the image's root directory (default: ``source``'s).
     Missing mount points of the bundle's config.json are added (:func:`missing_mountpoints`).
     ``progress`` is told how far mksquashfs is, from its progress bar.
     """
@@ -163,6 +165,8 @@ def build_image(source: Path, image: Path, extra: Path | None = None, jobs: int 
             "-quiet", "-no-recovery", "-processors", str(max(1, jobs))]
     if progress is None:
         argv.append("-no-progress")
+    rooted = [] if root_mode is None else ["-root-mode", f"{root_mode:o}"]
+    argv += rooted
     uid, gid = os.getuid(), os.getgid()
     for path, kind in missing_mountpoints(source):
         argv += ["-p", f"{path} d 755 {uid} {gid}" if kind == "d"
@@ -178,8 +182,9 @@ def build_image(source: Path, image: Path, extra: Path | None = None, jobs: int 
     else:
         _run_reporting(argv, f"mksquashfs of {source}", progress)
     if extra is not None:
+        # appending sets the root directory's mode again (from extra's, unless told)
         _run([mksquashfs, os.fspath(extra), os.fspath(image), "-no-progress", "-quiet",
-              "-no-recovery"], f"adding ocistage files to {image.name}")
+              "-no-recovery", *rooted], f"adding ocistage files to {image.name}")
 
 
 def mount(image: Path, mountpoint: Path) -> bool:
@@ -206,7 +211,6 @@ def mount(image: Path, mountpoint: Path) -> bool:
 #: a device node in ``unsquashfs -lln``:
 #: ``crw-rw-rw- 0/0  1,  3 2024-01-01 00:00 squashfs-root/dev/null``
 _DEVICE_LINE = re.compile(rb"[cb]\S{9} \S+\s+\d+,\s*\d+ \S+ \S+ squashfs-root/(.+)")
-_SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID
 
 
 def unpack(image: Path, dest: Path, *, rootless: bool = True, limit: int | None = None) -> None:
@@ -239,7 +243,7 @@ def unpack(image: Path, dest: Path, *, rootless: bool = True, limit: int | None 
              f"unsquashfs of {image.name}")
     finally:
         os.unlink(excluded)
-    make_rootless(dest)
+    strip_privileges(dest, devices=True)  # any the listing missed, and set-id bits
 
 
 def _listing(unsquashfs: str, image: Path, budget: UnpackBudget) -> list[bytes]:
@@ -276,45 +280,6 @@ def _file_size(line: bytes) -> int:
     return int(fields[2]) if len(fields) > 2 and fields[2].isdigit() else 0
 
 
-def make_rootless(root: Path) -> None:
-    """In the private tree ``root``: remove device nodes, clear setuid and setgid bits.
-
-    Iterative and through directory descriptors (any depth, no symlink followed)."""
-    stack = [os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)]
-    try:
-        while stack:
-            dir_fd = stack.pop()
-            try:
-                _make_rootless_in(dir_fd, stack)
-            finally:
-                os.close(dir_fd)
-    finally:
-        for fd in stack:
-            os.close(fd)
-
-
-def _make_rootless_in(dir_fd: int, subdirs: list[int]) -> None:
-    with os.scandir(dir_fd) as entries:
-        for entry in entries:
-            st = entry.stat(follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                subdirs.append(os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-                                       | os.O_CLOEXEC, dir_fd=dir_fd))
-            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-                os.unlink(entry.name, dir_fd=dir_fd)
-            elif stat.S_ISREG(st.st_mode) and st.st_mode & _SPECIAL_BITS:
-                _chmod_at(dir_fd, entry.name, stat.S_IMODE(st.st_mode) & ~_SPECIAL_BITS)
-
-
-def _chmod_at(dir_fd: int, name: str, mode: int) -> None:
-    """chmod of the very inode ``name`` in ``dir_fd`` names (never a symlink's target)."""
-    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    try:
-        os.chmod(f"/proc/self/fd/{fd}", mode)
-    finally:
-        os.close(fd)
-
-
 def _readonly_config_file(source: Path, extra: Path) -> None:
     config = source / "config.json"
     if not config.is_file() or config.is_symlink():
@@ -341,7 +306,7 @@ def stage_squashfs(staging: Staging, source: Path, label: str, *,
     image = image_path(staging.final)
     built = make_image(source, entries, scratch, image.name,
                        staging.new_marker(label, method, "squashfs", image.name), jobs,
-                       progress)
+                       progress, private=True)
     method = install_image(staging, built, label, mount_image)
     return StageResult(staging.final, files, files, 0, 0, tree_size(entries),
                        staging.lease.id, method)
@@ -354,9 +319,11 @@ def tree_size(entries: list[Entry]) -> int:
 
 
 def make_image(source: Path, entries: list[Entry], scratch: Path, image_name: str,
-               marker: Marker, jobs: int = 8, progress: ImageProgress | None = None) -> Path:
+               marker: Marker, jobs: int = 8, progress: ImageProgress | None = None, *,
+               private: bool = False) -> Path:
     """Build ``scratch/image_name`` from ``source`` with its manifest (``entries`` with hashes),
-    ``marker`` and a read-only-root ``config.json``; returns its path."""
+    ``marker`` and a read-only-root ``config.json``; returns its path. ``private``: the
+    image's root directory is owner-only (an image mounted here, docs/trust.md rule 3)."""
     extra = scratch / "extra"
     extra.mkdir()
     _readonly_config_file(source, extra)
@@ -364,7 +331,8 @@ def make_image(source: Path, entries: list[Entry], scratch: Path, image_name: st
     write_private(extra / MANIFEST_NAME, manifest.json_chunks())
     (extra / MARKER_NAME).write_bytes(marker.to_json())
     built = scratch / image_name
-    build_image(source, built, extra, jobs=min(jobs, usable_cpus()), progress=progress)
+    build_image(source, built, extra, jobs=min(jobs, usable_cpus()), progress=progress,
+                root_mode=PRIVATE_DIR_MODE if private else None)
     return built
 
 
@@ -377,7 +345,7 @@ def install_image(staging: Staging, built: Path, label: str,
     _take_down(final)
     os.rename(built, image)
     if not os.path.isdir(final):
-        os.mkdir(final, 0o755)
+        os.mkdir(final, PRIVATE_DIR_MODE)
     if mount_image is not False and mount(image, final):
         return "squashfs-mount"
     if mount_image is True:

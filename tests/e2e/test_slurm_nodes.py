@@ -1,4 +1,4 @@
-"""Bundles on the three-node Slurm 24.05.8 test cluster (``slurm_24_05``, issue 12):
+"""Bundles on the three-node Slurm test clusters, 24.05.8 and 26.05.3 (``slurm_nodes``, issue 12):
 
 - ``srun -N3 --container=BUNDLE`` of bundles made by ``ocistage bundle``: the fixture image
   (``User app``), a root variant (``User 0:0``) and a numeric one (``User 1000:1000``), run on
@@ -78,13 +78,13 @@ def _lines(output: str) -> dict[str, dict[str, str]]:
     ("root", "0", "/"),                 # User 0:0
 ])
 def test_srun_n3_container_runs_a_bundle_on_every_node(
-        slurm_24_05: SlurmCluster, ocistage: OcistageRunner, user_variants: dict[str, str],
+        slurm_nodes: SlurmCluster, ocistage: OcistageRunner, user_variants: dict[str, str],
         shared_dir: Path, variant: str, uid: str, cwd: str) -> None:
     bundle = shared_dir / "bundle"
     ocistage("bundle", user_variants[variant], str(bundle), check=True)
     config = json.loads((bundle / "config.json").read_text())
     assert str(config["process"]["user"]["uid"]) == uid
-    result = slurm_24_05.srun("-N3", "--ntasks-per-node=1", f"--container={bundle}",
+    result = slurm_nodes.srun("-N3", "--ntasks-per-node=1", f"--container={bundle}",
                               "/bin/sh", "-c", PROBE, cwd=shared_dir)
     assert result.returncode == 0, result.stdout + result.stderr
     by_node = _lines(result.stdout)
@@ -97,7 +97,7 @@ def test_srun_n3_container_runs_a_bundle_on_every_node(
 
 
 def test_srun_n3_container_as_an_unprivileged_user(
-        slurm_24_05: SlurmCluster, slurm_job_user: JobUser, images: dict[str, ImageRef],
+        slurm_nodes: SlurmCluster, slurm_job_user: JobUser, images: dict[str, ImageRef],
         shared_dir: Path) -> None:
     """A bundle mapping the job user (map_root, as runc 1.1 under Slurm needs) runs on every
     node for that user."""
@@ -107,7 +107,7 @@ def test_srun_n3_container_as_an_unprivileged_user(
                          config_options=ConfigOptions(host_uid=user.uid, host_gid=user.gid,
                                                       map_root=True)).path
     subprocess.run(["chown", "-R", f"{user.uid}:{user.gid}", str(bundle)], check=True)
-    result = slurm_24_05.srun("-N3", "--ntasks-per-node=1", f"--container={bundle}",
+    result = slurm_nodes.srun("-N3", "--ntasks-per-node=1", f"--container={bundle}",
                               "/bin/sh", "-c", PROBE, user=user, cwd=shared_dir)
     assert result.returncode == 0, result.stdout + result.stderr
     by_node = _lines(result.stdout)
@@ -119,42 +119,42 @@ def test_srun_n3_container_as_an_unprivileged_user(
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_every_installed_runtimes_oci_conf_runs_a_job(
-        slurm_24_05: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
+        slurm_nodes: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
         shared_dir: Path, runtime: str) -> None:
     """The template of each runtime (run mode: create/start is refused, docs/slurm.md)."""
     if shutil.which(runtime) is None:
         pytest.skip(f"{runtime} is not installed here (not packaged in Debian 12)")
     bundle = shared_dir / "bundle"
     ocistage("bundle", images["busybox"].ref, str(bundle), check=True)
-    root = slurm_24_05.base / "oci-root" / f"%u-{runtime}"
+    root = slurm_nodes.base / "oci-root" / f"%u-{runtime}"
     text = ocistage("runtime", "oci-conf", "--runtime", runtime, "--root", str(root),
-                    env=slurm_24_05.env, check=True).stdout
+                    env=slurm_nodes.env, check=True).stdout
     conf = shared_dir / "oci.conf"
     conf.write_text(text)
-    ocistage("runtime", "oci-conf", "--check", str(conf), env=slurm_24_05.env, check=True)
-    with slurm_24_05.use_oci_conf(text):
-        result = slurm_24_05.srun("-N3", "--ntasks-per-node=1", f"--container={bundle}",
+    ocistage("runtime", "oci-conf", "--check", str(conf), env=slurm_nodes.env, check=True)
+    with slurm_nodes.use_oci_conf(text):
+        result = slurm_nodes.srun("-N3", "--ntasks-per-node=1", f"--container={bundle}",
                                   "/bin/sh", "-c", PROBE, cwd=shared_dir)
     assert result.returncode == 0, f"{text}\n{result.stdout}{result.stderr}"
     assert sorted(_lines(result.stdout)) == ["n1", "n2", "n3"], result.stdout
 
 
-def test_each_node_sees_only_its_own_node_local_directory(slurm_24_05: SlurmCluster) -> None:
-    local = slurm_24_05.node_local
-    result = slurm_24_05.srun(
+def test_each_node_sees_only_its_own_node_local_directory(slurm_nodes: SlurmCluster) -> None:
+    local = slurm_nodes.node_local
+    result = slurm_nodes.srun(
         "-N3", "--ntasks-per-node=1", "/bin/sh", "-c",
         f'echo "$SLURMD_NODENAME" > {local}/mine && ls {local}; '
         f'grep -c " {local} " /proc/self/mountinfo')
     assert result.returncode == 0, result.stderr
-    for node in slurm_24_05.nodes:
-        assert (slurm_24_05.node_dir(node) / "mine").read_text() == f"{node}\n"
-        (slurm_24_05.node_dir(node) / "mine").unlink()
+    for node in slurm_nodes.nodes:
+        assert (slurm_nodes.node_dir(node) / "mine").read_text() == f"{node}\n"
+        (slurm_nodes.node_dir(node) / "mine").unlink()
     assert result.stdout.split().count("mine") == 3  # each node listed only its own file
     assert not any(local.iterdir())  # the host's own view stays empty
 
 
 def test_a_pull_through_cache_serves_every_node_after_the_origin_stopped(
-        slurm_24_05: SlurmCluster, ocistage: OcistageRunner,
+        slurm_nodes: SlurmCluster, ocistage: OcistageRunner,
         fixture_layouts_built: FixtureLayouts, tmp_path: Path) -> None:
     """A site mirror (docker-registry in proxy mode in front of the origin) given as --mirror:
     once an image went through it, the origin is stopped and each of the three nodes, with an
@@ -176,25 +176,25 @@ def test_a_pull_through_cache_serves_every_node_after_the_origin_stopped(
         with pytest.raises(OSError):
             http_status(f"{origin.url}/v2/", None)
 
-        local = slurm_24_05.node_local
+        local = slurm_nodes.node_local
         command = " ".join(shlex.quote(part) for part in ocistage.command)
         script = (f"OCISTAGE_CACHE={local}/cache exec {command} stage {image.ref} "
                   f"{mirror_option} --to {local}/staged --name image")
-        result = slurm_24_05.srun("-N3", "--ntasks-per-node=1", "/bin/sh", "-c", script,
+        result = slurm_nodes.srun("-N3", "--ntasks-per-node=1", "/bin/sh", "-c", script,
                                   env=ocistage.environment(), cwd=tmp_path)
         try:
             assert result.returncode == 0, result.stdout + result.stderr
-            for node in slurm_24_05.nodes:
-                staged = slurm_24_05.node_dir(node) / "staged" / "image"
+            for node in slurm_nodes.nodes:
+                staged = slurm_nodes.node_dir(node) / "staged" / "image"
                 assert (staged / "rootfs" / "bin" / "busybox").is_file(), node
                 config = json.loads((staged / "config.json").read_text())
                 assert config["process"]["user"]["uid"] == 1000
             # every node fetched the layer itself, from the mirror (the origin is down)
             assert _blob_gets(mirror, image.layer_digests[0]) == warm + 3
         finally:
-            for node in slurm_24_05.nodes:
+            for node in slurm_nodes.nodes:
                 for name in ("staged", "cache"):
-                    shutil.rmtree(slurm_24_05.node_dir(node) / name, ignore_errors=True)
+                    shutil.rmtree(slurm_nodes.node_dir(node) / name, ignore_errors=True)
 
 
 def _blob_gets(registry: Registry, digest: str) -> int:

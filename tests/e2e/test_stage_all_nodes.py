@@ -1,5 +1,6 @@
-"""`ocistage stage --all-nodes REF --to NODE_LOCAL` on the three-node Slurm 24.05 test cluster
-(``slurm_24_05``: nodes n1-n3 on this host, each slurmd in its own mount namespace where the
+"""`ocistage stage --all-nodes REF --to NODE_LOCAL` on the three-node Slurm
+test clusters (24.05, 26.05)
+(``slurm_nodes``: nodes n1-n3 on this host, each slurmd in its own mount namespace where the
 node-local directory is a private bind mount). The registry is reached through a logging proxy
 (pytest_ocistage/faultproxy.py, no faults armed) so the test counts what the whole job asked for.
 """
@@ -52,52 +53,52 @@ def _check_one_request_per_thing(proxy: FaultProxy, image: ImageRef) -> None:
 
 
 def test_inside_salloc_each_node_gets_its_own_bundle_from_one_fetch(
-        slurm_24_05: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
+        slurm_nodes: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
         fault_proxy: FaultProxy, shared_dir: Path) -> None:
     image = images["busybox"]
     ref = image.via(fault_proxy.host)
     out = shared_dir / "salloc.json"
-    script = _stage_command(ocistage, ref, slurm_24_05.node_local, out, "salloc-app")
-    result = slurm_24_05.salloc("-N3", "sh", "-c", f"{script} && echo job=$SLURM_JOB_ID",
+    script = _stage_command(ocistage, ref, slurm_nodes.node_local, out, "salloc-app")
+    result = slurm_nodes.salloc("-N3", "sh", "-c", f"{script} && echo job=$SLURM_JOB_ID",
                                 env=ocistage.environment(), cwd=shared_dir, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     job_id = result.stdout.strip().rsplit("job=", 1)[-1]
-    _check_every_node_staged(slurm_24_05, out, job_id, ocistage, "salloc-app")
+    _check_every_node_staged(slurm_nodes, out, job_id, ocistage, "salloc-app")
     _check_one_request_per_thing(fault_proxy, image)
 
 
 def test_inside_an_sbatch_script_each_node_gets_its_own_bundle_from_one_fetch(
-        slurm_24_05: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
+        slurm_nodes: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
         fault_proxy: FaultProxy, shared_dir: Path) -> None:
     image = images["multilayer"]
     ref = image.via(fault_proxy.host)
     out = shared_dir / "sbatch.json"
     script = shared_dir / "job.sh"
     script.write_text("#!/bin/sh\nset -e\n"
-                      + _stage_command(ocistage, ref, slurm_24_05.node_local, out,
+                      + _stage_command(ocistage, ref, slurm_nodes.node_local, out,
                                        "sbatch-app") + "\n")
     script.chmod(0o755)
-    job_id = slurm_24_05.sbatch("-N3", f"--output={shared_dir}/job.out", str(script),
+    job_id = slurm_nodes.sbatch("-N3", f"--output={shared_dir}/job.out", str(script),
                                 env=ocistage.environment(), cwd=shared_dir)
-    record = slurm_24_05.wait_for_job(job_id, timeout=600)
+    record = slurm_nodes.wait_for_job(job_id, timeout=600)
     log = (shared_dir / "job.out").read_text() if (shared_dir / "job.out").exists() else ""
     assert record.get("JobState") == "COMPLETED", (record, log)
-    _check_every_node_staged(slurm_24_05, out, job_id, ocistage, "sbatch-app")
+    _check_every_node_staged(slurm_nodes, out, job_id, ocistage, "sbatch-app")
     _check_one_request_per_thing(fault_proxy, image)
 
 
 def test_inside_a_step_of_several_tasks_it_is_refused_before_any_request(
-        slurm_24_05: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
+        slurm_nodes: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
         fault_proxy: FaultProxy, shared_dir: Path) -> None:
     ref = images["busybox"].via(fault_proxy.host)
-    before = {node: sorted(slurm_24_05.node_dir(node).iterdir()) for node in slurm_24_05.nodes}
-    result = slurm_24_05.srun("-N3", *ocistage.command, "stage", "--all-nodes", ref, "--to",
-                              str(slurm_24_05.node_local), env=ocistage.environment(),
+    before = {node: sorted(slurm_nodes.node_dir(node).iterdir()) for node in slurm_nodes.nodes}
+    result = slurm_nodes.srun("-N3", *ocistage.command, "stage", "--all-nodes", ref, "--to",
+                              str(slurm_nodes.node_local), env=ocistage.environment(),
                               cwd=shared_dir, timeout=600)
     assert result.returncode != 0
     assert result.stderr.count("error: --all-nodes inside a job step of 3 tasks") == 3, \
         result.stderr
     assert "not under srun" in result.stderr
     assert fault_proxy.requests == []
-    assert {node: sorted(slurm_24_05.node_dir(node).iterdir())
-            for node in slurm_24_05.nodes} == before
+    assert {node: sorted(slurm_nodes.node_dir(node).iterdir())
+            for node in slurm_nodes.nodes} == before

@@ -1,4 +1,5 @@
-"""`ocistage submit REF -N3 ... -- CMD` on the three-node Slurm 24.05 test cluster: the staged
+"""`ocistage submit REF -N3 ... -- CMD` on the three-node Slurm
+test clusters (24.05, 26.05): the staged
 bundle is removed by itself once the job has ended (its afterany cleanup job), when the job
 completes and when it is cancelled with scancel, after the submitting command has long exited;
 and it stays while another live job holds the same staged bundle."""
@@ -45,47 +46,47 @@ def _wait_removed(cluster: SlurmCluster, staged: Path, job_id: str) -> None:
 
 
 def test_staged_bundle_is_removed_after_the_job_completes(
-        slurm_24_05: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
+        slurm_nodes: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
         shared_dir: Path) -> None:
     output = shared_dir / "job.out"
-    doc = _submit(slurm_24_05, ocistage, images["busybox"], shared_dir / "staged", output,
+    doc = _submit(slurm_nodes, ocistage, images["busybox"], shared_dir / "staged", output,
                   "/bin/sh", "-c", "grep ^NAME= /etc/os-release; echo nodes=$SLURM_JOB_NUM_NODES")
     staged = Path(doc["staged"])
     assert staged.parent == shared_dir / "staged"
-    _wait_removed(slurm_24_05, staged, doc["job_id"])
+    _wait_removed(slurm_nodes, staged, doc["job_id"])
     assert "nodes=3" in output.read_text().splitlines()
-    assert slurm_24_05.wait_for_job(doc["cleanup_job_id"])["JobState"] == "COMPLETED"
+    assert slurm_nodes.wait_for_job(doc["cleanup_job_id"])["JobState"] == "COMPLETED"
     assert [lease for lease in all_leases(ocistage.cache)
             if lease.holder.kind == "slurm-job"] == []
 
 
 def test_staged_bundle_is_removed_after_scancel(
-        slurm_24_05: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
+        slurm_nodes: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
         shared_dir: Path) -> None:
-    doc = _submit(slurm_24_05, ocistage, images["busybox"], shared_dir / "staged",
+    doc = _submit(slurm_nodes, ocistage, images["busybox"], shared_dir / "staged",
                   shared_dir / "job.out", *LONG)
     job_id = doc["job_id"]
     deadline = time.monotonic() + 120
-    while slurm_24_05.job_record(job_id).get("JobState") != "RUNNING":
-        assert time.monotonic() < deadline, slurm_24_05.job_record(job_id)
+    while slurm_nodes.job_record(job_id).get("JobState") != "RUNNING":
+        assert time.monotonic() < deadline, slurm_nodes.job_record(job_id)
         time.sleep(0.3)
     assert Path(doc["staged"]).is_dir()
-    slurm_24_05.run("scancel", job_id, check=True)
-    _wait_removed(slurm_24_05, Path(doc["staged"]), job_id)
-    assert slurm_24_05.job_record(job_id).get("JobState") == "CANCELLED"
+    slurm_nodes.run("scancel", job_id, check=True)
+    _wait_removed(slurm_nodes, Path(doc["staged"]), job_id)
+    assert slurm_nodes.job_record(job_id).get("JobState") == "CANCELLED"
 
 
 def test_a_bundle_shared_with_a_live_job_stays_until_that_job_ends(
-        slurm_24_05: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
+        slurm_nodes: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
         shared_dir: Path) -> None:
     stage_to = shared_dir / "staged"
-    long = _submit(slurm_24_05, ocistage, images["busybox"], stage_to, shared_dir / "a.out",
+    long = _submit(slurm_nodes, ocistage, images["busybox"], stage_to, shared_dir / "a.out",
                    *LONG, nodes=1)
-    short = _submit(slurm_24_05, ocistage, images["busybox"], stage_to, shared_dir / "b.out",
+    short = _submit(slurm_nodes, ocistage, images["busybox"], stage_to, shared_dir / "b.out",
                     "/bin/true", nodes=1)
     assert long["staged"] == short["staged"]  # jobs of one image share one staged copy
-    slurm_24_05.wait_for_job(short["job_id"], timeout=300)
-    assert slurm_24_05.wait_for_job(short["cleanup_job_id"])["JobState"] == "COMPLETED"
+    slurm_nodes.wait_for_job(short["job_id"], timeout=300)
+    assert slurm_nodes.wait_for_job(short["cleanup_job_id"])["JobState"] == "COMPLETED"
     assert Path(long["staged"]).is_dir()  # the long job still holds it
-    slurm_24_05.run("scancel", long["job_id"], check=True)
-    _wait_removed(slurm_24_05, Path(long["staged"]), long["job_id"])
+    slurm_nodes.run("scancel", long["job_id"], check=True)
+    _wait_removed(slurm_nodes, Path(long["staged"]), long["job_id"])
