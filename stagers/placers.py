@@ -350,7 +350,8 @@ class PoolPlacer(_SharedPlacer):
             return self.place(entry)
         if entry.hash is None:  # with no previous version: hashed while it is copied
             return self._ingest_at(entry, dirs) if not self.previous else self.place(entry)
-        if self._linked_unchanged(entry):
+        before = self.previous.get(entry.path)  # _linked_unchanged(), without a call per file
+        if self.carry_over and before is not None and before.same_content(entry):
             return self._link_pooled_at(entry, dirs)
         return self.place(entry)
 

@@ -3,7 +3,8 @@
 The target's layout is :mod:`ocistage.cache.staged`'s; the sequence around a staging is
 :class:`ocistage.stagers.session.Staging`'s. This module is the directory strategy.
 
-How files get there (``method``):
+How files get there (``method``, :class:`~ocistage.stagers.target.Method`; each has its placer in
+:mod:`ocistage.stagers.placers`):
 
 - ``hardlink``: the source is on TO's filesystem: every file is a hardlink of the source file,
   no byte is copied;
