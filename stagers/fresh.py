@@ -58,29 +58,41 @@ def build_first(builder: Builder, processes: int, hash_first: bool) -> tuple[lis
     is stat'ed here and built by :meth:`Builder.build` (threads for big files).
     """
     source = os.fspath(builder.source)
-    small = processes <= 1
     try:
         order, pending = _shape(source)
-        if small or len(pending) < FORK_MIN_FILES:
-            small = True
+        small = processes <= 1 or len(pending) < FORK_MIN_FILES
+        if small:
             for (position, _rel), entry in zip(pending, _stat_run(source, pending),
                                                strict=True):
                 order[position] = entry
     except OSError as exc:
         raise unreadable(source, exc) from exc
     if small:
-        entries = [entry for entry in order if entry is not None]
-        if hash_first:
-            entries, _hashed = fill_missing_hashes(builder.source, entries, builder.jobs)
-        builder.build(entries)
-        entries = builder.with_hashes(entries)
-        return entries, entries_digest(entries)
+        return _build_here(builder, [e for e in order if e is not None], hash_first)
+    return _build_forked(builder, order, pending, processes, hash_first)
+
+
+def _build_here(builder: Builder, entries: list[Entry], hash_first: bool,
+                ) -> tuple[list[Entry], str]:
+    """:func:`build_first` of a small tree, its ``entries`` stat'ed: :meth:`Builder.build`."""
+    if hash_first:
+        entries, _hashed = fill_missing_hashes(builder.source, entries, builder.jobs)
+    builder.build(entries)
+    entries = builder.with_hashes(entries)
+    return entries, entries_digest(entries)
+
+
+def _build_forked(builder: Builder, order: list[Entry | None], pending: list[_Pending],
+                  processes: int, hash_first: bool) -> tuple[list[Entry], str]:
+    """:func:`build_first` of a big tree by :func:`_shape`'s ``order`` and ``pending``: the
+    directories made here, the runs of other entries stat'ed and placed by ``processes``
+    forked workers."""
     directories = [entry for entry in order if entry is not None]
     builder.make_nodes(directories)
     size = max(MIN_RUN, math.ceil(len(pending) / (processes * RUNS_PER_PROCESS)),
                math.ceil(len(pending) / MAX_QUEUE))
     runs = [pending[n:n + size] for n in range(0, len(pending), size)]
-    work = partial(_stat_and_place, builder, source, hash_first)
+    work = partial(_stat_and_place, builder, os.fspath(builder.source), hash_first)
     make = Entry._make
     for run, (rows, outcomes) in zip(runs, map_queue(work, runs, processes), strict=True):
         entries = [make(row) for row in rows]
@@ -158,7 +170,7 @@ def _stat_and_place(builder: Builder, source: str, hash_first: bool, run: Sequen
                    if entry.type == "file" else entry for entry in entries]
     timed = builder.make_nodes(entries)
     files = [entry for entry in entries if entry.type == "file"]
-    outcomes = builder.place_part(files)
+    outcomes = builder.placer.place_part(files)
     builder.set_times(timed)
     hashes = {file.path: content_hash for file, (_outcome, _size, content_hash)
               in zip(files, outcomes, strict=True) if content_hash is not None}

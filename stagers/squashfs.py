@@ -22,6 +22,7 @@ import subprocess
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.errors import StoreError
@@ -120,35 +121,61 @@ def missing_mountpoints(source: Path) -> list[tuple[str, str]]:
     ENOSYS/EROFS): they are added to the image as empty directories or files. Destinations
     inside another mount (``/dev/pts`` under the ``/dev`` tmpfs) are created there by runc.
     """
-    try:
-        config = json.loads((source / "config.json").read_bytes())
-        root = str(config["root"]["path"]).strip("/") or "rootfs"
-        mounts = config.get("mounts", [])
-    except (OSError, ValueError, KeyError, TypeError):
+    layout = _mount_layout(source)
+    if layout is None:
         return []
-    if "/" in root or root in (".", ".."):
-        return []
+    root, mounts = layout
     destinations = [str(m.get("destination", "")).rstrip("/") for m in mounts
                     if isinstance(m, dict)]
     result: list[tuple[str, str]] = []
     seen: set[str] = set()
     for mount, destination in zip(mounts, destinations, strict=True):
         parts = [p for p in destination.split("/") if p]
-        if (not parts or ".." in parts or any(c.isspace() for c in destination)
-                or any(destination.startswith(other + "/") for other in destinations
-                       if other and other != destination)):
+        if not _creatable(destination, parts, destinations):
             continue
         source_path = str(mount.get("source", ""))
         kind = "f" if mount.get("type") == "bind" and os.path.isfile(source_path) else "d"
-        for depth in range(1, len(parts) + 1):
-            rel = "/".join(parts[:depth])
-            if rel in seen:
-                continue
-            seen.add(rel)
-            if os.path.lexists(source / root / rel):
-                continue
-            result.append((f"{root}/{rel}", kind if depth == len(parts) else "d"))
+        result.extend(_missing_along(source / root, root, parts, kind, seen))
     return result
+
+
+def _mount_layout(source: Path) -> tuple[str, Any] | None:
+    """The rootfs directory (one name) and the mounts of ``source/config.json``; None when
+    it cannot be read or its root is no plain name."""
+    try:
+        config = json.loads((source / "config.json").read_bytes())
+        root = str(config["root"]["path"]).strip("/") or "rootfs"
+        mounts = config.get("mounts", [])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if "/" in root or root in (".", ".."):
+        return None
+    return root, mounts
+
+
+def _creatable(destination: str, parts: list[str], destinations: list[str]) -> bool:
+    """Whether mount ``destination`` (split into ``parts``) is one to add to the image: a
+    plain path, not inside another of ``destinations`` (runc creates those in that mount)."""
+    return (bool(parts) and ".." not in parts and not any(c.isspace() for c in destination)
+            and not any(destination.startswith(other + "/") for other in destinations
+                        if other and other != destination))
+
+
+def _missing_along(rootfs: Path, root: str, parts: list[str], kind: str,
+                   seen: set[str]) -> list[tuple[str, str]]:
+    """The directories leading to the mount point ``parts`` and the mount point itself (a
+    ``kind``) that ``rootfs`` lacks, as (path in the image, "d" or "f"); paths in ``seen``
+    were looked at already (``seen`` gets the others)."""
+    missing = []
+    for depth in range(1, len(parts) + 1):
+        rel = "/".join(parts[:depth])
+        if rel in seen:
+            continue
+        seen.add(rel)
+        if os.path.lexists(rootfs / rel):
+            continue
+        missing.append((f"{root}/{rel}", kind if depth == len(parts) else "d"))
+    return missing
 
 
 def build_image(source: Path, image: Path, extra: Path | None = None, jobs: int = 2,

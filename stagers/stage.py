@@ -3,7 +3,8 @@
 The target's layout is :mod:`ocistage.cache.staged`'s; the sequence around a staging is
 :class:`ocistage.stagers.session.Staging`'s. This module is the directory strategy.
 
-How files get there (``method``):
+How files get there (``method``, :class:`~ocistage.stagers.target.Method`; each has its placer in
+:mod:`ocistage.stagers.placers`):
 
 - ``hardlink``: the source is on TO's filesystem: every file is a hardlink of the source file,
   no byte is copied;
@@ -122,14 +123,14 @@ def _stage_tree(staging: Staging, source: Path, label: str, link: bool | None,
     # unchanged? a sealed source by its identity, anything else by one stat walk — whose
     # records are kept, so a changed tree is not walked a second time for its entries
     if same is not None and identity and same.sealed == identity:
-        return staging.unchanged(same.files, method)
+        return staging.unchanged(same.files, method.value)
     compared: _Compared | None = None
-    if marker is not None or method == "copy":
+    if marker is not None or method == Method.COPY:
         walked = parallel_walk_digest(source, min(jobs, usable_cpus()))
         # the previous manifest (and the walk's records) are read only when the tree changed
         # (on an unchanged tree of 100k files, reading and indexing it cost more than the walk)
         if same is not None and not identity and same.tree == walked.digest:
-            return staging.unchanged(same.files, method)
+            return staging.unchanged(same.files, method.value)
         compared = _compare(staging, walked.records(), walked.digest, method)
     return _build(staging, source, label, method, identity, compared, jobs)
 
@@ -141,7 +142,7 @@ def _compare(staging: Staging, records: list[Record], tree: str,
     previous = staging.previous()
     before = previous.by_path() if previous is not None else {}
     # unchanged files keep their hashes from the previous manifest (never read again)
-    entries = entries_of(records, before if method != "hardlink" else None)
+    entries = entries_of(records, before if method != Method.HARDLINK else None)
     return _Compared(previous, before, entries, tree)
 
 
@@ -154,41 +155,64 @@ def _build(staging: Staging, source: Path, label: str, method: Method, identity:
     before = compared.before if compared is not None else {}
     # pool: each file is hashed while it is copied into an empty pool (one pass);
     # hardlink: the staged file is the source's inode, no hash is needed to stage it
-    one_pass = method == "pool" and previous is None and pool.is_empty()
-    hash_first = method == "pool" and not one_pass
-    if method == "pool":
-        staging.use_pool()
-    scratch = staging.scratch()
-    builder = Builder(source, scratch, staging.final, method, previous, pool, jobs, before)
-    if method == "copy" and previous is not None and staging.users():
-        # a copy's unchanged files are carried over as hardlinks of the previous version's:
-        # a job still running on that version (it will be retired) may write to them
-        builder.carry_over = False
+    one_pass = method == Method.POOL and previous is None and pool.is_empty()
+    builder = _builder(staging, source, method, previous, before, pool, jobs)
     try:
         if compared is None:  # the entries come with the hashes computed on the way
+            hash_first = method == Method.POOL and not one_pass
             entries, tree = build_first(builder, min(jobs, usable_cpus()), hash_first)
         else:
-            entries, tree = compared.entries, compared.tree
-            if not one_pass and method != "hardlink":
-                entries, _hashed = fill_missing_hashes(source, entries, jobs)
-            builder.build(entries)
-            entries = _hardlink_group_hashes(builder.with_hashes(entries))
+            hashed = method == Method.HARDLINK or one_pass  # else: hashed before placing
+            entries = _build_compared(builder, source, compared.entries, hashed, jobs)
+            tree = compared.tree
     finally:
         builder.close()
-    files = sum(1 for e in entries if e.type == "file")
-    manifest = Manifest(tuple(entries), source=identity, method=method,
-                        readonly_root=method != "copy")
-    write_private(scratch / MANIFEST_NAME, manifest.json_chunks())
-    write_private(scratch / MARKER_NAME, staging.new_marker(
-        label, method, tree=tree, sealed=identity, files=files).to_json())
+    manifest, files = _write_version(staging, builder.scratch, label, method, identity,
+                                     entries, tree)
     processes = min(jobs, usable_cpus()) if files >= FORK_MIN_FILES else 1
-    if staging.publish(scratch, processes) and previous is not None \
-            and previous.method == "pool":
+    if staging.publish(builder.scratch, processes) and previous is not None \
+            and previous.method == Method.POOL:
         pool.release(_released_keys(previous, manifest, before, builder.replaced,
-                                     builder.counts.unchanged))
+                                    builder.counts.unchanged))
     counts = builder.counts
     return StageResult(staging.final, files, counts.copied, counts.linked, counts.unchanged,
-                       counts.bytes_copied, staging.lease.id, method)
+                       counts.bytes_copied, staging.lease.id, method.value)
+
+
+def _builder(staging: Staging, source: Path, method: Method, previous: Manifest | None,
+             before: dict[str, Entry], pool: Pool, jobs: int) -> Builder:
+    """The builder of the new version, in a new scratch dir."""
+    if method == Method.POOL:
+        staging.use_pool()
+    scratch = staging.scratch()
+    # a copy's unchanged files are carried over as hardlinks of the previous version's:
+    # not while a job still running on that version (it will be retired) may write to them
+    carry_over = not (method == Method.COPY and previous is not None and staging.users())
+    return Builder(source, scratch, staging.final, method, previous, pool, jobs, before,
+                   carry_over=carry_over)
+
+
+def _write_version(staging: Staging, scratch: Path, label: str, method: Method,
+                   identity: str, entries: list[Entry], tree: str) -> tuple[Manifest, int]:
+    """Write the manifest and the marker of the version built in ``scratch``; returns the
+    manifest and how many files it has."""
+    files = sum(1 for e in entries if e.type == "file")
+    manifest = Manifest(tuple(entries), source=identity, method=method.value,
+                        readonly_root=method != Method.COPY)
+    write_private(scratch / MANIFEST_NAME, manifest.json_chunks())
+    write_private(scratch / MARKER_NAME, staging.new_marker(
+        label, method.value, tree=tree, sealed=identity, files=files).to_json())
+    return manifest, files
+
+
+def _build_compared(builder: Builder, source: Path, entries: list[Entry], hashed: bool,
+                    jobs: int) -> list[Entry]:
+    """Build the ``entries`` of a walk (``hashed``: as they are, else with the hashes of the
+    new or changed files filled in first); returns them with their hashes."""
+    if not hashed:
+        entries, _hashed = fill_missing_hashes(source, entries, jobs)
+    builder.build(entries)
+    return _hardlink_group_hashes(builder.with_hashes(entries))
 
 
 def _hardlink_group_hashes(entries: list[Entry]) -> list[Entry]:
@@ -218,8 +242,13 @@ def _released_keys(previous: Manifest, current: Manifest, before: dict[str, Entr
             if old.hash is not None and (old.hash, old.mode) != (entry.hash, entry.mode):
                 keys.add(pool_key(old.hash, old.mode))
     if sum(1 for e in previous.entries if e.type == "file") != unchanged + kept:
-        now = {e.path: (e.hash, e.mode) for e in current.entries if e.type == "file"}
-        keys.update(pool_key(e.hash, e.mode) for e in previous.entries
-                    if e.type == "file" and e.hash is not None
-                    and now.get(e.path) != (e.hash, e.mode))
+        keys.update(_keys_not_kept(previous, current))
     return keys
+
+
+def _keys_not_kept(previous: Manifest, current: Manifest) -> set[str]:
+    """Pool keys of the files of ``previous`` that ``current`` has not at the same path with
+    the same content and mode."""
+    now = {e.path: (e.hash, e.mode) for e in current.entries if e.type == "file"}
+    return {pool_key(e.hash, e.mode) for e in previous.entries
+            if e.type == "file" and e.hash is not None and now.get(e.path) != (e.hash, e.mode)}

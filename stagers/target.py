@@ -18,6 +18,7 @@ import stat
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,7 +37,17 @@ from ocistage.cache.locks import FileLock
 from ocistage.cache.staged import RESERVED_PREFIX, TMP_DIR, outer_marker_name, plain_name
 from ocistage.stagers.errors import StageError
 
-Method = Literal["hardlink", "pool", "copy"]
+
+class Method(StrEnum):
+    """How the files of a directory bundle get to the target (:func:`choose_method`); each has
+    its placer (:mod:`ocistage.stagers.placers`). A ``str``: markers, manifests and results
+    record it as its name."""
+
+    HARDLINK = "hardlink"  # a link of the source file: no byte copied
+    POOL = "pool"          # a link of the target's pool entry, copied once per content
+    COPY = "copy"          # an independent copy
+
+
 Format = Literal["dir", "squashfs"]
 LOCK_TIMEOUT = 3600.0
 
@@ -198,13 +209,13 @@ def source_identity(source: Path, cache_root: Path) -> str:
 
 def choose_method(source: Path, to: Path, link: bool | None) -> Method:
     if link is False:
-        return "copy"
+        return Method.COPY
     same = hardlinks_between(source, to)
     if link is True and not same:
         raise StageError(f"cannot hardlink: {source} and {to} are on different filesystems "
                          f"or mount points", "drop --link to copy through the target's pool "
                                              "instead")
-    return "hardlink" if same else "pool"
+    return Method.HARDLINK if same else Method.POOL
 
 
 def hardlinks_between(source: Path, to: Path) -> bool:
