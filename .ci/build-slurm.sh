@@ -1,23 +1,36 @@
 #!/usr/bin/env bash
-# Build SchedMD's Slurm 24.05.8 (with scrun) for the three-node end-to-end cluster, once per
+# Build a SchedMD Slurm release (with scrun) for the three-node end-to-end clusters, once per
 # machine: the prefix is keyed by the tarball's sha256, so this rebuilds only when that prefix
 # is missing (or incomplete: it is published by renaming a finished build into place).
 #
-#   .ci/build-slurm.sh            build into /opt/ocistage-slurm/<first 16 hex of the sha256>
+#   .ci/build-slurm.sh [VERSION]  build VERSION (24.05.8, the default, or 26.05.3) into
+#                                 /opt/ocistage-slurm/<first 16 hex of the tarball's sha256>
 #   OCISTAGE_SLURM_PREFIX_ROOT=D  ... into D/<hash prefix> instead
-#   OCISTAGE_SLURM_TARBALL=F      the tarball (default: ../shared/vendor/slurm-24.05.8.tar.xz
+#   OCISTAGE_SLURM_TARBALL=F      the tarball (default: ../shared/vendor/slurm-VERSION.tar.xz
 #                                 beside the repository, or beside the main checkout of a
 #                                 git worktree)
 #   OCISTAGE_SLURM_JOBS=N         make -jN (default: nproc)
 #
 # Prints the prefix on its last line. Needs the build dependencies listed in .ci/run
-# (libmunge-dev, liblua5.3-dev, libjson-c-dev, libyaml-dev, libhttp-parser-dev, ...); scrun is
-# only built when Lua 5.3, json-c, yaml and http-parser are found, and this fails if it is not.
+# (libmunge-dev, liblua5.3-dev, libjson-c-dev, libyaml-dev, libhttp-parser-dev, libpmix-dev,
+# ...); scrun is only built when Lua 5.3, json-c, yaml and http-parser are found, and this
+# fails if it is not. 26.05.3 is built with PMIx (Debian's libpmix-dev) for `srun --mpi=pmix`;
+# 24.05.8 keeps the build it always had (its prefix is keyed by the tarball alone).
 set -euo pipefail
 exec </dev/null
 
+VERSION="${1:-24.05.8}"
+case "$VERSION" in
+    24.05.8) SHA256=b1b1549ee80fbcd2e4a3b40f17b0e794f92893b6e059d32d964d8db92c399b0e
+             EXTRA_CONFIGURE=() ;;
+    26.05.3) SHA256=b7c7c7c8d78f7fde485ac7fc811034c5dd1a067d0167dba1a044e731c0374b13
+             EXTRA_CONFIGURE=(--with-pmix="$(dirname "$(dpkg -L libpmix-dev 2>/dev/null \
+                 | grep -m1 '/pmix2/include$' || echo /usr/lib/x86_64-linux-gnu/pmix2/include)")") ;;
+    *) printf 'build-slurm.sh: unknown version %s (24.05.8 or 26.05.3)\n' "$VERSION" >&2; exit 2 ;;
+esac
+
 REPO="$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)"
-TARBALL_NAME=vendor/slurm-24.05.8.tar.xz
+TARBALL_NAME="vendor/slurm-$VERSION.tar.xz"
 TARBALL="${OCISTAGE_SLURM_TARBALL:-$REPO/../shared/$TARBALL_NAME}"
 if [ -z "${OCISTAGE_SLURM_TARBALL:-}" ] && [ ! -f "$TARBALL" ]; then
     # a git worktree elsewhere: shared/ is beside the main checkout
@@ -26,7 +39,6 @@ if [ -z "${OCISTAGE_SLURM_TARBALL:-}" ] && [ ! -f "$TARBALL" ]; then
         TARBALL="$common/../../shared/$TARBALL_NAME"
     fi
 fi
-SHA256=b1b1549ee80fbcd2e4a3b40f17b0e794f92893b6e059d32d964d8db92c399b0e
 ROOT="${OCISTAGE_SLURM_PREFIX_ROOT:-/opt/ocistage-slurm}"
 PREFIX="$ROOT/${SHA256:0:16}"
 JOBS="${OCISTAGE_SLURM_JOBS:-$(nproc)}"
@@ -58,7 +70,8 @@ trap 'rm -rf "$WORK"' EXIT
 tar -xJf "$TARBALL" -C "$WORK"
 src="$(find "$WORK" -mindepth 1 -maxdepth 1 -type d | head -n 1)"
 cd "$src"
-./configure --prefix="$PREFIX" --sysconfdir="$PREFIX/etc" --enable-multiple-slurmd >"$WORK/configure.log" 2>&1 \
+./configure --prefix="$PREFIX" --sysconfdir="$PREFIX/etc" --enable-multiple-slurmd \
+    "${EXTRA_CONFIGURE[@]}" >"$WORK/configure.log" 2>&1 \
     || { tail -n 40 "$WORK/configure.log" >&2; die "configure failed"; }
 make -j"$JOBS" >"$WORK/make.log" 2>&1 || { tail -n 60 "$WORK/make.log" >&2; die "make failed"; }
 make install >"$WORK/install.log" 2>&1 || { tail -n 40 "$WORK/install.log" >&2; die "make install failed"; }

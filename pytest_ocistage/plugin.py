@@ -33,7 +33,10 @@ end of the session; see pytest_ocistage/slurm.py for the :class:`SlurmCluster` A
 - ``slurm_22_05``: Debian's Slurm 22.05, one node
 - ``slurm_24_05``: Slurm 24.05.8 built from source (``$OCISTAGE_SLURM_PREFIX``), nodes n1-n3,
   each with its own node-local directory, and ``scrun``
-- ``slurm_cluster``: each of the two in turn (the test runs once on each)
+- ``slurm_26_05``: Slurm 26.05.3 built from source with PMIx
+  (``$OCISTAGE_SLURM_26_05_PREFIX``), nodes n1-n3 as for 24.05
+- ``slurm_cluster``: each of the three in turn (the test runs once on each)
+- ``slurm_nodes``: each three-node cluster in turn (24.05, 26.05)
 - ``shared_dir``: a world-traversable directory every node sees; ``slurm_job_user``: an
   unprivileged account for jobs, removed at the end if the session made it
 """
@@ -279,11 +282,25 @@ def slurm_24_05() -> Iterator[SlurmCluster]:
         yield cluster
 
 
-@pytest.fixture(params=["22.05", "24.05"])
+@pytest.fixture(scope="session")
+def slurm_26_05() -> Iterator[SlurmCluster]:
+    """Slurm 26.05.3 built by ``.ci/build-slurm.sh 26.05.3`` (with PMIx), as slurm_24_05:
+    nodes n1-n3, node-local directories, scrun."""
+    with session_cluster(built_spec("26.05"), ocistage_command()) as cluster:
+        yield cluster
+
+
+@pytest.fixture(params=["22.05", "24.05", "26.05"])
 def slurm_cluster(request: pytest.FixtureRequest) -> SlurmCluster:
-    """Each test cluster in turn: the test runs once on 22.05 and once on 24.05."""
-    name = "slurm_22_05" if request.param == "22.05" else "slurm_24_05"
-    cluster: SlurmCluster = request.getfixturevalue(name)
+    """Each test cluster in turn: the test runs on 22.05, 24.05 and 26.05."""
+    cluster: SlurmCluster = request.getfixturevalue("slurm_" + request.param.replace(".", "_"))
+    return cluster
+
+
+@pytest.fixture(params=["24.05", "26.05"])
+def slurm_nodes(request: pytest.FixtureRequest) -> SlurmCluster:
+    """Each three-node cluster in turn (the releases .ci/build-slurm.sh builds)."""
+    cluster: SlurmCluster = request.getfixturevalue("slurm_" + request.param.replace(".", "_"))
     return cluster
 
 

@@ -92,6 +92,14 @@ from pytest_ocistage.components import (
 
 SLURM_24_05_SHA256 = "b1b1549ee80fbcd2e4a3b40f17b0e794f92893b6e059d32d964d8db92c399b0e"
 SLURM_24_05_PREFIX = Path("/opt/ocistage-slurm") / SLURM_24_05_SHA256[:16]
+SLURM_26_05_SHA256 = "b7c7c7c8d78f7fde485ac7fc811034c5dd1a067d0167dba1a044e731c0374b13"
+SLURM_26_05_PREFIX = Path("/opt/ocistage-slurm") / SLURM_26_05_SHA256[:16]
+#: the releases built by .ci/build-slurm.sh: release -> (version, prefix, variable naming
+#: another prefix)
+BUILT_RELEASES = {
+    "24.05": ("24.05.8", SLURM_24_05_PREFIX, "OCISTAGE_SLURM_PREFIX"),
+    "26.05": ("26.05.3", SLURM_26_05_PREFIX, "OCISTAGE_SLURM_26_05_PREFIX"),
+}
 DEBIAN_SLURM = Path("/usr")
 TEST_USER = "ocistage-slurm"
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -349,9 +357,12 @@ def debian_spec() -> ClusterSpec:
     return ClusterSpec(name="ocistage2205", prefix=DEBIAN_SLURM, node_count=1)
 
 
-def built_spec() -> ClusterSpec:
-    prefix = Path(os.environ.get("OCISTAGE_SLURM_PREFIX", str(SLURM_24_05_PREFIX)))
-    return ClusterSpec(name="ocistage2405", prefix=prefix, node_count=3, legacy_cgroups=True)
+def built_spec(release: str = "24.05") -> ClusterSpec:
+    """A three-node cluster of a release .ci/build-slurm.sh builds (24.05 or 26.05)."""
+    _version, default, variable = BUILT_RELEASES[release]
+    prefix = Path(os.environ.get(variable, str(default)))
+    return ClusterSpec(name="ocistage" + release.replace(".", ""), prefix=prefix, node_count=3,
+                       legacy_cgroups=True)
 
 
 def check_spec(spec: ClusterSpec) -> str | None:
@@ -365,8 +376,11 @@ def check_spec(spec: ClusterSpec) -> str | None:
         if not os.access(path, os.X_OK):
             if spec.prefix == DEBIAN_SLURM:
                 return f"{path} is missing (Debian: apt-get install slurm-wlm slurm-client)"
-            return (f"{path} is missing: build Slurm 24.05.8 with .ci/build-slurm.sh (as .ci/run "
-                    "does; set OCISTAGE_SLURM_PREFIX for another prefix)")
+            built = {str(prefix): (version, variable)
+                     for version, prefix, variable in BUILT_RELEASES.values()}
+            version, variable = built.get(str(spec.prefix), ("24.05.8", "OCISTAGE_SLURM_PREFIX"))
+            return (f"{path} is missing: build Slurm {version} with `.ci/build-slurm.sh "
+                    f"{version}` (as .ci/run does; set {variable} for another prefix)")
     return None
 
 
