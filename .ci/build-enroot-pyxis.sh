@@ -85,6 +85,13 @@ tar -xJf "$VENDOR/pyxis-0.24.0.tar.xz" -C "$WORK"
 make -C "$WORK/enroot-4.1.2" -j"$JOBS" install prefix="$PREFIX/enroot" DESTDIR="$WORK/stage" >"$WORK/enroot.log" 2>&1 \
     || { tail -n 60 "$WORK/enroot.log" >&2; die "enroot make install failed"; }
 [ -x "$STAGE/enroot/bin/enroot" ] || die "enroot was not installed into $STAGE/enroot"
+# enroot's Makefile writes $(DESTDIR) into bin/enroot and enroot.conf (its libdir and
+# sysconfdir): those are text files; make them name the final prefix, and check that no other
+# file holds the staging path
+grep -rlI -F "$WORK/stage" "$STAGE" | while IFS= read -r file; do
+    sed -i "s|$WORK/stage||g" "$file"
+done
+if grep -rl -F "$WORK/stage" "$STAGE" >&2; then die "the files above name the staging directory"; fi
 
 CPPFLAGS="-I$SLURM_PREFIX/include" make -C "$WORK/pyxis-0.24.0" >"$WORK/pyxis.log" 2>&1 \
     || { tail -n 40 "$WORK/pyxis.log" >&2; die "pyxis make failed"; }

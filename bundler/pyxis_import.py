@@ -40,7 +40,7 @@ import shutil
 import stat
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -527,6 +527,24 @@ def publish(store: Store, built: Path, key: str, record: Mapping[str, Any]) -> P
     return final
 
 
+def provide(store: Store, key: str, step: JobStep,
+            make: Callable[[], object]) -> tuple[Path, bool]:
+    """Image ``key`` in ``store``, leased to ``step``; ``make()`` builds and publishes it when
+    it is missing, under the key's lock, so that of all the processes asking at once one
+    builds and the others wait and reuse it. Returns the path and whether this call built it."""
+    hold(store, key, step)
+    final = image_path(store, key)
+    if _present(final):
+        return final, False
+    with build_lock(store, key):
+        if _present(final):  # built by whoever held the lock before us
+            return final, False
+        make()
+    if not _present(final):
+        raise StoreError(f"image {key[:12]} was built but is not at {final}")
+    return final, True
+
+
 @dataclass(frozen=True)
 class GetResult:
     path: Path
@@ -652,15 +670,8 @@ def get(uri: str, settings: Settings, step: JobStep,
     if shared is not None:
         return GetResult(shared, False, manifest, key)
     store = image_store(settings)
-    hold(store, key, step)
-    final = image_path(store, key)
-    built = False
-    if not _present(final):
-        with build_lock(store, key):
-            if not _present(final):  # else built by whoever held the lock before us
-                build(parsed.reference, cache, store, key, options, mksquashfs, compressor,
-                      manifest)
-                built = True
+    final, built = provide(store, key, step, lambda: build(
+        parsed.reference, cache, store, key, options, mksquashfs, compressor, manifest))
     remember(store, parsed.reference, key, manifest)
     return GetResult(final, built, manifest, key)
 
