@@ -97,8 +97,9 @@ CPPFLAGS="-I$SLURM_PREFIX/include" make -C "$WORK/pyxis-0.24.0" >"$WORK/pyxis.lo
     || { tail -n 40 "$WORK/pyxis.log" >&2; die "pyxis make failed"; }
 install -D -m 0755 "$WORK/pyxis-0.24.0/spank_pyxis.so" "$STAGE/pyxis/spank_pyxis.so"
 
-"$STAGE/enroot/bin/enroot" version
-printf '%s\n' "$KEY" >"$STAGE/.built"
 chmod 0755 "$STAGE"
 mv -T "$STAGE" "$PREFIX"
+# enroot runs only from its final prefix: check it there, then mark the prefix complete
+"$PREFIX/enroot/bin/enroot" version || { rm -rf "$PREFIX"; die "the installed enroot does not run"; }
+printf '%s\n' "$KEY" >"$PREFIX/.built"
 echo "$PREFIX"

@@ -335,6 +335,14 @@ class ClusterSpec:
     #: on a hybrid cgroup host, unmount the cgroup2 hierarchy in the nodes' mount namespaces
     #: (crun 1.8 refuses hybrid layouts whose cgroup2 part has controllers enabled)
     legacy_cgroups: bool = False
+    #: the cluster's plugstack.conf (SPANK plugins, e.g. pyxis's line); empty by default
+    plugstack: str = ""
+    #: directories put first on the daemons' PATH (pyxis runs enroot from slurmd's PATH)
+    daemon_path: tuple[str, ...] = ()
+    #: give each slurmd's mount namespace a /dev/fuse of mode 0666 (a device node of its own
+    #: bind-mounted over the host's, which is 0600 on some hosts): FUSE for job users
+    #: (squashfuse, fuse-overlayfs) without changing the host
+    user_fuse: bool = False
 
     @property
     def bin_dir(self) -> Path:
@@ -577,7 +585,8 @@ def running_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[Slur
             node_dirs[node].chmod(0o1777)  # like /tmp or a scratch mount: every user writes
         conf = base / "etc" / "slurm.conf"
         env = {"SLURM_CONF": str(conf),
-               "PATH": os.pathsep.join([str(spec.bin_dir), str(spec.sbin_dir),
+               "PATH": os.pathsep.join([*spec.daemon_path, str(spec.bin_dir),
+                                        str(spec.sbin_dir),
                                         os.environ.get("PATH", "/usr/bin:/bin")])}
         cluster = SlurmCluster(name=spec.name, version=version, base=base,
                                bin_dir=spec.bin_dir, sbin_dir=spec.sbin_dir, nodes=nodes,
@@ -600,7 +609,7 @@ def running_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[Slur
         ports = {node: free_port() for node in nodes}
         conf.write_text(_slurm_conf(spec, base, host, nodes, ports))
         (base / "etc" / "mpi.conf").write_text("")
-        (base / "etc" / "plugstack.conf").write_text("")
+        (base / "etc" / "plugstack.conf").write_text(spec.plugstack)
         cluster.oci_conf.write_text(_oci_conf(spec, base, version, ocistage, daemon_env))
         for path in base.joinpath("etc").iterdir():
             path.chmod(0o644)
@@ -612,12 +621,18 @@ def running_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[Slur
             slurmds = []
             hide = HYBRID_CGROUP2 if spec.legacy_cgroups and _hybrid_cgroup2() else ""
             for node in nodes:
+                fuse = ""
+                if spec.user_fuse:
+                    fuse = str(base / "fuse" / node)
+                    Path(fuse).mkdir(parents=True, mode=0o755)
                 # the node's own mount namespace: node_local is its directory, and only there
                 slurmd = _start(
                     ["unshare", "--mount", "--propagation", "private", "sh", "-ec",
                      'mount --bind "$1" "$2"; if [ -n "$3" ]; then umount -l "$3"; fi; '
-                     'shift 3; exec "$@"', "slurmd-" + node,
-                     str(node_dirs[node]), str(cluster.node_local), hide,
+                     'if [ -n "$4" ]; then mount -t tmpfs -o mode=0755 fuse "$4"; '
+                     'mknod -m 0666 "$4/fuse" c 10 229; mount --bind "$4/fuse" /dev/fuse; fi; '
+                     'shift 4; exec "$@"', "slurmd-" + node,
+                     str(node_dirs[node]), str(cluster.node_local), hide, fuse,
                      str(spec.sbin_dir / "slurmd"), "-D", "-c", "-f", str(conf), "-N", node],
                     base / "log" / f"slurmd-{node}.out", daemon_env)
                 slurmds.append(slurmd)
