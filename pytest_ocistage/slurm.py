@@ -585,13 +585,13 @@ def running_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[Slur
             node_dirs[node].chmod(0o1777)  # like /tmp or a scratch mount: every user writes
         conf = base / "etc" / "slurm.conf"
         env = {"SLURM_CONF": str(conf),
-               "PATH": os.pathsep.join([*spec.daemon_path, str(spec.bin_dir),
-                                        str(spec.sbin_dir),
+               "PATH": os.pathsep.join([str(spec.bin_dir), str(spec.sbin_dir),
                                         os.environ.get("PATH", "/usr/bin:/bin")])}
         cluster = SlurmCluster(name=spec.name, version=version, base=base,
                                bin_dir=spec.bin_dir, sbin_dir=spec.sbin_dir, nodes=nodes,
                                node_local=base / "local", node_dirs=node_dirs, env=env)
         daemon_env = cluster.environ()
+        daemon_env["PATH"] = os.pathsep.join([*spec.daemon_path, daemon_env["PATH"]])
 
         key = base / "munge" / "munge.key"
         with key.open("wb") as out:

@@ -164,6 +164,12 @@ def _export(home: Path, uid: int) -> str:
             f"XDG_DATA_HOME={home}/xdg-data,XDG_RUNTIME_DIR={runtime},HOME={home}")
 
 
+def _logs(cluster: SlurmCluster) -> str:
+    """The ends of the slurmd logs (pyxis logs there), for a failure's message."""
+    return "".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-40:])
+                   + "\n" for p in sorted(cluster.log_dir.glob("slurmd-*.log")))
+
+
 def _builds(tools: Path) -> list[str]:
     return (tools / "builds.log").read_text().splitlines()
 
@@ -182,7 +188,7 @@ def test_three_nodes_at_once_build_once(pyxis_cluster: SlurmCluster, pushed: dic
     result = pyxis_cluster.srun(
         "-N3", "--ntasks-per-node=1", _export(job_dirs["root"], 0),
         f"--container-image={pushed['oci']}", "sh", "-c", SHOW, timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, result.stdout + result.stderr + _logs(pyxis_cluster)
     outputs = result.stdout.split("rc=")
     assert len(outputs) == 4, result.stdout
     assert result.stdout.splitlines().count("0") == 3
@@ -201,7 +207,7 @@ def test_unprivileged_user_with_a_zstd_image(pyxis_cluster: SlurmCluster,
         "-N3", "--ntasks-per-node=1", _export(home, slurm_job_user.uid),
         f"--container-image={pushed['zstd']}", "sh", "-c", SHOW, user=slurm_job_user,
         cwd=Path("/tmp"), timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, result.stdout + result.stderr + _logs(pyxis_cluster)
     assert result.stdout.splitlines().count(str(slurm_job_user.uid)) == 3
     images = list((home / "cache" / "pyxis").glob("*.sqsh"))
     assert len(images) == 1 and images[0].stat().st_uid == slurm_job_user.uid
@@ -213,10 +219,10 @@ def test_container_name_releases_twice(pyxis_cluster: SlurmCluster, pushed: dict
     for _run in range(2):
         result = pyxis_cluster.srun(
             "-N1", _export(job_dirs["root"], 0), f"--container-image={pushed['oci']}",
-            "--container-name=ocistage-pyxis-named", "sh", "-c", "cat /etc/rc.local",
+            "--container-name=ocistage-pyxis-named", "sh", "-c", "cat /etc/rc",
             timeout=600)
-        assert result.returncode == 0, result.stdout + result.stderr
-        assert "sourced by /etc/rc" in result.stdout
+        assert result.returncode == 0, result.stdout + result.stderr + _logs(pyxis_cluster)
+        assert 'cd "/home/app" && unset OLDPWD' in result.stdout  # enroot's rc: WorkingDir
     logs = "".join(p.read_text(errors="replace")
                    for p in pyxis_cluster.log_dir.glob("slurmd-*.log"))
     assert "importer release" not in logs.replace("running importer command", ""), logs[-3000:]
