@@ -7,6 +7,9 @@ a failed ``get``) says the step is done with it.
 
 ``get`` here:
 
+0. with the pull policy ``missing`` (the importer's default, :func:`effective_policy`) or
+   ``never``, uses what the reference resolved to before if that image is in the store (a
+   record in ``STORE/pyxis/refs/``; no network, no registry client: the warm get);
 1. parses IMAGE in enroot's syntax, ``[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]``
    (:func:`parse_enroot_uri`);
 2. pulls it through the cache as ``ocistage pull`` does (mirrors, ``--pull`` policy, site and

@@ -14,9 +14,12 @@ that job users reach it) is written, and nothing is left running:
 
 - ``etc/``: ``slurm.conf`` (``SLURM_CONF``; the daemons get ``-f``), an empty ``mpi.conf``
   (24.05 keeps batch jobs PENDING with ``InvalidAccount`` without accounting unless it exists),
-  an empty ``plugstack.conf`` and ``oci.conf`` written by ``ocistage runtime oci-conf --runtime
-  runc`` (root directory ``oci-root/%u-runc``, plus ``SrunPath`` from 23.02 on: scrun runs srun
-  through ``sh`` with the job's environment, which has no PATH);
+  ``plugstack.conf`` (empty, or ``ClusterSpec.plugstack``: pyxis for
+  tests/e2e/test_pyxis_importer.py, whose spec also puts enroot first on the daemons' PATH and
+  gives each slurmd a 0666 ``/dev/fuse`` of its own, ``user_fuse``) and ``oci.conf`` written
+  by ``ocistage runtime oci-conf --runtime runc`` (root directory ``oci-root/%u-runc``, plus
+  ``SrunPath`` from 23.02 on: scrun runs srun through ``sh`` with the job's environment, which
+  has no PATH);
 - ``munge/``: a private munged (own key, seed, pid and log; socket ``munge-socket/munge.socket``,
   given to Slurm as ``AuthInfo=socket=...``);
 - ``state/``, ``spool/<node>/``, ``log/`` (``slurmctld.log``, ``slurmd-<node>.log``,
@@ -621,20 +624,8 @@ def running_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[Slur
             slurmds = []
             hide = HYBRID_CGROUP2 if spec.legacy_cgroups and _hybrid_cgroup2() else ""
             for node in nodes:
-                fuse = ""
-                if spec.user_fuse:
-                    fuse = str(base / "fuse" / node)
-                    Path(fuse).mkdir(parents=True, mode=0o755)
-                # the node's own mount namespace: node_local is its directory, and only there
-                slurmd = _start(
-                    ["unshare", "--mount", "--propagation", "private", "sh", "-ec",
-                     'mount --bind "$1" "$2"; if [ -n "$3" ]; then umount -l "$3"; fi; '
-                     'if [ -n "$4" ]; then mount -t tmpfs -o mode=0755 fuse "$4"; '
-                     'mknod -m 0666 "$4/fuse" c 10 229; mount --bind "$4/fuse" /dev/fuse; fi; '
-                     'shift 4; exec "$@"', "slurmd-" + node,
-                     str(node_dirs[node]), str(cluster.node_local), hide, fuse,
-                     str(spec.sbin_dir / "slurmd"), "-D", "-c", "-f", str(conf), "-N", node],
-                    base / "log" / f"slurmd-{node}.out", daemon_env)
+                slurmd = _start(_slurmd_argv(spec, cluster, node, hide),
+                                base / "log" / f"slurmd-{node}.out", daemon_env)
                 slurmds.append(slurmd)
             stack.callback(_stop_slurmds, slurmds)
             stack.callback(_cancel_all_jobs, cluster)
@@ -643,6 +634,23 @@ def running_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[Slur
             logs = "".join(_tail(path) for path in sorted((base / "log").iterdir()))
             raise ClusterError(f"{exc}\n{logs}") from exc
         yield cluster
+
+
+def _slurmd_argv(spec: ClusterSpec, cluster: SlurmCluster, node: str, hide: str) -> list[str]:
+    """slurmd of ``node`` in a mount namespace of its own: node_local is its directory, and
+    only there; ``hide`` (a hybrid host's cgroup2 mount) is unmounted there; with
+    ``spec.user_fuse`` a 0666 /dev/fuse of its own is bind-mounted over the host's."""
+    fuse = ""
+    if spec.user_fuse:
+        fuse = str(cluster.base / "fuse" / node)
+        Path(fuse).mkdir(parents=True, mode=0o755)
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-ec",
+            'mount --bind "$1" "$2"; if [ -n "$3" ]; then umount -l "$3"; fi; '
+            'if [ -n "$4" ]; then mount -t tmpfs -o mode=0755 fuse "$4"; '
+            'mknod -m 0666 "$4/fuse" c 10 229; mount --bind "$4/fuse" /dev/fuse; fi; '
+            'shift 4; exec "$@"', "slurmd-" + node,
+            str(cluster.node_dir(node)), str(cluster.node_local), hide, fuse,
+            str(spec.sbin_dir / "slurmd"), "-D", "-c", "-f", str(cluster.slurm_conf), "-N", node]
 
 
 def _stop_slurmds(slurmds: Sequence[subprocess.Popen[bytes]]) -> None:

@@ -38,6 +38,7 @@ def _values(settings: Settings) -> dict[str, Any]:
         "ca_file": settings.ca_file,
         "loopback_insecure": settings.loopback_insecure,
         "keep_snapshot": settings.keep_snapshot,
+        "pyxis_store": str(settings.pyxis_store) if settings.pyxis_store else None,
         "insecure_registries": sorted(settings.insecure_registries),
         "mirrors": {host: list(urls) for host, urls in sorted(settings.mirrors.items())},
     }
