@@ -1,4 +1,5 @@
-"""Errors of bundler's own modules: a local image source that cannot be used."""
+"""Errors of bundler's own modules: a local image source that cannot be used, an image the
+pyxis importer cannot make."""
 
 from __future__ import annotations
 
@@ -7,3 +8,7 @@ from ocistage.cache.errors import OcistageError
 
 class SourceError(OcistageError):
     pass
+
+
+class PyxisImportError(OcistageError):
+    """ocistage-pyxis-importer could not make or hand over an image (bundler/pyxis_import.py)."""

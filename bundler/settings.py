@@ -21,6 +21,9 @@ which the user's file overrides key by key::
                                             # used as is), never (the cache only)
     keep_snapshot = true                    # like bundle --keep-snapshot: a cold
                                             # `bundle REF DEST` keeps the unpacked image
+    pyxis_store = "/shared/ocistage-pyxis"  # squashfs images of ocistage-pyxis-importer
+                                            # shared by the site (docs/pyxis.md); default:
+                                            # each user's cache
 
     [registries."docker.io"]
     mirrors = ["https://mirror.site.example:5000"]   # tried before the origin
@@ -77,6 +80,8 @@ class Settings:
     # bytes a bundle may unpack; None: ocistage.bundler.unpack.apply' default
     unpack_limit: int | None = None
     keep_snapshot: bool = False  # `bundle REF DEST` unpacks into a snapshot kept in the cache
+    # where ocistage-pyxis-importer keeps its squashfs images; None: the cache (docs/pyxis.md)
+    pyxis_store: Path | None = None
     # where each setting above comes from: "option --jobs", "environment OCISTAGE_PULL",
     # "file /etc/ocistage/config.toml" or "default" (several, comma-separated, for the
     # registries, which add up)
@@ -129,6 +134,7 @@ class SettingsReport:
             "ca_file": settings.ca_file,
             "loopback_insecure": settings.loopback_insecure,
             "keep_snapshot": settings.keep_snapshot,
+            "pyxis_store": str(settings.pyxis_store) if settings.pyxis_store else None,
             "insecure_registries": sorted(settings.insecure_registries),
             "mirrors": {host: list(urls) for host, urls in sorted(settings.mirrors.items())},
         }
@@ -204,6 +210,8 @@ KEYS: Mapping[str, tuple[str, Callable[[object], bool]]] = {
     "pull": ("one of " + ", ".join(f'"{p}"' for p in PULL_POLICIES),
              lambda v: v in PULL_POLICIES),
     "keep_snapshot": ("true or false", lambda v: isinstance(v, bool)),
+    "pyxis_store": ("a non-empty string (a directory)",
+                    lambda v: isinstance(v, str) and bool(v)),
     "registries": ('a table of registries: [registries."HOST[:PORT]"]',
                    lambda v: isinstance(v, dict)),
 }
@@ -482,6 +490,7 @@ def load_settings(
                 _option(keep_snapshot, "--keep-snapshot" if keep_snapshot else
                         "--no-keep-snapshot"), layers.get("keep_snapshot"))
 
+    pyxis_store = pick("pyxis_store", _env("OCISTAGE_PYXIS_STORE"), layers.get("pyxis_store"))
     insecure_hosts, mirror_map = _registries(layers, insecure, mirrors, origins)
 
     return Settings(
@@ -497,6 +506,7 @@ def load_settings(
         else stage_to,
         pull=policy if policy is not None else "always",
         keep_snapshot=bool(keep),
+        pyxis_store=Path(expand_user(pyxis_store)) if pyxis_store is not None else None,
         origins=origins,
         warnings=tuple(layers.warnings),
     )

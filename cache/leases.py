@@ -7,6 +7,7 @@ A lease names a *target* and a *holder*. Targets are strings with a kind prefix:
     blob:sha256:<hex>         one blob
     snapshot:sha256:<hex>     one unpacked layer snapshot (by diff_id)
     staged:<absolute path>    a bundle staged outside the cache (see stagers/)
+    squashfs:<key>            a squashfs image of ocistage-pyxis-importer (CACHE/pyxis/<key>.sqsh)
 
 A lease may name more targets in ``also`` (one file for everything a command uses, see
 :class:`InUse`).
@@ -66,7 +67,7 @@ from ocistage.cache.store import write_file_atomic
 MAX_LEASE_BYTES = 64 << 10
 
 HolderKind = Literal["pid", "slurm-job", "pin"]
-TARGET_KINDS = ("image", "bundle", "blob", "snapshot", "staged")
+TARGET_KINDS = ("image", "bundle", "blob", "snapshot", "staged", "squashfs")
 GC_LOCK = "gc.lock"
 #: Slurm job states in which a job still uses what it leased.
 SLURM_ACTIVE_STATES = frozenset({
@@ -160,6 +161,15 @@ def _write(cache_root: Path, lease: Lease) -> None:
         write_file_atomic(_directory(cache_root) / f"{lease.id}.json", lease.to_json().encode())
     except OSError as exc:
         raise StoreError(f"cannot record a lease in {cache_root}: {exc.strerror}") from exc
+
+
+def record(cache_root: Path, lease: Lease) -> None:
+    """Write ``lease`` as it is (a caller that names its leases itself, to find them again:
+    ocistage.bundler.pyxis_import); an existing lease of that id is replaced."""
+    check_target(lease.target)
+    if not lease.id or "/" in lease.id or lease.id.startswith("."):
+        raise UsageError(f"invalid lease id {lease.id!r}")
+    _write(cache_root, lease)
 
 
 def acquire(cache_root: Path, target: str, holder: Holder, identity: str = "") -> Lease:

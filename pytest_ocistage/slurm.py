@@ -14,9 +14,12 @@ that job users reach it) is written, and nothing is left running:
 
 - ``etc/``: ``slurm.conf`` (``SLURM_CONF``; the daemons get ``-f``), an empty ``mpi.conf``
   (24.05 keeps batch jobs PENDING with ``InvalidAccount`` without accounting unless it exists),
-  an empty ``plugstack.conf`` and ``oci.conf`` written by ``ocistage runtime oci-conf --runtime
-  runc`` (root directory ``oci-root/%u-runc``, plus ``SrunPath`` from 23.02 on: scrun runs srun
-  through ``sh`` with the job's environment, which has no PATH);
+  ``plugstack.conf`` (empty, or ``ClusterSpec.plugstack``: pyxis for
+  tests/e2e/test_pyxis_importer.py, whose spec also puts enroot first on the daemons' PATH and
+  gives each slurmd a 0666 ``/dev/fuse`` of its own, ``user_fuse``) and ``oci.conf`` written
+  by ``ocistage runtime oci-conf --runtime runc`` (root directory ``oci-root/%u-runc``, plus
+  ``SrunPath`` from 23.02 on: scrun runs srun through ``sh`` with the job's environment, which
+  has no PATH);
 - ``munge/``: a private munged (own key, seed, pid and log; socket ``munge-socket/munge.socket``,
   given to Slurm as ``AuthInfo=socket=...``);
 - ``state/``, ``spool/<node>/``, ``log/`` (``slurmctld.log``, ``slurmd-<node>.log``,
@@ -343,6 +346,14 @@ class ClusterSpec:
     #: on a hybrid cgroup host, unmount the cgroup2 hierarchy in the nodes' mount namespaces
     #: (crun 1.8 refuses hybrid layouts whose cgroup2 part has controllers enabled)
     legacy_cgroups: bool = False
+    #: the cluster's plugstack.conf (SPANK plugins, e.g. pyxis's line); empty by default
+    plugstack: str = ""
+    #: directories put first on the daemons' PATH (pyxis runs enroot from slurmd's PATH)
+    daemon_path: tuple[str, ...] = ()
+    #: give each slurmd's mount namespace a /dev/fuse of mode 0666 (a device node of its own
+    #: bind-mounted over the host's, which is 0600 on some hosts): FUSE for job users
+    #: (squashfuse, fuse-overlayfs) without changing the host
+    user_fuse: bool = False
 
     @property
     def bin_dir(self) -> Path:
@@ -597,6 +608,7 @@ def running_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[Slur
                                bin_dir=spec.bin_dir, sbin_dir=spec.sbin_dir, nodes=nodes,
                                node_local=base / "local", node_dirs=node_dirs, env=env)
         daemon_env = cluster.environ()
+        daemon_env["PATH"] = os.pathsep.join([*spec.daemon_path, daemon_env["PATH"]])
 
         key = base / "munge" / "munge.key"
         with key.open("wb") as out:
@@ -614,7 +626,7 @@ def running_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[Slur
         ports = {node: free_port() for node in nodes}
         conf.write_text(_slurm_conf(spec, base, host, nodes, ports))
         (base / "etc" / "mpi.conf").write_text("")
-        (base / "etc" / "plugstack.conf").write_text("")
+        (base / "etc" / "plugstack.conf").write_text(spec.plugstack)
         cluster.oci_conf.write_text(_oci_conf(spec, base, version, ocistage, daemon_env))
         for path in base.joinpath("etc").iterdir():
             path.chmod(0o644)
@@ -626,14 +638,8 @@ def running_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[Slur
             slurmds = []
             hide = HYBRID_CGROUP2 if spec.legacy_cgroups and _hybrid_cgroup2() else ""
             for node in nodes:
-                # the node's own mount namespace: node_local is its directory, and only there
-                slurmd = _start(
-                    ["unshare", "--mount", "--propagation", "private", "sh", "-ec",
-                     'mount --bind "$1" "$2"; if [ -n "$3" ]; then umount -l "$3"; fi; '
-                     'shift 3; exec "$@"', "slurmd-" + node,
-                     str(node_dirs[node]), str(cluster.node_local), hide,
-                     str(spec.sbin_dir / "slurmd"), "-D", "-c", "-f", str(conf), "-N", node],
-                    base / "log" / f"slurmd-{node}.out", daemon_env)
+                slurmd = _start(_slurmd_argv(spec, cluster, node, hide),
+                                base / "log" / f"slurmd-{node}.out", daemon_env)
                 slurmds.append(slurmd)
             stack.callback(_stop_slurmds, slurmds)
             stack.callback(_cancel_all_jobs, cluster)
@@ -642,6 +648,23 @@ def running_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[Slur
             logs = "".join(_tail(path) for path in sorted((base / "log").iterdir()))
             raise ClusterError(f"{exc}\n{logs}") from exc
         yield cluster
+
+
+def _slurmd_argv(spec: ClusterSpec, cluster: SlurmCluster, node: str, hide: str) -> list[str]:
+    """slurmd of ``node`` in a mount namespace of its own: node_local is its directory, and
+    only there; ``hide`` (a hybrid host's cgroup2 mount) is unmounted there; with
+    ``spec.user_fuse`` a 0666 /dev/fuse of its own is bind-mounted over the host's."""
+    fuse = ""
+    if spec.user_fuse:
+        fuse = str(cluster.base / "fuse" / node)
+        Path(fuse).mkdir(parents=True, mode=0o755)
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-ec",
+            'mount --bind "$1" "$2"; if [ -n "$3" ]; then umount -l "$3"; fi; '
+            'if [ -n "$4" ]; then mount -t tmpfs -o mode=0755 fuse "$4"; '
+            'mknod -m 0666 "$4/fuse" c 10 229; mount --bind "$4/fuse" /dev/fuse; fi; '
+            'shift 4; exec "$@"', "slurmd-" + node,
+            str(cluster.node_dir(node)), str(cluster.node_local), hide, fuse,
+            str(spec.sbin_dir / "slurmd"), "-D", "-c", "-f", str(cluster.slurm_conf), "-N", node]
 
 
 def _stop_slurmds(slurmds: Sequence[subprocess.Popen[bytes]]) -> None:

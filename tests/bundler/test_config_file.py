@@ -125,6 +125,7 @@ def test_origins_say_option_environment_file_or_default(files: tuple[Path, Path]
         "ca_file": "default",
         "loopback_insecure": "default",
         "keep_snapshot": "default",
+        "pyxis_store": "default",
         "insecure_registries": f"file {site}, option --insecure-registry",
         "mirrors": f"file {user}",
     }

@@ -1,0 +1,95 @@
+"""``ocistage-pyxis-importer``: pyxis's ``importer=`` (docs/pyxis.md).
+
+    ocistage-pyxis-importer get docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]
+    ocistage-pyxis-importer release
+
+pyxis runs it as the job user with stdin closed and reads the first line of stdout (the image's
+path); it shows stderr only when the exit status is not 0. So this prints nothing but the path
+on success, and on failure one ``error:`` line and a ``hint:`` line. Light to start: no typer
+or rich; the library is imported only by the command that needs it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+USAGE = ("usage: ocistage-pyxis-importer get docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]\n"
+         "       ocistage-pyxis-importer release\n")
+
+
+def _error(message: str, hint: str | None) -> None:
+    from ocistage.bundler.cli.common import sanitize
+
+    sys.stderr.write(f"error: {sanitize(message)}\n")
+    if hint:
+        sys.stderr.write(f"hint: {sanitize(hint)}\n")
+
+
+def _get(uri: str) -> int:
+    from ocistage.bundler.pyxis_import import JobStep, get
+    from ocistage.bundler.settings import load_settings
+
+    settings = load_settings()
+    result = get(uri, settings, JobStep.from_environment(os.environ))
+    sys.stdout.write(f"{result.path}\n")
+    sys.stdout.flush()
+    return 0
+
+
+def _release() -> int:
+    from ocistage.bundler.pyxis_import import JobStep, release_step
+    from ocistage.bundler.settings import load_settings
+
+    settings = load_settings()
+    roots = [settings.cache] + ([settings.pyxis_store] if settings.pyxis_store else [])
+    release_step([root.absolute() for root in roots], JobStep.from_environment(os.environ))
+    return 0
+
+
+def run(argv: Sequence[str]) -> int:
+    """Run one command; every error becomes an ``error:`` and a ``hint:`` line (exit 1, 2
+    for a wrong command line)."""
+    from ocistage.cache.errors import OcistageError
+
+    if list(argv) in (["-h"], ["--help"]):
+        sys.stdout.write(USAGE)
+        return 0
+    if len(argv) == 2 and argv[0] == "get":
+        command = argv[1]
+    elif list(argv) == ["release"]:
+        command = None
+    else:
+        _error(f"unknown command line: {' '.join(argv) or '(none)'}", USAGE.strip())
+        return 2
+    try:
+        return _get(command) if command is not None else _release()
+    except OcistageError as error:
+        _error(error.message, error.hint)
+        return error.exit_code
+    except KeyboardInterrupt:
+        _error("interrupted", "the partial downloads are kept; the next get resumes them")
+        return 130
+    except OSError as error:
+        names = [str(n) for n in (error.filename, error.filename2) if n is not None]
+        _error(f"{error.strerror or error}{': ' + ' -> '.join(names) if names else ''}", None)
+        return 1
+    except Exception as error:  # the boundary: pyxis shows stderr, never a traceback
+        _error(f"internal error: {type(error).__name__}: {error}",
+               "this is a bug in ocistage; please report it")
+        return 1
+
+
+def main() -> None:
+    import signal
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)  # a cancelled step: stop mksquashfs, clean up
+    sys.exit(run(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,712 @@
+"""ocistage as pyxis's image importer (``importer=`` in plugstack.conf; docs/pyxis.md).
+
+pyxis runs ``IMPORTER get docker://IMAGE`` as the job user and reads the first line of its
+stdout as the absolute path of a squashfs image, which enroot then starts (or unpacks with
+``enroot create``); ``IMPORTER release`` (idempotent, called once or twice per step, also after
+a failed ``get``) says the step is done with it.
+
+``get`` here:
+
+0. with the pull policy ``missing`` (the importer's default, :func:`effective_policy`) or
+   ``never``, uses what the reference resolved to before if that image is in the store (a
+   record in ``STORE/pyxis/refs/``; no network, no registry client: the warm get);
+1. parses IMAGE in enroot's syntax, ``[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]``
+   (:func:`parse_enroot_uri`);
+2. pulls it through the cache as ``ocistage pull`` does (mirrors, ``--pull`` policy, site and
+   user config; credentials from the docker/podman auth files and from enroot's own
+   ``.credentials`` netrc, :class:`EnrootCredentials`);
+3. takes a lease for the job step (``squashfs:<key>``, held by the Slurm job; ``cache gc`` keeps
+   what a live job holds) and looks for the image's squashfs, keyed by manifest digest, format
+   and compressor, in the store (``STORE/pyxis/<key>.sqsh``; STORE is the cache, or the site's
+   ``pyxis_store``);
+4. if it is missing, takes the key's lock (one build for all the ranks and nodes asking at
+   once; the others wait and reuse it), makes the image's rootfs through the cache
+   (:func:`ocistage.bundler.bundle.make_bundle`), adds the files ``enroot import`` writes into
+   a rootfs (:func:`enroot_files`) and builds the squashfs with mksquashfs in a scratch
+   directory of the store, published by one ``rename()``.
+
+Nothing half-built is ever at a key's path; a failed build leaves only its scratch directory,
+which the next command (or ``cache gc``) removes, and its partial downloads, which the next
+``get`` resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import stat
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ocistage.bundler.errors import PyxisImportError
+from ocistage.bundler.image.errors import InvalidReference
+from ocistage.bundler.image.reference import (
+    DEFAULT_REGISTRY,
+    OFFICIAL_REPOSITORY_PREFIX,
+    RegistryReference,
+    parse_registry_reference,
+)
+from ocistage.bundler.registry.credentials import DOCKER_HUB_ALIASES, Credentials, CredentialStore
+from ocistage.bundler.settings import DEFAULT, Settings
+from ocistage.cache import leases
+from ocistage.cache.cpus import usable_cpus
+from ocistage.cache.errors import LockTimeout, StoreError
+from ocistage.cache.jsondoc import read_document
+from ocistage.cache.locks import FileLock
+from ocistage.cache.store import Store, fsync_dir, write_file_atomic
+from ocistage.cache.userdirs import home_dir, owned_by_caller
+
+if TYPE_CHECKING:
+    from ocistage.bundler.pull import PullOptions
+
+#: bump when what goes into an image changes (the files of enroot_files, mksquashfs options)
+IMAGE_FORMAT = 1
+IMAGE_DIR = "pyxis"
+IMAGE_SUFFIX = ".sqsh"
+REFS_DIR = "refs"
+LEASE_PREFIX = "pyxis-"
+#: how long a get waits for another process building the same image
+BUILD_WAIT = 3 * 3600.0
+MKSQUASHFS_TIMEOUT = 3 * 3600
+#: compressors in order of preference; enroot's own default (lzo) is missing on RHEL 9
+COMPRESSORS = ("zstd", "gzip")
+NETRC_NAME = ".credentials"
+_ENROOT_PREFIX = "docker://"
+_DIGEST_START = "sha256:"
+_USER_RE = re.compile(r"[A-Za-z0-9_.!~*'()%;:&=+$,\-]+")
+_ENV_REF_RE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+# -- the image URI -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EnrootUri:
+    """An image named the way enroot and pyxis name it; ``user`` picks the credentials."""
+
+    user: str | None
+    reference: RegistryReference
+
+
+def parse_enroot_uri(text: str) -> EnrootUri:
+    """Parse ``docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]`` (the ``docker://`` is optional).
+
+    ``REGISTRY#IMAGE`` names the registry literally (``nvcr.io#nvidia/pytorch:24.01``); without
+    ``#``, Docker's rules apply (``nvcr.io/nvidia/pytorch``, ``ubuntu`` on docker.io). A user
+    is what comes before an ``@`` that does not start the digest.
+    """
+    body = text.removeprefix(_ENROOT_PREFIX)
+    if not body:
+        raise InvalidReference(f"{text!r} names no image",
+                               "pyxis passes docker://[USER@][REGISTRY#]IMAGE[:TAG]")
+    user, body = _split_user(body, text)
+    if "#" not in body:
+        return EnrootUri(user, parse_registry_reference(body))
+    registry, _, image = body.partition("#")
+    if not registry or not image or "#" in image or "/" in registry:
+        raise InvalidReference(f"{text!r} is not REGISTRY#IMAGE[:TAG]",
+                               "write the registry before '#' and the image after it, e.g. "
+                               "nvcr.io#nvidia/pytorch:24.01-py3")
+    parsed = parse_registry_reference(f"localhost/{image}")
+    repository = parsed.repository
+    if registry in DOCKER_HUB_ALIASES:
+        registry = DEFAULT_REGISTRY
+        if "/" not in repository:
+            repository = OFFICIAL_REPOSITORY_PREFIX + repository
+    return EnrootUri(user, RegistryReference(registry, repository, parsed.tag, parsed.digest))
+
+
+def _split_user(body: str, text: str) -> tuple[str | None, str]:
+    at = body.find("@")
+    if at < 0 or body.startswith(_DIGEST_START, at + 1):
+        return None, body
+    hash_at = body.find("#")
+    if hash_at >= 0 and hash_at < at:
+        return None, body  # REGISTRY#IMAGE@sha256:... is checked by the reference parser
+    user = body[:at]
+    if not _USER_RE.fullmatch(user):
+        raise InvalidReference(f"{text!r} has an invalid user name {user!r}",
+                               "write docker://USER@REGISTRY#IMAGE:TAG")
+    return user, body[at + 1:]
+
+
+# -- credentials: enroot's netrc ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NetrcEntry:
+    machine: str
+    login: str
+    password: str = dataclasses.field(repr=False)
+
+
+def enroot_config_dir(environ: Mapping[str, str]) -> Path:
+    """enroot's ``$ENROOT_CONFIG_PATH`` (default ``$XDG_CONFIG_HOME/enroot``, else
+    ``~/.config/enroot``); pyxis removes ``ENROOT_*`` from the importer's environment, so
+    usually the default."""
+    configured = environ.get("ENROOT_CONFIG_PATH")
+    if configured and os.path.isabs(configured):
+        return Path(configured)
+    xdg = environ.get("XDG_CONFIG_HOME")
+    if xdg and os.path.isabs(xdg) and owned_by_caller(Path(xdg)):
+        return Path(xdg) / "enroot"
+    return home_dir(environ) / ".config" / "enroot"
+
+
+def parse_netrc(text: str, environ: Mapping[str, str], where: str) -> list[NetrcEntry]:
+    """The ``machine HOST login USER password PASS`` lines of enroot's ``.credentials``.
+
+    A password ``$NAME`` or ``${NAME}`` is taken from the environment, as enroot does; enroot
+    runs anything else starting with ``$`` (``$(command)``) through a shell, which this refuses.
+    """
+    entries = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if len(words) < 6 or words[0] != "machine" or words[2] != "login" or words[4] != "password":
+            continue
+        password = " ".join(words[5:])
+        if password.startswith("$"):
+            password = _expand(password, environ, f"{where}:{number}")
+        entries.append(NetrcEntry(words[1], words[3], password))
+    return entries
+
+
+def _expand(value: str, environ: Mapping[str, str], where: str) -> str:
+    match = _ENV_REF_RE.fullmatch(value)
+    if match is None:
+        raise PyxisImportError(
+            f"{where}: the password {value[:20]!r}... runs a command in enroot's shell",
+            "ocistage runs no commands from the credentials file: put the secret in an "
+            "environment variable and write `password $NAME`, or use ~/.docker/config.json")
+    name = match.group(1) or match.group(2)
+    if name not in environ:
+        raise PyxisImportError(f"{where}: the password names ${name}, which is not set",
+                               f"export {name} in the job's environment")
+    return environ[name]
+
+
+def _machines(registry: str) -> tuple[str, ...]:
+    """The netrc machine names of a registry: its host without the port (as enroot matches
+    it), and for docker.io the names enroot uses for it."""
+    host = registry.rsplit(":", 1)[0] if not registry.endswith("]") else registry
+    return DOCKER_HUB_ALIASES if host in DOCKER_HUB_ALIASES else (host,)
+
+
+class EnrootCredentials(CredentialStore):
+    """The auth files ocistage reads (docker, podman), plus enroot's ``.credentials``.
+
+    With a user in the URI (``USER@REGISTRY#IMAGE``) that user's netrc entry is used first;
+    without one, the auth files first, then the first netrc entry for the registry (enroot
+    infers the user the same way).
+    """
+
+    def __init__(self, user: str | None, environ: Mapping[str, str] | None = None) -> None:
+        env = dict(os.environ if environ is None else environ)
+        base = CredentialStore.from_environment(env)
+        super().__init__(base.files, env)
+        self.user = user
+        self.netrc = enroot_config_dir(env) / NETRC_NAME
+        self._env = env
+        self._entries: list[NetrcEntry] | None = None
+
+    def entries(self) -> list[NetrcEntry]:
+        if self._entries is None:
+            try:
+                text = _read_small_text(self.netrc)
+            except FileNotFoundError:
+                text = ""
+            self._entries = parse_netrc(text, self._env, str(self.netrc))
+        return self._entries
+
+    def lookup(self, registry: str, repository: str | None = None) -> Credentials | None:
+        machines = _machines(registry)
+        if self.user is not None:
+            for entry in self.entries():
+                if entry.machine in machines and entry.login == self.user:
+                    return Credentials(entry.login, entry.password)
+        found = super().lookup(registry, repository)
+        if found is not None:
+            return found
+        for entry in self.entries():
+            if entry.machine in machines:
+                return Credentials(entry.login, entry.password)
+        return None
+
+
+def _read_small_text(path: Path, limit: int = 1 << 20) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as file:
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise PyxisImportError(f"{path} is larger than {limit} bytes",
+                               "a credentials file holds a few lines")
+    return data.decode("utf-8", errors="replace")
+
+
+# -- what enroot import writes into the rootfs -------------------------------------------------
+
+def _bash_quote(word: str) -> str:
+    """``${word@Q}`` as bash writes it: single quotes, or ``$'...'`` with escapes when the word
+    holds control characters."""
+    if any(ord(c) < 0x20 or ord(c) == 0x7f for c in word):
+        escapes = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", "'": "\\'"}
+        inner = "".join(escapes.get(c, f"\\{ord(c):03o}" if ord(c) < 0x20 or ord(c) == 0x7f
+                                    else c) for c in word)
+        return f"$'{inner}'"
+    return "'" + word.replace("'", "'\\''") + "'"
+
+
+def _strings(value: object) -> list[str]:
+    if not isinstance(value, list):
+        return []
+    return [_jq_raw(item) for item in value if item is not None]
+
+
+def _jq_raw(value: object) -> str:
+    """A value as ``jq -r`` prints it: strings raw, anything else as compact JSON."""
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+def enroot_files(image_config: Mapping[str, Any]) -> tuple[dict[str, bytes], str]:
+    """The files ``enroot import`` (``docker::configure`` in enroot 4.1.2's src/docker.sh)
+    writes into a rootfs, by path inside it, and the working directory it creates there.
+
+    ``/etc/fstab`` (volumes as bind mounts), ``/etc/environment`` (the image's Env),
+    ``/etc/rc`` (labels as comments, then: cd to WorkingDir, source /etc/rc.local, exec the
+    entrypoint with the arguments or with Cmd; ``/bin/sh`` when the image has neither) and an
+    empty ``/etc/rc.local``. enroot uses no other field of the config (not User).
+    """
+    config = image_config.get("config")
+    config = config if isinstance(config, dict) else {}
+    volumes = config.get("Volumes")
+    fstab = "".join(f"${{ENROOT_ROOTFS}}{path} {path} none x-create=dir,bind,rw,nosuid,nodev\n"
+                    for path in sorted(volumes if isinstance(volumes, dict) else {}))
+    environment = "".join(f"{line}\n" for line in _strings(config.get("Env")))
+    labels = config.get("Labels")
+    rc = "".join(f"# {key} {_jq_raw(value).replace(chr(10), ' ')}\n"
+                 for key, value in (labels.items() if isinstance(labels, dict) else ()))
+    if rc:
+        rc += "\n"
+    workdir = config.get("WorkingDir")
+    workdir = workdir if isinstance(workdir, str) and workdir else "/"
+    entrypoint = _strings(config.get("Entrypoint"))
+    cmd = _strings(config.get("Cmd"))
+    if not entrypoint and not cmd:
+        cmd = ["/bin/sh"]
+    quoted_entry = " ".join(_bash_quote(w) for w in entrypoint)
+    quoted_cmd = " ".join(_bash_quote(w) for w in cmd)
+    rc += (f'mkdir -p "{workdir}" 2> /dev/null\n'
+           f'cd "{workdir}" && unset OLDPWD || exit 1\n'
+           "\n"
+           "if [ -s /etc/rc.local ]; then\n"
+           "    . /etc/rc.local\n"
+           "fi\n"
+           "\n"
+           "if [ $# -gt 0 ]; then\n"
+           f'    exec {quoted_entry} "$@"\n'
+           "else\n"
+           f"    exec {quoted_entry} {quoted_cmd}\n"
+           "fi\n")
+    rc_local = ("# This file is sourced by /etc/rc when the container starts.\n"
+                "# It can be used to manipulate the entrypoint or the command of the "
+                "container.\n")
+    files = {"etc/fstab": fstab, "etc/environment": environment, "etc/rc": rc,
+             "etc/rc.local": rc_local}
+    return {path: text.encode() for path, text in files.items()}, workdir
+
+
+# -- mksquashfs --------------------------------------------------------------------------------
+
+_COMPRESSOR_LINE = re.compile(r"\s+([a-z0-9]+)(?: \(default\))?")
+
+
+def probe_compressor(mksquashfs: str) -> str:
+    """The first of :data:`COMPRESSORS` that ``mksquashfs -help`` lists as available."""
+    try:
+        result = subprocess.run([mksquashfs, "-help"], capture_output=True, text=True,
+                                timeout=60, stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise PyxisImportError(f"cannot run {mksquashfs} -help: {exc}") from exc
+    available = compressors_listed(result.stdout + result.stderr)
+    for name in COMPRESSORS:
+        if name in available:
+            return name
+    raise PyxisImportError(f"{mksquashfs} offers none of {', '.join(COMPRESSORS)} "
+                           f"(it lists {', '.join(available) or 'no compressor'})",
+                           "install a squashfs-tools built with zstd or gzip")
+
+
+def compressors_listed(help_text: str) -> list[str]:
+    """The names under ``Compressors available:`` in mksquashfs's help."""
+    found: list[str] = []
+    listing = False
+    for line in help_text.splitlines():
+        if line.strip().startswith("Compressors available"):
+            if found:
+                break
+            listing = True
+            continue
+        if listing:
+            match = _COMPRESSOR_LINE.fullmatch(line)
+            if match is None:
+                if found:
+                    break
+                continue
+            found.append(match.group(1))
+    return found
+
+
+def _pseudo_dirs(rootfs: Path, relative: str) -> list[str]:
+    """Pseudo definitions for the directories of ``relative`` missing from ``rootfs``; none
+    below a component that exists but is no directory (enroot's mkdir would fail there too)."""
+    parts = [p for p in relative.split("/") if p and p not in (".", "..")]
+    result = []
+    for depth in range(1, len(parts) + 1):
+        path = "/".join(parts[:depth])
+        try:
+            st = os.lstat(rootfs / path)
+        except FileNotFoundError:
+            result.append(f"{path} d 755 0 0")
+            continue
+        except OSError:
+            return result
+        if not stat.S_ISDIR(st.st_mode):  # a file, or a link (not followed out of the rootfs)
+            return result
+    return result
+
+
+def mksquashfs_argv(mksquashfs: str, rootfs: Path, image: Path, files: Mapping[str, Path],
+                    workdir: str, compressor: str, jobs: int) -> list[str]:
+    """The mksquashfs command of an image: ``rootfs`` owned by root (``-all-root``, as enroot
+    makes it), without what is under /dev, with ``files`` (path inside -> file) replacing the
+    image's own and ``workdir`` made."""
+    argv = [mksquashfs, os.fspath(rootfs), os.fspath(image), "-comp", compressor,
+            "-noappend", "-no-progress", "-quiet", "-no-recovery", "-all-root",
+            "-processors", str(max(1, jobs))]
+    pseudo: list[str] = []
+    for inside in sorted(files):
+        parent = inside.rpartition("/")[0]
+        pseudo += [p for p in _pseudo_dirs(rootfs, parent) if p not in pseudo]
+    pseudo += [p for p in _pseudo_dirs(rootfs, workdir) if p not in pseudo]
+    pseudo += [f"{inside} f 644 0 0 cat {shlex.quote(os.fspath(files[inside]))}"
+               for inside in sorted(files)]
+    for definition in pseudo:
+        argv += ["-p", definition]
+    # -e takes the rest of the command line
+    argv += ["-wildcards", "-e", "dev/*", *sorted(files)]
+    return argv
+
+
+def run_mksquashfs(argv: Sequence[str]) -> None:
+    """Run mksquashfs; killed and reaped if this process is interrupted."""
+    try:
+        process = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    except OSError as exc:
+        raise PyxisImportError(f"cannot run mksquashfs: {exc.strerror}") from exc
+    try:
+        output, _ = process.communicate(timeout=MKSQUASHFS_TIMEOUT)
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+    if process.returncode != 0:
+        lines = output.decode(errors="replace").strip().splitlines()
+        raise PyxisImportError(f"mksquashfs failed: {lines[-1] if lines else process.returncode}",
+                               "check the free space of the store (docs/pyxis.md)")
+
+
+# -- the store of images -----------------------------------------------------------------------
+
+def image_key(manifest_digest: str, compressor: str) -> str:
+    shape = {"format": IMAGE_FORMAT, "manifest": manifest_digest, "compressor": compressor}
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
+
+
+def image_path(store: Store, key: str) -> Path:
+    return image_path_at(store.root, key)
+
+
+def image_path_at(root: Path, key: str) -> Path:
+    return root / IMAGE_DIR / f"{key}{IMAGE_SUFFIX}"
+
+
+def lease_target(key: str) -> str:
+    return f"squashfs:{key}"
+
+
+@dataclass(frozen=True)
+class JobStep:
+    """Who holds an image: the Slurm job and step of the environment, or no job (a pin that
+    ``release`` in a shell without SLURM_JOB_ID drops)."""
+
+    job_id: str | None
+    step_id: str
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> JobStep:
+        job = environ.get("SLURM_JOB_ID") or None
+        step = environ.get("SLURM_STEP_ID") or "none"
+        if not re.fullmatch(r"[A-Za-z0-9_+-]{1,40}", step):
+            step = "none"
+        return cls(job, step)
+
+    @property
+    def prefix(self) -> str:
+        return f"{LEASE_PREFIX}{self.job_id or 'nojob'}.{self.step_id}-"
+
+    def holder(self) -> leases.Holder:
+        if self.job_id is None:
+            return leases.Holder.pin(f"pyxis {os.getuid()}")
+        return leases.Holder.slurm_job(self.job_id)
+
+
+def hold(store: Store, key: str, step: JobStep) -> leases.Lease:
+    """Record the step's lease on image ``key`` (one per step and image: a repeated get
+    rewrites it), then wait for a running GC, so that the image is looked at only once no GC
+    can take it."""
+    lease = leases.Lease(id=f"{step.prefix}{key[:32]}", target=lease_target(key),
+                         holder=step.holder(), created=time.time())
+    leases.record(store.root, lease)
+    leases.wait_for_gc(store.root)
+    return lease
+
+
+def release_step(stores: Sequence[Path], step: JobStep) -> int:
+    """Drop every lease of ``step`` in ``stores`` (their roots); returns how many."""
+    dropped = 0
+    for root in stores:
+        directory = root / "leases"
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(directory):
+                if entry.name.startswith(step.prefix) and entry.name.endswith(".json"):
+                    dropped += leases.release(root, entry.name.removesuffix(".json"))
+    return dropped
+
+
+def _present(path: Path) -> bool:
+    try:
+        return os.path.isfile(path) and not os.path.islink(path)
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def build_lock(store: Store, key: str, wait: float = BUILD_WAIT) -> Iterator[None]:
+    """The lock of building image ``key`` (one build; the others wait for it)."""
+    (store.root / IMAGE_DIR).mkdir(mode=0o755, exist_ok=True)
+    lock = FileLock(store.root / IMAGE_DIR / f"{key}.lock")
+    try:
+        lock.acquire(timeout=wait, poll=0.5)
+    except LockTimeout as exc:
+        raise LockTimeout(f"another process has been building image {key[:12]} for "
+                          f"{int(wait)} s", "retry the job later") from exc
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def publish(store: Store, built: Path, key: str, record: Mapping[str, Any]) -> Path:
+    """Move the finished image ``built`` to its key's path with its record beside it."""
+    final = image_path(store, key)
+    os.chmod(built, 0o644)
+    info = built.with_name(built.name + ".json")
+    info.write_text(json.dumps(dict(record), sort_keys=True) + "\n")
+    os.chmod(info, 0o644)
+    os.rename(info, final.with_suffix(".json"))
+    os.rename(built, final)
+    fsync_dir(final.parent)
+    return final
+
+
+def provide(store: Store, key: str, step: JobStep,
+            make: Callable[[], object]) -> tuple[Path, bool]:
+    """Image ``key`` in ``store``, leased to ``step``; ``make()`` builds and publishes it when
+    it is missing, under the key's lock, so that of all the processes asking at once one
+    builds and the others wait and reuse it. Returns the path and whether this call built it."""
+    hold(store, key, step)
+    final = image_path(store, key)
+    if _present(final):
+        return final, False
+    with build_lock(store, key):
+        if _present(final):  # built by whoever held the lock before us
+            return final, False
+        make()
+    if not _present(final):
+        raise StoreError(f"image {key[:12]} was built but is not at {final}")
+    return final, True
+
+
+@dataclass(frozen=True)
+class GetResult:
+    path: Path
+    built: bool              # this call made the image
+    manifest: str
+    key: str
+
+
+def mksquashfs_path() -> str:
+    path = shutil.which("mksquashfs") or next(
+        (p for p in ("/usr/sbin/mksquashfs", "/usr/bin/mksquashfs", "/sbin/mksquashfs")
+         if os.access(p, os.X_OK)), None)
+    if path is None:
+        raise PyxisImportError("mksquashfs is not installed on this node",
+                               "install squashfs-tools (the package enroot needs too)")
+    return path
+
+
+def pull_options(settings: Settings, credentials: CredentialStore, policy: str) -> PullOptions:
+    from ocistage.bundler.pull import PullOptions
+
+    registry = dataclasses.replace(settings.registry_config(), credentials=credentials)
+    return PullOptions(jobs=settings.jobs, registry=registry, max_size=settings.max_size,
+                       policy=policy, unpack_limit=settings.unpack_limit)
+
+
+def image_store(settings: Settings) -> Store:
+    """Where images go: the site's ``pyxis_store`` if set and this user may write there,
+    else the user's cache (a shared store someone else fills is only read: :func:`get`)."""
+    if settings.pyxis_store is not None and os.access(settings.pyxis_store, os.W_OK):
+        return Store.open(settings.pyxis_store)
+    return Store.open(settings.cache)
+
+
+def shared_image(settings: Settings, key: str) -> Path | None:
+    """The image ``key`` in a site store this user cannot write (filled by the site), if it
+    is there and the store passes the trust rule (docs/trust.md)."""
+    root = settings.pyxis_store
+    if root is None or os.access(root, os.W_OK):
+        return None
+    from ocistage.cache.fsops import check_trusted_dir
+
+    check_trusted_dir(root, "pyxis store", group_shared=True, follow=True)
+    check_trusted_dir(root / IMAGE_DIR, "pyxis store directory", group_shared=True)
+    path = image_path(Store(root), key)
+    return path if _present(path) else None
+
+
+def effective_policy(settings: Settings) -> str:
+    """The pull policy of a get: the configured one (``--pull`` has no option here: the
+    environment or a config file), else ``missing``: a reference imported before is used as
+    it was, without asking the registry (docs/pyxis.md)."""
+    return settings.pull if settings.origins.get("pull", DEFAULT) != DEFAULT else "missing"
+
+
+def record_name(reference: RegistryReference) -> str:
+    """The file name of what ``reference`` resolved to on this host's architecture."""
+    text = f"{IMAGE_FORMAT}\n{reference}\n{os.uname().machine}"
+    return hashlib.sha256(text.encode()).hexdigest() + ".json"
+
+
+def remember(store: Store, reference: RegistryReference, key: str, manifest: str) -> None:
+    """Note that ``reference`` is image ``key`` (read by :func:`recall`)."""
+    directory = store.root / IMAGE_DIR / REFS_DIR
+    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    data = json.dumps({"reference": str(reference), "key": key, "manifest": manifest,
+                       "resolved": time.time()}, sort_keys=True).encode()
+    write_file_atomic(directory / record_name(reference), data)
+
+
+def recall(root: Path, reference: RegistryReference) -> tuple[str, str] | None:
+    """The image key and manifest ``reference`` last resolved to in the store at ``root``,
+    if that image is there (an unreadable record is no record)."""
+    path = root / IMAGE_DIR / REFS_DIR / record_name(reference)
+    try:
+        data = json.loads(read_document(path, 64 << 10))
+        key, manifest = str(data["key"]), str(data["manifest"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not re.fullmatch(r"[0-9a-f]{64}", key) or not _present(image_path_at(root, key)):
+        return None
+    return key, manifest
+
+
+def _recalled(settings: Settings, reference: RegistryReference,
+              step: JobStep) -> GetResult | None:
+    """The image a reference resolved to before, leased to ``step``; None if there is none.
+    No network and no registry client: the warm get."""
+    if settings.pyxis_store is not None and not os.access(settings.pyxis_store, os.W_OK):
+        found = recall(settings.pyxis_store, reference)
+        if found is not None and shared_image(settings, found[0]) is not None:
+            return GetResult(image_path_at(settings.pyxis_store, found[0]), False, found[1],
+                             found[0])
+    store = image_store(settings)
+    found = recall(store.root, reference)
+    if found is None:
+        return None
+    hold(store, found[0], step)
+    final = image_path(store, found[0])
+    return GetResult(final, False, found[1], found[0]) if _present(final) else None
+
+
+def get(uri: str, settings: Settings, step: JobStep,
+        environ: Mapping[str, str] | None = None) -> GetResult:
+    """``importer get URI``: the image's squashfs, made once, leased to ``step``."""
+    parsed = parse_enroot_uri(uri)
+    policy = effective_policy(settings)
+    if policy != "always":
+        found = _recalled(settings, parsed.reference, step)
+        if found is not None:
+            return found
+    from ocistage.bundler.pull import pull
+
+    credentials = EnrootCredentials(parsed.user, environ)
+    options = pull_options(settings, credentials, policy)
+    cache = Store.open(settings.cache)
+    pulled = pull(parsed.reference, cache, dataclasses.replace(options, max_size=None))
+    manifest = str(pulled.manifest.digest)
+    mksquashfs = mksquashfs_path()
+    compressor = probe_compressor(mksquashfs)
+    key = image_key(manifest, compressor)
+    shared = shared_image(settings, key)
+    if shared is not None:
+        return GetResult(shared, False, manifest, key)
+    store = image_store(settings)
+    final, built = provide(store, key, step, lambda: build(
+        parsed.reference, cache, store, key, options, mksquashfs, compressor, manifest))
+    remember(store, parsed.reference, key, manifest)
+    return GetResult(final, built, manifest, key)
+
+
+def build(reference: RegistryReference, cache: Store, store: Store, key: str,
+          options: PullOptions, mksquashfs: str, compressor: str, manifest: str) -> Path:
+    """Make image ``key`` of ``reference`` (pulled already: from the cache) and publish it."""
+    from ocistage.bundler.bundle import make_bundle
+
+    bundle = make_bundle(reference, cache,
+                         pull_options=dataclasses.replace(options, policy="missing"))
+    if str(bundle.image.manifest.digest) != manifest:
+        raise PyxisImportError(f"{reference} changed while it was imported "
+                               f"({manifest} became {bundle.image.manifest.digest})",
+                               "run the job again")
+    config = json.loads(cache.read_blob(bundle.image.config_digest))
+    files, workdir = enroot_files(config if isinstance(config, dict) else {})
+    scratch = store.temp_dir("pyxis")
+    try:
+        written = {}
+        for n, (inside, data) in enumerate(sorted(files.items())):
+            written[inside] = scratch / f"file{n}"
+            written[inside].write_bytes(data)
+        built = scratch / f"{key}{IMAGE_SUFFIX}"
+        run_mksquashfs(mksquashfs_argv(mksquashfs, bundle.path / "rootfs", built, written,
+                                       workdir, compressor, usable_cpus()))
+        record = {"source": str(reference), "manifest": manifest,
+                  "platform": str(bundle.image.platform), "compressor": compressor,
+                  "format": IMAGE_FORMAT, "created": time.time()}
+        return publish(store, built, key, record)
+    except OSError as exc:
+        raise StoreError(f"cannot make the image of {reference} in {store.root}: "
+                         f"{exc.strerror}") from exc
+    finally:
+        store.remove_temp_dir(scratch)

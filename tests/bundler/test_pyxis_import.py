@@ -1,0 +1,364 @@
+"""ocistage-pyxis-importer's library (bundler/pyxis_import.py): enroot's image URIs and
+credentials, the files enroot writes into a rootfs, the mksquashfs command, and the store:
+leases per job step, one build for many processes asking at once."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from ocistage.bundler.cli.pyxis import run
+from ocistage.bundler.errors import PyxisImportError
+from ocistage.bundler.image.errors import InvalidReference
+from ocistage.bundler.pyxis_import import (
+    EnrootCredentials,
+    JobStep,
+    compressors_listed,
+    enroot_files,
+    image_key,
+    image_path,
+    mksquashfs_argv,
+    parse_enroot_uri,
+    parse_netrc,
+    provide,
+    publish,
+    recall,
+    release_step,
+    remember,
+)
+from ocistage.cache import leases
+from ocistage.cache.store import Store
+
+
+@pytest.mark.parametrize(("uri", "user", "expected"), [
+    ("docker://ubuntu", None, "docker.io/library/ubuntu:latest"),
+    ("docker://ubuntu:24.04", None, "docker.io/library/ubuntu:24.04"),
+    ("ubuntu:24.04", None, "docker.io/library/ubuntu:24.04"),
+    ("docker://nvcr.io#nvidia/pytorch:24.01-py3", None, "nvcr.io/nvidia/pytorch:24.01-py3"),
+    ("docker://127.0.0.1:5000#busybox:1", None, "127.0.0.1:5000/busybox:1"),
+    ("docker://myreg#team/app", None, "myreg/team/app:latest"),  # '#': the registry as is
+    ("docker://registry-1.docker.io#ubuntu:22.04", None, "docker.io/library/ubuntu:22.04"),
+    ("docker://alice@nvcr.io#nvidia/cuda:12.4", "alice", "nvcr.io/nvidia/cuda:12.4"),
+    ("docker://$oauthtoken@nvcr.io#nvidia/cuda", "$oauthtoken", "nvcr.io/nvidia/cuda:latest"),
+    ("docker://bob@ghcr.io/org/tool:v1", "bob", "ghcr.io/org/tool:v1"),
+    ("docker://nvidia/cuda:12.4", None, "docker.io/nvidia/cuda:12.4"),
+    ("docker://reg.example:5000/a/b:t", None, "reg.example:5000/a/b:t"),
+])
+def test_enroot_uris(uri: str, user: str | None, expected: str) -> None:
+    parsed = parse_enroot_uri(uri)
+    assert (parsed.user, str(parsed.reference)) == (user, expected)
+
+
+def test_enroot_uri_with_digest() -> None:
+    digest = "sha256:" + "a" * 64
+    parsed = parse_enroot_uri(f"docker://127.0.0.1:5000#busybox@{digest}")
+    assert parsed.user is None
+    assert str(parsed.reference.digest) == digest
+    assert parsed.reference.registry == "127.0.0.1:5000"
+    with_user = parse_enroot_uri(f"docker://u@reg.io#img:tag@{digest}")
+    assert with_user.user == "u" and with_user.reference.tag == "tag"
+    plain = parse_enroot_uri(f"docker://ubuntu@{digest}")
+    assert plain.user is None and plain.reference.repository == "library/ubuntu"
+
+
+@pytest.mark.parametrize("uri", ["docker://", "docker://reg#", "docker://#img",
+                                 "docker://a#b#c", "docker://reg/x#img", "docker://re g#img",
+                                 "docker://u s@reg#img"])
+def test_bad_enroot_uris(uri: str) -> None:
+    with pytest.raises(InvalidReference):
+        parse_enroot_uri(uri)
+
+
+NETRC = """\
+# enroot's credentials
+machine nvcr.io login $oauthtoken password $NGC_KEY
+machine nvcr.io login alice password alicepw
+machine registry-1.docker.io login dockeruser password dockerpw
+machine 127.0.0.1 login local password ${LOCAL_PW}
+machine broken
+"""
+
+
+def test_netrc_entries_and_environment_passwords() -> None:
+    entries = parse_netrc(NETRC, {"NGC_KEY": "secret", "LOCAL_PW": "pw2"}, "creds")
+    assert [(e.machine, e.login, e.password) for e in entries] == [
+        ("nvcr.io", "$oauthtoken", "secret"), ("nvcr.io", "alice", "alicepw"),
+        ("registry-1.docker.io", "dockeruser", "dockerpw"), ("127.0.0.1", "local", "pw2")]
+
+
+def test_netrc_commands_and_unset_variables_are_refused() -> None:
+    with pytest.raises(PyxisImportError, match="runs a command"):
+        parse_netrc("machine h login u password $(cat /etc/shadow)", {}, "creds")
+    with pytest.raises(PyxisImportError, match="not set"):
+        parse_netrc("machine h login u password $NOPE", {}, "creds")
+
+
+def _home(tmp_path: Path, netrc: str | None = None, docker: dict[str, object] | None = None
+          ) -> dict[str, str]:
+    home = tmp_path / "home"
+    (home / ".config" / "enroot").mkdir(parents=True)
+    if netrc is not None:
+        (home / ".config" / "enroot" / ".credentials").write_text(netrc)
+    if docker is not None:
+        (home / ".docker").mkdir()
+        (home / ".docker" / "config.json").write_text(json.dumps(docker))
+    return {"HOME": str(home), "NGC_KEY": "secret", "LOCAL_PW": "pw2"}
+
+
+def test_credentials_user_from_uri_then_auth_files_then_netrc(tmp_path: Path) -> None:
+    import base64
+
+    docker = {"auths": {"nvcr.io": {"auth": base64.b64encode(b"fromdocker:dpw").decode()}}}
+    env = _home(tmp_path, NETRC, docker)
+    named = EnrootCredentials("alice", env).lookup("nvcr.io")
+    assert named is not None and (named.username, named.password) == ("alice", "alicepw")
+    anonymous = EnrootCredentials(None, env).lookup("nvcr.io")
+    assert anonymous is not None and anonymous.username == "fromdocker"
+    # docker.io: enroot's machine name for it; a port is not part of the machine
+    hub = EnrootCredentials(None, env).lookup("docker.io", "library/ubuntu")
+    assert hub is not None and (hub.username, hub.password) == ("dockeruser", "dockerpw")
+    local = EnrootCredentials(None, env).lookup("127.0.0.1:5000")
+    assert local is not None and local.password == "pw2"
+    assert EnrootCredentials(None, env).lookup("other.example") is None
+
+
+def test_credentials_from_enroot_config_path(tmp_path: Path) -> None:
+    env = _home(tmp_path)
+    elsewhere = tmp_path / "enrootconf"
+    elsewhere.mkdir()
+    (elsewhere / ".credentials").write_text("machine reg.io login me password pw\n")
+    env["ENROOT_CONFIG_PATH"] = str(elsewhere)
+    found = EnrootCredentials(None, env).lookup("reg.io:443")
+    assert found is not None and found.username == "me"
+
+
+# -- enroot's rootfs files ---------------------------------------------------------------------
+
+def test_enroot_files_of_a_full_config() -> None:
+    config = {"config": {
+        "Env": ["PATH=/usr/bin:/bin", "GREETING=hello world"],
+        "WorkingDir": "/home/app",
+        "Entrypoint": ["/bin/sh", "-c"],
+        "Cmd": ["echo it's here"],
+        "Labels": {"b.label": "two\nlines", "a.label": "x"},
+        "Volumes": {"/data": {}, "/cache": {}},
+        "User": "app",
+    }}
+    files, workdir = enroot_files(config)
+    assert workdir == "/home/app"
+    assert files["etc/environment"] == b"PATH=/usr/bin:/bin\nGREETING=hello world\n"
+    assert files["etc/fstab"] == (
+        b"${ENROOT_ROOTFS}/cache /cache none x-create=dir,bind,rw,nosuid,nodev\n"
+        b"${ENROOT_ROOTFS}/data /data none x-create=dir,bind,rw,nosuid,nodev\n")
+    rc = files["etc/rc"].decode()
+    assert rc.startswith("# b.label two lines\n# a.label x\n\nmkdir -p \"/home/app\"")
+    assert "    exec '/bin/sh' '-c' \"$@\"\n" in rc
+    assert "    exec '/bin/sh' '-c' 'echo it'\\''s here'\n" in rc
+    assert files["etc/rc.local"].startswith(b"# This file is sourced by /etc/rc")
+
+
+def test_enroot_files_of_an_empty_config_run_a_shell() -> None:
+    files, workdir = enroot_files({})
+    assert workdir == "/"
+    assert files["etc/environment"] == b"" and files["etc/fstab"] == b""
+    rc = files["etc/rc"].decode()
+    assert rc.startswith('mkdir -p "/" 2> /dev/null\ncd "/" && unset OLDPWD || exit 1\n')
+    assert "    exec  '/bin/sh'\n" in rc and '    exec  "$@"\n' in rc
+
+
+def test_rc_runs_as_enroot_runs_it(tmp_path: Path) -> None:
+    """The generated /etc/rc, run by bash as enroot runs it, execs what the image says."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    config = {"config": {"Entrypoint": ["printf", "[%s]"], "Cmd": ["a b", "it's", "x\ty"],
+                         "WorkingDir": str(tmp_path / "wd")}}
+    rc = tmp_path / "rc"
+    rc.write_bytes(enroot_files(config)[0]["etc/rc"])
+    default = subprocess.run([bash, str(rc)], capture_output=True, text=True, check=True)
+    assert default.stdout == "[a b][it's][x\ty]"
+    given = subprocess.run([bash, str(rc), "one", "two"], capture_output=True, text=True,
+                           check=True)
+    assert given.stdout == "[one][two]"
+    assert (tmp_path / "wd").is_dir()
+
+
+MKSQUASHFS_HELP = """\
+-comp <comp>		select <comp> compression
+			Compressors available:
+				gzip (default)
+				lzo
+				xz
+-b <block_size>		set data block size
+Compressors available and compressor specific options:
+	gzip (default)
+"""
+
+
+def test_compressors_listed() -> None:
+    assert compressors_listed(MKSQUASHFS_HELP) == ["gzip", "lzo", "xz"]
+    assert compressors_listed("nothing here") == []
+
+
+def test_mksquashfs_argv_excludes_last_and_adds_missing_dirs(tmp_path: Path) -> None:
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "etc").mkdir(parents=True)
+    (rootfs / "srv").write_text("a file")
+    argv = mksquashfs_argv("mksquashfs", rootfs, tmp_path / "img",
+                           {"etc/rc": tmp_path / "f0", "etc/deep/x": tmp_path / "f1"},
+                           "/work/dir", "zstd", 2)
+    assert argv[argv.index("-comp") + 1] == "zstd" and "-all-root" in argv
+    pseudo = [argv[i + 1] for i, a in enumerate(argv) if a == "-p"]
+    assert "etc/deep d 755 0 0" in pseudo and "work d 755 0 0" in pseudo
+    assert "work/dir d 755 0 0" in pseudo and not any(p.startswith("etc ") for p in pseudo)
+    assert f"etc/rc f 644 0 0 cat {tmp_path / 'f0'}" in pseudo
+    assert argv[argv.index("-e"):] == ["-e", "dev/*", "etc/deep/x", "etc/rc"]
+    under_file = mksquashfs_argv("mksquashfs", rootfs, tmp_path / "img", {}, "/srv/x", "gzip", 1)
+    assert not any(a.startswith("srv") for a in under_file)
+
+
+@pytest.mark.skipif(shutil.which("mksquashfs") is None or shutil.which("unsquashfs") is None,
+                    reason="squashfs-tools not installed")
+def test_mksquashfs_argv_builds_the_image(tmp_path: Path) -> None:
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "etc").mkdir(parents=True)
+    (rootfs / "dev").mkdir()
+    (rootfs / "dev" / "null").write_text("")
+    (rootfs / "etc" / "environment").write_text("OLD=1\n")
+    files, workdir = enroot_files({"config": {"Env": ["NEW=2"], "WorkingDir": "/w"}})
+    written = {}
+    for n, (inside, data) in enumerate(files.items()):
+        written[inside] = tmp_path / f"f{n}"
+        written[inside].write_bytes(data)
+    image = tmp_path / "img.sqsh"
+    subprocess.run(mksquashfs_argv(shutil.which("mksquashfs") or "", rootfs, image, written,
+                                   workdir, "gzip", 1), check=True, capture_output=True)
+    listing = subprocess.run(["unsquashfs", "-lln", str(image)], capture_output=True,
+                             text=True, check=True).stdout
+    assert "squashfs-root/w\n" in listing and "squashfs-root/dev/null" not in listing
+    assert " 0/0 " in listing and f" {os.getuid()}/" not in listing.replace(" 0/0 ", "")
+    environment = subprocess.run(["unsquashfs", "-cat", str(image), "etc/environment"],
+                                 capture_output=True, check=True).stdout
+    assert environment == b"NEW=2\n"
+
+
+# -- the store: leases, one build --------------------------------------------------------------
+
+def test_job_steps() -> None:
+    step = JobStep.from_environment({"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "3"})
+    assert step.prefix == "pyxis-42.3-" and step.holder().kind == "slurm-job"
+    outside = JobStep.from_environment({})
+    assert outside.prefix == "pyxis-nojob.none-" and outside.holder().kind == "pin"
+    odd = JobStep.from_environment({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "../x"})
+    assert odd.step_id == "none"
+
+
+def _fake_build(store: Store, key: str, counter: Path) -> None:
+    with counter.open("a") as out:
+        out.write("build\n")
+    time.sleep(0.5)
+    scratch = store.temp_dir("pyxis")
+    image = scratch / "img"
+    image.write_bytes(b"squashfs " + key.encode())
+    publish(store, image, key, {"test": True})
+    store.remove_temp_dir(scratch)
+
+
+def _ask(root: str, key: str, job: str, counter: str, results: str) -> None:
+    store = Store.open(root)
+    step = JobStep(job, "0")
+    path, built = provide(store, key, step,
+                          lambda: _fake_build(store, key, Path(counter)))
+    with open(results, "a") as out:
+        out.write(f"{path} {built}\n")
+
+
+def test_many_processes_asking_at_once_build_once(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "cache")
+    key = image_key("sha256:" + "b" * 64, "zstd")
+    counter, results = tmp_path / "builds", tmp_path / "results"
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=_ask, args=(str(store.root), key, str(100 + n),
+                                                  str(counter), str(results)))
+               for n in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+        assert worker.exitcode == 0
+    assert counter.read_text() == "build\n"
+    lines = results.read_text().splitlines()
+    assert sorted(line.split()[1] for line in lines) == ["False", "False", "False", "True"]
+    assert {line.split()[0] for line in lines} == {str(image_path(store, key))}
+    assert image_path(store, key).read_bytes() == b"squashfs " + key.encode()
+    assert json.loads(image_path(store, key).with_suffix(".json").read_text()) == {"test": True}
+    held = leases.leases_on(store.root, f"squashfs:{key}")
+    assert sorted(lease.holder.job_id or "" for lease in held) == ["100", "101", "102", "103"]
+    assert not list((store.root / "tmp").iterdir())
+
+
+def test_a_failed_build_leaves_nothing_and_the_next_builds(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "cache")
+    key = image_key("sha256:" + "c" * 64, "gzip")
+    step = JobStep("5", "0")
+
+    def failing() -> None:
+        scratch = store.temp_dir("pyxis")
+        (scratch / "half").write_bytes(b"half an image")
+        store.remove_temp_dir(scratch)
+        raise PyxisImportError("mksquashfs failed: No space left on device")
+
+    with pytest.raises(PyxisImportError):
+        provide(store, key, step, failing)
+    assert not image_path(store, key).exists()
+    assert [p.name for p in (store.root / "pyxis").iterdir()] == []  # no lock, no image
+    path, built = provide(store, key, step,
+                          lambda: _fake_build(store, key, tmp_path / "count"))
+    assert built and path.is_file()
+
+
+def test_release_is_idempotent_and_only_the_steps(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "cache")
+    key = image_key("sha256:" + "d" * 64, "zstd")
+    counter = tmp_path / "count"
+    for job, step_id in (("9", "0"), ("9", "1"), ("10", "0")):
+        provide(store, key, JobStep(job, step_id), lambda: _fake_build(store, key, counter))
+    assert release_step([store.root], JobStep("9", "0")) == 1
+    assert release_step([store.root], JobStep("9", "0")) == 0
+    assert release_step([tmp_path / "absent"], JobStep("9", "0")) == 0
+    left = sorted(lease.id for lease in leases.all_leases(store.root))
+    assert [lease_id.split("-")[1] for lease_id in left] == ["10.0", "9.1"]
+
+
+def test_recall_needs_the_image(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "cache")
+    reference = parse_enroot_uri("docker://reg.io#img:1").reference
+    key = image_key("sha256:" + "e" * 64, "zstd")
+    remember(store, reference, key, "sha256:" + "e" * 64)
+    assert recall(store.root, reference) is None  # no image at the key
+    provide(store, key, JobStep("1", "0"), lambda: _fake_build(store, key, tmp_path / "n"))
+    assert recall(store.root, reference) == (key, "sha256:" + "e" * 64)
+    other = parse_enroot_uri("docker://reg.io#img:2").reference
+    assert recall(store.root, other) is None
+
+
+def test_cli_errors_are_one_error_and_hint_line(capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                tmp_path: Path) -> None:
+    monkeypatch.setenv("OCISTAGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SLURM_JOB_ID", "3")
+    assert run(["get", "docker://reg#"]) == 2  # InvalidReference: a usage error
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: ") and "\nhint: " in err
+    assert len(err.splitlines()) == 2
+    assert run(["frobnicate"]) == 2
+    assert run(["release"]) == 0 and run(["release"]) == 0
+    out, err = capsys.readouterr()
+    assert out == ""

@@ -1,0 +1,290 @@
+"""ocistage-pyxis-importer under real pyxis 0.24.0 and enroot 4.1.2 (docs/pyxis.md).
+
+enroot and pyxis come from ``.ci/build-enroot-pyxis.sh`` (built once per machine from
+../shared/vendor); pyxis is loaded into a three-node Slurm 24.05 cluster of its own
+(``required spank_pyxis.so importer=<installed importer> use_squashfuse=1``), whose slurmds
+have enroot's bin on their PATH and a /dev/fuse of mode 0666 in their mount namespace. The
+importer is the console script of this checkout's wheel installed into a venv under /tmp made
+with Debian's /usr/bin/python3, so that the unprivileged job user can run it.
+
+A wrapper named ``mksquashfs`` first on slurmd's PATH logs every build, so the test of three
+nodes asking at once can count them. The oracle: the same image imported by ``enroot import``
+(from a v2s2 copy: enroot 4.1.2 cannot read this registry's OCI manifests) and through the
+importer give the same ``env``, ``pwd``, ``id`` and default command under ``enroot start``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_ocistage.components import Registry
+from pytest_ocistage.images import FixtureLayouts, PushSpec, push_all
+from pytest_ocistage.runner import ocistage_command
+from pytest_ocistage.slurm import JobUser, SlurmCluster, built_spec, session_cluster, unavailable
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO / ".ci" / "build-enroot-pyxis.sh"
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+
+
+@pytest.fixture(scope="module")
+def enroot_pyxis() -> Path:
+    """The prefix with enroot/ and pyxis/ (built now if this machine has none yet)."""
+    if os.getuid() != 0:
+        unavailable("the pyxis tests start a Slurm cluster and need root")
+    configured = os.environ.get("OCISTAGE_ENROOT_PYXIS_PREFIX")
+    if configured:
+        return Path(configured)
+    result = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True,
+                            timeout=1800, check=False, stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        unavailable(f"enroot and pyxis could not be built by {BUILD_SCRIPT}:\n"
+                    f"{result.stderr[-2000:]}")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def importer() -> Iterator[Path]:
+    """The installed ``ocistage-pyxis-importer`` in a venv every user can run."""
+    if not SYSTEM_PYTHON.is_file():
+        unavailable(f"{SYSTEM_PYTHON} is missing: the job user's venv is made with it")
+    base = Path(tempfile.mkdtemp(prefix="ocistage-pyxis-venv-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        wheel_dir = base / "wheel"
+        # from a copy without build leftovers: a stale build/ or *.egg-info of the checkout
+        # can give a wheel without the newest entry points
+        source = base / "src"
+        shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(
+            ".git", "build", "*.egg-info", ".venv", "__pycache__", "state", "dist"))
+        # a checkout on PYTHONPATH (its ocistage.egg-info) would count as installed
+        clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        built = subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+             "-w", str(wheel_dir), str(source)], capture_output=True, text=True, timeout=600,
+            check=False)
+        assert built.returncode == 0, built.stdout + built.stderr
+        venv = base / "venv"
+        subprocess.run([str(SYSTEM_PYTHON), "-m", "venv", "--without-pip", str(venv)],
+                       check=True, timeout=120)
+        python = venv / "bin" / "python"
+        site = Path(subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True).stdout.strip())
+        installed = subprocess.run(
+            [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
+             "--no-index", "--ignore-installed", "-q", *map(str, wheel_dir.glob("*.whl"))],
+            capture_output=True, text=True, timeout=300, check=False, env=clean)
+        assert installed.returncode == 0, installed.stdout + installed.stderr
+        # the dependencies from this test environment (world-readable), not its ocistage
+        # (written after the install: pip would take that environment's ocistage for ours)
+        (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        script = venv / "bin" / "ocistage-pyxis-importer"
+        assert script.is_file()
+        yield script
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A directory every user reaches, with a ``mksquashfs`` that logs its builds to
+    ``builds.log`` and runs the real one."""
+    base = Path(tempfile.mkdtemp(prefix="ocistage-pyxis-tools-", dir="/tmp"))
+    base.chmod(0o755)
+    real = shutil.which("mksquashfs")
+    if real is None:
+        unavailable("mksquashfs is not installed (squashfs-tools)")
+    log = base / "builds.log"
+    log.touch()
+    log.chmod(0o666)
+    wrapper = base / "mksquashfs"
+    wrapper.write_text(f'#!/bin/sh\ncase "$2" in ""|-*) ;; *) echo "$(id -u) $2" >> {log};; '
+                       f'esac\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pushed(oci_registry: Registry, fixture_layouts_built: FixtureLayouts,
+           tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The busybox fixture as OCI/gzip, OCI/zstd and Docker v2s2: enroot URIs (REG#REPO:TAG)."""
+    specs = [PushSpec("oci", "busybox", oci_registry, "pyxis/busybox", "oci"),
+             PushSpec("zstd", "busybox-zstd", oci_registry, "pyxis/busybox", "zstd"),
+             PushSpec("v2s2", "busybox", oci_registry, "pyxis/busybox", "v2s2",
+                      ("--format", "v2s2"))]
+    refs = push_all(specs, fixture_layouts_built, tmp_path_factory.mktemp("pyxis-push"))
+    return {name: f"{oci_registry.host}#pyxis/busybox:{ref.tag}" for name, ref in refs.items()}
+
+
+@pytest.fixture(scope="module")
+def pyxis_cluster(enroot_pyxis: Path, importer: Path, tools: Path) -> Iterator[SlurmCluster]:
+    spec = dataclasses.replace(
+        built_spec(), name="pyxis2405",
+        plugstack=(f"required {enroot_pyxis / 'pyxis' / 'spank_pyxis.so'} "
+                   f"importer={importer} use_squashfuse=1\n"),
+        daemon_path=(str(tools), str(enroot_pyxis / "enroot" / "bin")), user_fuse=True)
+    with session_cluster(spec, ocistage_command()) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def job_dirs(slurm_job_user: JobUser) -> Iterator[dict[str, Path]]:
+    """Per-test caches: root's and the job user's (XDG dirs enroot uses, the ocistage cache)."""
+    base = Path(tempfile.mkdtemp(prefix="ocistage-pyxis-job-", dir="/tmp"))
+    base.chmod(0o755)
+    dirs = {}
+    for who, uid, gid in (("root", 0, 0), ("user", slurm_job_user.uid, slurm_job_user.gid)):
+        dirs[who] = base / who
+        dirs[who].mkdir(mode=0o700)
+        os.chown(dirs[who], uid, gid)
+    yield dirs
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _export(home: Path, uid: int) -> str:
+    runtime = Path("/run/user") / str(uid)
+    runtime.mkdir(parents=True, exist_ok=True)
+    os.chown(runtime, uid, -1)
+    runtime.chmod(0o700)
+    return (f"--export=ALL,OCISTAGE_CACHE={home}/cache,XDG_CACHE_HOME={home}/xdg-cache,"
+            f"XDG_DATA_HOME={home}/xdg-data,XDG_RUNTIME_DIR={runtime},HOME={home}")
+
+
+def _logs(cluster: SlurmCluster) -> str:
+    """The ends of the slurmd logs (pyxis logs there), for a failure's message."""
+    return "".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-40:])
+                   + "\n" for p in sorted(cluster.log_dir.glob("slurmd-*.log")))
+
+
+def _builds(tools: Path) -> list[str]:
+    return (tools / "builds.log").read_text().splitlines()
+
+
+def _pyxis_leases(cache: Path) -> list[str]:
+    leases = cache / "leases"
+    return sorted(p.name for p in leases.glob("pyxis-*")) if leases.is_dir() else []
+
+
+SHOW = "id -u; pwd; cat /etc/environment; echo rc=$(head -c 40 /etc/rc.local)"
+
+
+def test_three_nodes_at_once_build_once(pyxis_cluster: SlurmCluster, pushed: dict[str, str],
+                                        tools: Path, job_dirs: dict[str, Path]) -> None:
+    before = len(_builds(tools))
+    result = pyxis_cluster.srun(
+        "-N3", "--ntasks-per-node=1", _export(job_dirs["root"], 0),
+        f"--container-image={pushed['oci']}", "sh", "-c", SHOW, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr + _logs(pyxis_cluster)
+    outputs = result.stdout.split("rc=")
+    assert len(outputs) == 4, result.stdout
+    assert result.stdout.splitlines().count("0") == 3
+    assert len(_builds(tools)) == before + 1, _builds(tools)
+    images = list((job_dirs["root"] / "cache" / "pyxis").glob("*.sqsh"))
+    assert len(images) == 1
+    assert _pyxis_leases(job_dirs["root"] / "cache") == []  # released at the end of the step
+
+
+def test_unprivileged_user_with_a_zstd_image(pyxis_cluster: SlurmCluster,
+                                             pushed: dict[str, str], tools: Path,
+                                             job_dirs: dict[str, Path],
+                                             slurm_job_user: JobUser) -> None:
+    home = job_dirs["user"]
+    result = pyxis_cluster.srun(
+        "-N3", "--ntasks-per-node=1", _export(home, slurm_job_user.uid),
+        f"--container-image={pushed['zstd']}", "sh", "-c", SHOW, user=slurm_job_user,
+        cwd=Path("/tmp"), timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr + _logs(pyxis_cluster)
+    assert result.stdout.splitlines().count(str(slurm_job_user.uid)) == 3
+    images = list((home / "cache" / "pyxis").glob("*.sqsh"))
+    assert len(images) == 1 and images[0].stat().st_uid == slurm_job_user.uid
+    assert _pyxis_leases(home / "cache") == []
+
+
+def test_container_name_releases_twice(pyxis_cluster: SlurmCluster, pushed: dict[str, str],
+                                       job_dirs: dict[str, Path]) -> None:
+    for _run in range(2):
+        result = pyxis_cluster.srun(
+            "-N1", _export(job_dirs["root"], 0), f"--container-image={pushed['oci']}",
+            "--container-name=ocistage-pyxis-named", "sh", "-c", "cat /etc/rc",
+            timeout=600)
+        assert result.returncode == 0, result.stdout + result.stderr + _logs(pyxis_cluster)
+        assert 'cd "/home/app" && unset OLDPWD' in result.stdout  # enroot's rc: WorkingDir
+    logs = "".join(p.read_text(errors="replace")
+                   for p in pyxis_cluster.log_dir.glob("slurmd-*.log"))
+    assert "importer release" not in logs.replace("running importer command", ""), logs[-3000:]
+    assert _pyxis_leases(job_dirs["root"] / "cache") == []
+
+
+def test_failed_get_reaches_srun(pyxis_cluster: SlurmCluster, pushed: dict[str, str],
+                                 job_dirs: dict[str, Path]) -> None:
+    registry = pushed["oci"].split("#")[0]
+    result = pyxis_cluster.srun(
+        "-N1", _export(job_dirs["root"], 0), f"--container-image={registry}#pyxis/nope:1",
+        "true", timeout=600)
+    assert result.returncode != 0
+    assert "error: " in result.stderr and "not found" in result.stderr, result.stderr
+    assert "hint: " in result.stderr
+    assert not list((job_dirs["root"] / "cache" / "tmp").iterdir())
+    assert _pyxis_leases(job_dirs["root"] / "cache") == []
+
+
+def _enroot_env(prefix: Path, home: Path) -> dict[str, str]:
+    for sub in ("run", "cache", "data", "config"):
+        (home / sub).mkdir(parents=True, exist_ok=True)
+    return {"PATH": f"{prefix / 'enroot' / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": str(home), "ENROOT_RUNTIME_PATH": str(home / "run"),
+            "ENROOT_CACHE_PATH": str(home / "cache"), "ENROOT_DATA_PATH": str(home / "data"),
+            "ENROOT_CONFIG_PATH": str(home / "config"), "ENROOT_ALLOW_HTTP": "y",
+            "ENROOT_TEMP_PATH": str(home), "OCISTAGE_CACHE": str(home / "ocistage")}
+
+
+def _start(env: dict[str, str], name: str, *command: str) -> str:
+    result = subprocess.run(["enroot", "start", name, *command], capture_output=True,
+                            text=True, env=env, timeout=120, check=False,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_same_as_enroot_import(enroot_pyxis: Path, importer: Path, pushed: dict[str, str],
+                               tmp_path: Path) -> None:
+    env = _enroot_env(enroot_pyxis, tmp_path)
+    reference = tmp_path / "enroot-import.sqsh"
+    imported = subprocess.run(["enroot", "import", "-o", str(reference),
+                               f"docker://{pushed['v2s2']}"], capture_output=True, text=True,
+                              env=env, timeout=600, check=False, stdin=subprocess.DEVNULL)
+    assert imported.returncode == 0, imported.stderr[-3000:]
+    got = subprocess.run([str(importer), "get", f"docker://{pushed['oci']}"],
+                         capture_output=True, text=True, env=env, timeout=600, check=False,
+                         stdin=subprocess.DEVNULL)
+    assert got.returncode == 0, got.stderr
+    ours = Path(got.stdout.splitlines()[0])
+    assert ours.is_absolute() and ours.is_file()
+    shown = {}
+    for name, image in (("ref", reference), ("ours", ours)):
+        created = subprocess.run(["enroot", "create", "--name", name, str(image)],
+                                 capture_output=True, text=True, env=env, timeout=300,
+                                 check=False, stdin=subprocess.DEVNULL)
+        assert created.returncode == 0, created.stderr
+        shown[name] = (_start(env, name),
+                       _start(env, name, "sh", "-c", "env | sort; pwd; id"))
+    assert shown["ours"] == shown["ref"]
+    assert "hello from busybox" in shown["ours"][0]
+    for path in ("etc/rc", "etc/environment", "etc/fstab", "etc/rc.local"):
+        files = [subprocess.run(["unsquashfs", "-cat", str(image), path], capture_output=True,
+                                check=True).stdout for image in (reference, ours)]
+        assert files[0] == files[1], path
