@@ -227,7 +227,8 @@ def cache_verify(
     cache: CacheOpt = None,
     json_output: JsonOpt = False,
 ) -> None:
-    """Re-hash every blob and check refs and bundles; quarantine what is corrupt (exit 1)."""
+    """Re-hash every blob, check refs, bundles and snapshots; quarantine what is corrupt
+    (exit 1)."""
     from ocistage.cache.verify import verify
 
     store = open_store(load_cli_settings(cache=cache))
@@ -239,7 +240,8 @@ def cache_verify(
             stdout.print(f"{problem.kind}: {shown(problem.name)}: {shown(problem.detail)}; "
                          f"{shown(problem.action)}")
         stdout.print(f"checked {report.blobs} blobs ({format_size(report.bytes)}), "
-                     f"{report.refs} refs, {report.bundles} bundles: "
+                     f"{report.refs} refs, {report.bundles} bundles, "
+                     f"{report.snapshots} snapshots: "
                      f"{'ok' if report.ok else f'{len(report.problems)} problems'}")
     if not report.ok:
         raise IntegrityError(
