@@ -75,7 +75,8 @@ class Check:
         named = "; ".join(f"{change.path}: {change.detail}" for change in self.changes)
         more = f"; and {self.count - len(self.changes)} more" if self.count > len(
             self.changes) else ""
-        return f"{self.count} entries changed since it was published ({named}{more})"
+        entries = "1 entry" if self.count == 1 else f"{self.count} entries"
+        return f"{entries} changed since it was published ({named}{more})"
 
 
 def write_record(directory: Path) -> None:
@@ -151,15 +152,21 @@ def linked_bundles(store: Store, directory: Path, found: Check) -> list[Path]:
 
 
 def set_aside(store: Store, directory: Path, found: Check) -> None:
-    """Quarantine the changed snapshot at ``directory`` and the cached bundles that share its
-    change (a warning says so); what another process moved first is fine."""
+    """Quarantine the changed snapshot at ``directory`` (StoreError if it cannot be moved)
+    and the cached bundles that share its change (one that cannot be moved is a warning), and
+    warn; what another process moved first is fine."""
     bundles = linked_bundles(store, directory, found)
-    moved = [_quarantine_if_there(store, path, label)
-             for path, label in [(directory, "snapshot"), *((b, "bundle") for b in bundles)]]
-    if moved[0] is not None:
-        log.warning("snapshot %s: %s; moved to %s with %d cached bundles that share the "
-                    "change; it is made again from the verified blobs", directory.name,
-                    found.describe(), moved[0], sum(path is not None for path in moved[1:]))
+    moved = _quarantine_if_there(store, directory, "snapshot")
+    count = 0
+    for bundle in bundles:
+        try:
+            count += _quarantine_if_there(store, bundle, "bundle") is not None
+        except StoreError as exc:
+            log.warning("%s (it shares the changed files of snapshot %s)", exc, directory.name)
+    if moved is not None:
+        log.warning("snapshot %s: %s; moved to %s (cached bundles sharing the change, "
+                    "moved too: %d); it is made again from the verified blobs", directory.name,
+                    found.describe(), moved, count)
 
 
 def _quarantine_if_there(store: Store, path: Path, label: str) -> Path | None:

@@ -173,7 +173,7 @@ def test_find_snapshot_sets_a_changed_snapshot_and_its_linked_bundles_aside(
         file.write(b" and more")
     with caplog.at_level(logging.WARNING, "ocistage.cache.snapshotfiles"):
         assert find_snapshot(store, chain) is None
-    assert "a.bin: size 12 -> 21" in caplog.text and "1 cached bundles" in caplog.text
+    assert "a.bin: size 12 -> 21" in caplog.text and "moved too: 1)" in caplog.text
     assert not snapshot_dir(store, chain).exists() and not cached.path.exists()
     assert other.path.exists() and copied.path.exists()  # they do not share a.bin
     assert sorted(p.name.split("-")[0] for p in (store.root / "quarantine").iterdir()) == [
@@ -222,7 +222,7 @@ def test_verify_reports_and_quarantines_changed_snapshots(store: Store, tmp_path
     assert [(p.kind, p.action) for p in dry.problems] == [
         ("changed-snapshot", "none (dry run)"), ("changed-bundle", "none (dry run)")]
     snapshot = next(p for p in dry.problems if p.kind == "changed-snapshot")
-    assert snapshot.detail == ("1 entries changed since it was published "
+    assert snapshot.detail == ("1 entry changed since it was published "
                                "(a.bin: mode 100644 -> 100777)")
     assert cached.path.exists()
     report = verify(store)
@@ -264,3 +264,25 @@ def test_a_snapshot_that_cannot_be_set_aside_is_an_error(
     with pytest.raises(StoreError, match=r"cannot quarantine .*snapshots"):
         bundle_ref(store, ref, tmp_path / "dest")
     assert not (tmp_path / "dest").exists()
+
+
+def test_a_cached_bundle_that_cannot_be_set_aside_is_a_warning(
+        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    ref = image_ref(tmp_path / "src", "a", b"payload")
+    cached = bundle_ref(store, ref)
+    with open(cached.path / "rootfs/a.bin", "ab") as file:
+        file.write(b"!")
+    real = snapshotfiles.quarantine
+
+    def bundles_refused(store_: Store, path: Path, label: str) -> Path:
+        if label == "bundle":
+            raise StoreError(f"cannot quarantine {path}: Permission denied")
+        return real(store_, path, label)
+
+    monkeypatch.setattr(snapshotfiles, "quarantine", bundles_refused)
+    with caplog.at_level(logging.WARNING, "ocistage.cache.snapshotfiles"):
+        made = bundle_ref(store, ref, tmp_path / "dest")
+    assert (made.path / "rootfs/a.bin").read_bytes() == b"payload"
+    assert f"cannot quarantine {cached.path}" in caplog.text and "moved too: 0)" in caplog.text
+    assert cached.path.exists()  # left where it is: the warning names it
