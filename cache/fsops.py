@@ -710,6 +710,38 @@ def _enter_strictly(walk: _Walk, top: _Frame) -> None:
     os.close(done.fd)
 
 
+def walk_entries(parent_fd: int, name: str
+                 ) -> Iterator[tuple[str, list[tuple[str, os.stat_result]]]]:
+    """``(relative path, [(entry name, lstat result), ...])`` for directory ``name`` in
+    ``parent_fd`` (relative path ``""``) and every directory below it, as :func:`walk_dirs`
+    (iterative, bounded descriptors, never following a link, a subdirectory that cannot be
+    opened listed but not entered), in one order for one tree: each directory's entries
+    sorted by name, directories in pre-order, subdirectories in name order. An entry that
+    vanishes between listing and ``lstat`` raises FileNotFoundError."""
+    fd = os.open(name, DIR_READ, dir_fd=parent_fd)
+    walk = _Walk(parent_fd)
+    walk.push(_Frame("", fd, identity(os.fstat(fd)), False))
+    try:
+        while walk.stack:
+            top = walk.stack[-1]
+            if top.pending is None:
+                with os.scandir(top.fd) as listing:  # stat(): fstatat in top.fd
+                    entries = [(entry.name, entry.stat(follow_symlinks=False))
+                               for entry in listing]
+                entries.sort(key=_first)
+                yield top.name, entries
+                prefix = f"{top.name}/" if top.name else ""
+                top.pending = [prefix + entry for entry, st in reversed(entries)
+                               if stat.S_ISDIR(st.st_mode)]
+            walk.advance(top)  # gone, swapped or unreadable: listed, not entered
+    finally:
+        walk.close()
+
+
+def _first(pair: tuple[str, os.stat_result]) -> str:
+    return pair[0]
+
+
 def path_stats(path: str | os.PathLike[str]) -> Iterator[os.stat_result]:
     """:func:`tree_stats` of ``path`` (its last component never followed)."""
     try:

@@ -56,7 +56,6 @@ from ocistage.cache.errors import LockTimeout, NotFound, StoreError
 from ocistage.cache.footprint import Footprint, measure
 from ocistage.cache.fsops import OWNER_SUFFIX, owner_file, remove_tree
 from ocistage.cache.inventory import (
-    QUARANTINE,
     Blob,
     Bundle,
     Ref,
@@ -84,7 +83,7 @@ from ocistage.cache.locks import FileLock, owner_is_dead
 from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.sizes import format_size
 from ocistage.cache.snapshots import SnapshotInfo, list_snapshots, remove_snapshot
-from ocistage.cache.store import Store, scratch_is_dead
+from ocistage.cache.store import QUARANTINE, Store, scratch_is_dead
 from ocistage.cache.sweep import Removal, Sweep
 
 if TYPE_CHECKING:

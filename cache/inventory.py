@@ -45,14 +45,13 @@ from ocistage.cache.leases import (
 from ocistage.cache.refnames import INDEX_MEDIA_TYPE, REF_NAME, is_alias, platform_path, record_name
 from ocistage.cache.sizes import format_age, format_size
 from ocistage.cache.snapshots import SnapshotInfo, chain_ids, list_snapshots
-from ocistage.cache.store import Store, scratch_target
+from ocistage.cache.store import BUNDLES, QUARANTINE, Store, scratch_target
 
 if TYPE_CHECKING:
     from ocistage.cache.results import Renderer
 
 ANNOTATION_RESOLVED = "io.ocistage.resolved"
 ANNOTATION_INDEX = "io.ocistage.index-digest"
-QUARANTINE = "quarantine"
 _MAX_DOCUMENT = 4 << 20
 
 
@@ -230,7 +229,7 @@ class Bundle:
 
 
 def bundles_dir(store: Store) -> Path:
-    return store.root / "bundles"
+    return store.root / BUNDLES
 
 
 def list_bundles(store: Store) -> list[Bundle]:

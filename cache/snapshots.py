@@ -8,6 +8,7 @@ one-layer image the ChainID *is* the layer's diff_id. Layout::
 
     snapshots/<hex>/rootfs/          the tree, read-only by convention (nothing writes into it)
     snapshots/<hex>/snapshot.json    chain id, diff_ids, entry count, host and boot that made it
+    snapshots/<hex>/snapshot.files   per entry: mode, owner, inode, size, mtime (snapshotfiles)
 
 Invariants:
 
@@ -21,7 +22,10 @@ Invariants:
 - nothing ever writes into a published snapshot's files. Bundles and newer snapshots are made
   from it with hard links, and the layer applier never opens an existing file for writing (it
   replaces entries, it does not modify them), so applying layers on a linked clone leaves the
-  original untouched;
+  original untouched. Someone else can: a write in place into a file of a linked bundle
+  changes the snapshot. :func:`find_snapshot` checks every entry against the record made when
+  the snapshot was published (:mod:`ocistage.cache.snapshotfiles`) before anything is made
+  from it, and sets a changed one aside, so it is rebuilt from the verified blobs;
 - a snapshot is not fsync-ed file by file (that would cost more than extracting it). It is
   trusted if it was made on another host (its writer closed every file, which flushes them on
   NFS), on this host in the current boot (the page cache is authoritative), or after an explicit
@@ -49,6 +53,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ocistage.cache import snapshotfiles
 from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import ForeignFile, OcistageError, StoreError
@@ -132,13 +137,16 @@ def find_snapshot(store: Store, chain_id: Digest) -> Path | None:
     """The rootfs of the published snapshot ``chain_id``, or ``None``.
 
     A snapshot that cannot be trusted any more (made before a reboot of this host, never
-    synced) is removed here, so the caller rebuilds it.
+    synced), or whose files cannot be checked (no record of them: made by an older ocistage),
+    is removed here, and one whose files changed since it was published (a write in place
+    through a linked bundle) is quarantined with the cached bundles that share the change
+    (:mod:`ocistage.cache.snapshotfiles`), so the caller rebuilds it.
     """
     directory = snapshot_dir(store, chain_id)
     metadata = _read_metadata(directory)
     if metadata is None:
         return None
-    if not _trusted(metadata):
+    if not _trusted(metadata) or not _unchanged(store, directory):
         remove_snapshot(store, chain_id)
         return None
     with contextlib.suppress(OSError):
@@ -161,6 +169,20 @@ def strip_for_group(store: Store, rootfs: Path) -> tuple[Notice, ...]:
     except OSError as exc:
         raise _translate_oserror(exc, f"stripping set-id bits in {rootfs}") from exc
     return stripped_warning(stripped, "the cache is group-shared")
+
+
+def _unchanged(store: Store, directory: Path) -> bool:
+    """Whether the snapshot's entries are as it recorded them when it was published: one
+    walk of its tree (``lstat`` of every entry, docs/performance.md); a changed one is set
+    aside here. False also when there is no record or the tree is gone meanwhile."""
+    try:
+        found = snapshotfiles.check(directory)
+    except OSError:
+        return False  # removed or set aside by another process meanwhile
+    if found is None or found.unchanged:
+        return found is not None
+    snapshotfiles.set_aside(store, directory, found)  # StoreError if it cannot be moved
+    return False
 
 
 def snapshot_warnings(rootfs: Path) -> tuple[Notice, ...]:
@@ -206,6 +228,7 @@ def publish_snapshot(store: Store, scratch: Path, chain_id: Digest,
                 "warnings": [warning.to_json(MAX_WARNING_CHARS)
                              for warning in warnings[:MAX_KEPT_WARNINGS]]}
     try:
+        snapshotfiles.write_record(scratch)
         write_new_file(scratch / METADATA, (json.dumps(metadata, indent=2) + "\n").encode())
         os.chmod(scratch, store.tree_dir_mode())
         final.parent.mkdir(exist_ok=True)

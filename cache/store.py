@@ -12,7 +12,7 @@ Layout (``CACHE`` is ``--cache``, ``$OCISTAGE_CACHE`` or ``$XDG_CACHE_HOME/ocist
     .<key>.ocistage-<host>-<pid>-<r>
                                is one being built (see :func:`scratch_name`)
     used/, leases/             last use (ocistage.cache.usage) and leases (ocistage.cache.leases)
-    quarantine/                corrupt entries moved aside by ``cache verify``
+    quarantine/                corrupt entries moved aside (:func:`quarantine`)
 
 Invariants: a path under ``blobs/`` exists only once its full content was verified against its
 digest and fsync-ed; ``index.json`` is replaced by ``rename()`` under a lock. A crash at any
@@ -58,6 +58,8 @@ from ocistage.cache.refnames import INDEX_MEDIA_TYPE, record, record_name, renam
 OCI_LAYOUT_VERSION = "1.0.0"
 CHUNK = 1 << 20
 INDEX_LIMIT = 16 << 20  # the cache's own index.json: ~40 000 refs (source layouts: 4 MiB)
+QUARANTINE = "quarantine"
+BUNDLES = "bundles"
 
 
 def _translate_oserror(exc: OSError, what: str) -> StoreError:
@@ -98,6 +100,19 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def quarantine(store: Store, path: Path, label: str) -> Path:
+    """Move ``path`` into ``CACHE/quarantine`` (one rename); returns where it went.
+    ``cache gc`` deletes quarantined entries after a week."""
+    directory = store.root / QUARANTINE
+    destination = directory / f"{label}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(3).hex()}"
+    try:
+        directory.mkdir(exist_ok=True)
+        os.rename(path, destination)
+    except OSError as exc:
+        raise StoreError(f"cannot quarantine {path}: {exc.strerror}") from exc
+    return destination
 
 
 def write_file_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:

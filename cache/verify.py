@@ -7,6 +7,10 @@
   longer be satisfied: it is dropped from ``index.json`` (only if it still points where it
   did), so the next pull fetches the image again.
 - A cached bundle without a readable ``config.json`` or a ``rootfs/`` directory is quarantined.
+- A snapshot whose entries changed since it was published (a write in place through a bundle
+  linked to it: :mod:`ocistage.cache.snapshotfiles`) is quarantined, and so are the cached
+  bundles that share a changed inode; one without a record of its files (made by an older
+  ocistage) is removed. Either is made again from the verified blobs when next needed.
 
 Leftovers of interrupted writes (temp files, partial downloads) are not corruption: they are
 never visible at a final path, and ``cache gc`` removes them.
@@ -19,7 +23,6 @@ import errno
 import json
 import os
 import stat
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -29,7 +32,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from ocistage.cache.digest import Digest, hash_file
 from ocistage.cache.errors import OcistageError, StoreError
 from ocistage.cache.inventory import (
-    QUARANTINE,
     Blob,
     Bundle,
     Ref,
@@ -39,13 +41,16 @@ from ocistage.cache.inventory import (
 )
 from ocistage.cache.readback import open_own
 from ocistage.cache.sizes import format_size
-from ocistage.cache.store import Store
+from ocistage.cache.snapshotfiles import check, linked_bundles
+from ocistage.cache.snapshots import SnapshotInfo, list_snapshots, remove_snapshot
+from ocistage.cache.store import Store, quarantine
 from ocistage.cache.sweep import Sweep
 
 if TYPE_CHECKING:
     from ocistage.cache.results import Renderer
 
-ProblemKind = Literal["corrupt-blob", "foreign-file", "broken-ref", "broken-bundle"]
+ProblemKind = Literal["corrupt-blob", "foreign-file", "broken-ref", "broken-bundle",
+                      "changed-snapshot", "changed-bundle", "unchecked-snapshot"]
 NO_ACTION = "none (dry run)"
 
 
@@ -63,6 +68,7 @@ class VerifyReport:
     bytes: int
     refs: int
     bundles: int
+    snapshots: int
     problems: tuple[Problem, ...]
     dry_run: bool
 
@@ -78,20 +84,8 @@ class VerifyReport:
         for problem in self.problems:
             out.line(f"{problem.kind}: {problem.name}: {problem.detail}; {problem.action}")
         out.line(f"checked {self.blobs} blobs ({format_size(self.bytes)}), {self.refs} refs, "
-                 f"{self.bundles} bundles: "
+                 f"{self.bundles} bundles, {self.snapshots} snapshots: "
                  f"{'ok' if self.ok else f'{len(self.problems)} problems'}")
-
-
-def quarantine(store: Store, path: Path, label: str) -> Path:
-    """Move ``path`` into ``CACHE/quarantine`` (one rename); returns where it went."""
-    directory = store.root / QUARANTINE
-    destination = directory / f"{label}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(3).hex()}"
-    try:
-        directory.mkdir(exist_ok=True)
-        os.rename(path, destination)
-    except OSError as exc:
-        raise StoreError(f"cannot quarantine {path}: {exc.strerror}") from exc
-    return destination
 
 
 def _hash(blob: Blob) -> Digest | str | None:
@@ -155,11 +149,12 @@ def verify(store: Store, jobs: int = 2, dry_run: bool = False) -> VerifyReport:
     _foreign(sweep, store)
     refs = read_refs(store)
     _broken_refs(sweep, store, refs)
+    snapshots = _changed_snapshots(sweep, store)
     bundles = list_bundles(store)
     _broken_bundles(sweep, store, bundles)
     return VerifyReport(blobs=len(blobs), bytes=sum(b.size for b in blobs.values()),
-                        refs=len(refs), bundles=len(bundles), problems=tuple(sweep.records),
-                        dry_run=dry_run)
+                        refs=len(refs), bundles=len(bundles), snapshots=snapshots,
+                        problems=tuple(sweep.records), dry_run=dry_run)
 
 
 def _quarantined(sweep: Sweep[Problem], store: Store, kind: ProblemKind, name: str, detail: str,
@@ -214,3 +209,43 @@ def _broken_bundles(sweep: Sweep[Problem], store: Store, bundles: list[Bundle]) 
         if detail is not None:
             _quarantined(sweep, store, "broken-bundle", bundle.key, detail, bundle.path,
                          "bundle")
+
+
+def _changed_snapshots(sweep: Sweep[Problem], store: Store) -> int:
+    """Check every snapshot against the record of its files (:func:`_check_snapshot`);
+    returns how many were checked."""
+    snapshots = list_snapshots(store)
+    reported: set[Path] = set()  # a bundle shares the change of every snapshot built on it
+    for info in snapshots:
+        _check_snapshot(sweep, store, info, reported)
+    return len(snapshots)
+
+
+def _check_snapshot(sweep: Sweep[Problem], store: Store, info: SnapshotInfo,
+                    reported: set[Path]) -> None:
+    """A changed snapshot is quarantined with the cached bundles that share the change (not
+    yet ``reported``), one without a record removed: either is made again from the verified
+    blobs when next needed."""
+    try:
+        found = check(info.path)
+    except OSError as exc:
+        if os.path.lexists(info.path):
+            raise StoreError(f"cannot check snapshot {info.chain_id.short}: {exc}") from exc
+        return  # removed meanwhile (by a GC, or a bundle that found it changed)
+    if found is None:
+        sweep.run(partial(remove_snapshot, store, info.chain_id))
+        sweep.report(Problem("unchecked-snapshot", str(info.chain_id),
+                             "no record of its files (made by an older ocistage)",
+                             NO_ACTION if sweep.dry_run else
+                             "removed; made again from the verified blobs when needed"))
+        return
+    if found.unchanged:
+        return
+    linked = [path for path in linked_bundles(store, info.path, found) if path not in reported]
+    reported.update(linked)
+    _quarantined(sweep, store, "changed-snapshot", str(info.chain_id), found.describe(),
+                 info.path, "snapshot")
+    for path in linked:
+        _quarantined(sweep, store, "changed-bundle", path.name,
+                     f"shares the changed files of snapshot {info.chain_id.short}", path,
+                     "bundle")

@@ -104,7 +104,8 @@ def cache_verify(
     *,
     opts: CommonOptions,
 ) -> None:
-    """Re-hash every blob and check refs and bundles; quarantine what is corrupt (exit 1)."""
+    """Re-hash every blob, check refs, bundles and snapshots; quarantine what is corrupt
+    (exit 1)."""
     from ocistage.cache.verify import verify
 
     store = opts.store()

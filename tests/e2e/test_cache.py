@@ -299,6 +299,69 @@ def test_verify_catches_a_flipped_byte(images: dict[str, ImageRef],
     assert ocistage("cache", "verify", "--json", check=True).returncode == 0
 
 
+def _write_in_place(path: Path, data: bytes) -> None:
+    """What `echo x >> FILE` does to a file of a linked bundle: the shared inode changes."""
+    inode = path.stat().st_ino
+    with open(path, "ab") as file:
+        file.write(data)
+    assert path.stat().st_ino == inode
+
+
+def test_a_write_in_place_through_a_linked_bundle_is_found_and_not_inherited(
+        images: dict[str, ImageRef], ocistage: OcistageRunner, tmp_path: Path) -> None:
+    """issue 27.14: `bundle --link`, append to a file of its rootfs (the snapshot and the
+    cached bundle share the inode): `cache verify` reports it and exits 1, sets the
+    snapshot and the cached bundle aside, and the next bundles hold the image's content."""
+    image = images["busybox"]
+    cached = Path(ocistage("bundle", "-q", image.ref, check=True).stdout.strip())
+    linked = tmp_path / "linked"
+    ocistage("bundle", "-q", "--link", image.ref, str(linked), check=True)
+    original = (linked / "rootfs/etc/passwd").read_bytes()
+    assert ocistage("cache", "verify", check=True).returncode == 0
+    _write_in_place(linked / "rootfs/etc/passwd", b"intruder:x:0:0::/:/bin/sh\n")
+    assert (cached / "rootfs/etc/passwd").read_bytes() != original  # the documented sharing
+
+    result = ocistage("cache", "verify")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "changed-snapshot: sha256:" in result.stdout
+    assert "etc/passwd: size" in result.stdout
+    assert f"changed-bundle: {cached.name}: " in result.stdout
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: cache verify found 2 problems in {ocistage.cache}"]
+    assert not cached.exists()
+    assert sorted(p.name.split("-")[0] for p in (ocistage.cache / "quarantine").iterdir()) == [
+        "bundle", "snapshot"]
+
+    again = Path(ocistage("bundle", "-q", image.ref, check=True).stdout.strip())
+    assert again == cached and (again / "rootfs/etc/passwd").read_bytes() == original
+    fresh = tmp_path / "fresh"
+    ocistage("bundle", "-q", "--link", image.ref, str(fresh), check=True)
+    assert (fresh / "rootfs/etc/passwd").read_bytes() == original
+    assert ocistage("cache", "verify", check=True).returncode == 0
+    assert (linked / "rootfs/etc/passwd").read_bytes() != original  # the user's own tree
+
+
+def test_the_next_linked_bundle_sets_a_changed_snapshot_aside_without_verify(
+        images: dict[str, ImageRef], ocistage: OcistageRunner, tmp_path: Path) -> None:
+    """Without `cache verify`: the next bundle made from the snapshot checks it first,
+    warns, sets it and the cached bundle sharing the change aside and unpacks again."""
+    image = images["busybox"]
+    first = tmp_path / "first"
+    ocistage("bundle", "-q", "--link", image.ref, str(first), check=True)
+    cached = Path(ocistage("bundle", "-q", "--env", "A=1", image.ref, check=True).stdout.strip())
+    original = (first / "rootfs/etc/os-release").read_bytes()
+    with open(first / "rootfs/etc/os-release", "r+b") as file:  # same size, new content
+        file.write(original[:8].swapcase())
+    second = tmp_path / "second"
+    result = ocistage("bundle", "--link", image.ref, str(second), check=True)
+    assert "changed since it was published" in result.stderr
+    assert (second / "rootfs/etc/os-release").read_bytes() == original
+    assert not cached.exists()  # the next `bundle --env A=1 REF` makes it again
+    again = Path(ocistage("bundle", "-q", "--env", "A=1", image.ref, check=True).stdout.strip())
+    assert (again / "rootfs/etc/os-release").read_bytes() == original
+    assert ocistage("cache", "verify", check=True).returncode == 0
+
+
 # -- the cache stays an OCI layout -----------------------------------------------------------------
 
 def test_skopeo_and_umoci_read_the_cache_after_gc(images: dict[str, ImageRef],
