@@ -24,6 +24,7 @@ class Kind(StrEnum):
     OVER_BUDGET = "over-budget"   # the cache stays over its size budget
     CONFIG = "config"             # a config file has a key that is not known
     PRIVILEGES = "privileges"     # setuid/setgid bits and file capabilities were taken away
+    OWNERS = "owners"             # the image's owners could not be restored (not root)
     OTHER = "other"               # none of the above (a snapshot's notice of a kind unknown)
 
 
