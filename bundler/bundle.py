@@ -76,8 +76,9 @@ from ocistage.bundler.runtime_config import (
 from ocistage.cache import usage
 from ocistage.cache.bundleinfo import SHARED_ROOT_ANNOTATION, write_bundle_info
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import StoreError, UsageError
+from ocistage.cache.errors import OcistageError, StoreError, UsageError
 from ocistage.cache.fsops import PRIVATE_DIR_MODE, check_shared_parent, make_private, remove_tree
+from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.leases import InUse
 from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.store import Store, fsync_dir, remove_dead_scratch, scratch_name
@@ -276,6 +277,19 @@ def _build(puller: PullThread, run: PullRun, in_use: InUse,
         usage.touch(store.root, "bundle", key)
     return BundleResult(dest, image, reused=False, warnings=image.warnings + applied.warnings,
                         layers_applied=applied.layers, snapshot=snapshot)
+
+
+def run_notices(bundle: Path) -> tuple[Notice, ...]:
+    """What keeps the caller from running ``bundle`` (made by :func:`make_bundle`) with a
+    runtime here (:func:`ocistage.runtimes.userrun.user_run_notices`): said by ``ocistage
+    bundle``, whose user runs the bundle, not by the commands that hand it to Slurm."""
+    from ocistage.runtimes.userrun import user_run_notices
+
+    try:
+        config = parse_json(read_document(bundle / "config.json", owners="ours"))
+    except (OSError, ValueError, OcistageError):
+        return ()  # a bundle that cannot be read says so when it is run
+    return user_run_notices(config, bundle) if isinstance(config, dict) else ()
 
 
 def _owners(options: ConfigOptions,
