@@ -79,7 +79,9 @@ def bundle_command(
     ] = None,
     rootless: Annotated[bool, typer.Option(
         "--rootless/--no-rootless",
-        help="Rootless config: user namespace mapping you to the image user, no cgroups.")
+        help="Rootless config: user namespace mapping you to the image user, no cgroups. "
+             "--no-rootless: for a privileged runtime (made by root: the rootfs has the "
+             "image's file owners).")
     ] = True,
     map_root: Annotated[bool, typer.Option(
         "--map-root", help="Rootless: run as root inside the container instead of the image "
