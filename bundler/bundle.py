@@ -21,6 +21,10 @@ An image unpacked once is never unpacked again, whichever command came first.
   --reflink=auto``, split over the free cores; no data copied where the filesystem shares
   extents). What keeping the snapshot costs a cold bundle: docs/performance.md.
 
+- a ``--no-rootless`` bundle made by root (:func:`_owners`): unpacked from the blobs with the
+  image's owners, never through a snapshot (:mod:`ocistage.bundler.rootfs` says why), and kept
+  owner-only wherever it is, its files belonging to other host uids.
+
 Either way the bundle is built in a scratch directory and published by one ``rename()``: a
 crash leaves no half bundle at the final path. The bundle's directory is owner-only (0700), as
 are the snapshots (docs/trust.md rule 3): ``rootfs/`` keeps the image's setuid/setgid bits and
@@ -72,10 +76,11 @@ from ocistage.bundler.runtime_config import (
 from ocistage.cache import usage
 from ocistage.cache.bundleinfo import SHARED_ROOT_ANNOTATION, write_bundle_info
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import StoreError, UsageError
+from ocistage.cache.errors import OcistageError, StoreError, UsageError
 from ocistage.cache.fsops import PRIVATE_DIR_MODE, check_shared_parent, make_private, remove_tree
+from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.leases import InUse
-from ocistage.cache.notice import Notice
+from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.store import Store, fsync_dir, remove_dead_scratch, scratch_name
 
 if TYPE_CHECKING:
@@ -106,10 +111,15 @@ class BundleResult:
         out.line(str(self.path))
 
 
-def _bundle_key(manifest_digest: Digest, options: ConfigOptions) -> str:
-    """The cache key of a bundle: manifest digest plus every option that changes the result."""
-    shape = {"format": BUNDLE_FORMAT, "manifest": str(manifest_digest),
-             "options": asdict(options)}
+def _bundle_key(manifest_digest: Digest, options: ConfigOptions, owners: bool = False) -> str:
+    """The cache key of a bundle: manifest digest plus every option that changes the result,
+    and whether its files have the image's owners (``rootless`` alone does not say it: a
+    ``--no-rootless`` bundle of a user who is not root has the caller's; and such a bundle
+    made by root before its owners were restored must not be served as one that has them)."""
+    shape: dict[str, object] = {"format": BUNDLE_FORMAT, "manifest": str(manifest_digest),
+                                "options": asdict(options)}
+    if owners:  # absent otherwise: the keys of every other bundle stay what they were
+        shape["owners"] = "image"
     return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -218,8 +228,9 @@ def _build(puller: PullThread, run: PullRun, in_use: InUse,
     store = run.store
     manifest_digest, layers, diff_ids, raw_config = puller.config()
     key, dest, link = None, request.dest, request.link
+    owners, notices = _owners(request.config_options)
     if dest is None:
-        key = _bundle_key(manifest_digest, request.config_options)
+        key = _bundle_key(manifest_digest, request.config_options, owners)
         in_use.protect([f"bundle:{key}"])
         dest = store.root / "bundles" / key
         if (dest / "config.json").is_file():
@@ -239,18 +250,21 @@ def _build(puller: PullThread, run: PullRun, in_use: InUse,
         from ocistage.cache.snapshots import strip_for_group
 
         job = RootfsJob(store, in_use, puller, layers, diff_ids, run.options.unpack_limit,
-                        request.on_layer)
+                        request.on_layer, owners)
         applied, snapshot, link = make_rootfs(job, scratch, link=link,
                                               keep_snapshot=request.keep_snapshot)
         image = puller.result()  # every blob verified before anything is published
         _write_config(scratch, raw_config, request.config_options, link)
         if key is not None:
             write_bundle_info(scratch, image.manifest.digest, image.name)
+        if key is not None and not owners:
             # a private copy (cp could not link) or a snapshot of before the stripping
-            applied = dataclasses.replace(
-                applied, warnings=applied.warnings + strip_for_group(store, scratch / "rootfs"))
-        # the image's setuid files and capabilities: nobody else may reach them (docs/trust.md)
-        mode = store.tree_dir_mode() if key is not None else PRIVATE_DIR_MODE
+            notices += strip_for_group(store, scratch / "rootfs")
+        # the image's setuid files and capabilities: nobody else may reach them (docs/trust.md),
+        # nor, in a tree with the image's owners, the files that belong to other host users
+        shared = key is not None and not owners
+        mode = store.tree_dir_mode() if shared else PRIVATE_DIR_MODE
+        applied = dataclasses.replace(applied, warnings=applied.warnings + notices)
         if not _publish(scratch, dest, key, mode):
             assert key is not None  # only a cached bundle is taken from another process
             return _reused(puller, store, key, dest)
@@ -263,6 +277,36 @@ def _build(puller: PullThread, run: PullRun, in_use: InUse,
         usage.touch(store.root, "bundle", key)
     return BundleResult(dest, image, reused=False, warnings=image.warnings + applied.warnings,
                         layers_applied=applied.layers, snapshot=snapshot)
+
+
+def run_notices(bundle: Path) -> tuple[Notice, ...]:
+    """What keeps the caller from running ``bundle`` (made by :func:`make_bundle`) with a
+    runtime here (:func:`ocistage.runtimes.userrun.user_run_notices`): said by ``ocistage
+    bundle``, whose user runs the bundle, not by the commands that hand it to Slurm."""
+    from ocistage.runtimes.userrun import user_run_notices
+
+    try:
+        config = parse_json(read_document(bundle / "config.json", owners="ours"))
+    except (OSError, ValueError, OcistageError):
+        return ()  # a bundle that cannot be read says so when it is run
+    return user_run_notices(config, bundle) if isinstance(config, dict) else ()
+
+
+def _owners(options: ConfigOptions,
+            euid: int | None = None) -> tuple[bool, tuple[Notice, ...]]:
+    """Whether the rootfs gets the image's owners (and device nodes): a config without a user
+    namespace (``--no-rootless``) made by root, for a privileged runtime that runs the image
+    user as itself. Anyone else cannot ``chown``: the files stay the caller's, with a warning
+    saying what that means. ``euid``: the caller's (default: this process's)."""
+    if options.rootless:
+        return False, ()
+    if (os.geteuid() if euid is None else euid) == 0:
+        return True, ()
+    return False, (Notice(Kind.OWNERS, (
+        "--no-rootless without root: the image's owners cannot be restored, every file of "
+        "the rootfs is yours, so under a privileged runtime an image user other than you "
+        "cannot write its HOME or WORKDIR; make the bundle as root for the image's owners, "
+        "or leave out --no-rootless")),)
 
 
 def _write_config(scratch: Path, raw_config: bytes, options: ConfigOptions,

@@ -8,6 +8,14 @@ directories, shared file inodes) or an independent copy (``cp -a --reflink=auto`
 bundle whose snapshot is not cached, where a copy from the cache would be no reflink, is
 unpacked straight into the scratch directory and no snapshot is kept (``keep_snapshot``
 forces one): :func:`_copy_from_snapshot` says why.
+
+A rootfs with the image's owners (:attr:`RootfsJob.owners`: ``bundle --no-rootless`` run by
+root) is always unpacked straight into the scratch directory, never cloned from or kept as a
+snapshot: snapshots hold the trees of rootless unpacks, whose files belong to the user who
+made them, and are shared by every bundle of their layers, rootless or not. A snapshot of
+owned files would hand the image's owners to rootless bundles (files of host uids the caller
+cannot write), and a rootless snapshot to an owned bundle is what left its image user unable
+to write its own HOME (issue 27).
 """
 
 from __future__ import annotations
@@ -69,6 +77,7 @@ class RootfsJob:
     diff_ids: tuple[Digest, ...]
     unpack_limit: int | None = None  # file data it may unpack (None: by the layers' size)
     on_layer: Callable[[int, Descriptor], None] | None = None  # before layer n is unpacked
+    owners: bool = False  # the image's owners and device nodes (root only), no snapshot
 
 
 def make_rootfs(job: RootfsJob, scratch: Path, *, link: bool,
@@ -78,6 +87,8 @@ def make_rootfs(job: RootfsJob, scratch: Path, *, link: bool,
     """
     rootfs = scratch / "rootfs"
     snapshot: Path | None = None
+    if job.owners:  # never through a snapshot: see the module docstring
+        return _unpack(job, rootfs), None, False
     base, cached = _cached_prefix(job.store, job.in_use, job.diff_ids)
     if link or keep_snapshot or _copy_from_snapshot(cached == len(job.layers), job.store,
                                                     scratch):
@@ -118,9 +129,11 @@ def _unpack(job: RootfsJob, rootfs: Path, *, first: int = 1,
     if limit is None:
         limit = default_unpack_limit(sum(layer.size for layer in layers))
     prepare()
+    rootless = not job.owners
     try:
         return apply_layers(job.downloads.open, layers, diff_ids, rootfs, first=first,
-                            on_layer=job.on_layer, budget=UnpackBudget(limit))
+                            on_layer=job.on_layer, budget=UnpackBudget(limit),
+                            rootless=rootless)
     except (StreamRestarted, OcistageError):
         # Bytes that fail to unpack may be a bad download that the pull is retrying: the
         # pull's verdict comes first, and a layer whose download started over is unpacked
@@ -131,7 +144,8 @@ def _unpack(job: RootfsJob, rootfs: Path, *, first: int = 1,
         remove_tree(rootfs)
         prepare()
         return apply_layers(job.store.open_blob, layers, diff_ids, rootfs, first=first,
-                            on_layer=job.on_layer, budget=UnpackBudget(limit))
+                            on_layer=job.on_layer, budget=UnpackBudget(limit),
+                            rootless=rootless)
 
 
 def _copy_from_snapshot(complete: bool, store: Store, scratch: Path) -> bool:

@@ -563,11 +563,17 @@ def remove_opened(parent_fd: int, name: str, fd: int) -> None:
     removal.report(name)
 
 
-def remove_at(parent_fd: int, name: str) -> None:
+def remove_at(parent_fd: int, name: str, *, own_tree: bool = False) -> None:
     """Remove ``name`` inside ``parent_fd``: a directory with everything below it, anything
-    else unlinked (a symlink is never followed). Missing is fine."""
+    else unlinked (a symlink is never followed). Missing is fine.
+
+    ``own_tree``: ``parent_fd`` is a directory inside a tree that the caller is making (an
+    image's rootfs being unpacked, in a directory nobody else reaches), whose entries are its
+    content whoever owns them (an image's files unpacked as root with their own uids, in its
+    group-writable directories): the ownership rule of removal applies below the tree's top
+    only, as for any tree the caller removes."""
     removal = _Removal()
-    shared = others_can_write(os.fstat(parent_fd), removal.uid)
+    shared = not own_tree and others_can_write(os.fstat(parent_fd), removal.uid)
     try:
         fd = open_dir(name, parent_fd)
     except FileNotFoundError:

@@ -24,6 +24,8 @@ class Kind(StrEnum):
     OVER_BUDGET = "over-budget"   # the cache stays over its size budget
     CONFIG = "config"             # a config file has a key that is not known
     PRIVILEGES = "privileges"     # setuid/setgid bits and file capabilities were taken away
+    OWNERS = "owners"             # the image's owners could not be restored (not root)
+    RUNTIME = "runtime"           # how the bundle must be run here (a runtime's known limits)
     OTHER = "other"               # none of the above (a snapshot's notice of a kind unknown)
 
 

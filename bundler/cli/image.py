@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -78,7 +79,9 @@ def bundle_command(
     ] = None,
     rootless: Annotated[bool, typer.Option(
         "--rootless/--no-rootless",
-        help="Rootless config: user namespace mapping you to the image user, no cgroups.")
+        help="Rootless config: user namespace mapping you to the image user, no cgroups. "
+             "--no-rootless: for a privileged runtime (made by root: the rootfs has the "
+             "image's file owners).")
     ] = True,
     map_root: Annotated[bool, typer.Option(
         "--map-root", help="Rootless: run as root inside the container instead of the image "
@@ -100,7 +103,7 @@ def bundle_command(
     opts: CommonOptions,
 ) -> None:
     """Make a rootless OCI bundle (rootfs/ + config.json) from an image; print its path."""
-    from ocistage.bundler.bundle import make_bundle
+    from ocistage.bundler.bundle import make_bundle, run_notices
     from ocistage.bundler.runtime_config import ConfigOptions
 
     settings = opts.settings(keep_snapshot=keep_snapshot)
@@ -113,5 +116,6 @@ def bundle_command(
         result = make_bundle(source, store, dest, pull_options=options,
                              config_options=config_options, progress=progress, link=link,
                              keep_snapshot=settings.keep_snapshot)
+    result = dataclasses.replace(result, warnings=result.warnings + run_notices(result.path))
     print_warnings(result.warnings, opts.quiet)
     opts.emit(result)

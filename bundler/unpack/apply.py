@@ -152,7 +152,7 @@ class _Applier:
             info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
         except FileNotFoundError:
             return
-        remove_at(parent_fd, name)
+        remove_at(parent_fd, name, own_tree=True)
         if stat.S_ISDIR(info.st_mode) or stat.S_ISLNK(info.st_mode):
             self.root.invalidate()
 
@@ -426,7 +426,7 @@ class _Applier:
                     os.close(fd)
             return
         self._save_mtime(parent, parent_fd)
-        remove_at(parent_fd, name)
+        remove_at(parent_fd, name, own_tree=True)
         if stat.S_ISDIR(info.st_mode) or stat.S_ISLNK(info.st_mode):
             self.root.invalidate()
 

@@ -124,10 +124,12 @@ class AppliedLayers:
 def apply_layers(open_blob: Callable[[Digest], BinaryIO], layers: Sequence[Descriptor],
                  diff_ids: Sequence[Digest], rootfs: Path, *, first: int = 1,
                  on_layer: Callable[[int, Descriptor], None] | None = None,
-                 budget: UnpackBudget | None = None) -> AppliedLayers:
+                 budget: UnpackBudget | None = None, rootless: bool = True) -> AppliedLayers:
     """Apply ``layers`` (numbered from ``first``) onto ``rootfs`` in order, checking diff_ids.
 
     ``open_blob`` gives each layer's compressed bytes (the store, or a :class:`BlobFollower`).
+    ``rootless=False`` (root only): the image's owners and device nodes
+    (:func:`ocistage.bundler.unpack.apply.apply_layer`).
     """
     warnings: list[Notice] = []
     entries = count = 0
@@ -138,7 +140,8 @@ def apply_layers(open_blob: Callable[[Digest], BinaryIO], layers: Sequence[Descr
             stream = _Decompressed(raw, layer.media_type)
             interrupted = False
             try:
-                report = apply_layer(stream, rootfs, budget=budget)  # type: ignore[arg-type]
+                report = apply_layer(stream, rootfs,  # type: ignore[arg-type]
+                                     budget=budget, rootless=rootless)
                 stream.drain()
             except KeyboardInterrupt:
                 interrupted = True
