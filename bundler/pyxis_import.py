@@ -65,6 +65,8 @@ from ocistage.cache.jsondoc import read_document
 from ocistage.cache.locks import FileLock
 from ocistage.cache.store import Store, fsync_dir, write_file_atomic
 from ocistage.cache.userdirs import home_dir, owned_by_caller
+from ocistage.stagers.mksquashfs import compressors_listed as compressors_listed
+from ocistage.stagers.mksquashfs import help_text
 
 if TYPE_CHECKING:
     from ocistage.bundler.pull import PullOptions
@@ -327,43 +329,19 @@ def enroot_files(image_config: Mapping[str, Any]) -> tuple[dict[str, bytes], str
 
 # -- mksquashfs --------------------------------------------------------------------------------
 
-_COMPRESSOR_LINE = re.compile(r"\s+([a-z0-9]+)(?: \(default\))?")
-
-
 def probe_compressor(mksquashfs: str) -> str:
     """The first of :data:`COMPRESSORS` that ``mksquashfs -help`` lists as available."""
     try:
-        result = subprocess.run([mksquashfs, "-help"], capture_output=True, text=True,
-                                timeout=60, stdin=subprocess.DEVNULL, check=False)
+        text = help_text(mksquashfs)
     except (OSError, subprocess.SubprocessError) as exc:
         raise PyxisImportError(f"cannot run {mksquashfs} -help: {exc}") from exc
-    available = compressors_listed(result.stdout + result.stderr)
+    available = compressors_listed(text)
     for name in COMPRESSORS:
         if name in available:
             return name
     raise PyxisImportError(f"{mksquashfs} offers none of {', '.join(COMPRESSORS)} "
                            f"(it lists {', '.join(available) or 'no compressor'})",
                            "install a squashfs-tools built with zstd or gzip")
-
-
-def compressors_listed(help_text: str) -> list[str]:
-    """The names under ``Compressors available:`` in mksquashfs's help."""
-    found: list[str] = []
-    listing = False
-    for line in help_text.splitlines():
-        if line.strip().startswith("Compressors available"):
-            if found:
-                break
-            listing = True
-            continue
-        if listing:
-            match = _COMPRESSOR_LINE.fullmatch(line)
-            if match is None:
-                if found:
-                    break
-                continue
-            found.append(match.group(1))
-    return found
 
 
 def _pseudo_dirs(rootfs: Path, relative: str) -> list[str]:

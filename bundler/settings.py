@@ -6,7 +6,9 @@ which the user's file overrides key by key::
 
     cache = "/scratch/ocistage-cache"       # like --cache / $OCISTAGE_CACHE
     jobs = 6                                # parallel blob downloads
-    ca_file = "/etc/ssl/site-ca.pem"        # extra CA bundle for HTTPS registries
+    ca_file = "/etc/ssl/site-ca.pem"        # extra CA bundle for HTTPS registries (like
+                                            # --ca-file / $OCISTAGE_CA_FILE), checked before
+                                            # any connection
     loopback_insecure = true                # 127.0.0.0/8, ::1, localhost: skip TLS checks,
                                             # fall back to HTTP (as Docker does)
     max_size = "50G"                        # cache budget: pulls GC down to it (LRU); also
@@ -104,7 +106,9 @@ class Settings:
         from ocistage.bundler.registry.types import RegistryConfig
 
         return RegistryConfig(insecure_registries=self.insecure_registries,
-                              ca_file=self.ca_file, mirrors=dict(self.mirrors),
+                              ca_file=self.ca_file,
+                              ca_file_origin=self.origins.get("ca_file", "ca_file"),
+                              mirrors=dict(self.mirrors),
                               loopback_insecure=self.loopback_insecure)
 
 
@@ -484,7 +488,8 @@ def load_settings(
     unpack_choice = _first(_env("OCISTAGE_UNPACK_LIMIT"), layers.get("unpack_limit"))
     origins["unpack_limit"] = unpack_choice[1] if unpack_choice else DEFAULT
     stage_to = pick("stage_to", _env("OCISTAGE_STAGE_TO"), layers.get("stage_to"))
-    chosen_ca = pick("ca_file", _option(ca_file, "--ca-file"), layers.get("ca_file"))
+    chosen_ca = pick("ca_file", _option(ca_file, "--ca-file"), _env("OCISTAGE_CA_FILE"),
+                     layers.get("ca_file"))
     loopback = pick("loopback_insecure", layers.get("loopback_insecure"))
     keep = pick("keep_snapshot",
                 _option(keep_snapshot, "--keep-snapshot" if keep_snapshot else

@@ -122,7 +122,9 @@ MirrorOpt = Annotated[list[str] | None, typer.Option(
     "--mirror", metavar="REGISTRY=URL",
     help="Try this mirror before REGISTRY (repeatable), e.g. docker.io=https://mirror:5000.")]
 CaFileOpt = Annotated[Path | None, typer.Option(
-    "--ca-file", metavar="FILE", help="Extra CA bundle to verify HTTPS registries with.")]
+    "--ca-file", metavar="FILE",
+    help="Extra CA bundle (PEM) to verify HTTPS registries with [also $OCISTAGE_CA_FILE, "
+         "`ca_file` in the config file].")]
 JobsOpt = Annotated[int | None, typer.Option(
     "--jobs", "-j", min=1, max=64, help="Parallel blob downloads [default: 6].")]
 PullOpt = Annotated[str | None, typer.Option(

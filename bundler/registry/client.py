@@ -31,6 +31,7 @@ import requests
 
 from ocistage.bundler.image.errors import InvalidReference, UnsupportedManifest
 from ocistage.bundler.registry.auth import RETRYABLE_STATUS, Authenticator, TokenCache
+from ocistage.bundler.registry.cafile import check_ca_file
 from ocistage.bundler.registry.credentials import Credentials, CredentialStore
 from ocistage.bundler.registry.errors import (
     AuthenticationError,
@@ -239,6 +240,8 @@ class RegistryClient:
         self._clock = clock
         self._rng = rng or random.Random()
         self._rng_lock = threading.Lock()
+        if self._config.ca_file is not None:  # a usage error now, not six failed connects
+            check_ca_file(self._config.ca_file, self._config.ca_file_origin)
         tls = TlsPolicy(self._config.insecure_registries, self._config.ca_file,
                         self._config.loopback_insecure)
         self._tls = tls
@@ -379,7 +382,7 @@ class RegistryClient:
                 response = send()
             except ConnectionFailed as exc:
                 delay = self._backoff(attempt)
-                if not self._may_retry(attempt, retries, started, delay):
+                if not exc.retryable or not self._may_retry(attempt, retries, started, delay):
                     raise
                 reason = str(exc)
             else:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ocistage.cache.errors import OcistageError
+from ocistage.cache.errors import OcistageError, UsageError
 
 
 class RegistryError(OcistageError):
@@ -26,3 +26,13 @@ class AuthenticationError(RegistryError):
 
 class RateLimited(RegistryError):
     default_hint = "the registry is rate-limiting you; configure a mirror (--mirror) or retry later"
+
+
+class CaFileError(UsageError):
+    """The extra CA bundle (``--ca-file``, ``$OCISTAGE_CA_FILE``, ``ca_file``) cannot be used:
+    missing, unreadable, or without a PEM certificate. Checked before any connection."""
+
+    default_hint = (
+        "give --ca-file ($OCISTAGE_CA_FILE, `ca_file` in the config file) a readable PEM file "
+        "of CA certificates (-----BEGIN CERTIFICATE-----), e.g. the registry's ca.crt"
+    )

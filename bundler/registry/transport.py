@@ -47,11 +47,15 @@ MIN_YIELD = 1 << 16
 
 
 class ConnectionFailed(RegistryUnreachable):
-    """No HTTP response was received; ``tls`` tells a TLS failure from a plain one."""
+    """No HTTP response was received; ``tls`` tells a TLS failure from a plain one, and
+    ``retryable`` is false for one that another try cannot change (a certificate that does
+    not verify)."""
 
-    def __init__(self, message: str, hint: str | None = None, *, tls: bool = False) -> None:
+    def __init__(self, message: str, hint: str | None = None, *, tls: bool = False,
+                 retryable: bool = True) -> None:
         super().__init__(message, hint)
         self.tls = tls
+        self.retryable = retryable
 
 
 class BodyInterrupted(RegistryUnreachable):
@@ -272,7 +276,8 @@ class Transport:
                 if transfer.reason is not None:
                     raise ConnectionFailed(f"{netloc_of(request.url)} sent no complete answer: "
                                            f"the request {transfer.reason}") from exc
-                raise translate(exc, request.url, started=False) from exc
+                raise translate(exc, request.url, started=False,
+                                ca_file=self._tls.ca_file) from exc
             finally:
                 _SENDING.reset(token)
         if transfer.sock is not None:
@@ -398,22 +403,42 @@ _REASONS: list[tuple[str, bool, Callable[[BaseException], bool]]] = [
 ]
 
 
+def _verification_failure(causes: list[BaseException]) -> ssl.SSLCertVerificationError | None:
+    return next((cause for cause in causes
+                 if isinstance(cause, ssl.SSLCertVerificationError)), None)
+
+
 def _reason(exc: BaseException) -> tuple[str, bool]:
     """A short human reason for a low-level failure, and whether TLS was the problem."""
     causes = list(_causes(exc))
-    for cause in causes:
-        if isinstance(cause, ssl.SSLCertVerificationError):
-            return f"TLS certificate verification failed ({cause.verify_message})", True
+    unverified = _verification_failure(causes)
+    if unverified is not None:
+        return f"TLS certificate verification failed ({unverified.verify_message})", True
     for reason, tls, matches in _REASONS:
         if any(matches(cause) for cause in causes):
             return reason, tls
     return type(exc).__name__, False
 
 
-def translate(exc: BaseException, url: str, *, started: bool) -> RegistryUnreachable:
-    """Turn a requests/urllib3/socket failure into ConnectionFailed or BodyInterrupted."""
+def unverified_hint(where: str, ca_file: str | None) -> str:
+    """What to do about a registry certificate this host does not trust."""
+    ca = (f"the CA file {ca_file} does not vouch for it: give --ca-file (or `ca_file`) the "
+          "CA that signed it" if ca_file is not None else
+          "pass its CA certificate with --ca-file FILE (or `ca_file` in the config file)")
+    return (f"{where}'s certificate is not signed by a CA this host trusts: {ca}; or skip "
+            f"verification for it with --insecure-registry {where}")
+
+
+def translate(exc: BaseException, url: str, *, started: bool,
+              ca_file: str | None = None) -> RegistryUnreachable:
+    """Turn a requests/urllib3/socket failure into ConnectionFailed or BodyInterrupted. A
+    certificate that does not verify is a ConnectionFailed no retry changes, whose hint names
+    ``--ca-file`` (``ca_file``: the CA file the connection used)."""
     reason, tls = _reason(exc)
     where = netloc_of(url)
     if started:
         return BodyInterrupted(f"download from {where} interrupted: {reason}")
+    if _verification_failure(list(_causes(exc))) is not None:
+        return ConnectionFailed(f"cannot connect to {where}: {reason}",
+                                unverified_hint(where, ca_file), tls=True, retryable=False)
     return ConnectionFailed(f"cannot connect to {where}: {reason}", tls=tls)

@@ -22,6 +22,7 @@ class RegistryConfig:
 
     insecure_registries: frozenset[str] = frozenset()
     ca_file: str | None = None
+    ca_file_origin: str = "ca_file"  # where ca_file was given, for the error that names it
     mirrors: Mapping[str, Sequence[str]] = field(default_factory=dict)
     credentials: CredentialStore | None = None
     max_retries: int = 5

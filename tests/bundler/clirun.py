@@ -43,7 +43,7 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     root.mkdir()
     for name in ("OCISTAGE_PULL", "OCISTAGE_MAX_SIZE", "OCISTAGE_STAGE_TO", "OCISTAGE_UNPACK_LIMIT",
                  "OCISTAGE_INSECURE_REGISTRIES", "SLURM_JOB_ID", "REGISTRY_AUTH_FILE",
-                 "DOCKER_CONFIG"):
+                 "DOCKER_CONFIG", "OCISTAGE_CA_FILE", "OCISTAGE_PYXIS_STORE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OCISTAGE_CACHE", str(root / "cache"))
     monkeypatch.setenv("OCISTAGE_CONFIG", str(root / "config.toml"))

@@ -126,6 +126,20 @@ def test_commands_that_talk_to_no_registry_load_no_http_client(tmp_path: Path) -
                        "ocistage.bundler.pull"} & loaded) == [], argv
 
 
+def test_doctor_loads_the_http_client_only_to_ask_a_registry(tmp_path: Path) -> None:
+    """``ocistage doctor`` reads the settings and probes the host; requests and the registry
+    client come in only with REF or --registry, the stagers, the store and the unpacking
+    machinery never."""
+    never = {"ocistage.cache.store", "ocistage.stagers.stage", "ocistage.bundler.pull",
+             "ocistage.bundler.bundle", "jsonschema", "zstandard", "fsspec", "rich.table"}
+    alone = _modules_after(["doctor", "--json"], tmp_path)
+    assert {"ocistage.bundler.doctor", "ocistage.bundler.settings"} <= alone
+    assert sorted((never | {"requests", "ocistage.bundler.registry.client"}) & alone) == []
+    asking = _modules_after(["doctor", "--registry", "127.0.0.1:9"], tmp_path)
+    assert "ocistage.bundler.registry.client" in asking
+    assert sorted(never & asking) == []
+
+
 def test_staging_a_directory_loads_no_remote_or_config_machinery(tmp_path: Path) -> None:
     """The most common stage (a local tree, no config file) loads neither the fsspec/tar/
     squashfs-upload module nor the TOML parser (a re-stage of an unchanged tree is about as
@@ -171,7 +185,8 @@ def test_bundling_from_an_image_layout_loads_no_http_client(tmp_path: Path) -> N
 # the modules that define commands: a command line loads the one of its command only
 COMMAND_MODULES = frozenset({"ocistage.bundler.cli.image", "ocistage.bundler.cli.stage",
                              "ocistage.bundler.cli.slurm",
-                             "ocistage.bundler.cli.cache", "ocistage.bundler.cli.config"})
+                             "ocistage.bundler.cli.cache", "ocistage.bundler.cli.config",
+                             "ocistage.bundler.cli.doctor"})
 
 
 @pytest.mark.parametrize(("argv", "wanted"), [

@@ -125,6 +125,20 @@ def test_config_show(cli: Cli) -> None:
     check("config show", _json(cli, "config", "show", "--insecure-registry", "r:2"))
 
 
+def test_doctor(cli: Cli, tmp_path: Path) -> None:
+    result = cli("doctor", "--json", "--to", str(tmp_path / "staged"))
+    report = json.loads(result.stdout)
+    check("doctor", report)
+    assert result.returncode == (0 if report["ok"] else 1)
+    names = [c["name"] for c in report["checks"]]
+    assert {"config", "cache", "stage_target", "runc", "crun", "userns", "subuid",
+            "xdg_runtime_dir", "fuse", "squashfuse", "mksquashfs", "slurm"} <= set(names)
+    # docs/cli.md lists each check: "- `name` (core): ..." or "- `runc`, `crun`: ..."
+    listed = re.findall(r"^- `([a-z_.]+)`(?:, `([a-z_.]+)`)?(?: \(core\))?: ",
+                        DOCS.read_text(), re.MULTILINE)
+    assert set(names) <= {n for pair in listed for n in pair if n}
+
+
 def test_scrun_stage_in_line() -> None:
     result = StageInResult(bundle=Path("/b"), root_path=Path("/b/rootfs"),
                            config=Path("/b/config.json"), files=1, copied=1, linked=0,

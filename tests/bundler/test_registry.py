@@ -109,9 +109,46 @@ def test_https_with_custom_ca(certificate: tuple[str, str]) -> None:
         with _client(tls_registry.netloc, loopback_insecure=False,
                      ca_file=certificate[0]) as client:
             assert client.get_manifest("team/app", "latest", ACCEPT).data == MANIFEST
-        with _client(tls_registry.netloc, loopback_insecure=False) as client, \
-                pytest.raises(RegistryUnreachable, match="certificate verification failed"):
+        sleeps: list[float] = []
+        with _client(tls_registry.netloc, sleeps, loopback_insecure=False) as client, \
+                pytest.raises(RegistryUnreachable, match="certificate verification failed") as ex:
             client.ping()
+        # another try cannot change a certificate: no retry, and the hint names --ca-file
+        assert sleeps == []
+        assert "--ca-file" in (ex.value.hint or "")
+        assert f"--insecure-registry {tls_registry.netloc}" in (ex.value.hint or "")
+
+
+def test_a_ca_file_that_does_not_sign_the_registry_is_named(certificate: tuple[str, str],
+                                                           tmp_path: Path) -> None:
+    other = self_signed_cert(tmp_path)[0]
+    with serve(tls=certificate) as tls_registry, \
+            _client(tls_registry.netloc, loopback_insecure=False, ca_file=other) as client, \
+            pytest.raises(RegistryUnreachable, match="certificate verification failed") as ex:
+        client.ping()
+    assert f"the CA file {other} does not vouch for it" in (ex.value.hint or "")
+
+
+@pytest.mark.parametrize(("content", "why"), [
+    (None, "no such file or directory"),
+    (b"", "no PEM certificate"),
+    (b"not a certificate\n", "no PEM certificate"),
+    (b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n", "no PEM certificate"),
+])
+def test_a_bad_ca_file_is_a_usage_error_before_any_connection(
+        content: bytes | None, why: str, tmp_path: Path) -> None:
+    from ocistage.bundler.registry.errors import CaFileError
+
+    path = tmp_path / "ca.pem"
+    if content is not None:
+        path.write_bytes(content)
+    sleeps: list[float] = []
+    # port 9 (discard) is never asked: the file is refused when the client is made
+    with pytest.raises(CaFileError, match=why) as ex:
+        _client("192.0.2.1:9", sleeps, ca_file=str(path), ca_file_origin="option --ca-file")
+    assert ex.value.exit_code == 2 and sleeps == []
+    assert ex.value.message.startswith(f"cannot use the CA file {path} (option --ca-file): ")
+    assert "--ca-file" in (ex.value.hint or "")
 
 
 def test_insecure_https_is_tried_before_http(certificate: tuple[str, str]) -> None:

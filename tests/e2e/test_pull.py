@@ -210,11 +210,50 @@ def test_https_registry_needs_its_ca(images: dict[str, ImageRef], ocistage: Ocis
     refused = ocistage("pull", image.ref)
     assert refused.returncode == 1
     assert "certificate" in error_line(refused).lower()
+    # no retry can change a certificate; the hint says what can
+    assert "retrying" not in refused.stderr
+    assert "--ca-file" in refused.stderr and "--insecure-registry" in refused.stderr
     ok = ocistage("pull", "--ca-file", str(tls_registry.ca_file), image.ref, check=True)
     assert ok.stdout.strip() == image.digest
     insecure = ocistage("pull", "--insecure-registry", tls_registry.host, image.ref,
                         env={"OCISTAGE_CACHE": str(ocistage.cache) + "-2"}, check=True)
     assert insecure.stdout.strip() == image.digest
+
+
+def test_a_bad_ca_file_is_a_usage_error_naming_its_source(
+        images: dict[str, ImageRef], ocistage: OcistageRunner, tls_registry: Registry,
+        tmp_path: Path) -> None:
+    """A missing, unreadable or empty CA file, from the option, the environment or the
+    config file, is refused before any connection (exit 2, no retries), naming where it was
+    given; a CA that does not sign the registry is named in the hint."""
+    image = images["tls/busybox"]
+    config = ocistage.home / ".config/ocistage/config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(f'loopback_insecure = false\nca_file = "{tmp_path / "gone.pem"}"\n')
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    for argv, env, origin in (
+            (["--ca-file", str(tmp_path / "none.pem")], {}, "option --ca-file"),
+            ([], {"OCISTAGE_CA_FILE": str(garbage)}, "environment OCISTAGE_CA_FILE"),
+            ([], {}, f"file {config}")):
+        started = time.monotonic()
+        result = ocistage("pull", *argv, image.ref, env=env)
+        assert result.returncode == 2, result.stderr
+        assert f"({origin})" in error_line(result)
+        assert "--ca-file" in result.stderr and "retrying" not in result.stderr
+        assert time.monotonic() - started < 10
+    # a certificate of the right form that signs something else
+    other = tmp_path / "other"
+    other.mkdir()
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(other / "key.pem"), "-out", str(other / "ca.pem"),
+                    "-subj", "/CN=other"], check=True, capture_output=True)
+    wrong = ocistage("pull", "--ca-file", str(other / "ca.pem"), image.ref)
+    assert wrong.returncode == 1
+    assert "certificate" in error_line(wrong).lower()
+    assert f"the CA file {other / 'ca.pem'} does not vouch for it" in wrong.stderr
+    ok = ocistage("pull", "--ca-file", str(tls_registry.ca_file), image.ref, check=True)
+    assert ok.stdout.strip() == image.digest
 
 
 def _auth_file(path: Path, host: str, user: str, password: str) -> Path:

@@ -1,0 +1,39 @@
+"""`ocistage doctor`: what this host can do, what is missing, what to do about it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ocistage.bundler.cli.common import CommonOptions, with_options
+
+# The library is imported inside the command (see ocistage.bundler.cli.common).
+
+doctor_app = typer.Typer(rich_markup_mode=None, add_completion=False)
+
+
+@doctor_app.command("doctor")
+@with_options("cache", "insecure_registry", "mirror", "ca_file", "json", "verbose")
+def doctor_command(
+    ref: Annotated[str | None, typer.Argument(
+        metavar="[REF]", help="Also check that REF's registry answers (no image is fetched).")
+    ] = None,
+    registry: Annotated[str | None, typer.Option(
+        "--registry", metavar="HOST[:PORT]", help="Also check that this registry answers.")
+    ] = None,
+    to: Annotated[str | None, typer.Option(
+        "--to", metavar="DIR|URL",
+        help="Check this stage target [default: the configured one, stage_to].")] = None,
+    *,
+    opts: CommonOptions,
+) -> None:
+    """Check what the other commands need on this host and say what to do (exit 1 if the
+    core commands lack something)."""
+    from ocistage.bundler.doctor import DoctorOptions, diagnose, registry_to_check
+
+    options = DoctorOptions(stage_to=to, registry=registry_to_check(ref, registry))
+    report = diagnose(opts.settings, options)
+    opts.emit(report)
+    if not report.ok:
+        raise typer.Exit(1)
