@@ -27,6 +27,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ocistage.bundler.errors import MissingForCore
 from ocistage.cache.errors import OcistageError
 from ocistage.cache.fsops import check_path_trusted, trust_problem
 from ocistage.cache.sizes import format_size
@@ -108,13 +109,20 @@ class DoctorReport:
             out.line(f"{check.status:<7}  {check.name:<{width}}  {check.detail}{fix}")
         others = [c for c in self.checks if not c.core and c.status is Status.MISSING]
         core = self.core_missing()
-        if core:
-            out.note("missing for pull, bundle, stage or cache: "
-                     + ", ".join(c.name for c in core))
-        else:
+        if not core:
             out.note("nothing the core commands (pull, bundle, stage, cache) need is missing"
                      + (f"; missing for other uses: {', '.join(c.name for c in others)}"
                         if others else ""))
+
+
+
+def core_problem(report: DoctorReport) -> MissingForCore | None:
+    """The error ``doctor`` ends with when the core commands lack something, else None."""
+    core = report.core_missing()
+    if not core:
+        return None
+    return MissingForCore("missing for pull, bundle, stage or cache: "
+                          + ", ".join(c.name for c in core))
 
 
 # -- probes: what the checks judge ----------------------------------------------------------

@@ -12,3 +12,9 @@ class SourceError(OcistageError):
 
 class PyxisImportError(OcistageError):
     """ocistage-pyxis-importer could not make or hand over an image (bundler/pyxis_import.py)."""
+
+
+class MissingForCore(OcistageError):
+    """``doctor`` found something the core commands need missing (exit 1)."""
+
+    default_hint = "each 'missing' line above says how to fix it"

@@ -30,10 +30,11 @@ def doctor_command(
 ) -> None:
     """Check what the other commands need on this host and say what to do (exit 1 if the
     core commands lack something)."""
-    from ocistage.bundler.doctor import DoctorOptions, diagnose, registry_to_check
+    from ocistage.bundler.doctor import DoctorOptions, core_problem, diagnose, registry_to_check
 
     options = DoctorOptions(stage_to=to, registry=registry_to_check(ref, registry))
     report = diagnose(opts.settings, options)
     opts.emit(report)
-    if not report.ok:
-        raise typer.Exit(1)
+    problem = core_problem(report)
+    if problem is not None:
+        raise problem
