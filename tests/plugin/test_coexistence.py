@@ -11,6 +11,7 @@ own modules.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -49,14 +50,35 @@ from pathlib import Path  # noqa: E402
 '''
 
 
+def _clean_env() -> dict[str, str]:
+    """The environment without a checkout on PYTHONPATH (pip would take its egg-info for an
+    installed distribution)."""
+    return {key: value for key, value in os.environ.items()
+            if key not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTEST_ADDOPTS", "OCISTAGE")}
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel of this checkout, built offline (the test environment has setuptools)."""
+    """The wheel of this checkout's files, built offline (the test environment has
+    setuptools) from a copy, so the build leaves nothing in the checkout."""
+    source = tmp_path_factory.mktemp("source") / "ocistage"
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard"], capture_output=True, check=True).stdout
+    for name in filter(None, listed.decode().split("\0")):
+        origin, copy = REPO / name, source / name
+        if not origin.exists() and not origin.is_symlink():
+            continue  # deleted in the work tree
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        if origin.is_symlink():
+            copy.symlink_to(os.readlink(origin))
+        else:
+            shutil.copy2(origin, copy)
     out = tmp_path_factory.mktemp("dist")
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "--no-index", "-q", "-w", str(out), str(REPO)],
-        capture_output=True, text=True, timeout=600, check=False)
+         "--no-index", "-q", "-w", str(out), str(source)],
+        capture_output=True, text=True, timeout=600, check=False, env=_clean_env(),
+        cwd=tmp_path_factory.getbasetemp())
     assert built.returncode == 0, built.stdout + built.stderr
     [found] = out.glob("ocistage-*.whl")
     return found
@@ -92,7 +114,8 @@ def test_a_user_project_with_our_folder_names_runs_its_tests(wheel: Path,
     installed = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
          "--no-index", "-q", str(wheel)],
-        capture_output=True, text=True, timeout=300, check=False)
+        capture_output=True, text=True, timeout=300, check=False, env=_clean_env(),
+        cwd=tmp_path)
     assert installed.returncode == 0, installed.stdout + installed.stderr
 
     project = tmp_path / "project"
@@ -105,8 +128,7 @@ def test_a_user_project_with_our_folder_names_runs_its_tests(wheel: Path,
     (project / "conftest.py").write_text("import cache  # loaded after the plugin\n\n"
                                          "assert cache.WHO == 'user'\n")
     (project / "tests" / "test_mine.py").write_text(textwrap.dedent(USER_TEST))
-    env = {key: value for key, value in os.environ.items()
-           if key not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTEST_ADDOPTS", "OCISTAGE")}
+    env = _clean_env()
     env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
     result = subprocess.run(
         [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
