@@ -372,6 +372,19 @@ def _cdi_value(gpus: tuple[str, ...]) -> str:
 def _annotations(image_config: Mapping[str, Any], settings: Mapping[str, Any],
                  gpus: tuple[str, ...]) -> dict[str, str]:
     """Implicit annotations, then Labels (which win on conflicts), then ocistage's own."""
+    annotations = _implicit_annotations(image_config, settings)
+    annotations.update(_label_annotations(settings))
+    volumes = _section(settings.get("Volumes"), "config.Volumes")
+    if volumes:
+        annotations[VOLUMES_ANNOTATION] = ",".join(volumes)
+    if gpus:
+        annotations[CDI_ANNOTATION] = _cdi_value(gpus)
+    return annotations
+
+
+def _implicit_annotations(image_config: Mapping[str, Any],
+                          settings: Mapping[str, Any]) -> dict[str, str]:
+    """conversion.md's annotations from the image config's own fields."""
     annotations: dict[str, str] = {}
     for field_name in ("os", "architecture", "variant", "os.version", "author", "created"):
         value = image_config.get(field_name)
@@ -386,16 +399,22 @@ def _annotations(image_config: Mapping[str, Any], settings: Mapping[str, Any],
     ports = _section(settings.get("ExposedPorts"), "config.ExposedPorts")
     if ports:
         annotations["org.opencontainers.image.exposedPorts"] = ",".join(ports)
+    return annotations
 
+
+def _label_annotations(settings: Mapping[str, Any]) -> dict[str, str]:
+    """The labels on the allow-list (:func:`label_allowed`); the others named in
+    :data:`DROPPED_LABELS_ANNOTATION`."""
+    annotations: dict[str, str] = {}
     dropped: list[str] = []
     for key, value in _section(settings.get("Labels"), "config.Labels").items():
         if not isinstance(value, str) or not key:
             raise SchemaError(f"image config label {key!r} is not a non-empty key with a "
                               "string value", "the image configuration is malformed")
-        if not label_allowed(key):
+        if label_allowed(key):
+            annotations[key] = value
+        else:
             dropped.append(key)
-            continue
-        annotations[key] = value
     if dropped:
         acted_on = [key for key in dropped if key.startswith(RUNTIME_LABEL_PREFIXES)]
         if acted_on:
@@ -404,12 +423,6 @@ def _annotations(image_config: Mapping[str, Any], settings: Mapping[str, Any],
         log.info("image labels not converted to annotations (not on the allow-list): %s",
                  ", ".join(dropped))
         annotations[DROPPED_LABELS_ANNOTATION] = ",".join(dropped)
-
-    volumes = _section(settings.get("Volumes"), "config.Volumes")
-    if volumes:
-        annotations[VOLUMES_ANNOTATION] = ",".join(volumes)
-    if gpus:
-        annotations[CDI_ANNOTATION] = _cdi_value(gpus)
     return annotations
 
 

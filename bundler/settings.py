@@ -452,6 +452,20 @@ def _mirrors(layers: _Layers, mirrors: Sequence[str]) -> tuple[dict[str, list[st
     return mirror_map, origins
 
 
+def _checked_jobs(value: int | None) -> int | None:
+    if value is not None and not 1 <= value <= MAX_JOBS:
+        raise UsageError(f"--jobs must be from 1 to {MAX_JOBS}, not {value}")
+    return value
+
+
+def _checked_policy(policy: str | None, origin: str) -> str | None:
+    if policy is not None and policy not in PULL_POLICIES:
+        raise UsageError(f"invalid pull policy {policy!r} ({origin})",
+                         f"use one of {', '.join(PULL_POLICIES)} (--pull, $OCISTAGE_PULL or "
+                         "`pull` in the config file)")
+    return policy
+
+
 def load_settings(
     *,
     cache: Path | None = None,
@@ -474,14 +488,9 @@ def load_settings(
 
     cache_dir = pick("cache", _option(cache, "--cache"), _env("OCISTAGE_CACHE"),
                      layers.get("cache"))
-    jobs_value = pick("jobs", _option(jobs, "--jobs"), layers.get("jobs"))
-    if jobs_value is not None and not 1 <= jobs_value <= MAX_JOBS:
-        raise UsageError(f"--jobs must be from 1 to {MAX_JOBS}, not {jobs_value}")
-    policy = pick("pull", _option(pull, "--pull"), _env("OCISTAGE_PULL"), layers.get("pull"))
-    if policy is not None and policy not in PULL_POLICIES:
-        raise UsageError(f"invalid pull policy {policy!r} ({origins['pull']})",
-                         f"use one of {', '.join(PULL_POLICIES)} (--pull, $OCISTAGE_PULL or "
-                         "`pull` in the config file)")
+    jobs_value = _checked_jobs(pick("jobs", _option(jobs, "--jobs"), layers.get("jobs")))
+    policy = _checked_policy(pick("pull", _option(pull, "--pull"), _env("OCISTAGE_PULL"),
+                                  layers.get("pull")), origins["pull"])
     size_choice = _first(_option(max_size, "--max-size"), _env("OCISTAGE_MAX_SIZE"),
                          layers.get("max_size"))
     origins["max_size"] = size_choice[1] if size_choice else DEFAULT

@@ -150,13 +150,10 @@ class _TarInfo(tarfile.TarInfo):
         except ValueError:
             return super().frombuf(buf, encoding, errors)
         unsigned = 256 + _byte_sum(buf) - sum(chksum)
-        if checksum != unsigned:
-            if buf.count(0) == tarfile.BLOCKSIZE:
-                return super().frombuf(buf, encoding, errors)  # raises its "empty header"
-            signed = unsigned - 256 * (sum(1 for b in buf[:148] if b > 127)
-                                       + sum(1 for b in buf[156:] if b > 127))
-            if checksum != signed:
-                return super().frombuf(buf, encoding, errors)  # raises its "bad checksum"
+        if checksum != unsigned and not _signed_checksum_matches(buf, checksum, unsigned):
+            # an empty block or a bad checksum: tarfile raises its "empty header" or
+            # "bad checksum"
+            return super().frombuf(buf, encoding, errors)
         obj = cls()
         obj.mode, obj.uid, obj.gid, obj.size, obj.mtime, obj.devmajor, obj.devminor = fields
         obj.chksum = checksum
@@ -345,6 +342,17 @@ def _pax_records(buf: bytes) -> dict[str, str] | None:
     if buf.count(0, pos) != end - pos:
         return None  # garbage after the records
     return records
+
+
+def _signed_checksum_matches(buf: bytes | bytearray, checksum: int, unsigned: int) -> bool:
+    """Whether the header ``buf`` (whose unsigned sum is not ``checksum``) has the checksum
+    of old tars that summed signed bytes; an all-NUL block never matches (the off path: a
+    plain header's checksum is the unsigned sum)."""
+    if buf.count(0) == tarfile.BLOCKSIZE:
+        return False
+    signed = unsigned - 256 * (sum(1 for b in buf[:148] if b > 127)
+                               + sum(1 for b in buf[156:] if b > 127))
+    return checksum == signed
 
 
 def _byte_sum(block: bytes | bytearray) -> int:
