@@ -24,6 +24,7 @@ from pytest_ocistage.images import ImageRef
 from pytest_ocistage.slurm import SlurmCluster
 from tests.e2e.conftest import OcistageRunner
 from tests.e2e.terminal import run_on_terminal
+from tests.procs import descendants_named, running
 
 GREETING = "hello from busybox"
 
@@ -316,33 +317,6 @@ def test_squashfs_staging_shows_progress_on_a_terminal(ocistage: OcistageRunner,
     assert b"building squashfs image" in shown
 
 
-def _children_named(pid: int, name: str) -> list[int]:
-    """Processes called ``name`` among the descendants of ``pid``."""
-    found, queue = [], [pid]
-    while queue:
-        parent = queue.pop()
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                status = Path(f"/proc/{entry}/status").read_text()
-            except OSError:
-                continue
-            fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-            if fields.get("PPid", "").strip() == str(parent):
-                queue.append(int(entry))
-                if fields.get("Name", "").strip() == name:
-                    found.append(int(entry))
-    return found
-
-
-def _running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("signum", [15, 1], ids=["SIGTERM", "SIGHUP"])
 def test_sigterm_and_sighup_stop_a_stage_and_its_mksquashfs_like_ctrl_c(
         ocistage: OcistageRunner, tmp_path: Path, signum: int) -> None:
@@ -361,7 +335,7 @@ def test_sigterm_and_sighup_stop_a_stage_and_its_mksquashfs_like_ctrl_c(
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while not (children := _children_named(process.pid, "mksquashfs")):
+        while not (children := descendants_named(process.pid, "mksquashfs")):
             assert process.poll() is None, process.communicate()
             assert time.monotonic() < deadline, "mksquashfs never started"
             time.sleep(0.02)
@@ -374,7 +348,7 @@ def test_sigterm_and_sighup_stop_a_stage_and_its_mksquashfs_like_ctrl_c(
     assert process.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     time.sleep(0.5)
-    assert [pid for pid in children if _running(pid)] == []
+    assert [pid for pid in children if running(pid)] == []
     leftovers = [p.name for p in target.iterdir()] if target.exists() else []
     assert [name for name in leftovers if not name.startswith(".ocistage")] == [], leftovers
     again = ocistage("stage", str(tree), "--to", str(target), "--name", "x",

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pytest_ocistage.components import REGISTRY_BINARY, require_binary
+from tests.procs import children, running
 
 INNER = '''
 import time
@@ -24,29 +25,6 @@ def test_hold_a_registry(oci_registry):
     Path(__file__).with_name("started").write_text(oci_registry.url)
     time.sleep(600)
 '''
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            status = Path(f"/proc/{entry}/status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-        if fields.get("PPid", "").strip() == str(pid):
-            found.append(int(entry))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.e2e
@@ -65,16 +43,16 @@ def test_a_killed_session_takes_its_registry_with_it(tmp_path: Path, how: int) -
             assert session.poll() is None, "the inner session ended before its registry started"
             assert time.monotonic() < deadline, "the inner registry did not start"
             time.sleep(0.1)
-        registries = [pid for pid in _children(session.pid)
+        registries = [pid for pid in children(session.pid)
                       if "docker-registry" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(
                           errors="replace")]
         assert registries, "no registry among the session's children"
         os.kill(session.pid, how)
         session.wait(timeout=60)
         deadline = time.monotonic() + 20
-        while any(_alive(pid) for pid in registries) and time.monotonic() < deadline:
+        while any(running(pid) for pid in registries) and time.monotonic() < deadline:
             time.sleep(0.1)
-        left = [pid for pid in registries if _alive(pid)]
+        left = [pid for pid in registries if running(pid)]
         for pid in left:  # leave the machine as it was, then fail
             os.kill(pid, signal.SIGKILL)
         assert left == []
