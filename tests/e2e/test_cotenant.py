@@ -16,29 +16,19 @@ import pytest
 import xxhash
 
 from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
+from tests.cotenant import NOBODY, as_nobody, second_user, sticky_directory
 from tests.e2e.conftest import OcistageRunner
 
-NOBODY = 65534
+pytestmark = second_user
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                                reason="a co-tenant needs root and setpriv")
-
-
-def as_nobody(*argv: str) -> None:
-    subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                    *argv], check=True, timeout=60)
 
 
 @pytest.fixture
 def shared() -> Iterator[Path]:
     """A sticky, world-writable directory like /tmp or /scratch (pytest's tmp_path is
     private to its owner)."""
-    base = Path(tempfile.mkdtemp(prefix="ocistage-cotenant-"))
-    base.chmod(0o755)
-    (base / "shared").mkdir(mode=0o1777)
-    (base / "shared").chmod(0o1777)
-    yield base / "shared"
-    shutil.rmtree(base)
+    with sticky_directory("ocistage-cotenant-") as directory:
+        yield directory
 
 
 @pytest.fixture

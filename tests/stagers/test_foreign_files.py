@@ -10,11 +10,9 @@ job is a live process holding a ``pid`` lease (as in tests/stagers/test_retired.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import stat
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,31 +25,19 @@ from ocistage.cache.store import Store
 from ocistage.stagers.markers import hold
 from ocistage.stagers.retired import retired_versions
 from ocistage.stagers.stage import stage_directory
+from tests.cotenant import NOBODY, as_nobody, second_user, sticky_directory
 from tests.deadline import deadline
 from tests.stagers.test_retired import PIN, _end, _source, _write
 
-NOBODY = 65534
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                                reason="a second user needs root and setpriv")
+pytestmark = second_user
 
-
-def as_nobody(*argv: str) -> None:
-    subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                    *argv], check=True)
 
 
 @pytest.fixture
 def sticky() -> Iterator[Path]:
     """A sticky world-writable target (as /tmp or /scratch) that nobody can reach."""
-    base = Path(tempfile.mkdtemp(prefix="ocistage-sticky-"))
-    base.chmod(0o755)
-    target = base / "shared"
-    target.mkdir()
-    target.chmod(0o1777)
-    try:
-        yield target
-    finally:
-        shutil.rmtree(base)
+    with sticky_directory("ocistage-sticky-") as directory:
+        yield directory
 
 
 @pytest.fixture

@@ -5,9 +5,6 @@ directory above the target is checked, as OpenSSH's StrictModes does; a real sec
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,32 +13,24 @@ import pytest
 from ocistage.cache.errors import UntrustedPath
 from ocistage.cache.leases import Holder
 from ocistage.stagers.stage import stage_directory
+from tests.cotenant import as_nobody, second_user, sticky_directory
 
-NOBODY = 65534
+pytestmark = second_user
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                                reason="a second user needs root and setpriv")
-
-
-def _as_nobody(*argv: str) -> None:
-    subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                    *argv], check=True, timeout=60, cwd="/")
 
 
 @pytest.fixture
 def shared() -> Iterator[Path]:
     """A directory like ``/tmp``: root's, sticky, every user can make entries in it."""
-    base = Path(tempfile.mkdtemp(prefix="ocistage-target-", dir="/tmp"))
-    base.chmod(0o1777)
-    yield base
-    shutil.rmtree(base)
+    with sticky_directory("ocistage-target-") as directory:
+        yield directory
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o755], ids=oct)
 def test_a_target_below_a_cotenants_directory_is_refused(tree: Path, tmp_path: Path,
                                                          shared: Path, mode: int) -> None:
     project = shared / "project"
-    _as_nobody("mkdir", "-m", f"{mode:o}", str(project))
+    as_nobody("mkdir", "-m", f"{mode:o}", str(project))
     with pytest.raises(UntrustedPath, match=f"{project} in the sticky directory {shared} is "
                                             "owned by nobody"):
         stage_directory(tree, project / "target", cache_root=tmp_path / "cache",
@@ -59,7 +48,7 @@ def test_a_link_a_cotenant_planted_in_a_sticky_directory_is_not_followed(
         tree: Path, tmp_path: Path, shared: Path) -> None:
     mine = shared / "mine"
     mine.mkdir(mode=0o755)
-    _as_nobody("ln", "-s", str(mine), str(shared / "link"))
+    as_nobody("ln", "-s", str(mine), str(shared / "link"))
     with pytest.raises(UntrustedPath, match="link in the sticky directory"):
         stage_directory(tree, shared / "link" / "target", cache_root=tmp_path / "cache",
                         holder=Holder.pin("t"))
