@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ocistage.cache.errors import UsageError
-from ocistage.stagers.errors import StageError
+from ocistage.stagers.errors import StageUsageError
 
 if TYPE_CHECKING:
     from ocistage.bundler.pull import PullOptions, PullProgress
@@ -138,19 +138,20 @@ def _resolve(what: str, store: Store, pull_options: Callable[[], PullOptions] | 
         return path.absolute(), os.fspath(path.absolute()), ()
     if _looks_like_path(what):
         if os.path.lexists(path):
-            raise StageError(f"{what} is not a directory",
-                             "stage a bundle directory, a tree, a squashfs image URL "
-                             "(file://...) or an image reference")
-        raise StageError(f"no such directory: {what}",
-                         "give an existing bundle directory, or an image reference")
+            raise StageUsageError(f"{what} is not a directory",
+                                  "stage a bundle directory, a tree, a squashfs image URL "
+                                  "(file://...) or an image reference")
+        raise StageUsageError(f"no such directory: {what}",
+                              "give an existing bundle directory, or an image reference")
     from ocistage.bundler.bundle import make_bundle
     from ocistage.bundler.image.reference import RegistryReference, parse_reference
 
     reference = parse_reference(what)
     if isinstance(reference, RegistryReference) and not _names_registry(what):
-        raise StageError(f"no such directory: {what}",
-                         f"to stage the image {reference}, name its registry: "
-                         f"{reference.registry}/{reference.repository} or docker://{what}")
+        raise StageUsageError(f"no such directory: {what}",
+                              f"to stage the image {reference}, name its registry: "
+                              f"{reference.registry}/{reference.repository} or "
+                              f"docker://{what}")
     with (progress or contextlib.nullcontext)() as bars:
         bundle = make_bundle(reference, store, None,
                              pull_options=pull_options() if pull_options else None,

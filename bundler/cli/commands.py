@@ -13,7 +13,10 @@ checks that every summary is the command's own (its docstring's first sentence).
 
 from __future__ import annotations
 
+import errno
 import importlib
+import select
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -81,8 +84,44 @@ def load_command(name: str) -> Any:
     return command
 
 
+class ClosedStdout(Exception):
+    """stdout was closed by its reader (``ocistage cache ls | head -1``): the command stops."""
+
+
+class PipeError(Exception):
+    """A broken pipe other than stdout's (a child's), carried past click, which would end the
+    command silently with exit 1 on any ``EPIPE``: the CLI's boundary shows ``error``."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def stdout_closed() -> bool:
+    """Whether the reader of stdout has gone (a pipe without readers polls ``POLLERR``)."""
+    stream = sys.__stdout__
+    try:
+        if stream is None:
+            return False
+        poller = select.poll()
+        poller.register(stream.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _fd, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
 class LazyGroup(TyperGroup):
     """The ``ocistage`` group: its commands come from :data:`COMMANDS` when looked up."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except OSError as error:
+            if error.errno != errno.EPIPE:
+                raise
+            if stdout_closed():
+                raise ClosedStdout from error
+            raise PipeError(error) from error
 
     def list_commands(self, ctx: Any) -> list[str]:
         return [*COMMANDS, *(name for name in self.commands if name not in COMMANDS)]

@@ -65,8 +65,22 @@ class _LazyConsole:
                 # piped output is for grep and scripts: wide enough that table rows do not wrap
                 options["width"] = (None if sys.stdout.isatty() or os.environ.get("COLUMNS")
                                     else 240)
-            console = self._console = Console(**options)
+            console = self._console = _console_class(Console)(**options)
         return console
+
+
+def _console_class(base: type[Console]) -> type[Console]:
+    """rich's ``Console`` whose broken pipe (stdout's reader gone) ends the command as the CLI
+    ends it for any closed stdout (rich's own ends it with exit 1)."""
+
+    class ClosingConsole(base):  # type: ignore[valid-type,misc]
+        def on_broken_pipe(self) -> None:
+            from ocistage.bundler.cli.commands import ClosedStdout
+
+            self.quiet = True
+            raise ClosedStdout
+
+    return ClosingConsole
 
 
 _STDOUT = _LazyConsole(soft_wrap=True, highlight=False, wide_when_piped=True)
@@ -154,6 +168,18 @@ _OPTIONS: dict[str, tuple[Any, Any]] = {
 PULLING = tuple(_OPTIONS)
 #: ... of those that may pull one but pass --jobs on to something else (stage, submit)
 STAGING = tuple(name for name in _OPTIONS if name != "jobs")
+
+
+def shared_option_names() -> set[str]:
+    """Every spelling of the shared options (``--cache``, ``-j``, ``--jobs``, ...)."""
+    names: set[str] = set()
+    for annotation, _default in _OPTIONS.values():
+        for info in getattr(annotation, "__metadata__", ()):
+            # typer.Option("--cache", ...): the first spelling is the OptionInfo's default
+            first = getattr(info, "default", None)
+            names.update([first] if isinstance(first, str) and first.startswith("-") else [])
+            names.update(getattr(info, "param_decls", None) or ())
+    return names
 
 
 @dataclass(frozen=True)

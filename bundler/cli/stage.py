@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated
@@ -18,6 +19,7 @@ from ocistage.bundler.cli.common import (
     print_warnings,
     with_options,
 )
+from ocistage.cache.errors import UsageError
 
 # The stagers, the cache, the bundler and their dependencies are imported inside the commands:
 # every `ocistage` invocation imports this module, few of them stage (see
@@ -126,8 +128,15 @@ def unstage_command(
     jobs hold it; outside a job every lease on it is released and it is removed.
     """
     from ocistage.stagers.markers import releasing_holder
-    from ocistage.stagers.unstage import Unstaged, unstage
+    from ocistage.stagers.unstage import Unstaged, holds_lease, unstage
 
-    removed = unstage(path, cache_root=opts.settings().cache, holder=releasing_holder(pin),
-                      force=force)
-    opts.emit(Unstaged(path, removed))
+    cache_root, holder = opts.settings().cache, releasing_holder(pin)
+    # a path that is gone is no mistake while a lease of ours is on it (a job's cleanup after
+    # `unstage --force` or gc removed it): the lease is released
+    absent = not os.path.lexists(path)
+    if absent and not holds_lease(cache_root, path, holder):
+        raise UsageError(f"nothing is staged at {path}",
+                         "give the path `ocistage stage` printed (`ocistage cache ls` lists "
+                         "what is staged)")
+    removed = unstage(path, cache_root=cache_root, holder=holder, force=force)
+    opts.emit(Unstaged(path, removed, absent=absent))
