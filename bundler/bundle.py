@@ -77,6 +77,7 @@ from ocistage.cache.errors import StoreError, UsageError
 from ocistage.cache.fsops import PRIVATE_DIR_MODE, check_shared_parent, make_private, remove_tree
 from ocistage.cache.leases import InUse
 from ocistage.cache.notice import Notice
+from ocistage.cache.sizes import count
 from ocistage.cache.store import Store, fsync_dir, remove_dead_scratch, scratch_name
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ class BundleResult:
 
     def render(self, out: Renderer) -> None:
         out.note(f"{'reused' if self.reused else 'made'} bundle of {self.image.name} "
-                 f"({self.image.platform}, {len(self.image.layers)} layers)")
+                 f"({self.image.platform}, {count(len(self.image.layers), 'layer')})")
         out.line(str(self.path))
 
 

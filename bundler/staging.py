@@ -86,7 +86,7 @@ class Staged:
                 "bytes_copied": outcome.bytes_copied, "lease_id": outcome.lease_id}
 
     def render(self, out: Renderer) -> None:
-        from ocistage.cache.sizes import format_size
+        from ocistage.cache.sizes import count, format_size
         from ocistage.stagers.target import StageResult
 
         outcome = self.outcome
@@ -97,7 +97,7 @@ class Staged:
         if not isinstance(outcome, StageResult):
             outcome.render(out)
             return
-        out.note(f"staged {self.label} ({outcome.method}: {outcome.files} files, "
+        out.note(f"staged {self.label} ({outcome.method}: {count(outcome.files, 'file')}, "
                  f"{outcome.copied} copied ({format_size(outcome.bytes_copied)}), "
                  f"{outcome.linked} linked, {outcome.unchanged} unchanged)")
         out.line(str(outcome.path))

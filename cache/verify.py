@@ -38,7 +38,7 @@ from ocistage.cache.inventory import (
     read_refs,
 )
 from ocistage.cache.readback import open_own
-from ocistage.cache.sizes import format_size
+from ocistage.cache.sizes import count, format_size
 from ocistage.cache.store import Store
 from ocistage.cache.sweep import Sweep
 
@@ -77,9 +77,9 @@ class VerifyReport:
     def render(self, out: Renderer) -> None:
         for problem in self.problems:
             out.line(f"{problem.kind}: {problem.name}: {problem.detail}; {problem.action}")
-        out.line(f"checked {self.blobs} blobs ({format_size(self.bytes)}), {self.refs} refs, "
-                 f"{self.bundles} bundles: "
-                 f"{'ok' if self.ok else f'{len(self.problems)} problems'}")
+        out.line(f"checked {count(self.blobs, 'blob')} ({format_size(self.bytes)}), "
+                 f"{count(self.refs, 'ref')}, {count(self.bundles, 'bundle')}: "
+                 f"{'ok' if self.ok else count(len(self.problems), 'problem')}")
 
 
 def quarantine(store: Store, path: Path, label: str) -> Path:

@@ -11,6 +11,7 @@ from ocistage.bundler.cli.common import (
     PULLING,
     CommonOptions,
     RefArg,
+    echo,
     print_warnings,
     with_options,
 )
@@ -94,14 +95,15 @@ def bundle_command(
              "[default: keep_snapshot in the config file, else only where copies from the "
              "cache are reflinks, e.g. btrfs, XFS].")] = None,
     gpus: Annotated[str | None, typer.Option(
-        "--gpus", metavar="all|IDS", help="Expose NVIDIA GPUs (prestart hook + CDI "
-                                          "annotation).")] = None,
+        "--gpus", metavar="all|IDS",
+        help="Expose NVIDIA GPUs: all, or GPU indices, MIG devices or UUIDs such as 0,1 "
+             "(the nvidia-container-runtime-hook prestart hook + CDI annotation).")] = None,
     *,
     opts: CommonOptions,
 ) -> None:
     """Make a rootless OCI bundle (rootfs/ + config.json) from an image; print its path."""
     from ocistage.bundler.bundle import make_bundle
-    from ocistage.bundler.runtime_config import ConfigOptions
+    from ocistage.bundler.runtime_config import ConfigOptions, gpu_hook_missing
 
     settings = opts.settings(keep_snapshot=keep_snapshot)
     source, store, options = opts.image_inputs(ref, settings)
@@ -114,4 +116,7 @@ def bundle_command(
                              config_options=config_options, progress=progress, link=link,
                              keep_snapshot=settings.keep_snapshot)
     print_warnings(result.warnings, opts.quiet)
+    hook = gpu_hook_missing(gpus)
+    if hook:
+        echo(f"warning: {hook}", err=True)
     opts.emit(result)

@@ -379,7 +379,7 @@ class RegistryClient:
                 response = send()
             except ConnectionFailed as exc:
                 delay = self._backoff(attempt)
-                if not self._may_retry(attempt, retries, started, delay):
+                if exc.permanent or not self._may_retry(attempt, retries, started, delay):
                     raise
                 reason = str(exc)
             else:

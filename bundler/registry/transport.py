@@ -47,11 +47,14 @@ MIN_YIELD = 1 << 16
 
 
 class ConnectionFailed(RegistryUnreachable):
-    """No HTTP response was received; ``tls`` tells a TLS failure from a plain one."""
+    """No HTTP response was received; ``tls`` tells a TLS failure from a plain one,
+    ``permanent`` one that a retry cannot mend (DNS does not know the host)."""
 
-    def __init__(self, message: str, hint: str | None = None, *, tls: bool = False) -> None:
+    def __init__(self, message: str, hint: str | None = None, *, tls: bool = False,
+                 permanent: bool = False) -> None:
         super().__init__(message, hint)
         self.tls = tls
+        self.permanent = permanent
 
 
 class BodyInterrupted(RegistryUnreachable):
@@ -410,10 +413,28 @@ def _reason(exc: BaseException) -> tuple[str, bool]:
     return type(exc).__name__, False
 
 
+#: getaddrinfo's answers that a name does not exist (not that the resolver failed: EAI_AGAIN)
+_NO_SUCH_NAME = frozenset(code for code in (getattr(socket, "EAI_NONAME", None),
+                                            getattr(socket, "EAI_NODATA", None))
+                          if code is not None)
+
+
+def _unknown_host(exc: BaseException) -> bool:
+    """Whether DNS answered that the host does not exist: no retry mends that."""
+    return any(isinstance(cause, socket.gaierror) and cause.errno in _NO_SUCH_NAME
+               for cause in _causes(exc))
+
+
 def translate(exc: BaseException, url: str, *, started: bool) -> RegistryUnreachable:
     """Turn a requests/urllib3/socket failure into ConnectionFailed or BodyInterrupted."""
-    reason, tls = _reason(exc)
     where = netloc_of(url)
+    if not started and _unknown_host(exc):
+        host = urlsplit(url).hostname or where
+        return ConnectionFailed(
+            f"cannot connect to {where}: no such host {host} (DNS does not know it)",
+            "check the registry's name in the reference (a typo?); a registry only known "
+            "inside a network or VPN needs that network, or a --mirror", permanent=True)
+    reason, tls = _reason(exc)
     if started:
         return BodyInterrupted(f"download from {where} interrupted: {reason}")
     return ConnectionFailed(f"cannot connect to {where}: {reason}", tls=tls)
