@@ -41,9 +41,10 @@ def parse_age(text: str) -> float:
     return float(match.group("number")) * _AGE_UNITS[match.group("unit")]
 
 
-def count(number: int, noun: str) -> str:
-    """``1 layer``, ``2 layers``, ``0 blobs``: a number and its noun in English (plural: +s)."""
-    return f"{number} {noun}{'' if number == 1 else 's'}"
+def count(number: int, noun: str, plural: str | None = None) -> str:
+    """``1 layer``, ``2 layers``, ``0 blobs``: a number and its noun in English (``plural``
+    where it is not NOUN + s: ``count(2, "entry", "entries")``)."""
+    return f"{number} {noun if number == 1 else plural or noun + 's'}"
 
 
 def format_size(n: int) -> str:

@@ -32,6 +32,7 @@ def _error_and_hint(stderr: str) -> tuple[str, str]:
 
 def test_counts_are_singular_and_plural() -> None:
     assert [count(n, "blob") for n in (0, 1, 2)] == ["0 blobs", "1 blob", "2 blobs"]
+    assert [count(n, "entry", "entries") for n in (1, 3)] == ["1 entry", "3 entries"]
 
 
 def test_pull_and_bundle_say_1_layer(cli: Cli, ref: str) -> None:
