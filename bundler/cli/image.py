@@ -59,7 +59,8 @@ def inspect_command(ref: RefArg, opts: CommonOptions) -> None:
 def bundle_command(
     ref: RefArg,
     dest: Annotated[Path | None, typer.Argument(
-        metavar="[DEST]", help="Bundle directory to create [default: in the cache, keyed by "
+        metavar="[DEST]", help="Bundle directory to create, with its parents if missing; it "
+                               "must be absent or empty [default: in the cache, keyed by "
                                "image digest and options].")] = None,
     cmd: Annotated[list[str] | None, typer.Option(
         "--cmd", "--arg", metavar="ARG",

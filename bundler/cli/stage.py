@@ -44,16 +44,18 @@ def stage_command(
              "(no registry is guessed).")],
     to: Annotated[str | None, typer.Option(
         "--to", metavar="TARGET",
-        help="Directory to stage into (shared or node-local), or an fsspec URL to store a "
-             "squashfs image (--format squashfs) or a tar archive (--format dir) at "
-             "[default: $OCISTAGE_STAGE_TO, else stage_to in the config file].")] = None,
+        help="Directory to stage into (shared or node-local; created with its parents if "
+             "missing), or an fsspec URL to store a squashfs image (--format squashfs) or a "
+             "tar archive (--format dir) at [default: $OCISTAGE_STAGE_TO, else stage_to in "
+             "the config file].")] = None,
     format: Annotated[str, typer.Option(
         "--format", metavar="dir|squashfs",
         help="dir: a directory bundle; squashfs: an image, mounted with squashfuse or "
              "unpacked.")] = "dir",
     name: Annotated[str | None, typer.Option(
-        "--name", help="Name of the staged bundle under TARGET [default: the source's "
-                       "directory name, e.g. the cache bundle key].")] = None,
+        "--name", help="Name of the staged bundle under TARGET [default: for a REF its "
+                       "repository and tag, e.g. debian+bookworm, so staging the tag again "
+                       "replaces it; else the directory's name].")] = None,
     pin: Annotated[str | None, typer.Option(
         "--pin", metavar="NAME",
         help="Hold the staged bundle with this pin (until `ocistage unstage --pin NAME`) "
