@@ -138,7 +138,8 @@ class GcReport:
             out.detail(f"{verb} {removal.kind} {removal.name}{size}: {removal.reason}")
         for target in self.protected:
             out.detail(f"kept {target}: in use (leased)")
-        out.line(f"{verb} {count(len(self.removed), 'entry', 'entries')}, {format_size(self.freed)}; "
+        entries = count(len(self.removed), "entry", "entries")
+        out.line(f"{verb} {entries}, {format_size(self.freed)}; "
                  f"cache {format_size(self.size_before)} -> {format_size(self.size_after)}")
         if self.over_budget and self.max_size is not None:
             out.warning(f"the cache holds {format_size(self.size_after)}, over its budget of "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated
@@ -15,6 +16,7 @@ from ocistage.bundler.cli.common import (
     CommonOptions,
     console,
     download_progress,
+    echo,
     is_terminal,
     print_warnings,
     with_options,
@@ -95,9 +97,14 @@ def stage_command(
 
 @contextlib.contextmanager
 def _image_progress(silent: bool) -> Iterator[Callable[[int, int], None] | None]:
-    """A progress bar on stderr while a squashfs image is built, on a terminal only."""
-    if silent or not is_terminal():
+    """A progress bar on stderr while a squashfs image is built, on a terminal; elsewhere (a
+    batch job's log) a line when it starts and one when it is done, with the time."""
+    if silent:
         yield None
+        return
+    if not is_terminal():
+        with _image_log_lines() as update:
+            yield update
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -109,6 +116,28 @@ def _image_progress(silent: bool) -> Iterator[Callable[[int, int], None] | None]
             bars.update(task, completed=done, total=total)
 
         yield update
+
+
+@contextlib.contextmanager
+def _image_log_lines(clock: Callable[[], float] = time.monotonic,
+                     ) -> Iterator[Callable[[int, int], None]]:
+    """Two lines on stderr for a squashfs image built while this runs: when mksquashfs starts
+    and when it is done (files, seconds); nothing if no image is built."""
+    started: list[float] = []
+    done_at: list[float] = []
+
+    def update(done: int, total: int) -> None:
+        if not started:
+            started.append(clock())
+            echo("building the squashfs image (mksquashfs) ...", err=True)
+        if total and done >= total and not done_at:
+            done_at.append(clock())
+            echo(f"built the squashfs image: {total} files in {done_at[0] - started[0]:.1f} s",
+                 err=True)
+
+    yield update
+    if started and not done_at:  # it ended without a last bar of 100%
+        echo(f"built the squashfs image in {clock() - started[0]:.1f} s", err=True)
 
 
 @unstage_app.command("unstage")

@@ -3,6 +3,10 @@ dir or the cache; warnings for what would fail later; counts in English."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -107,3 +111,39 @@ def test_gpus_without_the_hook_here_warn(cli: Cli, ref: str,
     assert "warning: nvidia-container-runtime-hook is not installed on this host" \
         in outcome.stderr
     assert cli("bundle", "--gpus", "banana", ref, str(cli.root / "c")).exit_code == 2
+
+
+def test_a_squashfs_image_built_without_a_terminal_says_when_it_starts_and_ends(
+        cli: Cli) -> None:
+    if shutil.which("mksquashfs") is None or shutil.which("unsquashfs") is None:
+        pytest.skip("squashfs-tools are not installed")
+    tree = str(make_tree(cli.root / "tree"))
+    target = str(cli.root / "target")
+    outcome = cli("stage", tree, "--to", target, "--format", "squashfs", "--unpack")
+    assert outcome.exit_code == 0, outcome.stderr
+    lines = outcome.stderr.splitlines()
+    assert lines[0] == "building the squashfs image (mksquashfs) ..."
+    assert re.fullmatch(r"built the squashfs image: \d+ files in \d+\.\d s", lines[1]), lines
+    quiet = cli("stage", "-q", tree, "--to", target, "--format", "squashfs", "--unpack",
+                "--name", "again")
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+
+
+def test_the_build_lines_time_what_mksquashfs_took() -> None:
+    from ocistage.bundler.cli import stage as cli_stage
+
+    times = iter([10.0, 36.25])
+    said: list[str] = []
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        with cli_stage._image_log_lines(lambda: next(times)) as update:
+            update(0, 0)
+            update(500, 1000)
+            update(1000, 1000)
+            update(1000, 1000)
+        said = err.getvalue().splitlines()
+    assert said == ["building the squashfs image (mksquashfs) ...",
+                    "built the squashfs image: 1000 files in 26.2 s"]
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        with cli_stage._image_log_lines(lambda: 0.0):
+            pass
+    assert err.getvalue() == ""  # no image was built
