@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from ocistage.bundler.cli.commands import FullSummaryGroup
 from ocistage.bundler.cli.common import CommonOptions, RefArg, with_options
 from ocistage.cache.errors import IntegrityError
 from ocistage.cache.sizes import parse_age
@@ -13,7 +14,7 @@ from ocistage.cache.sizes import parse_age
 # The cache modules are imported inside the commands (see ocistage.bundler.cli.common).
 
 cache_app = typer.Typer(help="Inspect and clean the content-addressed cache.",
-    rich_markup_mode=None, no_args_is_help=True, add_completion=False)
+    rich_markup_mode=None, no_args_is_help=True, add_completion=False, cls=FullSummaryGroup)
 
 
 MaxSizeOpt = Annotated[str | None, typer.Option(

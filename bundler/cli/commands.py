@@ -41,24 +41,22 @@ class CommandEntry:
 COMMANDS: dict[str, CommandEntry] = {
     "pull": CommandEntry(
         "ocistage.bundler.cli.image", "pull_app",
-        "Fetch an image's manifest, config and layers into the cache; print the manifest "
-        "digest."),
+        "Fetch an image into the cache; print its manifest digest."),
     "inspect": CommandEntry(
         "ocistage.bundler.cli.image", "inspect_app",
-        "Show an image's manifest, config, platforms and layer sizes (layers are not "
-        "fetched)."),
+        "Show an image's manifest, config, platforms and layer sizes."),
     "bundle": CommandEntry(
         "ocistage.bundler.cli.image", "bundle_app",
-        "Make a rootless OCI bundle (rootfs/ + config.json) from an image; print its path."),
+        "Make a rootless OCI bundle from an image; print its path."),
     "stage": CommandEntry(
         "ocistage.bundler.cli.stage", "stage_app",
-        "Stage a bundle onto a shared or node-local target; print the staged path."),
+        "Put a bundle where jobs run (shared or node-local); print its path."),
     "unstage": CommandEntry(
         "ocistage.bundler.cli.stage", "unstage_app",
         "Remove a staged bundle (and its lease) safely."),
     "submit": CommandEntry(
         "ocistage.bundler.cli.slurm", "submit_app",
-        "Pull, bundle and stage REF, then sbatch --container it: REF [SBATCH OPTS] -- CMD."),
+        "Pull, bundle and stage REF, then sbatch --container it."),
     "cache": CommandEntry(
         "ocistage.bundler.cli.cache", "cache_app", "Inspect and clean the content-addressed cache.",
         group=True),
@@ -110,7 +108,31 @@ def stdout_closed() -> bool:
         return False
 
 
-class LazyGroup(TyperGroup):
+class FullSummaryGroup(TyperGroup):
+    """A group whose ``--help`` gives each command's summary in full, wrapped to the width
+    (click cuts it at the end of the line, mid-sentence): ``ocistage``'s and its groups'."""
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        rows = [(name, summary) for name, summary in self.summaries(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+    def summaries(self, ctx: Any) -> list[tuple[str, str]]:
+        """(name, summary) of each command that ``--help`` lists."""
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(_WHOLE)))
+        return rows
+
+
+#: a length no summary reaches: click's short help is then the whole first sentence
+_WHOLE = 10_000
+
+
+class LazyGroup(FullSummaryGroup):
     """The ``ocistage`` group: its commands come from :data:`COMMANDS` when looked up."""
 
     def invoke(self, ctx: Any) -> Any:
@@ -132,19 +154,15 @@ class LazyGroup(TyperGroup):
             command = self.commands[cmd_name] = load_command(cmd_name)
         return command
 
-    def format_commands(self, ctx: Any, formatter: Any) -> None:
+    def summaries(self, ctx: Any) -> list[tuple[str, str]]:
         """The command list of ``--help`` from the table: no command module is imported."""
         names: Sequence[str] = self.list_commands(ctx)
-        if not names:
-            return
-        limit = formatter.width - 6 - max(len(name) for name in names)
         rows = []
         for name in names:
             entry = COMMANDS.get(name)
-            # a bare command carrying the table's summary: click cuts it as any command's
+            # a bare command carrying the table's summary: click reads it as any command's
             command = (TyperCommand(name, help=entry.summary) if entry is not None
                        else self.commands[name])
             if not command.hidden:
-                rows.append((name, command.get_short_help_str(limit)))
-        with formatter.section("Commands"):
-            formatter.write_dl(rows)
+                rows.append((name, command.get_short_help_str(_WHOLE)))
+        return rows

@@ -115,6 +115,12 @@ def is_terminal(err: bool = True) -> bool:
     return bool(console(err).is_terminal)
 
 
+def examples(*lines: str) -> str:
+    """A command's ``--help`` epilog: its examples, one command line each, not rewrapped
+    (click leaves a paragraph that starts with ``\\b`` as it is)."""
+    return "Examples:\n\n\b\n" + "\n".join(f"  {line}" for line in lines)
+
+
 # -- shared options ----------------------------------------------------------------------------
 
 RefArg = Annotated[str, typer.Argument(
@@ -175,7 +181,7 @@ def shared_option_names() -> set[str]:
     names: set[str] = set()
     for annotation, _default in _OPTIONS.values():
         for info in getattr(annotation, "__metadata__", ()):
-            # typer.Option("--cache", ...): the first spelling is the OptionInfo's default
+            # in typer's Annotated form the first spelling is the OptionInfo's default
             first = getattr(info, "default", None)
             names.update([first] if isinstance(first, str) and first.startswith("-") else [])
             names.update(getattr(info, "param_decls", None) or ())

@@ -17,6 +17,7 @@ from ocistage.bundler.cli.common import (
     console,
     download_progress,
     echo,
+    examples,
     is_terminal,
     print_warnings,
     with_options,
@@ -33,7 +34,11 @@ stage_app = typer.Typer(rich_markup_mode=None, add_completion=False)
 unstage_app = typer.Typer(rich_markup_mode=None, add_completion=False)
 
 
-@stage_app.command("stage")
+@stage_app.command("stage", epilog=examples(
+    "ocistage stage registry.site:5000/team/app:1.2 --to /scratch/$USER/bundles",
+    "ocistage stage ~/app --to \"$SLURM_TMPDIR\"             # node-local, in a job",
+    "ocistage stage docker://debian:bookworm --to /scratch/b --format squashfs",
+    "srun --container \"$(ocistage stage -q REF --to /scratch/b)\" CMD"))
 @with_options(*STAGING)
 def stage_command(
     what: Annotated[str, typer.Argument(
@@ -78,7 +83,11 @@ def stage_command(
     *,
     opts: CommonOptions,
 ) -> None:
-    """Stage a bundle onto a shared or node-local target; print the staged path."""
+    """Put a bundle where jobs run (shared or node-local); print its path.
+
+    A REF is bundled first and staged as REPOSITORY+TAG (staging the tag again replaces
+    it); a re-stage copies only the files that changed.
+    """
     from ocistage.bundler.staging import StageOptions, stage
 
     settings = opts.settings()
@@ -140,7 +149,9 @@ def _image_log_lines(clock: Callable[[], float] = time.monotonic,
         echo(f"built the squashfs image in {clock() - started[0]:.1f} s", err=True)
 
 
-@unstage_app.command("unstage")
+@unstage_app.command("unstage", epilog=examples(
+    "ocistage unstage /scratch/$USER/bundles/team+app+1.2",
+    "ocistage unstage --pin nightly /scratch/$USER/bundles/team+app+1.2"))
 @with_options("cache", "json", "quiet", "verbose")
 def unstage_command(
     path: Annotated[Path, typer.Argument(

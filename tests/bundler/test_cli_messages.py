@@ -143,7 +143,7 @@ def test_the_build_lines_time_what_mksquashfs_took() -> None:
         said = err.getvalue().splitlines()
     assert said == ["building the squashfs image (mksquashfs) ...",
                     "built the squashfs image: 1000 files in 26.2 s"]
-    with contextlib.redirect_stderr(io.StringIO()) as err:
-        with cli_stage._image_log_lines(lambda: 0.0):
-            pass
+    with contextlib.redirect_stderr(io.StringIO()) as err, \
+            cli_stage._image_log_lines(lambda: 0.0):
+        pass
     assert err.getvalue() == ""  # no image was built
