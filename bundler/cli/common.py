@@ -121,17 +121,53 @@ def examples(*lines: str) -> str:
     return "Examples:\n\n\b\n" + "\n".join(f"  {line}" for line in lines)
 
 
+# -- completion of values (``ocistage --install-completion``) -----------------------------------
+
+#: the platforms images are commonly built for, as --platform takes them
+PLATFORMS = ("linux/amd64", "linux/arm64", "linux/arm64/v8", "linux/arm/v7", "linux/arm/v6",
+             "linux/386", "linux/ppc64le", "linux/s390x", "linux/riscv64")
+
+
+def complete_words(*words: str) -> Callable[[str], list[str]]:
+    """A completer of an option's value among ``words``."""
+    def complete(incomplete: str) -> list[str]:
+        return [word for word in words if word.startswith(incomplete)]
+
+    return complete
+
+
+def complete_cached_ref(ctx: typer.Context, incomplete: str) -> list[str]:
+    """The references the cache holds (those ``cache ls`` lists), for a REF: of ``--cache``
+    if it came before on the line, else of the settings. Nothing if it cannot be read: a
+    completion never fails."""
+    try:
+        return [name for name in _cached_names(ctx.params.get("cache"))
+                if name.startswith(incomplete)]
+    except Exception:
+        return []
+
+
+def _cached_names(cache: Path | None) -> list[str]:
+    from ocistage.bundler.settings import load_settings
+    from ocistage.cache.refnames import record_name
+
+    root = cache if cache is not None else load_settings().cache
+    with open(Path(root) / "index.json", "rb") as file:
+        entries = json.loads(file.read(16 << 20)).get("manifests", [])
+    return sorted({name for entry in entries if (name := record_name(entry)) is not None})
+
+
 # -- shared options ----------------------------------------------------------------------------
 
 RefArg = Annotated[str, typer.Argument(
-    metavar="REF",
+    metavar="REF", autocompletion=complete_cached_ref,
     help="[docker://]registry/repo[:tag][@sha256:...], oci:PATH[:tag], "
          "oci-archive:FILE[:tag] or docker-archive:FILE[:name:tag]")]
 CacheOpt = Annotated[Path | None, typer.Option(
     "--cache", metavar="DIR", envvar="OCISTAGE_CACHE", show_envvar=True,
     help="Cache directory [default: $XDG_CACHE_HOME/ocistage].")]
 PlatformOpt = Annotated[str | None, typer.Option(
-    "--platform", metavar="OS/ARCH[/VARIANT]",
+    "--platform", metavar="OS/ARCH[/VARIANT]", autocompletion=complete_words(*PLATFORMS),
     help="Platform to choose from a multi-platform image [default: this host].")]
 InsecureOpt = Annotated[list[str] | None, typer.Option(
     "--insecure-registry", metavar="HOST[:PORT]",
@@ -147,6 +183,7 @@ JobsOpt = Annotated[int | None, typer.Option(
     "--jobs", "-j", min=1, max=64, help="Parallel blob downloads [default: 6].")]
 PullOpt = Annotated[str | None, typer.Option(
     "--pull", metavar="always|missing|never",
+    autocompletion=complete_words("always", "missing", "never"),
     help="always: ask the registry for the reference; missing: use a complete cached copy "
          "as is, without the network; never: the cache only [default: always; also "
          "$OCISTAGE_PULL, `pull` in the config file].")]

@@ -15,6 +15,7 @@ from ocistage.bundler.cli.common import (
     STAGING,
     CommonOptions,
     RefArg,
+    complete_words,
     examples,
     print_json_line,
     print_warnings,
@@ -42,6 +43,7 @@ SlurmVersionOpt = Annotated[str | None, typer.Option(
     help="Generate for this Slurm release [default: the installed one, `scontrol --version`].")]
 StageToOpt = Annotated[str, typer.Option(
     "--stage-to", metavar="shared|node-local",
+    autocompletion=complete_words("shared", "node-local"),
     help="shared: stage on the submit host into a directory every node sees; node-local: "
          "stage on the job's node (slurm.remote_command).")]
 ScrunOpt = Annotated[str | None, typer.Option(
@@ -60,7 +62,8 @@ def _slurm_version(text: str | None) -> SlurmVersion:
 @runtime_app.command("oci-conf")
 def runtime_oci_conf(
     runtime: Annotated[str, typer.Option(
-        "--runtime", metavar="|".join(RUNTIMES), help="The OCI runtime slurmstepd calls.")
+        "--runtime", metavar="|".join(RUNTIMES), autocompletion=complete_words(*RUNTIMES),
+        help="The OCI runtime slurmstepd calls.")
     ] = "runc",
     mode: Annotated[str, typer.Option(
         "--mode", metavar="run",

@@ -14,6 +14,8 @@ import typer
 from ocistage.bundler.cli.common import (
     STAGING,
     CommonOptions,
+    complete_cached_ref,
+    complete_words,
     console,
     download_progress,
     echo,
@@ -42,7 +44,7 @@ unstage_app = typer.Typer(rich_markup_mode=None, add_completion=False)
 @with_options(*STAGING)
 def stage_command(
     what: Annotated[str, typer.Argument(
-        metavar="REF|BUNDLE|DIR|URL",
+        metavar="REF|BUNDLE|DIR|URL", autocompletion=complete_cached_ref,
         help="A bundle directory (has config.json), any directory tree, a squashfs image URL "
              "(file://, memory://, sftp://, s3://...), or an image reference that names its "
              "registry or transport (docker.io/library/alpine, localhost:5000/app, "
@@ -56,7 +58,7 @@ def stage_command(
              "tar archive (--format dir) at [default: $OCISTAGE_STAGE_TO, else stage_to in "
              "the config file].")] = None,
     format: Annotated[str, typer.Option(
-        "--format", metavar="dir|squashfs",
+        "--format", metavar="dir|squashfs", autocompletion=complete_words("dir", "squashfs"),
         help="dir: a directory bundle; squashfs: an image, mounted with squashfuse or "
              "unpacked.")] = "dir",
     name: Annotated[str | None, typer.Option(
