@@ -8,7 +8,8 @@ group such as ``cache``), and its one-line summary for ``ocistage --help``. A co
 module is imported and its click command built when the command is looked up: ``ocistage
 bundle ...`` loads ``ocistage.bundler.cli.image`` and builds ``bundle`` alone, ``ocistage --help``
 and ``--version`` load no command module at all. ``tests/bundler/test_cli_commands.py``
-checks that every summary is the command's own (its docstring's first sentence).
+checks that every summary is the command's own (its docstring's first sentence). Summaries are
+shown in full, wrapped (:class:`FullSummaryGroup`, also the groups' class), never cut.
 """
 
 from __future__ import annotations
