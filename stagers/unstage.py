@@ -67,7 +67,8 @@ class Unstaged:
 
     path: Path
     removed: bool
-    absent: bool = False  # nothing was there: only a lease on it was released
+    absent: bool = False  # nothing was there: only a lease on it was released, if ``leased``
+    leased: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return {"path": str(self.path.absolute()), "removed": self.removed}
@@ -75,8 +76,10 @@ class Unstaged:
     def render(self, out: Renderer) -> None:
         if self.removed:
             out.note(f"removed {self.path}")
-        elif self.absent:
+        elif self.absent and self.leased:
             out.note(f"released the lease on {self.path} (already removed)")
+        elif self.absent:
+            out.note(f"nothing was staged at {self.path}")
         else:
             out.note(f"kept {self.path}: other jobs or pins still hold it (--force removes it)")
 

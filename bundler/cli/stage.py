@@ -163,6 +163,9 @@ def unstage_command(
                                       "other holders use it.")] = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Remove even if other live leases (jobs, pins) still hold it.")] = False,
+    missing_ok: Annotated[bool, typer.Option(
+        "--missing-ok", help="No error if nothing is staged at PATH (as rm -f; a cleanup "
+                             "after the bundle was removed).")] = False,
     *,
     opts: CommonOptions,
 ) -> None:
@@ -178,9 +181,10 @@ def unstage_command(
     # a path that is gone is no mistake while a lease of ours is on it (a job's cleanup after
     # `unstage --force` or gc removed it): the lease is released
     absent = not os.path.lexists(path)
-    if absent and not holds_lease(cache_root, path, holder):
+    leased = not absent or holds_lease(cache_root, path, holder)
+    if not leased and not missing_ok:
         raise UsageError(f"nothing is staged at {path}",
                          "give the path `ocistage stage` printed (`ocistage cache ls` lists "
                          "what is staged)")
     removed = unstage(path, cache_root=cache_root, holder=holder, force=force)
-    opts.emit(Unstaged(path, removed, absent=absent))
+    opts.emit(Unstaged(path, removed, absent=absent, leased=leased))

@@ -49,6 +49,9 @@ def test_unstage_of_nothing_is_an_error(cli: Cli) -> None:
     outcome = cli("unstage", str(cli.root / "no" / "such"))
     assert outcome.exit_code == 2
     assert _error(outcome.stderr) == f"error: nothing is staged at {cli.root / 'no' / 'such'}"
+    # unless told that it may be gone (a job's cleanup after a cache gc)
+    quiet = cli("unstage", "--missing-ok", str(cli.root / "no" / "such"))
+    assert (quiet.exit_code, quiet.stderr) == (0, f"nothing was staged at {cli.root}/no/such\n")
 
 
 def test_unstage_of_a_removed_bundle_releases_its_lease(cli: Cli) -> None:
