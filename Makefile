@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PYTEST_ARGS ?=
 
-.PHONY: deps venv demo test lint typecheck unit example bench clean dist
+.PHONY: deps venv demo test lint typecheck unit example bench clean dist man
 
 DEBIAN_PACKAGES = python3-venv \
 	docker-registry skopeo umoci runc crun squashfs-tools squashfuse lua5.3 \
@@ -93,6 +93,14 @@ bench:  deps $(BENCH_STAMP) ## benchmarks (bench/README.md): bundle vs peers and
 	PATH="$(RUN_PATH)" $(VENV_BIN)/python -m bench bundle
 	PATH="$(RUN_PATH)" $(VENV_BIN)/python -m bench stage
 	PATH="$(RUN_PATH)" $(VENV_BIN)/python -m bench scale --set $(SCALE_SET)
+
+# ocistage(1) from the commands' own --help texts (ocistage.bundler.cli.manpage), where man-db
+# looks for the ocistage on PATH that README.md puts in ~/.local/bin: `man ocistage`
+MAN_DIR ?= $(HOME)/.local/share/man/man1
+MAN_PYTHON ?= $(VENV_BIN)/python
+man:
+	$(MAN_PYTHON) -m ocistage.bundler.cli.manpage -o "$(MAN_DIR)/ocistage.1"
+	@echo "wrote $(MAN_DIR)/ocistage.1: man ocistage (or man -l $(MAN_DIR)/ocistage.1)"
 
 # the wheel and sdist a site installs (`pip install dist/ocistage-*.whl`), built offline with the
 # venv's setuptools; tests/plugin/test_coexistence.py installs such a wheel into a fresh venv

@@ -56,6 +56,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ocistage.bundler.errors import DestinationError
 from ocistage.bundler.follower import PullThread
 from ocistage.bundler.image.manifest import Descriptor
 from ocistage.bundler.image.reference import ImageSource
@@ -81,6 +82,7 @@ from ocistage.cache.fsops import PRIVATE_DIR_MODE, check_shared_parent, make_pri
 from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.leases import InUse
 from ocistage.cache.notice import Kind, Notice
+from ocistage.cache.sizes import count
 from ocistage.cache.store import Store, fsync_dir, remove_dead_scratch, scratch_name
 
 if TYPE_CHECKING:
@@ -107,7 +109,7 @@ class BundleResult:
 
     def render(self, out: Renderer) -> None:
         out.note(f"{'reused' if self.reused else 'made'} bundle of {self.image.name} "
-                 f"({self.image.platform}, {len(self.image.layers)} layers)")
+                 f"({self.image.platform}, {count(len(self.image.layers), 'layer')})")
         out.line(str(self.path))
 
 
@@ -139,14 +141,27 @@ def _check_destination(dest: Path) -> None:
                          "choose a new destination, or remove it first")
 
 
-def _scratch_beside(dest: Path) -> Path:
+def _make_parents(dest: Path) -> None:
+    """Create the missing directories above DEST (as ``mkdir -p``)."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise DestinationError(f"cannot create {dest}: {exc.strerror or exc}{where}") from exc
+
+
+def _scratch_beside(dest: Path, cached: bool) -> Path:
+    """The scratch dir DEST (``cached``: a bundle in the cache) is built in, beside it; an
+    error names DEST, not the scratch dir."""
     remove_dead_scratch(dest.parent, dest.name)  # left by a build that was killed
     scratch = dest.parent / scratch_name(dest.name)
     try:
         scratch.mkdir(mode=0o700)
     except OSError as exc:
-        raise StoreError(f"cannot create {scratch}: {exc.strerror}",
-                         "check that the destination's parent exists and is writable") from exc
+        if cached:
+            raise StoreError(f"cannot create {dest}: {exc.strerror}") from exc
+        raise DestinationError(f"cannot create {dest}: {exc.strerror}",
+                               f"check that you may write in {dest.parent}") from exc
     return scratch
 
 
@@ -239,12 +254,12 @@ def _build(puller: PullThread, run: PullRun, in_use: InUse,
         link = True
     else:
         dest = dest.absolute()
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        _make_parents(dest)
         check_shared_parent(dest.parent, "destination directory", group_shared=True)
         _check_destination(dest)
     scratch = None
     try:
-        scratch = _scratch_beside(dest)
+        scratch = _scratch_beside(dest, key is not None)
         # the unpacking modules only now: a cached bundle found above never needs them
         from ocistage.bundler.rootfs import RootfsJob, make_rootfs
         from ocistage.cache.snapshots import strip_for_group

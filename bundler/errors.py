@@ -1,5 +1,5 @@
-"""Errors of bundler's own modules: a local image source that cannot be used, an image the
-pyxis importer cannot make."""
+"""Errors of bundler's own modules: a local image source that cannot be used, a bundle
+destination that cannot be made, an image the pyxis importer cannot make."""
 
 from __future__ import annotations
 
@@ -8,6 +8,13 @@ from ocistage.cache.errors import OcistageError
 
 class SourceError(OcistageError):
     pass
+
+
+class DestinationError(OcistageError):
+    """``bundle``'s DEST (or a directory above it) cannot be made."""
+
+    default_hint = ("check that you may write where DEST goes (missing parent directories "
+                    "are created)")
 
 
 class PyxisImportError(OcistageError):

@@ -17,7 +17,7 @@ from ocistage.bundler.image.reference import ImageSource
 from ocistage.bundler.pull import Fetcher, PullOptions, resolve
 from ocistage.bundler.sources import open_provider
 from ocistage.cache.digest import Digest
-from ocistage.cache.sizes import format_size
+from ocistage.cache.sizes import count, format_size
 from ocistage.cache.store import Store
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ class ImageReport:
             out.line(f"  layer {n}:{'':<3}{layer.digest}  {format_size(layer.size):>10}  "
                      f"{layer.media_type}")
         out.line(f"  total:      {format_size(self.compressed_size)} "
-                 f"in {len(self.layers)} layers")
+                 f"in {count(len(self.layers), 'layer')}")
 
 
 def inspect_image(source: ImageSource, store: Store,

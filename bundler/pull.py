@@ -51,7 +51,7 @@ from ocistage.cache.digest import Digest
 from ocistage.cache.errors import IntegrityError, Interrupted, OcistageError
 from ocistage.cache.leases import InUse
 from ocistage.cache.notice import Kind, Notice
-from ocistage.cache.sizes import format_size
+from ocistage.cache.sizes import count, format_size
 from ocistage.cache.store import Ingest, Store
 
 if TYPE_CHECKING:
@@ -142,9 +142,9 @@ class PulledImage:
         }
 
     def render(self, out: Renderer) -> None:
-        out.note(f"pulled {self.name} ({self.platform}, {len(self.layers)} layers, "
+        out.note(f"pulled {self.name} ({self.platform}, {count(len(self.layers), 'layer')}, "
                  f"{format_size(self.size)}; fetched {format_size(self.fetched_bytes)}, "
-                 f"reused {self.reused_blobs} blobs)")
+                 f"reused {count(self.reused_blobs, 'blob')})")
         out.line(str(self.manifest.digest))
 
 

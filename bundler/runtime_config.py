@@ -97,7 +97,9 @@ def label_allowed(key: str) -> bool:
 _ENV_NAME = re.compile(r"^[^=\x00]+$")
 _HOSTNAME = re.compile(r"^(?=.{1,64}$)[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*$")
-_GPU_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:/_.-]*$")
+#: what NVIDIA_VISIBLE_DEVICES takes besides ``all``: a GPU index, a MIG device index
+#: (``0:1``), a GPU or MIG UUID
+_GPU_ID = re.compile(r"^(?:[0-9]+(?::[0-9]+)?|(?:GPU|MIG)-[A-Za-z0-9/-]+)$")
 
 
 @dataclass(frozen=True)
@@ -230,10 +232,18 @@ def _args(settings: Mapping[str, Any], options: ConfigOptions) -> list[str]:
         entrypoint = []
     args = entrypoint + cmd
     if not args:
-        raise UsageError("the image defines no Entrypoint or Cmd, so there is nothing to run",
+        raise UsageError(_nothing_to_run(options),
                          "give the command to run: --cmd ARG (once per argument) or "
                          "--entrypoint ARG; with submit, after --")
     return args
+
+
+def _nothing_to_run(options: ConfigOptions) -> str:
+    """Why the container would have no command: the image's, or the options' doing."""
+    if options.entrypoint is not None:  # [""]: an empty one clears both
+        return ("--entrypoint '' clears the image's Entrypoint and Cmd, so there is nothing "
+                "to run")
+    return "the image defines no Entrypoint or Cmd, so there is nothing to run"
 
 
 def _env(settings: Mapping[str, Any], user: ResolvedUser, options: ConfigOptions,
@@ -350,11 +360,21 @@ def _gpu_devices(gpus: str | None) -> tuple[str, ...]:
     if gpus is None:
         return ()
     devices = tuple(part.strip() for part in gpus.split(","))
-    if not devices or not all(_GPU_ID.match(device) for device in devices) or (
-            "all" in devices and len(devices) > 1):
+    if devices != ("all",) and not all(_GPU_ID.match(device) for device in devices):
         raise UsageError(f"invalid --gpus {gpus!r}",
-                         "use --gpus all or a list of GPU indices/UUIDs such as --gpus 0,1")
+                         "use --gpus all or a list of GPU indices (0,1), MIG devices (0:1) or "
+                         "UUIDs (GPU-..., MIG-...)")
     return devices
+
+
+def gpu_hook_missing(gpus: str | None) -> str | None:
+    """A warning when GPUs are asked for and this host has no NVIDIA hook: the bundle names
+    its default path, which must exist where the bundle runs."""
+    if not gpus or shutil.which(NVIDIA_HOOK) or os.path.exists(NVIDIA_HOOK_DEFAULT_PATH):
+        return None
+    return (f"{NVIDIA_HOOK} is not installed on this host: config.json runs "
+            f"{NVIDIA_HOOK_DEFAULT_PATH}, which must exist where the bundle runs "
+            "(nvidia-container-toolkit)")
 
 
 def _nvidia_hook() -> dict[str, Any]:

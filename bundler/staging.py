@@ -25,6 +25,7 @@ a bundle before it can be staged, and ``stagers`` knows nothing of images.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import sys
@@ -35,9 +36,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ocistage.cache.errors import UsageError
-from ocistage.stagers.errors import StageError
+from ocistage.stagers.errors import StageUsageError
 
 if TYPE_CHECKING:
+    from ocistage.bundler.image.reference import ImageSource
     from ocistage.bundler.pull import PullOptions, PullProgress
     from ocistage.cache.notice import Notice
     from ocistage.cache.results import JsonDoc, Renderer
@@ -86,7 +88,7 @@ class Staged:
                 "bytes_copied": outcome.bytes_copied, "lease_id": outcome.lease_id}
 
     def render(self, out: Renderer) -> None:
-        from ocistage.cache.sizes import format_size
+        from ocistage.cache.sizes import count, format_size
         from ocistage.stagers.target import StageResult
 
         outcome = self.outcome
@@ -97,7 +99,7 @@ class Staged:
         if not isinstance(outcome, StageResult):
             outcome.render(out)
             return
-        out.note(f"staged {self.label} ({outcome.method}: {outcome.files} files, "
+        out.note(f"staged {self.label} ({outcome.method}: {count(outcome.files, 'file')}, "
                  f"{outcome.copied} copied ({format_size(outcome.bytes_copied)}), "
                  f"{outcome.linked} linked, {outcome.unchanged} unchanged)")
         out.line(str(outcome.path))
@@ -122,40 +124,80 @@ def stage(what: str, options: StageOptions, *, store: Store,
         from ocistage.stagers.allnodes import check_all_nodes
 
         check_all_nodes()  # before the REF is resolved: refused where it would run N times
-    source, label, warnings = _resolve(what, store, pull_options, progress)
+    source, label, warnings, name = _resolve(what, store, pull_options, progress)
+    if options.name is None and name is not None:
+        options = dataclasses.replace(options, name=name)
     return Staged(label, _dispatch(source, label, options, store, image_progress), warnings)
 
 
 def _resolve(what: str, store: Store, pull_options: Callable[[], PullOptions] | None,
-             progress: ProgressFactory | None) -> tuple[Path | str, str, tuple[Notice, ...]]:
-    """The directory (or URL) to stage, its label, and warnings of making it."""
+             progress: ProgressFactory | None
+             ) -> tuple[Path | str, str, tuple[Notice, ...], str | None]:
+    """The directory (or URL) to stage, its label, warnings of making it, and the name to
+    stage it under if ``--name`` is not given (a REF's :func:`default_name`; else None: the
+    directory's name)."""
     from ocistage.stagers.urls import is_url
 
     if is_url(what):
-        return what, what, ()
+        return what, what, (), None
     path = Path(os.path.expanduser(what))
     if path.is_dir():
-        return path.absolute(), os.fspath(path.absolute()), ()
+        return path.absolute(), os.fspath(path.absolute()), (), None
     if _looks_like_path(what):
         if os.path.lexists(path):
-            raise StageError(f"{what} is not a directory",
-                             "stage a bundle directory, a tree, a squashfs image URL "
-                             "(file://...) or an image reference")
-        raise StageError(f"no such directory: {what}",
-                         "give an existing bundle directory, or an image reference")
+            raise StageUsageError(f"{what} is not a directory",
+                                  "stage a bundle directory, a tree, a squashfs image URL "
+                                  "(file://...) or an image reference")
+        raise StageUsageError(f"no such directory: {what}",
+                              "give an existing bundle directory, or an image reference")
     from ocistage.bundler.bundle import make_bundle
     from ocistage.bundler.image.reference import RegistryReference, parse_reference
 
     reference = parse_reference(what)
     if isinstance(reference, RegistryReference) and not _names_registry(what):
-        raise StageError(f"no such directory: {what}",
-                         f"to stage the image {reference}, name its registry: "
-                         f"{reference.registry}/{reference.repository} or docker://{what}")
+        raise StageUsageError(f"no such directory: {what}",
+                              f"to stage the image {reference}, name its registry: "
+                              f"{reference.registry}/{reference.repository} or "
+                              f"docker://{what}")
     with (progress or contextlib.nullcontext)() as bars:
         bundle = make_bundle(reference, store, None,
                              pull_options=pull_options() if pull_options else None,
                              progress=bars)
-    return bundle.path, what, tuple(bundle.warnings)
+    return bundle.path, what, tuple(bundle.warnings), default_name(reference)
+
+
+def default_name(reference: ImageSource) -> str | None:
+    """The staged name of an image reference without ``--name``: its repository and tag (or
+    digest) joined by ``+`` as enroot names its images (``debian+bookworm``,
+    ``team+app+1.2``, ``app+sha256-0123456789ab``; Docker Hub's ``library/`` left out), so
+    that staging a newer image of the tag replaces the previous one. None when no such name
+    can be made (then the bundle's own name is used)."""
+    from ocistage.bundler.image.reference import (
+        DEFAULT_REGISTRY,
+        OFFICIAL_REPOSITORY_PREFIX,
+        DockerArchiveReference,
+        RegistryReference,
+        parse_registry_reference,
+    )
+    from ocistage.stagers.target import check_name
+
+    if isinstance(reference, RegistryReference):
+        repository = reference.repository
+        if reference.registry == DEFAULT_REGISTRY:
+            repository = repository.removeprefix(OFFICIAL_REPOSITORY_PREFIX)
+        version = reference.tag or (f"{reference.digest.algorithm}-{reference.digest.hex[:12]}"
+                                    if reference.digest else "")
+        name = "+".join([*repository.split("/"), version])
+    elif isinstance(reference, DockerArchiveReference) and reference.image:
+        return default_name(parse_registry_reference(reference.image))
+    else:
+        stem = reference.path.name.removesuffix(".tar")
+        tag = getattr(reference, "tag", None)
+        name = f"{stem}+{tag}" if tag else stem
+    try:
+        return check_name(name)
+    except UsageError:
+        return None
 
 
 def _looks_like_path(what: str) -> bool:

@@ -81,7 +81,7 @@ from ocistage.cache.leases import (
 )
 from ocistage.cache.locks import FileLock, owner_is_dead
 from ocistage.cache.notice import Kind, Notice
-from ocistage.cache.sizes import format_size
+from ocistage.cache.sizes import count, format_size
 from ocistage.cache.snapshots import SnapshotInfo, list_snapshots, remove_snapshot
 from ocistage.cache.store import QUARANTINE, Store, scratch_is_dead
 from ocistage.cache.sweep import Removal, Sweep
@@ -137,7 +137,8 @@ class GcReport:
             out.detail(f"{verb} {removal.kind} {removal.name}{size}: {removal.reason}")
         for target in self.protected:
             out.detail(f"kept {target}: in use (leased)")
-        out.line(f"{verb} {len(self.removed)} entries, {format_size(self.freed)}; "
+        entries = count(len(self.removed), "entry", "entries")
+        out.line(f"{verb} {entries}, {format_size(self.freed)}; "
                  f"cache {format_size(self.size_before)} -> {format_size(self.size_after)}")
         if self.over_budget and self.max_size is not None:
             out.warning(f"the cache holds {format_size(self.size_after)}, over its budget of "

@@ -23,7 +23,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -298,6 +298,29 @@ def tree_size(path: Path, seen: set[tuple[int, int]] | None = None,
     return TreeSize(logical, disk, files)
 
 
+def tree_shares(path: Path) -> tuple[int, int]:
+    """``path``'s bytes on disk (each inode once) and those only it holds: its directories and
+    the files whose every link is inside it (none in a snapshot, another bundle or a staged
+    copy). Both are the tree's own, whatever else is measured before or after it."""
+    disk = unique = 0
+    shared: dict[tuple[int, int], list[int]] = {}  # inode -> [links seen here, st_nlink, bytes]
+    for st in path_stats(path):
+        size = st.st_blocks * 512
+        if stat.S_ISDIR(st.st_mode) or st.st_nlink <= 1:
+            disk += size
+            unique += size
+            continue
+        found = shared.get((st.st_dev, st.st_ino))
+        if found is None:
+            shared[(st.st_dev, st.st_ino)] = [1, st.st_nlink, size]
+        else:
+            found[0] += 1
+    for links, nlink, size in shared.values():
+        disk += size
+        unique += size if links >= nlink else 0
+    return disk, unique
+
+
 # -- last use --------------------------------------------------------------------------------------
 
 def _parse_time(text: str | None) -> float | None:
@@ -356,8 +379,10 @@ class BundleRow:
     image: str | None
     manifest: str | None
     last_used: float
-    disk: int
+    disk: int                 # bytes on disk of its tree, each inode once
+    unique: int               # of those, what only it holds (what removing it frees)
     orphan: bool              # no ref names its manifest any more
+    names: tuple[str, ...]    # the refs that name its manifest now (it is kept for each)
     leases: tuple[LeaseRow, ...]
 
 
@@ -381,18 +406,29 @@ class Listing:
                    for row in self.images),
                   title="images", right=("SIZE", "UNIQUE"))
         if self.bundles:
-            out.table(["BUNDLE", "SIZE", "LAST USE", "LEASES", "IMAGE"],
-                      ([bundle.key[:12], format_size(bundle.disk), _ago(bundle.last_used),
-                        _lease_text(bundle.leases),
-                        (bundle.image or "-") + (" (gone)" if bundle.orphan else "")]
+            out.table(["BUNDLE", "SIZE", "UNIQUE", "LAST USE", "LEASES", "IMAGE"],
+                      ([bundle.key[:12], format_size(bundle.disk), format_size(bundle.unique),
+                        _ago(bundle.last_used),
+                        _lease_text(bundle.leases), _bundle_image(bundle)]
                        for bundle in self.bundles),
-                      title="bundles", right=("SIZE",))
+                      title="bundles", right=("SIZE", "UNIQUE"))
         staged = [lease for lease in self.leases if lease.target.startswith("staged:")]
         if staged:
             out.table(["HOLDER", "SINCE", "LIVE", "PATH"],
                       ([lease.holder, _ago(lease.created), "yes" if lease.live else "no",
                         lease.target.removeprefix("staged:")] for lease in staged),
                       title="staged bundles")
+
+
+def _bundle_image(bundle: BundleRow) -> str:
+    """The image a bundle is of: the name it was made for while cached under it, else a name
+    its image is cached under now (``cache rm`` of one of two names of an image), else
+    ``(gone)``."""
+    if bundle.image in bundle.names or (bundle.names and bundle.image is None):
+        return bundle.image or bundle.names[0]
+    if bundle.names:
+        return f"{bundle.names[0]} (made for {bundle.image})"
+    return (bundle.image or "-") + " (gone)"
 
 
 def _ago(when: float) -> str:
@@ -406,6 +442,20 @@ def _lease_text(leases: tuple[LeaseRow, ...]) -> str:
 def lease_rows(leases: Iterable[Lease], states: dict[str, str] | None) -> list[LeaseRow]:
     return [LeaseRow(lease.id, ", ".join(lease.targets), lease.holder.describe(),
                      lease.created, is_live(lease, states)) for lease in leases]
+
+
+def _bundle_rows(bundles: list[Bundle], refs: list[Ref], uses: dict[tuple[str, str], float],
+                 leases_for: Callable[[str], tuple[LeaseRow, ...]]) -> tuple[BundleRow, ...]:
+    """``cache ls``'s cached bundles: each with its own sizes and the names of its image."""
+    names: dict[Digest, list[str]] = {}
+    for ref in sorted(refs, key=lambda r: r.name):
+        names.setdefault(ref.digest, []).append(ref.name)
+    return tuple(
+        BundleRow(key=b.key, image=b.image, manifest=str(b.manifest) if b.manifest else None,
+                  last_used=bundle_last_used(b, uses), disk=disk, unique=unique,
+                  orphan=b.manifest not in names, leases=leases_for(b.target),
+                  names=tuple(dict.fromkeys(names.get(b.manifest, ()) if b.manifest else ())))
+        for b in bundles for disk, unique in [tree_shares(b.path)])
 
 
 def listing(store: Store, job_states: JobStates = squeue_states) -> Listing:
@@ -436,13 +486,7 @@ def listing(store: Store, job_states: JobStates = squeue_states) -> Listing:
             missing=tuple(str(d) for d in ref.missing),
             bundles=tuple(b.key for b in bundles if b.manifest == ref.digest),
             leases=leases_for(ref.target)))
-    manifests = {ref.digest for ref in refs}
-    seen: set[tuple[int, int]] = set()
-    bundle_rows = tuple(
-        BundleRow(key=b.key, image=b.image, manifest=str(b.manifest) if b.manifest else None,
-                  last_used=bundle_last_used(b, uses), disk=tree_size(b.path, seen).disk,
-                  orphan=b.manifest not in manifests, leases=leases_for(b.target))
-        for b in bundles)
+    bundle_rows = _bundle_rows(bundles, refs, uses, leases_for)
     return Listing(tuple(sorted(images, key=lambda i: (i.name, i.platform))), bundle_rows,
                    tuple(lease_rows(leases, states)))
 

@@ -1,4 +1,5 @@
-"""Sizes (``500M``, ``20G``, ``1.5T``) and ages (``30m``, ``12h``, ``7d``) as users type them.
+"""Sizes (``500M``, ``20G``, ``1.5T``) and ages (``30m``, ``12h``, ``7d``) as users type them,
+and counts as people read them (``1 layer``, ``2 layers``).
 
 Size suffixes are powers of 1024, as ``du -h``, ``sort -h`` and Slurm's ``--mem`` read them:
 ``K``/``KB``/``KiB`` = 1024, ``M`` = 1024², ``G``, ``T``, ``P``; a bare number is bytes.
@@ -38,6 +39,12 @@ def parse_age(text: str) -> float:
         raise UsageError(f"invalid age {text!r}",
                          "ages look like 30m, 12h, 7d or 2w (s, m, h, d, w), or seconds")
     return float(match.group("number")) * _AGE_UNITS[match.group("unit")]
+
+
+def count(number: int, noun: str, plural: str | None = None) -> str:
+    """``1 layer``, ``2 layers``, ``0 blobs``: a number and its noun in English (``plural``
+    where it is not NOUN + s: ``count(2, "entry", "entries")``)."""
+    return f"{number} {noun if number == 1 else plural or noun + 's'}"
 
 
 def format_size(n: int) -> str:

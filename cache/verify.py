@@ -40,7 +40,7 @@ from ocistage.cache.inventory import (
     read_refs,
 )
 from ocistage.cache.readback import open_own
-from ocistage.cache.sizes import format_size
+from ocistage.cache.sizes import count, format_size
 from ocistage.cache.snapshotfiles import check, linked_bundles
 from ocistage.cache.snapshots import SnapshotInfo, list_snapshots, remove_snapshot
 from ocistage.cache.store import Store, quarantine
@@ -83,9 +83,10 @@ class VerifyReport:
     def render(self, out: Renderer) -> None:
         for problem in self.problems:
             out.line(f"{problem.kind}: {problem.name}: {problem.detail}; {problem.action}")
-        out.line(f"checked {self.blobs} blobs ({format_size(self.bytes)}), {self.refs} refs, "
-                 f"{self.bundles} bundles, {self.snapshots} snapshots: "
-                 f"{'ok' if self.ok else f'{len(self.problems)} problems'}")
+        out.line(f"checked {count(self.blobs, 'blob')} ({format_size(self.bytes)}), "
+                 f"{count(self.refs, 'ref')}, {count(self.bundles, 'bundle')}, "
+                 f"{count(self.snapshots, 'snapshot')}: "
+                 f"{'ok' if self.ok else count(len(self.problems), 'problem')}")
 
 
 def _hash(blob: Blob) -> Digest | str | None:

@@ -175,9 +175,9 @@ def unstage_command(ocistage: Sequence[str], staged: Path, job_id: str,
                     cache_root: Path) -> list[str]:
     """What the cleanup job runs: ``ocistage unstage`` as the job (SLURM_JOB_ID is what
     unstage reads), which releases that job's lease and removes the bundle if no other live
-    lease holds it."""
+    lease holds it; nothing there (a ``cache gc`` came first) is no failure."""
     return ["env", f"SLURM_JOB_ID={job_id}", *ocistage, "unstage", "--cache",
-            str(cache_root), "--quiet", str(staged)]
+            str(cache_root), "--quiet", "--missing-ok", str(staged)]
 
 
 def _unstage(staged: Path, job_id: str, cache_root: Path) -> None:

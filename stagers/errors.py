@@ -3,10 +3,15 @@
 
 from __future__ import annotations
 
-from ocistage.cache.errors import OcistageError
+from ocistage.cache.errors import OcistageError, UsageError
 
 
 class StageError(OcistageError):
     """Staging or unstaging failed (source unreadable, target not writable, unsafe path)."""
 
     default_hint = "check that the source is readable and the target directory is writable"
+
+
+class StageUsageError(StageError, UsageError):
+    """A stage command line that cannot be right (no such source directory, a target that is
+    a file, a name that is no plain file name): exit 2, as any usage error."""

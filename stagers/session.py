@@ -34,13 +34,14 @@ import stat
 from pathlib import Path
 from types import TracebackType
 
+from ocistage.cache.errors import LockTimeout, StoreError, UntrustedPath
 from ocistage.cache.fsops import PRIVATE_DIR_MODE, make_private, walk_trusted
 from ocistage.cache.leases import Holder, Lease
 from ocistage.cache.locks import FileLock
 from ocistage.cache.staged import image_path, sweep_pool
 from ocistage.cache.store import fsync_dir
 from ocistage.stagers import retired
-from ocistage.stagers.errors import StageError
+from ocistage.stagers.errors import StageError, StageUsageError
 from ocistage.stagers.filemanifest import MANIFEST_NAME, Manifest, load_manifest
 from ocistage.stagers.markers import Marker, claim, new_marker, read_marker, release_if_unused
 from ocistage.stagers.pool import Pool
@@ -80,8 +81,9 @@ def make_target(to: Path) -> Path:
 
 
 def _not_a_directory(to: Path) -> StageError:
-    return StageError(f"the target {to} is not a directory",
-                      "give --to a directory (it is created if missing) or a URL")
+    return StageUsageError(f"the target {to} is not a directory",
+                           "give --to a directory (it is created, with its parents, if "
+                           "missing) or a URL")
 
 
 def staging_error(exc: OSError, what: str, to: Path) -> StageError:
@@ -93,7 +95,14 @@ def staging_error(exc: OSError, what: str, to: Path) -> StageError:
     detail = exc.strerror or str(exc)
     if exc.filename:
         detail += f" ({exc.filename})"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return StageError(f"{what}: {detail}", _not_writable_hint(to))
     return StageError(f"{what}: {detail}")
+
+
+def _not_writable_hint(to: Path) -> str:
+    return (f"you cannot write in the stage target {to}: stage to a directory of your own "
+            "(--to DIR, $OCISTAGE_STAGE_TO), or ask its owner to let you write there")
 
 
 class Staging:
@@ -128,6 +137,10 @@ class Staging:
             lock.acquire(timeout=LOCK_TIMEOUT)
         except OSError as exc:
             raise staging_error(exc, f"cannot lock {self.final}", self.to) from exc
+        except StoreError as exc:  # the lock file in the target, not the cache
+            if isinstance(exc, LockTimeout | UntrustedPath):
+                raise
+            raise StageError(exc.message, _not_writable_hint(self.to)) from exc
         self._lock = lock
         try:
             self._lease, self._taken = claim(self.cache_root, self.final, self.holder)

@@ -185,7 +185,8 @@ def build_image(source: Path, image: Path, extra: Path | None = None, jobs: int 
     ``image`` must not exist. Ownership is stored as found (a rootless bundle is the user's).
     ``root_mode``: the mode of the image's root directory (default: ``source``'s).
     Missing mount points of the bundle's config.json are added (:func:`missing_mountpoints`).
-    ``progress`` is told how far mksquashfs is, from its progress bar.
+    ``progress`` is told ``(0, 0)`` when mksquashfs starts, then how far it is, from its
+    progress bar.
     """
     mksquashfs = _tool("mksquashfs")
     argv = [mksquashfs, os.fspath(source), os.fspath(image), "-comp", "zstd", "-noappend",
@@ -207,6 +208,7 @@ def build_image(source: Path, image: Path, extra: Path | None = None, jobs: int 
     if progress is None:
         _run(argv, f"mksquashfs of {source}")
     else:
+        progress(0, 0)  # it starts: mksquashfs draws no bar before it has read the tree
         _run_reporting(argv, f"mksquashfs of {source}", progress)
     if extra is not None:
         # appending sets the root directory's mode again (from extra's, unless told)

@@ -36,7 +36,7 @@ from pathlib import Path
 from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.leases import Holder
 from ocistage.stagers.builder import FORK_MIN_FILES, Builder
-from ocistage.stagers.errors import StageError
+from ocistage.stagers.errors import StageError, StageUsageError
 from ocistage.stagers.filemanifest import (
     MANIFEST_NAME,
     MARKER_NAME,
@@ -88,8 +88,8 @@ def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | Non
     to = Path(os.path.abspath(to))
     real_source, real_to = os.path.realpath(source), os.path.realpath(to)
     if os.path.commonpath([real_source, real_to]) == real_source:
-        raise StageError(f"the target {to} is inside the source {source}",
-                         "stage to a directory outside the tree being staged")
+        raise StageUsageError(f"the target {to} is inside the source {source}",
+                              "stage to a directory outside the tree being staged")
     label = source_label or os.fspath(source)
     record_bundle_use(source, cache_root)
     with cyclic_gc_paused(), Staging(to, name, cache_root=cache_root,

@@ -35,7 +35,7 @@ from ocistage.cache.fsops import (
 )
 from ocistage.cache.locks import FileLock
 from ocistage.cache.staged import RESERVED_PREFIX, TMP_DIR, outer_marker_name, plain_name
-from ocistage.stagers.errors import StageError
+from ocistage.stagers.errors import StageError, StageUsageError
 
 
 class Method(StrEnum):
@@ -79,8 +79,8 @@ MAX_NAME = NAME_MAX - NAME_RESERVE
 
 def check_name(name: str) -> str:
     if not plain_name(name) or "\0" in name or name.startswith(RESERVED_PREFIX):
-        raise StageError(f"invalid staged name {name!r}",
-                         "a name is one path component and must not start with '.ocistage'")
+        raise StageUsageError(f"invalid staged name {name!r}",
+                              "a name is one path component and must not start with '.ocistage'")
     if len(os.fsencode(name)) > MAX_NAME:
         raise UsageError(f"the staged name {name[:40]}... is {len(os.fsencode(name))} bytes "
                          f"long", f"a staged name has at most {MAX_NAME} bytes (ocistage adds "

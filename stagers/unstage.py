@@ -25,7 +25,15 @@ from ocistage.cache.fsops import DIR_FOLLOW, DIR_READ
 from ocistage.cache.leases import Holder, Lease
 from ocistage.stagers import retired
 from ocistage.stagers.errors import StageError
-from ocistage.stagers.markers import Marker, live_leases, marker_of, release_leases, write_at
+from ocistage.stagers.markers import (
+    Marker,
+    live_leases,
+    marker_of,
+    release_leases,
+    same_holder,
+    staged_leases,
+    write_at,
+)
 
 if TYPE_CHECKING:
     from ocistage.cache.results import Renderer
@@ -59,12 +67,27 @@ class Unstaged:
 
     path: Path
     removed: bool
+    absent: bool = False  # nothing was there: only a lease on it was released, if ``leased``
+    leased: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return {"path": str(self.path.absolute()), "removed": self.removed}
 
     def render(self, out: Renderer) -> None:
-        out.note(f"{'removed' if self.removed else 'kept (absent or still in use)'} {self.path}")
+        if self.removed:
+            out.note(f"removed {self.path}")
+        elif self.absent and self.leased:
+            out.note(f"released the lease on {self.path} (already removed)")
+        elif self.absent:
+            out.note(f"nothing was staged at {self.path}")
+        else:
+            out.note(f"kept {self.path}: other jobs or pins still hold it (--force removes it)")
+
+
+def holds_lease(cache_root: Path, path: Path, holder: Holder | None) -> bool:
+    """Whether ``holder`` (anybody, if None) holds a lease on staged ``path``."""
+    return any(holder is None or same_holder(lease.holder, holder)
+               for lease in staged_leases(cache_root, Path(os.path.abspath(path))))
 
 
 def unstage(path: Path, *, cache_root: Path, holder: Holder | None = None,

@@ -6,11 +6,13 @@ commands live in ``cli_image`` (pull, inspect, bundle), ``cli_stage``, ``cli_slu
 module is imported only when that command runs. :func:`run` is the one boundary between the
 library and the user: errors from the library arrive as :class:`ocistage.cache.errors.OcistageError`
 and are rendered as one ``error:`` line plus a ``hint:`` line (exit 1, or 2 for usage
-errors); any other exception is one line too; tracebacks are shown only with ``-v``.
+errors); any other exception is one line too; tracebacks are shown only with ``-v``. A
+closed stdout ends a command quietly with 141, as SIGPIPE ends ``ls`` (docs/cli.md).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -21,7 +23,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ocistage.bundler.cli.commands import LazyGroup
+from ocistage.bundler.cli.commands import ClosedStdout, LazyGroup, PipeError, stdout_closed
 from ocistage.bundler.cli.common import shown, stderr
 from ocistage.cache.errors import OcistageError
 
@@ -82,6 +84,14 @@ _CLICK_ERROR: type[Exception] = next(
     cls for cls in typer.BadParameter.__mro__ if cls.__name__ == "ClickException")
 
 
+#: the exit status when stdout's reader went away (``ocistage cache ls | head -1``): that of a
+#: command killed by SIGPIPE as ``ls`` is, 128 + 13, what bash's ``pipefail`` reports for it
+CLOSED_STDOUT = 141
+
+INTERRUPTED_HINT = ("nothing half-done is left in place (partial downloads are kept); run the "
+                    "command again to finish it")
+
+
 def run(argv: Sequence[str]) -> int:
     """Run the command line ``argv`` (without the program name); return the exit status.
 
@@ -89,38 +99,66 @@ def run(argv: Sequence[str]) -> int:
     its message and hint (exit 1, 2 for usage errors), an ``OSError`` its strerror and path
     (exit 1), anything else an internal error (exit 1); the traceback only with ``-v``.
     A mistake on the command line itself (typer/click's usage errors) is rendered the same
-    way: its message, and the command's usage as the hint (exit 2).
+    way: its message, and the command's usage as the hint (exit 2). A closed stdout ends the
+    command quietly with :data:`CLOSED_STDOUT`; Ctrl-C is ``error: interrupted``, exit 130.
     """
     try:
         code = app(args=list(argv), prog_name="ocistage", standalone_mode=False)
+        sys.stdout.flush()  # here, not at exit: a closed stdout is seen while we can say so
     except SystemExit as done:  # shell completion and a closed stdout end so
         code = done.code
+        if code == 1 and stdout_closed():  # click's end for EPIPE outside a command
+            return _quit_closed_stdout()
     except KeyboardInterrupt:
         code = 130
-    except OcistageError as error:
-        if _wants_traceback(argv):
-            traceback.print_exc()
-        render_error(error.message, error.hint)
-        return error.exit_code
-    except OSError as error:
-        if _wants_traceback(argv):
-            traceback.print_exc()
-        render_error(_os_error_text(error), "rerun with -v for details")
-        return 1
+    except ClosedStdout:
+        return _quit_closed_stdout()
+    except BrokenPipeError:
+        if not stdout_closed():
+            return _render_exception(argv, BrokenPipeError(errno.EPIPE, "Broken pipe"))
+        return _quit_closed_stdout()
+    except PipeError as error:
+        return _render_exception(argv, error.error)
     except _CLICK_ERROR as error:
         return _render_usage_error(error, argv)
     except Exception as error:  # the boundary: no traceback unless asked
-        if type(error).__name__ == "Abort":  # click's: end of input at a prompt
-            render_error("aborted", None)
-            return 1
-        if _wants_traceback(argv):
-            traceback.print_exc()
-        render_error(f"internal error: {type(error).__name__}: {error}",
-                     "this is a bug in ocistage; rerun with -v and report the traceback")
-        return 1
+        return _render_exception(argv, error)
     if code == 130:
-        stderr.print("interrupted")
+        render_error("interrupted", INTERRUPTED_HINT)
     return code if isinstance(code, int) else (0 if code is None else 1)
+
+
+def _render_exception(argv: Sequence[str], error: Exception) -> int:
+    """``error`` as one ``error:`` line and a hint (the traceback with ``-v``); its exit
+    status."""
+    if type(error).__name__ == "Abort":  # click's: end of input at a prompt
+        render_error("aborted", None)
+        return 1
+    if _wants_traceback(argv):
+        traceback.print_exception(error)
+    if isinstance(error, OcistageError):
+        render_error(error.message, error.hint)
+        return error.exit_code
+    if isinstance(error, OSError):
+        render_error(_os_error_text(error), "rerun with -v for details")
+        return 1
+    render_error(f"internal error: {type(error).__name__}: {error}",
+                 "this is a bug in ocistage; rerun with -v and report the traceback")
+    return 1
+
+
+def _quit_closed_stdout() -> int:
+    """End quietly after stdout's reader went away: stdout points at /dev/null from now on, so
+    that nothing (the interpreter's last flush) fails on it again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return CLOSED_STDOUT
 
 
 def _command_path(argv: Sequence[str]) -> str:
@@ -143,6 +181,8 @@ def _render_usage_error(error: Exception, argv: Sequence[str]) -> int:
     if type(error).__name__ == "NoArgsIsHelpError" and ctx is not None:
         stderr.print(ctx.get_help(), markup=False, highlight=False)  # `ocistage cache`
         return int(code)
+    if type(error).__name__ == "NoSuchOption" and ctx is not None and ctx.parent is None:
+        return _render_top_level_option(str(getattr(error, "option_name", "")))
     message = str(getattr(error, "format_message", lambda: str(error))())
     if message[:1].isupper() and message[1:2].islower():
         message = message[0].lower() + message[1:]
@@ -156,6 +196,23 @@ def _render_usage_error(error: Exception, argv: Sequence[str]) -> int:
         hint = f"'{_command_path(argv)} --help' shows the usage"
     render_error(message, hint)
     return int(code)
+
+
+def _render_top_level_option(option: str) -> int:
+    """An option before the command (``ocistage --cache DIR ls``): where it goes, if a
+    command takes it; the options ``ocistage`` itself takes otherwise."""
+    from ocistage.bundler.cli.common import shared_option_names
+
+    if option in shared_option_names():
+        render_error(f"{option} goes after the command",
+                     f"write it after the command, e.g. 'ocistage pull {option} ... REF'; "
+                     "before the command only --version and --help are taken")
+    else:
+        render_error(f"no such option: {option}",
+                     "before the command only --version and --help are taken; "
+                     "'ocistage --help' lists the commands, 'ocistage COMMAND --help' "
+                     "their options")
+    return 2
 
 
 def main() -> None:

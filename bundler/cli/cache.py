@@ -6,14 +6,21 @@ from typing import Annotated
 
 import typer
 
-from ocistage.bundler.cli.common import CommonOptions, RefArg, with_options
+from ocistage.bundler.cli.commands import FullSummaryGroup
+from ocistage.bundler.cli.common import (
+    PLATFORMS,
+    CommonOptions,
+    RefArg,
+    complete_words,
+    with_options,
+)
 from ocistage.cache.errors import IntegrityError
 from ocistage.cache.sizes import parse_age
 
 # The cache modules are imported inside the commands (see ocistage.bundler.cli.common).
 
 cache_app = typer.Typer(help="Inspect and clean the content-addressed cache.",
-    rich_markup_mode=None, no_args_is_help=True, add_completion=False)
+    rich_markup_mode=None, no_args_is_help=True, add_completion=False, cls=FullSummaryGroup)
 
 
 MaxSizeOpt = Annotated[str | None, typer.Option(
@@ -75,7 +82,7 @@ def cache_gc(
 def cache_rm(
     ref: RefArg,
     platform: Annotated[str | None, typer.Option(
-        "--platform", metavar="OS/ARCH[/VARIANT]",
+        "--platform", metavar="OS/ARCH[/VARIANT]", autocompletion=complete_words(*PLATFORMS),
         help="Remove only this platform's entry [default: every platform of REF].")] = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Drop the ref even while a live lease names it (leased content "

@@ -8,12 +8,16 @@ group such as ``cache``), and its one-line summary for ``ocistage --help``. A co
 module is imported and its click command built when the command is looked up: ``ocistage
 bundle ...`` loads ``ocistage.bundler.cli.image`` and builds ``bundle`` alone, ``ocistage --help``
 and ``--version`` load no command module at all. ``tests/bundler/test_cli_commands.py``
-checks that every summary is the command's own (its docstring's first sentence).
+checks that every summary is the command's own (its docstring's first sentence). Summaries are
+shown in full, wrapped (:class:`FullSummaryGroup`, also the groups' class), never cut.
 """
 
 from __future__ import annotations
 
+import errno
 import importlib
+import select
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,24 +42,22 @@ class CommandEntry:
 COMMANDS: dict[str, CommandEntry] = {
     "pull": CommandEntry(
         "ocistage.bundler.cli.image", "pull_app",
-        "Fetch an image's manifest, config and layers into the cache; print the manifest "
-        "digest."),
+        "Fetch an image into the cache; print its manifest digest."),
     "inspect": CommandEntry(
         "ocistage.bundler.cli.image", "inspect_app",
-        "Show an image's manifest, config, platforms and layer sizes (layers are not "
-        "fetched)."),
+        "Show an image's manifest, config, platforms and layer sizes."),
     "bundle": CommandEntry(
         "ocistage.bundler.cli.image", "bundle_app",
-        "Make a rootless OCI bundle (rootfs/ + config.json) from an image; print its path."),
+        "Make a rootless OCI bundle from an image; print its path."),
     "stage": CommandEntry(
         "ocistage.bundler.cli.stage", "stage_app",
-        "Stage a bundle onto a shared or node-local target; print the staged path."),
+        "Put a bundle where jobs run (shared or node-local); print its path."),
     "unstage": CommandEntry(
         "ocistage.bundler.cli.stage", "unstage_app",
         "Remove a staged bundle (and its lease) safely."),
     "submit": CommandEntry(
         "ocistage.bundler.cli.slurm", "submit_app",
-        "Pull, bundle and stage REF, then sbatch --container it: REF [SBATCH OPTS] -- CMD."),
+        "Pull, bundle and stage REF, then sbatch --container it."),
     "cache": CommandEntry(
         "ocistage.bundler.cli.cache", "cache_app", "Inspect and clean the content-addressed cache.",
         group=True),
@@ -85,8 +87,68 @@ def load_command(name: str) -> Any:
     return command
 
 
-class LazyGroup(TyperGroup):
+class ClosedStdout(Exception):
+    """stdout was closed by its reader (``ocistage cache ls | head -1``): the command stops."""
+
+
+class PipeError(Exception):
+    """A broken pipe other than stdout's (a child's), carried past click, which would end the
+    command silently with exit 1 on any ``EPIPE``: the CLI's boundary shows ``error``."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def stdout_closed() -> bool:
+    """Whether the reader of stdout has gone (a pipe without readers polls ``POLLERR``)."""
+    stream = sys.__stdout__
+    try:
+        if stream is None:
+            return False
+        poller = select.poll()
+        poller.register(stream.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _fd, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+class FullSummaryGroup(TyperGroup):
+    """A group whose ``--help`` gives each command's summary in full, wrapped to the width
+    (click cuts it at the end of the line, mid-sentence): ``ocistage``'s and its groups'."""
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        rows = [(name, summary) for name, summary in self.summaries(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+    def summaries(self, ctx: Any) -> list[tuple[str, str]]:
+        """(name, summary) of each command that ``--help`` lists."""
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(_WHOLE)))
+        return rows
+
+
+#: a length no summary reaches: click's short help is then the whole first sentence
+_WHOLE = 10_000
+
+
+class LazyGroup(FullSummaryGroup):
     """The ``ocistage`` group: its commands come from :data:`COMMANDS` when looked up."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except OSError as error:
+            if error.errno != errno.EPIPE:
+                raise
+            if stdout_closed():
+                raise ClosedStdout from error
+            raise PipeError(error) from error
 
     def list_commands(self, ctx: Any) -> list[str]:
         return [*COMMANDS, *(name for name in self.commands if name not in COMMANDS)]
@@ -97,19 +159,15 @@ class LazyGroup(TyperGroup):
             command = self.commands[cmd_name] = load_command(cmd_name)
         return command
 
-    def format_commands(self, ctx: Any, formatter: Any) -> None:
+    def summaries(self, ctx: Any) -> list[tuple[str, str]]:
         """The command list of ``--help`` from the table: no command module is imported."""
         names: Sequence[str] = self.list_commands(ctx)
-        if not names:
-            return
-        limit = formatter.width - 6 - max(len(name) for name in names)
         rows = []
         for name in names:
             entry = COMMANDS.get(name)
-            # a bare command carrying the table's summary: click cuts it as any command's
+            # a bare command carrying the table's summary: click reads it as any command's
             command = (TyperCommand(name, help=entry.summary) if entry is not None
                        else self.commands[name])
             if not command.hidden:
-                rows.append((name, command.get_short_help_str(limit)))
-        with formatter.section("Commands"):
-            formatter.write_dl(rows)
+                rows.append((name, command.get_short_help_str(_WHOLE)))
+        return rows

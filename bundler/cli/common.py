@@ -65,8 +65,22 @@ class _LazyConsole:
                 # piped output is for grep and scripts: wide enough that table rows do not wrap
                 options["width"] = (None if sys.stdout.isatty() or os.environ.get("COLUMNS")
                                     else 240)
-            console = self._console = Console(**options)
+            console = self._console = _console_class(Console)(**options)
         return console
+
+
+def _console_class(base: type[Console]) -> type[Console]:
+    """rich's ``Console`` whose broken pipe (stdout's reader gone) ends the command as the CLI
+    ends it for any closed stdout (rich's own ends it with exit 1)."""
+
+    class ClosingConsole(base):  # type: ignore[valid-type,misc]
+        def on_broken_pipe(self) -> None:
+            from ocistage.bundler.cli.commands import ClosedStdout
+
+            self.quiet = True
+            raise ClosedStdout
+
+    return ClosingConsole
 
 
 _STDOUT = _LazyConsole(soft_wrap=True, highlight=False, wide_when_piped=True)
@@ -101,17 +115,59 @@ def is_terminal(err: bool = True) -> bool:
     return bool(console(err).is_terminal)
 
 
+def examples(*lines: str) -> str:
+    """A command's ``--help`` epilog: its examples, one command line each, not rewrapped
+    (click leaves a paragraph that starts with ``\\b`` as it is)."""
+    return "Examples:\n\n\b\n" + "\n".join(f"  {line}" for line in lines)
+
+
+# -- completion of values (``ocistage --install-completion``) -----------------------------------
+
+#: the platforms images are commonly built for, as --platform takes them
+PLATFORMS = ("linux/amd64", "linux/arm64", "linux/arm64/v8", "linux/arm/v7", "linux/arm/v6",
+             "linux/386", "linux/ppc64le", "linux/s390x", "linux/riscv64")
+
+
+def complete_words(*words: str) -> Callable[[str], list[str]]:
+    """A completer of an option's value among ``words``."""
+    def complete(incomplete: str) -> list[str]:
+        return [word for word in words if word.startswith(incomplete)]
+
+    return complete
+
+
+def complete_cached_ref(ctx: typer.Context, incomplete: str) -> list[str]:
+    """The references the cache holds (those ``cache ls`` lists), for a REF: of ``--cache``
+    if it came before on the line, else of the settings. Nothing if it cannot be read: a
+    completion never fails."""
+    try:
+        return [name for name in _cached_names(ctx.params.get("cache"))
+                if name.startswith(incomplete)]
+    except Exception:
+        return []
+
+
+def _cached_names(cache: Path | None) -> list[str]:
+    from ocistage.bundler.settings import load_settings
+    from ocistage.cache.refnames import record_name
+
+    root = cache if cache is not None else load_settings().cache
+    with open(Path(root) / "index.json", "rb") as file:
+        entries = json.loads(file.read(16 << 20)).get("manifests", [])
+    return sorted({name for entry in entries if (name := record_name(entry)) is not None})
+
+
 # -- shared options ----------------------------------------------------------------------------
 
 RefArg = Annotated[str, typer.Argument(
-    metavar="REF",
+    metavar="REF", autocompletion=complete_cached_ref,
     help="[docker://]registry/repo[:tag][@sha256:...], oci:PATH[:tag], "
          "oci-archive:FILE[:tag] or docker-archive:FILE[:name:tag]")]
 CacheOpt = Annotated[Path | None, typer.Option(
     "--cache", metavar="DIR", envvar="OCISTAGE_CACHE", show_envvar=True,
     help="Cache directory [default: $XDG_CACHE_HOME/ocistage].")]
 PlatformOpt = Annotated[str | None, typer.Option(
-    "--platform", metavar="OS/ARCH[/VARIANT]",
+    "--platform", metavar="OS/ARCH[/VARIANT]", autocompletion=complete_words(*PLATFORMS),
     help="Platform to choose from a multi-platform image [default: this host].")]
 InsecureOpt = Annotated[list[str] | None, typer.Option(
     "--insecure-registry", metavar="HOST[:PORT]",
@@ -129,6 +185,7 @@ JobsOpt = Annotated[int | None, typer.Option(
     "--jobs", "-j", min=1, max=64, help="Parallel blob downloads [default: 6].")]
 PullOpt = Annotated[str | None, typer.Option(
     "--pull", metavar="always|missing|never",
+    autocompletion=complete_words("always", "missing", "never"),
     help="always: ask the registry for the reference; missing: use a complete cached copy "
          "as is, without the network; never: the cache only [default: always; also "
          "$OCISTAGE_PULL, `pull` in the config file].")]
@@ -156,6 +213,18 @@ _OPTIONS: dict[str, tuple[Any, Any]] = {
 PULLING = tuple(_OPTIONS)
 #: ... of those that may pull one but pass --jobs on to something else (stage, submit)
 STAGING = tuple(name for name in _OPTIONS if name != "jobs")
+
+
+def shared_option_names() -> set[str]:
+    """Every spelling of the shared options (``--cache``, ``-j``, ``--jobs``, ...)."""
+    names: set[str] = set()
+    for annotation, _default in _OPTIONS.values():
+        for info in getattr(annotation, "__metadata__", ()):
+            # in typer's Annotated form the first spelling is the OptionInfo's default
+            first = getattr(info, "default", None)
+            names.update([first] if isinstance(first, str) and first.startswith("-") else [])
+            names.update(getattr(info, "param_decls", None) or ())
+    return names
 
 
 @dataclass(frozen=True)

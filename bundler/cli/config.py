@@ -6,10 +6,11 @@ from dataclasses import replace
 
 import typer
 
+from ocistage.bundler.cli.commands import FullSummaryGroup
 from ocistage.bundler.cli.common import CommonOptions, with_options
 
 config_app = typer.Typer(help="Show the configuration (options, environment, config files).",
-    rich_markup_mode=None, no_args_is_help=True, add_completion=False)
+    rich_markup_mode=None, no_args_is_help=True, add_completion=False, cls=FullSummaryGroup)
 
 
 @config_app.command("show")

@@ -12,6 +12,8 @@ from ocistage.bundler.cli.common import (
     PULLING,
     CommonOptions,
     RefArg,
+    echo,
+    examples,
     print_warnings,
     with_options,
 )
@@ -26,10 +28,17 @@ bundle_app = typer.Typer(rich_markup_mode=None, add_completion=False)
 # -- pull ------------------------------------------------------------------------------------
 
 
-@pull_app.command("pull")
+@pull_app.command("pull", epilog=examples(
+    "ocistage pull registry.site:5000/team/app:1.2",
+    "ocistage pull --platform linux/arm64 docker.io/library/alpine:3.20",
+    "ocistage pull oci-archive:./app.tar:1.2"))
 @with_options(*PULLING)
 def pull_command(ref: RefArg, opts: CommonOptions) -> None:
-    """Fetch an image's manifest, config and layers into the cache; print the manifest digest."""
+    """Fetch an image into the cache; print its manifest digest.
+
+    The manifest, config and layers are verified against their digests; layers already
+    cached are not fetched again.
+    """
     from ocistage.bundler.pull import pull
 
     settings = opts.settings()
@@ -42,10 +51,15 @@ def pull_command(ref: RefArg, opts: CommonOptions) -> None:
 # -- inspect ---------------------------------------------------------------------------------
 
 
-@inspect_app.command("inspect")
+@inspect_app.command("inspect", epilog=examples(
+    "ocistage inspect docker.io/library/debian:bookworm",
+    "ocistage inspect --json registry.site:5000/team/app:1.2 | jq .platforms"))
 @with_options("cache", "platform", "insecure_registry", "mirror", "ca_file", "json", "verbose")
 def inspect_command(ref: RefArg, opts: CommonOptions) -> None:
-    """Show an image's manifest, config, platforms and layer sizes (layers are not fetched)."""
+    """Show an image's manifest, config, platforms and layer sizes.
+
+    Layers are not fetched: only the manifest (or index) and the config are.
+    """
     from ocistage.bundler.inspect import inspect_image
 
     opts.emit(inspect_image(*opts.image_inputs(ref, opts.settings())), rich=True)
@@ -54,12 +68,17 @@ def inspect_command(ref: RefArg, opts: CommonOptions) -> None:
 # -- bundle ------------------------------------------------------------------------------------
 
 
-@bundle_app.command("bundle")
+@bundle_app.command("bundle", epilog=examples(
+    "ocistage bundle registry.site:5000/team/app:1.2            # in the cache",
+    "ocistage bundle registry.site:5000/team/app:1.2 ~/app      # a directory of yours",
+    "ocistage bundle --cmd python3 --cmd train.py --mount /data:/data REF DEST",
+    "ocistage bundle --json REF | jq -r .path"))
 @with_options(*PULLING)
 def bundle_command(
     ref: RefArg,
     dest: Annotated[Path | None, typer.Argument(
-        metavar="[DEST]", help="Bundle directory to create [default: in the cache, keyed by "
+        metavar="[DEST]", help="Bundle directory to create, with its parents if missing; it "
+                               "must be absent or empty [default: in the cache, keyed by "
                                "image digest and options].")] = None,
     cmd: Annotated[list[str] | None, typer.Option(
         "--cmd", "--arg", metavar="ARG",
@@ -97,14 +116,19 @@ def bundle_command(
              "[default: keep_snapshot in the config file, else only where copies from the "
              "cache are reflinks, e.g. btrfs, XFS].")] = None,
     gpus: Annotated[str | None, typer.Option(
-        "--gpus", metavar="all|IDS", help="Expose NVIDIA GPUs (prestart hook + CDI "
-                                          "annotation).")] = None,
+        "--gpus", metavar="all|IDS",
+        help="Expose NVIDIA GPUs: all, or GPU indices, MIG devices or UUIDs such as 0,1 "
+             "(the nvidia-container-runtime-hook prestart hook + CDI annotation).")] = None,
     *,
     opts: CommonOptions,
 ) -> None:
-    """Make a rootless OCI bundle (rootfs/ + config.json) from an image; print its path."""
+    """Make a rootless OCI bundle from an image; print its path.
+
+    The bundle is rootfs/ and config.json, for runc and crun; without DEST it is made in
+    the cache and reused while the image and options are the same.
+    """
     from ocistage.bundler.bundle import make_bundle, run_notices
-    from ocistage.bundler.runtime_config import ConfigOptions
+    from ocistage.bundler.runtime_config import ConfigOptions, gpu_hook_missing
 
     settings = opts.settings(keep_snapshot=keep_snapshot)
     source, store, options = opts.image_inputs(ref, settings)
@@ -118,4 +142,7 @@ def bundle_command(
                              keep_snapshot=settings.keep_snapshot)
     result = dataclasses.replace(result, warnings=result.warnings + run_notices(result.path))
     print_warnings(result.warnings, opts.quiet)
+    hook = gpu_hook_missing(gpus)
+    if hook:
+        echo(f"warning: {hook}", err=True)
     opts.emit(result)

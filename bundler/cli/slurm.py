@@ -10,10 +10,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperCommand
 
+from ocistage.bundler.cli.commands import FullSummaryGroup
 from ocistage.bundler.cli.common import (
     STAGING,
     CommonOptions,
     RefArg,
+    complete_words,
+    examples,
     print_json_line,
     print_warnings,
     stderr,
@@ -30,9 +33,9 @@ if TYPE_CHECKING:
 
 # the commands' typer apps, built when their command runs (ocistage.bundler.cli.commands)
 runtime_app = typer.Typer(help="Generate Slurm runtime configuration (oci.conf, scrun.lua).",
-    rich_markup_mode=None, no_args_is_help=True, add_completion=False)
+    rich_markup_mode=None, no_args_is_help=True, add_completion=False, cls=FullSummaryGroup)
 scrun_app = typer.Typer(help="Entry points called by the scrun.lua stage hooks.",
-    rich_markup_mode=None, no_args_is_help=True, add_completion=False)
+    rich_markup_mode=None, no_args_is_help=True, add_completion=False, cls=FullSummaryGroup)
 submit_app = typer.Typer(rich_markup_mode=None, add_completion=False)
 
 SlurmVersionOpt = Annotated[str | None, typer.Option(
@@ -40,6 +43,7 @@ SlurmVersionOpt = Annotated[str | None, typer.Option(
     help="Generate for this Slurm release [default: the installed one, `scontrol --version`].")]
 StageToOpt = Annotated[str, typer.Option(
     "--stage-to", metavar="shared|node-local",
+    autocompletion=complete_words("shared", "node-local"),
     help="shared: stage on the submit host into a directory every node sees; node-local: "
          "stage on the job's node (slurm.remote_command).")]
 ScrunOpt = Annotated[str | None, typer.Option(
@@ -58,7 +62,8 @@ def _slurm_version(text: str | None) -> SlurmVersion:
 @runtime_app.command("oci-conf")
 def runtime_oci_conf(
     runtime: Annotated[str, typer.Option(
-        "--runtime", metavar="|".join(RUNTIMES), help="The OCI runtime slurmstepd calls.")
+        "--runtime", metavar="|".join(RUNTIMES), autocompletion=complete_words(*RUNTIMES),
+        help="The OCI runtime slurmstepd calls.")
     ] = "runc",
     mode: Annotated[str, typer.Option(
         "--mode", metavar="run",
@@ -219,8 +224,14 @@ class _CommandAfterDashes(TyperCommand):
         ctx.meta[_COMMAND] = args[at + 1:]
         return super().parse_args(ctx, args[:at])
 
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        """The usage line: ``ocistage submit [OPTIONS] REF [SBATCH OPTS] -- CMD...``."""
+        return [*super().collect_usage_pieces(ctx), "[SBATCH OPTS] -- CMD..."]
 
-@submit_app.command("submit", cls=_CommandAfterDashes,
+
+@submit_app.command("submit", cls=_CommandAfterDashes, epilog=examples(
+    "ocistage submit registry.site:5000/team/app:1.2 -N 2 -t 1:00:00 -- python3 train.py",
+    "ocistage submit --srun docker://debian:bookworm -p debug -- cat /etc/os-release"),
                     context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 @with_options(*STAGING)
 def submit_command(
@@ -243,7 +254,11 @@ def submit_command(
     *,
     opts: CommonOptions,
 ) -> None:
-    """Pull, bundle and stage REF, then sbatch --container it: REF [SBATCH OPTS] -- CMD."""
+    """Pull, bundle and stage REF, then sbatch --container it.
+
+    The options between REF and -- go to sbatch (or srun with --srun), the words after --
+    are the job's command; a cleanup job removes the staged bundle after the job.
+    """
     from ocistage.bundler.submitting import check_stage_target, submit_image
     from ocistage.runtimes.submit import SubmitOptions, check_options, this_ocistage
 

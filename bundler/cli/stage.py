@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated
@@ -12,12 +14,17 @@ import typer
 from ocistage.bundler.cli.common import (
     STAGING,
     CommonOptions,
+    complete_cached_ref,
+    complete_words,
     console,
     download_progress,
+    echo,
+    examples,
     is_terminal,
     print_warnings,
     with_options,
 )
+from ocistage.cache.errors import UsageError
 
 # The stagers, the cache, the bundler and their dependencies are imported inside the commands:
 # every `ocistage` invocation imports this module, few of them stage (see
@@ -29,11 +36,15 @@ stage_app = typer.Typer(rich_markup_mode=None, add_completion=False)
 unstage_app = typer.Typer(rich_markup_mode=None, add_completion=False)
 
 
-@stage_app.command("stage")
+@stage_app.command("stage", epilog=examples(
+    "ocistage stage registry.site:5000/team/app:1.2 --to /scratch/$USER/bundles",
+    "ocistage stage ~/app --to \"$SLURM_TMPDIR\"             # node-local, in a job",
+    "ocistage stage docker://debian:bookworm --to /scratch/b --format squashfs",
+    "srun --container \"$(ocistage stage -q REF --to /scratch/b)\" CMD"))
 @with_options(*STAGING)
 def stage_command(
     what: Annotated[str, typer.Argument(
-        metavar="REF|BUNDLE|DIR|URL",
+        metavar="REF|BUNDLE|DIR|URL", autocompletion=complete_cached_ref,
         help="A bundle directory (has config.json), any directory tree, a squashfs image URL "
              "(file://, memory://, sftp://, s3://...), or an image reference that names its "
              "registry or transport (docker.io/library/alpine, localhost:5000/app, "
@@ -42,16 +53,18 @@ def stage_command(
              "(no registry is guessed).")],
     to: Annotated[str | None, typer.Option(
         "--to", metavar="TARGET",
-        help="Directory to stage into (shared or node-local), or an fsspec URL to store a "
-             "squashfs image (--format squashfs) or a tar archive (--format dir) at "
-             "[default: $OCISTAGE_STAGE_TO, else stage_to in the config file].")] = None,
+        help="Directory to stage into (shared or node-local; created with its parents if "
+             "missing), or an fsspec URL to store a squashfs image (--format squashfs) or a "
+             "tar archive (--format dir) at [default: $OCISTAGE_STAGE_TO, else stage_to in "
+             "the config file].")] = None,
     format: Annotated[str, typer.Option(
-        "--format", metavar="dir|squashfs",
+        "--format", metavar="dir|squashfs", autocompletion=complete_words("dir", "squashfs"),
         help="dir: a directory bundle; squashfs: an image, mounted with squashfuse or "
              "unpacked.")] = "dir",
     name: Annotated[str | None, typer.Option(
-        "--name", help="Name of the staged bundle under TARGET [default: the source's "
-                       "directory name, e.g. the cache bundle key].")] = None,
+        "--name", help="Name of the staged bundle under TARGET [default: for a REF its "
+                       "repository and tag, e.g. debian+bookworm, so staging the tag again "
+                       "replaces it; else the directory's name].")] = None,
     pin: Annotated[str | None, typer.Option(
         "--pin", metavar="NAME",
         help="Hold the staged bundle with this pin (until `ocistage unstage --pin NAME`) "
@@ -72,7 +85,11 @@ def stage_command(
     *,
     opts: CommonOptions,
 ) -> None:
-    """Stage a bundle onto a shared or node-local target; print the staged path."""
+    """Put a bundle where jobs run (shared or node-local); print its path.
+
+    A REF is bundled first and staged as REPOSITORY+TAG (staging the tag again replaces
+    it); a re-stage copies only the files that changed.
+    """
     from ocistage.bundler.staging import StageOptions, stage
 
     settings = opts.settings()
@@ -91,9 +108,14 @@ def stage_command(
 
 @contextlib.contextmanager
 def _image_progress(silent: bool) -> Iterator[Callable[[int, int], None] | None]:
-    """A progress bar on stderr while a squashfs image is built, on a terminal only."""
-    if silent or not is_terminal():
+    """A progress bar on stderr while a squashfs image is built, on a terminal; elsewhere (a
+    batch job's log) a line when it starts and one when it is done, with the time."""
+    if silent:
         yield None
+        return
+    if not is_terminal():
+        with _image_log_lines() as update:
+            yield update
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -107,7 +129,31 @@ def _image_progress(silent: bool) -> Iterator[Callable[[int, int], None] | None]
         yield update
 
 
-@unstage_app.command("unstage")
+@contextlib.contextmanager
+def _image_log_lines(clock: Callable[[], float] = time.monotonic,
+                     ) -> Iterator[Callable[[int, int], None]]:
+    """Two lines on stderr for a squashfs image built while this runs: when mksquashfs starts
+    and when it is done (files, seconds); nothing if no image is built."""
+    started: list[float] = []
+    done_at: list[float] = []
+
+    def update(done: int, total: int) -> None:
+        if not started:
+            started.append(clock())
+            echo("building the squashfs image (mksquashfs) ...", err=True)
+        if total and done >= total and not done_at:
+            done_at.append(clock())
+            echo(f"built the squashfs image: {total} files in {done_at[0] - started[0]:.1f} s",
+                 err=True)
+
+    yield update
+    if started and not done_at:  # it ended without a last bar of 100%
+        echo(f"built the squashfs image in {clock() - started[0]:.1f} s", err=True)
+
+
+@unstage_app.command("unstage", epilog=examples(
+    "ocistage unstage /scratch/$USER/bundles/team+app+1.2",
+    "ocistage unstage --pin nightly /scratch/$USER/bundles/team+app+1.2"))
 @with_options("cache", "json", "quiet", "verbose")
 def unstage_command(
     path: Annotated[Path, typer.Argument(
@@ -117,6 +163,9 @@ def unstage_command(
                                       "other holders use it.")] = None,
     force: Annotated[bool, typer.Option(
         "--force", help="Remove even if other live leases (jobs, pins) still hold it.")] = False,
+    missing_ok: Annotated[bool, typer.Option(
+        "--missing-ok", help="No error if nothing is staged at PATH (as rm -f; a cleanup "
+                             "after the bundle was removed).")] = False,
     *,
     opts: CommonOptions,
 ) -> None:
@@ -126,8 +175,16 @@ def unstage_command(
     jobs hold it; outside a job every lease on it is released and it is removed.
     """
     from ocistage.stagers.markers import releasing_holder
-    from ocistage.stagers.unstage import Unstaged, unstage
+    from ocistage.stagers.unstage import Unstaged, holds_lease, unstage
 
-    removed = unstage(path, cache_root=opts.settings().cache, holder=releasing_holder(pin),
-                      force=force)
-    opts.emit(Unstaged(path, removed))
+    cache_root, holder = opts.settings().cache, releasing_holder(pin)
+    # a path that is gone is no mistake while a lease of ours is on it (a job's cleanup after
+    # `unstage --force` or gc removed it): the lease is released
+    absent = not os.path.lexists(path)
+    leased = not absent or holds_lease(cache_root, path, holder)
+    if not leased and not missing_ok:
+        raise UsageError(f"nothing is staged at {path}",
+                         "give the path `ocistage stage` printed (`ocistage cache ls` lists "
+                         "what is staged)")
+    removed = unstage(path, cache_root=cache_root, holder=holder, force=force)
+    opts.emit(Unstaged(path, removed, absent=absent, leased=leased))

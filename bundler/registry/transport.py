@@ -49,7 +49,7 @@ MIN_YIELD = 1 << 16
 class ConnectionFailed(RegistryUnreachable):
     """No HTTP response was received; ``tls`` tells a TLS failure from a plain one, and
     ``retryable`` is false for one that another try cannot change (a certificate that does
-    not verify)."""
+    not verify, a host DNS does not know)."""
 
     def __init__(self, message: str, hint: str | None = None, *, tls: bool = False,
                  retryable: bool = True) -> None:
@@ -420,6 +420,18 @@ def _reason(exc: BaseException) -> tuple[str, bool]:
     return type(exc).__name__, False
 
 
+#: getaddrinfo's answers that a name does not exist (not that the resolver failed: EAI_AGAIN)
+_NO_SUCH_NAME = frozenset(code for code in (getattr(socket, "EAI_NONAME", None),
+                                            getattr(socket, "EAI_NODATA", None))
+                          if code is not None)
+
+
+def _unknown_host(exc: BaseException) -> bool:
+    """Whether DNS answered that the host does not exist: no retry mends that."""
+    return any(isinstance(cause, socket.gaierror) and cause.errno in _NO_SUCH_NAME
+               for cause in _causes(exc))
+
+
 def unverified_hint(where: str, ca_file: str | None) -> str:
     """What to do about a registry certificate this host does not trust."""
     ca = (f"the CA file {ca_file} does not vouch for it: give --ca-file (or `ca_file`) the "
@@ -436,6 +448,13 @@ def translate(exc: BaseException, url: str, *, started: bool,
     ``--ca-file`` (``ca_file``: the CA file the connection used)."""
     reason, tls = _reason(exc)
     where = netloc_of(url)
+    if not started and _unknown_host(exc):
+        host = urlsplit(url).hostname or where
+        return ConnectionFailed(
+            f"cannot connect to {where}: no such host {host} (DNS does not know it)",
+            "check the registry's name in the reference (a typo?); a registry only known "
+            "inside a network or VPN needs that network, or a --mirror", retryable=False)
+    reason, tls = _reason(exc)
     if started:
         return BodyInterrupted(f"download from {where} interrupted: {reason}")
     if _verification_failure(list(_causes(exc))) is not None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -173,6 +175,29 @@ def test_connection_refused() -> None:
     assert caught.value.message == f"cannot connect to localhost:{port}: connection refused"
     assert caught.value.hint
     assert len(sleeps) == 3
+
+
+@pytest.mark.parametrize(("code", "tries"), [(socket.EAI_NONAME, 1), (socket.EAI_AGAIN, 4)])
+def test_an_unknown_host_is_not_retried(code: int, tries: int,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """DNS saying the name does not exist is final; a resolver that failed may recover."""
+    asked: list[object] = []
+
+    def getaddrinfo(host: object, *args: object, **kwargs: object) -> object:
+        asked.append(host)
+        raise socket.gaierror(code, os.strerror(1))
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    sleeps: list[float] = []
+    with _client("registry.example.invalid", sleeps, max_retries=3) as client, \
+            pytest.raises(RegistryUnreachable) as caught:
+        client.ping()
+    assert len(sleeps) == tries - 1 and len(asked) >= tries
+    if code == socket.EAI_NONAME:
+        assert caught.value.message == ("cannot connect to registry.example.invalid: no such "
+                                        "host registry.example.invalid (DNS does not know it)")
+        assert "--insecure-registry" not in str(caught.value.hint)
+        assert "name" in str(caught.value.hint)
 
 
 def test_not_found_names_repository_and_tag(registry: FakeRegistry) -> None:

@@ -307,13 +307,40 @@ def test_gpu_list_and_hook_found_on_path(rootfs: Path, tmp_path: Path,
     assert config["annotations"][CDI_ANNOTATION] == "nvidia.com/gpu=0,nvidia.com/gpu=1"
 
 
+@pytest.mark.parametrize("gpus", ["0", "0,1", "0:1", "GPU-6a1c0d0e-3f1b-4c0a-9d5e-1b2c3d4e5f60",
+                                  "MIG-GPU-6a1c0d0e-3f1b/1/0", "MIG-6a1c0d0e-3f1b-4c0a"])
+def test_gpu_indices_mig_devices_and_uuids_are_taken(rootfs: Path, gpus: str) -> None:
+    config = build(rootfs, replace(ROOT_OPTS, gpus=gpus))
+    assert f"NVIDIA_VISIBLE_DEVICES={gpus}" in config["process"]["env"]
+
+
+def test_a_missing_gpu_hook_is_a_warning(tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from ocistage.bundler import runtime_config
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(runtime_config, "NVIDIA_HOOK_DEFAULT_PATH", str(tmp_path / "hook"))
+    assert runtime_config.gpu_hook_missing(None) is None
+    warning = runtime_config.gpu_hook_missing("all")
+    assert warning is not None and str(tmp_path / "hook") in warning
+    (tmp_path / "hook").touch()
+    assert runtime_config.gpu_hook_missing("all") is None
+
+
+def test_an_empty_entrypoint_says_it_cleared_the_command(rootfs: Path) -> None:
+    with pytest.raises(UsageError, match=r"^--entrypoint '' clears the image's Entrypoint and "
+                                         r"Cmd, so there is nothing to run$"):
+        build(rootfs, replace(ROOT_OPTS, entrypoint=[""]), Entrypoint=["/ep"], Cmd=["a"])
+
+
 def test_no_gpus_no_hooks(rootfs: Path) -> None:
     config = build(rootfs)
     assert "hooks" not in config
     assert CDI_ANNOTATION not in config["annotations"]
 
 
-@pytest.mark.parametrize("gpus", ["", "0,", "all,0", "0;rm -rf /", "a b"])
+@pytest.mark.parametrize("gpus", ["", "0,", "all,0", "0;rm -rf /", "a b", "banana", "GPU",
+                                  "all,all", "-1"])
 def test_bad_gpus_are_usage_errors(rootfs: Path, gpus: str) -> None:
     with pytest.raises(UsageError, match="--gpus"):
         build(rootfs, replace(ROOT_OPTS, gpus=gpus))

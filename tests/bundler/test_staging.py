@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.bundler.staging import Staged, StageOptions, stage
+from ocistage.bundler.staging import Staged, StageOptions, default_name, stage
 from ocistage.cache.errors import UsageError
 from ocistage.cache.store import Store
 from ocistage.stagers.errors import StageError
@@ -79,3 +79,40 @@ def test_unknown_format_is_a_usage_error(tree: Path, tmp_path: Path) -> None:
 def test_a_url_cannot_be_staged_to_a_url(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="to another URL"):
         _stage("file:///a/b.sqfs", tmp_path, to="memory://x")
+
+
+@pytest.mark.parametrize(("ref", "name"), [
+    ("docker.io/library/debian:bookworm", "debian+bookworm"),
+    ("debian", "debian+latest"),
+    ("localhost:5000/team/app:1.2", "team+app+1.2"),
+    ("ghcr.io/org/tool@sha256:" + "ab" * 32, "org+tool+sha256-abababababab"),
+    ("oci:/images/app:v2", "app+v2"),
+    ("oci-archive:/images/app.tar:v2", "app+v2"),
+    ("docker-archive:/images/save.tar:myorg/tool:3", "myorg+tool+3"),
+    ("docker-archive:/images/save.tar", "save"),
+])
+def test_a_ref_is_staged_under_its_repository_and_tag(ref: str, name: str) -> None:
+    from ocistage.bundler.image.reference import parse_reference
+
+    assert default_name(parse_reference(ref)) == name
+
+
+def test_a_new_image_of_a_tag_replaces_the_staged_one(tmp_path: Path) -> None:
+    """Without --name, a re-stage of a tag that now names a newer image replaces what was
+    staged under it, instead of adding a directory per version."""
+    from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
+
+    layout = tmp_path / "app"
+    staged = []
+    for content in (b"one", b"two"):
+        write_oci_layout(layout, [build_tar([file("version", content)])], tag="v1",
+                         container={"Cmd": ["/bin/sh"]})
+        staged.append(_stage(f"oci:{layout}:v1", tmp_path))
+    paths = [s.outcome.path for s in staged if isinstance(s.outcome, StageResult)]
+    assert paths == [tmp_path / "t" / "app+v1"] * 2
+    assert (paths[0] / "rootfs" / "version").read_bytes() == b"two"
+    assert sorted(p.name for p in (tmp_path / "t").iterdir() if not p.name.startswith(".")) \
+        == ["app+v1"]
+    named = _stage(f"oci:{layout}:v1", tmp_path, name="pinned")
+    assert isinstance(named.outcome, StageResult)
+    assert named.outcome.path == tmp_path / "t" / "pinned"

@@ -29,6 +29,7 @@ from ocistage.cache.inventory import (
     disk_usage,
     list_blobs,
     list_bundles,
+    listing,
     read_refs,
 )
 from ocistage.cache.leases import (
@@ -338,6 +339,31 @@ def test_rm_drops_the_ref_and_its_own_content_at_once(store: Store, tmp_path: Pa
         remove_ref(store, a.image.name, job_states=no_jobs)
     with pytest.raises(NotFound):
         remove_ref(store, b.name, platform="linux/arm64", job_states=no_jobs)
+
+
+def test_a_bundle_stays_while_another_name_caches_its_image(store: Store,
+                                                            tmp_path: Path) -> None:
+    """``cache rm host-a/x:1`` while ``host-b/x:1`` names the same manifest: its bundle is
+    the other name's bundle too (by age, it goes with the last name of its image)."""
+    import shutil
+
+    a = image_ref(tmp_path / "src", "a", b"a")
+    shutil.copytree(tmp_path / "src" / "a", tmp_path / "other")
+    b = f"oci:{tmp_path / 'other'}:a"
+    made = bundle_ref(store, a)
+    other = pull_ref(store, b)
+    assert other.manifest.digest == made.image.manifest.digest
+    report = remove_ref(store, made.image.name, job_states=no_jobs)
+    assert removed(report, "bundle") == set() and made.path.exists()
+    assert removed(run_gc(store), "bundle") == set() and made.path.exists()
+    [row] = listing(store).bundles
+    assert (row.image, row.names, row.orphan) == (made.image.name, (other.name,), False)
+    now = time.time()
+    set_last_use(store, "bundle", made.path.name, now)
+    set_last_use(store, "image", other.manifest.digest.hex, now - 7200)
+    aged = run_gc(store, older_than=3600)
+    assert removed(aged, "ref") == {f"{other.name} (linux/amd64)"}
+    assert removed(aged, "bundle") == {made.path.name} and not made.path.exists()
 
 
 def test_rm_refuses_a_leased_image_unless_forced(store: Store, tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from ocistage.cache.inventory import (
     listing,
     reachable,
     read_refs,
+    tree_shares,
     tree_size,
 )
 from ocistage.cache.leases import Holder, acquire
@@ -93,6 +94,26 @@ def test_listing_shows_sizes_sharing_bundles_and_leases(store: Store, tmp_path: 
     assert bundle.image == made.image.name and bundle.manifest == str(made.image.manifest.digest)
     assert bundle.disk == tree_size(made.path).disk > 64 << 10
     assert [x.id for x in result.leases] == [lease.id]
+
+
+def test_bundle_sizes_do_not_depend_on_the_order_of_listing(store: Store,
+                                                            tmp_path: Path) -> None:
+    """Two bundles of one content (hard links of one snapshot): each has the same SIZE, and
+    UNIQUE counts only what no other tree links (its directories and its config.json)."""
+    ref = image_ref(tmp_path / "src", "a", os.urandom(100_000))
+    made = [make_bundle(parse_reference(ref), store, None,
+                        config_options=ConfigOptions(args=(f"/bin/{n}",))) for n in ("a", "b")]
+    rows = {row.key: row for row in listing(store).bundles}
+    assert len(rows) == 2
+    sizes = [(rows[m.path.name].disk, rows[m.path.name].unique) for m in made]
+    own = tree_size(made[0].path).disk
+    assert sizes[0] == sizes[1] and sizes[0][0] == own > 150 << 10
+    assert 0 < sizes[0][1] < 64 << 10  # the payloads are shared with the snapshot
+    private = bundle_ref(store, ref, tmp_path / "copy").path  # a copy shares nothing
+    assert tree_shares(private) == (tree_size(private).disk,) * 2
+    os.link(private / "config.json", tmp_path / "elsewhere")
+    disk, unique = tree_shares(private)
+    assert unique == disk - (private / "config.json").stat().st_blocks * 512
 
 
 def test_disk_usage_counts_shared_blobs_and_hardlinks_once(store: Store, tmp_path: Path) -> None:

@@ -260,18 +260,19 @@ def test_cache_gc_removes_a_pool_bundle_of_an_ended_job_and_sweeps_its_pool(
 def test_a_path_is_a_path_and_a_bare_name_goes_to_no_registry(
         ocistage: OcistageRunner, tmp_path: Path) -> None:
     """14.4: paths said `invalid registry '.'` / `invalid repository name`, and a bare name
-    went to Docker Hub; 14.6: a file as --to said `check that the source is readable`."""
+    went to Docker Hub; 14.6: a file as --to said `check that the source is readable`;
+    28.5: each is a usage error (exit 2), as `bundle ./nothere` is."""
     target = tmp_path / "t"
     for what in ("./mybundel", "/nonexistent/dir", "mybundel"):
         result = ocistage("stage", what, "--to", str(target))
-        assert result.returncode == 1, result.stderr
+        assert result.returncode == 2, result.stderr
         assert f"error: no such directory: {what}" in result.stderr
     tree = tmp_path / "tree"
     (tree / "rootfs").mkdir(parents=True)
     afile = tmp_path / "afile"
     afile.write_text("x")
     result = ocistage("stage", str(tree), "--to", str(afile))
-    assert result.returncode == 1 and f"the target {afile} is not a directory" in result.stderr
+    assert result.returncode == 2 and f"the target {afile} is not a directory" in result.stderr
     assert "source is readable" not in result.stderr
 
 

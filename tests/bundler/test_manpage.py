@@ -1,0 +1,53 @@
+"""``make man``: ocistage(1) built from the commands' own help, every command in it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+
+from ocistage.bundler.cli.app import app
+from ocistage.bundler.cli.manpage import commands, help_text
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    man_dir = tmp_path_factory.mktemp("man") / "man1"
+    subprocess.run(["make", "-s", "-C", str(ROOT), "man", f"MAN_DIR={man_dir}",
+                    f"MAN_PYTHON={sys.executable}"], check=True, capture_output=True,
+                   timeout=120)
+    return man_dir / "ocistage.1"
+
+
+def test_make_man_lists_every_command_with_its_help(page: Path) -> None:
+    text = page.read_text()
+    assert text.startswith(".TH OCISTAGE 1 ")
+    root = typer.main.get_command(app)
+    found = list(commands(root))
+    assert {words[0] for words, _ in found} == set(root.list_commands(None))
+    assert ("cache", "gc") in {words for words, _ in found}
+    for words, command in found:
+        assert f".SS ocistage {' '.join(words)}\n" in text, words
+        usage = help_text(command, words).splitlines()[0]
+        assert usage.startswith(f"Usage: ocistage {' '.join(words)}")
+        assert usage in text
+    assert ".SH EXIT STATUS" in text and "141" in text
+
+
+def test_man_reads_it(page: Path) -> None:
+    if shutil.which("man") is None:
+        pytest.skip("man is not installed")
+    shown = subprocess.run(["man", "--warnings", "-l", str(page)], capture_output=True,
+                           text=True, timeout=60, check=True,
+                           env={**os.environ, "MANWIDTH": "100", "MANPAGER": "cat"})
+    assert "ocistage cache gc" in shown.stdout and "Examples:" in shown.stdout
+    assert shown.stderr == ""  # groff found nothing to warn about
