@@ -69,8 +69,7 @@ COMMANDS: dict[str, CommandEntry] = {
         "Generate Slurm runtime configuration (oci.conf, scrun.lua).", group=True),
     "doctor": CommandEntry(
         "ocistage.bundler.cli.doctor", "doctor_app",
-        "Check what the other commands need on this host and say what to do (exit 1 if the "
-        "core commands lack something)."),
+        "Check what this host lacks for the other commands, and how to fix it."),
     "scrun": CommandEntry(
         "ocistage.bundler.cli.slurm", "scrun_app",
         "Entry points called by the scrun.lua stage hooks.", group=True),

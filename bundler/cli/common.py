@@ -148,10 +148,9 @@ def complete_cached_ref(ctx: typer.Context, incomplete: str) -> list[str]:
 
 
 def _cached_names(cache: Path | None) -> list[str]:
-    from ocistage.bundler.settings import load_settings
     from ocistage.cache.refnames import record_name
 
-    root = cache if cache is not None else load_settings().cache
+    root = cache if cache is not None else CommonOptions(quiet=True).settings().cache
     with open(Path(root) / "index.json", "rb") as file:
         entries = json.loads(file.read(16 << 20)).get("manifests", [])
     return sorted({name for entry in entries if (name := record_name(entry)) is not None})
@@ -253,7 +252,7 @@ class CommonOptions:
                                  ca_file=str(self.ca_file) if self.ca_file else None,
                                  insecure=self.insecure_registry, mirrors=self.mirror,
                                  pull=self.pull, max_size=max_size, keep_snapshot=keep_snapshot)
-        print_warnings(settings.warnings)
+        print_warnings(settings.warnings, self.quiet)
         return settings
 
     def store(self, settings: Settings | None = None) -> Store:

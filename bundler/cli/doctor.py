@@ -28,8 +28,10 @@ def doctor_command(
     *,
     opts: CommonOptions,
 ) -> None:
-    """Check what the other commands need on this host and say what to do (exit 1 if the
-    core commands lack something)."""
+    """Check what this host lacks for the other commands, and how to fix it.
+
+    Exit 1 if the core commands (pull, bundle, stage, cache) lack something.
+    """
     from ocistage.bundler.doctor import DoctorOptions, core_problem, diagnose, registry_to_check
 
     options = DoctorOptions(stage_to=to, registry=registry_to_check(ref, registry))
