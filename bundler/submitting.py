@@ -70,7 +70,7 @@ def submit_image(source: ImageSource, options: SubmitOptions, *, store: Store,
     bundle = make_bundle(source, store, pull_options=pull_options,
                          config_options=ConfigOptions(map_root=map_root), progress=progress)
     overrides = [] if options.image_env else host_overrides(bundle.path)
-    if overrides:  # --host-env: the caller's values in config.json too (23.02+ prefer it)
+    if overrides:  # --host-env: the caller's values in config.json too (24.05+ prefer it)
         bundle = make_bundle(source, store, pull_options=pull_options,
                              config_options=ConfigOptions(map_root=map_root, env=overrides),
                              progress=progress)

@@ -23,7 +23,7 @@ The job runs with the image's environment (``PATH``, ``HOME`` and every ``proces
 of the bundle's config.json): srun/sbatch are started with those values over the caller's, so
 the job environment they export (``--export=ALL``, the default) already holds them. That is
 the one way that works on every release: slurmstepd 22.05 writes the job environment over
-config.json's ``process.env``, 23.02 and later merge config.json's over the job's (docs/slurm.md).
+config.json's ``process.env``, 24.05 and 26.05 merge config.json's over the job's (docs/slurm.md).
 The cleanup job keeps the caller's environment.
 """
 
@@ -116,7 +116,7 @@ _CLIENT_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
 def host_overrides(bundle: Path, base: dict[str, str] | None = None) -> list[str]:
     """``NAME=value`` of the caller's environment for each name the bundle's ``process.env``
     sets: a bundle made with these as ``--env`` runs with the host's values on every release
-    (23.02 and later merge config.json's over the job's)."""
+    (24.05 and 26.05 merge config.json's over the job's)."""
     environ = os.environ if base is None else base
     return [f"{name}={environ[name]}" for name in bundle_env(bundle) if name in environ]
 
