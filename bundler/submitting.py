@@ -64,10 +64,15 @@ def submit_image(source: ImageSource, options: SubmitOptions, *, store: Store,
     """Bundle ``source`` and submit it as ``options`` say (module docstring)."""
     from ocistage.bundler.bundle import make_bundle
     from ocistage.bundler.runtime_config import ConfigOptions
-    from ocistage.runtimes.submit import check_options, submit
+    from ocistage.runtimes.submit import check_options, host_overrides, submit
 
     check_options(options.options)  # before anything is pulled
     bundle = make_bundle(source, store, pull_options=pull_options,
                          config_options=ConfigOptions(map_root=map_root), progress=progress)
+    overrides = [] if options.image_env else host_overrides(bundle.path)
+    if overrides:  # --host-env: the caller's values in config.json too (24.05+ prefer it)
+        bundle = make_bundle(source, store, pull_options=pull_options,
+                             config_options=ConfigOptions(map_root=map_root, env=overrides),
+                             progress=progress)
     result = submit(bundle.path, options, cache_root=store.root)
     return Submitted(bundle.path, result, tuple(bundle.warnings))

@@ -60,6 +60,15 @@ _PID_KEYS = frozenset({"RunTimeKill", "RunTimeDelete"})
 _PATTERN_KEYS = frozenset({"ContainerPath", "MountSpoolDir", "RunTimeCreate", "RunTimeDelete",
                            "RunTimeKill", "RunTimeQuery", "RunTimeRun", "RunTimeStart"})
 CONTAINER_ID = "%n.%u.%j.%s.%t"
+#: what RunTimeQuery prints once the container is gone. slurmstepd queries the state after
+#: the container exited (to decide on RunTimeKill/RunTimeDelete) and parses the output as
+#: JSON: runc's logfmt error (``time=... level=error msg="container does not exist"``) gave
+#: 22.05-24.05's ``_try_parse: JSON parsing error ... boolean expected`` in every job's
+#: output, and a non-zero status is ``RunTimeQuery failed`` on 26.05 (container.c
+#: ``_get_container_state``). "stopped" leads to RunTimeDelete, which is harmless then.
+#: Written for printf with octal quotes: a quoted oci.conf value cannot hold a double quote,
+#: and Slurm's parser turns each ``\\`` into one backslash (parse_config.c _strip_escapes).
+STOPPED_STATE = r"printf '{\\042status\\042:\\042stopped\\042}'"
 _MAX_OCI_CONF = 1024 * 1024
 DEBIAN_12_SLURM = SlurmVersion(22, 5)
 
@@ -132,6 +141,12 @@ def _plain_path(path: str, what: str) -> str:
     return path
 
 
+def _query(command: str) -> str:
+    """``command`` (a runtime's ``state``), or the stopped state once the container is gone:
+    slurmstepd runs the pattern with ``/bin/sh -c`` on every release (container.c)."""
+    return f"{command} 2>/dev/null || {STOPPED_STATE}"
+
+
 def _commands(options: OciConfOptions) -> dict[str, str]:
     runtime = options.runtime
     cid = CONTAINER_ID
@@ -141,7 +156,7 @@ def _commands(options: OciConfOptions) -> dict[str, str]:
         base = f"{runtime} --rootless=true --root={root}"
         bundle = "--bundle %b" if runtime == "crun" else "-b %b"
         commands = {
-            "RunTimeQuery": f"{base} state {cid}",
+            "RunTimeQuery": _query(f"{base} state {cid}"),
             "RunTimeKill": f"{base} kill -a {cid}" if runtime != "crun" else
                            f"{base} kill --all {cid}",
             "RunTimeDelete": f"{base} delete --force {cid}",
@@ -151,7 +166,7 @@ def _commands(options: OciConfOptions) -> dict[str, str]:
         return commands
     if runtime == "apptainer":
         commands = {
-            "RunTimeQuery": f"apptainer oci state {cid}",
+            "RunTimeQuery": _query(f"apptainer oci state {cid}"),
             "RunTimeKill": f"apptainer oci kill {cid}",
             "RunTimeDelete": f"apptainer oci delete {cid}",
         }
@@ -160,9 +175,10 @@ def _commands(options: OciConfOptions) -> dict[str, str]:
     if runtime == "enroot":
         # enroot keeps containers as directories named after them under ENROOT_DATA_PATH:
         # the bundle's rootfs/ is such a container. The runtime process is slurmstepd's child,
-        # so the step is signalled and reaped by Slurm itself; there is no state to query.
+        # so the step is signalled and reaped by Slurm itself; there is no state to query
+        # (an empty answer is "RunTimeQuery failed" on 26.05).
         return {
-            "RunTimeQuery": "true",
+            "RunTimeQuery": STOPPED_STATE,
             "RunTimeKill": "true",
             "RunTimeDelete": "true",
             "RunTimeRun": "env ENROOT_DATA_PATH=%b enroot start --rw rootfs %@",
@@ -289,6 +305,7 @@ def lint_oci_conf(text: str, version: SlurmVersion) -> list[Problem]:
     problems.extend(_key_problems(entries, version))
     problems.extend(_runtime_problems(entries))
     problems.extend(_value_problems(entries, version))
+    problems.extend(_release_problems(entries, version))
     return sorted(problems, key=lambda p: (p.line, p.message))
 
 
@@ -356,3 +373,64 @@ def _value_problems(entries: dict[str, tuple[int, str]],
             except re.error as exc:
                 problems.append(Problem(entry[0], f"{name} is not a regular expression: {exc}"))
     return problems
+
+
+#: the release whose ContainerPath names the parent of the per-step spool directories
+CONTAINER_PATH_PARENT = SlurmVersion(25, 5)
+#: the release that replaced JobContainerType with NamespaceType
+NAMESPACE_TYPE = SlurmVersion(25, 11)
+#: directories namespace/linux (25.11) and namespace/tmpfs make private to each job
+PER_JOB_DIRS = ("/tmp", "/dev/shm")
+
+
+def _release_problems(entries: dict[str, tuple[int, str]],
+                      version: SlurmVersion) -> list[Problem]:
+    """What changed meaning between releases (container.c _generate_spooldir*):
+    before 25.05 ContainerPath is each task's spool directory pattern (default
+    ``%m/oci-job%j-%s/task-%t/``); from 25.05 it is their parent, and slurmstepd appends
+    ``oci-job<job>-<step>/task-<task>`` (and MountSpoolDir defaults to that path)."""
+    entry = entries.get("ContainerPath")
+    if entry is None:
+        return []
+    number, value = entry
+    tokens = set(re.findall(r"%(.)", value.replace("%%", "")))
+    if version < CONTAINER_PATH_PARENT and not {"j", "s", "t"} <= tokens:
+        return [Problem(number, f"ContainerPath is each task's spool directory in Slurm "
+                                f"{version} (before 25.05): without %j, %s and %t jobs, steps "
+                                "and tasks share it (default %m/oci-job%j-%s/task-%t/)")]
+    if version >= CONTAINER_PATH_PARENT and "t" in tokens:
+        return [Problem(number, f"ContainerPath is the parent of the per-step directories in "
+                                f"Slurm {version} (25.05 and later append "
+                                "oci-job<job>-<step>/task-<task>): drop %t, a pattern written "
+                                "for an older release nests")]
+    return []
+
+
+def lint_slurm_conf(text: str, version: SlurmVersion) -> list[Problem]:
+    """The slurm.conf settings whose name changed in 25.11: ``JobContainerType`` became
+    ``NamespaceType`` (job_container/tmpfs -> namespace/tmpfs)."""
+    problems = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        key, _, value = _strip_comment(raw).strip().partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if key == "jobcontainertype" and version >= NAMESPACE_TYPE and value.lower() != "none":
+            problems.append(Problem(number, f"JobContainerType is gone in Slurm {version}: "
+                                            "use NamespaceType="
+                                            + value.replace("job_container/", "namespace/")))
+        elif key == "namespacetype" and version < NAMESPACE_TYPE:
+            problems.append(Problem(number, f"NamespaceType is unknown to Slurm {version} "
+                                            "(added in 25.11): use JobContainerType="
+                                            + value.replace("namespace/", "job_container/")))
+    return problems
+
+
+def per_job_dir(path: str, version: SlurmVersion) -> str | None:
+    """The per-job directory ``path`` lies in on ``version`` (namespace/linux and
+    namespace/tmpfs, 25.11, give each job its own /tmp and /dev/shm), or None: a node-local
+    stage target there is invisible to the next job and lost when the job ends."""
+    if version < NAMESPACE_TYPE:
+        return None
+    for directory in PER_JOB_DIRS:
+        if path == directory or path.startswith(directory + "/"):
+            return directory
+    return None

@@ -18,12 +18,20 @@ still logged in: it releases the job's lease and removes the staged bundle unles
 job holds it (``ocistage unstage`` as that job). So removal follows the job's end by itself, as
 fast as Slurm starts a one-task job; nothing has to run ``ocistage cache gc`` (which still
 collects what a lost cleanup job left).
+
+The job runs with the image's environment (``PATH``, ``HOME`` and every ``process.env`` entry
+of the bundle's config.json): srun/sbatch are started with those values over the caller's, so
+the job environment they export (``--export=ALL``, the default) already holds them. That is
+the one way that works on every release: slurmstepd 22.05 writes the job environment over
+config.json's ``process.env``, 24.05 and 26.05 merge config.json's over the job's (docs/slurm.md).
+The cleanup job keeps the caller's environment.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -49,6 +57,7 @@ class SubmitOptions:
     name: str | None = None                 # staged name [default: the bundle's name]
     # argv prefix that runs ocistage in the cleanup job (on a compute node)
     ocistage: Sequence[str] = ("ocistage",)
+    image_env: bool = True                  # False: the caller's environment wins (host_env)
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,46 @@ def bundle_args(bundle: Path) -> list[str]:
     if not isinstance(args, list) or not args or not all(isinstance(a, str) for a in args):
         raise UsageError(f"{bundle}/config.json: process.args is not a list of strings")
     return args
+
+
+def bundle_env(bundle: Path) -> dict[str, str]:
+    """The bundle's ``process.env`` as a mapping (``NAME=value`` entries; others skipped)."""
+    try:
+        config = json.loads((bundle / "config.json").read_text())
+        entries = config["process"].get("env", [])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UsageError(f"{bundle} has no readable config.json with a process") from exc
+    if not isinstance(entries, list):
+        raise UsageError(f"{bundle}/config.json: process.env is not a list")
+    env = {}
+    for entry in entries:
+        name, sep, value = entry.partition("=") if isinstance(entry, str) else ("", "", "")
+        if sep and name and "\0" not in entry:
+            env[name] = value
+    return env
+
+
+def job_environ(bundle: Path, image_env: bool,
+                base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment srun/sbatch run with: ``base`` (this process's) with the image's
+    values over it unless ``image_env`` is false (module docstring)."""
+    environ = dict(os.environ if base is None else base)
+    if image_env:
+        environ.update((name, value) for name, value in bundle_env(bundle).items()
+                       if not name.startswith(_CLIENT_PREFIXES))
+    return environ
+
+
+#: variables srun/sbatch read as options: an image's would change how the job is submitted
+_CLIENT_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
+
+
+def host_overrides(bundle: Path, base: dict[str, str] | None = None) -> list[str]:
+    """``NAME=value`` of the caller's environment for each name the bundle's ``process.env``
+    sets: a bundle made with these as ``--env`` runs with the host's values on every release
+    (24.05 and 26.05 merge config.json's over the job's)."""
+    environ = os.environ if base is None else base
+    return [f"{name}={environ[name]}" for name in bundle_env(bundle) if name in environ]
 
 
 def wrap_command(command: Sequence[str]) -> str:
@@ -102,7 +151,8 @@ def submit(bundle: Path, options: SubmitOptions, *, cache_root: Path) -> SubmitR
         check_handed_over(Path(staged.path))
         argv = srun_argv(options.options, container=Path(staged.path), command=command)
         try:
-            exit_code = subprocess.run(argv, check=False).returncode
+            exit_code = subprocess.run(argv, check=False,
+                                       env=job_environ(bundle, options.image_env)).returncode
         except OSError as exc:
             raise SlurmError(f"cannot run srun: {exc.strerror}") from exc
         return SubmitResult(None, Path(staged.path), staged.lease_id, exit_code)
@@ -111,7 +161,8 @@ def submit(bundle: Path, options: SubmitOptions, *, cache_root: Path) -> SubmitR
     path = options.stage_to.absolute() / name
     check_path_trusted(options.stage_to, "stage target", make=0o755, shared=True)
     user_holds = any(o == "--hold" or o == "-H" for o in options.options)
-    job_id = sbatch([*options.options, "--hold"], container=path, wrap=wrap_command(command))
+    job_id = sbatch([*options.options, "--hold"], container=path, wrap=wrap_command(command),
+                    env=job_environ(bundle, options.image_env))
     staged_path: Path | None = None
     try:
         staged = stage_directory(bundle, options.stage_to, cache_root=cache_root, name=name,

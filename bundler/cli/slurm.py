@@ -78,20 +78,38 @@ def runtime_oci_conf(
     check: Annotated[Path | None, typer.Option(
         "--check", metavar="FILE",
         help="Lint FILE instead: one line per problem, exit 1 if there are any.")] = None,
+    slurm_conf: Annotated[Path | None, typer.Option(
+        "--slurm-conf", metavar="FILE",
+        help="With --check: lint FILE's settings that changed name between releases too "
+             "(JobContainerType/NamespaceType).")] = None,
 ) -> None:
     """Print an oci.conf for Slurm for a given runtime (runc, crun, nvidia, ...)."""
     from ocistage.runtimes.oci_conf import lint_oci_conf_file, oci_conf_options, render_oci_conf
 
     version = _slurm_version(slurm_version)
     if check is not None:
-        problems = lint_oci_conf_file(check, version)
-        for problem in problems:
-            stdout.print(f"{check}: {problem}", markup=False)
-        if problems:
-            raise typer.Exit(1)
+        _print_problems(check, lint_oci_conf_file(check, version), slurm_conf, version)
         return
     text = render_oci_conf(oci_conf_options(runtime, mode, root, version))
     stdout.print(text, end="", markup=False)
+
+
+def _print_problems(check: Path, problems: list[Any], slurm_conf: Path | None,
+                    version: SlurmVersion) -> None:
+    """Print ``check``'s problems and those of ``slurm_conf``; exit 1 if there are any."""
+    from ocistage.runtimes.oci_conf import lint_slurm_conf
+
+    found = [(check, problem) for problem in problems]
+    if slurm_conf is not None:
+        try:
+            text = slurm_conf.read_text(errors="replace")
+        except OSError as exc:
+            raise typer.BadParameter(f"cannot read {slurm_conf}: {exc.strerror}") from exc
+        found += [(slurm_conf, problem) for problem in lint_slurm_conf(text, version)]
+    for path, problem in found:
+        stdout.print(f"{path}: {problem}", markup=False)
+    if found:
+        raise typer.Exit(1)
 
 
 # -- scrun.lua and engine snippets -------------------------------------------------------------
@@ -122,14 +140,23 @@ def runtime_scrun_lua(
     cleanup_job: Annotated[bool, typer.Option(
         "--cleanup-job/--no-cleanup-job",
         help="Queue a cleanup job per staged bundle (docs/slurm.md).")] = True,
+    slurm_version: SlurmVersionOpt = None,
 ) -> None:
     """Print a scrun.lua whose stage hooks call `ocistage scrun ...`."""
+    from ocistage.runtimes.oci_conf import per_job_dir
     from ocistage.runtimes.scrun import render_scrun_lua, scrun_lua_options
 
+    version = _slurm_version(slurm_version)
     options = scrun_lua_options(ocistage=ocistage or _ocistage_command(), stage_to=stage_to,
                                 stage_dir=stage_dir, cache=cache,
                                 sbatch=sbatch if cleanup_job else None,
-                                find_sbatch=cleanup_job)
+                                find_sbatch=cleanup_job, version=version)
+    private = per_job_dir(stage_dir, version) if stage_to == "node-local" else None
+    if private is not None:
+        stderr.print(f"warning: --stage-dir {stage_dir} is in {private}, which Slurm "
+                     f"{version}'s NamespaceType=namespace/linux or namespace/tmpfs makes "
+                     "private to each job: choose a node-local directory outside /tmp and "
+                     "/dev/shm", markup=False)
     stdout.print(render_scrun_lua(options), end="", markup=False)
 
 
@@ -251,6 +278,9 @@ def submit_command(
         "--map-root", help="Run as root inside the container, mapped to you (runc 1.1 "
                            "under Slurm needs it when neither you nor the image user is "
                            "root; see docs/slurm.md).")] = False,
+    host_env: Annotated[bool, typer.Option(
+        "--host-env", help="Run with your environment's PATH, HOME, ... where the image sets "
+                           "them too (default: the image's, on every Slurm release).")] = False,
     *,
     opts: CommonOptions,
 ) -> None:
@@ -268,7 +298,7 @@ def submit_command(
         stage_to=check_stage_target(  # the same default as `stage`
             settings.stage_target(os.fspath(stage_to) if stage_to else None)),
         options=list(ctx.args), command=ctx.meta.get(_COMMAND, []), srun=srun, copy=copy,
-        ocistage=this_ocistage())
+        ocistage=this_ocistage(), image_env=not host_env)
     source, store, pulling = opts.image_inputs(ref, settings)
     with opts.progress() as progress:
         submitted = submit_image(source, options, store=store, pull_options=pulling,
