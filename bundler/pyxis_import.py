@@ -63,6 +63,14 @@ from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.errors import LockTimeout, StoreError
 from ocistage.cache.jsondoc import read_document
 from ocistage.cache.locks import FileLock
+from ocistage.cache.pyxisimages import (
+    IMAGE_DIR,
+    IMAGE_SUFFIX,
+    REFS_DIR,
+    image_path_at,
+    squashfs_target,
+    touch,
+)
 from ocistage.cache.store import Store, fsync_dir, write_file_atomic
 from ocistage.cache.userdirs import home_dir, owned_by_caller
 
@@ -71,9 +79,6 @@ if TYPE_CHECKING:
 
 #: bump when what goes into an image changes (the files of enroot_files, mksquashfs options)
 IMAGE_FORMAT = 1
-IMAGE_DIR = "pyxis"
-IMAGE_SUFFIX = ".sqsh"
-REFS_DIR = "refs"
 LEASE_PREFIX = "pyxis-"
 #: how long a get waits for another process building the same image
 BUILD_WAIT = 3 * 3600.0
@@ -437,14 +442,6 @@ def image_path(store: Store, key: str) -> Path:
     return image_path_at(store.root, key)
 
 
-def image_path_at(root: Path, key: str) -> Path:
-    return root / IMAGE_DIR / f"{key}{IMAGE_SUFFIX}"
-
-
-def lease_target(key: str) -> str:
-    return f"squashfs:{key}"
-
-
 @dataclass(frozen=True)
 class JobStep:
     """Who holds an image: the Slurm job and step of the environment, or no job (a pin that
@@ -475,7 +472,7 @@ def hold(store: Store, key: str, step: JobStep) -> leases.Lease:
     """Record the step's lease on image ``key`` (one per step and image: a repeated get
     rewrites it), then wait for a running GC, so that the image is looked at only once no GC
     can take it."""
-    lease = leases.Lease(id=f"{step.prefix}{key[:32]}", target=lease_target(key),
+    lease = leases.Lease(id=f"{step.prefix}{key[:32]}", target=squashfs_target(key),
                          holder=step.holder(), created=time.time())
     leases.record(store.root, lease)
     leases.wait_for_gc(store.root)
@@ -647,7 +644,10 @@ def _recalled(settings: Settings, reference: RegistryReference,
         return None
     hold(store, found[0], step)
     final = image_path(store, found[0])
-    return GetResult(final, False, found[1], found[0]) if _present(final) else None
+    if not _present(final):
+        return None
+    touch(store.root, found[0])
+    return GetResult(final, False, found[1], found[0])
 
 
 def get(uri: str, settings: Settings, step: JobStep,
@@ -676,6 +676,7 @@ def get(uri: str, settings: Settings, step: JobStep,
     final, built = provide(store, key, step, lambda: build(
         parsed.reference, cache, store, key, options, mksquashfs, compressor, manifest))
     remember(store, parsed.reference, key, manifest)
+    touch(store.root, key)
     return GetResult(final, built, manifest, key)
 
 
