@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -412,8 +413,9 @@ def mksquashfs_argv(mksquashfs: str, rootfs: Path, image: Path, files: Mapping[s
     return argv
 
 
-def run_mksquashfs(argv: Sequence[str]) -> None:
-    """Run mksquashfs; killed and reaped if this process is interrupted."""
+def run_mksquashfs(argv: Sequence[str], store: Path) -> None:
+    """Run mksquashfs (writing into ``store``); killed and reaped if this process is
+    interrupted."""
     try:
         process = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -426,9 +428,18 @@ def run_mksquashfs(argv: Sequence[str]) -> None:
         process.wait()
         raise
     if process.returncode != 0:
-        lines = output.decode(errors="replace").strip().splitlines()
-        raise PyxisImportError(f"mksquashfs failed: {lines[-1] if lines else process.returncode}",
-                               "check the free space of the store (docs/pyxis.md)")
+        raise mksquashfs_error(output.decode(errors="replace"), process.returncode, store)
+
+
+def mksquashfs_error(output: str, status: int, store: Path) -> PyxisImportError:
+    """The error of a failed mksquashfs: its last line, or that ``store`` is full."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    if any(os.strerror(errno.ENOSPC) in line for line in lines):
+        return PyxisImportError(f"no space left on the filesystem of {store} for the image",
+                                "free space there, or point pyxis_store (docs/pyxis.md) at a "
+                                "larger filesystem")
+    return PyxisImportError(f"mksquashfs failed: {lines[-1] if lines else f'exit {status}'}",
+                            f"check the free space of {store} (docs/pyxis.md)")
 
 
 # -- the store of images -----------------------------------------------------------------------
@@ -659,13 +670,10 @@ def get(uri: str, settings: Settings, step: JobStep,
         found = _recalled(settings, parsed.reference, step)
         if found is not None:
             return found
-    from ocistage.bundler.pull import pull
-
     credentials = EnrootCredentials(parsed.user, environ)
     options = pull_options(settings, credentials, policy)
     cache = Store.open(settings.cache)
-    pulled = pull(parsed.reference, cache, dataclasses.replace(options, max_size=None))
-    manifest = str(pulled.manifest.digest)
+    manifest = pull_manifest(parsed.reference, cache, options)
     mksquashfs = mksquashfs_path()
     compressor = probe_compressor(mksquashfs)
     key = image_key(manifest, compressor)
@@ -678,6 +686,25 @@ def get(uri: str, settings: Settings, step: JobStep,
     remember(store, parsed.reference, key, manifest)
     touch(store.root, key)
     return GetResult(final, built, manifest, key)
+
+
+def pull_manifest(reference: RegistryReference, cache: Store, options: PullOptions) -> str:
+    """Pull ``reference`` into ``cache`` as ``ocistage pull`` does (no cache budget: a GC
+    during a job's start would only slow it); the manifest digest. A refusal of the policy
+    ``never`` says how to change it where pyxis users can (no ``--pull`` here)."""
+    from ocistage.bundler.errors import SourceError
+    from ocistage.bundler.pull import pull
+
+    try:
+        pulled = pull(reference, cache, dataclasses.replace(options, max_size=None))
+    except SourceError as exc:
+        if options.policy != "never":
+            raise
+        raise PyxisImportError(
+            f"{exc.message}, and the pull policy is never",
+            "pull it first (`ocistage pull` with the job's cache), or unset OCISTAGE_PULL "
+            "(or `pull` in the config file): the importer's default is missing") from exc
+    return str(pulled.manifest.digest)
 
 
 def build(reference: RegistryReference, cache: Store, store: Store, key: str,
@@ -701,7 +728,7 @@ def build(reference: RegistryReference, cache: Store, store: Store, key: str,
             written[inside].write_bytes(data)
         built = scratch / f"{key}{IMAGE_SUFFIX}"
         run_mksquashfs(mksquashfs_argv(mksquashfs, bundle.path / "rootfs", built, written,
-                                       workdir, compressor, usable_cpus()))
+                                       workdir, compressor, usable_cpus()), store.root)
         record = {"source": str(reference), "manifest": manifest,
                   "platform": str(bundle.image.platform), "compressor": compressor,
                   "format": IMAGE_FORMAT, "created": time.time()}
