@@ -509,11 +509,29 @@ def _present(path: Path) -> bool:
         return False
 
 
+def images_directory(store: Store, *parts: str) -> Path:
+    """``STORE/pyxis`` (or a directory below it), made if missing as the store's own
+    directories are (the umask decides: ``002`` keeps a group-shared store writable by the
+    group, and the setgid bit is inherited), and checked against the trust rule as they are
+    (docs/trust.md): the caller's or root's and not writable by others, or, in a group-shared
+    store, a setgid directory of the caller's group. Never a symlink."""
+    from ocistage.cache.fsops import check_trusted_dir
+
+    directory = store.root / IMAGE_DIR
+    for part in ("", *parts):
+        directory = directory / part if part else directory
+        try:
+            directory.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot make {directory}: {exc.strerror}") from exc
+        check_trusted_dir(directory, "pyxis store directory", group_shared=True)
+    return directory
+
+
 @contextlib.contextmanager
 def build_lock(store: Store, key: str, wait: float = BUILD_WAIT) -> Iterator[None]:
     """The lock of building image ``key`` (one build; the others wait for it)."""
-    (store.root / IMAGE_DIR).mkdir(mode=0o755, exist_ok=True)
-    lock = FileLock(store.root / IMAGE_DIR / f"{key}.lock")
+    lock = FileLock(images_directory(store) / f"{key}.lock")
     try:
         lock.acquire(timeout=wait, poll=0.5)
     except LockTimeout as exc:
@@ -619,8 +637,7 @@ def record_name(reference: RegistryReference) -> str:
 
 def remember(store: Store, reference: RegistryReference, key: str, manifest: str) -> None:
     """Note that ``reference`` is image ``key`` (read by :func:`recall`)."""
-    directory = store.root / IMAGE_DIR / REFS_DIR
-    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    directory = images_directory(store, REFS_DIR)
     data = json.dumps({"reference": str(reference), "key": key, "manifest": manifest,
                        "resolved": time.time()}, sort_keys=True).encode()
     write_file_atomic(directory / record_name(reference), data)
@@ -650,6 +667,7 @@ def _recalled(settings: Settings, reference: RegistryReference,
             return GetResult(image_path_at(settings.pyxis_store, found[0]), False, found[1],
                              found[0])
     store = image_store(settings)
+    images_directory(store, REFS_DIR)  # notes are read only from a trusted directory
     found = recall(store.root, reference)
     if found is None:
         return None

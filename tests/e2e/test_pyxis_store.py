@@ -7,10 +7,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ from pytest_ocistage.faultproxy import Fault, FaultProxy
 from pytest_ocistage.imagebuild import File
 from pytest_ocistage.images import ImageRef
 from pytest_ocistage.plugin import ImageFactory
+from pytest_ocistage.slurm import JobUser
 from tests.e2e.conftest import OcistageRunner
 
 pytestmark = pytest.mark.e2e
@@ -203,3 +207,132 @@ def test_no_space_in_the_cache_then_the_download_resumes(
         layer = big.layer_digests[0]
         last = [r for r in fault_proxy.requests if r.path.endswith(layer)][-1]
         assert last.headers.get("Range", "").startswith("bytes="), last.headers
+
+
+# -- a site-wide store shared by a group (pyxis_store; docs/trust.md) ----------------------------
+
+GROUP = 4242   # the project's group, of the test alone: root and the job user are members
+
+
+@dataclass(frozen=True)
+class Members:
+    store: Path
+    user: JobUser      # an unprivileged user with a group of its own (as useradd makes it)
+
+    def home(self, uid: int) -> Path:
+        return self.store.parent / str(uid)
+
+
+@pytest.fixture
+def group_store(slurm_job_user: JobUser) -> Iterator[Members]:
+    """``BASE/store``: root's, setgid, group-writable by GROUP (``chgrp proj; chmod g+ws``),
+    in a directory every user reaches; each member's own home (and cache) beside it."""
+    if os.getuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("two users need root and setpriv")
+    base = Path(tempfile.mkdtemp(prefix="ocistage-pyxis-group-", dir="/tmp"))
+    members = Members(base / "store", slurm_job_user)
+    try:
+        base.chmod(0o755)
+        members.store.mkdir()
+        os.chown(members.store, 0, GROUP)
+        members.store.chmod(0o2775)
+        for uid, gid in ((0, 0), (slurm_job_user.uid, slurm_job_user.gid)):
+            members.home(uid).mkdir(mode=0o700)
+            os.chown(members.home(uid), uid, gid)
+        yield members
+    finally:
+        shutil.rmtree(base)
+
+
+def as_member(members: Members, uid: int, *args: str, pull: str | None = None,
+              umask: str = "002") -> subprocess.CompletedProcess[str]:
+    """``ocistage-pyxis-importer ARGS`` (or ``ocistage ARGS`` when the first is ``cache``) as
+    ``uid`` (root, or the job user) with GROUP among its groups and ``umask 002``
+    (docs/trust.md: members of a group-shared cache use it), its own cache and home,
+    ``pyxis_store`` the group's store."""
+    home, store = members.home(uid), members.store
+    gid = 0 if uid == 0 else members.user.gid
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+           "HOME": str(home), "OCISTAGE_CACHE": str(home / "cache"),
+           "OCISTAGE_PYXIS_STORE": str(store), "XDG_CONFIG_HOME": str(home / ".config"),
+           "NO_PROXY": "127.0.0.1,localhost", **({"OCISTAGE_PULL": pull} if pull else {})}
+    module = "ocistage" if args[0] == "cache" else "ocistage.bundler.cli.pyxis"
+    return subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={gid}", f"--groups={GROUP}",
+         "sh", "-c", f'umask {umask}; exec "$@"', "sh", sys.executable, "-m", module, *args],
+        env=env, cwd="/", capture_output=True, text=True, timeout=300, check=False,
+        stdin=subprocess.DEVNULL)
+
+
+def test_a_group_shared_store_serves_both_members(group_store: Members, big: ImageRef,
+                                                  oci_image: ImageFactory,
+                                                  oci_registry: Registry) -> None:
+    store, user = group_store.store, group_store.user.uid
+    other = oci_image({"etc/other": "2\n"}, cmd=["/bin/sh"]).push(oci_registry, "pyxis/other",
+                                                                   "1")
+    made = as_member(group_store, user, "get", enroot_uri(big))
+    assert made.returncode == 0, made.stderr
+    image = Path(made.stdout.strip())
+    assert image.parent == store / "pyxis"
+    st = image.stat()
+    assert (st.st_uid, st.st_gid) == (user, GROUP)
+    for directory in (store / "pyxis", store / "pyxis" / "refs", store / "leases"):
+        mode = directory.stat().st_mode
+        assert mode & 0o2070 == 0o2070 and directory.stat().st_gid == GROUP, oct(mode)
+    reused = as_member(group_store, 0, "get", enroot_uri(big))
+    assert reused.returncode == 0, reused.stderr
+    assert Path(reused.stdout.strip()) == image and image.stat().st_ino == st.st_ino
+    by_root = as_member(group_store, 0, "get", enroot_uri(other))
+    assert by_root.returncode == 0, by_root.stderr
+    warm = as_member(group_store, user, "get", enroot_uri(other), pull="never")
+    assert warm.returncode == 0, warm.stderr
+    assert warm.stdout == by_root.stdout
+    assert not (group_store.home(user) / "cache" / "pyxis").exists()
+    listed = as_member(group_store, user, "cache", "ls", "--json", "--cache", str(store))
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)["squashfs"]) == 2
+    held = as_member(group_store, user, "cache", "gc", "--older-than", "0", "--json",
+                     "--cache", str(store))
+    assert held.returncode == 0, held.stderr
+    assert len(json.loads(held.stdout)["protected"]) == 2  # both members' pins
+    for uid in (0, user):
+        assert as_member(group_store, uid, "release").returncode == 0
+    collected = as_member(group_store, user, "cache", "gc", "--older-than", "0", "--json",
+                          "--cache", str(store))
+    assert collected.returncode == 0, collected.stderr
+    gone = [r for r in json.loads(collected.stdout)["removed"] if r["kind"] == "squashfs"]
+    assert len(gone) == 2 and not list((store / "pyxis").glob("*.sqsh"))
+
+
+def test_a_store_without_setgid_is_refused(group_store: Members, big: ImageRef) -> None:
+    group_store.store.chmod(0o0775)   # group-writable without setgid: made so by accident
+    refused = as_member(group_store, group_store.user.uid, "get", enroot_uri(big))
+    assert_error(refused, str(group_store.store))
+    assert not (group_store.store / "pyxis").exists()
+
+
+def test_a_store_directory_outside_the_group_is_refused(group_store: Members,
+                                                        big: ImageRef) -> None:
+    pyxis = group_store.store / "pyxis"
+    pyxis.mkdir()
+    user = group_store.user
+    os.chown(pyxis, user.uid, user.gid)   # a member's, but not the group's
+    pyxis.chmod(0o777)
+    refused = as_member(group_store, 0, "get", enroot_uri(big))
+    assert_error(refused, str(pyxis))
+    assert list(pyxis.iterdir()) == []
+
+
+def test_a_read_only_site_store_is_used_not_written(group_store: Members,
+                                                    big: ImageRef) -> None:
+    store, user = group_store.store, group_store.user.uid
+    os.chown(store, 0, 0)
+    store.chmod(0o755)
+    site = as_member(group_store, 0, "get", enroot_uri(big), umask="022")  # the site, as root
+    assert site.returncode == 0, site.stderr
+    image = Path(site.stdout.strip())
+    assert image.parent == store / "pyxis"
+    got = as_member(group_store, user, "get", enroot_uri(big))
+    assert got.returncode == 0, got.stderr
+    assert Path(got.stdout.strip()) == image
+    assert not (group_store.home(user) / "cache" / "pyxis").exists()
