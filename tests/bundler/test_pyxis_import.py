@@ -216,6 +216,7 @@ def test_mksquashfs_argv_excludes_last_and_adds_missing_dirs(tmp_path: Path) -> 
                            {"etc/rc": tmp_path / "f0", "etc/deep/x": tmp_path / "f1"},
                            "/work/dir", "zstd", 2)
     assert argv[argv.index("-comp") + 1] == "zstd" and "-all-root" in argv
+    assert argv[argv.index("-Xcompression-level") + 1] == "3"
     pseudo = [argv[i + 1] for i, a in enumerate(argv) if a == "-p"]
     assert "etc/deep d 755 0 0" in pseudo and "work d 755 0 0" in pseudo
     assert "work/dir d 755 0 0" in pseudo and not any(p.startswith("etc ") for p in pseudo)
