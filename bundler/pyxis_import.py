@@ -567,6 +567,7 @@ def provide(store: Store, key: str, step: JobStep,
     it is missing, under the key's lock, so that of all the processes asking at once one
     builds and the others wait and reuse it. Returns the path and whether this call built it."""
     hold(store, key, step)
+    images_directory(store)  # an image is looked for only in a trusted directory
     final = image_path(store, key)
     if _present(final):
         return final, False
@@ -607,7 +608,8 @@ def pull_options(settings: Settings, credentials: CredentialStore, policy: str) 
 
 def image_store(settings: Settings) -> Store:
     """Where images go: the site's ``pyxis_store`` if set and this user may write there,
-    else the user's cache (a shared store someone else fills is only read: :func:`get`)."""
+    else the user's cache (a shared store someone else fills is only read: :func:`get`; a
+    store that does not exist is the site's to make, with the mode it wants: docs/pyxis.md)."""
     if settings.pyxis_store is not None and os.access(settings.pyxis_store, os.W_OK):
         return Store.open(settings.pyxis_store)
     return Store.open(settings.cache)
@@ -617,14 +619,29 @@ def shared_image(settings: Settings, key: str) -> Path | None:
     """The image ``key`` in a site store this user cannot write (filled by the site), if it
     is there and the store passes the trust rule (docs/trust.md)."""
     root = settings.pyxis_store
-    if root is None or os.access(root, os.W_OK):
+    if root is None or os.access(root, os.W_OK) or not readable_store(root):
         return None
-    from ocistage.cache.fsops import check_trusted_dir
-
-    check_trusted_dir(root, "pyxis store", group_shared=True, follow=True)
-    check_trusted_dir(root / IMAGE_DIR, "pyxis store directory", group_shared=True)
     path = image_path(Store(root), key)
     return path if _present(path) else None
+
+
+def readable_store(root: Path, *parts: str) -> bool:
+    """Whether the store at ``root``, which this user only reads, has ``pyxis/`` (and
+    ``parts`` below it); each directory must pass the trust rule (docs/trust.md), else
+    :class:`~ocistage.cache.errors.UntrustedPath`. A store the site has not filled yet has
+    none, as a store the site has not made: nothing to read there."""
+    from ocistage.cache.fsops import check_trusted_dir
+
+    if not os.path.exists(root):
+        return False
+    check_trusted_dir(root, "pyxis store", group_shared=True, follow=True)
+    directory = root / IMAGE_DIR
+    for part in ("", *parts):
+        directory = directory / part if part else directory
+        if not os.path.lexists(directory):
+            return False
+        check_trusted_dir(directory, "pyxis store directory", group_shared=True)
+    return True
 
 
 def effective_policy(settings: Settings) -> str:
@@ -666,13 +683,14 @@ def _recalled(settings: Settings, reference: RegistryReference,
               step: JobStep) -> GetResult | None:
     """The image a reference resolved to before, leased to ``step``; None if there is none.
     No network and no registry client: the warm get."""
-    if settings.pyxis_store is not None and not os.access(settings.pyxis_store, os.W_OK):
-        found = recall(settings.pyxis_store, reference)
+    shared = settings.pyxis_store
+    if shared is not None and not os.access(shared, os.W_OK) and readable_store(shared,
+                                                                                 REFS_DIR):
+        found = recall(shared, reference)
         if found is not None and shared_image(settings, found[0]) is not None:
-            return GetResult(image_path_at(settings.pyxis_store, found[0]), False, found[1],
-                             found[0])
+            return GetResult(image_path_at(shared, found[0]), False, found[1], found[0])
     store = image_store(settings)
-    images_directory(store, REFS_DIR)  # notes are read only from a trusted directory
+    images_directory(store, REFS_DIR)  # notes and images: only from trusted directories
     found = recall(store.root, reference)
     if found is None:
         return None

@@ -4,8 +4,9 @@ A shared filesystem serves one big file far better than thousands of small ones.
 form is ``TO/NAME.sqfs`` (``mksquashfs`` with zstd) plus ``TO/NAME``, which is either a
 ``squashfuse_ll`` (else ``squashfuse``) mount of the image (rootless FUSE; method
 ``squashfs-mount``) or, where FUSE is not usable, the image unpacked with ``unsquashfs`` and
-published like a directory bundle (method ``squashfs-unpack``). The image holds the tree, the manifest and the marker; its
-``config.json`` has ``root.readonly = true`` because the mount is read-only.
+published like a directory bundle (method ``squashfs-unpack``). The image holds the tree, the
+manifest and the marker; its ``config.json`` has ``root.readonly = true`` because the mount is
+read-only.
 
 The image is built in ``TO/.ocistage-tmp/`` and renamed into place, so ``TO/NAME.sqfs`` is
 never half written. Re-staging an unchanged source (same manifest by stat) does nothing.

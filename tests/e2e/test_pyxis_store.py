@@ -245,12 +245,13 @@ def group_store(slurm_job_user: JobUser) -> Iterator[Members]:
 
 
 def as_member(members: Members, uid: int, *args: str, pull: str | None = None,
-              umask: str = "002") -> subprocess.CompletedProcess[str]:
+              umask: str = "002", store: Path | None = None
+              ) -> subprocess.CompletedProcess[str]:
     """``ocistage-pyxis-importer ARGS`` (or ``ocistage ARGS`` when the first is ``cache``) as
     ``uid`` (root, or the job user) with GROUP among its groups and ``umask 002``
     (docs/trust.md: members of a group-shared cache use it), its own cache and home,
     ``pyxis_store`` the group's store."""
-    home, store = members.home(uid), members.store
+    home, store = members.home(uid), store or members.store
     gid = 0 if uid == 0 else members.user.gid
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
            "HOME": str(home), "OCISTAGE_CACHE": str(home / "cache"),
@@ -321,11 +322,25 @@ def test_a_store_directory_outside_the_group_is_refused(group_store: Members,
     refused = as_member(group_store, 0, "get", enroot_uri(big))
     assert_error(refused, str(pyxis))
     assert list(pyxis.iterdir()) == []
+    # an image planted there under the key a get would look for is never handed out
+    trusted = group_store.store.parent / "trusted"
+    trusted.mkdir(mode=0o755)
+    made = as_member(group_store, 0, "get", enroot_uri(big), store=trusted)
+    assert made.returncode == 0, made.stderr
+    planted = pyxis / Path(made.stdout.strip()).name
+    planted.write_bytes(b"not the image")
+    refused = as_member(group_store, 0, "get", enroot_uri(big))
+    assert_error(refused, str(pyxis))
 
 
 def test_a_read_only_site_store_is_used_not_written(group_store: Members,
                                                     big: ImageRef) -> None:
     store, user = group_store.store, group_store.user.uid
+    absent = as_member(group_store, user, "get", enroot_uri(big),
+                       store=store.parent / "not-made-yet")  # the user's own cache then
+    assert absent.returncode == 0, absent.stderr
+    assert Path(absent.stdout.strip()).parent == group_store.home(user) / "cache" / "pyxis"
+    shutil.rmtree(group_store.home(user) / "cache")
     os.chown(store, 0, 0)
     store.chmod(0o755)
     site = as_member(group_store, 0, "get", enroot_uri(big), umask="022")  # the site, as root
