@@ -6,7 +6,9 @@ bench/README.md).
 ``bench/stage.py`` (staging vs ``rsync -a``) when that module is present; ``scale`` times
 cold bundles and first stages of synthetic images from 1k to 300k files and 100 MB to 10 GB
 (``bench/scale.py``); ``slurm`` stages on 1 and 3 nodes of the Slurm 24.05 test cluster
-(``bench/slurm.py``).
+(``bench/slurm.py``); ``pyxis`` times ``ocistage-pyxis-importer get`` (cold and warm) against
+``enroot import`` of the same image (``bench/pyxis.py``); ``mounts`` reads a staged squashfs
+image through squashfuse_ll, squashfuse and the kernel (``bench/mounts.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,14 @@ def main(argv: list[str]) -> int:
         from bench.slurm import main as slurm_main
 
         return slurm_main(argv[1:])
+    if argv and argv[0] == "mounts":
+        from bench.mounts import main as mounts_main
+
+        return mounts_main(argv[1:])
+    if argv and argv[0] == "pyxis":
+        from bench.pyxis import main as pyxis_main
+
+        return pyxis_main(argv[1:])
     if argv and argv[0] == "scale":
         from bench.scale import main as scale_main
 

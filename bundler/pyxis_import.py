@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -63,6 +64,14 @@ from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.errors import LockTimeout, StoreError
 from ocistage.cache.jsondoc import read_document
 from ocistage.cache.locks import FileLock
+from ocistage.cache.pyxisimages import (
+    IMAGE_DIR,
+    IMAGE_SUFFIX,
+    REFS_DIR,
+    image_path_at,
+    squashfs_target,
+    touch,
+)
 from ocistage.cache.store import Store, fsync_dir, write_file_atomic
 from ocistage.cache.userdirs import home_dir, owned_by_caller
 from ocistage.stagers.mksquashfs import compressors_listed as compressors_listed
@@ -72,16 +81,16 @@ if TYPE_CHECKING:
     from ocistage.bundler.pull import PullOptions
 
 #: bump when what goes into an image changes (the files of enroot_files, mksquashfs options)
-IMAGE_FORMAT = 1
-IMAGE_DIR = "pyxis"
-IMAGE_SUFFIX = ".sqsh"
-REFS_DIR = "refs"
+IMAGE_FORMAT = 2
 LEASE_PREFIX = "pyxis-"
 #: how long a get waits for another process building the same image
 BUILD_WAIT = 3 * 3600.0
 MKSQUASHFS_TIMEOUT = 3 * 3600
 #: compressors in order of preference; enroot's own default (lzo) is missing on RHEL 9
 COMPRESSORS = ("zstd", "gzip")
+#: the levels of the command-line tools' defaults; mksquashfs's own (zstd 15, gzip 9) took 25
+#: and 3 times as long for an image 5% and 2% smaller (bench/README.md, "pyxis")
+COMPRESSION_LEVELS = {"zstd": 3, "gzip": 6}
 NETRC_NAME = ".credentials"
 _ENROOT_PREFIX = "docker://"
 _DIGEST_START = "sha256:"
@@ -368,7 +377,9 @@ def mksquashfs_argv(mksquashfs: str, rootfs: Path, image: Path, files: Mapping[s
     """The mksquashfs command of an image: ``rootfs`` owned by root (``-all-root``, as enroot
     makes it), without what is under /dev, with ``files`` (path inside -> file) replacing the
     image's own and ``workdir`` made."""
+    level = COMPRESSION_LEVELS.get(compressor)
     argv = [mksquashfs, os.fspath(rootfs), os.fspath(image), "-comp", compressor,
+            *(["-Xcompression-level", str(level)] if level is not None else []),
             "-noappend", "-no-progress", "-quiet", "-no-recovery", "-all-root",
             "-processors", str(max(1, jobs))]
     pseudo: list[str] = []
@@ -385,8 +396,9 @@ def mksquashfs_argv(mksquashfs: str, rootfs: Path, image: Path, files: Mapping[s
     return argv
 
 
-def run_mksquashfs(argv: Sequence[str]) -> None:
-    """Run mksquashfs; killed and reaped if this process is interrupted."""
+def run_mksquashfs(argv: Sequence[str], store: Path) -> None:
+    """Run mksquashfs (writing into ``store``); killed and reaped if this process is
+    interrupted."""
     try:
         process = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -399,9 +411,18 @@ def run_mksquashfs(argv: Sequence[str]) -> None:
         process.wait()
         raise
     if process.returncode != 0:
-        lines = output.decode(errors="replace").strip().splitlines()
-        raise PyxisImportError(f"mksquashfs failed: {lines[-1] if lines else process.returncode}",
-                               "check the free space of the store (docs/pyxis.md)")
+        raise mksquashfs_error(output.decode(errors="replace"), process.returncode, store)
+
+
+def mksquashfs_error(output: str, status: int, store: Path) -> PyxisImportError:
+    """The error of a failed mksquashfs: its last line, or that ``store`` is full."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    if any(os.strerror(errno.ENOSPC) in line for line in lines):
+        return PyxisImportError(f"no space left on the filesystem of {store} for the image",
+                                "free space there, or point pyxis_store (docs/pyxis.md) at a "
+                                "larger filesystem")
+    return PyxisImportError(f"mksquashfs failed: {lines[-1] if lines else f'exit {status}'}",
+                            f"check the free space of {store} (docs/pyxis.md)")
 
 
 # -- the store of images -----------------------------------------------------------------------
@@ -413,14 +434,6 @@ def image_key(manifest_digest: str, compressor: str) -> str:
 
 def image_path(store: Store, key: str) -> Path:
     return image_path_at(store.root, key)
-
-
-def image_path_at(root: Path, key: str) -> Path:
-    return root / IMAGE_DIR / f"{key}{IMAGE_SUFFIX}"
-
-
-def lease_target(key: str) -> str:
-    return f"squashfs:{key}"
 
 
 @dataclass(frozen=True)
@@ -453,7 +466,7 @@ def hold(store: Store, key: str, step: JobStep) -> leases.Lease:
     """Record the step's lease on image ``key`` (one per step and image: a repeated get
     rewrites it), then wait for a running GC, so that the image is looked at only once no GC
     can take it."""
-    lease = leases.Lease(id=f"{step.prefix}{key[:32]}", target=lease_target(key),
+    lease = leases.Lease(id=f"{step.prefix}{key[:32]}", target=squashfs_target(key),
                          holder=step.holder(), created=time.time())
     leases.record(store.root, lease)
     leases.wait_for_gc(store.root)
@@ -479,11 +492,29 @@ def _present(path: Path) -> bool:
         return False
 
 
+def images_directory(store: Store, *parts: str) -> Path:
+    """``STORE/pyxis`` (or a directory below it), made if missing as the store's own
+    directories are (the umask decides: ``002`` keeps a group-shared store writable by the
+    group, and the setgid bit is inherited), and checked against the trust rule as they are
+    (docs/trust.md): the caller's or root's and not writable by others, or, in a group-shared
+    store, a setgid directory of the caller's group. Never a symlink."""
+    from ocistage.cache.fsops import check_trusted_dir
+
+    directory = store.root / IMAGE_DIR
+    for part in ("", *parts):
+        directory = directory / part if part else directory
+        try:
+            directory.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot make {directory}: {exc.strerror}") from exc
+        check_trusted_dir(directory, "pyxis store directory", group_shared=True)
+    return directory
+
+
 @contextlib.contextmanager
 def build_lock(store: Store, key: str, wait: float = BUILD_WAIT) -> Iterator[None]:
     """The lock of building image ``key`` (one build; the others wait for it)."""
-    (store.root / IMAGE_DIR).mkdir(mode=0o755, exist_ok=True)
-    lock = FileLock(store.root / IMAGE_DIR / f"{key}.lock")
+    lock = FileLock(images_directory(store) / f"{key}.lock")
     try:
         lock.acquire(timeout=wait, poll=0.5)
     except LockTimeout as exc:
@@ -514,6 +545,7 @@ def provide(store: Store, key: str, step: JobStep,
     it is missing, under the key's lock, so that of all the processes asking at once one
     builds and the others wait and reuse it. Returns the path and whether this call built it."""
     hold(store, key, step)
+    images_directory(store)  # an image is looked for only in a trusted directory
     final = image_path(store, key)
     if _present(final):
         return final, False
@@ -554,7 +586,8 @@ def pull_options(settings: Settings, credentials: CredentialStore, policy: str) 
 
 def image_store(settings: Settings) -> Store:
     """Where images go: the site's ``pyxis_store`` if set and this user may write there,
-    else the user's cache (a shared store someone else fills is only read: :func:`get`)."""
+    else the user's cache (a shared store someone else fills is only read: :func:`get`; a
+    store that does not exist is the site's to make, with the mode it wants: docs/pyxis.md)."""
     if settings.pyxis_store is not None and os.access(settings.pyxis_store, os.W_OK):
         return Store.open(settings.pyxis_store)
     return Store.open(settings.cache)
@@ -564,14 +597,29 @@ def shared_image(settings: Settings, key: str) -> Path | None:
     """The image ``key`` in a site store this user cannot write (filled by the site), if it
     is there and the store passes the trust rule (docs/trust.md)."""
     root = settings.pyxis_store
-    if root is None or os.access(root, os.W_OK):
+    if root is None or os.access(root, os.W_OK) or not readable_store(root):
         return None
-    from ocistage.cache.fsops import check_trusted_dir
-
-    check_trusted_dir(root, "pyxis store", group_shared=True, follow=True)
-    check_trusted_dir(root / IMAGE_DIR, "pyxis store directory", group_shared=True)
     path = image_path(Store(root), key)
     return path if _present(path) else None
+
+
+def readable_store(root: Path, *parts: str) -> bool:
+    """Whether the store at ``root``, which this user only reads, has ``pyxis/`` (and
+    ``parts`` below it); each directory must pass the trust rule (docs/trust.md), else
+    :class:`~ocistage.cache.errors.UntrustedPath`. A store the site has not filled yet has
+    none, as a store the site has not made: nothing to read there."""
+    from ocistage.cache.fsops import check_trusted_dir
+
+    if not os.path.exists(root):
+        return False
+    check_trusted_dir(root, "pyxis store", group_shared=True, follow=True)
+    directory = root / IMAGE_DIR
+    for part in ("", *parts):
+        directory = directory / part if part else directory
+        if not os.path.lexists(directory):
+            return False
+        check_trusted_dir(directory, "pyxis store directory", group_shared=True)
+    return True
 
 
 def effective_policy(settings: Settings) -> str:
@@ -589,8 +637,7 @@ def record_name(reference: RegistryReference) -> str:
 
 def remember(store: Store, reference: RegistryReference, key: str, manifest: str) -> None:
     """Note that ``reference`` is image ``key`` (read by :func:`recall`)."""
-    directory = store.root / IMAGE_DIR / REFS_DIR
-    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    directory = images_directory(store, REFS_DIR)
     data = json.dumps({"reference": str(reference), "key": key, "manifest": manifest,
                        "resolved": time.time()}, sort_keys=True).encode()
     write_file_atomic(directory / record_name(reference), data)
@@ -614,18 +661,23 @@ def _recalled(settings: Settings, reference: RegistryReference,
               step: JobStep) -> GetResult | None:
     """The image a reference resolved to before, leased to ``step``; None if there is none.
     No network and no registry client: the warm get."""
-    if settings.pyxis_store is not None and not os.access(settings.pyxis_store, os.W_OK):
-        found = recall(settings.pyxis_store, reference)
+    shared = settings.pyxis_store
+    if shared is not None and not os.access(shared, os.W_OK) and readable_store(shared,
+                                                                                 REFS_DIR):
+        found = recall(shared, reference)
         if found is not None and shared_image(settings, found[0]) is not None:
-            return GetResult(image_path_at(settings.pyxis_store, found[0]), False, found[1],
-                             found[0])
+            return GetResult(image_path_at(shared, found[0]), False, found[1], found[0])
     store = image_store(settings)
+    images_directory(store, REFS_DIR)  # notes and images: only from trusted directories
     found = recall(store.root, reference)
     if found is None:
         return None
     hold(store, found[0], step)
     final = image_path(store, found[0])
-    return GetResult(final, False, found[1], found[0]) if _present(final) else None
+    if not _present(final):
+        return None
+    touch(store.root, found[0])
+    return GetResult(final, False, found[1], found[0])
 
 
 def get(uri: str, settings: Settings, step: JobStep,
@@ -637,13 +689,10 @@ def get(uri: str, settings: Settings, step: JobStep,
         found = _recalled(settings, parsed.reference, step)
         if found is not None:
             return found
-    from ocistage.bundler.pull import pull
-
     credentials = EnrootCredentials(parsed.user, environ)
     options = pull_options(settings, credentials, policy)
     cache = Store.open(settings.cache)
-    pulled = pull(parsed.reference, cache, dataclasses.replace(options, max_size=None))
-    manifest = str(pulled.manifest.digest)
+    manifest = pull_manifest(parsed.reference, cache, options)
     mksquashfs = mksquashfs_path()
     compressor = probe_compressor(mksquashfs)
     key = image_key(manifest, compressor)
@@ -654,7 +703,27 @@ def get(uri: str, settings: Settings, step: JobStep,
     final, built = provide(store, key, step, lambda: build(
         parsed.reference, cache, store, key, options, mksquashfs, compressor, manifest))
     remember(store, parsed.reference, key, manifest)
+    touch(store.root, key)
     return GetResult(final, built, manifest, key)
+
+
+def pull_manifest(reference: RegistryReference, cache: Store, options: PullOptions) -> str:
+    """Pull ``reference`` into ``cache`` as ``ocistage pull`` does (no cache budget: a GC
+    during a job's start would only slow it); the manifest digest. A refusal of the policy
+    ``never`` says how to change it where pyxis users can (no ``--pull`` here)."""
+    from ocistage.bundler.errors import SourceError
+    from ocistage.bundler.pull import pull
+
+    try:
+        pulled = pull(reference, cache, dataclasses.replace(options, max_size=None))
+    except SourceError as exc:
+        if options.policy != "never":
+            raise
+        raise PyxisImportError(
+            f"{exc.message}, and the pull policy is never",
+            "pull it first (`ocistage pull` with the job's cache), or unset OCISTAGE_PULL "
+            "(or `pull` in the config file): the importer's default is missing") from exc
+    return str(pulled.manifest.digest)
 
 
 def build(reference: RegistryReference, cache: Store, store: Store, key: str,
@@ -678,7 +747,7 @@ def build(reference: RegistryReference, cache: Store, store: Store, key: str,
             written[inside].write_bytes(data)
         built = scratch / f"{key}{IMAGE_SUFFIX}"
         run_mksquashfs(mksquashfs_argv(mksquashfs, bundle.path / "rootfs", built, written,
-                                       workdir, compressor, usable_cpus()))
+                                       workdir, compressor, usable_cpus()), store.root)
         record = {"source": str(reference), "manifest": manifest,
                   "platform": str(bundle.image.platform), "compressor": compressor,
                   "format": IMAGE_FORMAT, "created": time.time()}

@@ -28,10 +28,10 @@ Inode = int | tuple[int, int]
 
 # directories whose entries are parts of their own (the directories themselves stay)
 CONTAINERS = ("", "blobs", "blobs/sha256", "blobs/sha512", "bundles", "snapshots", "tmp",
-              "ingest", "leases", "used", "quarantine")
+              "ingest", "leases", "used", "quarantine", "pyxis", "pyxis/refs")
 # where content lives; the rest (the directories, index.json, leases, last-use records) is the
 # floor under which no GC can bring the cache
-CONTENT = frozenset({"blobs", "bundles", "snapshots", "tmp", "ingest", "quarantine"})
+CONTENT = frozenset({"blobs", "bundles", "snapshots", "tmp", "ingest", "quarantine", "pyxis"})
 
 
 @dataclass(frozen=True)

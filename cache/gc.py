@@ -14,19 +14,22 @@ commands race-free):
    first, the tree is removed through descriptors, the image beside it goes too, and the target's
    pool is swept of entries no bundle links to any more. A removal that fails (a busy mount)
    keeps the leases, so the next GC tries again;
-3. eviction, only when asked (``max_size``, ``older_than``): refs, cached bundles and layer
-   snapshots, least recently used first, until the cache fits ``max_size``; those last used
-   before ``older_than`` ago go whatever the size;
+3. eviction, only when asked (``max_size``, ``older_than``): refs, cached bundles, layer
+   snapshots and the squashfs images of ``ocistage-pyxis-importer``
+   (:mod:`ocistage.cache.pyxisimages`), least recently used first, until the cache fits
+   ``max_size``; those last used before ``older_than`` ago go whatever the size;
 4. orphans: blobs that no remaining ref reaches, bundles whose manifest no remaining ref names,
    snapshots that no remaining ref's layers start with, last-use records of entries that are
-   gone.
+   gone; records and reference notes of importer images that are gone, and the build locks of
+   dead builders.
 
 Never removed: anything a live lease (or ``keep``) names — ``image:<ref>`` keeps the ref and
 every blob it reaches, ``bundle:<key>`` a bundle, ``snapshot:<chain id>`` a snapshot,
-``blob:<digest>`` a blob. Refs go first (``index.json`` is rewritten under its lock, removing
-only entries that still point where they did), then bundles and snapshots (renamed into a temp
-dir, then deleted, so no half tree is ever visible at its path), then blobs: the cache stays a
-valid OCI layout at every moment.
+``blob:<digest>`` a blob, ``squashfs:<key>`` an importer image. Refs go first
+(``index.json`` is rewritten under its lock, removing only entries that still point where they
+did), then bundles and snapshots (renamed into a temp dir, then deleted, so no half tree is ever
+visible at its path), then blobs, then importer images (one file each): the cache stays a valid
+OCI layout at every moment.
 
 Sizes are blocks on disk counted as ``du`` counts them (:mod:`ocistage.cache.footprint`): a file
 hard-linked between a snapshot and bundles counts once, and removing one of them frees only
@@ -50,7 +53,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ocistage.cache import staged, usage
+from ocistage.cache import pyxisimages, staged, usage
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import LockTimeout, NotFound, StoreError
 from ocistage.cache.footprint import Footprint, measure
@@ -81,6 +84,7 @@ from ocistage.cache.leases import (
 )
 from ocistage.cache.locks import FileLock, owner_is_dead
 from ocistage.cache.notice import Kind, Notice
+from ocistage.cache.pyxisimages import SquashfsImage, list_images
 from ocistage.cache.sizes import count, format_size
 from ocistage.cache.snapshots import SnapshotInfo, list_snapshots, remove_snapshot
 from ocistage.cache.store import QUARANTINE, Store, scratch_is_dead
@@ -90,6 +94,7 @@ if TYPE_CHECKING:
     from ocistage.cache.results import Renderer
 
 log = logging.getLogger(__name__)
+Evictable = Ref | Bundle | SnapshotInfo | SquashfsImage
 LEFTOVER_TEMP_AGE = 3600.0
 QUARANTINE_KEEP = 7 * 86400.0
 
@@ -321,6 +326,8 @@ class _Plan:
     evicted_refs: list[Ref] = field(default_factory=list)
     evicted_bundles: set[str] = field(default_factory=set)
     evicted_snapshots: set[Digest] = field(default_factory=set)
+    images: list[SquashfsImage] = field(default_factory=list)    # of the importer
+    evicted_images: set[str] = field(default_factory=set)
     alias_indexes: set[Digest] = field(default_factory=set)  # what evictions made REF name
 
     def kept_refs(self) -> list[Ref]:
@@ -360,17 +367,23 @@ class _Plan:
         for digest, blob in sorted(self.blobs.items()):
             if digest not in live_blobs:
                 self.footprint.drop(blob.path)
+        for image in self.images:
+            if image.key in self.evicted_images:
+                self.footprint.drop(image.path)
+                self.footprint.drop(image.record)
 
     def size(self) -> int:
         """The cache's size on disk once what is not live is gone."""
         self.settle()
         return self.footprint.size()
 
-    def evict(self, item: Ref | Bundle | SnapshotInfo) -> None:
+    def evict(self, item: Evictable) -> None:
         if isinstance(item, Ref):
             self.evicted_refs.append(item)
         elif isinstance(item, Bundle):
             self.evicted_bundles.add(item.key)
+        elif isinstance(item, SquashfsImage):
+            self.evicted_images.add(item.key)
         else:
             self.evicted_snapshots.add(item.chain_id)
 
@@ -378,7 +391,8 @@ class _Plan:
 # -- eviction ----------------------------------------------------------------------------------
 
 def _evict(plan: _Plan, store: Store, options: GcOptions, now: float) -> list[str]:
-    """Choose LRU refs, bundles and snapshots to evict; returns what leases kept from eviction."""
+    """Choose LRU refs, bundles, snapshots and importer images to evict; returns what leases
+    kept from eviction."""
     protected: list[str] = []
     for used, item in _by_last_use(plan, usage.all_usage(store.root)):
         too_old = options.older_than is not None and now - used > options.older_than
@@ -394,28 +408,34 @@ def _evict(plan: _Plan, store: Store, options: GcOptions, now: float) -> list[st
 
 
 def _by_last_use(plan: _Plan, uses: dict[tuple[str, str], float]
-                 ) -> list[tuple[float, Ref | Bundle | SnapshotInfo]]:
-    """What eviction may take, least recently used first (refs, bundles, snapshots on a tie)."""
+                 ) -> list[tuple[float, Evictable]]:
+    """What eviction may take, least recently used first (refs, bundles, snapshots, images on
+    a tie)."""
     live_bundles = plan.live_bundles()
     live_snapshots = plan.live_snapshots()
-    candidates: list[tuple[float, Ref | Bundle | SnapshotInfo]] = [
+    candidates: list[tuple[float, Evictable]] = [
         *((ref_last_used(ref, uses), ref) for ref in plan.refs),
         *((bundle_last_used(b, uses), b) for b in plan.bundles if b.key in live_bundles),
-        *((s.last_used, s) for s in plan.snapshots if s.chain_id in live_snapshots)]
+        *((s.last_used, s) for s in plan.snapshots if s.chain_id in live_snapshots),
+        *((image.last_used, image) for image in plan.images)]
     return sorted(candidates, key=lambda candidate: candidate[0])
 
 
 # -- removal -----------------------------------------------------------------------------------
 
 def _apply(sweep: Sweep[Removal], plan: _Plan, store: Store) -> None:
-    """Remove what the plan no longer keeps: refs, bundles, snapshots, blobs, last-use records."""
+    """Remove what the plan no longer keeps: refs, bundles, snapshots, blobs, importer images,
+    last-use records."""
     _evicted_refs(sweep, plan, store)
     live_bundles = plan.live_bundles()
     doomed = _orphan_bundles(sweep, plan, store, live_bundles)
     _orphan_snapshots(sweep, plan, store)
     _orphan_blobs(sweep, plan)
-    _forget_stale_usage(sweep, store, {r.digest.hex for r in plan.kept_refs()},
-                        live_bundles, doomed, plan.started)
+    _squashfs_images(sweep, plan, store)
+    kept = {"image": {r.digest.hex for r in plan.kept_refs()}, "bundle": live_bundles,
+            "squashfs": {i.key for i in plan.images if i.key not in plan.evicted_images}}
+    gone = {("bundle", key) for key in doomed} | {("squashfs", k) for k in plan.evicted_images}
+    _forget_stale_usage(sweep, store, kept, gone, plan.started)
 
 
 def _evicted_refs(sweep: Sweep[Removal], plan: _Plan, store: Store) -> None:
@@ -496,15 +516,49 @@ def _orphan_blobs(sweep: Sweep[Removal], plan: _Plan) -> None:
                          action=partial(blob.path.unlink, missing_ok=True))
 
 
-def _forget_stale_usage(sweep: Sweep[Removal], store: Store, manifests: set[str],
-                        bundles: set[str], doomed: set[str], started: float) -> None:
-    """Drop last-use records of removed bundles and of gone entries (not those a running
-    command touched since)."""
+def _squashfs_images(sweep: Sweep[Removal], plan: _Plan, store: Store) -> None:
+    """Remove the evicted importer images (the image first: a record without one is a stray),
+    then the strays: records and reference notes of gone images, build locks of dead builders."""
+    for image in plan.images:
+        if image.key in plan.evicted_images:
+            sweep.remove("squashfs", image.key, f"least recently used ({image.source or '?'})",
+                         paths=(image.path, image.record),
+                         action=partial(_unlink_all, image.path, image.record))
+    # a leased key may be published while GC runs (its get waited for no GC: it was leased
+    # before GC read the leases): its record and notes are no strays
+    held = {t.removeprefix("squashfs:") for t in plan.protected if t.startswith("squashfs:")}
+    kept = held | {image.key for image in plan.images if image.key not in plan.evicted_images}
+    listed = held | {image.key for image in plan.images}
+    for path in pyxisimages.stray_records(store.root, listed, kept):
+        sweep.remove("leftover", str(path), "record of an image that is gone", paths=(path,),
+                     action=partial(_unlink_all, path))
+    for path in pyxisimages.dead_build_locks(store.root):
+        sweep.remove("scratch", str(path), "build lock of a dead process", paths=(path,),
+                     action=partial(_break_lock, path))
+
+
+def _unlink_all(*paths: Path) -> None:
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _break_lock(path: Path) -> None:
+    lock = FileLock(path)
+    if lock.try_acquire():  # broken as stale, then ours: released, which removes it
+        lock.release()
+
+
+def _forget_stale_usage(sweep: Sweep[Removal], store: Store, kept: dict[str, set[str]],
+                        doomed: set[tuple[str, str]], started: float) -> None:
+    """Drop last-use records of removed entries (``doomed``: kind and key) and of gone ones
+    (not in ``kept``, by kind; not those a running command touched since)."""
     for (kind, key), used in usage.all_usage(store.root).items():
-        if used >= started and not (kind == "bundle" and key in doomed):
+        if used >= started and (kind, key) not in doomed:
             continue
-        if (kind == "image" and key not in manifests) or (kind == "bundle" and key not in bundles):
-            usage_kind: usage.UsageKind = "image" if kind == "image" else "bundle"
+        if key not in kept.get(kind, {key}):
+            usage_kind: usage.UsageKind = "image" if kind == "image" else (
+                "bundle" if kind == "bundle" else "squashfs")
             sweep.remove("usage", f"{kind}-{key}", "its entry is gone",
                          paths=(usage.usage_path(store.root, usage_kind, key),),
                          action=partial(usage.forget, store.root, usage_kind, key))
@@ -541,7 +595,8 @@ def _collect(store: Store, options: GcOptions, job_states: JobStates, now: float
     leases = all_leases(store.root)
     live = _expire(sweep, store, leases, job_states_of(leases, job_states))
     plan = _Plan(refs=read_refs(store), blobs=list_blobs(store), bundles=list_bundles(store),
-                 snapshots=list_snapshots(store), protected=live | set(options.keep),
+                 snapshots=list_snapshots(store), images=list_images(store.root),
+                 protected=live | set(options.keep),
                  footprint=footprint, started=started)
     protected_refs = {t.removeprefix("image:") for t in plan.protected if t.startswith("image:")}
     plan.protected |= {ref.target for ref in plan.refs if ref.name in protected_refs}

@@ -42,6 +42,7 @@ from ocistage.cache.leases import (
     job_states_of,
     squeue_states,
 )
+from ocistage.cache.pyxisimages import images_dir, list_images
 from ocistage.cache.refnames import INDEX_MEDIA_TYPE, REF_NAME, is_alias, platform_path, record_name
 from ocistage.cache.sizes import format_age, format_size
 from ocistage.cache.snapshots import SnapshotInfo, chain_ids, list_snapshots
@@ -387,17 +388,30 @@ class BundleRow:
 
 
 @dataclass(frozen=True)
+class SquashfsRow:
+    """A squashfs image of ``ocistage-pyxis-importer`` (:mod:`ocistage.cache.pyxisimages`)."""
+
+    key: str
+    source: str | None
+    last_used: float
+    disk: int
+    leases: tuple[LeaseRow, ...]
+
+
+@dataclass(frozen=True)
 class Listing:
     images: tuple[ImageRow, ...]
     bundles: tuple[BundleRow, ...]
     leases: tuple[LeaseRow, ...]   # every lease, including those on staged bundles
+    squashfs: tuple[SquashfsRow, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """What ``cache ls --json`` prints: every field, as it is."""
         return dataclasses.asdict(self)
 
     def render(self, out: Renderer) -> None:
-        """Three tables: images, cached bundles, staged bundles (the last two if any)."""
+        """Four tables: images, cached bundles, importer images, staged bundles (the last three
+        if any)."""
         out.table(["DIGEST", "PLATFORM", "SIZE", "UNIQUE", "LAST USE", "BUNDLES", "LEASES",
                    "IMAGE"],
                   ([row.digest.removeprefix("sha256:")[:12], row.platform, format_size(row.size),
@@ -412,6 +426,12 @@ class Listing:
                         _lease_text(bundle.leases), _bundle_image(bundle)]
                        for bundle in self.bundles),
                       title="bundles", right=("SIZE", "UNIQUE"))
+        if self.squashfs:
+            out.table(["SQUASHFS", "SIZE", "LAST USE", "LEASES", "IMAGE"],
+                      ([image.key[:12], format_size(image.disk), _ago(image.last_used),
+                        _lease_text(image.leases), image.source or "-"]
+                       for image in self.squashfs),
+                      title="squashfs images (ocistage-pyxis-importer)", right=("SIZE",))
         staged = [lease for lease in self.leases if lease.target.startswith("staged:")]
         if staged:
             out.table(["HOLDER", "SINCE", "LIVE", "PATH"],
@@ -488,7 +508,14 @@ def listing(store: Store, job_states: JobStates = squeue_states) -> Listing:
             leases=leases_for(ref.target)))
     bundle_rows = _bundle_rows(bundles, refs, uses, leases_for)
     return Listing(tuple(sorted(images, key=lambda i: (i.name, i.platform))), bundle_rows,
-                   tuple(lease_rows(leases, states)))
+                   tuple(lease_rows(leases, states)), _squashfs_rows(store, leases_for))
+
+
+def _squashfs_rows(store: Store, leases_for: Callable[[str], tuple[LeaseRow, ...]]
+                   ) -> tuple[SquashfsRow, ...]:
+    return tuple(SquashfsRow(image.key, image.source, image.last_used, image.size,
+                             leases_for(image.target))
+                 for image in list_images(store.root))
 
 
 # -- cache du ------------------------------------------------------------------------------------
@@ -508,19 +535,21 @@ class DiskUsage:
     blobs: Usage          # unique blobs as stored
     snapshots: Usage      # unpacked layer trees (ocistage.cache.snapshots)
     bundles: Usage        # files hard-linked to snapshots or each other count once on disk
+    squashfs: Usage       # images of ocistage-pyxis-importer, with their records (count: images)
     scratch: Usage        # partial downloads, temp dirs, bundles being built
     quarantine: Usage
     other: Usage          # leases, last-use records, index.json, locks
 
     @property
     def total_disk(self) -> int:
-        return (self.blobs.disk + self.snapshots.disk + self.bundles.disk + self.scratch.disk
-                + self.quarantine.disk + self.other.disk)
+        return (self.blobs.disk + self.snapshots.disk + self.bundles.disk + self.squashfs.disk
+                + self.scratch.disk + self.quarantine.disk + self.other.disk)
 
     @property
     def total_logical(self) -> int:
         return (self.images.logical + self.snapshots.logical + self.bundles.logical
-                + self.scratch.logical + self.quarantine.logical + self.other.logical)
+                + self.squashfs.logical + self.scratch.logical + self.quarantine.logical
+                + self.other.logical)
 
     def to_json(self) -> dict[str, Any]:
         """What ``cache du --json`` prints: every part, and the totals."""
@@ -529,7 +558,8 @@ class DiskUsage:
 
     def render(self, out: Renderer) -> None:
         parts = (("blobs", self.blobs), ("snapshots", self.snapshots),
-                 ("bundles", self.bundles), ("scratch", self.scratch),
+                 ("bundles", self.bundles), ("squashfs", self.squashfs),
+                 ("scratch", self.scratch),
                  ("quarantine", self.quarantine), ("other", self.other))
         out.table(["PART", "COUNT", "LOGICAL", "ON DISK"],
                   [["images (blobs per image)", str(self.images.count),
@@ -557,10 +587,18 @@ def disk_usage(store: Store) -> DiskUsage:
         blobs=Usage(sum(b.size for b in blobs.values()), blobs_disk, len(blobs)),
         snapshots=_sum(tree_size(s.path, seen) for s in list_snapshots(store)),
         bundles=_sum(tree_size(b.path, seen) for b in list_bundles(store)),
+        squashfs=_squashfs_usage(store, seen),
         scratch=_sum(tree_size(p, seen) for p in _scratch_paths(store)),
         quarantine=_sum(tree_size(p, seen) for p in _entries(store.root / QUARANTINE)),
         other=_sum(tree_size(p, seen) for p in _other_paths(store)),
     )
+
+
+def _squashfs_usage(store: Store, seen: set[tuple[int, int]]) -> Usage:
+    """The importer's images with their records, reference notes and build locks (the whole
+    ``pyxis/`` directory); the count is that of the images."""
+    total = _sum([tree_size(images_dir(store.root), seen)])
+    return Usage(total.logical, total.disk, len(list_images(store.root)))
 
 
 def _entries(directory: Path) -> list[Path]:

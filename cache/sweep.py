@@ -22,7 +22,7 @@ from typing import Generic, Literal, TypeVar
 from ocistage.cache.footprint import Footprint
 
 RemovalKind = Literal["ref", "blob", "bundle", "snapshot", "staged", "lease", "scratch",
-                      "partial", "leftover", "quarantine", "usage"]
+                      "partial", "leftover", "quarantine", "usage", "squashfs"]
 R = TypeVar("R")
 T = TypeVar("T")
 

@@ -7,6 +7,7 @@ last writer wins (which is what "last use" means). Kinds and keys:
 
     image-<sha256 hex of the manifest>   an image (every ref pointing at that manifest)
     bundle-<bundle key>                  a bundle under CACHE/bundles/<key>
+    squashfs-<image key>                 an ocistage-pyxis-importer image, CACHE/pyxis/<key>.sqsh
 
 Recording is best effort: a cache on a read-only mount or a full disk must not fail a pull
 because its last use could not be written down.
@@ -20,7 +21,8 @@ import re
 from pathlib import Path
 from typing import Literal
 
-UsageKind = Literal["image", "bundle"]
+UsageKind = Literal["image", "bundle", "squashfs"]
+KINDS = ("image", "bundle", "squashfs")
 USED_DIR = "used"
 _KEY_RE = re.compile(r"^[0-9a-f]{16,128}$")
 
@@ -62,7 +64,7 @@ def all_usage(cache_root: Path) -> dict[tuple[str, str], float]:
     with contextlib.suppress(FileNotFoundError), os.scandir(cache_root / USED_DIR) as entries:
         for entry in entries:
             kind, sep, key = entry.name.partition("-")
-            if not sep or kind not in ("image", "bundle") or not _KEY_RE.match(key):
+            if not sep or kind not in KINDS or not _KEY_RE.match(key):
                 continue
             with contextlib.suppress(OSError):
                 result[(kind, key)] = entry.stat(follow_symlinks=False).st_mtime

@@ -2,10 +2,11 @@
 
 A shared filesystem serves one big file far better than thousands of small ones. The staged
 form is ``TO/NAME.sqfs`` (``mksquashfs`` with zstd) plus ``TO/NAME``, which is either a
-``squashfuse`` mount of the image (rootless FUSE; method ``squashfs-mount``) or, where FUSE is
-not usable, the image unpacked with ``unsquashfs`` and published like a directory bundle
-(method ``squashfs-unpack``). The image holds the tree, the manifest and the marker; its
-``config.json`` has ``root.readonly = true`` because the mount is read-only.
+``squashfuse_ll`` (else ``squashfuse``) mount of the image (rootless FUSE; method
+``squashfs-mount``) or, where FUSE is not usable, the image unpacked with ``unsquashfs`` and
+published like a directory bundle (method ``squashfs-unpack``). The image holds the tree, the
+manifest and the marker; its ``config.json`` has ``root.readonly = true`` because the mount is
+read-only.
 
 The image is built in ``TO/.ocistage-tmp/`` and renamed into place, so ``TO/NAME.sqfs`` is
 never half written. Re-staging an unchanged source (same manifest by stat) does nothing.
@@ -216,11 +217,22 @@ def build_image(source: Path, image: Path, extra: Path | None = None, jobs: int 
               "-no-recovery", *rooted], f"adding ocistage files to {image.name}")
 
 
+#: the FUSE servers tried, in order: squashfuse's low-level build first (Debian's squashfuse
+#: package ships it), which reads a whole image about twice as fast (docs/performance.md)
+SQUASHFUSE = ("squashfuse_ll", "squashfuse")
+
+
+def squashfuse_tools() -> list[str]:
+    """The paths of :data:`SQUASHFUSE` that are installed, in order."""
+    return [path for path in map(shutil.which, SQUASHFUSE) if path is not None]
+
+
 def mount(image: Path, mountpoint: Path) -> bool:
-    """Mount ``image`` at the empty directory ``mountpoint`` with squashfuse; False if FUSE is
-    not usable here (no squashfuse, no /dev/fuse, no fusermount for an unprivileged user)."""
-    squashfuse = shutil.which("squashfuse")
-    if squashfuse is None or not os.path.exists("/dev/fuse"):
+    """Mount ``image`` at the empty directory ``mountpoint`` with squashfuse_ll, else
+    squashfuse; False if FUSE is not usable here (neither installed, no /dev/fuse, no
+    fusermount for an unprivileged user)."""
+    tools = squashfuse_tools()
+    if not tools or not os.path.exists("/dev/fuse"):
         return False
     if os.geteuid() != 0 and not (shutil.which("fusermount3") or shutil.which("fusermount")):
         return False
@@ -228,12 +240,13 @@ def mount(image: Path, mountpoint: Path) -> bool:
     # the mount must allow other users; default_permissions makes the kernel check the
     # image's modes and owners as on a directory bundle. An unprivileged user may lack
     # user_allow_other in /etc/fuse.conf: then mount for the user alone.
-    for options in (["-o", "allow_other,default_permissions"], []):
-        result = subprocess.run([squashfuse, *options, os.fspath(image), os.fspath(mountpoint)],
-                                capture_output=True, text=True, timeout=60,
-                                stdin=subprocess.DEVNULL, check=False)
-        if result.returncode == 0 and os.path.ismount(mountpoint):
-            return True
+    for tool in tools:
+        for options in (["-o", "allow_other,default_permissions"], []):
+            result = subprocess.run([tool, *options, os.fspath(image), os.fspath(mountpoint)],
+                                    capture_output=True, text=True, timeout=60,
+                                    stdin=subprocess.DEVNULL, check=False)
+            if result.returncode == 0 and os.path.ismount(mountpoint):
+                return True
     return False
 
 

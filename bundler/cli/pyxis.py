@@ -19,12 +19,27 @@ USAGE = ("usage: ocistage-pyxis-importer get docker://[USER@][REGISTRY#]IMAGE[:T
          "       ocistage-pyxis-importer release\n")
 
 
+#: what the library's hints tell ``ocistage`` users to pass, said the importer's way: pyxis
+#: gives it no options, only the job's environment and the config files
+_OPTIONS = (("pass --insecure-registry HOST:PORT",
+             "add HOST:PORT to $OCISTAGE_INSECURE_REGISTRIES or to insecure_registries in the "
+             "config file"),
+            ("configure a mirror (--mirror)", "configure a mirror in the config file"))
+
+
+def importer_hint(hint: str) -> str:
+    """``hint`` with the command-line options it names replaced by their settings."""
+    for option, setting in _OPTIONS:
+        hint = hint.replace(option, setting)
+    return hint
+
+
 def _error(message: str, hint: str | None) -> None:
     from ocistage.bundler.cli.common import sanitize
 
     sys.stderr.write(f"error: {sanitize(message)}\n")
     if hint:
-        sys.stderr.write(f"hint: {sanitize(hint)}\n")
+        sys.stderr.write(f"hint: {sanitize(importer_hint(hint))}\n")
 
 
 def _get(uri: str) -> int:

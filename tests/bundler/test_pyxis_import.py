@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.bundler.cli.pyxis import run
+from ocistage.bundler.cli.pyxis import importer_hint, run
 from ocistage.bundler.errors import PyxisImportError
 from ocistage.bundler.image.errors import InvalidReference
 from ocistage.bundler.pyxis_import import (
@@ -25,6 +25,7 @@ from ocistage.bundler.pyxis_import import (
     image_key,
     image_path,
     mksquashfs_argv,
+    mksquashfs_error,
     parse_enroot_uri,
     parse_netrc,
     provide,
@@ -215,6 +216,7 @@ def test_mksquashfs_argv_excludes_last_and_adds_missing_dirs(tmp_path: Path) -> 
                            {"etc/rc": tmp_path / "f0", "etc/deep/x": tmp_path / "f1"},
                            "/work/dir", "zstd", 2)
     assert argv[argv.index("-comp") + 1] == "zstd" and "-all-root" in argv
+    assert argv[argv.index("-Xcompression-level") + 1] == "3"
     pseudo = [argv[i + 1] for i, a in enumerate(argv) if a == "-p"]
     assert "etc/deep d 755 0 0" in pseudo and "work d 755 0 0" in pseudo
     assert "work/dir d 755 0 0" in pseudo and not any(p.startswith("etc ") for p in pseudo)
@@ -362,3 +364,21 @@ def test_cli_errors_are_one_error_and_hint_line(capsys: pytest.CaptureFixture[st
     assert run(["release"]) == 0 and run(["release"]) == 0
     out, err = capsys.readouterr()
     assert out == ""
+
+
+def test_mksquashfs_errors_say_when_the_store_is_full(tmp_path: Path) -> None:
+    full = mksquashfs_error("Write failed because No space left on device\n"
+                            "FATAL ERROR: Failed to write to output filesystem\n", 1, tmp_path)
+    assert "no space left" in full.message and str(tmp_path) in full.message
+    assert full.hint is not None and "pyxis_store" in full.hint
+    other = mksquashfs_error("FATAL ERROR: Source directory is not a directory\n", 1, tmp_path)
+    assert other.message == "mksquashfs failed: FATAL ERROR: Source directory is not a directory"
+    assert mksquashfs_error("", 139, tmp_path).message == "mksquashfs failed: exit 139"
+
+
+def test_hints_name_settings_not_options() -> None:
+    from ocistage.bundler.registry.errors import RateLimited, RegistryUnreachable
+
+    for error in (RegistryUnreachable("x"), RateLimited("x")):
+        assert error.hint is not None and "--" in error.hint
+        assert "--" not in importer_hint(error.hint), error.hint

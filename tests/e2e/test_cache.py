@@ -489,7 +489,7 @@ def test_ls_du_gc_rm_render_and_fail_cleanly(images: dict[str, ImageRef],
     removed = ocistage("cache", "rm", image.ref, check=True)
     assert "removed ref" in removed.stdout and not Path(str(made["path"])).exists()
     assert json.loads(ocistage("cache", "ls", "--json", check=True).stdout) == {
-        "images": [], "bundles": [], "leases": []}
+        "images": [], "bundles": [], "leases": [], "squashfs": []}
 
 
 def du(path: Path) -> int:

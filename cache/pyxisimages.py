@@ -1,0 +1,135 @@
+"""The squashfs images of ``ocistage-pyxis-importer`` in a store, as ``cache ls|du|gc`` see them.
+
+The importer (``ocistage.bundler.pyxis_import``) publishes each image as
+``STORE/pyxis/<key>.sqsh`` with its record ``<key>.json`` beside it (source, manifest, ...),
+builds it under ``<key>.lock``, notes what references resolved to in ``pyxis/refs/`` and records
+each use in ``STORE/used/squashfs-<key>`` (:mod:`ocistage.cache.usage`). A job holds an image
+with a lease ``squashfs:<key>``; ``cache gc`` evicts images like refs and bundles (least
+recently used first, or last used longer ago than ``--older-than``), never one a live lease
+names. The layout lives here, below the importer, so that GC knows it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from ocistage.cache import usage
+from ocistage.cache.errors import ForeignFile
+from ocistage.cache.jsondoc import parse_json, read_document
+from ocistage.cache.locks import owner_is_dead
+
+IMAGE_DIR = "pyxis"
+IMAGE_SUFFIX = ".sqsh"
+RECORD_SUFFIX = ".json"
+LOCK_SUFFIX = ".lock"
+REFS_DIR = "refs"
+KEY_RE = re.compile(r"[0-9a-f]{64}")
+MAX_RECORD_BYTES = 64 << 10
+
+
+def images_dir(root: Path) -> Path:
+    return root / IMAGE_DIR
+
+
+def image_path_at(root: Path, key: str) -> Path:
+    return images_dir(root) / f"{key}{IMAGE_SUFFIX}"
+
+
+def record_path_at(root: Path, key: str) -> Path:
+    return images_dir(root) / f"{key}{RECORD_SUFFIX}"
+
+
+def squashfs_target(key: str) -> str:
+    """The lease target of image ``key``."""
+    return f"squashfs:{key}"
+
+
+def touch(root: Path, key: str) -> bool:
+    """Record a use of image ``key`` now (best effort, as every last-use record)."""
+    return usage.touch(root, "squashfs", key)
+
+
+@dataclass(frozen=True)
+class SquashfsImage:
+    key: str
+    path: Path
+    record: Path
+    source: str | None   # the reference it was made from (its record), if readable
+    size: int            # bytes of the image on disk
+    last_used: float     # its last recorded use, else when it was published
+
+    @property
+    def target(self) -> str:
+        return squashfs_target(self.key)
+
+
+def list_images(root: Path) -> list[SquashfsImage]:
+    """The published images of the store at ``root`` (regular files named by a key; a
+    symlink or anything else planted there is not an image), by key."""
+    uses = usage.all_usage(root)
+    found = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError), \
+            os.scandir(images_dir(root)) as entries:
+        for entry in entries:
+            key = entry.name.removesuffix(IMAGE_SUFFIX)
+            if key == entry.name or not KEY_RE.fullmatch(key):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                st = entry.stat(follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                record = record_path_at(root, key)
+                found.append(SquashfsImage(
+                    key, Path(entry.path), record, _field(record, "source"),
+                    st.st_blocks * 512, uses.get(("squashfs", key), st.st_mtime)))
+    return sorted(found, key=lambda image: image.key)
+
+
+def stray_records(root: Path, listed: set[str], kept: set[str]) -> list[Path]:
+    """What GC drops besides the images: records of no image in ``listed`` (the images there
+    were: a publish cut between its two renames, or an image removed by hand; an evicted
+    image's record goes with it) and reference notes of ``pyxis/refs/`` naming an image not
+    in ``kept``."""
+    stray = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError), \
+            os.scandir(images_dir(root)) as entries:
+        for entry in entries:
+            key = entry.name.removesuffix(RECORD_SUFFIX)
+            if key != entry.name and KEY_RE.fullmatch(key) and key not in listed:
+                stray.append(Path(entry.path))
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError), \
+            os.scandir(images_dir(root) / REFS_DIR) as notes:
+        for entry in notes:
+            if not entry.name.endswith(RECORD_SUFFIX):
+                continue
+            noted = _field(Path(entry.path), "key")
+            if noted is not None and noted not in kept:
+                stray.append(Path(entry.path))
+    return sorted(stray)
+
+
+def _field(document: Path, name: str) -> str | None:
+    """The string ``name`` of a JSON record of ours (None: absent, unreadable, planted by
+    someone else, or no such string: nothing GC judges)."""
+    try:
+        data = parse_json(read_document(document, MAX_RECORD_BYTES, owners="group").decode())
+    except (OSError, ValueError, UnicodeDecodeError, ForeignFile):
+        return None
+    value = data.get(name) if isinstance(data, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def dead_build_locks(root: Path) -> list[Path]:
+    """The build locks (``<key>.lock``) whose owner is known to be gone: a killed build."""
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError), \
+            os.scandir(images_dir(root)) as entries:
+        return sorted(Path(entry.path) for entry in entries
+                      if entry.name.endswith(LOCK_SUFFIX)
+                      and KEY_RE.fullmatch(entry.name.removesuffix(LOCK_SUFFIX))
+                      and owner_is_dead(Path(entry.path)))
+    return []

@@ -1,0 +1,353 @@
+"""ocistage-pyxis-importer without Slurm (docs/pyxis.md): ``cache ls|du|gc`` on its images,
+the errors pyxis shows (registry down, policy refusal, no space: one ``error:`` and one
+``hint:`` line, nothing half-built, partial downloads resumed by the next ``get``)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pytest_ocistage.components import Registry
+from pytest_ocistage.faultproxy import Fault, FaultProxy
+from pytest_ocistage.imagebuild import File
+from pytest_ocistage.images import ImageRef
+from pytest_ocistage.plugin import ImageFactory
+from pytest_ocistage.slurm import JobUser
+from tests.e2e.conftest import OcistageRunner
+
+pytestmark = pytest.mark.e2e
+
+PAYLOAD = 3 << 20   # incompressible: the layer and the squashfs are about this large
+
+
+@pytest.fixture
+def big(oci_image: ImageFactory, oci_registry: Registry) -> ImageRef:
+    """A one-layer image of PAYLOAD random bytes (and a shell-less entrypoint)."""
+    image = oci_image({"data/blob": File(os.urandom(PAYLOAD)), "etc/hostname": "x\n"},
+                      cmd=["/data/blob"], env=["A=1"])
+    return image.push(oci_registry, "pyxis/big", "1")
+
+
+def enroot_uri(image: ImageRef, host: str | None = None) -> str:
+    return f"docker://{host or image.registry.host}#{image.repository}:1"
+
+
+def importer(ocistage: OcistageRunner, *args: str, env: dict[str, str] | None = None,
+             timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``ocistage-pyxis-importer ARGS`` as pyxis runs it (stdin closed), this checkout's."""
+    return subprocess.run([sys.executable, "-m", "ocistage.bundler.cli.pyxis", *args],
+                          env=ocistage.environment(env), cwd=ocistage.cwd, timeout=timeout,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+
+
+def assert_error(result: subprocess.CompletedProcess[str], *words: str) -> str:
+    """One ``error:`` line and one ``hint:`` line on stderr, nothing on stdout, exit != 0;
+    returns the error line."""
+    lines = result.stderr.splitlines()
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert result.stdout == "", result.stdout
+    assert len(lines) == 2 and lines[0].startswith("error: ") and lines[1].startswith("hint: "), \
+        result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def assert_nothing_half_built(store: Path) -> None:
+    """No image, record or lock under pyxis/, no scratch in tmp/, no lease left."""
+    pyxis = store / "pyxis"
+    left = [p.name for p in pyxis.iterdir() if p.name != "refs"] if pyxis.is_dir() else []
+    assert left == [], left
+    tmp = store / "tmp"
+    assert not tmp.is_dir() or list(tmp.iterdir()) == []
+
+
+def partials(cache: Path) -> dict[str, int]:
+    ingest = cache / "ingest"
+    return {p.name: p.stat().st_size for p in ingest.glob("*.partial")} if ingest.is_dir() \
+        else {}
+
+
+def cli_json(ocistage: OcistageRunner, *args: str) -> dict[str, object]:
+    result = ocistage(*args, "--json", check=True)
+    document = json.loads(result.stdout)
+    assert isinstance(document, dict)
+    return document
+
+
+# -- cache ls / du / gc --------------------------------------------------------------------------
+
+def test_cache_gc_keeps_a_held_image_and_collects_it_once_released(
+        ocistage: OcistageRunner, big: ImageRef) -> None:
+    got = importer(ocistage, "get", enroot_uri(big))
+    assert got.returncode == 0, got.stderr
+    image = Path(got.stdout.strip())
+    assert image.is_file() and image.parent == ocistage.cache / "pyxis"
+    key = image.name.removesuffix(".sqsh")
+    listed = cli_json(ocistage, "cache", "ls")["squashfs"]
+    assert isinstance(listed, list) and [row["key"] for row in listed] == [key]
+    assert listed[0]["source"] == f"{big.registry.host}/{big.repository}:1"
+    assert [lease["live"] for lease in listed[0]["leases"]] == [True]  # a pin outside a job
+    part = cli_json(ocistage, "cache", "du")["squashfs"]
+    assert isinstance(part, dict) and part["count"] == 1 and part["disk"] >= PAYLOAD
+    kept = cli_json(ocistage, "cache", "gc", "--older-than", "0")
+    assert kept["protected"] == [f"squashfs:{key}"] and image.is_file()
+    assert importer(ocistage, "release").returncode == 0
+    dry = cli_json(ocistage, "cache", "gc", "--older-than", "0", "--dry-run")
+    assert image.is_file()
+    collected = cli_json(ocistage, "cache", "gc", "--older-than", "0")
+    assert collected["removed"] == dry["removed"]
+    squashfs = [r for r in collected["removed"] if r["kind"] == "squashfs"]  # type: ignore
+    assert [r["name"] for r in squashfs] == [key] and squashfs[0]["size"] >= PAYLOAD
+    assert not image.exists()
+    assert cli_json(ocistage, "cache", "ls")["squashfs"] == []
+    again = importer(ocistage, "get", enroot_uri(big))  # built again: the layers were evicted
+    assert again.returncode == 0, again.stderr
+    assert Path(again.stdout.strip()) == image and image.is_file()
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_registry_down(ocistage: OcistageRunner, big: ImageRef) -> None:
+    down = f"127.0.0.1:{_closed_port()}"
+    result = importer(ocistage, "get", enroot_uri(big, down))
+    assert_error(result, down)
+    assert "--" not in result.stderr.splitlines()[1]  # no option the importer does not take
+    assert_nothing_half_built(ocistage.cache)
+
+
+def test_registry_going_down_mid_download_is_resumed(
+        ocistage: OcistageRunner, big: ImageRef, fault_proxy: FaultProxy) -> None:
+    layer = big.layer_digests[0]
+    fault_proxy.add(Fault(rf"/blobs/{layer}", "drop", after_bytes=200_000, times=100))
+    failed = importer(ocistage, "get", enroot_uri(big, fault_proxy.host))
+    assert_error(failed)
+    assert_nothing_half_built(ocistage.cache)
+    kept = partials(ocistage.cache)
+    assert list(kept) == [f"{layer.removeprefix('sha256:')}.partial"] and kept[
+        f"{layer.removeprefix('sha256:')}.partial"] >= 200_000
+    fault_proxy.clear()
+    got = importer(ocistage, "get", enroot_uri(big, fault_proxy.host))
+    assert got.returncode == 0, got.stderr
+    last = [r for r in fault_proxy.requests if r.path.endswith(layer)][-1]
+    assert last.headers.get("Range", "").startswith("bytes="), last.headers
+    assert int(last.headers["Range"][6:].rstrip("-")) >= 200_000
+
+
+def test_pull_never_refuses_an_image_not_in_the_cache(ocistage: OcistageRunner,
+                                                      big: ImageRef) -> None:
+    result = importer(ocistage, "get", enroot_uri(big), env={"OCISTAGE_PULL": "never"})
+    assert_error(result, "never")
+    assert_nothing_half_built(ocistage.cache)
+    assert importer(ocistage, "get", enroot_uri(big)).returncode == 0
+    warm = importer(ocistage, "get", enroot_uri(big), env={"OCISTAGE_PULL": "never"})
+    assert warm.returncode == 0 and warm.stderr == "", warm.stderr
+
+
+@contextlib.contextmanager
+def small_filesystem(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` at ``path`` (root only); unmounted at the end."""
+    if os.getuid() != 0:
+        pytest.skip("mounting a small filesystem needs root")
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
+                   check=True, timeout=30)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False, timeout=30)
+
+
+def grow(path: Path, size: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(path)], check=True, timeout=30)
+
+
+def test_no_space_in_the_store(ocistage: OcistageRunner, big: ImageRef, tmp_path: Path) -> None:
+    with small_filesystem(tmp_path / "store", "1m") as store:
+        env = {"OCISTAGE_PYXIS_STORE": str(store)}
+        result = importer(ocistage, "get", enroot_uri(big), env=env)
+        assert_error(result, "space")
+        assert_nothing_half_built(store)
+        grow(store, "64m")
+        got = importer(ocistage, "get", enroot_uri(big), env=env)
+        assert got.returncode == 0, got.stderr
+        assert Path(got.stdout.strip()).parent == store / "pyxis"
+
+
+def test_no_space_in_the_cache_then_the_download_resumes(
+        ocistage: OcistageRunner, big: ImageRef, fault_proxy: FaultProxy,
+        tmp_path: Path) -> None:
+    with small_filesystem(tmp_path / "small-cache", "1m") as cache:
+        env = {"OCISTAGE_CACHE": str(cache)}
+        result = importer(ocistage, "get", enroot_uri(big, fault_proxy.host), env=env)
+        assert_error(result, "space")
+        assert_nothing_half_built(cache)
+        kept = partials(cache)
+        assert len(kept) == 1 and sum(kept.values()) > 0, kept
+        grow(cache, "64m")
+        got = importer(ocistage, "get", enroot_uri(big, fault_proxy.host), env=env)
+        assert got.returncode == 0, got.stderr
+        layer = big.layer_digests[0]
+        last = [r for r in fault_proxy.requests if r.path.endswith(layer)][-1]
+        assert last.headers.get("Range", "").startswith("bytes="), last.headers
+
+
+# -- a site-wide store shared by a group (pyxis_store; docs/trust.md) ----------------------------
+
+GROUP = 4242   # the project's group, of the test alone: root and the job user are members
+
+
+@dataclass(frozen=True)
+class Members:
+    store: Path
+    user: JobUser      # an unprivileged user with a group of its own (as useradd makes it)
+
+    def home(self, uid: int) -> Path:
+        return self.store.parent / str(uid)
+
+
+@pytest.fixture
+def group_store(slurm_job_user: JobUser) -> Iterator[Members]:
+    """``BASE/store``: root's, setgid, group-writable by GROUP (``chgrp proj; chmod g+ws``),
+    in a directory every user reaches; each member's own home (and cache) beside it."""
+    if os.getuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("two users need root and setpriv")
+    base = Path(tempfile.mkdtemp(prefix="ocistage-pyxis-group-", dir="/tmp"))
+    members = Members(base / "store", slurm_job_user)
+    try:
+        base.chmod(0o755)
+        members.store.mkdir()
+        os.chown(members.store, 0, GROUP)
+        members.store.chmod(0o2775)
+        for uid, gid in ((0, 0), (slurm_job_user.uid, slurm_job_user.gid)):
+            members.home(uid).mkdir(mode=0o700)
+            os.chown(members.home(uid), uid, gid)
+        yield members
+    finally:
+        shutil.rmtree(base)
+
+
+def as_member(members: Members, uid: int, *args: str, pull: str | None = None,
+              umask: str = "002", store: Path | None = None
+              ) -> subprocess.CompletedProcess[str]:
+    """``ocistage-pyxis-importer ARGS`` (or ``ocistage ARGS`` when the first is ``cache``) as
+    ``uid`` (root, or the job user) with GROUP among its groups and ``umask 002``
+    (docs/trust.md: members of a group-shared cache use it), its own cache and home,
+    ``pyxis_store`` the group's store."""
+    home, store = members.home(uid), store or members.store
+    gid = 0 if uid == 0 else members.user.gid
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+           "HOME": str(home), "OCISTAGE_CACHE": str(home / "cache"),
+           "OCISTAGE_PYXIS_STORE": str(store), "XDG_CONFIG_HOME": str(home / ".config"),
+           "NO_PROXY": "127.0.0.1,localhost", **({"OCISTAGE_PULL": pull} if pull else {})}
+    module = "ocistage" if args[0] == "cache" else "ocistage.bundler.cli.pyxis"
+    return subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={gid}", f"--groups={GROUP}",
+         "sh", "-c", f'umask {umask}; exec "$@"', "sh", sys.executable, "-m", module, *args],
+        env=env, cwd="/", capture_output=True, text=True, timeout=300, check=False,
+        stdin=subprocess.DEVNULL)
+
+
+def test_a_group_shared_store_serves_both_members(group_store: Members, big: ImageRef,
+                                                  oci_image: ImageFactory,
+                                                  oci_registry: Registry) -> None:
+    store, user = group_store.store, group_store.user.uid
+    other = oci_image({"etc/other": "2\n"}, cmd=["/bin/sh"]).push(oci_registry, "pyxis/other",
+                                                                   "1")
+    made = as_member(group_store, user, "get", enroot_uri(big))
+    assert made.returncode == 0, made.stderr
+    image = Path(made.stdout.strip())
+    assert image.parent == store / "pyxis"
+    st = image.stat()
+    assert (st.st_uid, st.st_gid) == (user, GROUP)
+    for directory in (store / "pyxis", store / "pyxis" / "refs", store / "leases"):
+        mode = directory.stat().st_mode
+        assert mode & 0o2070 == 0o2070 and directory.stat().st_gid == GROUP, oct(mode)
+    reused = as_member(group_store, 0, "get", enroot_uri(big))
+    assert reused.returncode == 0, reused.stderr
+    assert Path(reused.stdout.strip()) == image and image.stat().st_ino == st.st_ino
+    by_root = as_member(group_store, 0, "get", enroot_uri(other))
+    assert by_root.returncode == 0, by_root.stderr
+    warm = as_member(group_store, user, "get", enroot_uri(other), pull="never")
+    assert warm.returncode == 0, warm.stderr
+    assert warm.stdout == by_root.stdout
+    assert not (group_store.home(user) / "cache" / "pyxis").exists()
+    listed = as_member(group_store, user, "cache", "ls", "--json", "--cache", str(store))
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)["squashfs"]) == 2
+    held = as_member(group_store, user, "cache", "gc", "--older-than", "0", "--json",
+                     "--cache", str(store))
+    assert held.returncode == 0, held.stderr
+    assert len(json.loads(held.stdout)["protected"]) == 2  # both members' pins
+    for uid in (0, user):
+        assert as_member(group_store, uid, "release").returncode == 0
+    collected = as_member(group_store, user, "cache", "gc", "--older-than", "0", "--json",
+                          "--cache", str(store))
+    assert collected.returncode == 0, collected.stderr
+    gone = [r for r in json.loads(collected.stdout)["removed"] if r["kind"] == "squashfs"]
+    assert len(gone) == 2 and not list((store / "pyxis").glob("*.sqsh"))
+
+
+def test_a_store_without_setgid_is_refused(group_store: Members, big: ImageRef) -> None:
+    group_store.store.chmod(0o0775)   # group-writable without setgid: made so by accident
+    refused = as_member(group_store, group_store.user.uid, "get", enroot_uri(big))
+    assert_error(refused, str(group_store.store))
+    assert not (group_store.store / "pyxis").exists()
+
+
+def test_a_store_directory_outside_the_group_is_refused(group_store: Members,
+                                                        big: ImageRef) -> None:
+    pyxis = group_store.store / "pyxis"
+    pyxis.mkdir()
+    user = group_store.user
+    os.chown(pyxis, user.uid, user.gid)   # a member's, but not the group's
+    pyxis.chmod(0o777)
+    refused = as_member(group_store, 0, "get", enroot_uri(big))
+    assert_error(refused, str(pyxis))
+    assert list(pyxis.iterdir()) == []
+    # an image planted there under the key a get would look for is never handed out
+    trusted = group_store.store.parent / "trusted"
+    trusted.mkdir(mode=0o755)
+    made = as_member(group_store, 0, "get", enroot_uri(big), store=trusted)
+    assert made.returncode == 0, made.stderr
+    planted = pyxis / Path(made.stdout.strip()).name
+    planted.write_bytes(b"not the image")
+    refused = as_member(group_store, 0, "get", enroot_uri(big))
+    assert_error(refused, str(pyxis))
+
+
+def test_a_read_only_site_store_is_used_not_written(group_store: Members,
+                                                    big: ImageRef) -> None:
+    store, user = group_store.store, group_store.user.uid
+    absent = as_member(group_store, user, "get", enroot_uri(big),
+                       store=store.parent / "not-made-yet")  # the user's own cache then
+    assert absent.returncode == 0, absent.stderr
+    assert Path(absent.stdout.strip()).parent == group_store.home(user) / "cache" / "pyxis"
+    shutil.rmtree(group_store.home(user) / "cache")
+    os.chown(store, 0, 0)
+    store.chmod(0o755)
+    site = as_member(group_store, 0, "get", enroot_uri(big), umask="022")  # the site, as root
+    assert site.returncode == 0, site.stderr
+    image = Path(site.stdout.strip())
+    assert image.parent == store / "pyxis"
+    got = as_member(group_store, user, "get", enroot_uri(big))
+    assert got.returncode == 0, got.stderr
+    assert Path(got.stdout.strip()) == image
+    assert not (group_store.home(user) / "cache" / "pyxis").exists()
