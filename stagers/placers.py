@@ -107,6 +107,28 @@ class OldVersion:
         return True
 
 
+    def link_private(self, entry: Entry, dest: str, data: bytes, source: str) -> bool:
+        """Hardlink the previous version's private copy of ``entry`` (config.json) at
+        ``dest`` if it still is one: a plain file of the mode, holding ``data``, and not the
+        source's own inode (which a version staged before the private copy existed may
+        link); False if not (then it is written anew)."""
+        if not self.link(entry, dest, any_size=True):
+            return False
+        try:
+            fd = os.open(dest, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                st = os.fstat(fd)
+                private = st.st_size == len(data) and identity(st) != identity(
+                    os.stat(source, follow_symlinks=False)) and os.read(fd, len(data) + 1) == data
+            finally:
+                os.close(fd)
+        except OSError:
+            private = False
+        if not private:
+            os.unlink(dest)
+        return private
+
+
 class _Dirs:
     """The directory of the file being placed by :meth:`Placer.place_part`, as descriptors in
     the scratch tree and (opened on first use) in the source; reopened only when the directory
@@ -220,15 +242,23 @@ class Placer(ABC):
         """config.json as a file of this method's own, or None to stage it as it is."""
         return readonly_config(data)
 
-    def _private_config(self, src: str, dest: str, entry: Entry) -> Outcome | None:
-        """Write config.json as a file of its own (:meth:`_rewrite_config`): what that did,
-        or None when the source's config.json can be staged as it is."""
+    def _config_data(self, src: str, entry: Entry) -> bytes | None:
+        """config.json as a file of this method's own (:meth:`_rewrite_config`), or None when
+        the source's config.json can be staged as it is."""
         if entry.size > 16 << 20:
             return None
         with open(src, "rb") as file:
-            data = self._rewrite_config(file.read())
+            return self._rewrite_config(file.read())
+
+    def _private_config(self, src: str, dest: str, entry: Entry) -> Outcome | None:
+        """Write config.json as a file of its own (:meth:`_config_data`): what that did, or
+        None when the source's config.json can be staged as it is."""
+        data = self._config_data(src, entry)
         if data is None:
             return None
+        return self._write_config(src, dest, entry, data)
+
+    def _write_config(self, src: str, dest: str, entry: Entry, data: bytes) -> Outcome:
         write_private(Path(dest), data)
         os.chmod(dest, entry.mode)
         return "copied", len(data), hash_file(src) if entry.hash is None else None
@@ -242,12 +272,11 @@ class _SharedPlacer(Placer):
         src, dest = self._paths(entry)
         same = self._same(entry)
         if entry.path == CONFIG:
-            if same and self.old.link(entry, dest, any_size=True):  # the private copy
-                return _UNCHANGED
-            if not same:
-                written = self._private_config(src, dest, entry)
-                if written is not None:
-                    return written
+            data = self._config_data(src, entry)
+            if data is not None:  # a private copy: the previous one if it still is that
+                if same and self.old.link_private(entry, dest, data, src):
+                    return _UNCHANGED
+                return self._write_config(src, dest, entry, data)
         return self._place_file(entry, src, dest, same)
 
     @abstractmethod

@@ -6,10 +6,12 @@ The target's layout is :mod:`ocistage.cache.staged`'s; the sequence around a sta
 How files get there (``method``, :class:`~ocistage.stagers.target.Method`; each has its placer in
 :mod:`ocistage.stagers.placers`):
 
-- ``hardlink``: the source is on TO's filesystem: every file is a hardlink of the source file,
-  no byte is copied;
-- ``pool``: another filesystem: each distinct (content, mode) is copied once into the pool and
-  hardlinked into the bundle (a new image version or a second image copies only what differs);
+- ``hardlink``: the source is *sealed* (a bundle in the cache, see below) and on TO's
+  filesystem: every file is a hardlink of the source file, no byte is copied; any other source
+  can be written (a ``bundle REF DEST``), and a write there would change the staged copy;
+- ``pool``: another filesystem, or a source that is not sealed: each distinct (content, mode)
+  is copied once into the pool (our own read-only copies) and hardlinked into the bundle (a
+  new image version or a second image copies only what differs);
 - ``copy`` (``link=False``): independent files (reflink, ``copy_file_range``, ``sendfile``);
   unchanged files of the previous version of the same name are carried over by hardlink.
 
@@ -116,8 +118,8 @@ class _Compared:
 def _stage_tree(staging: Staging, source: Path, label: str, link: bool | None,
                 jobs: int) -> StageResult:
     staging.refuse_foreign("dir")
-    method = choose_method(source, staging.to, link)
     identity = source_identity(source, staging.cache_root)
+    method = choose_method(source, staging.to, link, sealed=bool(identity))
     marker = staging.marker
     same = marker if marker is not None and marker.method == method else None
     # unchanged? a sealed source by its identity, anything else by one stat walk — whose

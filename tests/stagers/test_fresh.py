@@ -87,7 +87,7 @@ def scratch_dirs() -> Iterator[tuple[Path, Path]]:
             remove_tree(shm)
 
 
-@pytest.mark.usefixtures("forked")
+@pytest.mark.usefixtures("forked", "sealed")
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(nodes=_nodes(3), where=st.sampled_from(["same-fs", "other-fs"]))

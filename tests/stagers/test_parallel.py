@@ -117,6 +117,7 @@ def test_map_parts_hands_each_process_one_contiguous_slice() -> None:
 
 
 @pytest.mark.parametrize("where", ["same-fs", "other-fs"])
+@pytest.mark.usefixtures("sealed")
 def test_a_restage_through_forked_workers_reads_and_copies_only_what_changed(
         tmp_path: Path, other_fs: Path, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from ocistage.stagers import filemanifest
