@@ -313,7 +313,7 @@ class HardlinkPlacer(_SharedPlacer):
     def _copy(self, src: str, dest: str, entry: Entry) -> Outcome:
         """A copy where the link is refused (a mount point inside the source, EXDEV; a file
         at its link limit)."""
-        self.copier.copy_new(src, dest, entry.mode, entry.mtime_ns)
+        self.copier.copy_new(src, dest, entry.mode, entry.mtime_ns, xattrs=True)
         return "copied", entry.size, None
 
     def _place_at(self, entry: Entry, dirs: _Dirs) -> Outcome:
@@ -355,14 +355,15 @@ class PoolPlacer(_SharedPlacer):
     def _place_file(self, entry: Entry, src: str, dest: str, same: bool) -> Outcome:
         if same:  # linked from the pool, as before
             assert entry.hash is not None
-            self.pool.link_into(src, pool_key(entry.hash, entry.mode), entry.mode,
+            self.pool.link_into(src, pool_key(entry.hash, entry.mode, entry.xattrs), entry.mode,
                                 entry.mtime_ns, dest, self.copier)
             return _UNCHANGED
         if entry.hash is None:  # first stage: copy + hash at once
             content_hash, new = self.pool.ingest(src, entry.mode, entry.mtime_ns, dest,
-                                                 entry.size, umask=self._umask)
+                                                 entry.size, umask=self._umask,
+                                                 xattr_digest=entry.xattrs, copier=self.copier)
             return ("copied", entry.size, content_hash) if new else ("linked", 0, content_hash)
-        if self.pool.link_into(src, pool_key(entry.hash, entry.mode), entry.mode,
+        if self.pool.link_into(src, pool_key(entry.hash, entry.mode, entry.xattrs), entry.mode,
                                entry.mtime_ns, dest, self.copier):
             return "copied", entry.size, None
         return _LINKED
@@ -393,7 +394,8 @@ class PoolPlacer(_SharedPlacer):
             dirs.open_source()
         content_hash, new = self.pool.ingest(
             name, entry.mode, entry.mtime_ns, name, entry.size, source_dir=dirs.source,
-            dest_dir=dirs.dest, umask=self._umask)
+            dest_dir=dirs.dest, umask=self._umask, xattr_digest=entry.xattrs,
+            copier=self.copier)
         return ("copied", entry.size, content_hash) if new else ("linked", 0, content_hash)
 
     def _link_pooled_at(self, entry: Entry, dirs: _Dirs) -> Outcome:
@@ -402,7 +404,7 @@ class PoolPlacer(_SharedPlacer):
         rel_dir, _, name = entry.path.rpartition("/")
         if rel_dir != dirs.current:
             dirs.enter(rel_dir)
-        key = pool_key(entry.hash, entry.mode)
+        key = pool_key(entry.hash, entry.mode, entry.xattrs)
         if not self._pool_entry_ok(entry, key, rel_dir, name):
             return self.place(entry)  # verified, or a private copy
         try:
@@ -458,7 +460,7 @@ class CopyPlacer(Placer):
             written = self._private_config(src, dest, entry)
             if written is not None:
                 return written
-        self.copier.copy_new(src, dest, entry.mode, entry.mtime_ns)
+        self.copier.copy_new(src, dest, entry.mode, entry.mtime_ns, bool(entry.xattrs))
         return "copied", entry.size, None
 
     def _rewrite_config(self, data: bytes) -> bytes | None:

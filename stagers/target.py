@@ -212,9 +212,12 @@ def choose_method(source: Path, to: Path, link: bool | None, sealed: bool) -> Me
     :func:`source_identity`, whose files nobody writes) may share inodes with a staged tree:
     any other tree (a ``bundle REF DEST``, a directory of the user's) is writable, and a
     hardlink would let a write there change the staged copy; it goes through the target's
-    pool (our own read-only copies) or is copied."""
+    pool (our own read-only copies) or is copied. (Whether links work is tried only for a
+    sealed source: the trial links a file of the source, which moves its ctime.)"""
     if link is False:
         return Method.COPY
+    if link is None and not sealed:
+        return Method.POOL
     same = hardlinks_between(source, to)
     if link is True and not same:
         raise StageError(f"cannot hardlink: {source} and {to} are on different filesystems "
