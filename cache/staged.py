@@ -292,6 +292,11 @@ def remove_beside(bundle: StagedBundle) -> None:
             os.unlink(image, dir_fd=bundle.parent_fd)
     if bundle.marker.get("method") == "pool":
         sweep_pool(bundle.parent)
+    drop_outer_marker(bundle)
+
+
+def drop_outer_marker(bundle: StagedBundle) -> None:
+    """Remove the outer marker beside ``bundle``, if it is a file of ours."""
     name = outer_marker_name(bundle.name)
     if _ours_or_absent(bundle.parent_fd, name):
         with contextlib.suppress(FileNotFoundError):

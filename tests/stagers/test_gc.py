@@ -298,3 +298,25 @@ def test_a_gc_killed_after_unmounting_is_finished(tree: Path, tmp_path: Path,
         assert staged_removed(gc(cache)) == {str(result.path)}
     assert sorted(os.listdir(target)) == [".ocistage-tmp"]
     assert leases.all_leases(cache) == []
+
+
+@pytest.mark.parametrize(("fmt", "step"), [("squashfs", "unmount"), ("dir", "take-down")])
+def test_a_stage_after_an_unstage_cut_short_finishes_it(tree: Path, tmp_path: Path, fmt: str,
+                                                         step: str) -> None:
+    """Staging the name again (as a directory) finishes what the killed unstage left, and
+    leaves no outer marker naming its dead lease beside the new bundle."""
+    if fmt == "squashfs":
+        require_mount()
+    cache, target = tmp_path / "cache", tmp_path / "t"
+    first = stage_directory(tree, target, cache_root=cache, holder=Holder.pin("p"),
+                            format="squashfs" if fmt == "squashfs" else "dir",
+                            squashfs_mount=True if fmt == "squashfs" else None)
+    try:
+        _unstage_killed_at(first.path, cache, step)
+    finally:
+        if os.path.ismount(first.path):
+            staged.unmount(first.path)
+    assert os.path.lexists(target / staged.outer_marker_name("bundle"))
+    again = stage_directory(tree, target, cache_root=cache, holder=Holder.pin("p"))
+    assert sorted(os.listdir(target)) == [".ocistage-pool", ".ocistage-tmp", "bundle"]
+    assert [lease.id for lease in leases.all_leases(cache)] == [again.lease_id]
