@@ -11,8 +11,10 @@ Trees (sources):
                  about ``--megabytes`` in all, made on the spot (cached between runs), sizes
                  from 100 B to 1 MB as in a distribution image
 
-Targets: ``same-fs`` (a directory beside the source: ocistage hardlinks) and ``tmpfs``
-(``/dev/shm``, another filesystem: ocistage copies into the target's pool).
+Targets: ``same-fs`` (a directory beside the source: ocistage hardlinks the sealed ``bundle``
+and copies the other trees into the target's pool: only cache content shares inodes with a
+staged tree) and ``tmpfs`` (``/dev/shm``, another filesystem: ocistage copies into the
+target's pool).
 
 Cases, each as the median of ``--reps`` repetitions with the order of the two tools
 alternating (A/B, B/A, ...):

@@ -286,10 +286,14 @@ def _expire_staged(sweep: Sweep[Removal], store: Store, leases: list[Lease]) -> 
             break
     why = "dead lease of a staged path that is gone or not marked as this lease's"
     if bundle is not None:
-        size = bundle.image_size() + (0 if bundle.mounted else tree_size(Path(text)).disk)
+        tree = 0 if bundle.mounted or bundle.remnant else tree_size(Path(text)).disk
+        # a lease of the group stays until the removal is done: named in the outer marker
+        # first, so an interrupted removal is finished next time (ocistage.cache.staged)
+        keep = min(bundle.lease_ids() & ids)
         try:
-            sweep.remove("staged", text, "staged bundle whose leases are all dead", size=size,
-                         action=partial(staged.remove, bundle), otherwise=bundle.close)
+            sweep.remove("staged", text, "staged bundle whose leases are all dead",
+                         size=bundle.image_size() + tree,
+                         action=partial(staged.remove, bundle, keep), otherwise=bundle.close)
         except (OSError, StoreError) as exc:  # e.g. a mount that is busy: retry next time
             log.warning("cannot remove staged bundle %s: %s", text, exc)
             return

@@ -12,7 +12,8 @@ and ``stagers`` imports ``cache``, never the reverse: so the layout is defined h
                                           "image": <squashfs image file name beside NAME>, ...}
     TARGET/.NAME.ocistage-staged.json     the outer marker of a mounted image whose own marker
                                           (read-only, inside the image) names no lease of this
-                                          cache: an image fetched from a URL
+                                          cache: an image fetched from a URL; or, with
+                                          ``"removing": true``, of a bundle being removed
     TARGET/NAME.sqfs                      the squashfs image of NAME (``--format squashfs``)
     TARGET/.ocistage-pool/<hh>/<key>      file contents shared by the target's bundles; an
                                           entry with link count 1 is used by no bundle;
@@ -26,6 +27,13 @@ Names starting with ``.ocistage`` are reserved: no bundle may be staged under on
 Removal never follows a symlink: ``NAME`` is opened with ``O_NOFOLLOW`` relative to its
 parent, a squashfs mount (a different ``st_dev`` than the parent's) is unmounted first, and
 a directory is removed through descriptors (:mod:`ocistage.cache.fsops`).
+
+A removal that is interrupted (killed, a busy unmount) must leave something ``unstage`` and
+``cache gc`` recognise: before anything is removed, the outer marker is written with
+``"removing": true`` and a lease that the remover holds (:func:`mark_removing`), and it is
+removed last. Unmounting an image takes its marker with it; what is left then (an empty
+``NAME/`` or none, ``NAME.sqfs``) is a *remnant* that :func:`open_staged` opens by that outer
+marker, and :func:`remove` finishes.
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ IMAGE_SUFFIX = ".sqfs"
 UNMOUNT_TIMEOUT = 60
 TEMP_GRACE = 3600.0   # a named temp file in the pool younger than this may be being written
 MAX_MARKER_BYTES = 1 << 16
+REMOVING = "removing"  # outer marker key: the bundle beside it is being removed
 
 
 def outer_marker_name(name: str) -> str:
@@ -101,11 +110,15 @@ class StagedBundle:
     marker: dict[str, object]
     outer: dict[str, object] | None   # the outer marker, if there is one
     mounted: bool
+    #: what an interrupted removal left (module docstring): ``fd`` an empty ``NAME/`` or -1,
+    #: ``marker`` the outer marker
+    remnant: bool = False
 
     def lease_ids(self) -> set[str]:
-        """Lease ids the markers name (the outer one counts only for a mounted image)."""
+        """Lease ids the markers name (the outer one counts for a mounted image, and for a
+        bundle being removed)."""
         ids = {self.marker.get("id")}
-        if self.outer is not None and self.mounted:
+        if self.outer is not None and (self.mounted or removing(self.outer)):
             ids.add(self.outer.get("id"))
         return {i for i in ids if isinstance(i, str) and i}
 
@@ -134,13 +147,52 @@ class StagedBundle:
 
     def close(self) -> None:
         for fd in (self.fd, self.parent_fd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
+def removing(outer: dict[str, object] | None) -> bool:
+    """Whether an outer marker says its bundle is being removed (:func:`mark_removing`)."""
+    return outer is not None and outer.get(REMOVING) is True
+
+
+def _ours_or_absent(dir_fd: int, name: str) -> bool:
+    """Whether ``name`` in ``dir_fd`` is absent or a regular file of ours (in a sticky shared
+    target it may be a co-tenant's, FIFO or file: never replaced or removed)."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return True
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def mark_removing(bundle: StagedBundle, lease_id: str) -> None:
+    """Write ``bundle``'s outer marker, saying it is being removed by the holder of
+    ``lease_id``: a copy of its marker (the image it names too), written atomically. Not
+    where another user's file has that name (then an interrupted removal is finished only
+    while the bundle's own marker is left, as before)."""
+    data = json.dumps({**bundle.marker, "id": lease_id, REMOVING: True}).encode()
+    name = outer_marker_name(bundle.name)
+    if not _ours_or_absent(bundle.parent_fd, name):
+        return
+    temp = f".{name}.{os.getpid()}.tmp"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644, dir_fd=bundle.parent_fd)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.rename(temp, name, src_dir_fd=bundle.parent_fd, dst_dir_fd=bundle.parent_fd)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp, dir_fd=bundle.parent_fd)
+        raise
 
 
 def open_staged(path: Path) -> StagedBundle | None:
     """Open the staged bundle at ``path`` (absolute); None if it is absent, not a directory
-    (a symlink is never followed) or carries no marker."""
+    (a symlink is never followed) or carries no marker, unless it is the remnant of a removal
+    (:func:`remnant_of`)."""
     parent, name = os.path.split(path)
     try:
         parent_fd = os.open(parent or "/", DIR_FOLLOW)
@@ -149,16 +201,36 @@ def open_staged(path: Path) -> StagedBundle | None:
     try:
         fd = os.open(name, DIR_READ, dir_fd=parent_fd)
     except OSError:
-        os.close(parent_fd)
-        return None
-    marker = read_json_at(fd, MARKER_NAME)
+        fd = -1
+    marker = read_json_at(fd, MARKER_NAME) if fd >= 0 else None
     if marker is None:
-        os.close(fd)
-        os.close(parent_fd)
-        return None
+        remnant = remnant_of(parent_fd, Path(parent), name, fd)
+        if remnant is None:
+            for opened in (fd, parent_fd):
+                if opened >= 0:
+                    os.close(opened)
+        return remnant
     mounted = os.fstat(fd).st_dev != os.fstat(parent_fd).st_dev
     outer = read_json_at(parent_fd, outer_marker_name(name))
     return StagedBundle(parent_fd, Path(parent), name, fd, marker, outer, mounted)
+
+
+def remnant_of(parent_fd: int, parent: Path, name: str, fd: int) -> StagedBundle | None:
+    """The remnant of an interrupted removal of ``name`` (``fd``: ``NAME/`` opened, without a
+    marker, or -1 if it is gone): a bundle whose marker is the outer marker, if that says
+    ``removing`` and ``NAME/`` (if any) is an empty directory on the parent's filesystem (the
+    mount point an unmount left); else None. Closes nothing."""
+    outer = read_json_at(parent_fd, outer_marker_name(name))
+    if outer is None or not removing(outer) or (fd >= 0 and not _empty_here(fd, parent_fd)):
+        return None
+    return StagedBundle(parent_fd, parent, name, fd, outer, outer, False, remnant=True)
+
+
+def _empty_here(fd: int, parent_fd: int) -> bool:
+    try:
+        return os.fstat(fd).st_dev == os.fstat(parent_fd).st_dev and not os.listdir(fd)
+    except OSError:
+        return False
 
 
 def unmount(mountpoint: Path, *, lazy: bool = False) -> None:
@@ -186,7 +258,14 @@ def unmount(mountpoint: Path, *, lazy: bool = False) -> None:
 
 def take_down(bundle: StagedBundle) -> None:
     """Remove the tree of ``bundle``: unmount a mounted image (then remove the empty mount
-    point), or remove the directory through descriptors. Closes ``bundle.fd``."""
+    point), or remove the directory through descriptors; of a remnant, only an empty
+    directory. Closes ``bundle.fd``."""
+    if bundle.remnant:
+        if bundle.fd >= 0:
+            os.close(bundle.fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(bundle.name, dir_fd=bundle.parent_fd)  # never a full one
+        return
     if bundle.mounted:
         os.close(bundle.fd)  # an open descriptor would keep the mount busy
         unmount(bundle.parent / bundle.name)
@@ -205,24 +284,33 @@ def take_down(bundle: StagedBundle) -> None:
 
 
 def remove_beside(bundle: StagedBundle) -> None:
-    """Remove what belongs to ``bundle`` beside it: the image its marker names, the outer
-    marker; and, for a pool bundle, every pool entry that no bundle links to any more."""
+    """Remove what belongs to ``bundle`` beside it: the image its marker names; for a pool
+    bundle, every pool entry that no bundle links to any more; the outer marker last."""
     image = bundle.image()
     if image is not None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(image, dir_fd=bundle.parent_fd)
-    with contextlib.suppress(FileNotFoundError):
-        st = os.stat(outer_marker_name(bundle.name), dir_fd=bundle.parent_fd,
-                     follow_symlinks=False)
-        if stat.S_ISREG(st.st_mode):
-            os.unlink(outer_marker_name(bundle.name), dir_fd=bundle.parent_fd)
     if bundle.marker.get("method") == "pool":
         sweep_pool(bundle.parent)
+    drop_outer_marker(bundle)
 
 
-def remove(bundle: StagedBundle) -> None:
-    """Take ``bundle`` down and remove what belongs to it (see above); closes it."""
+def drop_outer_marker(bundle: StagedBundle) -> None:
+    """Remove the outer marker beside ``bundle``, if it is a file of ours."""
+    name = outer_marker_name(bundle.name)
+    if _ours_or_absent(bundle.parent_fd, name):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=bundle.parent_fd)
+
+
+def remove(bundle: StagedBundle, lease_id: str | None = None) -> None:
+    """Take ``bundle`` down and remove what belongs to it (see above); closes it.
+    ``lease_id``: a lease that stays until the removal is done (GC drops the dead leases of a
+    bundle only after removing it), named in the outer marker first (:func:`mark_removing`),
+    so an interrupted removal is recognised and finished by the next GC or unstage."""
     try:
+        if lease_id is not None and not bundle.remnant:
+            mark_removing(bundle, lease_id)
         take_down(bundle)
         remove_beside(bundle)
     finally:

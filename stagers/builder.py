@@ -52,6 +52,8 @@ class Builder:
         self.counts = Counts()
         self.hashes: dict[str, str] = {}  # computed while copying (first stage into a pool)
         self.replaced: list[Entry] = []  # files not staged unchanged (new or changed)
+        #: whether files' xattr digests are read: not by hardlink, which stages the inode
+        self.reads_xattrs = method != Method.HARDLINK
         carry_over = carry_over and previous is not None and previous.method == method
         self.placer: Placer = placer_for(method)(source, scratch, final, old, carry_over,
                                                  pool)

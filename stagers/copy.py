@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import multiprocessing
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from multiprocessing.sharedctypes import Synchronized
 
 from ocistage.cache.fdio import UNSUPPORTED, reflink, write_all
+from ocistage.stagers import xattrs as xattrs_module
 
 CHUNK = 1 << 30  # per copy_file_range/sendfile call; the kernel caps it anyway
 
@@ -50,17 +53,31 @@ def _read_write(src_fd: int, dst_fd: int) -> None:
         write_all(dst_fd, chunk)
 
 
+def _shared_count() -> Synchronized[int]:
+    return multiprocessing.Value("q", 0)
+
+
 @dataclass
 class Copier:
     """Copies files between two filesystems, remembering which ways do not work there.
 
     One copier serves one (source, target) pair of filesystems; after the first "not supported"
     answer a way is not tried again, which saves two failing syscalls per file.
+    ``xattrs_refused`` counts the extended attributes the target refused
+    (:func:`ocistage.stagers.xattrs.copy`), in shared memory: forked workers add to it too.
     """
 
     reflink: bool = True
     copy_file_range: bool = True
     sendfile: bool = True
+    xattrs_refused: Synchronized[int] = field(default_factory=_shared_count)
+
+    def copy_xattrs(self, src_fd: int, dst_fd: int) -> None:
+        """Copy the xattrs of ``src_fd`` to ``dst_fd``, counting those refused."""
+        refused = xattrs_module.copy(src_fd, dst_fd)
+        if refused:
+            with self.xattrs_refused.get_lock():
+                self.xattrs_refused.value += refused
 
     def copy_fd(self, src_fd: int, dst_fd: int, size: int) -> str:
         """Copy an open file into an empty one; returns the method that did it."""
@@ -81,20 +98,27 @@ class Copier:
         _read_write(src_fd, dst_fd)
         return "read-write"
 
-    def copy_into(self, src: str, dst_fd: int) -> str:
+    def copy_into(self, src: str, dst_fd: int, xattrs: bool = False) -> str:
+        """Copy the file ``src`` into the empty ``dst_fd``, with its extended attributes if
+        ``xattrs``."""
         src_fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            return self.copy_fd(src_fd, dst_fd, os.fstat(src_fd).st_size)
+            method = self.copy_fd(src_fd, dst_fd, os.fstat(src_fd).st_size)
+            if xattrs:  # after the content: a write would clear security.capability
+                self.copy_xattrs(src_fd, dst_fd)
+            return method
         finally:
             os.close(src_fd)
 
-    def copy_new(self, src: str, dst: str, mode: int, mtime_ns: int | None = None) -> str:
-        """Create ``dst`` (must not exist) with ``src``'s content, permission bits ``mode`` and
-        (if given) mtime. Never follows a symlink at either end."""
+    def copy_new(self, src: str, dst: str, mode: int, mtime_ns: int | None = None,
+                 xattrs: bool = False) -> str:
+        """Create ``dst`` (must not exist) with ``src``'s content, permission bits ``mode``,
+        (if given) mtime and (if ``xattrs``) extended attributes. Never follows a symlink at
+        either end."""
         dst_fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                          0o600)
         try:
-            method = self.copy_into(src, dst_fd)
+            method = self.copy_into(src, dst_fd, xattrs)
             os.fchmod(dst_fd, mode)
             if mtime_ns is not None:
                 os.utime(dst_fd, ns=(mtime_ns, mtime_ns))

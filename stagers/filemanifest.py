@@ -2,9 +2,13 @@
 
 A manifest lists every entry of a source tree (relative path, type, mode, size, mtime_ns, device
 and inode of the *source* file, the xxh3-128 hash of a regular file's content, a symlink's
-target). Like git's index, the stat fields decide whether a file may have changed: an entry
-whose ``(type, mode, size, mtime_ns, dev, ino)`` equals the previous manifest's keeps its hash
-and is not read again; only changed or new files are hashed.
+target, ctime_ns, and a digest of a regular file's extended attributes,
+:mod:`ocistage.stagers.xattrs`). Like git's index, the stat fields decide whether a file may
+have changed: an entry whose ``(type, mode, size, mtime_ns, dev, ino)`` equals the previous
+manifest's keeps its hash and is not read again; only changed or new files are hashed. Its
+xattr digest is kept while its ctime is unchanged too (an xattr change moves only the ctime).
+A manifest written before the last two fields existed reads them as unknown: each file counts
+as changed once.
 
 Scanning never follows symlinks and never leaves the tree: it walks with ``os.scandir`` and
 ``lstat`` semantics from the root given.
@@ -27,6 +31,7 @@ from ocistage.cache.errors import ForeignFile
 from ocistage.cache.readback import open_own
 from ocistage.cache.staged import MANIFEST_NAME as MANIFEST_NAME
 from ocistage.cache.staged import MARKER_NAME as MARKER_NAME
+from ocistage.stagers import xattrs
 from ocistage.stagers.errors import StageError
 from ocistage.stagers.parallel import map_batched
 
@@ -51,27 +56,38 @@ class Entry(NamedTuple):
     ino: int
     hash: str | None = None   # xxh3-128 hex of a regular file's content
     target: str | None = None  # a symlink's target, verbatim
+    ctime_ns: int = 0    # moves with any inode change: an xattr's too
+    #: a regular file's :func:`ocistage.stagers.xattrs.digest` ("" without xattrs); None:
+    #: not known (hardlink staging keeps the inode, a manifest older than the field)
+    xattrs: str | None = None
 
     def same_stat(self, other: Entry) -> bool:
         return (self.type, self.mode, self.size, self.mtime_ns, self.dev, self.ino) == (
             other.type, other.mode, other.size, other.mtime_ns, other.dev, other.ino)
 
     def same_content(self, other: Entry) -> bool:
-        """Whether both describe identical staged results (content, mode, link target)."""
-        return (self.type, self.mode, self.hash, self.target) == (
-            other.type, other.mode, other.hash, other.target)
+        """Whether both describe identical staged results (content, mode, link target,
+        xattrs; unknown xattrs are never the same)."""
+        return (self.type, self.mode, self.hash, self.target, self.xattrs) == (
+            other.type, other.mode, other.hash, other.target, other.xattrs) and (
+            self.type != "file" or self.xattrs is not None)
 
     def with_hash(self, content_hash: str | None) -> Entry:
         """This entry with ``hash`` set (faster than ``dataclasses.replace``)."""
         return Entry(self.path, self.type, self.mode, self.size, self.mtime_ns, self.dev,
-                     self.ino, content_hash, self.target)
+                     self.ino, content_hash, self.target, self.ctime_ns, self.xattrs)
 
     @classmethod
     def from_row(cls, row: list[Any]) -> Entry:
-        path, kind, mode, size, mtime_ns, dev, ino, digest, target = row
+        """An entry of a manifest; one written before ``ctime_ns`` and ``xattrs`` were
+        (nine fields) has them unknown: 0 and None."""
+        if len(row) == 9:
+            row = [*row, 0, None]
+        path, kind, mode, size, mtime_ns, dev, ino, digest, target, ctime_ns, xattrs = row
         return cls(str(path), kind, int(mode), int(size), int(mtime_ns), int(dev), int(ino),
                    None if digest is None else str(digest),
-                   None if target is None else str(target))
+                   None if target is None else str(target), int(ctime_ns),
+                   None if xattrs is None else str(xattrs))
 
 
 @dataclass(frozen=True)
@@ -128,9 +144,9 @@ def entry_type(mode: int) -> EntryType:
 
 
 #: what a walk yields per entry: relative path, type, mode bits, size, mtime_ns, st_dev,
-#: st_ino, a symlink's target (an :class:`Entry` without its hash: flat, so forked walkers
-#: hand records back cheaply, :mod:`ocistage.stagers.statwalk`)
-Record = tuple[str, EntryType, int, int, int, int, int, str | None]
+#: st_ino, a symlink's target, ctime_ns (an :class:`Entry` without its hash and xattrs: flat,
+#: so forked walkers hand records back cheaply, :mod:`ocistage.stagers.statwalk`)
+Record = tuple[str, EntryType, int, int, int, int, int, str | None, int]
 
 
 def scan(root: Path) -> list[Entry]:
@@ -154,21 +170,24 @@ def entries_of(records: Iterable[Record], before: Mapping[str, Entry] | None = N
                ) -> list[Entry]:
     """The entries of a walk's records (see :func:`walk_digest`). With ``before`` (the
     previous manifest by path), a file whose stat fields are unchanged keeps its hash, as in
-    :func:`fill_hashes` — in the same pass, so :func:`fill_missing_hashes` only reads what
-    changed."""
+    :func:`fill_hashes`, and its xattr digest if its ctime is unchanged too — in the same
+    pass, so :func:`fill_missing_hashes` and :func:`fill_xattrs` only read what changed."""
     if not before:
-        return [Entry(rel, kind, mode, size, mtime_ns, dev, ino, None, target)
-                for rel, kind, mode, size, mtime_ns, dev, ino, target in records]
+        return [Entry(rel, kind, mode, size, mtime_ns, dev, ino, None, target, ctime_ns)
+                for rel, kind, mode, size, mtime_ns, dev, ino, target, ctime_ns in records]
     result = []
     get = before.get
     for record in records:
-        rel, kind, mode, size, mtime_ns, dev, ino, target = record
-        content_hash = None
+        rel, kind, mode, size, mtime_ns, dev, ino, target, ctime_ns = record
+        content_hash = xattrs = None
         if kind == "file":
             old = get(rel)
             if old is not None and old[1:7] == record[1:7]:  # Entry.same_stat
                 content_hash = old.hash
-        result.append(Entry(rel, kind, mode, size, mtime_ns, dev, ino, content_hash, target))
+                if old.ctime_ns == ctime_ns:  # no inode change: the same xattrs
+                    xattrs = old.xattrs
+        result.append(Entry(rel, kind, mode, size, mtime_ns, dev, ino, content_hash, target,
+                            ctime_ns, xattrs))
     return result
 
 
@@ -185,11 +204,13 @@ def listing(directory: str, prefix: str) -> list[os.DirEntry[str]]:
     return entries
 
 
-def children(directory: str, prefix: str) -> tuple[list[Record], list[tuple[str, str]]]:
+def children(directory: str, prefix: str, ctime: bool = True,
+             ) -> tuple[list[Record], list[tuple[str, str]]]:
     """One step of a walk: the records of the entries in ``directory`` (whose relative path
     is ``prefix``, "" or ending in "/"), sorted by name, and its subdirectories as
     (absolute path, relative prefix) in the same order. Reserved names are skipped at the
-    top (``prefix == ""``)."""
+    top (``prefix == ""``). ``ctime`` False: records carry 0 as their ctime (hardlink
+    staging, whose own links move the source's ctimes, and which reads no xattrs)."""
     records: list[Record] = []
     subdirs: list[tuple[str, str]] = []
     types = _TYPES  # entry_type() inline: the hot loop of every re-stage (~4% of its walk)
@@ -200,36 +221,38 @@ def children(directory: str, prefix: str) -> tuple[list[Record], list[tuple[str,
         rel = prefix + child.name
         records.append((rel, kind, stat.S_IMODE(mode), st.st_size, st.st_mtime_ns,
                         st.st_dev, st.st_ino,
-                        os.readlink(child.path) if kind == "symlink" else None))
+                        os.readlink(child.path) if kind == "symlink" else None,
+                        st.st_ctime_ns if ctime else 0))
         if kind == "dir":
             subdirs.append((child.path, rel + "/"))
     return records, subdirs
 
 
-def walk(root: Path | str, prefix: str = "") -> Iterator[Record]:
+def walk(root: Path | str, prefix: str = "", ctime: bool = True) -> Iterator[Record]:
     """The :data:`Record` of every entry below ``root`` but the reserved names at its top,
     depth first in a fixed order, the order of the manifest: a directory's listing (by name),
     then the subtrees of its subdirectories, the last name first (:mod:`ocistage.stagers.fresh`
     produces the same order without this walk). ``prefix`` (ending in ``/``): ``root`` is
     that subdirectory of the tree, and relative paths start with it
-    (:mod:`ocistage.stagers.statwalk`)."""
+    (:mod:`ocistage.stagers.statwalk`); ``ctime``: as :func:`children`'s."""
     stack: list[tuple[str, str]] = [(os.fspath(root), prefix)]
     while stack:
         directory, prefix = stack.pop()
-        records, subdirs = children(directory, prefix)
+        records, subdirs = children(directory, prefix, ctime)
         yield from records
         stack.extend(subdirs)
 
 
 def _line(path: str, kind: str, mode: int, size: int, mtime_ns: int, dev: int, ino: int,
-          target: str | None) -> str:
-    return f"{path}\0{kind}\0{mode}\0{size}\0{mtime_ns}\0{dev}\0{ino}\0{target or ''}\n"
+          target: str | None, ctime_ns: int) -> str:
+    return (f"{path}\0{kind}\0{mode}\0{size}\0{mtime_ns}\0{dev}\0{ino}\0{target or ''}"
+            f"\0{ctime_ns}\n")
 
 
 def digest_line(path: str, kind: str, mode: int, size: int, mtime_ns: int, dev: int, ino: int,
-                target: str | None) -> bytes:
-    """One entry's line of the stat digest."""
-    return _line(path, kind, mode, size, mtime_ns, dev, ino, target).encode(
+                target: str | None, ctime_ns: int) -> bytes:
+    """One entry's line of the stat digest (with the ctime: an xattr change moves only it)."""
+    return _line(path, kind, mode, size, mtime_ns, dev, ino, target, ctime_ns).encode(
         "utf-8", "surrogateescape")
 
 
@@ -244,7 +267,7 @@ def entries_digest(entries: Iterable[Entry]) -> str:
     hasher = xxhash.xxh3_128()
     for e in entries:
         hasher.update(digest_line(e.path, e.type, e.mode, e.size, e.mtime_ns, e.dev, e.ino,
-                                   e.target))
+                                   e.target, e.ctime_ns))
     return hasher.hexdigest()
 
 
@@ -254,14 +277,14 @@ def stat_digest(root: Path) -> str:
     return walk_digest(root, None)
 
 
-def walk_digest(root: Path, records: list[Record] | None) -> str:
+def walk_digest(root: Path, records: list[Record] | None, ctime: bool = True) -> str:
     """:func:`stat_digest` of ``root``, appending what the walk saw to ``records`` (unless
     None) on the way: when the digest says the tree changed, :func:`entries_of` turns them
     into its entries without a second walk (one ``lstat`` per entry, not two)."""
     hasher = xxhash.xxh3_128()
     keep = records.append if records is not None else None
     try:
-        for record in walk(root):
+        for record in walk(root, ctime=ctime):
             hasher.update(digest_line(*record))
             if keep is not None:
                 keep(record)
@@ -325,6 +348,19 @@ def fill_missing_hashes(root: Path, entries: list[Entry], jobs: int = 8,
         raise StageError(f"cannot read {exc.filename}: {exc.strerror}",
                          "the source files must be readable by you") from exc
     return result, len(todo)
+
+
+def fill_xattrs(root: Path, entries: list[Entry]) -> list[Entry]:
+    """``entries`` with the xattr digest of every file that has none yet (new, or its ctime
+    moved: :func:`entries_of`); one ``listxattr`` each."""
+    base = os.fspath(root)
+    try:
+        return [entry._replace(xattrs=xattrs.digest(f"{base}/{entry.path}"))
+                if entry.type == "file" and entry.xattrs is None else entry
+                for entry in entries]
+    except OSError as exc:
+        raise StageError(f"cannot read the xattrs of {exc.filename}: {exc.strerror}",
+                         "the source files must be readable by you") from exc
 
 
 def unchanged(current: list[Entry], previous: Manifest) -> bool:

@@ -26,6 +26,7 @@ from functools import partial
 from typing import Any
 
 from ocistage.cache.fsops import DIR_FOLLOW
+from ocistage.stagers import xattrs
 from ocistage.stagers.builder import FORK_MIN_FILES, Builder, Outcome
 from ocistage.stagers.errors import StageError
 from ocistage.stagers.filemanifest import (
@@ -59,11 +60,11 @@ def build_first(builder: Builder, processes: int, hash_first: bool) -> tuple[lis
     """
     source = os.fspath(builder.source)
     try:
-        order, pending = _shape(source)
+        order, pending = _shape(source, builder.reads_xattrs)
         small = processes <= 1 or len(pending) < FORK_MIN_FILES
         if small:
-            for (position, _rel), entry in zip(pending, _stat_run(source, pending),
-                                               strict=True):
+            stated = _stat_run(source, pending, builder.reads_xattrs)
+            for (position, _rel), entry in zip(pending, stated, strict=True):
                 order[position] = entry
     except OSError as exc:
         raise unreadable(source, exc) from exc
@@ -105,10 +106,10 @@ def _build_forked(builder: Builder, order: list[Entry | None], pending: list[_Pe
     return result, entries_digest(result)
 
 
-def _shape(source: str) -> tuple[list[Entry | None], list[_Pending]]:
+def _shape(source: str, ctime: bool) -> tuple[list[Entry | None], list[_Pending]]:
     """The walk order of the tree under ``source``: directories as entries (``lstat`` here:
-    the walk goes into them), every other entry as None at its position, also listed with
-    its relative path."""
+    the walk goes into them; with their ctime if ``ctime``), every other entry as None at its
+    position, also listed with its relative path."""
     order: list[Entry | None] = []
     pending: list[_Pending] = []
     stack: list[tuple[str, str]] = [(source, "")]
@@ -121,7 +122,8 @@ def _shape(source: str) -> tuple[list[Entry | None], list[_Pending]]:
                 st = child.stat(follow_symlinks=False)
                 if stat.S_ISDIR(st.st_mode):
                     order.append(Entry(rel, "dir", stat.S_IMODE(st.st_mode), st.st_size,
-                                       st.st_mtime_ns, st.st_dev, st.st_ino))
+                                       st.st_mtime_ns, st.st_dev, st.st_ino,
+                                       ctime_ns=st.st_ctime_ns if ctime else 0))
                     subdirs.append((child.path, rel + "/"))
                     continue
             pending.append((len(order), rel))
@@ -130,9 +132,11 @@ def _shape(source: str) -> tuple[list[Entry | None], list[_Pending]]:
     return order, pending
 
 
-def _stat_run(source: str, run: Sequence[_Pending]) -> list[Entry]:
+def _stat_run(source: str, run: Sequence[_Pending], with_xattrs: bool) -> list[Entry]:
     """The entries of ``run`` (no directories: :func:`_shape` found those), each ``lstat``
-    through a descriptor of its directory."""
+    through a descriptor of its directory; ``with_xattrs``: with the ctime, and a file's
+    xattr digest (not for hardlink staging, whose staged file is the source's inode and
+    whose links move the source's ctimes: :func:`~ocistage.stagers.filemanifest.children`)."""
     entries = []
     current, fd = None, -1
     try:
@@ -149,9 +153,11 @@ def _stat_run(source: str, run: Sequence[_Pending]) -> list[Entry]:
             if kind == "dir":
                 raise StageError(f"{source}/{rel} became a directory while it was being "
                                  "staged", "stage again once the source no longer changes")
-            entries.append(Entry(rel, kind, stat.S_IMODE(st.st_mode), st.st_size,
-                                 st.st_mtime_ns, st.st_dev, st.st_ino, None,
-                                 os.readlink(name, dir_fd=fd) if kind == "symlink" else None))
+            entries.append(Entry(
+                rel, kind, stat.S_IMODE(st.st_mode), st.st_size, st.st_mtime_ns, st.st_dev,
+                st.st_ino, None, os.readlink(name, dir_fd=fd) if kind == "symlink" else None,
+                st.st_ctime_ns if with_xattrs else 0, xattrs.digest(f"{source}/{rel}")
+                if with_xattrs and kind == "file" else None))
     finally:
         if fd >= 0:
             os.close(fd)
@@ -164,7 +170,7 @@ def _stat_and_place(builder: Builder, source: str, hash_first: bool, run: Sequen
     in the scratch tree; returns them as rows, with the hashes computed while copying, and
     what placing each file did (:meth:`Builder.count` is the caller's: a forked worker's
     state is lost)."""
-    entries = _stat_run(source, run)
+    entries = _stat_run(source, run, builder.reads_xattrs)
     if hash_first:
         entries = [entry.with_hash(hash_file(f"{source}/{entry.path}"))
                    if entry.type == "file" else entry for entry in entries]

@@ -129,11 +129,14 @@ def releasing_holder(pin: str | None = None,
     return Holder.slurm_job(job) if job else None
 
 
-def release_leases(cache_root: Path, path: Path, holder: Holder | None) -> list[Lease]:
-    """Release ``holder``'s leases on staged ``path`` (every lease when ``holder`` is None);
-    returns the others, live or not."""
+def release_leases(cache_root: Path, path: Path, holder: Holder | None,
+                   keep: str = "") -> list[Lease]:
+    """Release ``holder``'s leases on staged ``path`` (every lease when ``holder`` is None)
+    but lease ``keep``; returns the others, live or not."""
     remaining = []
     for lease in staged_leases(cache_root, path):
+        if lease.id == keep:
+            continue
         if holder is None or same_holder(lease.holder, holder):
             leases.release(cache_root, lease.id)
         else:

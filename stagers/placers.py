@@ -107,6 +107,28 @@ class OldVersion:
         return True
 
 
+    def link_private(self, entry: Entry, dest: str, data: bytes, source: str) -> bool:
+        """Hardlink the previous version's private copy of ``entry`` (config.json) at
+        ``dest`` if it still is one: a plain file of the mode, holding ``data``, and not the
+        source's own inode (which a version staged before the private copy existed may
+        link); False if not (then it is written anew)."""
+        if not self.link(entry, dest, any_size=True):
+            return False
+        try:
+            fd = os.open(dest, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                st = os.fstat(fd)
+                private = st.st_size == len(data) and identity(st) != identity(
+                    os.stat(source, follow_symlinks=False)) and os.read(fd, len(data) + 1) == data
+            finally:
+                os.close(fd)
+        except OSError:
+            private = False
+        if not private:
+            os.unlink(dest)
+        return private
+
+
 class _Dirs:
     """The directory of the file being placed by :meth:`Placer.place_part`, as descriptors in
     the scratch tree and (opened on first use) in the source; reopened only when the directory
@@ -220,15 +242,23 @@ class Placer(ABC):
         """config.json as a file of this method's own, or None to stage it as it is."""
         return readonly_config(data)
 
-    def _private_config(self, src: str, dest: str, entry: Entry) -> Outcome | None:
-        """Write config.json as a file of its own (:meth:`_rewrite_config`): what that did,
-        or None when the source's config.json can be staged as it is."""
+    def _config_data(self, src: str, entry: Entry) -> bytes | None:
+        """config.json as a file of this method's own (:meth:`_rewrite_config`), or None when
+        the source's config.json can be staged as it is."""
         if entry.size > 16 << 20:
             return None
         with open(src, "rb") as file:
-            data = self._rewrite_config(file.read())
+            return self._rewrite_config(file.read())
+
+    def _private_config(self, src: str, dest: str, entry: Entry) -> Outcome | None:
+        """Write config.json as a file of its own (:meth:`_config_data`): what that did, or
+        None when the source's config.json can be staged as it is."""
+        data = self._config_data(src, entry)
         if data is None:
             return None
+        return self._write_config(src, dest, entry, data)
+
+    def _write_config(self, src: str, dest: str, entry: Entry, data: bytes) -> Outcome:
         write_private(Path(dest), data)
         os.chmod(dest, entry.mode)
         return "copied", len(data), hash_file(src) if entry.hash is None else None
@@ -242,12 +272,11 @@ class _SharedPlacer(Placer):
         src, dest = self._paths(entry)
         same = self._same(entry)
         if entry.path == CONFIG:
-            if same and self.old.link(entry, dest, any_size=True):  # the private copy
-                return _UNCHANGED
-            if not same:
-                written = self._private_config(src, dest, entry)
-                if written is not None:
-                    return written
+            data = self._config_data(src, entry)
+            if data is not None:  # a private copy: the previous one if it still is that
+                if same and self.old.link_private(entry, dest, data, src):
+                    return _UNCHANGED
+                return self._write_config(src, dest, entry, data)
         return self._place_file(entry, src, dest, same)
 
     @abstractmethod
@@ -284,7 +313,7 @@ class HardlinkPlacer(_SharedPlacer):
     def _copy(self, src: str, dest: str, entry: Entry) -> Outcome:
         """A copy where the link is refused (a mount point inside the source, EXDEV; a file
         at its link limit)."""
-        self.copier.copy_new(src, dest, entry.mode, entry.mtime_ns)
+        self.copier.copy_new(src, dest, entry.mode, entry.mtime_ns, xattrs=True)
         return "copied", entry.size, None
 
     def _place_at(self, entry: Entry, dirs: _Dirs) -> Outcome:
@@ -326,14 +355,15 @@ class PoolPlacer(_SharedPlacer):
     def _place_file(self, entry: Entry, src: str, dest: str, same: bool) -> Outcome:
         if same:  # linked from the pool, as before
             assert entry.hash is not None
-            self.pool.link_into(src, pool_key(entry.hash, entry.mode), entry.mode,
+            self.pool.link_into(src, pool_key(entry.hash, entry.mode, entry.xattrs), entry.mode,
                                 entry.mtime_ns, dest, self.copier)
             return _UNCHANGED
         if entry.hash is None:  # first stage: copy + hash at once
             content_hash, new = self.pool.ingest(src, entry.mode, entry.mtime_ns, dest,
-                                                 entry.size, umask=self._umask)
+                                                 entry.size, umask=self._umask,
+                                                 xattr_digest=entry.xattrs, copier=self.copier)
             return ("copied", entry.size, content_hash) if new else ("linked", 0, content_hash)
-        if self.pool.link_into(src, pool_key(entry.hash, entry.mode), entry.mode,
+        if self.pool.link_into(src, pool_key(entry.hash, entry.mode, entry.xattrs), entry.mode,
                                entry.mtime_ns, dest, self.copier):
             return "copied", entry.size, None
         return _LINKED
@@ -364,7 +394,8 @@ class PoolPlacer(_SharedPlacer):
             dirs.open_source()
         content_hash, new = self.pool.ingest(
             name, entry.mode, entry.mtime_ns, name, entry.size, source_dir=dirs.source,
-            dest_dir=dirs.dest, umask=self._umask)
+            dest_dir=dirs.dest, umask=self._umask, xattr_digest=entry.xattrs,
+            copier=self.copier)
         return ("copied", entry.size, content_hash) if new else ("linked", 0, content_hash)
 
     def _link_pooled_at(self, entry: Entry, dirs: _Dirs) -> Outcome:
@@ -373,7 +404,7 @@ class PoolPlacer(_SharedPlacer):
         rel_dir, _, name = entry.path.rpartition("/")
         if rel_dir != dirs.current:
             dirs.enter(rel_dir)
-        key = pool_key(entry.hash, entry.mode)
+        key = pool_key(entry.hash, entry.mode, entry.xattrs)
         if not self._pool_entry_ok(entry, key, rel_dir, name):
             return self.place(entry)  # verified, or a private copy
         try:
@@ -429,7 +460,7 @@ class CopyPlacer(Placer):
             written = self._private_config(src, dest, entry)
             if written is not None:
                 return written
-        self.copier.copy_new(src, dest, entry.mode, entry.mtime_ns)
+        self.copier.copy_new(src, dest, entry.mode, entry.mtime_ns, bool(entry.xattrs))
         return "copied", entry.size, None
 
     def _rewrite_config(self, data: bytes) -> bytes | None:

@@ -3,8 +3,9 @@
 ``TARGET/.ocistage-pool/<hh>/<xxh3-128>-<mode>`` holds one read-only copy of each distinct
 (content, permission bits) pair that any bundle staged into ``TARGET`` uses; bundles hardlink
 to it. Staging a new version of an image, or a second image sharing files with a staged one,
-copies only contents the pool lacks. Permission bits are part of the key because hardlinks
-share them; mtimes are not (a pooled file keeps the mtime of its first copy).
+copies only contents the pool lacks. Permission bits and extended attributes (a digest
+of them, :mod:`ocistage.stagers.xattrs`) are part of the key because hardlinks share them; mtimes
+are not (a pooled file keeps the mtime of its first copy).
 
 A pool file is published by ``link()`` of a private temp file, which fails if another process
 published the same key first (then both use that one). An entry whose link count is 1 is used by
@@ -33,12 +34,24 @@ from ocistage.cache.fsops import (
     make_private,
 )
 from ocistage.cache.staged import POOL_DIR, POOL_TEMP_SUFFIX
+from ocistage.stagers import xattrs
 from ocistage.stagers.copy import Copier, link_fd
 from ocistage.stagers.filemanifest import CHUNK
 
 
-def pool_key(content_hash: str, mode: int) -> str:
-    return f"{content_hash}-{mode:04o}"
+def pool_key(content_hash: str, mode: int, xattrs: str | None = None) -> str:
+    """The pool entry of a file of this content, mode and xattr digest
+    (:func:`ocistage.stagers.xattrs.digest`; a file without xattrs has the key it had before
+    they were copied): ``<hash>-<mode>[-<xattrs>]``."""
+    key = f"{content_hash}-{mode:04o}"
+    return f"{key}-{xattrs}" if xattrs else key
+
+
+def split_key(key: str) -> tuple[str, str, str]:
+    """(content hash, mode in octal, xattr digest or "") of a :func:`pool_key`."""
+    content_hash, _, rest = key.partition("-")
+    mode, _, xattrs = rest.partition("-")
+    return content_hash, mode, xattrs
 
 
 @dataclass(frozen=True)
@@ -80,7 +93,7 @@ class Pool:
                 st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             except FileNotFoundError:
                 return "missing"
-        content_hash, _, mode = key.rpartition("-")
+        content_hash, mode, xattr_digest = split_key(key)
         if not stat.S_ISREG(st.st_mode):
             return "not a regular file"
         if st.st_uid != os.geteuid():
@@ -90,27 +103,15 @@ class Pool:
         if size is not None and size >= 0 and st.st_size != size:
             return f"{st.st_size} bytes, not {size}"
         if content:
-            try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                             dir_fd=dir_fd)
-            except FileNotFoundError:
-                return "missing"
-            try:
-                if identity(os.fstat(fd)) != identity(st):
-                    return "replaced while it was checked"
-                hasher = xxhash.xxh3_128()
-                while chunk := os.read(fd, CHUNK):
-                    hasher.update(chunk)
-            finally:
-                os.close(fd)
-            if hasher.hexdigest() != content_hash:
-                return "content does not match its key"
+            return _content_problem(name, dir_fd, st, content_hash, xattr_digest)
         return None
 
     def link_into(self, source: str, key: str, mode: int, mtime_ns: int, dest: str,
                   copier: Copier) -> bool:
         """Hardlink pool entry ``key`` at ``dest``, first copying ``source`` into the pool if
-        the entry is missing. Returns True when bytes were copied."""
+        the entry is missing (with its xattrs if the key has them). Returns True when bytes
+        were copied."""
+        with_xattrs = bool(split_key(key)[2])
         pooled = f"{os.fspath(self.root)}/{key[:2]}/{key}"
         copied = False
         try:
@@ -125,15 +126,16 @@ class Pool:
                 except FileNotFoundError:
                     if not os.path.isdir(os.path.dirname(dest)):
                         raise
-                self._add(source, pooled, mode, mtime_ns, copier)
+                self._add(source, pooled, mode, mtime_ns, copier, with_xattrs)
                 copied = True
         except OSError as exc:
             if not link_refused(exc):  # the pool is on another mount: a private copy
                 raise
-        copier.copy_new(source, dest, mode, mtime_ns)
+        copier.copy_new(source, dest, mode, mtime_ns, with_xattrs)
         return True
 
-    def _add(self, source: str, pooled: str, mode: int, mtime_ns: int, copier: Copier) -> None:
+    def _add(self, source: str, pooled: str, mode: int, mtime_ns: int, copier: Copier,
+             with_xattrs: bool) -> None:
         """Publish a copy of ``source`` as ``pooled``; a no-op if someone else did first.
 
         The copy is an ``O_TMPFILE`` (nameless until linked: a crash leaves nothing behind)
@@ -146,10 +148,10 @@ class Pool:
             if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
                 raise
             os.makedirs(os.path.dirname(pooled), exist_ok=True)
-            self._add_named(source, pooled, mode, mtime_ns, copier)
+            self._add_named(source, pooled, mode, mtime_ns, copier, with_xattrs)
             return
         try:
-            copier.copy_into(source, fd)
+            copier.copy_into(source, fd, with_xattrs)
             os.fchmod(fd, mode)
             os.utime(fd, ns=(mtime_ns, mtime_ns))
             with contextlib.suppress(FileExistsError):
@@ -158,10 +160,10 @@ class Pool:
             os.close(fd)
 
     def _add_named(self, source: str, pooled: str, mode: int, mtime_ns: int,
-                   copier: Copier) -> None:
+                   copier: Copier, with_xattrs: bool) -> None:
         temp = f"{pooled}.{os.getpid()}-{uuid.uuid4().hex[:8]}{POOL_TEMP_SUFFIX}"
         try:
-            copier.copy_new(source, temp, mode, mtime_ns)
+            copier.copy_new(source, temp, mode, mtime_ns, with_xattrs)
             with contextlib.suppress(FileExistsError):
                 os.link(temp, pooled)
         finally:
@@ -182,7 +184,8 @@ class Pool:
 
     def ingest(self, source: str, mode: int, mtime_ns: int, dest: str, size: int = -1, *,
                source_dir: int | None = None, dest_dir: int | None = None,
-               umask: int | None = None) -> tuple[str, bool]:
+               umask: int | None = None, xattr_digest: str | None = None,
+               copier: Copier | None = None) -> tuple[str, bool]:
         """Copy ``source`` to ``dest`` while hashing it, one pass, and publish it in the pool.
 
         For a first stage into an empty pool: hashing first and copying after would read
@@ -195,7 +198,9 @@ class Pool:
         when given (no path walk per file). ``umask``, the process's
         (:func:`ocistage.cache.fdio.process_umask`),
         lets ``dest`` be created with its final mode instead of being chmod'ed after
-        (:func:`ocistage.cache.fdio.created_exactly`).
+        (:func:`ocistage.cache.fdio.created_exactly`). ``xattr_digest``: the source's
+        (:func:`ocistage.stagers.xattrs.digest`); when not empty, the xattrs are copied too
+        (refusals counted by ``copier``) and the key has it.
         Returns (xxh3-128 hex, whether the content was new to the pool).
         """
         hasher = xxhash.xxh3_128()
@@ -219,26 +224,34 @@ class Pool:
                     want = CHUNK
                 if not exact:
                     os.fchmod(out, mode)
+                if xattr_digest:
+                    (copier or Copier()).copy_xattrs(src, out)
                 os.utime(out, ns=(mtime_ns, mtime_ns))
             finally:
                 os.close(out)
         finally:
             os.close(src)
         content_hash = hasher.hexdigest()
-        key = pool_key(content_hash, mode)
+        return content_hash, self._publish(dest, dest_dir, pool_key(content_hash, mode,
+                                                                    xattr_digest), total)
+
+    def _publish(self, dest: str, dest_dir: int | None, key: str, size: int) -> bool:
+        """Link the file ``dest`` (of ``size`` bytes) into the pool as ``key``, or make it a
+        link of the entry there already; returns whether it is new to the pool (or stays a
+        private copy)."""
         pooled = f"{os.fspath(self.root)}/{key[:2]}/{key}"
         for _attempt in range(5):
             try:
                 os.link(dest, pooled, src_dir_fd=dest_dir, follow_symlinks=False)
-                return content_hash, True
+                return True
             except FileExistsError:
                 pass
             except OSError as exc:
                 if link_refused(exc):  # the pool is on another mount: dest stays private
-                    return content_hash, True
+                    return True
                 raise
-            if self.entry_problem(pooled, key, total) is not None:
-                return content_hash, True  # a pooled entry not to be trusted: dest stays
+            if self.entry_problem(pooled, key, size) is not None:
+                return True  # a pooled entry not to be trusted: dest stays
             twin = f"{dest}.ocistage-twin"
             try:
                 os.link(pooled, twin, dst_dir_fd=dest_dir, follow_symlinks=False)
@@ -246,11 +259,11 @@ class Pool:
                 continue
             except OSError as exc:  # EEXIST is checked before EXDEV: another mount
                 if link_refused(exc):
-                    return content_hash, True
+                    return True
                 raise
             os.rename(twin, dest, src_dir_fd=dest_dir, dst_dir_fd=dest_dir)  # share the inode
-            return content_hash, False
-        return content_hash, True  # the pool keeps losing it: dest stays a private copy
+            return False
+        return True  # the pool keeps losing it: dest stays a private copy
 
     def release(self, keys: set[str]) -> int:
         """Remove the entries among ``keys`` that no bundle links to any more; returns how many."""
@@ -264,3 +277,27 @@ class Pool:
             except FileNotFoundError:
                 continue
         return removed
+
+
+def _content_problem(name: str, dir_fd: int | None, st: os.stat_result, content_hash: str,
+                     xattr_digest: str) -> str | None:
+    """:meth:`Pool.entry_problem`'s read of the entry ``name`` (whose ``lstat`` is ``st``):
+    why its content (and xattrs, if the key has them) are not the key's, or None."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
+    except FileNotFoundError:
+        return "missing"
+    try:
+        if identity(os.fstat(fd)) != identity(st):
+            return "replaced while it was checked"
+        hasher = xxhash.xxh3_128()
+        while chunk := os.read(fd, CHUNK):
+            hasher.update(chunk)
+        if xattr_digest and xattrs.digest(fd) != xattr_digest:
+            return "xattrs do not match its key"
+    finally:
+        os.close(fd)
+    if hasher.hexdigest() != content_hash:
+        return "content does not match its key"
+    return None

@@ -34,6 +34,7 @@ import stat
 from pathlib import Path
 from types import TracebackType
 
+from ocistage.cache import leases, staged
 from ocistage.cache.errors import LockTimeout, StoreError, UntrustedPath
 from ocistage.cache.fsops import PRIVATE_DIR_MODE, make_private, walk_trusted
 from ocistage.cache.leases import Holder, Lease
@@ -43,7 +44,15 @@ from ocistage.cache.store import fsync_dir
 from ocistage.stagers import retired
 from ocistage.stagers.errors import StageError, StageUsageError
 from ocistage.stagers.filemanifest import MANIFEST_NAME, Manifest, load_manifest
-from ocistage.stagers.markers import Marker, claim, new_marker, read_marker, release_if_unused
+from ocistage.stagers.markers import (
+    Marker,
+    claim,
+    live_leases,
+    new_marker,
+    read_marker,
+    release_if_unused,
+    staged_leases,
+)
 from ocistage.stagers.pool import Pool
 from ocistage.stagers.removal import remove_in_workers
 from ocistage.stagers.target import (
@@ -146,6 +155,7 @@ class Staging:
             self._lease, self._taken = claim(self.cache_root, self.final, self.holder)
             clean_leftovers(self.to, self.name)
             retired.sweep(self.to, self.name, self.cache_root)  # of jobs that have ended
+            finish_removal(self.final, self.cache_root)
             self.marker = read_marker(self.final)
         except OSError as exc:
             self._undo()
@@ -300,3 +310,27 @@ def _empty_dir(path: Path) -> bool:
         return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
     except OSError:
         return False
+
+
+def finish_removal(final: Path, cache_root: Path) -> None:
+    """An unstage or GC of ``final`` cut short (its outer marker says ``removing``, and the
+    lease it names is dead, :mod:`ocistage.cache.staged`): finish removing what it left of
+    the bundle (an emptied mount point, the image), or, where the tree and its marker are
+    still there (it is staged again now), drop the outer marker; and release that lease."""
+    bundle = staged.open_staged(final)
+    if bundle is None:
+        return
+    outer = bundle.outer
+    lease_id = outer.get("id") if outer is not None and staged.removing(outer) else None
+    dead = isinstance(lease_id, str) and not any(
+        lease.id == lease_id for lease in live_leases(staged_leases(cache_root, final)))
+    if not dead:
+        bundle.close()
+        return
+    if bundle.remnant:
+        staged.remove(bundle)  # closes it
+    else:
+        staged.drop_outer_marker(bundle)
+        bundle.close()
+    assert isinstance(lease_id, str)
+    leases.release(cache_root, lease_id)

@@ -126,8 +126,7 @@ def missing_mountpoints(source: Path) -> list[tuple[str, str]]:
     if layout is None:
         return []
     root, mounts = layout
-    destinations = [str(m.get("destination", "")).rstrip("/") for m in mounts
-                    if isinstance(m, dict)]
+    destinations = [str(m.get("destination", "")).rstrip("/") for m in mounts]
     result: list[tuple[str, str]] = []
     seen: set[str] = set()
     for mount, destination in zip(mounts, destinations, strict=True):
@@ -142,15 +141,20 @@ def missing_mountpoints(source: Path) -> list[tuple[str, str]]:
 
 def _mount_layout(source: Path) -> tuple[str, Any] | None:
     """The rootfs directory (one name) and the mounts of ``source/config.json``; None when
-    it cannot be read or its root is no plain name."""
+    it cannot be read or its root is no plain name. Mounts that are not a list of JSON
+    objects are a :class:`StageError` (the runtime would refuse the bundle too)."""
     try:
         config = json.loads((source / "config.json").read_bytes())
         root = str(config["root"]["path"]).strip("/") or "rootfs"
-        mounts = config.get("mounts", [])
+        mounts = config.get("mounts") or []
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if "/" in root or root in (".", ".."):
         return None
+    if not isinstance(mounts, list) or not all(isinstance(m, dict) for m in mounts):
+        raise StageError(f"{source / 'config.json'}: \"mounts\" is not a list of objects",
+                         "fix the bundle's config.json: each mount is a JSON object with a "
+                         "\"destination\"")
     return root, mounts
 
 

@@ -6,10 +6,12 @@ The target's layout is :mod:`ocistage.cache.staged`'s; the sequence around a sta
 How files get there (``method``, :class:`~ocistage.stagers.target.Method`; each has its placer in
 :mod:`ocistage.stagers.placers`):
 
-- ``hardlink``: the source is on TO's filesystem: every file is a hardlink of the source file,
-  no byte is copied;
-- ``pool``: another filesystem: each distinct (content, mode) is copied once into the pool and
-  hardlinked into the bundle (a new image version or a second image copies only what differs);
+- ``hardlink``: the source is *sealed* (a bundle in the cache, see below) and on TO's
+  filesystem: every file is a hardlink of the source file, no byte is copied; any other source
+  can be written (a ``bundle REF DEST``), and a write there would change the staged copy;
+- ``pool``: another filesystem, or a source that is not sealed: each distinct (content, mode)
+  is copied once into the pool (our own read-only copies) and hardlinked into the bundle (a
+  new image version or a second image copies only what differs);
 - ``copy`` (``link=False``): independent files (reflink, ``copy_file_range``, ``sendfile``);
   unchanged files of the previous version of the same name are carried over by hardlink.
 
@@ -29,6 +31,7 @@ re-staging does not even walk it.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +48,7 @@ from ocistage.stagers.filemanifest import (
     Record,
     entries_of,
     fill_missing_hashes,
+    fill_xattrs,
 )
 from ocistage.stagers.fresh import build_first
 from ocistage.stagers.gcpause import cyclic_gc_paused
@@ -64,6 +68,8 @@ from ocistage.stagers.target import (
 )
 
 __all__ = ["StageResult", "stage_directory"]
+
+log = logging.getLogger(__name__)
 
 # -- staging a tree (the library call of runtimes, bench and ocistage.bundler.staging)
 # ----------------
@@ -116,8 +122,8 @@ class _Compared:
 def _stage_tree(staging: Staging, source: Path, label: str, link: bool | None,
                 jobs: int) -> StageResult:
     staging.refuse_foreign("dir")
-    method = choose_method(source, staging.to, link)
     identity = source_identity(source, staging.cache_root)
+    method = choose_method(source, staging.to, link, sealed=bool(identity))
     marker = staging.marker
     same = marker if marker is not None and marker.method == method else None
     # unchanged? a sealed source by its identity, anything else by one stat walk — whose
@@ -126,23 +132,28 @@ def _stage_tree(staging: Staging, source: Path, label: str, link: bool | None,
         return staging.unchanged(same.files, method.value)
     compared: _Compared | None = None
     if marker is not None or method == Method.COPY:
-        walked = parallel_walk_digest(source, min(jobs, usable_cpus()))
+        # hardlink staging: no ctimes (its own links move them; the inode carries its xattrs)
+        walked = parallel_walk_digest(source, min(jobs, usable_cpus()),
+                                      ctime=method != Method.HARDLINK)
         # the previous manifest (and the walk's records) are read only when the tree changed
         # (on an unchanged tree of 100k files, reading and indexing it cost more than the walk)
         if same is not None and not identity and same.tree == walked.digest:
             return staging.unchanged(same.files, method.value)
-        compared = _compare(staging, walked.records(), walked.digest, method)
+        compared = _compare(staging, source, walked.records(), walked.digest, method)
     return _build(staging, source, label, method, identity, compared, jobs)
 
 
-def _compare(staging: Staging, records: list[Record], tree: str,
+def _compare(staging: Staging, source: Path, records: list[Record], tree: str,
              method: Method) -> _Compared:
-    """The entries of a walk's ``records`` (stat digest ``tree``) beside the previous
-    manifest."""
+    """The entries of a walk's ``records`` (stat digest ``tree``) of ``source`` beside the
+    previous manifest."""
     previous = staging.previous()
     before = previous.by_path() if previous is not None else {}
-    # unchanged files keep their hashes from the previous manifest (never read again)
+    # unchanged files keep their hashes and xattr digests from the previous manifest (never
+    # read again); hardlink staging needs neither (the staged file is the source's inode)
     entries = entries_of(records, before if method != Method.HARDLINK else None)
+    if method != Method.HARDLINK:
+        entries = fill_xattrs(source, entries)
     return _Compared(previous, before, entries, tree)
 
 
@@ -167,6 +178,7 @@ def _build(staging: Staging, source: Path, label: str, method: Method, identity:
             tree = compared.tree
     finally:
         builder.close()
+    _warn_refused_xattrs(builder, staging)
     manifest, files = _write_version(staging, builder.scratch, label, method, identity,
                                      entries, tree)
     processes = min(jobs, usable_cpus()) if files >= FORK_MIN_FILES else 1
@@ -177,6 +189,16 @@ def _build(staging: Staging, source: Path, label: str, method: Method, identity:
     counts = builder.counts
     return StageResult(staging.final, files, counts.copied, counts.linked, counts.unchanged,
                        counts.bytes_copied, staging.lease.id, method.value)
+
+
+def _warn_refused_xattrs(builder: Builder, staging: Staging) -> None:
+    """One warning for the extended attributes the target refused, with their count."""
+    refused = builder.placer.copier.xattrs_refused.value
+    if refused:
+        log.warning("%s: %d extended attribute(s) of the source could not be set on the "
+                    "staged copies (not supported by the target, or not permitted: "
+                    "security.capability needs root); staged without them",
+                    staging.final, refused)
 
 
 def _builder(staging: Staging, source: Path, method: Method, previous: Manifest | None,
@@ -239,8 +261,9 @@ def _released_keys(previous: Manifest, current: Manifest, before: dict[str, Entr
         old = before.get(entry.path)
         if old is not None and old.type == "file":
             kept += 1
-            if old.hash is not None and (old.hash, old.mode) != (entry.hash, entry.mode):
-                keys.add(pool_key(old.hash, old.mode))
+            if old.hash is not None and (old.hash, old.mode, old.xattrs) != (
+                    entry.hash, entry.mode, entry.xattrs):
+                keys.add(pool_key(old.hash, old.mode, old.xattrs))
     if sum(1 for e in previous.entries if e.type == "file") != unchanged + kept:
         keys.update(_keys_not_kept(previous, current))
     return keys
@@ -249,6 +272,7 @@ def _released_keys(previous: Manifest, current: Manifest, before: dict[str, Entr
 def _keys_not_kept(previous: Manifest, current: Manifest) -> set[str]:
     """Pool keys of the files of ``previous`` that ``current`` has not at the same path with
     the same content and mode."""
-    now = {e.path: (e.hash, e.mode) for e in current.entries if e.type == "file"}
-    return {pool_key(e.hash, e.mode) for e in previous.entries
-            if e.type == "file" and e.hash is not None and now.get(e.path) != (e.hash, e.mode)}
+    now = {e.path: (e.hash, e.mode, e.xattrs) for e in current.entries if e.type == "file"}
+    return {pool_key(e.hash, e.mode, e.xattrs) for e in previous.entries
+            if e.type == "file" and e.hash is not None
+            and now.get(e.path) != (e.hash, e.mode, e.xattrs)}

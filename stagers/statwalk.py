@@ -56,6 +56,7 @@ class _Subtree:
 
     path: str
     prefix: str
+    ctime: bool = True
 
 
 _Piece = list[Record] | _Subtree
@@ -77,19 +78,20 @@ class StatWalk:
         return records
 
 
-def parallel_walk_digest(root: Path, processes: int) -> StatWalk:
+def parallel_walk_digest(root: Path, processes: int, ctime: bool = True) -> StatWalk:
     """:func:`~ocistage.stagers.filemanifest.walk_digest` of ``root`` and its records, the subtrees
     walked by ``processes`` forked workers; the same digest and records in the same order. A
-    small tree (or ``processes`` <= 1) is walked here."""
+    small tree (or ``processes`` <= 1) is walked here. ``ctime``: as
+    :func:`~ocistage.stagers.filemanifest.children`'s."""
     if processes <= 1:
-        return _sequential(root)
+        return _sequential(root, ctime)
     try:
-        pieces = _expand(os.fspath(root), processes * SUBTREES_PER_PROCESS)
+        pieces = _expand(os.fspath(root), processes * SUBTREES_PER_PROCESS, ctime)
     except OSError as exc:
         raise unreadable(root, exc) from exc
     subtrees = [piece for piece in pieces if isinstance(piece, _Subtree)]
     if not MIN_PARALLEL_DIRS <= len(subtrees) <= MAX_QUEUE:  # small, or wider than a queue
-        return _sequential(root)
+        return _sequential(root, ctime)
     try:
         walked = iter(map_queue(_walk_subtree, subtrees, processes))
     except OSError as exc:
@@ -107,27 +109,28 @@ def parallel_walk_digest(root: Path, processes: int) -> StatWalk:
     return StatWalk(hasher.hexdigest(), parts)
 
 
-def _sequential(root: Path) -> StatWalk:
+def _sequential(root: Path, ctime: bool) -> StatWalk:
     records: list[Record] = []
-    digest = walk_digest(root, records)
+    digest = walk_digest(root, records, ctime)
     return StatWalk(digest, [records])
 
 
-def _expand(root: str, wanted: int) -> list[_Piece]:
+def _expand(root: str, wanted: int, ctime: bool = True) -> list[_Piece]:
     """The walk of ``root`` as pieces: records listed here and subtrees left to walk, in the
     walk's order; the top levels are listed until there are ``wanted`` subtrees (at most
     :data:`MAX_EXPAND_DEPTH` levels, and a level that would make more tasks than a queue
     holds is not taken)."""
-    pieces: list[_Piece] = [_Subtree(root, "")]
+    pieces: list[_Piece] = [_Subtree(root, "", ctime)]
     for _level in range(MAX_EXPAND_DEPTH):
         expanded: list[_Piece] = []
         for piece in pieces:
             if not isinstance(piece, _Subtree):
                 expanded.append(piece)
                 continue
-            rows, subdirs = children(piece.path, piece.prefix)
+            rows, subdirs = children(piece.path, piece.prefix, ctime)
             expanded.append(rows)
-            expanded.extend(_Subtree(path, prefix) for path, prefix in reversed(subdirs))
+            expanded.extend(_Subtree(path, prefix, ctime)
+                            for path, prefix in reversed(subdirs))
         count = sum(1 for piece in expanded if isinstance(piece, _Subtree))
         if count > MAX_QUEUE:  # more tasks than a queue holds: the previous level's
             break
@@ -140,5 +143,5 @@ def _expand(root: str, wanted: int) -> list[_Piece]:
 def _walk_subtree(subtree: _Subtree) -> tuple[bytes, bytes]:
     """In a worker: the digest lines of the walk of ``subtree`` and its records (a
     ``marshal`` blob), in walk order."""
-    rows = list(walk(subtree.path, subtree.prefix))
+    rows = list(walk(subtree.path, subtree.prefix, subtree.ctime))
     return digest_lines(rows), marshal.dumps(rows)

@@ -207,15 +207,28 @@ def source_identity(source: Path, cache_root: Path) -> str:
             f"{config.st_ino}:{config.st_mtime_ns}:{config.st_size}")
 
 
-def choose_method(source: Path, to: Path, link: bool | None) -> Method:
+def choose_method(source: Path, to: Path, link: bool | None, sealed: bool) -> Method:
+    """How ``source`` is staged into ``to``. Only a *sealed* source (a bundle in the cache,
+    :func:`source_identity`, whose files nobody writes) may share inodes with a staged tree:
+    any other tree (a ``bundle REF DEST``, a directory of the user's) is writable, and a
+    hardlink would let a write there change the staged copy; it goes through the target's
+    pool (our own read-only copies) or is copied. (Whether links work is tried only for a
+    sealed source: the trial links a file of the source, which moves its ctime.)"""
     if link is False:
         return Method.COPY
+    if link is None and not sealed:
+        return Method.POOL
     same = hardlinks_between(source, to)
     if link is True and not same:
         raise StageError(f"cannot hardlink: {source} and {to} are on different filesystems "
                          f"or mount points", "drop --link to copy through the target's pool "
                                              "instead")
-    return Method.HARDLINK if same else Method.POOL
+    if link is True and not sealed:
+        raise StageError(f"cannot hardlink {source}: only a bundle in the cache may share "
+                         "its files with a staged copy (this tree can be written)",
+                         "stage the image by its REF, or drop --link to copy through the "
+                         "target's pool")
+    return Method.HARDLINK if same and sealed else Method.POOL
 
 
 def hardlinks_between(source: Path, to: Path) -> bool:

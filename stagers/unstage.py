@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ocistage.cache import staged
+from ocistage.cache import leases, staged
 from ocistage.cache.fsops import DIR_FOLLOW, DIR_READ
-from ocistage.cache.leases import Holder, Lease
+from ocistage.cache.leases import Holder, Lease, StagedPlace
 from ocistage.stagers import retired
 from ocistage.stagers.errors import StageError
 from ocistage.stagers.markers import (
@@ -117,30 +117,74 @@ def unstage(path: Path, *, cache_root: Path, holder: Holder | None = None,
 
 def _unstage_in(parent_fd: int, parent: Path, name: str, path: Path, cache_root: Path,
                 holder: Holder | None, force: bool) -> bool:
+    bundle = _open_bundle(parent_fd, parent, name, path)
+    if bundle is None:
+        _release_leases(cache_root, path, holder)
+        return False
+    try:
+        if not bundle.remnant and not force and _hand_over_to_others(cache_root, path,
+                                                                     holder, bundle):
+            os.close(bundle.fd)
+            return False
+        # held by this process until the bundle is gone, and named in the outer marker
+        # before anything is removed: an unstage killed half-way leaves a bundle (or what an
+        # unmount left of it) that the next unstage, or GC once this process is gone, finish
+        removal = StagedPlace.of(path).acquire(cache_root, Holder.this_process())
+        staged.mark_removing(bundle, removal.id)
+    except BaseException:
+        if bundle.fd >= 0:
+            os.close(bundle.fd)
+        raise
+    outer = bundle.outer
+    earlier = outer.get("id") if outer is not None and staged.removing(outer) else None
+    release_leases(cache_root, path, holder, keep=removal.id)
+    staged.take_down(bundle)   # closes fd
+    staged.remove_beside(bundle)
+    for lease_id in (earlier, removal.id):  # the removal lease of an unstage cut short too
+        if isinstance(lease_id, str):
+            leases.release(cache_root, lease_id)
+    return True
+
+
+def _open_bundle(parent_fd: int, parent: Path, name: str,
+                 path: Path) -> staged.StagedBundle | None:
+    """The staged bundle ``name`` of ``parent_fd``, opened, or the remnant of a removal cut
+    short (:func:`ocistage.cache.staged.remnant_of`); None if there is neither."""
     try:
         fd = os.open(name, DIR_READ, dir_fd=parent_fd)
     except FileNotFoundError:
-        _release_leases(cache_root, path, holder)
-        return False
+        fd = -1
     except OSError as exc:
         raise StageError(f"{path} is not a staged bundle (not a directory, or a symlink)",
                          "give the path ocistage stage printed") from exc
     try:
-        document = staged.read_json_at(fd, staged.MARKER_NAME)  # read once: both views
-        marker = marker_of(document)
-        if marker is None or document is None:
+        document = staged.read_json_at(fd, staged.MARKER_NAME) if fd >= 0 else None
+        if document is not None and marker_of(document) is not None:
+            mounted = os.fstat(fd).st_dev != os.fstat(parent_fd).st_dev
+            outer = staged.read_json_at(parent_fd, staged.outer_marker_name(name))
+            return staged.StagedBundle(parent_fd, parent, name, fd, document, outer, mounted)
+        remnant = staged.remnant_of(parent_fd, parent, name, fd)
+        if remnant is None and fd >= 0:
             raise StageError(f"{path} was not staged by ocistage (no marker); not removing it",
                              "remove it yourself if it is yours")
-        live = _release_leases(cache_root, path, holder)
-        mounted = os.fstat(fd).st_dev != os.fstat(parent_fd).st_dev
-        if live and not force:
-            _hand_over(parent_fd, name, fd, marker, mounted, live)
-            os.close(fd)
-            return False
-        bundle = staged.StagedBundle(parent_fd, parent, name, fd, document, None, mounted)
     except BaseException:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
         raise
-    staged.take_down(bundle)   # closes fd
-    staged.remove_beside(bundle)
+    return remnant
+
+
+def _hand_over_to_others(cache_root: Path, path: Path, holder: Holder | None,
+                         bundle: staged.StagedBundle) -> bool:
+    """Release ``holder``'s leases and keep the bundle if another live lease still uses it
+    (:func:`_hand_over`): True then; False (nothing released) when it is to be removed."""
+    others = [lease for lease in staged_leases(cache_root, path)
+              if holder is not None and not same_holder(lease.holder, holder)]
+    live = live_leases(others)
+    if not live:
+        return False
+    release_leases(cache_root, path, holder)
+    marker = marker_of(bundle.marker)
+    assert marker is not None
+    _hand_over(bundle.parent_fd, bundle.name, bundle.fd, marker, bundle.mounted, live)
     return True

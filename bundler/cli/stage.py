@@ -74,8 +74,9 @@ def stage_command(
                             "(srun, one task per node).")] = False,
     link: Annotated[bool | None, typer.Option(
         "--link/--copy",
-        help="--link: insist on hardlinks from the source; --copy: independent copies "
-             "[default: hardlinks or the target's pool where possible].")] = None,
+        help="--link: insist on hardlinks from the source (a bundle in the cache only); "
+             "--copy: independent copies "
+             "[default: hardlinks from a cached bundle, else the target's pool].")] = None,
     mount: Annotated[bool | None, typer.Option(
         "--mount/--unpack", help="squashfs: insist on mounting, or always unpack "
                                  "[default: mount where FUSE works, else unpack].")] = None,

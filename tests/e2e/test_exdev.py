@@ -84,10 +84,12 @@ def test_stage_and_bundle_link_fall_back_to_copies_across_bind_mounts(
 
 def test_files_on_a_mount_inside_the_source_are_copied_by_a_hardlink_stage(
         tmp_path: Path, ocistage: OcistageRunner) -> None:
-    """The target takes links from the source's top (method hardlink), but a directory of the
-    source is a bind mount: its files give EXDEV one by one and are copied instead."""
-    bundle, other = tmp_path / "bundle", tmp_path / "other"
-    ocistage("bundle", image(tmp_path), str(bundle), "--cmd", "/bin/sh", check=True)
+    """The target takes links from the source's top (method hardlink: a bundle in the cache,
+    the only source that is hard-linked), but a directory of the source is a bind mount: its
+    files give EXDEV one by one and are copied instead."""
+    other = tmp_path / "other"
+    bundle = Path(json.loads(ocistage("bundle", image(tmp_path), "--cmd", "/bin/sh", "--json",
+                                      check=True).stdout)["path"])
     (bundle / "rootfs" / "mnt").mkdir()
     other.mkdir()
     for n in range(3):

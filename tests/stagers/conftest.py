@@ -40,6 +40,17 @@ def tree(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def sealed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every source counts as sealed (a bundle in the cache, whose files nobody writes), so
+    a tree of the test's on the target's filesystem is staged by ``hardlink``; its identity
+    is new at each stage, so a re-stage still walks the tree (and sees the test's changes)."""
+    from ocistage.stagers import stage
+
+    monkeypatch.setattr(stage, "source_identity",
+                        lambda source, cache_root: f"sealed-for-the-test:{uuid.uuid4()}")
+
+
+@pytest.fixture
 def other_fs() -> Iterator[Path]:
     """A directory on another filesystem than tmp_path (tmpfs /dev/shm), or skip."""
     base = Path("/dev/shm")

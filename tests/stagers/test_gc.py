@@ -209,5 +209,114 @@ def test_unstage_by_the_first_holder_hands_the_marker_to_a_remaining_lease(
         if os.path.ismount(first.path):
             staged.unmount(first.path)
     assert staged_removed(report) == {str(first.path)}
+    # a tree of the user's is staged through the pool (issue 27.7): emptied with the bundle
+    assert sorted(os.listdir(target)) in ([".ocistage-tmp"], [".ocistage-pool", ".ocistage-tmp"])
+    assert not [p for p in (target / ".ocistage-pool").rglob("*") if p.is_file()]
+    assert leases.all_leases(cache) == []
+
+
+def _unstage_killed_at(path: Path, cache: Path, step: str, by: str = "unstage") -> None:
+    """Run ``unstage(path)`` (``by`` "gc": a ``cache gc``) in a forked child that dies
+    (``_exit``, as a SIGKILL would leave it: no cleanup) right after ``step``: "unmount"
+    (the image is unmounted, its marker gone with it) or "take-down" (the tree is gone, the
+    image and markers beside it not)."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            if step == "unmount":
+                real = staged.unmount
+
+                def unmount_then_die(mountpoint: Path, *, lazy: bool = False) -> None:
+                    real(mountpoint, lazy=lazy)
+                    os._exit(9)
+
+                staged.unmount = unmount_then_die  # type: ignore[assignment]
+            else:
+                def die(bundle: object) -> None:
+                    os._exit(9)
+
+                staged.remove_beside = die  # type: ignore[assignment]
+            if by == "gc":
+                gc(cache)
+            else:
+                unstage(path, cache_root=cache)
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 9
+
+
+@pytest.mark.parametrize(("fmt", "step"), [("squashfs", "unmount"), ("squashfs", "take-down"),
+                                           ("dir", "take-down")])
+@pytest.mark.parametrize("finisher", ["unstage", "gc"])
+def test_an_unstage_killed_half_way_is_finished_by_unstage_or_gc(
+        tree: Path, tmp_path: Path, fmt: str, step: str, finisher: str) -> None:
+    """Issue 27.10: unstage killed right after unmounting a squashfs left ``NAME/`` and
+    ``NAME.sqfs`` that neither unstage ("not staged by ocistage") nor gc removed."""
+    if fmt == "squashfs":
+        require_mount()
+    cache, target = tmp_path / "cache", tmp_path / "t"
+    result = stage_directory(tree, target, cache_root=cache, holder=Holder.pin("p"),
+                             format="squashfs" if fmt == "squashfs" else "dir",
+                             squashfs_mount=True if fmt == "squashfs" else None)
+    assert result.method == ("squashfs-mount" if fmt == "squashfs" else "pool")
+    try:
+        _unstage_killed_at(result.path, cache, step)
+    finally:
+        if os.path.ismount(result.path):
+            staged.unmount(result.path)
+    left = sorted(os.listdir(target))
+    assert [n for n in left if not n.startswith(".ocistage")] != []  # something was left
+    if finisher == "unstage":
+        assert unstage(result.path, cache_root=cache)
+    else:
+        assert staged_removed(gc(cache)) == {str(result.path)}
+    assert [n for n in os.listdir(target) if not n.startswith(".ocistage")] == []
+    assert not [p for p in (target / ".ocistage-pool").rglob("*") if p.is_file()]
+    assert leases.all_leases(cache) == []
+
+
+@pytest.mark.parametrize("finisher", ["unstage", "gc"])
+def test_a_gc_killed_after_unmounting_is_finished(tree: Path, tmp_path: Path,
+                                                   finisher: str) -> None:
+    """The same for ``cache gc`` removing a mounted image of a dead job: its dead lease stays
+    until the removal is done, and the outer marker names it."""
+    require_mount()
+    cache, target = tmp_path / "cache", tmp_path / "t"
+    result = stage_directory(tree, target, cache_root=cache, holder=DEAD_JOB,
+                             format="squashfs", squashfs_mount=True)
+    try:
+        _unstage_killed_at(result.path, cache, "unmount", by="gc")
+    finally:
+        if os.path.ismount(result.path):
+            staged.unmount(result.path)
+    assert sorted(os.listdir(target)) == [".bundle.ocistage-staged.json", ".ocistage-tmp",
+                                          "bundle", "bundle.sqfs"]
+    if finisher == "unstage":
+        assert unstage(result.path, cache_root=cache)
+    else:
+        assert staged_removed(gc(cache)) == {str(result.path)}
     assert sorted(os.listdir(target)) == [".ocistage-tmp"]
     assert leases.all_leases(cache) == []
+
+
+@pytest.mark.parametrize(("fmt", "step"), [("squashfs", "unmount"), ("dir", "take-down")])
+def test_a_stage_after_an_unstage_cut_short_finishes_it(tree: Path, tmp_path: Path, fmt: str,
+                                                         step: str) -> None:
+    """Staging the name again (as a directory) finishes what the killed unstage left, and
+    leaves no outer marker naming its dead lease beside the new bundle."""
+    if fmt == "squashfs":
+        require_mount()
+    cache, target = tmp_path / "cache", tmp_path / "t"
+    first = stage_directory(tree, target, cache_root=cache, holder=Holder.pin("p"),
+                            format="squashfs" if fmt == "squashfs" else "dir",
+                            squashfs_mount=True if fmt == "squashfs" else None)
+    try:
+        _unstage_killed_at(first.path, cache, step)
+    finally:
+        if os.path.ismount(first.path):
+            staged.unmount(first.path)
+    assert os.path.lexists(target / staged.outer_marker_name("bundle"))
+    again = stage_directory(tree, target, cache_root=cache, holder=Holder.pin("p"))
+    assert sorted(os.listdir(target)) == [".ocistage-pool", ".ocistage-tmp", "bundle"]
+    assert [lease.id for lease in leases.all_leases(cache)] == [again.lease_id]

@@ -79,7 +79,7 @@ def test_a_first_stage_of_thousands_of_files_through_forked_workers(
     assert result.method == "pool" and result.files == 601
     assert result.copied + result.linked == 601 and result.linked > 0  # equal contents pooled
     manifest = json.loads((result.path / MANIFEST_NAME).read_bytes())
-    for path, kind, mode, _size, _mtime, _dev, _ino, digest, _target in manifest["entries"]:
+    for path, kind, mode, _size, _mtime, _dev, _ino, digest, *_rest in manifest["entries"]:
         if kind != "file":
             continue
         staged = result.path / path
@@ -117,6 +117,7 @@ def test_map_parts_hands_each_process_one_contiguous_slice() -> None:
 
 
 @pytest.mark.parametrize("where", ["same-fs", "other-fs"])
+@pytest.mark.usefixtures("sealed")
 def test_a_restage_through_forked_workers_reads_and_copies_only_what_changed(
         tmp_path: Path, other_fs: Path, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from ocistage.stagers import filemanifest

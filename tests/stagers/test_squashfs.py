@@ -103,6 +103,20 @@ def test_missing_mountpoints_are_listed_parents_first(tmp_path: Path) -> None:
         ("rootfs/sys/fs/cgroup", "d"), ("rootfs/etc", "d"), ("rootfs/etc/hosts", "f")]
 
 
+@pytest.mark.parametrize("mounts", [["/proc"], [{"destination": "/proc"}, 7], "proc",
+                                    {"destination": "/proc"}])
+def test_mounts_that_are_not_objects_are_a_stage_error(tmp_path: Path, mounts: object) -> None:
+    from ocistage.stagers.errors import StageError
+    from ocistage.stagers.squashfs import missing_mountpoints
+
+    bundle = tmp_path / "b"
+    (bundle / "rootfs").mkdir(parents=True)
+    (bundle / "config.json").write_text(json.dumps({"root": {"path": "rootfs"},
+                                                    "mounts": mounts}))
+    with pytest.raises(StageError, match="mounts"):
+        missing_mountpoints(bundle)
+
+
 def test_formats_do_not_replace_each_other_under_one_name(tree: Path, tmp_path: Path) -> None:
     require_binary("mksquashfs")
     require_binary("unsquashfs")

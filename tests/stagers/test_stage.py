@@ -49,7 +49,8 @@ def test_staged_tree_equals_the_source(tree: Path, tmp_path: Path, other_fs: Pat
                                        where: str, link: bool | None) -> None:
     to = tmp_path / "target" if where == "same-fs" else other_fs
     result = _stage(tree, to, tmp_path / "cache", link=link)
-    expected = {None: {"same-fs": "hardlink", "other-fs": "pool"}, False: {
+    # a tree of the user's can be written: never hard-linked (issue 27.7), even on one fs
+    expected = {None: {"same-fs": "pool", "other-fs": "pool"}, False: {
         "same-fs": "copy", "other-fs": "copy"}}[link][where]
     assert result.method == expected and type(result.method) is str  # the name, no enum
     assert result.path == to / "bundle"
@@ -139,6 +140,58 @@ def test_sealed_cache_bundles_are_not_walked_again(tmp_path: Path) -> None:
     assert manifest["source"].startswith(str(bundle))
     again = _stage(bundle, tmp_path / "t", cache)
     assert again.unchanged == first.files and again.copied == again.linked == 0
+
+
+def test_a_writable_tree_is_never_hardlinked(tree: Path, tmp_path: Path) -> None:
+    """Only sealed cache content may share inodes with a staged tree: a write into the
+    source (a container running on a ``bundle REF DEST``) must not reach the staged copy."""
+    cache = tmp_path / "cache"
+    result = _stage(tree, tmp_path / "t", cache)
+    assert result.method == "pool"
+    source_file = tree / "rootfs" / "bin" / "f3"
+    before = source_file.read_bytes()
+    with open(source_file, "r+b") as file:  # in place: the same inode
+        file.write(b"rewritten by a container")
+    assert (result.path / "rootfs" / "bin" / "f3").read_bytes() == before
+    for path in (tree / "rootfs").rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            staged = result.path / path.relative_to(tree)
+            assert staged.stat().st_ino != path.stat().st_ino
+    with pytest.raises(OcistageError, match="only a bundle in the cache"):
+        _stage(tree, tmp_path / "t", cache, link=True, name="forced")
+
+
+@pytest.mark.parametrize("how", ["missing", "replaced"])
+@pytest.mark.parametrize("where", ["hardlink", "pool"])
+def test_a_restage_writes_a_private_config_when_the_staged_one_is_not(
+        tree: Path, tmp_path: Path, other_fs: Path, how: str, where: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A re-stage with config.json unchanged in the source, whose previous private copy is
+    gone or replaced (by the source's own file, as an older version linked it; by a copy of
+    it): the new version gets a private, read-only-root copy again, never a link of the
+    source's or the pool's file."""
+    from ocistage.stagers import stage as stage_module
+
+    cache = tmp_path / "cache"
+    to = tmp_path / "t" if where == "hardlink" else other_fs
+    if where == "hardlink":  # as a cache bundle, staged by hardlink; walked on each stage
+        monkeypatch.setattr(stage_module, "source_identity",
+                            lambda source, cache_root: f"sealed:{time.monotonic_ns()}")
+    first = _stage(tree, to, cache)
+    assert first.method == where
+    staged_config = first.path / "config.json"
+    staged_config.unlink()
+    if how == "replaced" and where == "hardlink":
+        os.link(tree / "config.json", staged_config)
+    elif how == "replaced":
+        staged_config.write_bytes((tree / "config.json").read_bytes())
+    (tree / "rootfs" / "bin" / "f2").write_bytes(b"changed, so a new version is built\n")
+    again = _stage(tree, to, cache)
+    config = again.path / "config.json"
+    assert config.stat().st_ino != (tree / "config.json").stat().st_ino
+    assert config.stat().st_nlink == 1
+    assert json.loads(config.read_text())["root"]["readonly"] is True
+    assert json.loads((tree / "config.json").read_text())["root"]["readonly"] is False
 
 
 def test_names_and_foreign_paths_are_refused(tree: Path, tmp_path: Path) -> None:

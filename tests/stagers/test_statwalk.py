@@ -78,10 +78,11 @@ def test_a_subtree_a_worker_cannot_read_is_a_stage_error(tmp_path: Path,
     root = _tree(tmp_path / "tree", seed=1, dirs=300, depth=6)
     real = filemanifest.children
 
-    def refusing(directory: str, prefix: str) -> tuple[list[Record], list[tuple[str, str]]]:
+    def refusing(directory: str, prefix: str, ctime: bool = True,
+                 ) -> tuple[list[Record], list[tuple[str, str]]]:
         if prefix.count("/") >= 4:
             raise PermissionError(13, "Permission denied", directory)
-        return real(directory, prefix)
+        return real(directory, prefix, ctime)
 
     monkeypatch.setattr(filemanifest, "children", refusing)
     with pytest.raises(StageError, match=r"cannot read the source tree .*Permission denied"):
