@@ -17,23 +17,37 @@ from collections.abc import Mapping
 from pathlib import Path
 
 
-def host_id(kind: str, ident: int) -> int:
-    """``ident`` (a ``"uid"`` or ``"gid"`` of this process's user namespace) as the namespace
-    above sees it (``/proc/self/uid_map``); unchanged outside a user namespace or when
-    unmapped."""
+def id_map(kind: str) -> list[tuple[int, int, int]]:
+    """This process's user namespace's ``/proc/self/{uid,gid}_map``: (inside, outside, count)
+    ranges; the identity map when it cannot be read."""
     try:
         with open(f"/proc/self/{kind}_map", encoding="ascii") as file:
             lines = file.read().splitlines()
     except OSError:
-        return ident
+        return [(0, 0, 1 << 32)]
+    ranges = []
     for line in lines:
         fields = line.split()
-        if len(fields) != 3 or not all(field.isdigit() for field in fields):
-            continue
-        inside, outside, count = (int(field) for field in fields)
+        if len(fields) == 3 and all(field.isdigit() for field in fields):
+            inside, outside, count = (int(field) for field in fields)
+            ranges.append((inside, outside, count))
+    return ranges
+
+
+def host_id(kind: str, ident: int) -> int:
+    """``ident`` (a ``"uid"`` or ``"gid"`` of this process's user namespace) as the namespace
+    above sees it; unchanged outside a user namespace or when unmapped."""
+    for inside, outside, count in id_map(kind):
         if inside <= ident < inside + count:
             return outside + ident - inside
     return ident
+
+
+def host_root_mapped() -> bool:
+    """Whether the host's root is a user here: not so in an unprivileged user namespace
+    (rootless Podman's), where root's files show as the overflow user (nobody), like any
+    other user's that is not mapped, so who owns a directory cannot be told."""
+    return any(outside <= 0 < outside + count for _, outside, count in id_map("uid"))
 
 
 def owned_by_caller(path: Path) -> bool:

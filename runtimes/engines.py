@@ -43,6 +43,7 @@ def docker_daemon_json(scrun: str) -> str:
     config = {
         "experimental": True,
         "iptables": False,
+        "ip-forward": False,   # no bridge to forward for; rootless with --net=host cannot
         "bridge": "none",
         "no-new-privileges": True,
         "rootless": True,

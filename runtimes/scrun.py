@@ -44,7 +44,7 @@ from ocistage.cache.fsops import (
 from ocistage.cache.leases import Holder
 from ocistage.cache.readback import read_own
 from ocistage.cache.store import write_file_atomic
-from ocistage.cache.userdirs import host_id
+from ocistage.cache.userdirs import host_id, host_root_mapped
 from ocistage.runtimes.errors import ScrunError
 from ocistage.runtimes.idmap import detect_root_placeholder
 from ocistage.runtimes.rootless import RootlessIds, make_rootless
@@ -582,6 +582,13 @@ def stage_in(request: StageInRequest, *, cache_root: Path, jobs: int = 8) -> Sta
     from ocistage.stagers.stage import stage_directory  # imported late: a sibling package's API
 
     container_id = check_container_id(request.container_id)
+    if not host_root_mapped():
+        raise ScrunError(
+            "stage-in runs in a user namespace without the host's root (rootless Podman's, "
+            "where scrun runs the allocator's commands): root's directories show as nobody "
+            "there, so no directory can be trusted",
+            "generate scrun.lua with `--stage-to node-local`: its hooks run through srun, "
+            "outside the engine's namespace (docs/slurm.md, \"Rootless Podman\")")
     config = read_config(request.config_file)
     rootfs = source_rootfs(request.bundle, config)
     user_dir = user_stage_dir(request.stage_dir, request.uid)

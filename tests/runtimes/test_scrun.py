@@ -140,6 +140,7 @@ def test_engine_snippets_parse() -> None:
     assert daemon["default-runtime"] == "slurm"
     assert daemon["runtimes"]["slurm"]["path"] == "/usr/local/bin/scrun"
     assert daemon["rootless"] is True and daemon["bridge"] == "none"
+    assert daemon["iptables"] is False and daemon["ip-forward"] is False
     conf = tomllib.loads(podman_containers_conf("/usr/bin/scrun"))
     assert conf["engine"]["runtime"] == "slurm"
     # conmon passes scrun (and so the hooks) only this environment: Podman's default PATH
@@ -334,15 +335,24 @@ def test_stage_in_ids_and_home_are_the_hosts_inside_a_user_namespace() -> None:
     """Rootless Podman runs scrun and the hooks in its user namespace, as uid 0 there: the
     job user and the user's home are those of the id outside, not root's."""
     unshare = require_binary("unshare")
-    code = ("import json; from ocistage.runtimes.scrun import job_ids; "
-            "from ocistage.cache.userdirs import home_dir; "
-            "print(json.dumps([job_ids(0, 0), str(home_dir({}))]))")
+    code = ("import json; from pathlib import Path; "
+            "from ocistage.runtimes.scrun import StageInRequest, ScrunError, job_ids, stage_in; "
+            "from ocistage.cache.userdirs import home_dir\n"
+            "try:\n"
+            " stage_in(StageInRequest('c1', Path('/b'), Path('/b/config.json'), Path('/s')),"
+            " cache_root=Path('/c'))\n"
+            "except ScrunError as exc:\n"
+            " refused = exc.message + ' ' + (exc.hint or '')\n"
+            "print(json.dumps([job_ids(0, 0), str(home_dir({})), refused]))")
     result = subprocess.run(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", unshare, "--user",
          "--map-root-user", sys.executable, "-c", code],
         capture_output=True, text=True, timeout=60, check=False, cwd="/",
         env={**os.environ, "HOME": "/root"})
     assert result.returncode == 0, result.stderr
-    ids, home = json.loads(result.stdout)
+    ids, home, refused = json.loads(result.stdout)
     assert ids == [65534, 65534]
     assert home == pwd.getpwuid(65534).pw_dir
+    # root's directories show as nobody in there: stage-in refuses before touching anything
+    assert "user namespace without the host's root" in refused
+    assert "--stage-to node-local" in refused
