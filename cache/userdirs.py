@@ -4,7 +4,9 @@ A user's settings, credentials and cache come from that user, whatever ``HOME`` 
 daemon started from root's shell passes ``HOME=/root`` to the scrun hooks it runs for every
 user, and a job or a sudo'd command may carry another user's ``HOME`` or ``XDG_*`` variables.
 A directory named by the environment is used only when it does not exist or belongs to the
-caller; otherwise the caller's passwd entry gives the home directory (issue 26).
+caller; otherwise the caller's passwd entry gives the home directory (issue 26). In a user
+namespace (rootless Podman runs scrun and its hooks in one, where the user is uid 0) that is
+the entry of the id the caller has outside it (:func:`host_id`), not root's.
 """
 
 from __future__ import annotations
@@ -13,6 +15,39 @@ import os
 import pwd
 from collections.abc import Mapping
 from pathlib import Path
+
+
+def id_map(kind: str) -> list[tuple[int, int, int]]:
+    """This process's user namespace's ``/proc/self/{uid,gid}_map``: (inside, outside, count)
+    ranges; the identity map when it cannot be read."""
+    try:
+        with open(f"/proc/self/{kind}_map", encoding="ascii") as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return [(0, 0, 1 << 32)]
+    ranges = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) == 3 and all(field.isdigit() for field in fields):
+            inside, outside, count = (int(field) for field in fields)
+            ranges.append((inside, outside, count))
+    return ranges
+
+
+def host_id(kind: str, ident: int) -> int:
+    """``ident`` (a ``"uid"`` or ``"gid"`` of this process's user namespace) as the namespace
+    above sees it; unchanged outside a user namespace or when unmapped."""
+    for inside, outside, count in id_map(kind):
+        if inside <= ident < inside + count:
+            return outside + ident - inside
+    return ident
+
+
+def host_root_mapped() -> bool:
+    """Whether the host's root is a user here: not so in an unprivileged user namespace
+    (rootless Podman's), where root's files show as the overflow user (nobody), like any
+    other user's that is not mapped, so who owns a directory cannot be told."""
+    return any(outside <= 0 < outside + count for _, outside, count in id_map("uid"))
 
 
 def owned_by_caller(path: Path) -> bool:
@@ -32,7 +67,7 @@ def home_dir(environ: Mapping[str, str] | None = None) -> Path:
     if named and os.path.isabs(named) and owned_by_caller(Path(named)):
         return Path(named)
     try:
-        return Path(pwd.getpwuid(os.getuid()).pw_dir)
+        return Path(pwd.getpwuid(host_id("uid", os.getuid())).pw_dir)
     except KeyError:  # a uid without a passwd entry (containers): the environment's, if any
         return Path(named) if named else Path("/")
 

@@ -31,10 +31,11 @@ def find_scrun(scrun: str | None = None, path: str | None = None) -> str:
     return _check_path(os.path.abspath(found))
 
 
-def _check_path(scrun: str) -> str:
-    if not scrun.startswith("/") or any(c in scrun for c in "\"'\\\n"):
-        raise UsageError(f"scrun path must be absolute and plain, not {scrun!r}")
-    return scrun
+def _check_path(path: str) -> str:
+    if not path.startswith("/") or any(c in path for c in "\"'\\\n"):
+        raise UsageError(f"path must be absolute and plain, not {path!r}",
+                         "it is written into the engine's configuration as it is")
+    return path
 
 
 def docker_daemon_json(scrun: str) -> str:
@@ -42,6 +43,7 @@ def docker_daemon_json(scrun: str) -> str:
     config = {
         "experimental": True,
         "iptables": False,
+        "ip-forward": False,   # no bridge to forward for; rootless with --net=host cannot
         "bridge": "none",
         "no-new-privileges": True,
         "rootless": True,
@@ -50,6 +52,25 @@ def docker_daemon_json(scrun: str) -> str:
         "runtimes": {"slurm": {"path": _check_path(scrun)}},
     }
     return json.dumps(config, indent=2) + "\n"
+
+
+#: conmon's PATH when containers.conf sets none (Podman 4's default ``conmon_env_vars``)
+CONMON_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def conmon_path(scrun: str) -> str:
+    """The PATH conmon passes to ``scrun create`` (and so to the anchor, its job and the
+    scrun.lua hooks): scrun's directory first (the srun beside it, for a Slurm installed
+    under a prefix of its own), then Podman's default.
+
+    Podman passes conmon only ``conmon_env_vars`` and a few variables of its own, and runs
+    ``scrun start/state/kill/delete`` with nothing but ``XDG_RUNTIME_DIR`` and its PATH:
+    no ``SLURM_CONF`` reaches scrun (docs/slurm.md, "Rootless Podman").
+    """
+    directory = os.path.dirname(_check_path(scrun))
+    if directory in CONMON_PATH.split(":"):
+        return CONMON_PATH
+    return f"{directory}:{CONMON_PATH}"
 
 
 def podman_containers_conf(scrun: str) -> str:
@@ -74,6 +95,7 @@ def podman_containers_conf(scrun: str) -> str:
         'runtime_supports_nocgroups = ["slurm"]',
         'runtime_supports_json = ["slurm"]',
         "remote = false",
+        f'conmon_env_vars = ["PATH={conmon_path(path)}"]',
         "",
         "[engine.runtimes]",
         f'slurm = ["{path}"]',

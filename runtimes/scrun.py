@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ from ocistage.cache.fsops import (
 from ocistage.cache.leases import Holder
 from ocistage.cache.readback import read_own
 from ocistage.cache.store import write_file_atomic
+from ocistage.cache.userdirs import host_id, host_root_mapped
 from ocistage.runtimes.errors import ScrunError
 from ocistage.runtimes.idmap import detect_root_placeholder
 from ocistage.runtimes.rootless import RootlessIds, make_rootless
@@ -114,6 +116,22 @@ local function command_line(args)
 	return table.concat(words, " ") .. " 2>&1"
 end
 
+-- a failed command says why, in scrun's log: its stderr, which the engine keeps as the
+-- container's output (`podman logs`, `docker logs`), and the --log file the engine reads
+-- runtime errors from
+local function failed(what, rc, output)
+	local why = string.format("ocistage scrun %s failed (exit %s): %s", what,
+		tostring(math.floor(tonumber(rc) or -1)), (string.gsub(output, "%s+$", "")))
+	if rc == 126 or rc == 127 then
+		why = why .. " [scrun.lua runs `" .. table.concat(OCISTAGE, " ") .. "`, which this "
+			.. "host cannot execute: regenerate scrun.lua with `ocistage runtime scrun-lua "
+			.. "--ocistage /absolute/path/of/ocistage`]"
+	end
+	for line in string.gmatch(why, "[^\n]+") do
+		slurm.log_error("scrun.lua: " .. line)
+	end
+end
+
 -- run `ocistage ARGS...` where the bundle must land; returns the decoded JSON result or nil.
 -- The result line (a JSON object naming the bundle) is what says it worked: scrun's SIGCHLD
 -- handler sometimes reaps the command's child first, and then scrun reports an exit status
@@ -139,8 +157,7 @@ local function ocistage(args)
 		ok, result = pcall(json.decode, last)
 	end
 	if not ok or type(result) ~= "table" or type(result.bundle) ~= "string" then
-		slurm.log_error(string.format("ocistage %s failed (rc=%s): %s", args[2],
-			tostring(rc), output))
+		failed(args[2], rc, output)
 		return nil
 	end
 	if rc ~= 0 then
@@ -217,20 +234,49 @@ SLURM_JSON = "local json = {decode = slurm.from_json, encode = slurm.to_json}"
 SLURM_JSON_SINCE = SlurmVersion(26, 5)
 
 
-def scrun_lua_options(*, ocistage: str, stage_to: str, stage_dir: str, cache: str | None,
-                      sbatch: str | None, find_sbatch: bool,
+def hook_ocistage(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The argv prefix that runs this ocistage from scrun's hooks, absolute: this interpreter
+    with ``-P -m ocistage`` (:func:`ocistage.runtimes.submit.this_ocistage`).
+
+    The hooks run with the environment scrun got from the engine (Podman's conmon passes
+    ``PATH=/usr/local/sbin:...:/bin`` and little else), so nothing may depend on the caller's
+    ``PATH`` or ``PYTHONPATH``: when this ocistage was imported through ``PYTHONPATH`` (a
+    checkout), ``env PYTHONPATH=<that directory>`` comes first.
+    """
+    from ocistage.runtimes.submit import this_ocistage
+
+    command = tuple(this_ocistage())
+    if not os.path.isabs(command[0]):
+        raise UsageError(f"this Python's path {command[0]!r} is not absolute",
+                         "pass --ocistage PATH (the ocistage command on the nodes)")
+    env = os.environ if environ is None else environ
+    root = Path(sys.modules["ocistage"].__file__ or "/").parent.parent
+    entries = [Path(entry).absolute() for entry in env.get("PYTHONPATH", "").split(":")
+               if entry]
+    if root.absolute() in entries:
+        return ("/usr/bin/env", f"PYTHONPATH={root.absolute()}", *command)
+    return command
+
+
+def scrun_lua_options(*, ocistage: str | None, stage_to: str, stage_dir: str,
+                      cache: str | None, sbatch: str | None, find_sbatch: bool,
                       version: SlurmVersion | None = None) -> ScrunLuaOptions:
-    """Options from what a user typed; ``find_sbatch``: take the sbatch on PATH when
-    ``sbatch`` is not given (scrun runs the hooks without a PATH, so the path is written)."""
+    """Options from what a user typed; ``ocistage`` None: :func:`hook_ocistage`;
+    ``find_sbatch``: take the sbatch on PATH when ``sbatch`` is not given (scrun runs the
+    hooks with the engine's PATH, so absolute paths are written)."""
     if stage_to not in ("shared", "node-local"):
         raise UsageError(f"unknown --stage-to {stage_to!r}", "choose shared or node-local")
+    if ocistage is not None and not ocistage.startswith("/"):
+        raise UsageError(f"--ocistage must be an absolute path, not {ocistage!r}",
+                         "scrun runs the hooks with the engine's PATH (Podman's conmon: "
+                         "/usr/local/sbin:...:/bin), not yours")
     if sbatch is None and find_sbatch:
         found = shutil.which("sbatch")
         if found is None:
             raise UsageError("sbatch not found on PATH: it queues each staged bundle's "
                              "cleanup job", "pass --sbatch PATH, or --no-cleanup-job")
         sbatch = os.path.abspath(found)
-    return ScrunLuaOptions(ocistage=(ocistage,),
+    return ScrunLuaOptions(ocistage=(ocistage,) if ocistage else hook_ocistage(),
                            stage_to="shared" if stage_to == "shared" else "node-local",
                            stage_dir=stage_dir, cache=cache, sbatch=sbatch,
                            slurm_json=version is not None and version >= SLURM_JSON_SINCE)
@@ -318,6 +364,18 @@ class StagedOut:
     def to_json(self) -> dict[str, Any]:
         return {"bundle": str(self.bundle), "root_path": self.root_path,
                 "removed": self.removed}
+
+
+def job_ids(uid: int | None, gid: int | None) -> tuple[int, int]:
+    """The job user's ids for stage-in: the hooks run as the job user, so an unprivileged
+    caller stages for itself, with its ids as the host sees them. scrun passes the ids it
+    sees: in rootless Podman's user namespace (where scrun runs) the user is 0, which would
+    map container root to the host's root. Root (outside any namespace) stages for the
+    ids given (default: its own)."""
+    real_uid = host_id("uid", os.getuid())
+    if real_uid != 0:
+        return real_uid, host_id("gid", os.getgid())
+    return (os.getuid() if uid is None else uid, os.getgid() if gid is None else gid)
 
 
 def check_container_id(container_id: str) -> str:
@@ -533,6 +591,13 @@ def stage_in(request: StageInRequest, *, cache_root: Path, jobs: int = 8) -> Sta
     from ocistage.stagers.stage import stage_directory  # imported late: a sibling package's API
 
     container_id = check_container_id(request.container_id)
+    if not host_root_mapped():
+        raise ScrunError(
+            "stage-in runs in a user namespace without the host's root (rootless Podman's, "
+            "where scrun runs the allocator's commands): root's directories show as nobody "
+            "there, so no directory can be trusted",
+            "generate scrun.lua with `--stage-to node-local`: its hooks run through srun, "
+            "outside the engine's namespace (docs/slurm.md, \"Rootless Podman\")")
     config = read_config(request.config_file)
     rootfs = source_rootfs(request.bundle, config)
     user_dir = user_stage_dir(request.stage_dir, request.uid)

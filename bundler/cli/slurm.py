@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -115,11 +114,6 @@ def _print_problems(check: Path, problems: list[Any], slurm_conf: Path | None,
 # -- scrun.lua and engine snippets -------------------------------------------------------------
 
 
-def _ocistage_command() -> str:
-    found = shutil.which("ocistage")
-    return os.path.abspath(found) if found else "ocistage"
-
-
 @runtime_app.command("scrun-lua")
 def runtime_scrun_lua(
     stage_to: StageToOpt = "shared",
@@ -129,7 +123,8 @@ def runtime_scrun_lua(
              "--stage-to shared.")] = "/tmp/ocistage-scrun",
     ocistage: Annotated[str | None, typer.Option(
         "--ocistage", metavar="PATH",
-        help="The ocistage command as the nodes see it [default: this one].")] = None,
+        help="Absolute path of the ocistage command as the nodes see it [default: this "
+             "ocistage, as `PYTHON -P -m ocistage` by absolute path].")] = None,
     cache: Annotated[str | None, typer.Option(
         "--cache", metavar="DIR",
         help="Cache (leases) the hooks use [default: each user's own].")] = None,
@@ -147,7 +142,7 @@ def runtime_scrun_lua(
     from ocistage.runtimes.scrun import render_scrun_lua, scrun_lua_options
 
     version = _slurm_version(slurm_version)
-    options = scrun_lua_options(ocistage=ocistage or _ocistage_command(), stage_to=stage_to,
+    options = scrun_lua_options(ocistage=ocistage, stage_to=stage_to,
                                 stage_dir=stage_dir, cache=cache,
                                 sbatch=sbatch if cleanup_job else None,
                                 find_sbatch=cleanup_job, version=version)
@@ -175,6 +170,11 @@ def runtime_podman_config(scrun: ScrunOpt = None) -> None:
     from ocistage.runtimes.engines import find_scrun, podman_containers_conf
 
     stdout.print(podman_containers_conf(find_scrun(scrun)), end="", markup=False)
+    if os.environ.get("SLURM_CONF"):
+        stderr.print(f"# warning: SLURM_CONF={os.environ['SLURM_CONF']} does not reach scrun: "
+                     "Podman runs it with XDG_RUNTIME_DIR and PATH only, so scrun reads "
+                     "Slurm's default slurm.conf (or the configless one); see docs/slurm.md",
+                     markup=False)
 
 
 # -- scrun stage hooks -------------------------------------------------------------------------
@@ -189,7 +189,9 @@ def scrun_stage_in(
     config: Annotated[Path | None, typer.Option(
         "--config", help="The bundle's config.json [default: BUNDLE/config.json].")] = None,
     job_id: Annotated[str | None, typer.Option("--job-id", help="Slurm job id.")] = None,
-    uid: Annotated[int | None, typer.Option("--uid", help="Job user id.")] = None,
+    uid: Annotated[int | None, typer.Option(
+        "--uid", help="Job user id (as scrun sees it; an unprivileged caller stages for "
+                      "itself).")] = None,
     gid: Annotated[int | None, typer.Option("--gid", help="Job group id.")] = None,
     env_file: Annotated[Path | None, typer.Option(
         "--env-file", help="JSON list of the job's NAME=value variables.")] = None,
@@ -204,15 +206,16 @@ def scrun_stage_in(
     opts: CommonOptions,
 ) -> None:
     """Stage-in entry point called by scrun.lua; prints one JSON line."""
-    from ocistage.runtimes.scrun import StageInRequest, read_job_env, stage_in
+    from ocistage.runtimes.scrun import StageInRequest, job_ids, read_job_env, stage_in
 
     # node-local: the cleanup job must run on this node (srun sets SLURMD_NODENAME)
     node = os.environ.get("SLURMD_NODENAME") if stage_to == "node-local" else None
+    uid, gid = job_ids(uid, gid)
     request = StageInRequest(
         container_id=container_id, bundle=bundle.absolute(),
         config_file=(config or bundle / "config.json").absolute(),
         stage_dir=stage_dir.absolute(), job_id=job_id or None,
-        uid=os.getuid() if uid is None else uid, gid=os.getgid() if gid is None else gid,
+        uid=uid, gid=gid,
         job_env=read_job_env(env_file), link=link, sbatch=sbatch,
         stage_to="node-local" if stage_to == "node-local" else "shared", node=node)
     print_json_line(stage_in(request, cache_root=opts.settings().cache))

@@ -2,18 +2,17 @@
 (``slurm_24_05``), with the scrun.lua that `ocistage runtime scrun-lua` writes: the real scrun
 calls the hooks, which stage through `ocistage scrun stage-in/out`.
 
-The test cluster's configuration is private (``SLURM_CONF``), which a site's is not: scrun and
-the srun it starts find the site's ``slurm.conf`` by default, but Podman's conmon and scrun's
-job environment carry no ``SLURM_CONF``. So scrun and srun are reached through two-line
-wrappers that set it (and ``--root``, which scrun as root refuses to guess); the srun wrapper is
-``SrunPath`` in oci.conf for the duration of the test, scrun.lua sits beside slurm.conf.
+scrun runs here as root, called directly, with an ``XDG_RUNTIME_DIR`` of the test's where it
+keeps its state (without one, scrun as root refuses to guess ``--root``), and the cluster's
+configuration where its Slurm looks by default, as a site's is (the srun that scrun starts
+gets the job's environment, without ``SLURM_CONF``). No wrapper. Podman through scrun,
+rootless as it is meant to run, is tests/e2e/test_scrun_user.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import tempfile
@@ -26,12 +25,12 @@ from typing import Any
 import pytest
 
 from ocistage.cache.leases import all_leases
-from ocistage.runtimes.engines import podman_containers_conf
 from ocistage.runtimes.scrun import ScrunLuaOptions, render_scrun_lua
 from pytest_ocistage.components import require_binary
 from pytest_ocistage.images import OS_RELEASE_NAME, ImageRef
 from pytest_ocistage.slurm import SlurmCluster
 from tests.e2e.conftest import OcistageRunner
+from tests.e2e.test_scrun_user import site_slurm_conf
 from tests.runtimes.scrun_bundle import make_engine_bundle
 
 pytestmark = pytest.mark.timeout(900)
@@ -41,7 +40,7 @@ pytestmark = pytest.mark.timeout(900)
 class Scrun:
     cluster: SlurmCluster
     work: Path           # shared by every node and the submit host
-    scrun: Path          # the wrapper: SLURM_CONF + --root
+    scrun: Path          # the cluster's scrun
     cache: Path          # the hooks' cache (leases)
     ocistage: OcistageRunner
 
@@ -49,7 +48,8 @@ class Scrun:
         script = self.cluster.conf_dir / "scrun.lua"
         script.write_text(render_scrun_lua(ScrunLuaOptions(
             ocistage=tuple(self.ocistage.command), stage_to=stage_to,  # type: ignore[arg-type]
-            stage_dir=str(stage_dir), cache=str(self.cache), sbatch=str(self.work / "sbatch"))))
+            stage_dir=str(stage_dir), cache=str(self.cache),
+            sbatch=str(self.cluster.bin_dir / "sbatch"))))
         return script
 
     def cleanup_jobs(self) -> list[str]:
@@ -71,7 +71,9 @@ class Scrun:
             time.sleep(1)
 
     def env(self) -> dict[str, str]:
-        return self.cluster.environ(self.ocistage.environment())
+        """The cluster's environment, and scrun's state in the test's XDG_RUNTIME_DIR."""
+        return self.cluster.environ(self.ocistage.environment(
+            {"XDG_RUNTIME_DIR": str(self.work / "scrun-root")}))
 
     def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(self.scrun), *args], capture_output=True, text=True,
@@ -136,21 +138,11 @@ def scrun(slurm_24_05: SlurmCluster, ocistage: OcistageRunner) -> Iterator[Scrun
     require_binary("lua5.3")
     work = Path(tempfile.mkdtemp(prefix="ocistage-scrun-", dir="/tmp"))
     work.chmod(0o755)
-    conf = shlex.quote(str(cluster.slurm_conf))
-    wrappers = {**{name: f"exec {shlex.quote(str(cluster.bin_dir / name))} \"$@\""
-                   for name in ("srun", "sbatch", "scancel")},
-                "scrun": f"exec {shlex.quote(str(binary))} --root "
-                         f"{shlex.quote(str(work / 'scrun-root'))} \"$@\""}
-    for name, line in wrappers.items():
-        (work / name).write_text(f"#!/bin/sh\nSLURM_CONF={conf}; export SLURM_CONF\n{line}\n")
-        (work / name).chmod(0o755)
-    oci_conf = "".join(line + "\n" for line in cluster.oci_conf.read_text().splitlines()
-                       if not line.startswith("SrunPath="))
-    oci_conf += f'SrunPath="{work / "srun"}"\n'
+    (work / "scrun-root").mkdir(mode=0o700)
     lua = cluster.conf_dir / "scrun.lua"
     try:
-        with cluster.use_oci_conf(oci_conf):
-            yield Scrun(cluster, work, work / "scrun", work / "cache", ocistage)
+        with site_slurm_conf(cluster):
+            yield Scrun(cluster, work, binary, work / "cache", ocistage)
     finally:
         lua.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)
@@ -250,48 +242,3 @@ def test_scrun_state_kill_delete_of_a_running_container(
     # of an ended job); the cleanup job removes the bundle on that node once the job has ended
     scrun.wait_removed(stage_to, stage_dir, "long1")
     assert all_leases(scrun.cache) == []
-
-
-def test_podman_run_through_scrun(scrun: Scrun, images: dict[str, ImageRef]) -> None:
-    podman = require_binary("podman")
-    stage_dir = _stage_dir(scrun, "shared")
-    scrun.lua("shared", stage_dir)
-    conf = scrun.work / "containers.conf"
-    conf.write_text(podman_containers_conf(str(scrun.scrun)))
-    runroot = Path(tempfile.mkdtemp(prefix="ocs-pr-", dir="/tmp"))  # podman: <= 50 characters
-    try:
-        env = {**scrun.env(), "CONTAINERS_CONF": str(conf)}
-        base = [podman, "--root", str(scrun.work / "podman"), "--runroot", str(runroot),
-                "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs",
-                "--events-backend", "file"]
-
-        def run(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([*base, *args], capture_output=True, text=True,
-                                  timeout=600, env=env, cwd=scrun.work, check=False,
-                                  stdin=subprocess.DEVNULL)
-
-        image = images["busybox"]
-        pulled = run("pull", "-q", "--tls-verify=false", image.ref)
-        assert pulled.returncode == 0, pulled.stderr
-        cidfile = scrun.work / "cid"
-        result = run("run", "--rm", "--pull=never", f"--cidfile={cidfile}", image.ref,
-                     "echo from-podman; id -u; exit 3")
-        assert result.stdout.splitlines() == ["from-podman", "1000"], result.stderr
-        # where the exit code goes: scrun hands srun's status to Slurm (the job's ExitCode),
-        # but its anchor process, whose status conmon reports to podman, exits 0
-        assert result.returncode == 0, result.stderr
-        assert "task 0: Exited with exit code 3" in result.stderr
-        container_id = cidfile.read_text().strip()
-        records = scrun.cluster.scontrol("show", "job", "-o", timeout=30).stdout.splitlines()
-        [record] = [line for line in records if f" ContainerID={container_id} " in line
-                    or line.endswith(f" ContainerID={container_id}")]
-        assert " ExitCode=3:0 " in record and " JobState=FAILED " in record
-        assert _staged_where(scrun, "shared", stage_dir, container_id) == []
-        assert not any((stage_dir / "0").iterdir())
-        assert all_leases(scrun.cache) == []
-    finally:
-        subprocess.run([podman, "--root", str(scrun.work / "podman"), "--runroot",
-                        str(runroot), "--storage-driver", "vfs", "rm", "-af"],
-                       capture_output=True, timeout=120, check=False)
-        shutil.rmtree(runroot, ignore_errors=True)
-

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import sys
 import tomllib
@@ -15,17 +16,23 @@ import pytest
 
 from ocistage.cache.errors import UsageError
 from ocistage.cache.leases import all_leases
-from ocistage.runtimes.engines import docker_daemon_json, podman_containers_conf
+from ocistage.runtimes.engines import (
+    CONMON_PATH,
+    docker_daemon_json,
+    podman_containers_conf,
+)
 from ocistage.runtimes.scrun import (
     MARKER,
     ScrunError,
     ScrunLuaOptions,
     StageInRequest,
+    hook_ocistage,
     lua_string,
     merge_env,
     private_dir,
     render_scrun_lua,
     rewrite_config,
+    scrun_lua_options,
     stage_in,
     stage_out,
 )
@@ -133,8 +140,13 @@ def test_engine_snippets_parse() -> None:
     assert daemon["default-runtime"] == "slurm"
     assert daemon["runtimes"]["slurm"]["path"] == "/usr/local/bin/scrun"
     assert daemon["rootless"] is True and daemon["bridge"] == "none"
+    assert daemon["iptables"] is False and daemon["ip-forward"] is False
     conf = tomllib.loads(podman_containers_conf("/usr/bin/scrun"))
     assert conf["engine"]["runtime"] == "slurm"
+    # conmon passes scrun (and so the hooks) only this environment: Podman's default PATH
+    assert conf["engine"]["conmon_env_vars"] == [f"PATH={CONMON_PATH}"]
+    prefixed = tomllib.loads(podman_containers_conf("/opt/slurm/bin/scrun"))
+    assert prefixed["engine"]["conmon_env_vars"] == [f"PATH=/opt/slurm/bin:{CONMON_PATH}"]
     assert conf["engine"]["runtimes"]["slurm"] == ["/usr/bin/scrun"]
     assert conf["containers"]["netns"] == "host"
     with pytest.raises(UsageError):
@@ -262,8 +274,85 @@ def test_generated_lua_reports_failures_as_slurm_error(tmp_path: Path) -> None:
                      "[]", reaped=reaped)
         assert state["rc"] == -1
         assert "bundle_path" not in state
-        assert any("ocistage stage-in failed" in log for log in state["logs"])
+        assert any("ocistage scrun stage-in failed (exit " in log for log in state["logs"])
+        # with the reason ocistage gave (its stderr), one log line per line
+        assert any("no-such-bundle" in log for log in state["logs"]), state["logs"]
     # stage-out when stage-in never ran (bundle == orig_bundle): nothing to do, no command
     out = _lua(script, "stage-out", "c1", str(missing), str(missing), "r", "r", str(spool),
                "c", "1", "0", "0")
     assert out["rc"] == 0 and not out["calls"]  # cjson writes an empty table as {}
+
+
+def test_generated_lua_says_when_it_cannot_run_ocistage(tmp_path: Path) -> None:
+    """The hooks run with the engine's PATH: an ocistage they cannot execute is named, with
+    what to do, in scrun's log (the container's output)."""
+    missing = tmp_path / "bin" / "ocistage"
+    script = tmp_path / "scrun.lua"
+    script.write_text(render_scrun_lua(ScrunLuaOptions(
+        ocistage=(str(missing),), stage_dir=str(tmp_path / "stage"))))
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    state = _lua(script, "stage-in", "c1", str(tmp_path), str(spool),
+                 str(tmp_path / "config.json"), "1", str(os.getuid()), str(os.getgid()), "[]")
+    assert state["rc"] == -1
+    logs = "\n".join(state["logs"])
+    assert "ocistage scrun stage-in failed (exit 127)" in logs
+    assert f"{missing}: not found" in logs
+    assert "--ocistage /absolute/path/of/ocistage" in logs
+
+
+def test_scrun_lua_names_this_ocistage_by_absolute_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    options = scrun_lua_options(ocistage=None, stage_to="shared", stage_dir="/s", cache=None,
+                                sbatch=None, find_sbatch=False)
+    assert options.ocistage == (sys.executable, "-P", "-m", "ocistage")
+    assert os.path.isabs(options.ocistage[0])
+    # this ocistage imported through PYTHONPATH (a checkout): the hooks get it too
+    root = Path(sys.modules["ocistage"].__file__ or "").parent.parent
+    monkeypatch.setenv("PYTHONPATH", f"/elsewhere:{root}")
+    assert hook_ocistage() == ("/usr/bin/env", f"PYTHONPATH={root.absolute()}",
+                               sys.executable, "-P", "-m", "ocistage")
+    given = scrun_lua_options(ocistage="/opt/ocistage/bin/ocistage", stage_to="shared",
+                              stage_dir="/s", cache=None, sbatch=None, find_sbatch=False)
+    assert given.ocistage == ("/opt/ocistage/bin/ocistage",)
+    with pytest.raises(UsageError, match="absolute"):
+        scrun_lua_options(ocistage="ocistage", stage_to="shared", stage_dir="/s", cache=None,
+                          sbatch=None, find_sbatch=False)
+
+
+def test_this_ocistage_from_scrun_lua_runs() -> None:
+    """What the hooks run, with nothing of this environment but the interpreter's own."""
+    result = subprocess.run([*hook_ocistage(), "scrun", "--help"], capture_output=True,
+                            text=True, timeout=120, check=False, env={"PATH": "/usr/bin:/bin"},
+                            cwd="/")
+    assert result.returncode == 0, result.stderr
+    assert "stage-in" in result.stdout
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="maps an unprivileged user in a user namespace")
+def test_stage_in_ids_and_home_are_the_hosts_inside_a_user_namespace() -> None:
+    """Rootless Podman runs scrun and the hooks in its user namespace, as uid 0 there: the
+    job user and the user's home are those of the id outside, not root's."""
+    unshare = require_binary("unshare")
+    code = ("import json; from pathlib import Path; "
+            "from ocistage.runtimes.scrun import StageInRequest, ScrunError, job_ids, stage_in; "
+            "from ocistage.cache.userdirs import home_dir\n"
+            "try:\n"
+            " stage_in(StageInRequest('c1', Path('/b'), Path('/b/config.json'), Path('/s')),"
+            " cache_root=Path('/c'))\n"
+            "except ScrunError as exc:\n"
+            " refused = exc.message + ' ' + (exc.hint or '')\n"
+            "print(json.dumps([job_ids(0, 0), str(home_dir({})), refused]))")
+    result = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", unshare, "--user",
+         "--map-root-user", sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=60, check=False, cwd="/",
+        env={**os.environ, "HOME": "/root"})
+    assert result.returncode == 0, result.stderr
+    ids, home, refused = json.loads(result.stdout)
+    assert ids == [65534, 65534]
+    assert home == pwd.getpwuid(65534).pw_dir
+    # root's directories show as nobody in there: stage-in refuses before touching anything
+    assert "user namespace without the host's root" in refused
+    assert "--stage-to node-local" in refused
