@@ -8,7 +8,9 @@ cold bundles and first stages of synthetic images from 1k to 300k files and 100 
 (``bench/scale.py``); ``slurm`` stages on 1 and 3 nodes of the Slurm 24.05 test cluster
 (``bench/slurm.py``); ``pyxis`` times ``ocistage-pyxis-importer get`` (cold and warm) against
 ``enroot import`` of the same image (``bench/pyxis.py``); ``mounts`` reads a staged squashfs
-image through squashfuse_ll, squashfuse and the kernel (``bench/mounts.py``).
+image through squashfuse_ll, squashfuse and the kernel (``bench/mounts.py``); ``metaops``
+counts the metadata system calls of a 1%-changed re-stage against rsync's
+(``bench/metaops.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ def main(argv: list[str]) -> int:
         from bench.slurm import main as slurm_main
 
         return slurm_main(argv[1:])
+    if argv and argv[0] == "metaops":
+        from bench.metaops import main as metaops_main
+
+        return metaops_main(argv[1:])
     if argv and argv[0] == "mounts":
         from bench.mounts import main as mounts_main
 
