@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -39,8 +40,8 @@ __all__ = ["cli"]  # the fixture
 PIN = Holder.pin("test")
 
 
-@pytest.fixture
-def runner() -> Iterator[Holder]:
+@contextmanager
+def live_holder() -> Iterator[Holder]:
     """A live process standing for a job's container, as a lease holder."""
     process = subprocess.Popen(["sleep", "300"])
     try:
@@ -48,6 +49,12 @@ def runner() -> Iterator[Holder]:
     finally:
         process.kill()
         process.wait()
+
+
+@pytest.fixture
+def runner() -> Iterator[Holder]:
+    with live_holder() as holder:
+        yield holder
 
 
 def _end(holder: Holder) -> None:

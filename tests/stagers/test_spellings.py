@@ -12,11 +12,9 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import socket
 import subprocess
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,21 +28,12 @@ from ocistage.stagers.markers import Marker, hold
 from ocistage.stagers.retired import retired_versions
 from ocistage.stagers.stage import StageResult, stage_directory
 from ocistage.stagers.unstage import unstage
-from tests.stagers.test_retired import PIN, _source, _write
+from tests.stagers.test_retired import PIN, _source, _write, live_holder
 
 Scenario = Callable[[Path, Path, Path], None]
 CLONE_NEWNS = 0x00020000
 
 
-@contextmanager
-def job() -> Iterator[Holder]:
-    """A live process standing for a job's container."""
-    process = subprocess.Popen(["sleep", "300"])
-    try:
-        yield Holder("pid", host=socket.gethostname(), pid=process.pid)
-    finally:
-        process.kill()
-        process.wait()
 
 
 def _stage(source: Path, to: Path, cache: Path, holder: Holder = PIN) -> StageResult:
@@ -54,7 +43,7 @@ def _stage(source: Path, to: Path, cache: Path, holder: Holder = PIN) -> StageRe
 def restage_through_the_other_spelling(tmp: Path, spelled: Path, real: Path) -> None:
     source, cache = _source(tmp / "src", "one\n"), tmp / "cache"
     first = _stage(source, spelled, cache)
-    with job() as runner:
+    with live_holder() as runner:
         hold(cache, first.path, runner)  # the job was given the path it was staged at
         inside = os.open(first.path / "rootfs" / "etc", os.O_RDONLY)
         try:
@@ -70,7 +59,7 @@ def restage_through_the_other_spelling(tmp: Path, spelled: Path, real: Path) -> 
 
 def unstage_through_the_other_spelling(tmp: Path, spelled: Path, real: Path) -> None:
     source, cache = _source(tmp / "src", "one\n"), tmp / "cache"
-    with job() as first, job() as second:
+    with live_holder() as first, live_holder() as second:
         staged = _stage(source, spelled, cache, holder=first)
         _stage(source, real, cache, holder=second)
         assert unstage(real / "app", cache_root=cache, holder=second) is False
@@ -84,9 +73,9 @@ def gc_sees_one_bundle(tmp: Path, spelled: Path, real: Path) -> None:
     """The marker names the lease of the job that staged through the real path; that job
     ends while the one that staged through the other spelling runs."""
     source, cache = _source(tmp / "src", "one\n"), tmp / "cache"
-    with job() as first:
+    with live_holder() as first:
         _stage(source, spelled, cache, holder=first)
-        with job() as second:
+        with live_holder() as second:
             _write(source / "rootfs" / "etc" / "version", "two\n")
             result = _stage(source, real, cache, holder=second)
             assert Marker.from_json((real / "app" / MARKER_NAME).read_bytes()).id == \
@@ -102,7 +91,7 @@ def leases_of_the_previous_format_count(tmp: Path, spelled: Path, real: Path) ->
     lease taken through the other spelling is honoured after an upgrade."""
     source, cache = _source(tmp / "src", "one\n"), tmp / "cache"
     first = _stage(source, spelled, cache)
-    with job() as runner:
+    with live_holder() as runner:
         old = leases.acquire(cache, f"staged:{first.path}", runner)  # as ocistage did
         text = (cache / "leases" / f"{old.id}.json").read_text()
         assert "identity" not in json.loads(text)
