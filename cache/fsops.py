@@ -38,9 +38,10 @@ import grp
 import os
 import pwd
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from ocistage.cache.errors import StoreError, UntrustedPath
 from ocistage.cache.fdio import reflink
@@ -673,6 +674,27 @@ def walk_dir_fds(parent_fd: int, name: str, *, strict: bool = False
     asked for). ``strict``: every subdirectory is entered (one of the caller's that it may
     not read or search is made ``u+rwx`` first, as :func:`open_dir` does) or the walk raises
     OSError; a subdirectory gone or swapped for a non-directory meanwhile is skipped."""
+    def listed(top: _Frame) -> tuple[tuple[int, str, list[str], list[str]], list[str]]:
+        dirs: list[str] = []
+        others: list[str] = []
+        with os.scandir(top.fd) as listing:
+            for entry in listing:
+                (dirs if entry.is_dir(follow_symlinks=False) else others).append(entry.name)
+        return (top.fd, top.name, dirs, others), dirs
+
+    yield from _frames(parent_fd, name, listed, strict=strict)
+
+
+_Item = TypeVar("_Item")
+
+
+def _frames(parent_fd: int, name: str,
+            listed: Callable[[_Frame], tuple[_Item, list[str]]], *,
+            strict: bool = False) -> Iterator[_Item]:
+    """The descriptor walk of :func:`walk_dir_fds` and :func:`walk_entries`: ``listed`` reads
+    a directory (its frame) into what is yielded for it and the names of its subdirectories,
+    which are entered in that order after the item was yielded (``strict``: as
+    :func:`walk_dir_fds` says)."""
     fd = os.open(name, DIR_READ, dir_fd=parent_fd)
     walk = _Walk(parent_fd)
     walk.push(_Frame("", fd, identity(os.fstat(fd)), False))
@@ -680,15 +702,10 @@ def walk_dir_fds(parent_fd: int, name: str, *, strict: bool = False
         while walk.stack:
             top = walk.stack[-1]
             if top.pending is None:
-                dirs: list[str] = []
-                others: list[str] = []
-                with os.scandir(top.fd) as listing:
-                    for entry in listing:
-                        (dirs if entry.is_dir(follow_symlinks=False) else others).append(
-                            entry.name)
-                yield top.fd, top.name, dirs, others
+                item, subdirs = listed(top)
+                yield item
                 prefix = f"{top.name}/" if top.name else ""
-                top.pending = [prefix + d for d in reversed(dirs)]
+                top.pending = [prefix + d for d in reversed(subdirs)]
             if strict:
                 _enter_strictly(walk, top)
             else:
@@ -724,24 +741,13 @@ def walk_entries(parent_fd: int, name: str
     opened listed but not entered), in one order for one tree: each directory's entries
     sorted by name, directories in pre-order, subdirectories in name order. An entry that
     vanishes between listing and ``lstat`` raises FileNotFoundError."""
-    fd = os.open(name, DIR_READ, dir_fd=parent_fd)
-    walk = _Walk(parent_fd)
-    walk.push(_Frame("", fd, identity(os.fstat(fd)), False))
-    try:
-        while walk.stack:
-            top = walk.stack[-1]
-            if top.pending is None:
-                with os.scandir(top.fd) as listing:  # stat(): fstatat in top.fd
-                    entries = [(entry.name, entry.stat(follow_symlinks=False))
-                               for entry in listing]
-                entries.sort(key=_first)
-                yield top.name, entries
-                prefix = f"{top.name}/" if top.name else ""
-                top.pending = [prefix + entry for entry, st in reversed(entries)
-                               if stat.S_ISDIR(st.st_mode)]
-            walk.advance(top)  # gone, swapped or unreadable: listed, not entered
-    finally:
-        walk.close()
+    def listed(top: _Frame) -> tuple[tuple[str, list[tuple[str, os.stat_result]]], list[str]]:
+        with os.scandir(top.fd) as listing:  # stat(): fstatat in top.fd
+            entries = [(entry.name, entry.stat(follow_symlinks=False)) for entry in listing]
+        entries.sort(key=_first)
+        return (top.name, entries), [entry for entry, st in entries if stat.S_ISDIR(st.st_mode)]
+
+    yield from _frames(parent_fd, name, listed)
 
 
 def _first(pair: tuple[str, os.stat_result]) -> str:
