@@ -191,43 +191,53 @@ def run_case(tree: Path, target: Path, cache: Path, reps: int,
     samples: dict[str, dict[str, list[float]]] = {
         case: {tool: [] for tool in tools} for case in ("first", "nochange", "changed")}
     for rep in range(reps):
-        dests = {tool: target / f"{tool}-{rep}" for tool in ("lib", "cli", "rsync")}
-        peer = LinkDest(tree, target / f"linkdest-{rep}")
         order = [t for t in TOOLS if with_linkdest or t != "linkdest"]
         if rep % 2:
             order.reverse()
-        actions: dict[str, Callable[[], object]] = {
-            "lib": partial(ocistage_lib, tree, dests["lib"], cache),
-            "cli": partial(ocistage_cli, tree, dests["cli"], cache),
-            "rsync": partial(rsync, tree, dests["rsync"]),
-        }
-        for tool in order:  # first: linkdest's first tree is an rsync -a, not timed apart
-            if tool == "linkdest":
-                peer.first()
-            else:
-                samples["first"][tool].append(timed(actions[tool]))
-        cases = ["nochange"] if changeable is None else ["nochange", "changed"]
-        for case in cases:
-            if case == "changed":
-                assert changeable is not None
-                touch_one_percent(changeable, rep)
-            for tool in order:
-                if tool == "linkdest":
-                    copy, removal = peer.restage()
-                    samples[case]["linkdest"].append(copy)
-                    samples[case]["linkdest_rm"].append(copy + removal)
-                else:
-                    samples[case][tool].append(timed(actions[tool]))
-        for dest in (*dests.values(), peer.current):
-            remove_tree(dest)
+        _repetition(tree, target, cache, rep, order, changeable, samples)
         for lease in leases.all_leases(cache):
             if lease.holder.kind == "pin" and lease.holder.name == "bench":
                 leases.release(cache, lease.id)
-    for case in ("first", "nochange", "changed"):
-        samples[case] = {tool: values for tool, values in samples[case].items() if values}
-    if changeable is None:
-        del samples["changed"]
-    return samples
+    return _measured(samples, changed=changeable is not None)
+
+
+def _measured(samples: dict[str, dict[str, list[float]]], changed: bool,
+              ) -> dict[str, dict[str, list[float]]]:
+    """``samples`` without the tools a case did not time, and without ``changed`` unless
+    the tree was changed."""
+    return {case: {tool: values for tool, values in tools.items() if values}
+            for case, tools in samples.items() if changed or case != "changed"}
+
+
+def _repetition(tree: Path, target: Path, cache: Path, rep: int, order: list[str],
+                changeable: Path | None, samples: dict[str, dict[str, list[float]]]) -> None:
+    """One repetition of every case, the tools in ``order``, into ``samples``."""
+    dests = {tool: target / f"{tool}-{rep}" for tool in ("lib", "cli", "rsync")}
+    peer = LinkDest(tree, target / f"linkdest-{rep}")
+    actions: dict[str, Callable[[], object]] = {
+        "lib": partial(ocistage_lib, tree, dests["lib"], cache),
+        "cli": partial(ocistage_cli, tree, dests["cli"], cache),
+        "rsync": partial(rsync, tree, dests["rsync"]),
+        "linkdest": peer.first,  # its first tree: an rsync -a, not timed apart
+    }
+    for tool in order:
+        elapsed = timed(actions[tool])
+        if tool != "linkdest":
+            samples["first"][tool].append(elapsed)
+    for case in ("nochange", "changed"):
+        if case == "changed":
+            if changeable is None:
+                break
+            touch_one_percent(changeable, rep)
+        for tool in order:
+            if tool == "linkdest":
+                copy, removal = peer.restage()
+                samples[case]["linkdest"].append(copy)
+                samples[case]["linkdest_rm"].append(copy + removal)
+            else:
+                samples[case][tool].append(timed(actions[tool]))
+    for dest in (*dests.values(), peer.current):
+        remove_tree(dest)
 
 
 def summarise(samples: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
