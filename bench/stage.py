@@ -1,4 +1,5 @@
-"""``python -m bench.stage``: ``ocistage stage`` against ``rsync -a``, side by side in one run.
+"""``python -m bench.stage``: ``ocistage stage`` against ``rsync -a`` and ``rsync --link-dest``,
+side by side in one run.
 
 Trees (sources):
 
@@ -16,18 +17,24 @@ and copies the other trees into the target's pool: only cache content shares ino
 staged tree) and ``tmpfs`` (``/dev/shm``, another filesystem: ocistage copies into the
 target's pool).
 
-Cases, each as the median of ``--reps`` repetitions with the order of the two tools
-alternating (A/B, B/A, ...):
+Cases, each as the median of ``--reps`` repetitions with the order of the tools alternating
+(A/B/C/D, D/C/B/A, ...):
 
 - ``first``     stage into an empty target vs ``rsync -a SRC/ DST/`` into an empty directory
 - ``nochange``  the same again, nothing changed
 - ``changed``   after rewriting 1% of the files of the source (new content and mtime)
 
+A re-stage (``nochange``, ``changed``) has two peers: ``rsync -a`` in place (torn reads for a
+job running meanwhile) and the one with ocistage's atomic contract, ``rsync -a
+--link-dest=CUR SRC/ NEW/`` followed by ``rm -rf CUR`` (:class:`LinkDest`; timed alone and as
+the sum). ``--files`` with several counts makes a scaling run of the synthetic tree and a plot
+(:func:`plot_scaling`, ``bench/restage-scale.png``).
+
 ocistage is measured twice: ``lib`` calls :func:`ocistage.stagers.stage.stage_directory` in this
 process (what ``ocistage stage`` does after the interpreter has started) and ``cli`` runs
 ``ocistage stage`` as a process like rsync (including Python's start-up, ~0.3 s here).
-Ratios are ocistage / rsync (lower is better); each line ends with its goal (:data:`GOALS`)
-and whether this run met it. The page cache is warm for both tools. Raw
+Ratios are ocistage / peer (lower is better); each line ends with its goals (:data:`GOALS`)
+and whether this run met them. The page cache is warm for both tools. Raw
 numbers go to ``bench/results/stage-<time>.json``.
 """
 
