@@ -3,7 +3,8 @@ bench/README.md).
 
 ``bundle`` (the default) compares cold/warm ``ocistage bundle`` with ``skopeo copy`` +
 ``umoci unpack --rootless`` and the ``curl | gzip -dc | tar -x`` floor; ``stage`` runs
-``bench/stage.py`` (staging vs ``rsync -a``) when that module is present; ``scale`` times
+``bench/stage.py`` (staging vs ``rsync -a`` and, for re-stages, ``rsync --link-dest`` plus
+removing the old tree) when that module is present; ``scale`` times
 cold bundles and first stages of synthetic images from 1k to 300k files and 100 MB to 10 GB
 (``bench/scale.py``); ``slurm`` stages on 1 and 3 nodes of the Slurm 24.05 test cluster
 (``bench/slurm.py``); ``pyxis`` times ``ocistage-pyxis-importer get`` (cold and warm) against

@@ -347,6 +347,7 @@ class PoolPlacer(_SharedPlacer):
     def _open(self, source: Path) -> None:
         self._source_fd = os.open(source, DIR_FOLLOW)
         self._pool_fd = os.open(self.pool.root, DIR_READ)
+        self._euid = os.geteuid()  # whose pool entries may be linked (Pool.entry_problem)
 
     def _same(self, entry: Entry) -> bool:
         before = self.previous.get(entry.path)
@@ -374,6 +375,49 @@ class PoolPlacer(_SharedPlacer):
             return False
         before = self.previous.get(entry.path)
         return before is not None and before.same_content(entry)
+
+    def place_part(self, part: Sequence[Entry]) -> list[Outcome]:
+        """:meth:`Placer.place_part`, the files a re-stage carries over unchanged (nearly all
+        of a 1%-changed tree) by :meth:`_carry_at`, in one comprehension; any other file, and
+        one that :meth:`_carry_at` did not link, by :meth:`_place_at`."""
+        if not self.carry_over:
+            return super().place_part(part)
+        dirs = _Dirs(self._scratch_fd, self._source_fd)
+        get, carry, place = self.previous.get, self._carry_at, self._place_at
+        try:
+            return [_UNCHANGED if (entry.hash is not None and entry.path != CONFIG
+                                   and (before := get(entry.path)) is not None
+                                   and before.same_content(entry) and carry(entry, dirs))
+                    else place(entry, dirs) for entry in part]
+        finally:
+            dirs.close()
+
+    def _carry_at(self, entry: Entry, dirs: _Dirs) -> bool:
+        """Link the pool entry of the unchanged ``entry`` (with a hash) through ``dirs`` when
+        it passes :meth:`_pool_entry_ok` without being read — a regular file of ours of the
+        entry's mode and size, the very inode the previous version linked at its path —
+        with the same two ``lstat`` calls and one ``link()``, in fewer Python steps. False:
+        nothing was linked (any check failed, or a call did): the caller takes
+        :meth:`_place_at`, which checks again and hashes, copies or raises as it does."""
+        rel_dir, _, name = entry.path.rpartition("/")
+        if rel_dir != dirs.current:
+            dirs.enter(rel_dir)
+        key = pool_key(entry.hash or "", entry.mode, entry.xattrs)
+        pooled = f"{key[:2]}/{key}"
+        old = self.old.dir_fd(rel_dir)
+        try:
+            st = os.stat(pooled, dir_fd=self._pool_fd, follow_symlinks=False)
+            if (old is None or st.st_mode != stat.S_IFREG | entry.mode
+                    or st.st_uid != self._euid or st.st_size != entry.size):
+                return False
+            was = os.stat(name, dir_fd=old, follow_symlinks=False)
+            if was.st_ino != st.st_ino or was.st_dev != st.st_dev:
+                return False
+            os.link(pooled, name, src_dir_fd=self._pool_fd, dst_dir_fd=dirs.dest,
+                    follow_symlinks=False)
+        except OSError:
+            return False
+        return True
 
     def _place_at(self, entry: Entry, dirs: _Dirs) -> Outcome:
         if entry.path == CONFIG:  # may be written as a private copy

@@ -77,8 +77,13 @@ class Pool:
             self.root.mkdir(mode=PRIVATE_DIR_MODE)
         check_trusted_dir(self.root, "pool")
         make_private(self.root)
+        # one listing instead of 256 mkdir calls failing with EEXIST (and the stat of each
+        # that makedirs adds) at every re-stage: on a parallel filesystem each is a round trip
+        with os.scandir(self.root) as listing:
+            present = {entry.name for entry in listing if entry.is_dir(follow_symlinks=False)}
         for n in range(256):
-            os.makedirs(os.path.join(self.root, f"{n:02x}"), exist_ok=True)
+            if f"{n:02x}" not in present:
+                os.makedirs(os.path.join(self.root, f"{n:02x}"), exist_ok=True)
 
     def entry_problem(self, name: str, key: str, size: int | None = None, *,
                       dir_fd: int | None = None, content: bool = True,

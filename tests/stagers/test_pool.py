@@ -3,6 +3,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from ocistage.cache.staged import sweep_pool
 from ocistage.stagers.copy import Copier
 from ocistage.stagers.filemanifest import hash_file
@@ -65,3 +67,19 @@ def test_sweep_removes_every_unlinked_entry(tmp_path: Path) -> None:
         (tmp_path / "t" / f"b{n}").unlink()  # e.g. a killed stager's scratch, removed
     assert sweep_pool(tmp_path / "t") == 2  # what cache gc and unstage run
     assert [pool.path(k).exists() for k in keys] == [True, False, True, False, True]
+
+
+def test_prepare_makes_the_missing_fan_out_directories_only(tmp_path: Path) -> None:
+    """A second prepare (every re-stage) lists the pool instead of trying 256 mkdirs; fan-out
+    directories removed meanwhile are made again, and one that is a file is still refused."""
+    pool = Pool.of_target(tmp_path / "t")
+    pool.prepare()
+    assert sorted(os.listdir(pool.root)) == [f"{n:02x}" for n in range(256)]
+    (pool.root / "00").rmdir()
+    (pool.root / "ff").rmdir()
+    pool.prepare()
+    assert sorted(os.listdir(pool.root)) == [f"{n:02x}" for n in range(256)]
+    (pool.root / "7f").rmdir()
+    (pool.root / "7f").write_bytes(b"not a directory")
+    with pytest.raises(FileExistsError):
+        pool.prepare()
