@@ -74,6 +74,16 @@ class ForwardReader:
             need -= len(chunk)
         return b"".join(parts)
 
+    def read_at(self, offset: int, size: int) -> bytes:
+        """``seek(offset)``, then ``read(size)``: one call, a slice where it is buffered."""
+        start = offset - self._base
+        end = start + size
+        if start == self._pos and end <= len(self._buf):
+            self._pos = end
+            return self._buf[start:end]
+        self.seek(offset)
+        return self.read(size)
+
     def peek_exact(self, size: int) -> bytes:
         """The next ``size`` bytes without consuming them (fewer only at the end)."""
         if len(self._buf) - self._pos < size:
@@ -91,6 +101,8 @@ class ForwardReader:
         self._pos += size
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if whence == os.SEEK_SET and offset == self._base + self._pos:
+            return offset  # already there: each member's data, read right after its header
         if whence == os.SEEK_CUR:
             offset += self.tell()
         elif whence != os.SEEK_SET:
@@ -154,7 +166,9 @@ class _TarInfo(tarfile.TarInfo):
             # an empty block or a bad checksum: tarfile raises its "empty header" or
             # "bad checksum"
             return super().frombuf(buf, encoding, errors)
-        obj = cls()
+        # every attribute TarInfo.__init__ sets (_INIT_ATTRS), each once: not its defaults
+        # first and then these (its __init__ was a sixth of the bytecodes of an entry)
+        obj = cls.__new__(cls)
         obj.mode, obj.uid, obj.gid, obj.size, obj.mtime, obj.devmajor, obj.devminor = fields
         obj.chksum = checksum
         obj.name = name.split(b"\0", 1)[0].decode(encoding, errors)
@@ -162,6 +176,9 @@ class _TarInfo(tarfile.TarInfo):
         obj.linkname = linkname.split(b"\0", 1)[0].decode(encoding, errors)
         obj.uname = uname.split(b"\0", 1)[0].decode(encoding, errors)
         obj.gname = gname.split(b"\0", 1)[0].decode(encoding, errors)
+        obj.offset = obj.offset_data = 0
+        obj.sparse = None
+        obj.pax_headers = {}
         if type_ == tarfile.AREGTYPE and obj.name.endswith("/"):
             obj.type = tarfile.DIRTYPE
         if obj.type == tarfile.DIRTYPE:
@@ -206,6 +223,8 @@ class _TarInfo(tarfile.TarInfo):
 _PLAIN_TYPES = frozenset((tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.LNKTYPE, tarfile.SYMTYPE,
                           tarfile.CHRTYPE, tarfile.BLKTYPE, tarfile.DIRTYPE, tarfile.FIFOTYPE,
                           tarfile.CONTTYPE))
+#: the plain types whose data follows the header (``isreg()``: sparse is not plain)
+_PLAIN_FILE_TYPES = frozenset((tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE))
 
 
 def members(archive: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
@@ -250,11 +269,17 @@ def _plain_member(archive: tarfile.TarFile, stream: ForwardReader) -> tarfile.Ta
     stream.consume(tarfile.BLOCKSIZE)
     member.offset = archive.offset
     member.offset_data = data = archive.offset + tarfile.BLOCKSIZE
-    # as TarInfo._proc_builtin: a regular file's data (rounded up to whole blocks) follows
-    archive.offset = data + member._block(member.size) if member.isreg() else data  # type: ignore[attr-defined]
+    # as TarInfo._proc_builtin: a regular file's data (rounded up to whole blocks, as
+    # TarInfo._block rounds) follows
+    archive.offset = (data - (-member.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+                      if member.type in _PLAIN_FILE_TYPES else data)
     return member
 
 
+#: the attributes ``TarInfo.__init__`` sets, which ``_TarInfo.frombuf`` sets without it
+_INIT_ATTRS = frozenset(("name", "mode", "uid", "gid", "size", "mtime", "chksum", "type",
+                         "linkname", "uname", "gname", "devmajor", "devminor", "offset",
+                         "offset_data", "sparse", "pax_headers"))
 _PRIVATE_SHAPES = {  # the tarfile internals _TarInfo calls or overrides, and their parameters
     "_proc_pax": ["self", "tarfile"],
     "_block": ["self", "count"],
@@ -279,6 +304,9 @@ def fast_parser_usable() -> bool:
                 return False
         if not issubclass(tarfile.SubsequentHeaderError, tarfile.HeaderError):  # type: ignore[attr-defined]
             return False
+        made = tarfile.TarInfo()
+        if {slot for slot in tarfile.TarInfo.__slots__ if hasattr(made, slot)} != _INIT_ATTRS:
+            return False  # frombuf would leave an attribute unset, or set one too many
         return _sample_members(_TarInfo) == _sample_members(tarfile.TarInfo)
     except Exception:  # any surprise in the internals means: do not use them
         return False
@@ -363,6 +391,27 @@ def _byte_sum(block: bytes | bytearray) -> int:
 
 
 
+def small_member_data(archive: tarfile.TarFile,
+                      member: tarfile.TarInfo) -> bytes | memoryview | None:
+    """The data of a plain regular member that fits one read with its padding (as
+    :func:`member_data` yields it, without a generator), consumed; None (nothing read) for a
+    larger one."""
+    size = member.size
+    padding = -size % tarfile.BLOCKSIZE
+    if size + padding > COPY_CHUNK:
+        return None
+    stream = archive.fileobj
+    assert stream is not None  # an open archive has its stream
+    if isinstance(stream, ForwardReader):
+        block = stream.read_at(member.offset_data, size + padding)
+    else:
+        stream.seek(member.offset_data)
+        block = stream.read(size + padding)
+    if len(block) != size + padding:  # as tarfile's own check before the next header
+        raise tarfile.ReadError("unexpected end of data")
+    return memoryview(block)[:size] if padding else block
+
+
 def member_data(archive: tarfile.TarFile, member: tarfile.TarInfo) -> Iterator[bytes | memoryview]:
     """The data of a plain (not sparse) regular member, in chunks of at most ``COPY_CHUNK``.
 
@@ -371,17 +420,15 @@ def member_data(archive: tarfile.TarFile, member: tarfile.TarInfo) -> Iterator[b
     block: the stream is then where ``tarfile`` expects the next header, which it otherwise
     reaches by a seek and a one-byte read. A small file is one read, data and padding.
     """
+    block = small_member_data(archive, member)
+    if block is not None:
+        yield block
+        return
     stream = archive.fileobj
     assert stream is not None  # an open archive has its stream
     stream.seek(member.offset_data)
     size = member.size
     padding = -size % tarfile.BLOCKSIZE
-    if size + padding <= COPY_CHUNK:
-        block = stream.read(size + padding)
-        if len(block) != size + padding:  # as tarfile's own check before the next header
-            raise tarfile.ReadError("unexpected end of data")
-        yield memoryview(block)[:size] if padding else block
-        return
     remaining = size
     while remaining:
         chunk = stream.read(min(remaining, COPY_CHUNK))
@@ -395,6 +442,9 @@ def member_data(archive: tarfile.TarFile, member: tarfile.TarInfo) -> Iterator[b
 
 _NS_MAX = (1 << 63) - 1  # what a 64-bit timespec holds, in ns (years 1678 to 2262)
 _S_MAX = Decimal(_NS_MAX).scaleb(-9)
+#: whole seconds below this times 10**9 fit a double's 53 bits (s * 2**9 * 5**9, 5**9 < 2**21):
+#: ``round(float(s) * 1e9)`` is exact there, and equal to the integer product (to 2116)
+_EXACT_FLOAT_S = (1 << 53) // 5**9
 
 
 def mtime_ns(member: tarfile.TarInfo) -> int:
@@ -403,7 +453,11 @@ def mtime_ns(member: tarfile.TarInfo) -> int:
     An mtime that is not a number (``nan``) counts as 0; one out of range (``inf``, ``1e30``)
     is clamped to what the filesystem can hold.
     """
-    text = member.pax_headers.get("mtime") if member.pax_headers else None
+    pax = member.pax_headers
+    mtime = member.mtime
+    if not pax and type(mtime) is int and 0 <= mtime < _EXACT_FLOAT_S:
+        return mtime * 1_000_000_000  # what the float product below gives there, exactly
+    text = pax.get("mtime") if pax else None
     try:
         if text is not None:
             ns = int(Decimal(text).scaleb(9).to_integral_value())
