@@ -240,10 +240,7 @@ class _Applier:
         if exact is None:
             exact = self.exact_modes[mode] = (self.rootless
                                               and created_exactly(mode, self.umask))
-        try:
-            fd = os.open(name, _CREATE_FLAGS, mode if exact else 0o600, dir_fd=parent_fd)
-        except FileExistsError:
-            fd = self._create_file(parent_fd, name, mode if exact else 0o600)
+        fd = self._create_file(parent_fd, name, mode if exact else 0o600)
         try:
             if member.sparse is not None:
                 self._write_sparse(archive, fd, path, member)
