@@ -126,6 +126,8 @@ class _Applier:
 
     def _mark_created(self, path: Parts) -> None:
         self.created.add("/".join(path))
+        if path[:-1] in self.created_ancestors:
+            return  # the parent is recorded, and so are its ancestors (most entries)
         for depth in range(len(path) - 1, -1, -1):
             ancestor = path[:depth]
             if ancestor in self.created_ancestors:
