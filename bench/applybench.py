@@ -8,11 +8,13 @@ fresh directory under ``/dev/shm``: the applier's own cost (parsing, path resolu
 calls), without download, decompression or hashing. With TREEs (worktrees of ocistage), each
 rep runs every tree once in its own process, alternating, and the medians and their ratio to
 the first tree are printed. ``--profile`` runs cProfile in this process instead (the code of
-``PYTHONPATH``). ``--bundle`` times cold ``ocistage bundle`` end to end instead, A/B over the
-TREEs and the floor (``curl | gzip -dc | tar -x`` per layer), with :mod:`bench.scale`'s
-synthetic image of ``--files``/``--size`` (four gzip layers) in a local registry; the page
-cache is not dropped (the registry's blobs stay in memory) and the bundles and caches are
-written under ``--work`` (``$OCISTAGE_BENCH_CACHE``, ext4, by default; ``/dev/shm``: tmpfs).
+``PYTHONPATH``); ``--opcodes`` counts the bytecodes and Python calls per entry of each TREE's
+apply (``sys.settrace``: exact, whatever the load). ``--bundle`` times cold ``ocistage bundle``
+end to end instead, A/B over the TREEs and the floor (``curl | gzip -dc | tar -x`` per layer),
+with :mod:`bench.scale`'s synthetic image of ``--files``/``--size`` (four gzip layers) in a
+local registry; the page cache is not dropped (the registry's blobs stay in memory) and the
+bundles and caches are written under ``--work`` (``$OCISTAGE_BENCH_CACHE``, ext4, by default;
+``/dev/shm``: tmpfs).
 Not part of ``python -m bench``: a tool for working on the applier.
 """
 
@@ -45,6 +47,40 @@ apply_layer(io.BytesIO(data), target)
 print(time.perf_counter() - start, time.process_time() - cpu)
 shutil.rmtree(target)
 """
+
+
+_OPCODES = """
+import io, sys, tempfile, shutil
+from pathlib import Path
+from ocistage.bundler.unpack.apply import apply_layer
+from ocistage.bundler.unpack.tarstream import tarinfo_class
+data = Path(sys.argv[1]).read_bytes()
+tarinfo_class()  # its one-time self-check is not counted
+counts = {"opcode": 0, "call": 0}
+def tracer(frame, event, arg):
+    frame.f_trace_opcodes = True
+    if event in counts:
+        counts[event] += 1
+    return tracer
+target = Path(tempfile.mkdtemp(dir=sys.argv[2]))
+sys.settrace(tracer)
+report = apply_layer(io.BytesIO(data), target)
+sys.settrace(None)
+shutil.rmtree(target)
+print(report.entries, counts["opcode"], counts["call"])
+"""
+
+
+def count_opcodes(trees: list[Path], tar: Path) -> None:
+    """Bytecodes and Python calls per entry of each tree's apply (``sys.settrace``): exact
+    and independent of the machine's load, unlike its time; C work counts as one call."""
+    for tree in trees:
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        out = subprocess.run([sys.executable, "-c", _OPCODES, str(tar), str(SHM)], env=env,
+                             check=True, capture_output=True, text=True).stdout
+        entries, opcodes, calls = (int(x) for x in out.split())
+        print(f"{tree}: {entries} entries, {opcodes / entries:.0f} bytecodes and "
+              f"{calls / entries:.1f} Python calls per entry")
 
 
 def layer_tar(files: int, size: int) -> Path:
@@ -155,6 +191,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--size", type=int, default=100, help="MB of file data")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--opcodes", action="store_true",
+                        help="bytecodes per entry (slow: use --files 3000 --size 10)")
     parser.add_argument("--bundle", action="store_true", help="cold ocistage bundle A/B")
     parser.add_argument("--work", type=Path, help="where --bundle writes (/dev/shm: tmpfs)")
     parser.add_argument("trees", nargs="*", type=Path)
@@ -169,6 +207,8 @@ def main(argv: list[str]) -> int:
           flush=True)
     if args.profile:
         profile(tar)
+    elif args.opcodes:
+        count_opcodes(args.trees or [Path.cwd()], tar)
     else:
         compare(args.trees or [Path.cwd()], tar, args.reps)
     return 0
