@@ -77,7 +77,7 @@ def count_opcodes(trees: list[Path], tar: Path) -> None:
     for tree in trees:
         env = {**os.environ, "PYTHONPATH": str(tree)}
         out = subprocess.run([sys.executable, "-c", _OPCODES, str(tar), str(SHM)], env=env,
-                             check=True, capture_output=True, text=True).stdout
+                             cwd=tree, check=True, capture_output=True, text=True).stdout
         entries, opcodes, calls = (int(x) for x in out.split())
         print(f"{tree}: {entries} entries, {opcodes / entries:.0f} bytecodes and "
               f"{calls / entries:.1f} Python calls per entry")
@@ -105,8 +105,9 @@ def layer_tar(files: int, size: int) -> Path:
 
 def _run(tree: Path, tar: Path) -> tuple[float, float]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    # run in the tree: ``python -c`` puts the working directory first on sys.path
     out = subprocess.run([sys.executable, "-c", _TIMED, str(tar), str(SHM)], env=env,
-                         check=True, capture_output=True, text=True).stdout
+                         cwd=tree, check=True, capture_output=True, text=True).stdout
     wall, cpu = out.strip().splitlines()[-1].split()
     return float(wall), float(cpu)
 
