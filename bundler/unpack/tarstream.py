@@ -122,7 +122,11 @@ class ForwardReader:
         return self.tell()
 
 
-_HEADER = struct.Struct("100s8s8s8s12s12s8s1s100s8s32s32s8s8s155s")
+# a ustar header: name 100, mode 8, uid 8, gid 8, size 12, mtime 12, chksum 8, type 1,
+# linkname 100, magic and version 8, uname 32, gname 32, devmajor 8, devminor 8, prefix 155
+_TEXT_FIELDS = struct.Struct("100s48x8s1s100s8x32s32s16x155s")  # name chksum type link u g pre
+_NUMERIC_FIELDS = struct.Struct("100x8s8s8s12s12s8s1x100x8x64x8s8s")  # mode .. chksum, dev
+_BLOCK = tarfile.BLOCKSIZE
 _NUL_TO_BLANK = bytes.maketrans(b"\0", b" ")
 _BLANK8 = b" " * 8  # a device number field of NULs (GNU and Python's tarfile leave them so)
 _PAX_FAST_LIMIT = 1 << 16  # larger extended headers go through tarfile's own parser
@@ -144,28 +148,33 @@ class _TarInfo(tarfile.TarInfo):
     def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Self:
         if len(buf) != tarfile.BLOCKSIZE or buf[156:157] == tarfile.GNUTYPE_SPARSE:
             return super().frombuf(buf, encoding, errors)  # its errors, its sparse handling
-        (name, mode, uid, gid, size, mtime, chksum, type_, linkname, _magic, uname, gname,
-         devmajor, devminor, prefix) = _HEADER.unpack_from(buf)
+        member = cls.plain_header(buf, encoding, errors)
+        return member if member is not None else super().frombuf(buf, encoding, errors)
+
+    @classmethod
+    def plain_header(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Self | None:
+        """The member of a whole 512-byte header that is not GNU sparse, or None where
+        tarfile's parser must decide (it may raise, or read what this does not)."""
+        name, chksum, type_, linkname, uname, gname, prefix = _TEXT_FIELDS.unpack_from(buf)
+        # the numeric fields, from the header with its NULs made blanks (one translate)
+        mode, uid, gid, size, mtime, blank_chksum, major, minor = \
+            _NUMERIC_FIELDS.unpack_from(buf.translate(_NUL_TO_BLANK))
         try:
             # int() of bytes accepts what tarfile's nti accepts of plain fields (digits, ASCII
             # blanks around them, "_", "+", "0o") once the NULs are blanks; anything else
             # (base-256, text after a NUL, non-ASCII, an empty field but for the device
             # numbers) raises ValueError, and tarfile decides
-            nul = _NUL_TO_BLANK
-            checksum = int(chksum.translate(nul), 8)
-            major, minor = devmajor.translate(nul), devminor.translate(nul)
-            fields = (int(mode.translate(nul), 8), int(uid.translate(nul), 8),
-                      int(gid.translate(nul), 8), int(size.translate(nul), 8),
-                      int(mtime.translate(nul), 8),
+            checksum = int(blank_chksum, 8)
+            fields = (int(mode, 8), int(uid, 8), int(gid, 8), int(size, 8), int(mtime, 8),
                       0 if major == _BLANK8 else int(major, 8),
                       0 if minor == _BLANK8 else int(minor, 8))
         except ValueError:
-            return super().frombuf(buf, encoding, errors)
+            return None
         unsigned = 256 + _byte_sum(buf) - sum(chksum)
         if checksum != unsigned and not _signed_checksum_matches(buf, checksum, unsigned):
             # an empty block or a bad checksum: tarfile raises its "empty header" or
             # "bad checksum"
-            return super().frombuf(buf, encoding, errors)
+            return None
         # every attribute TarInfo.__init__ sets (_INIT_ATTRS), each once: not its defaults
         # first and then these (its __init__ was a sixth of the bytecodes of an entry)
         obj = cls.__new__(cls)
@@ -259,19 +268,18 @@ def members(archive: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
 def _plain_member(archive: tarfile.TarFile, stream: ForwardReader) -> tarfile.TarInfo | None:
     """The member whose plain header comes next, consumed; None (nothing consumed) if the
     next header is not one :func:`members` reads itself."""
-    buf = stream.peek_exact(tarfile.BLOCKSIZE)
-    if len(buf) != tarfile.BLOCKSIZE or buf[156:157] not in _PLAIN_TYPES:
+    buf = stream.peek_exact(_BLOCK)
+    if len(buf) != _BLOCK or buf[156:157] not in _PLAIN_TYPES:
         return None
-    try:
-        member = _TarInfo.frombuf(buf, archive.encoding, archive.errors)
-    except tarfile.HeaderError:
-        return None  # the end of the archive, or damage: next() reads it again and decides
-    stream.consume(tarfile.BLOCKSIZE)
+    member = _TarInfo.plain_header(buf, archive.encoding, archive.errors)
+    if member is None:
+        return None  # the end of the archive, damage, odd fields: next() reads it and decides
+    stream.consume(_BLOCK)
     member.offset = archive.offset
-    member.offset_data = data = archive.offset + tarfile.BLOCKSIZE
+    member.offset_data = data = archive.offset + _BLOCK
     # as TarInfo._proc_builtin: a regular file's data (rounded up to whole blocks, as
     # TarInfo._block rounds) follows
-    archive.offset = (data - (-member.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    archive.offset = (data - (-member.size // _BLOCK) * _BLOCK
                       if member.type in _PLAIN_FILE_TYPES else data)
     return member
 
