@@ -245,8 +245,8 @@ def members(archive: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
     member and the archive's next offset come out as ``next()`` makes them, without its
     per-member bookkeeping (four ``tell()`` calls, three dispatching methods, the members
     list). Anything else (extended and GNU headers, the end of the archive, a short or damaged
-    header, a member whose data was not read to its end) is left where it is, unread, for
-    ``archive.next()``.
+    header, a field the fast parse leaves to tarfile, a member whose data was not read to its
+    end) is left where it is, unread, for ``archive.next()``.
     """
     stream = archive.fileobj
     reader = (stream if isinstance(stream, ForwardReader) and archive.tarinfo is _TarInfo
