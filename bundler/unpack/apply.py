@@ -30,6 +30,7 @@ from ocistage.bundler.unpack.tarstream import (
     member_xattrs,
     members,
     mtime_ns,
+    small_member_data,
     tarinfo_class,
 )
 from ocistage.cache.errors import LayerError, OcistageError
@@ -41,6 +42,8 @@ from ocistage.cache.unpackbudget import ENTRY_CHARGE, UnpackBudget
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_MARKER = ".wh..wh..opq"
 
+#: entry types written as regular files by ``_make_file`` (``isreg()`` is these and sparse)
+_FILE_TYPES = frozenset((tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE))
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _XATTR_SKIPPABLE = {errno.EPERM, errno.EACCES, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EINVAL,
                     errno.ERANGE, errno.E2BIG}
@@ -113,12 +116,18 @@ class _Applier:
         self.created_ancestors: set[Parts] = set()
         self.dirs: dict[Parts, _DirMeta] = {}
         self.saved_mtimes: dict[Parts, tuple[int, int]] = {}
+        # directories whose times are saved or that this layer made: nothing more to save
+        # (a directory made by this layer stays in ``created``, a saved time stays saved)
+        self.settled: set[Parts] = set()
         self.umask = process_umask()
+        self.exact_modes: dict[int, bool] = {}  # mode -> created with it (rootless, umask)
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
     def _mark_created(self, path: Parts) -> None:
         self.created.add("/".join(path))
+        if path[:-1] in self.created_ancestors:
+            return  # the parent is recorded, and so are its ancestors (most entries)
         for depth in range(len(path) - 1, -1, -1):
             ancestor = path[:depth]
             if ancestor in self.created_ancestors:
@@ -133,6 +142,9 @@ class _Applier:
 
     def _save_mtime(self, parent: Parts, parent_fd: int) -> None:
         """Remember a lower directory's times before this layer changes its entries."""
+        if parent in self.settled:
+            return
+        self.settled.add(parent)
         if parent in self.saved_mtimes or "/".join(parent) in self.created:
             return
         info = os.stat(parent_fd)
@@ -177,7 +189,9 @@ class _Applier:
         parent_fd, parent = self._parent(parts)
         path = (*parent, base)
         self._save_mtime(parent, parent_fd)
-        if member.isdir():
+        if member.type in _FILE_TYPES:  # isreg() but for sparse: the most common, first
+            self._make_file(archive, parent_fd, base, path, member)
+        elif member.isdir():
             self._make_dir(parent_fd, base, path, member)
         elif member.isreg():
             self._make_file(archive, parent_fd, base, path, member)
@@ -222,22 +236,29 @@ class _Applier:
 
     def _make_file(self, archive: tarfile.TarFile, parent_fd: int, name: str, path: Parts,
                    member: tarfile.TarInfo) -> None:
-        mode = stat.S_IMODE(member.mode)
+        mode = member.mode & 0o7777
         # rootless, with no chown to come: created with its mode where the umask keeps it
-        exact = self.rootless and created_exactly(mode, self.umask)
+        exact = self.exact_modes.get(mode)
+        if exact is None:
+            exact = self.exact_modes[mode] = (self.rootless
+                                              and created_exactly(mode, self.umask))
         fd = self._create_file(parent_fd, name, mode if exact else 0o600)
         try:
             if member.sparse is not None:
                 self._write_sparse(archive, fd, path, member)
             elif member.size:
-                for chunk in member_data(archive, member):
-                    if self.budget is not None:
-                        self.budget.charge(len(chunk))
-                    write_all(fd, chunk)
-                    self.report.bytes_written += len(chunk)
+                self._write_data(archive, fd, member)
             self._finish_inode(fd, member, path, mode_set=exact)
         finally:
             os.close(fd)
+
+    def _write_data(self, archive: tarfile.TarFile, fd: int, member: tarfile.TarInfo) -> None:
+        block = small_member_data(archive, member)
+        for chunk in (block,) if block is not None else member_data(archive, member):
+            if self.budget is not None:
+                self.budget.charge(len(chunk))
+            write_all(fd, chunk)
+            self.report.bytes_written += len(chunk)
 
     def _write_sparse(self, archive: tarfile.TarFile, fd: int, path: Parts,
                       member: tarfile.TarInfo) -> None:
@@ -271,9 +292,10 @@ class _Applier:
             os.fchown(fd, member.uid, member.gid)
         if not mode_set:
             os.fchmod(fd, stat.S_IMODE(member.mode))
-        xattrs = member_xattrs(member)
-        if xattrs:
-            self._set_xattrs(fd, path, xattrs)
+        if member.pax_headers:
+            xattrs = member_xattrs(member)
+            if xattrs:
+                self._set_xattrs(fd, path, xattrs)
         mtime = mtime_ns(member)
         os.utime(fd, ns=(mtime, mtime))
 

@@ -43,8 +43,11 @@ def normalize(name: str) -> Parts:
     if "\x00" in name:
         raise LayerError(f"entry name {name!r} contains a NUL byte",
                          "the layer is corrupt or hostile; rebuild the image")
+    split = name.split("/")
+    if "" not in split and "." not in split and ".." not in split:
+        return tuple(split)  # already clean (most names): three scans in C, no loop
     parts: list[str] = []
-    for component in name.split("/"):
+    for component in split:
         if component in ("", "."):
             continue
         if component == "..":
@@ -74,6 +77,7 @@ class SafeRoot:
         self._cache: OrderedDict[Parts, int] = OrderedDict()
         self._cache_size = max(cache_size, 4)
         self._closing: list[int] = []
+        self._last: Parts | None = None  # the last key resolve_dir returned: the newest
 
     def __enter__(self) -> SafeRoot:
         return self
@@ -93,6 +97,7 @@ class SafeRoot:
         """Forget every cached descriptor (closed at the next ``resolve_dir``)."""
         self._closing.extend(self._cache.values())
         self._cache.clear()
+        self._last = None
 
     def _flush(self) -> None:
         for fd in self._closing:
@@ -111,11 +116,22 @@ class SafeRoot:
         the way also yields ``None``. A component that exists but is not a directory (nor a
         symlink resolving to one) yields ``None``, or :class:`LayerError` when creating.
         """
+        if parts == self._last and not self._closing:
+            return self._cache[parts], parts  # the most recent lookup again: already last
         self._flush()
         cached = self._cache.get(parts)
         if cached is not None:
             self._cache.move_to_end(parts)
+            self._last = parts
             return cached, parts
+        found = self._walk(parts, create, follow, on_create)
+        # the root is never cached: () is not a last lookup
+        self._last = parts if parts and found is not None and found[1] == parts else None
+        return found
+
+    def _walk(self, parts: Parts, create: bool, follow: bool,
+              on_create: Callable[[Parts], None] | None) -> tuple[int, Parts] | None:
+        """:meth:`resolve_dir` for a path not in the cache: one component at a time."""
         todo = list(parts)
         todo.reverse()
         resolved: Parts = ()

@@ -74,6 +74,16 @@ class ForwardReader:
             need -= len(chunk)
         return b"".join(parts)
 
+    def read_at(self, offset: int, size: int) -> bytes:
+        """``seek(offset)``, then ``read(size)``: one call, a slice where it is buffered."""
+        start = offset - self._base
+        end = start + size
+        if start == self._pos and end <= len(self._buf):
+            self._pos = end
+            return self._buf[start:end]
+        self.seek(offset)
+        return self.read(size)
+
     def peek_exact(self, size: int) -> bytes:
         """The next ``size`` bytes without consuming them (fewer only at the end)."""
         if len(self._buf) - self._pos < size:
@@ -91,6 +101,8 @@ class ForwardReader:
         self._pos += size
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if whence == os.SEEK_SET and offset == self._base + self._pos:
+            return offset  # already there: each member's data, read right after its header
         if whence == os.SEEK_CUR:
             offset += self.tell()
         elif whence != os.SEEK_SET:
@@ -110,7 +122,11 @@ class ForwardReader:
         return self.tell()
 
 
-_HEADER = struct.Struct("100s8s8s8s12s12s8s1s100s8s32s32s8s8s155s")
+# a ustar header: name 100, mode 8, uid 8, gid 8, size 12, mtime 12, chksum 8, type 1,
+# linkname 100, magic and version 8, uname 32, gname 32, devmajor 8, devminor 8, prefix 155
+_TEXT_FIELDS = struct.Struct("100s48x8s1s100s8x32s32s16x155s")  # name chksum type link u g pre
+_NUMERIC_FIELDS = struct.Struct("100x8s8s8s12s12s8s1x100x8x64x8s8s")  # mode .. chksum, dev
+_BLOCK = tarfile.BLOCKSIZE
 _NUL_TO_BLANK = bytes.maketrans(b"\0", b" ")
 _BLANK8 = b" " * 8  # a device number field of NULs (GNU and Python's tarfile leave them so)
 _PAX_FAST_LIMIT = 1 << 16  # larger extended headers go through tarfile's own parser
@@ -132,29 +148,36 @@ class _TarInfo(tarfile.TarInfo):
     def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Self:
         if len(buf) != tarfile.BLOCKSIZE or buf[156:157] == tarfile.GNUTYPE_SPARSE:
             return super().frombuf(buf, encoding, errors)  # its errors, its sparse handling
-        (name, mode, uid, gid, size, mtime, chksum, type_, linkname, _magic, uname, gname,
-         devmajor, devminor, prefix) = _HEADER.unpack_from(buf)
+        member = cls.plain_header(buf, encoding, errors)
+        return member if member is not None else super().frombuf(buf, encoding, errors)
+
+    @classmethod
+    def plain_header(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Self | None:
+        """The member of a whole 512-byte header that is not GNU sparse, or None where
+        tarfile's parser must decide (it may raise, or read what this does not)."""
+        name, chksum, type_, linkname, uname, gname, prefix = _TEXT_FIELDS.unpack_from(buf)
+        # the numeric fields, from the header with its NULs made blanks (one translate)
+        mode, uid, gid, size, mtime, blank_chksum, major, minor = \
+            _NUMERIC_FIELDS.unpack_from(buf.translate(_NUL_TO_BLANK))
         try:
             # int() of bytes accepts what tarfile's nti accepts of plain fields (digits, ASCII
             # blanks around them, "_", "+", "0o") once the NULs are blanks; anything else
             # (base-256, text after a NUL, non-ASCII, an empty field but for the device
             # numbers) raises ValueError, and tarfile decides
-            nul = _NUL_TO_BLANK
-            checksum = int(chksum.translate(nul), 8)
-            major, minor = devmajor.translate(nul), devminor.translate(nul)
-            fields = (int(mode.translate(nul), 8), int(uid.translate(nul), 8),
-                      int(gid.translate(nul), 8), int(size.translate(nul), 8),
-                      int(mtime.translate(nul), 8),
+            checksum = int(blank_chksum, 8)
+            fields = (int(mode, 8), int(uid, 8), int(gid, 8), int(size, 8), int(mtime, 8),
                       0 if major == _BLANK8 else int(major, 8),
                       0 if minor == _BLANK8 else int(minor, 8))
         except ValueError:
-            return super().frombuf(buf, encoding, errors)
+            return None
         unsigned = 256 + _byte_sum(buf) - sum(chksum)
         if checksum != unsigned and not _signed_checksum_matches(buf, checksum, unsigned):
             # an empty block or a bad checksum: tarfile raises its "empty header" or
             # "bad checksum"
-            return super().frombuf(buf, encoding, errors)
-        obj = cls()
+            return None
+        # every attribute TarInfo.__init__ sets (_INIT_ATTRS), each once: not its defaults
+        # first and then these (its __init__ was a sixth of the bytecodes of an entry)
+        obj = cls.__new__(cls)
         obj.mode, obj.uid, obj.gid, obj.size, obj.mtime, obj.devmajor, obj.devminor = fields
         obj.chksum = checksum
         obj.name = name.split(b"\0", 1)[0].decode(encoding, errors)
@@ -162,6 +185,9 @@ class _TarInfo(tarfile.TarInfo):
         obj.linkname = linkname.split(b"\0", 1)[0].decode(encoding, errors)
         obj.uname = uname.split(b"\0", 1)[0].decode(encoding, errors)
         obj.gname = gname.split(b"\0", 1)[0].decode(encoding, errors)
+        obj.offset = obj.offset_data = 0
+        obj.sparse = None
+        obj.pax_headers = {}
         if type_ == tarfile.AREGTYPE and obj.name.endswith("/"):
             obj.type = tarfile.DIRTYPE
         if obj.type == tarfile.DIRTYPE:
@@ -206,6 +232,8 @@ class _TarInfo(tarfile.TarInfo):
 _PLAIN_TYPES = frozenset((tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.LNKTYPE, tarfile.SYMTYPE,
                           tarfile.CHRTYPE, tarfile.BLKTYPE, tarfile.DIRTYPE, tarfile.FIFOTYPE,
                           tarfile.CONTTYPE))
+#: the plain types whose data follows the header (``isreg()``: sparse is not plain)
+_PLAIN_FILE_TYPES = frozenset((tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE))
 
 
 def members(archive: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
@@ -217,8 +245,8 @@ def members(archive: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
     member and the archive's next offset come out as ``next()`` makes them, without its
     per-member bookkeeping (four ``tell()`` calls, three dispatching methods, the members
     list). Anything else (extended and GNU headers, the end of the archive, a short or damaged
-    header, a member whose data was not read to its end) is left where it is, unread, for
-    ``archive.next()``.
+    header, a field the fast parse leaves to tarfile, a member whose data was not read to its
+    end) is left where it is, unread, for ``archive.next()``.
     """
     stream = archive.fileobj
     reader = (stream if isinstance(stream, ForwardReader) and archive.tarinfo is _TarInfo
@@ -240,21 +268,26 @@ def members(archive: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
 def _plain_member(archive: tarfile.TarFile, stream: ForwardReader) -> tarfile.TarInfo | None:
     """The member whose plain header comes next, consumed; None (nothing consumed) if the
     next header is not one :func:`members` reads itself."""
-    buf = stream.peek_exact(tarfile.BLOCKSIZE)
-    if len(buf) != tarfile.BLOCKSIZE or buf[156:157] not in _PLAIN_TYPES:
+    buf = stream.peek_exact(_BLOCK)
+    if len(buf) != _BLOCK or buf[156:157] not in _PLAIN_TYPES:
         return None
-    try:
-        member = _TarInfo.frombuf(buf, archive.encoding, archive.errors)
-    except tarfile.HeaderError:
-        return None  # the end of the archive, or damage: next() reads it again and decides
-    stream.consume(tarfile.BLOCKSIZE)
+    member = _TarInfo.plain_header(buf, archive.encoding, archive.errors)
+    if member is None:
+        return None  # the end of the archive, damage, odd fields: next() reads it and decides
+    stream.consume(_BLOCK)
     member.offset = archive.offset
-    member.offset_data = data = archive.offset + tarfile.BLOCKSIZE
-    # as TarInfo._proc_builtin: a regular file's data (rounded up to whole blocks) follows
-    archive.offset = data + member._block(member.size) if member.isreg() else data  # type: ignore[attr-defined]
+    member.offset_data = data = archive.offset + _BLOCK
+    # as TarInfo._proc_builtin: a regular file's data (rounded up to whole blocks, as
+    # TarInfo._block rounds) follows
+    archive.offset = (data - (-member.size // _BLOCK) * _BLOCK
+                      if member.type in _PLAIN_FILE_TYPES else data)
     return member
 
 
+#: the attributes ``TarInfo.__init__`` sets, which ``_TarInfo.frombuf`` sets without it
+_INIT_ATTRS = frozenset(("name", "mode", "uid", "gid", "size", "mtime", "chksum", "type",
+                         "linkname", "uname", "gname", "devmajor", "devminor", "offset",
+                         "offset_data", "sparse", "pax_headers"))
 _PRIVATE_SHAPES = {  # the tarfile internals _TarInfo calls or overrides, and their parameters
     "_proc_pax": ["self", "tarfile"],
     "_block": ["self", "count"],
@@ -279,6 +312,9 @@ def fast_parser_usable() -> bool:
                 return False
         if not issubclass(tarfile.SubsequentHeaderError, tarfile.HeaderError):  # type: ignore[attr-defined]
             return False
+        made = tarfile.TarInfo()
+        if {slot for slot in tarfile.TarInfo.__slots__ if hasattr(made, slot)} != _INIT_ATTRS:
+            return False  # frombuf would leave an attribute unset, or set one too many
         return _sample_members(_TarInfo) == _sample_members(tarfile.TarInfo)
     except Exception:  # any surprise in the internals means: do not use them
         return False
@@ -363,6 +399,27 @@ def _byte_sum(block: bytes | bytearray) -> int:
 
 
 
+def small_member_data(archive: tarfile.TarFile,
+                      member: tarfile.TarInfo) -> bytes | memoryview | None:
+    """The data of a plain regular member that fits one read with its padding (as
+    :func:`member_data` yields it, without a generator), consumed; None (nothing read) for a
+    larger one."""
+    size = member.size
+    padding = -size % tarfile.BLOCKSIZE
+    if size + padding > COPY_CHUNK:
+        return None
+    stream = archive.fileobj
+    assert stream is not None  # an open archive has its stream
+    if isinstance(stream, ForwardReader):
+        block = stream.read_at(member.offset_data, size + padding)
+    else:
+        stream.seek(member.offset_data)
+        block = stream.read(size + padding)
+    if len(block) != size + padding:  # as tarfile's own check before the next header
+        raise tarfile.ReadError("unexpected end of data")
+    return memoryview(block)[:size] if padding else block
+
+
 def member_data(archive: tarfile.TarFile, member: tarfile.TarInfo) -> Iterator[bytes | memoryview]:
     """The data of a plain (not sparse) regular member, in chunks of at most ``COPY_CHUNK``.
 
@@ -371,17 +428,15 @@ def member_data(archive: tarfile.TarFile, member: tarfile.TarInfo) -> Iterator[b
     block: the stream is then where ``tarfile`` expects the next header, which it otherwise
     reaches by a seek and a one-byte read. A small file is one read, data and padding.
     """
+    block = small_member_data(archive, member)
+    if block is not None:
+        yield block
+        return
     stream = archive.fileobj
     assert stream is not None  # an open archive has its stream
     stream.seek(member.offset_data)
     size = member.size
     padding = -size % tarfile.BLOCKSIZE
-    if size + padding <= COPY_CHUNK:
-        block = stream.read(size + padding)
-        if len(block) != size + padding:  # as tarfile's own check before the next header
-            raise tarfile.ReadError("unexpected end of data")
-        yield memoryview(block)[:size] if padding else block
-        return
     remaining = size
     while remaining:
         chunk = stream.read(min(remaining, COPY_CHUNK))
@@ -395,6 +450,9 @@ def member_data(archive: tarfile.TarFile, member: tarfile.TarInfo) -> Iterator[b
 
 _NS_MAX = (1 << 63) - 1  # what a 64-bit timespec holds, in ns (years 1678 to 2262)
 _S_MAX = Decimal(_NS_MAX).scaleb(-9)
+#: whole seconds below this times 10**9 fit a double's 53 bits (s * 2**9 * 5**9, 5**9 < 2**21):
+#: ``round(float(s) * 1e9)`` is exact there, and equal to the integer product (to 2116)
+_EXACT_FLOAT_S = (1 << 53) // 5**9
 
 
 def mtime_ns(member: tarfile.TarInfo) -> int:
@@ -403,7 +461,11 @@ def mtime_ns(member: tarfile.TarInfo) -> int:
     An mtime that is not a number (``nan``) counts as 0; one out of range (``inf``, ``1e30``)
     is clamped to what the filesystem can hold.
     """
-    text = member.pax_headers.get("mtime") if member.pax_headers else None
+    pax = member.pax_headers
+    mtime = member.mtime
+    if not pax and type(mtime) is int and 0 <= mtime < _EXACT_FLOAT_S:
+        return mtime * 1_000_000_000  # what the float product below gives there, exactly
+    text = pax.get("mtime") if pax else None
     try:
         if text is not None:
             ns = int(Decimal(text).scaleb(9).to_integral_value())

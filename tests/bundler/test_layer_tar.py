@@ -77,6 +77,17 @@ def test_fast_header_parser_gives_tarfiles_results(
         theirs = _parsed(lambda b: tarfile.TarInfo.frombuf(b, "utf-8", "surrogateescape"),
                          candidate)
         assert ours == theirs
+    try:
+        reference = tarfile.TarInfo.frombuf(buf, "utf-8", "surrogateescape")
+    except tarfile.HeaderError:
+        return
+    # frombuf's object is built without TarInfo.__init__: every attribute it sets is there,
+    # with tarfile's value, and nothing else
+    fast = _TarInfo.frombuf(buf, "utf-8", "surrogateescape")
+    for slot in tarfile.TarInfo.__slots__:
+        assert hasattr(fast, slot) == hasattr(reference, slot), slot
+        if hasattr(reference, slot):
+            assert getattr(fast, slot) == getattr(reference, slot), slot
 
 
 
@@ -262,6 +273,72 @@ def test_pax_size_moves_the_next_header_as_tarfile_does() -> None:
         assert _members(data[:cut], fast=True) == _members(data[:cut], fast=False)
 
 
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(min_size=0, max_size=5000),
+       steps=st.lists(st.tuples(st.integers(0, 1500), st.integers(0, 1500)), max_size=20),
+       chunk=st.integers(1, 700))
+def test_read_at_is_a_seek_then_a_read(data: bytes, steps: list[tuple[int, int]],
+                                      chunk: int) -> None:
+    class Trickle(io.RawIOBase):
+        def __init__(self) -> None:
+            self.pos = 0
+
+        def read(self, size: int = -1) -> bytes:
+            out = data[self.pos:self.pos + min(chunk, size if size >= 0 else chunk)]
+            self.pos += len(out)
+            return out
+
+    reader = ForwardReader(Trickle())  # type: ignore[arg-type]
+    reference = io.BytesIO(data)
+    for skip, size in steps:
+        here = reference.tell() + skip * (skip % 3 == 0)  # mostly where the reader is
+        reference.seek(min(here, len(data)))
+        assert reader.read_at(here, size) == reference.read(size)
+        assert reader.tell() == reference.tell()
+
+
+def test_small_member_data_is_member_datas_one_chunk() -> None:
+    buffer = io.BytesIO()
+    sizes = (0, 1, 511, 512, 513, tarstream.COPY_CHUNK - 512, tarstream.COPY_CHUNK - 1,
+             tarstream.COPY_CHUNK + 1)
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for n, size in enumerate(sizes):
+            info = tarfile.TarInfo(f"f{n}")
+            info.size = size
+            archive.addfile(info, io.BytesIO(bytes([n + 1]) * size))
+    for small in (True, False):
+        buffer.seek(0)
+        with tarfile.open(fileobj=ForwardReader(buffer), mode="r:",  # type: ignore[call-overload]
+                          tarinfo=_TarInfo) as archive:
+            got = []
+            for member in tarstream.members(archive):
+                block = tarstream.small_member_data(archive, member) if small else None
+                if block is None:
+                    block = b"".join(tarstream.member_data(archive, member))
+                got.append(bytes(block))
+        assert got == [bytes([n + 1]) * size for n, size in enumerate(sizes)]
+    # the stream ends inside a small member's data or padding: tarfile's error
+    data = buffer.getvalue()
+    with tarfile.open(fileobj=ForwardReader(io.BytesIO(data[:512 * 4 + 100])), mode="r:",  # type: ignore[call-overload]
+                      tarinfo=_TarInfo) as archive:
+        members = tarstream.members(archive)
+        next(members)
+        assert tarstream.small_member_data(archive, next(members)) == b"\2"
+        third = next(members)  # 511 bytes from 2048: cut after 100
+        with pytest.raises(tarfile.ReadError, match="unexpected end of data"):
+            tarstream.small_member_data(archive, third)
+
+
+@given(seconds=st.one_of(st.integers(-10, 1 << 40), st.sampled_from(
+    [0, 1, tarstream._EXACT_FLOAT_S - 1, tarstream._EXACT_FLOAT_S, 1 << 62, -(1 << 62)])))
+def test_whole_second_mtimes_are_those_of_the_float_product(seconds: int) -> None:
+    member = tarfile.TarInfo("f")
+    member.mtime = seconds
+    fast = tarstream.mtime_ns(member)
+    member.mtime = float(seconds)  # a float mtime takes the general path
+    assert fast == tarstream.mtime_ns(member)
+
+
 # -- the fast parser's fallback -----------------------------------------------------------------
 
 
@@ -269,7 +346,7 @@ def test_the_fast_parser_is_used_while_tarfile_keeps_its_shape() -> None:
     assert tarstream.fast_parser_usable()
 
 
-@pytest.mark.parametrize("change", ["missing", "signature", "behaviour"])
+@pytest.mark.parametrize("change", ["missing", "signature", "attributes", "behaviour"])
 def test_a_changed_tarfile_falls_back_to_the_public_parser(
         monkeypatch: pytest.MonkeyPatch, change: str) -> None:
     if change == "missing":
@@ -277,6 +354,13 @@ def test_a_changed_tarfile_falls_back_to_the_public_parser(
     elif change == "signature":
         monkeypatch.setattr(tarfile.TarInfo, "_block",
                             lambda self, count, extra=0: count)
+    elif change == "attributes":  # TarInfo() now sets an attribute frombuf does not
+        original_init = tarfile.TarInfo.__init__
+
+        def more(self: tarfile.TarInfo, name: str = "") -> None:
+            original_init(self, name)
+            self._link_target = None  # type: ignore[attr-defined]
+        monkeypatch.setattr(tarfile.TarInfo, "__init__", more)
     else:  # same names and shapes, but tarfile now reads PAX headers differently
         original = tarfile.TarInfo._proc_pax  # type: ignore[attr-defined]
 

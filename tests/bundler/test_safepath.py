@@ -4,6 +4,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ocistage.bundler.unpack.safepath import MAX_SYMLINK_HOPS, SafeRoot, join_link, normalize
 from ocistage.cache.errors import LayerError
@@ -26,6 +28,20 @@ from ocistage.cache.fsops import remove_at
 ])
 def test_normalize_clamps_at_root(name: str, parts: tuple[str, ...]) -> None:
     assert normalize(name) == parts
+
+
+@given(st.lists(st.sampled_from(["", ".", "..", "a", "b.c", "...", ".wh.x", " "]), max_size=8))
+def test_normalize_of_clean_names_is_the_general_rule(components: list[str]) -> None:
+    """Names without empty, "." or ".." components are split as they are (the fast path);
+    any other goes through the general rule: both give what the rule gives."""
+    parts: list[str] = []
+    for component in components:
+        if component == "..":
+            if parts:
+                parts.pop()
+        elif component not in ("", "."):
+            parts.append(component)
+    assert normalize("/".join(components)) == tuple(parts)
 
 
 def test_normalize_rejects_nul() -> None:
@@ -115,6 +131,28 @@ def test_no_follow_mode(tree: Path) -> None:
     with SafeRoot(tree) as root:
         assert resolved(root, "usr/lib", follow=False) == ("usr", "lib")
         assert resolved(root, "abs", follow=False) is None
+
+
+def test_repeated_lookups_share_a_descriptor_until_invalidated(tree: Path) -> None:
+    """The same directory twice in a row is the same descriptor (the last lookup is not
+    looked up again); after invalidate() it is resolved again, as any other."""
+    with SafeRoot(tree, cache_size=4) as root:
+        assert root.resolve_dir(()) == root.resolve_dir(()) == (root.root_fd, ())
+        first = root.resolve_dir(("usr", "lib"))
+        assert first is not None
+        again = root.resolve_dir(("usr", "lib"))
+        assert again == first
+        root.invalidate()
+        os.rename(tree / "usr" / "lib", tree / "usr" / "lib.old")
+        os.symlink("/etc", tree / "usr" / "lib")
+        assert resolved(root, "usr/lib") == ("etc",)
+        assert resolved(root, "usr/lib") == ("etc",)
+        for n in range(8):  # evicts the others; the last one stays usable
+            (tree / f"d{n}").mkdir()
+            assert resolved(root, f"d{n}") == (f"d{n}",)
+            found = root.resolve_dir((f"d{n}",))
+            assert found is not None
+            assert os.stat(found[0]).st_ino == (tree / f"d{n}").stat().st_ino
 
 
 def test_cache_invalidation_sees_replaced_directories(tree: Path) -> None:
