@@ -71,6 +71,7 @@ import contextlib
 import os
 import pwd
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -408,11 +409,19 @@ def _hybrid_cgroup2() -> bool:
     return False
 
 
+def _daemon_preexec() -> None:
+    """Dies with the session (``die_with_parent``) and dumps no core: slurmd raises its soft
+    core limit to the hard one, and a crashing slurmstepd, its child, would write ``core``
+    into the job's working directory, the checkout the tests run from (a 22.05 step did)."""
+    die_with_parent()
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
 def _start(argv: Sequence[str], log: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, env=dict(env),
-                                start_new_session=True, preexec_fn=die_with_parent)
+                                start_new_session=True, preexec_fn=_daemon_preexec)
 
 
 def _mount_namespace(pid: int) -> str | None:
