@@ -44,10 +44,11 @@ class Scrun:
     cache: Path          # the hooks' cache (leases)
     ocistage: OcistageRunner
 
-    def lua(self, stage_to: str, stage_dir: Path) -> Path:
+    def lua(self, stage_to: str, stage_dir: Path, ocistage: tuple[str, ...] = ()) -> Path:
         script = self.cluster.conf_dir / "scrun.lua"
         script.write_text(render_scrun_lua(ScrunLuaOptions(
-            ocistage=tuple(self.ocistage.command), stage_to=stage_to,  # type: ignore[arg-type]
+            ocistage=ocistage or tuple(self.ocistage.command),
+            stage_to=stage_to,  # type: ignore[arg-type]
             stage_dir=str(stage_dir), cache=str(self.cache),
             sbatch=str(self.cluster.bin_dir / "sbatch"))))
         return script
@@ -242,3 +243,47 @@ def test_scrun_state_kill_delete_of_a_running_container(
     # of an ended job); the cleanup job removes the bundle on that node once the job has ended
     scrun.wait_removed(stage_to, stage_dir, "long1")
     assert all_leases(scrun.cache) == []
+
+
+@pytest.mark.parametrize("stage_to", ["shared", "node-local"])
+def test_a_failing_stage_in_fails_scrun_create_with_the_reason(
+        scrun: Scrun, images: dict[str, ImageRef], stage_to: str) -> None:
+    """scrun's anchor hands `create` its pid whatever stage-in returns; the generated Lua
+    makes `create` exit 1 with the hook's reason on stderr and, as a JSON error line, in the
+    --log file (what conmon hands Podman, what containerd reads for Docker)."""
+    missing = "/nonexistent/bin/ocistage"
+    stage_dir = _stage_dir(scrun, stage_to)
+    scrun.lua(stage_to, stage_dir, ocistage=(missing,))
+    bundle = _engine_bundle(scrun, images["busybox"], "/bin/sh", "-c", "echo never")
+    log = scrun.work / "log.json"
+    try:
+        result = subprocess.run(
+            [str(scrun.scrun), "--log", str(log), "--log-format", "json", "create", "--bundle",
+             str(bundle), "fail1"], capture_output=True, text=True, timeout=300,
+            env=scrun.env(), cwd=scrun.work, check=False, stdin=subprocess.DEVNULL)
+        assert result.returncode == 1, result.stderr
+        # the reason: the command's output (srun's own line may come first), then the hint
+        reason = "ocistage scrun stage-in failed (exit 127): "
+        assert f"scrun.lua: container not created: {reason}" in result.stderr, result.stderr
+        [entry] = [json.loads(line) for line in log.read_text().splitlines()]
+        assert entry["level"] == "error" and entry["msg"].startswith(reason), entry
+        assert f"/bin/sh: 1: {missing}: not found" in entry["msg"], entry
+        assert entry["msg"].endswith("--ocistage /absolute/path/of/ocistage`]"), entry
+        assert time.strptime(entry["time"], "%Y-%m-%dT%H:%M:%SZ")
+        assert "never" not in result.stdout
+        _wait_job_ended(scrun.cluster, "fail1")  # the anchor ended the job and itself
+    finally:
+        scrun.run("delete", "--force", "fail1")
+    assert _staged_where(scrun, stage_to, stage_dir, "fail1") == []
+    assert scrun.cleanup_jobs() == []
+
+
+def _wait_job_ended(cluster: SlurmCluster, name: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        queue = cluster.run("squeue", "-h", "-n", name, "-o", "%i %T", timeout=30)
+        if queue.returncode == 0 and not queue.stdout.strip():
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"job {name} still queued after {timeout:.0f}s: {queue.stdout!r}")
+        time.sleep(0.5)
