@@ -153,7 +153,7 @@ local function json_string(text)
 	end)) .. '"'
 end
 
--- the --log file and --log-format this process was given (before the command word)
+-- the --log file and --log-format this process was given (global options: before `create`)
 local function runtime_log()
 	local file = io.open("/proc/self/cmdline", "rb")
 	if file == nil then
@@ -167,7 +167,7 @@ local function runtime_log()
 	end
 	local log, format = nil, nil
 	local i = 2
-	while i <= #args and string.sub(args[i], 1, 1) == "-" do
+	while i <= #args and args[i] ~= "create" do
 		local word = args[i]
 		if word == "--log" or word == "--log-format" then
 			if word == "--log" then log = args[i + 1] else format = args[i + 1] end

@@ -258,9 +258,11 @@ def test_a_failing_stage_in_fails_scrun_create_with_the_reason(
     log = scrun.work / "log.json"
     try:
         result = subprocess.run(
-            [str(scrun.scrun), "--log", str(log), "--log-format", "json", "create", "--bundle",
-             str(bundle), "fail1"], capture_output=True, text=True, timeout=300,
-            env=scrun.env(), cwd=scrun.work, check=False, stdin=subprocess.DEVNULL)
+            # as containerd's shim runs it: the log's options among the others
+            [str(scrun.scrun), "--root", str(scrun.work / "scrun-root"), "--log", str(log),
+             "--log-format", "json", "create", "--bundle", str(bundle), "fail1"],
+            capture_output=True, text=True, timeout=300, env=scrun.env(), cwd=scrun.work,
+            check=False, stdin=subprocess.DEVNULL)
         assert result.returncode == 1, result.stderr
         # the reason: the command's output (srun's own line may come first), then the hint
         reason = "ocistage scrun stage-in failed (exit 127): "
