@@ -1,7 +1,7 @@
 """Docker through scrun as it is meant to run: Debian's docker.io in rootless mode
 (``dockerd-rootless.sh``, rootlesskit) as an unprivileged user with subuid/subgid ranges and a
-private XDG_RUNTIME_DIR, on the three-node 24.05 cluster, with exactly the files ocistage
-writes:
+private XDG_RUNTIME_DIR, on each three-node cluster (``slurm_nodes``), with exactly the files
+ocistage writes:
 
 - ``~/.config/docker/daemon.json`` is ``ocistage runtime docker-config`` as the user runs it
   (default runtime ``slurm`` = scrun, ``vfs`` storage, no bridge, no ip forwarding), and
@@ -120,11 +120,11 @@ def _remove_new(paths: list[Path]) -> None:
 
 
 @pytest.fixture
-def docker_user(slurm_24_05: SlurmCluster, slurm_job_user: JobUser,
+def docker_user(slurm_nodes: SlurmCluster, slurm_job_user: JobUser,
                 subids: None,  # noqa: F811 (the fixture, by name)
                 ocistage: OcistageRunner,
                 images: dict[str, ImageRef]) -> Iterator[RootlessDocker]:
-    cluster, user = slurm_24_05, slurm_job_user
+    cluster, user = slurm_nodes, slurm_job_user
     require_binary("dockerd", "docker.io")
     require_binary("containerd-shim-runc-v2", "containerd")
     require_binary("rootlesskit", "rootlesskit")
@@ -193,6 +193,8 @@ def test_rootless_docker_runs_through_scrun_as_the_user(
     assert docker_user.staged() == []
 
 
+# 26.05.3 never hands `scrun create` the pid after a failed stage-in (docs/slurm.md)
+@pytest.mark.parametrize("slurm_nodes", ["24.05"], indirect=True)
 def test_a_hook_that_cannot_run_ocistage_makes_docker_run_say_why(
         docker_user: RootlessDocker, ocistage: OcistageRunner,
         images: dict[str, ImageRef]) -> None:
