@@ -30,7 +30,7 @@ from pytest_ocistage.components import require_binary
 from pytest_ocistage.images import OS_RELEASE_NAME, ImageRef
 from pytest_ocistage.slurm import SlurmCluster
 from tests.e2e.conftest import OcistageRunner
-from tests.e2e.test_scrun_user import site_slurm_conf
+from tests.e2e.test_scrun_user import cluster_report, site_slurm_conf
 from tests.runtimes.scrun_bundle import make_engine_bundle
 
 pytestmark = pytest.mark.timeout(900)
@@ -86,10 +86,14 @@ class Scrun:
         (the anchor keeps the descriptors it was given until the container ends)."""
         out = self.work / f"{container_id}.out"
         with out.open("w") as sink:
-            result = subprocess.run([str(self.scrun), "create", "--bundle", str(bundle),
-                                     container_id], stdout=sink, stderr=subprocess.STDOUT,
-                                    timeout=300, env=self.env(), cwd=self.work, check=False,
-                                    stdin=subprocess.DEVNULL)
+            try:
+                result = subprocess.run([str(self.scrun), "create", "--bundle", str(bundle),
+                                         container_id], stdout=sink, stderr=subprocess.STDOUT,
+                                        timeout=300, env=self.env(), cwd=self.work,
+                                        check=False, stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"scrun create {container_id} still running after 300 s; its "
+                            f"output: {out.read_text()!r}\n{cluster_report(self.cluster)}")
         assert result.returncode == 0, out.read_text()
         return out
 
@@ -105,10 +109,9 @@ class Scrun:
         deadline = time.monotonic() + timeout
         while line not in out.read_text().splitlines():
             if time.monotonic() > deadline:
-                queue = self.cluster.run("squeue", "-a", timeout=30).stdout
                 nodes = self.cluster.run("sinfo", "-N", timeout=30).stdout
                 pytest.fail(f"no {line!r} after {timeout:.0f}s; output: {out.read_text()!r}\n"
-                            f"{queue}\n{nodes}")
+                            f"{nodes}\n{cluster_report(self.cluster)}")
             time.sleep(0.3)
 
     def wait_stopped(self, container_id: str, anchor: int, timeout: float = 120) -> None:

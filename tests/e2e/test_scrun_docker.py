@@ -39,6 +39,7 @@ from tests.e2e.test_scrun_user import (
     _no_cleanup_jobs,
     _no_jobs_of,
     _scrun_lua,
+    cluster_report,
     site_slurm_conf,
     subids,  # noqa: F401 (a fixture, used by name)
     users_file,
@@ -68,10 +69,15 @@ class RootlessDocker:
         pairs = [f"{key}={value}" for key, value in (env or self.env()).items()]
         return self.user.argv("env", "-i", *pairs, *command)
 
-    def docker(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.argv(DOCKER, *args), capture_output=True, text=True,
-                              timeout=timeout, cwd=self.user.home, check=False,
-                              stdin=subprocess.DEVNULL)
+    def docker(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run(self.argv(DOCKER, *args), capture_output=True, text=True,
+                                  timeout=timeout, cwd=self.user.home, check=False,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(f"docker {' '.join(args)} still running after {timeout:.0f}s; its "
+                        f"output: {exc.stdout!r} {exc.stderr!r}\n"
+                        f"{cluster_report(self.cluster)}")
 
     def staged(self) -> list[Path]:
         """The bundles staged on any node (in STAGE_DIR/UID, or STAGE_DIR-UID beside it)."""

@@ -92,11 +92,15 @@ class RootlessPodman:
                 "PATH": f"{self.cluster.bin_dir}:/usr/local/bin:/usr/bin:/bin",
                 "LANG": "C.UTF-8"}
 
-    def run(self, *argv: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    def run(self, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         pairs = [f"{key}={value}" for key, value in self.env().items()]
-        return subprocess.run(self.user.argv("env", "-i", *pairs, *argv),
-                              capture_output=True, text=True, timeout=timeout,
-                              cwd=self.user.home, check=False, stdin=subprocess.DEVNULL)
+        try:
+            return subprocess.run(self.user.argv("env", "-i", *pairs, *argv),
+                                  capture_output=True, text=True, timeout=timeout,
+                                  cwd=self.user.home, check=False, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(f"{' '.join(argv)} still running after {timeout:.0f}s; its output: "
+                        f"{exc.stdout!r} {exc.stderr!r}\n{cluster_report(self.cluster)}")
 
     def podman(self, *args: str) -> subprocess.CompletedProcess[str]:
         return self.run(self.podman_path, *args)
@@ -111,6 +115,22 @@ class RootlessPodman:
             for place in (base / str(self.user.uid), beside):
                 found += list(place.iterdir()) if place.is_dir() else []
         return found
+
+
+def cluster_report(cluster: SlurmCluster, lines: int = 30) -> str:
+    """What a test that waited in vain saw of the cluster: the queue, every job's record, and
+    the end of each daemon's log."""
+    parts = []
+    for argv in (("squeue", "-a"), ("scontrol", "show", "job", "-o")):
+        try:
+            result = cluster.run(*argv, timeout=30)
+            parts.append(f"--- {' '.join(argv)}:\n{result.stdout}{result.stderr}")
+        except subprocess.TimeoutExpired:
+            parts.append(f"--- {' '.join(argv)}: no answer in 30 s")
+    for log in sorted(path for path in cluster.log_dir.iterdir() if path.is_file()):
+        text = log.read_text(errors="replace").splitlines()
+        parts.append(f"--- {log.name}:\n" + "\n".join(text[-lines:]))
+    return "\n".join(parts)
 
 
 def _write_as(user: JobUser, path: Path, text: str) -> None:
