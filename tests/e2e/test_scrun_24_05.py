@@ -248,38 +248,55 @@ def test_scrun_state_kill_delete_of_a_running_container(
     assert all_leases(scrun.cache) == []
 
 
+def _create_logged(scrun: Scrun, bundle: Path, log: Path,
+                   container_id: str) -> subprocess.CompletedProcess[str]:
+    """`scrun create` as containerd's shim runs it: the log's options among the others."""
+    return subprocess.run(
+        [str(scrun.scrun), "--root", str(scrun.work / "scrun-root"), "--log", str(log),
+         "--log-format", "json", "create", "--bundle", str(bundle), container_id],
+        capture_output=True, text=True, timeout=300, env=scrun.env(), cwd=scrun.work,
+        check=False, stdin=subprocess.DEVNULL)
+
+
 @pytest.mark.parametrize("stage_to", ["shared", "node-local"])
 def test_a_failing_stage_in_fails_scrun_create_with_the_reason(
         scrun: Scrun, images: dict[str, ImageRef], stage_to: str) -> None:
     """scrun's anchor hands `create` its pid whatever stage-in returns; the generated Lua
     makes `create` exit 1 with the hook's reason on stderr and, as a JSON error line, in the
-    --log file (what conmon hands Podman, what containerd reads for Docker)."""
+    --log file (what conmon hands Podman, what containerd reads for Docker).
+
+    24.05.8 sometimes hands `create` the pid before stage-in and starts the container at once
+    (the job allocated before the anchor took create's pipe: `_on_startup_con`; about 1
+    `create` in 40 here, docs/slurm.md): then stage-in never ran, `create` exits 0 and its
+    output has no hook line. That upstream race is retried (twice) with another container."""
     missing = "/nonexistent/bin/ocistage"
     stage_dir = _stage_dir(scrun, stage_to)
     scrun.lua(stage_to, stage_dir, ocistage=(missing,))
     bundle = _engine_bundle(scrun, images["busybox"], "/bin/sh", "-c", "echo never")
-    log = scrun.work / "log.json"
-    try:
-        result = subprocess.run(
-            # as containerd's shim runs it: the log's options among the others
-            [str(scrun.scrun), "--root", str(scrun.work / "scrun-root"), "--log", str(log),
-             "--log-format", "json", "create", "--bundle", str(bundle), "fail1"],
-            capture_output=True, text=True, timeout=300, env=scrun.env(), cwd=scrun.work,
-            check=False, stdin=subprocess.DEVNULL)
-        assert result.returncode == 1, result.stderr
-        # the reason: the command's output (srun's own line may come first), then the hint
-        reason = "ocistage scrun stage-in failed (exit 127): "
-        assert f"scrun.lua: container not created: {reason}" in result.stderr, result.stderr
-        [entry] = [json.loads(line) for line in log.read_text().splitlines()]
-        assert entry["level"] == "error" and entry["msg"].startswith(reason), entry
-        assert f"/bin/sh: 1: {missing}: not found" in entry["msg"], entry
-        assert entry["msg"].endswith("--ocistage /absolute/path/of/ocistage`]"), entry
-        assert time.strptime(entry["time"], "%Y-%m-%dT%H:%M:%SZ")
-        assert "never" not in result.stdout
-        _wait_job_ended(scrun.cluster, "fail1")  # the anchor ended the job and itself
-    finally:
-        scrun.run("delete", "--force", "fail1")
-    assert _staged_where(scrun, stage_to, stage_dir, "fail1") == []
+    raced = []
+    for attempt in range(3):
+        container_id, log = f"fail{attempt}", scrun.work / f"log{attempt}.json"
+        try:
+            result = _create_logged(scrun, bundle, log, container_id)
+            _wait_job_ended(scrun.cluster, container_id)  # the anchor ended the job and itself
+        finally:
+            scrun.run("delete", "--force", container_id)
+        if result.returncode == 0 and "stage-in failed" not in result.stderr:
+            raced.append(result.stderr)
+            continue
+        break
+    assert len(raced) < 3, f"scrun started the container before stage-in 3 times: {raced}"
+    assert result.returncode == 1, f"exit {result.returncode}: {result.stderr}"
+    # the reason: the command's output (srun's own line may come first), then the hint
+    reason = "ocistage scrun stage-in failed (exit 127): "
+    assert f"scrun.lua: container not created: {reason}" in result.stderr, result.stderr
+    [entry] = [json.loads(line) for line in log.read_text().splitlines()]
+    assert entry["level"] == "error" and entry["msg"].startswith(reason), entry
+    assert f"/bin/sh: 1: {missing}: not found" in entry["msg"], entry
+    assert entry["msg"].endswith("--ocistage /absolute/path/of/ocistage`]"), entry
+    assert time.strptime(entry["time"], "%Y-%m-%dT%H:%M:%SZ")
+    assert "never" not in result.stdout
+    assert _staged_where(scrun, stage_to, stage_dir, container_id) == []
     assert scrun.cleanup_jobs() == []
 
 
