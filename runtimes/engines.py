@@ -48,6 +48,9 @@ def docker_daemon_json(scrun: str) -> str:
         "no-new-privileges": True,
         "rootless": True,
         "selinux-enabled": False,
+        # a plain directory per container, which the nodes' hooks can read (overlay2 mounts
+        # the rootfs in rootlesskit's mount namespace, which srun on a node cannot see)
+        "storage-driver": "vfs",
         "default-runtime": "slurm",
         "runtimes": {"slurm": {"path": _check_path(scrun)}},
     }

@@ -116,9 +116,124 @@ local function command_line(args)
 	return table.concat(words, " ") .. " 2>&1"
 end
 
--- a failed command says why, in scrun's log: its stderr, which the engine keeps as the
--- container's output (`podman logs`, `docker logs`), and the --log file the engine reads
--- runtime errors from
+-- Why stage-in failed, for the `scrun create` the engine waits on. scrun loads this file in
+-- `create`, which then forks the anchor; the anchor runs the hooks and hands `create` its pid
+-- whatever stage-in returns, so `create` exits 0 and the engine learns nothing (its runtime
+-- log stays empty, the anchor's log goes to the container's output). So: at load time a file
+-- shared by both processes is opened (and its name removed at once); a failing stage-in
+-- writes the reason there before the anchor hands over its pid, and `create`, closing its Lua
+-- state after that, finds it and exits 1 with the reason on its stderr (conmon hands that to
+-- Podman) and in the engine's --log file (containerd reads Docker's log.json).
+local function own_pid()
+	local file = io.open("/proc/self/stat", "r")
+	if file == nil then
+		return nil
+	end
+	local line = file:read("*l")
+	file:close()
+	return tonumber(string.match(line or "", "^%d+"))
+end
+
+local function shared_file()
+	if _VERSION == "Lua 5.1" then
+		return nil -- its os.tmpname only names a file (tmpnam); from 5.2 mkstemp makes it
+	end
+	local ok, name = pcall(os.tmpname)
+	if not ok then
+		return nil
+	end
+	local file = io.open(name, "r+")
+	os.remove(name)
+	return file
+end
+
+local function json_string(text)
+	return '"' .. (string.gsub(text, '[%c"\\]', function(char)
+		return string.format("\\u%04x", string.byte(char))
+	end)) .. '"'
+end
+
+-- the --log file and --log-format this process was given (global options: before `create`)
+local function runtime_log()
+	local file = io.open("/proc/self/cmdline", "rb")
+	if file == nil then
+		return nil
+	end
+	local cmdline = file:read("*a") or ""
+	file:close()
+	local args = {}
+	for word in string.gmatch(cmdline, "([^\0]*)\0") do
+		args[#args + 1] = word
+	end
+	local log, format = nil, nil
+	local i = 2
+	while i <= #args and args[i] ~= "create" do
+		local word = args[i]
+		if word == "--log" or word == "--log-format" then
+			if word == "--log" then log = args[i + 1] else format = args[i + 1] end
+			i = i + 1
+		elseif string.sub(word, 1, 6) == "--log=" then
+			log = string.sub(word, 7)
+		elseif string.sub(word, 1, 13) == "--log-format=" then
+			format = string.sub(word, 14)
+		end
+		i = i + 1
+	end
+	return log, format
+end
+
+local function tell_create(why)
+	io.stderr:write("scrun.lua: container not created: " .. why .. "\n")
+	local path, format = runtime_log()
+	if path ~= nil and path ~= "" then
+		local log = io.open(path, "a")
+		if log ~= nil then
+			if format == "json" then
+				log:write('{"level":"error","msg":' .. json_string(why) .. ',"time":"'
+					.. os.date("!%Y-%m-%dT%H:%M:%SZ") .. '"}\n')
+			else
+				log:write("scrun.lua: container not created: " .. why .. "\n")
+			end
+			log:close()
+		end
+	end
+	os.exit(1)
+end
+
+local CREATE = setmetatable({pid = own_pid(), file = shared_file(), hooked = false}, {
+	__gc = function(create)
+		if create.file == nil then
+			return
+		end
+		local why = create.file:seek("set", 0) and create.file:read("*a") or ""
+		create.file:close()
+		-- only in the `create` that loaded this file, when the hook ran elsewhere
+		if why ~= "" and not create.hooked and own_pid() == create.pid then
+			tell_create(why)
+		end
+	end,
+})
+
+-- stage-in's outcome for `create`: the reason it failed, or nil (the file is closed, so that
+-- srun and the container do not inherit it)
+local function report_stage_in(why)
+	CREATE.hooked = true
+	local file = CREATE.file
+	if file == nil then
+		return
+	end
+	if why ~= nil then
+		file:seek("set", 0)
+		file:write(why)
+		file:flush()
+	else
+		file:close()
+		CREATE.file = nil
+	end
+end
+
+-- a failed command says why, in scrun's log (its stderr, which the engine keeps as the
+-- container's output: `podman logs`, `docker logs`); returns the reason
 local function failed(what, rc, output)
 	local why = string.format("ocistage scrun %s failed (exit %s): %s", what,
 		tostring(math.floor(tonumber(rc) or -1)), (string.gsub(output, "%s+$", "")))
@@ -130,9 +245,11 @@ local function failed(what, rc, output)
 	for line in string.gmatch(why, "[^\n]+") do
 		slurm.log_error("scrun.lua: " .. line)
 	end
+	return why
 end
 
--- run `ocistage ARGS...` where the bundle must land; returns the decoded JSON result or nil.
+-- run `ocistage ARGS...` where the bundle must land; returns the decoded JSON result, or nil
+-- and why not.
 -- The result line (a JSON object naming the bundle) is what says it worked: scrun's SIGCHLD
 -- handler sometimes reaps the command's child first, and then scrun reports an exit status
 -- read from a status waitpid never filled ("waitpid: No child processes") although the
@@ -157,8 +274,7 @@ local function ocistage(args)
 		ok, result = pcall(json.decode, last)
 	end
 	if not ok or type(result) ~= "table" or type(result.bundle) ~= "string" then
-		failed(args[2], rc, output)
-		return nil
+		return nil, failed(args[2], rc, output)
 	end
 	if rc ~= 0 then
 		slurm.log_info(string.format("ocistage %s printed its result but scrun reports "
@@ -183,7 +299,9 @@ function slurm_scrun_stage_in(id, bundle, spool_dir, config_file, job_id, user_i
 	local env_file = spool_dir .. "/ocistage-job-env.json"
 	local ok, err = write_private(env_file, json.encode(job_env or {}))
 	if not ok then
-		slurm.log_error("cannot write " .. env_file .. ": " .. tostring(err))
+		local why = "scrun.lua: cannot write " .. env_file .. ": " .. tostring(err)
+		slurm.log_error(why)
+		report_stage_in(why)
 		return slurm.ERROR
 	end
 	local args = {"scrun", "stage-in", "--id", id, "--bundle", bundle,
@@ -194,8 +312,9 @@ function slurm_scrun_stage_in(id, bundle, spool_dir, config_file, job_id, user_i
 		args[#args + 1] = "--sbatch"
 		args[#args + 1] = SBATCH
 	end
-	local result = ocistage(args)
+	local result, why = ocistage(args)
 	os.remove(env_file)
+	report_stage_in(why)
 	if result == nil then
 		return slurm.ERROR
 	end

@@ -141,6 +141,7 @@ def test_engine_snippets_parse() -> None:
     assert daemon["runtimes"]["slurm"]["path"] == "/usr/local/bin/scrun"
     assert daemon["rootless"] is True and daemon["bridge"] == "none"
     assert daemon["iptables"] is False and daemon["ip-forward"] is False
+    assert daemon["storage-driver"] == "vfs"  # the nodes read the rootfs (node-local hooks)
     conf = tomllib.loads(podman_containers_conf("/usr/bin/scrun"))
     assert conf["engine"]["runtime"] == "slurm"
     # conmon passes scrun (and so the hooks) only this environment: Podman's default PATH
