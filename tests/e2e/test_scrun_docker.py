@@ -29,16 +29,15 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.cache.leases import all_leases
 from ocistage.runtimes.engines import docker_run_flags
 from pytest_ocistage.components import require_binary
 from pytest_ocistage.images import OS_RELEASE_NAME, ImageRef
 from pytest_ocistage.slurm import JobUser, SlurmCluster
 from tests.e2e.conftest import OcistageRunner
 from tests.e2e.test_scrun_user import (
-    _no_cleanup_jobs,
     _no_jobs_of,
     _scrun_lua,
+    assert_job_ran_as_the_user,
     cluster_report,
     site_slurm_conf,
     subids,  # noqa: F401 (a fixture, used by name)
@@ -186,16 +185,7 @@ def test_rootless_docker_runs_through_scrun_as_the_user(
     # as under Podman: the status is srun's, in the job record; scrun's anchor exits 0
     assert result.returncode == 0, result.stderr
     assert "task 0: Exited with exit code 3" in result.stderr
-    container_id = cidfile.read_text().strip()
-    jobs = cluster.scontrol("show", "job", "-o", timeout=30).stdout.splitlines()
-    [job] = [job for job in jobs if f" ContainerID={container_id}" in job]
-    assert f" UserId={user.name}({user.uid}) " in job, job
-    assert " ExitCode=3:0 " in job and " JobState=FAILED " in job, job
-    # stage-in and stage-out ran as the user, with the user's own cache
-    cache = user.home / ".cache" / "ocistage"
-    assert cache.is_dir() and cache.stat().st_uid == user.uid
-    assert all_leases(cache) == []
-    _no_cleanup_jobs(cluster)
+    assert_job_ran_as_the_user(cluster, user, cidfile.read_text().strip())
     assert docker_user.staged() == []
 
 

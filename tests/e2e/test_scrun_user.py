@@ -242,17 +242,22 @@ def test_rootless_podman_runs_through_scrun_as_the_user(
     # its anchor process, whose status conmon reports to Podman, exits 0
     assert result.returncode == 0, result.stderr
     assert "task 0: Exited with exit code 3" in result.stderr
-    container_id = cidfile.read_text().strip()
+    assert_job_ran_as_the_user(cluster, user, cidfile.read_text().strip())
+    assert podman_user.staged() == []
+
+
+def assert_job_ran_as_the_user(cluster: SlurmCluster, user: JobUser, container_id: str) -> None:
+    """The engine's container was the user's job, which exited 3, and its stage-in and
+    stage-out ran as the user, with the user's own settings and cache, leaving no lease and
+    no cleanup job behind (shared by the Podman and Docker tests)."""
     jobs = cluster.scontrol("show", "job", "-o", timeout=30).stdout.splitlines()
     [job] = [job for job in jobs if f" ContainerID={container_id}" in job]
     assert f" UserId={user.name}({user.uid}) " in job, job
     assert " ExitCode=3:0 " in job and " JobState=FAILED " in job, job
-    # stage-in and stage-out ran as the user, with the user's own settings and cache
     cache = user.home / ".cache" / "ocistage"
     assert cache.is_dir() and cache.stat().st_uid == user.uid
     assert all_leases(cache) == []
     _no_cleanup_jobs(cluster)
-    assert podman_user.staged() == []
 
 
 # 26.05.3: when stage-in fails, `scrun create` never gets the anchor's pid (stop_anchor queues
