@@ -134,6 +134,18 @@ def test_members_reads_plain_headers_as_tarfiles_next_does(
 
     assert listed(fast=True) == listed(fast=False)
 
+
+class _Trickle(io.RawIOBase):
+    """A source that returns reads of at most ``chunk`` bytes, as a pipe does."""
+
+    def __init__(self, data: bytes, chunk: int) -> None:
+        self.data, self.chunk, self.pos = data, chunk, 0
+
+    def read(self, size: int = -1) -> bytes:
+        out = self.data[self.pos:self.pos + min(self.chunk, size if size >= 0 else self.chunk)]
+        self.pos += len(out)
+        return out
+
 @settings(max_examples=200, deadline=None)
 @given(data=st.binary(min_size=0, max_size=5000),
        steps=st.lists(st.tuples(st.sampled_from(["read", "skip", "peek"]),
@@ -142,16 +154,7 @@ def test_members_reads_plain_headers_as_tarfiles_next_does(
        chunk=st.integers(1, 700))
 def test_forward_reader_reads_peeks_and_skips_like_a_file(data: bytes, steps: list[tuple[str, int]],
                                                     chunk: int) -> None:
-    class Trickle(io.RawIOBase):  # a source that returns short reads, as a pipe does
-        def __init__(self) -> None:
-            self.pos = 0
-
-        def read(self, size: int = -1) -> bytes:
-            out = data[self.pos:self.pos + min(chunk, size if size >= 0 else chunk)]
-            self.pos += len(out)
-            return out
-
-    reader = ForwardReader(Trickle())  # type: ignore[arg-type]
+    reader = ForwardReader(_Trickle(data, chunk))  # type: ignore[arg-type]
     reference = io.BytesIO(data)
     for op, n in steps:
         if op == "peek":  # the bytes ahead, without consuming them
@@ -279,16 +282,7 @@ def test_pax_size_moves_the_next_header_as_tarfile_does() -> None:
        chunk=st.integers(1, 700))
 def test_read_at_is_a_seek_then_a_read(data: bytes, steps: list[tuple[int, int]],
                                       chunk: int) -> None:
-    class Trickle(io.RawIOBase):
-        def __init__(self) -> None:
-            self.pos = 0
-
-        def read(self, size: int = -1) -> bytes:
-            out = data[self.pos:self.pos + min(chunk, size if size >= 0 else chunk)]
-            self.pos += len(out)
-            return out
-
-    reader = ForwardReader(Trickle())  # type: ignore[arg-type]
+    reader = ForwardReader(_Trickle(data, chunk))  # type: ignore[arg-type]
     reference = io.BytesIO(data)
     for skip, size in steps:
         here = reference.tell() + skip * (skip % 3 == 0)  # mostly where the reader is
