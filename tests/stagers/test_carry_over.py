@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,20 +26,6 @@ FILES = 12
 #: inode) or removed
 DAMAGES = ("none", "pool-missing", "pool-copy", "pool-other-bytes", "pool-symlink",
            "pool-mode", "old-copy", "old-missing")
-
-
-@pytest.fixture
-def shm() -> Iterator[Path]:
-    """A directory on /dev/shm (another filesystem than the sources: the pool method)."""
-    base = Path("/dev/shm")
-    if not base.is_dir() or not os.access(base, os.W_OK):
-        pytest.skip("/dev/shm is not a writable tmpfs here")
-    path = base / f"ocistage-test-carry-{os.getpid()}"
-    path.mkdir()
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
@@ -94,11 +79,11 @@ def _damage(how: str, pooled: Path, old: Path) -> None:
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(damages=st.lists(st.sampled_from(DAMAGES), min_size=FILES, max_size=FILES))
 def test_carried_over_files_are_the_sources(tmp_path_factory: pytest.TempPathFactory,
-                                            shm: Path, forked: None,
+                                            other_fs: Path, forked: None,
                                             damages: list[str]) -> None:
     root = tmp_path_factory.mktemp("carry")
     source = _source(root)
-    to = shm / root.name
+    to = other_fs / root.name
     cache = root / "cache"
     holder = Holder.pin("test")
     first = stage_directory(source, to, cache_root=cache, name="x", holder=holder)
@@ -127,12 +112,12 @@ def test_carried_over_files_are_the_sources(tmp_path_factory: pytest.TempPathFac
     assert result.unchanged >= intact
 
 
-def test_a_re_stage_links_unchanged_files_from_the_pool(tmp_path: Path, shm: Path,
+def test_a_re_stage_links_unchanged_files_from_the_pool(tmp_path: Path, other_fs: Path,
                                                         forked: None) -> None:
     """Undamaged: every unchanged file of the new version is its pool entry's inode, as in
     the previous version, and only the changed file is copied."""
     source = _source(tmp_path)
-    to = shm / "t"
+    to = other_fs / "t"
     holder = Holder.pin("test")
     stage_directory(source, to, cache_root=tmp_path / "cache", name="x", holder=holder)
     before = {p.relative_to(to / "x"): os.lstat(p).st_ino
