@@ -35,10 +35,10 @@ from pytest_ocistage.images import OS_RELEASE_NAME, ImageRef
 from pytest_ocistage.slurm import JobUser, SlurmCluster
 from tests.e2e.conftest import OcistageRunner
 from tests.e2e.test_scrun_user import (
+    RootlessEngine,
     _no_jobs_of,
     _scrun_lua,
     assert_job_ran_as_the_user,
-    cluster_report,
     site_slurm_conf,
     subids,  # noqa: F401 (a fixture, used by name)
     users_file,
@@ -50,44 +50,16 @@ DOCKER = "/usr/bin/docker"  # Debian's client (another may come first on PATH)
 
 
 @dataclass(frozen=True)
-class RootlessDocker:
-    cluster: SlurmCluster
-    user: JobUser
-    runtime_dir: Path     # the user's XDG_RUNTIME_DIR (docker.sock, the daemon's state)
-    stage_dir: Path       # scrun.lua's STAGE_DIR (node-local)
-
+class RootlessDocker(RootlessEngine):
     def env(self) -> dict[str, str]:
-        """A login shell's environment: the user's Slurm on PATH, nothing of ours."""
-        return {"HOME": str(self.user.home), "USER": self.user.name,
-                "LOGNAME": self.user.name, "XDG_RUNTIME_DIR": str(self.runtime_dir),
-                "DOCKER_HOST": f"unix://{self.runtime_dir}/docker.sock",
-                "PATH": f"{self.cluster.bin_dir}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
-                "LANG": "C.UTF-8"}
-
-    def argv(self, *command: str, env: dict[str, str] | None = None) -> list[str]:
-        pairs = [f"{key}={value}" for key, value in (env or self.env()).items()]
-        return self.user.argv("env", "-i", *pairs, *command)
+        """The login shell's environment with the user's daemon socket and sbin on PATH."""
+        env = super().env()
+        env["DOCKER_HOST"] = f"unix://{self.runtime_dir}/docker.sock"
+        env["PATH"] += ":/usr/sbin:/sbin"
+        return env
 
     def docker(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        try:
-            return subprocess.run(self.argv(DOCKER, *args), capture_output=True, text=True,
-                                  timeout=timeout, cwd=self.user.home, check=False,
-                                  stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired as exc:
-            pytest.fail(f"docker {' '.join(args)} still running after {timeout:.0f}s; its "
-                        f"output: {exc.stdout!r} {exc.stderr!r}\n"
-                        f"{cluster_report(self.cluster)}")
-
-    def staged(self) -> list[Path]:
-        """The bundles staged on any node (in STAGE_DIR/UID, or STAGE_DIR-UID beside it)."""
-        relative = self.stage_dir.relative_to(self.cluster.node_local)
-        found = []
-        for node in self.cluster.nodes:
-            base = self.cluster.node_dir(node) / relative
-            beside = base.with_name(f"{base.name}-{self.user.uid}")
-            for place in (base / str(self.user.uid), beside):
-                found += list(place.iterdir()) if place.is_dir() else []
-        return found
+        return self.run(DOCKER, *args, timeout=timeout)
 
 
 def _stop(process: subprocess.Popen[bytes], timeout: float = 60) -> None:

@@ -78,12 +78,13 @@ def subids(slurm_job_user: JobUser) -> Iterator[None]:
 
 
 @dataclass(frozen=True)
-class RootlessPodman:
+class RootlessEngine:
+    """An ordinary user of a cluster with a rootless container engine (Podman, Docker)."""
+
     cluster: SlurmCluster
     user: JobUser
     runtime_dir: Path     # the user's XDG_RUNTIME_DIR
     stage_dir: Path       # scrun.lua's STAGE_DIR (node-local)
-    podman_path: str
 
     def env(self) -> dict[str, str]:
         """A login shell's environment: the user's Slurm on PATH, nothing of ours."""
@@ -92,18 +93,18 @@ class RootlessPodman:
                 "PATH": f"{self.cluster.bin_dir}:/usr/local/bin:/usr/bin:/bin",
                 "LANG": "C.UTF-8"}
 
+    def argv(self, *command: str, env: dict[str, str] | None = None) -> list[str]:
+        pairs = [f"{key}={value}" for key, value in (env or self.env()).items()]
+        return self.user.argv("env", "-i", *pairs, *command)
+
     def run(self, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        pairs = [f"{key}={value}" for key, value in self.env().items()]
         try:
-            return subprocess.run(self.user.argv("env", "-i", *pairs, *argv),
-                                  capture_output=True, text=True, timeout=timeout,
-                                  cwd=self.user.home, check=False, stdin=subprocess.DEVNULL)
+            return subprocess.run(self.argv(*argv), capture_output=True, text=True,
+                                  timeout=timeout, cwd=self.user.home, check=False,
+                                  stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired as exc:
             pytest.fail(f"{' '.join(argv)} still running after {timeout:.0f}s; its output: "
                         f"{exc.stdout!r} {exc.stderr!r}\n{cluster_report(self.cluster)}")
-
-    def podman(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return self.run(self.podman_path, *args)
 
     def staged(self) -> list[Path]:
         """The bundles staged on any node (in STAGE_DIR/UID, or STAGE_DIR-UID beside it)."""
@@ -115,6 +116,14 @@ class RootlessPodman:
             for place in (base / str(self.user.uid), beside):
                 found += list(place.iterdir()) if place.is_dir() else []
         return found
+
+
+@dataclass(frozen=True)
+class RootlessPodman(RootlessEngine):
+    podman_path: str
+
+    def podman(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return self.run(self.podman_path, *args)
 
 
 def cluster_report(cluster: SlurmCluster, lines: int = 30) -> str:
