@@ -5,7 +5,10 @@ Synthetic images (:mod:`bench.synthetic`, seeded, cached) are pushed to a ``dock
 and an empty store, one tool after the other, in alternating order between repetitions:
 
 - ``ocistage``      cold ``ocistage bundle REF DEST``
-- ``floor``         per layer ``curl BLOB | gzip -dc | tar -x`` (``zstd -dc --long=31``), summed
+- ``floor``         per layer ``curl BLOB | tee blob | tee >(sha256sum) | gzip -dc | tee
+                    >(sha256sum) | tar -x`` (``zstd -dc --long=31``), summed: the blob kept
+                    and both digests checked, as a cold bundle does (:mod:`bench.floor`)
+- ``floor-nv``      per layer ``curl BLOB | gzip -dc | tar -x``: the floor before issue 29
 - ``skopeo+umoci``  ``skopeo copy`` then ``umoci unpack --rootless``
 - ``podman``        ``podman pull`` + ``podman image mount`` (when podman is installed)
 - ``stage``         ``ocistage stage BUNDLE --to /dev/shm/...`` (first stage, CLI process) of
@@ -14,7 +17,9 @@ and an empty store, one tool after the other, in alternating order between repet
 
 Peak RSS is ``wait4``'s ``ru_maxrss`` (the largest process of each command). Size sets:
 ``--set quick`` (100 MB to 1 GB, 1k to 30k files, a zstd --long=27 point), ``full`` (100 MB to
-10 GB, 1k to 300k files, the 10 GB / 300k image in gzip and zstd) and ``big`` (only the latter).
+10 GB, 1k to 300k files, the 10 GB / 300k image in gzip and zstd), ``big`` (only the latter)
+and ``1g`` (1 GB in 1k to 300k files, and 1 GB / 30k files in zstd); ``--max-files`` leaves
+out the points with more files.
 Results: ``bench/results/scale-<UTC>.json``; the Markdown table and the PNG plot
 (``bench/results/scale-<UTC>.png``, copied to ``bench/scale-<set>.png``; time vs files and time
 vs bytes per tool) are made from it, and again from any such JSON with ``--replot FILE``.
@@ -56,7 +61,7 @@ from bench.synthetic import SynthSpec, build_synthetic
 from ocistage.cache.fsops import remove_tree
 
 GB = 1024 * MB
-TOOLS = ("ocistage", "floor", "skopeo+umoci", "podman")
+TOOLS = ("ocistage", "floor", "floor-nv", "skopeo+umoci", "podman")
 SHM = Path("/dev/shm")
 
 
@@ -91,6 +96,9 @@ SETS: dict[str, list[Point]] = {
              Point(300_000, 10 * GB, axes=("bytes",)),
              Point(300_000, 10 * GB, "zstd", axes=())],
     "big": [Point(300_000, 10 * GB, axes=()), Point(300_000, 10 * GB, "zstd", axes=())],
+    "1g": [*_files_axis(1 * GB, (1_000, 10_000, 30_000, 100_000)),
+           Point(30_000, 1 * GB, "zstd", axes=()),
+           *_files_axis(1 * GB, (300_000,))],
 }
 # a point of the quick files axis (100 MB, 10k files) is also the start of its bytes axis
 SETS["quick"][1] = Point(10_000, 100 * MB, axes=("files", "bytes"))
@@ -126,6 +134,7 @@ def bench_point(image: BuiltImage, ref: str, registry: str, reps: int, work: Wor
     runners = {
         "ocistage": lambda: run_ocistage_cold(ref, work),
         "floor": lambda: run_floor(image, registry, work),
+        "floor-nv": lambda: run_floor(image, registry, work, verify=False),
         "skopeo+umoci": lambda: run_skopeo_umoci(ref, work),
     }
     if podman_usable():
@@ -170,7 +179,8 @@ def render_table(results: dict[str, Any]) -> str:
     tools = [t for t in (*TOOLS, "stage tmpfs", "rsync tmpfs")
              if any(t in p["samples"] for p in results["points"])]
     head = ["image", "files", "MB", "entries"] + [f"{t} s (MB)" for t in tools]
-    head += ["ocistage/floor", "stage/rsync"]
+    head += ["ocistage/floor", "ocistage/floor-nv", "skopeo+umoci/ocistage",
+             "podman/ocistage", "stage/rsync"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" for _ in head) + "|"]
     for point in results["points"]:
         medians = {t: _median(v) for t, v in point["samples"].items()}
@@ -181,7 +191,9 @@ def render_table(results: dict[str, Any]) -> str:
                 row.append(f"{medians[tool]['seconds']:.2f} ({medians[tool]['max_rss_mb']:.0f})")
             else:
                 row.append("")
-        for a, b in (("ocistage", "floor"), ("stage tmpfs", "rsync tmpfs")):
+        for a, b in (("ocistage", "floor"), ("ocistage", "floor-nv"),
+                     ("skopeo+umoci", "ocistage"), ("podman", "ocistage"),
+                     ("stage tmpfs", "rsync tmpfs")):
             if a in medians and b in medians and medians[b]["seconds"]:
                 row.append(f"{medians[a]['seconds'] / medians[b]['seconds']:.2f}")
             else:
@@ -262,6 +274,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_const", const="quick", dest="set",
                         help="the same as --set quick")
     parser.add_argument("--reps", type=int, default=1, help="repetitions per tool [1]")
+    parser.add_argument("--max-files", type=int, metavar="N",
+                        help="leave out the set's points with more than N files")
     parser.add_argument("--no-stage", action="store_true", help="skip stage vs rsync")
     parser.add_argument("--tools", default=",".join(TOOLS),
                         help=f"comma-separated subset of {','.join(TOOLS)}")
@@ -271,7 +285,7 @@ def main(argv: list[str]) -> int:
     if args.replot:
         report(json.loads(args.replot.read_text()), args.replot.with_suffix(""))
         return 0
-    points = SETS[args.set]
+    points = [p for p in SETS[args.set] if args.max_files is None or p.files <= args.max_files]
     # a TERM (kill PID) ends the run through the finally clauses: registry stopped, tmpfs and
     # scratch trees removed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
