@@ -101,3 +101,22 @@ def run_layers(layers: list[FloorLayer], target: Path, scratch_root: Path, verif
         if verify:
             check_digests(scratch, layer.digest, layer.diff_id)
     return total, peak
+
+
+def zstd_window(blob: Path) -> int:
+    """The window size (bytes) the first zstd frame of ``blob`` declares: what a decompressor
+    must hold (RFC 8878 3.1.1.1.2; a single-segment frame's window is its content size)."""
+    with open(blob, "rb") as file:
+        head = file.read(14)
+    if len(head) < 6 or head[:4] != b"\x28\xb5\x2f\xfd":
+        raise ValueError(f"{blob}: not a zstd frame")
+    descriptor = head[4]
+    if not descriptor & 0x20:  # not single segment: a window descriptor follows
+        exponent, mantissa = head[5] >> 3, head[5] & 7
+        base = 1 << (10 + exponent)
+        return base + (base // 8) * mantissa
+    dict_id_bytes = (0, 1, 2, 4)[descriptor & 3]
+    size_bytes = (1, 2, 4, 8)[descriptor >> 6]
+    start = 5 + dict_id_bytes
+    size = int.from_bytes(head[start:start + size_bytes], "little")
+    return size + 256 if size_bytes == 2 else size
