@@ -521,7 +521,7 @@ def goal_lines(result: dict[str, Any]) -> list[str]:
         if goal is not None:
             met = ratio <= goal if sense == "<=" else ratio >= goal
             verdict = f" (goal {sense} {goal:g}) {'met' if met else 'MISSED'}"
-        lines.append(f"{top} / {bottom} {ratio:.2f}{verdict}")
+        lines.append(f"{top} / {bottom} {ratio:.3f}{verdict}")
     if "ocistage" in m:
         rss = m["ocistage"]["max_rss_kib"] / 1024
         kinds = {c for _, c in result["image"]["layers"]}
