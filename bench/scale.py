@@ -19,7 +19,7 @@ Peak RSS is ``wait4``'s ``ru_maxrss`` (the largest process of each command). Siz
 ``--set quick`` (100 MB to 1 GB, 1k to 30k files, a zstd --long=27 point), ``full`` (100 MB to
 10 GB, 1k to 300k files, the 10 GB / 300k image in gzip and zstd), ``big`` (only the latter)
 and ``1g`` (1 GB in 1k to 300k files, and 1 GB / 30k files in zstd); ``--max-files`` leaves
-out the points with more files.
+out the points with more files, ``--min-files`` those with fewer.
 Results: ``bench/results/scale-<UTC>.json``; the Markdown table and the PNG plot
 (``bench/results/scale-<UTC>.png``, copied to ``bench/scale-<set>.png``; time vs files and time
 vs bytes per tool) are made from it, and again from any such JSON with ``--replot FILE``.
@@ -327,6 +327,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--reps", type=int, default=1, help="repetitions per tool [1]")
     parser.add_argument("--max-files", type=int, metavar="N",
                         help="leave out the set's points with more than N files")
+    parser.add_argument("--min-files", type=int, default=0, metavar="N",
+                        help="leave out the set's points with fewer than N files")
     parser.add_argument("--no-stage", action="store_true", help="skip stage vs rsync")
     parser.add_argument("--tools", default=",".join(TOOLS),
                         help=f"comma-separated subset of {','.join(TOOLS)}")
@@ -336,7 +338,8 @@ def main(argv: list[str]) -> int:
     if args.replot:
         report(json.loads(args.replot.read_text()), args.replot.with_suffix(""))
         return 0
-    points = [p for p in SETS[args.set] if args.max_files is None or p.files <= args.max_files]
+    points = [p for p in SETS[args.set] if p.files >= args.min_files
+              and (args.max_files is None or p.files <= args.max_files)]
     # a TERM (kill PID) ends the run through the finally clauses: registry stopped, tmpfs and
     # scratch trees removed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
