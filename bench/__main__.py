@@ -2,7 +2,8 @@
 bench/README.md).
 
 ``bundle`` (the default) compares cold/warm ``ocistage bundle`` with ``skopeo copy`` +
-``umoci unpack --rootless`` and the ``curl | gzip -dc | tar -x`` floor; ``stage`` runs
+``umoci unpack --rootless``, podman and the floor (``curl | tee blob | tee >(sha256sum) |
+gzip -dc | tee >(sha256sum) | tar -x``, bench/floor.py); ``stage`` runs
 ``bench/stage.py`` (staging vs ``rsync -a`` and, for re-stages, ``rsync --link-dest`` plus
 removing the old tree) when that module is present; ``scale`` times
 cold bundles and first stages of synthetic images from 1k to 300k files and 100 MB to 10 GB
@@ -20,7 +21,7 @@ import argparse
 import importlib
 import sys
 
-from bench.bundle import DEFAULT_IMAGES
+from bench.bundle import DEFAULT_IMAGES, synthetic_spec
 from bench.bundle import main as bundle_main
 from bench.images import SPECS
 
@@ -71,18 +72,24 @@ def main(argv: list[str]) -> int:
         argv = argv[1:]
     parser = argparse.ArgumentParser(prog="python -m bench bundle", description=__doc__)
     parser.add_argument("--images", default=",".join(DEFAULT_IMAGES),
-                        help=f"comma-separated, from {', '.join(SPECS)} "
+                        help=f"comma-separated, from {', '.join(SPECS)}, or a synthetic "
+                             "image scale-<files>f-<MB>m-<gzip|zstd> (bench/synthetic.py; "
+                             "e.g. scale-30000f-1024m-gzip) "
                              f"[default: {','.join(DEFAULT_IMAGES)}]")
+    parser.add_argument("--only", metavar="RUNS",
+                        help="comma-separated subset of the runs (e.g. 'ocistage,floor,"
+                             "floor-nv,DEST from snap,cp -a') [default: all]")
     parser.add_argument("--reps", type=int, default=3, help="repetitions per tool [3]")
     parser.add_argument("--keep-page-cache", action="store_true",
                         help="do not drop the page cache before cold runs (it is dropped when "
                              "allowed: root, /proc/sys/vm/drop_caches writable)")
     args = parser.parse_args(argv)
     names = [name for name in args.images.split(",") if name]
-    unknown = [name for name in names if name not in SPECS]
+    unknown = [name for name in names if name not in SPECS and synthetic_spec(name) is None]
     if unknown:
         parser.error(f"unknown images: {', '.join(unknown)}")
-    return bundle_main(names, max(1, args.reps), drop=not args.keep_page_cache)
+    only = frozenset(args.only.split(",")) if args.only else None
+    return bundle_main(names, max(1, args.reps), drop=not args.keep_page_cache, only=only)
 
 
 if __name__ == "__main__":

@@ -8,14 +8,21 @@ For each image the harness runs, alternating the order of the tools between repe
 - ``podman``         ``podman pull`` (layers unpacked into its overlay storage) + ``podman
                      image mount`` (the rootfs as a mounted tree), with a private storage
                      root, as root (only when Debian's podman is installed)
-- ``floor``          per layer ``curl BLOB | gzip -dc | tar -x`` (``zstd -dc --long=31`` for
-                     zstd), summed
+- ``floor``          per layer ``curl BLOB | tee blob | tee >(sha256sum) | gzip -dc | tee
+                     >(sha256sum) | tar -x`` (``zstd -dc --long=31`` for zstd), summed; the
+                     blob kept and both digests checked (:mod:`bench.floor`)
+- ``floor-nv``       per layer ``curl BLOB | gzip -dc | tar -x``: the floor before issue 29
 - ``cold cache``     cold ``ocistage bundle REF`` into the cache (snapshot + hard-linked bundle)
 - ``warm``           ``ocistage bundle REF NEWDEST`` again, with the cache of a cold run
 - ``warm --link``    the same with ``--link`` (hard links from the snapshot, read-only root);
                      ``make_bundle(link=True)`` in a Python process if the CLI lacks the option
 - ``warm cached``    ``ocistage bundle REF`` again into the cache that made it: the bundle a
                      Slurm job names with ``--container=$(ocistage bundle REF)`` is found again
+- ``warm --pull missing``  the same with ``--pull missing``: no registry request
+- ``podman pull present``  ``podman pull`` of an image its storage already holds (the tag is
+                     asked for again)
+- ``DEST from snap``  ``bundle REF NEWDEST`` with the image's snapshot cached, ``cp -a`` of
+                     a bundle beside it, and ``--version`` (the CLI's start alone)
 - ``shared``         (``derived`` only) ``ocistage bundle derived`` with a cache holding
                      ``multi``'s bundle: only the two new layers are fetched and unpacked
 
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import statistics
@@ -42,12 +50,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.images import BuiltImage, build_all, cache_root, push
+from bench.floor import FloorLayer, run_layers, zstd_window
+from bench.images import MB, BuiltImage, build_all, cache_root, push
+from bench.synthetic import SynthSpec, build_synthetic
 from ocistage.cache.fsops import remove_tree
 
 RESULTS = Path(__file__).parent / "results"
 COLD_RUNS = frozenset({"ocistage", "skopeo+umoci", "ch-image", "podman", "floor",
-                       "cold cache"})
+                       "floor-nv", "cold cache"})
 DEFAULT_IMAGES = ("single", "multi", "derived", "zstd", "big")
 
 
@@ -231,15 +241,17 @@ def cli_has_link() -> bool:
 
 
 def ocistage_bundle(ref: str, dest: Path | None, cache: Path, work: Workspace,
-                    link: bool = False) -> Sample:
-    """``ocistage bundle`` (into ``dest``, or the cache when None); ``link``: --link mode."""
+                    link: bool = False, pull: str | None = None) -> Sample:
+    """``ocistage bundle`` (into ``dest``, or the cache when None); ``link``: --link mode;
+    ``pull``: its ``--pull`` policy (the default, ``always``, when None)."""
     home = work.root / "home"
     home.mkdir(exist_ok=True)
     ocistage = ocistage_script()
     if link and dest is not None and not cli_has_link():
         argv = [sys.executable, "-c", LINK_SCRIPT, ref, str(cache), str(dest)]
     else:
-        argv = [ocistage, "bundle", "--json", *(["--link"] if link else []), ref,
+        argv = [ocistage, "bundle", "--json", *(["--link"] if link else []),
+                *(["--pull", pull] if pull else []), ref,
                 *([str(dest)] if dest is not None else [])]
     seconds, rss, out = run_timed(argv, env=ocistage_env(cache, home))
     report = json.loads(out)
@@ -275,14 +287,27 @@ def podman_usable() -> bool:
     return shutil.which("podman") is not None and os.geteuid() == 0
 
 
+def _podman_base(work: Workspace) -> tuple[list[str], Path]:
+    """podman's command line with a private storage root (overlay), and its runroot."""
+    root = work.fresh("podman")
+    runroot = Path(tempfile.mkdtemp(prefix="ocs-pr-", dir="/tmp"))  # podman: <= 50 characters
+    return ["podman", "--root", str(root), "--runroot", str(runroot), "--storage-driver",
+            "overlay", "--cgroup-manager", "cgroupfs", "--events-backend", "file"], runroot
+
+
+def _podman_reset(base: list[str], runroot: Path) -> None:
+    subprocess.run([*base, "image", "unmount", "--all", "--force"], check=False,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run([*base, "system", "reset", "--force"], check=False,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    shutil.rmtree(runroot, ignore_errors=True)
+
+
 def run_podman(ref: str, work: Workspace) -> Sample:
     """``podman pull`` into a private storage (overlay: each layer unpacked once, as podman
     users get it) + ``podman image mount``: the image's rootfs as a tree. Unmounted and its
     storage removed after the timing."""
-    root = work.fresh("podman")
-    runroot = Path(tempfile.mkdtemp(prefix="ocs-pr-", dir="/tmp"))  # podman: <= 50 characters
-    base = ["podman", "--root", str(root), "--runroot", str(runroot), "--storage-driver",
-            "overlay", "--cgroup-manager", "cgroupfs", "--events-backend", "file"]
+    base, runroot = _podman_base(work)
     try:
         t1, rss1, _ = run_timed([*base, "pull", "--quiet", "--tls-verify=false",
                                  f"docker://{ref}"])
@@ -291,27 +316,40 @@ def run_podman(ref: str, work: Workspace) -> Sample:
             raise RuntimeError(f"podman image mount gave {out.strip()!r}, an empty tree")
         return Sample(t1 + t2, max(rss1, rss2), {"pull": t1, "mount": t2})
     finally:
-        subprocess.run([*base, "image", "unmount", "--all", "--force"], check=False,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        subprocess.run([*base, "system", "reset", "--force"], check=False,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        shutil.rmtree(runroot, ignore_errors=True)
+        _podman_reset(base, runroot)
 
 
-def run_floor(image: BuiltImage, registry: str, work: Workspace) -> Sample:
-    """curl | gzip -dc (or zstd -dc) | tar -x for every layer in order, into one directory."""
-    target = work.fresh("floor")
-    target.mkdir()
-    total, peak = 0.0, 0
-    for n, (digest, compression) in enumerate(image.layers):
-        url = f"http://{registry}/v2/bench/{image.name}/blobs/{digest}"
-        decompress = "gzip -dc" if compression == "gzip" else "zstd -dc --long=31"
-        pipeline = (f"set -o pipefail; curl -sf {shlex.quote(url)} | {decompress} | "
-                    f"tar -x --no-same-owner -C {shlex.quote(str(target))}")
-        seconds, rss, _ = run_timed(["bash", "-c", pipeline], sync=n == 0)  # as one run
-        total += seconds
-        peak = max(peak, rss)
-    return Sample(total, peak)
+def run_podman_present(ref: str, work: Workspace) -> Sample:
+    """An untimed ``podman pull``, then ``podman pull`` of the same tag again: the image is
+    present, podman asks the registry for the tag's manifest (issue 29.3's yardstick of a
+    warm cached bundle with the tag re-resolved)."""
+    base, runroot = _podman_base(work)
+    pull = [*base, "pull", "--quiet", "--tls-verify=false", f"docker://{ref}"]
+    try:
+        run_timed(pull)
+        seconds, rss, _ = run_timed(pull)
+        return Sample(seconds, rss)
+    finally:
+        _podman_reset(base, runroot)
+
+
+def run_floor(image: BuiltImage, registry: str, work: Workspace, verify: bool = True) -> Sample:
+    """Every layer in order into one directory through the floor's pipeline
+    (:mod:`bench.floor`): verifying (blob kept, both digests checked) or, ``verify=False``,
+    ``curl | gzip -dc | tar -x`` as before issue 29."""
+    layers = [FloorLayer(f"http://{registry}/v2/bench/{image.name}/blobs/{digest}",
+                         compression, digest, diff_id)
+              for (digest, compression), diff_id in zip(image.layers, image.diff_ids,
+                                                        strict=True)]
+
+    def timed(argv: list[str], first: bool) -> tuple[float, int]:
+        seconds, rss, _ = run_timed(argv, sync=first)  # the layers as one run
+        return seconds, rss
+
+    name = "floor" if verify else "floor-nv"
+    seconds, rss = run_layers(layers, work.fresh(name), work.fresh(f"{name}-blobs"), verify,
+                              timed)
+    return Sample(seconds, rss)
 
 
 def run_cold_cached(ref: str, work: Workspace) -> Sample:
@@ -331,6 +369,14 @@ def run_warm_cached(ref: str, work: Workspace) -> Sample:
     cache = work.fresh("cache")
     ocistage_bundle(ref, None, cache, work)
     return ocistage_bundle(ref, None, cache, work)
+
+
+def run_warm_missing(ref: str, work: Workspace) -> Sample:
+    """As :func:`run_warm_cached`, with ``--pull missing``: the cached bundle is used as is,
+    without asking the registry (goal: at most 2x ``--version``)."""
+    cache = work.fresh("cache")
+    ocistage_bundle(ref, None, cache, work)
+    return ocistage_bundle(ref, None, cache, work, pull="missing")
 
 
 def run_dest_from_snapshot(ref: str, work: Workspace) -> Sample:
@@ -409,12 +455,14 @@ def run_alternating(label: str, runners: dict[str, Callable[[], Sample]], reps: 
 
 
 def bench_image(image: BuiltImage, registry: str, reps: int, work: Workspace,
-                can_drop: bool, all_images: dict[str, str]) -> dict[str, Any]:
+                can_drop: bool, all_images: dict[str, str],
+                only: frozenset[str] | None = None) -> dict[str, Any]:
     ref = all_images[image.name]
-    runners: dict[str, Any] = {
+    runners: dict[str, Callable[[], Sample]] = {
         "ocistage": lambda: run_ocistage_cold(ref, work),
         "skopeo+umoci": lambda: run_skopeo_umoci(ref, work),
         "floor": lambda: run_floor(image, registry, work),
+        "floor-nv": lambda: run_floor(image, registry, work, verify=False),
     }
     if shutil.which("ch-image"):
         runners["ch-image"] = lambda: run_charliecloud(ref, work)
@@ -424,76 +472,128 @@ def bench_image(image: BuiltImage, registry: str, reps: int, work: Workspace,
     runners["warm"] = lambda: run_warm(ref, work)
     runners["warm --link"] = lambda: run_warm(ref, work, link=True)
     runners["warm cached"] = lambda: run_warm_cached(ref, work)
+    runners["warm --pull missing"] = lambda: run_warm_missing(ref, work)
+    if podman_usable():
+        runners["podman pull present"] = lambda: run_podman_present(ref, work)
     runners["DEST from snap"] = lambda: run_dest_from_snapshot(ref, work)
     runners["link after DEST"] = lambda: run_link_after_dest(ref, work)
     runners["cp -a"] = lambda: run_cp_a(ref, work)
     runners["--version"] = lambda: run_version(work)
     if image.name == "derived" and "multi" in all_images:
         runners["shared"] = lambda: run_shared(all_images["multi"], ref, work)
+    if only is not None:
+        runners = {name: run for name, run in runners.items() if name in only}
     samples = run_alternating(image.name, runners, reps, work,
                               cold=lambda name: can_drop and name in COLD_RUNS)
     medians = {name: _median(values) for name, values in samples.items()}
-    return {"image": {k: v for k, v in asdict(image).items() if k != "layout"},
+    windows = [zstd_window(image.layout / "blobs" / "sha256" / digest.split(":", 1)[1])
+               for digest, compression in image.layers if compression == "zstd"]
+    return {"image": {**{k: v for k, v in asdict(image).items() if k != "layout"},
+                      "zstd_window": max(windows, default=0)},
             "samples": {name: [asdict(s) for s in values] for name, values in samples.items()},
             "medians": {name: asdict(s) for name, s in medians.items()}}
 
 
+# (numerator, denominator, goal, "<=" or ">="): the ratios of issue 29 a run can show
+GOALS = (
+    ("ocistage", "floor", 1.0, "<="),
+    ("ocistage", "floor-nv", None, ""),
+    ("skopeo+umoci", "ocistage", 3.0, ">="),
+    ("podman", "ocistage", 1.5, ">="),
+    ("DEST from snap", "cp -a", 1.2, "<="),
+    ("warm --pull missing", "--version", 2.0, "<="),
+    ("warm cached", "--version", 3.0, "<="),
+    ("warm cached", "podman pull present", None, ""),
+    ("warm --link", "ocistage", None, ""),
+)
+
+
+def goal_lines(result: dict[str, Any]) -> list[str]:
+    """One line per ratio of :data:`GOALS` whose two runs are in ``result``, with its verdict;
+    then the peak RSS of the cold bundle against the memory goal (issue 29.5)."""
+    m = result["medians"]
+    lines = []
+    for top, bottom, goal, sense in GOALS:
+        if top not in m or bottom not in m or not m[bottom]["seconds"]:
+            continue
+        ratio = m[top]["seconds"] / m[bottom]["seconds"]
+        verdict = ""
+        if goal is not None:
+            met = ratio <= goal if sense == "<=" else ratio >= goal
+            verdict = f" (goal {sense} {goal:g}) {'met' if met else 'MISSED'}"
+        lines.append(f"{top} / {bottom} {ratio:.3f}{verdict}")
+    if "ocistage" in m:
+        rss = m["ocistage"]["max_rss_kib"] / 1024
+        kinds = {c for _, c in result["image"]["layers"]}
+        if kinds == {"gzip"}:
+            lines.append(f"cold peak RSS {rss:.0f} MB (goal < 150 MB) "
+                         f"{'met' if rss < 150 else 'MISSED'}")
+        else:
+            goal = result["image"].get("zstd_window", 0) / MB + 100
+            lines.append(f"cold peak RSS {rss:.0f} MB (goal <= the zstd window + 100 MB: "
+                         f"{goal:.0f} MB) {'met' if rss <= goal else 'MISSED'}")
+    if "link after DEST" in m:
+        applied = m["link after DEST"]["detail"].get("layers_applied")
+        lines.append(f"link after DEST: layers unpacked again {applied} (goal 0)")
+    return lines
+
+
 def render(results: list[dict[str, Any]]) -> str:
     lines = []
-    header = (f"{'image':9} {'tool':14} {'median s':>9} {'peak RSS MB':>12} "
+    header = (f"{'image':9} {'tool':20} {'median s':>9} {'peak RSS MB':>12} "
               f"{'vs ocistage':>12}")
     lines.append(header)
     lines.append("-" * len(header))
     for result in results:
         medians = result["medians"]
-        cold = medians["ocistage"]["seconds"]
+        cold = medians.get("ocistage", {}).get("seconds", float("nan"))
         for name, median in medians.items():
             seconds = median["seconds"]
             ratio = seconds / cold if cold else float("nan")
-            lines.append(f"{result['image']['name']:9} {name:14} {seconds:9.2f} "
+            lines.append(f"{result['image']['name']:9} {name:20} {seconds:9.2f} "
                          f"{median['max_rss_kib'] / 1024:12.1f} {ratio:11.2f}x")
         info = result["image"]
         lines.append(f"{'':9} ({info['entries']} entries, {info['uncompressed'] >> 20} MB "
                      f"files, {info['compressed'] >> 20} MB compressed, "
                      f"{len(info['layers'])} layers)")
     lines.append("")
-    lines.append("targets: skopeo+umoci / ocistage >= 3; ocistage / floor <= 1.3; "
-                 "warm / cold <= 0.10; peak RSS < 150 MB")
+    lines.append("goals of issue 29 (ratios of medians in this run):")
     for result in results:
-        m = result["medians"]
-        cold = m["ocistage"]["seconds"]
-        parts = [f"peer/ocistage {m['skopeo+umoci']['seconds'] / cold:.2f}",
-                 *([f"podman/ocistage {m['podman']['seconds'] / cold:.2f}"]
-                   if "podman" in m else []),
-                 f"ocistage/floor {cold / m['floor']['seconds']:.2f}",
-                 f"warm/cold {m['warm']['seconds'] / cold:.3f}",
-                 f"warm-link/cold {m['warm --link']['seconds'] / cold:.3f}",
-                 f"warm-cached/cold {m['warm cached']['seconds'] / cold:.3f}"]
-        if "shared" in m:
-            parts.append(f"shared/cold {m['shared']['seconds'] / cold:.3f}")
-        if "cp -a" in m and "DEST from snap" in m:
-            parts.append(f"DEST-from-snapshot/cp-a "
-                         f"{m['DEST from snap']['seconds'] / m['cp -a']['seconds']:.2f} "
-                         "(goal <= 1.2)")
-        if "--version" in m:
-            parts.append(f"warm-cached/--version "
-                         f"{m['warm cached']['seconds'] / m['--version']['seconds']:.2f} "
-                         "(goal <= 2)")
-        if "link after DEST" in m:
-            applied = m["link after DEST"]["detail"].get("layers_applied")
-            parts.append(f"link-after-DEST layers unpacked again: {applied} (goal 0)")
-        lines.append(f"{result['image']['name']:9} " + ", ".join(parts))
+        for line in goal_lines(result):
+            lines.append(f"{result['image']['name']:9} {line}")
     return "\n".join(lines)
 
 
-def main(names: list[str], reps: int, drop: bool = True) -> int:
+def load_images(names: list[str]) -> dict[str, BuiltImage]:
+    """The bench images of :data:`bench.images.SPECS` and the synthetic ones named
+    ``scale-<files>f-<MB>m-<gzip|zstd>`` (:func:`synthetic_spec`), built once and cached."""
+    plain = [name for name in names if synthetic_spec(name) is None]
+    images = build_all(plain) if plain else {}
+    for name in names:
+        parsed = synthetic_spec(name)
+        if parsed is not None:
+            spec, compression = parsed
+            images[name] = build_synthetic(spec, (compression,))[compression]
+    return images
+
+
+def synthetic_spec(name: str) -> tuple[SynthSpec, str] | None:
+    """``scale-30000f-1024m-gzip`` -> (30k files of 1024 MB in all, gzip); None otherwise."""
+    match = re.fullmatch(r"scale-(\d+)f-(\d+)m-(gzip|zstd)", name)
+    if match is None:
+        return None
+    return SynthSpec(int(match[1]), int(match[2]) * MB), match[3]
+
+
+def main(names: list[str], reps: int, drop: bool = True,
+         only: frozenset[str] | None = None) -> int:
     for tool in ("docker-registry", "skopeo", "umoci", "curl", "tar", "gzip", "zstd",
                  "ocistage"):
         if shutil.which(tool) is None:
             print(f"bench: {tool} is not installed (see `make deps`)")
             return 1
     wanted = list(dict.fromkeys([*names, *(["multi"] if "derived" in names else [])]))
-    images = build_all(wanted)
+    images = load_images(wanted)
     root = cache_root()
     can_drop = drop and drop_page_cache()
     print("bench: page cache " + ("dropped before every cold run" if can_drop else
@@ -506,7 +606,9 @@ def main(names: list[str], reps: int, drop: bool = True) -> int:
 
     def save() -> None:  # after every image, so a long run's results survive an interruption
         out.write_text(json.dumps({"when": stamp, "page_cache_dropped": can_drop,
-                                   "reps": reps, "cpus": os.cpu_count(), "results": results},
+                                   "reps": reps, "cpus": os.cpu_count(),
+                                   "cache": str(root), "load": os.getloadavg(),
+                                   "results": results},
                                   indent=2, default=str))
 
     with running_registry(root / "registry" / "storage") as registry:
@@ -516,7 +618,7 @@ def main(names: list[str], reps: int, drop: bool = True) -> int:
             for name in names:
                 print(f"bench: {name} ({reps} repetitions)", flush=True)
                 results.append(bench_image(images[name], registry.host, reps, work, can_drop,
-                                           refs))
+                                           refs, only))
                 save()
                 print(render(results[-1:]), flush=True)
         finally:

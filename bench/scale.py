@@ -5,7 +5,10 @@ Synthetic images (:mod:`bench.synthetic`, seeded, cached) are pushed to a ``dock
 and an empty store, one tool after the other, in alternating order between repetitions:
 
 - ``ocistage``      cold ``ocistage bundle REF DEST``
-- ``floor``         per layer ``curl BLOB | gzip -dc | tar -x`` (``zstd -dc --long=31``), summed
+- ``floor``         per layer ``curl BLOB | tee blob | tee >(sha256sum) | gzip -dc | tee
+                    >(sha256sum) | tar -x`` (``zstd -dc --long=31``), summed: the blob kept
+                    and both digests checked, as a cold bundle does (:mod:`bench.floor`)
+- ``floor-nv``      per layer ``curl BLOB | gzip -dc | tar -x``: the floor before issue 29
 - ``skopeo+umoci``  ``skopeo copy`` then ``umoci unpack --rootless``
 - ``podman``        ``podman pull`` + ``podman image mount`` (when podman is installed)
 - ``stage``         ``ocistage stage BUNDLE --to /dev/shm/...`` (first stage, CLI process) of
@@ -14,7 +17,9 @@ and an empty store, one tool after the other, in alternating order between repet
 
 Peak RSS is ``wait4``'s ``ru_maxrss`` (the largest process of each command). Size sets:
 ``--set quick`` (100 MB to 1 GB, 1k to 30k files, a zstd --long=27 point), ``full`` (100 MB to
-10 GB, 1k to 300k files, the 10 GB / 300k image in gzip and zstd) and ``big`` (only the latter).
+10 GB, 1k to 300k files, the 10 GB / 300k image in gzip and zstd), ``big`` (only the latter)
+and ``1g`` (1 GB in 1k to 300k files, and 1 GB / 30k files in zstd); ``--max-files`` leaves
+out the points with more files, ``--min-files`` those with fewer.
 Results: ``bench/results/scale-<UTC>.json``; the Markdown table and the PNG plot
 (``bench/results/scale-<UTC>.png``, copied to ``bench/scale-<set>.png``; time vs files and time
 vs bytes per tool) are made from it, and again from any such JSON with ``--replot FILE``.
@@ -56,7 +61,7 @@ from bench.synthetic import SynthSpec, build_synthetic
 from ocistage.cache.fsops import remove_tree
 
 GB = 1024 * MB
-TOOLS = ("ocistage", "floor", "skopeo+umoci", "podman")
+TOOLS = ("ocistage", "floor", "floor-nv", "skopeo+umoci", "podman")
 SHM = Path("/dev/shm")
 
 
@@ -91,30 +96,58 @@ SETS: dict[str, list[Point]] = {
              Point(300_000, 10 * GB, axes=("bytes",)),
              Point(300_000, 10 * GB, "zstd", axes=())],
     "big": [Point(300_000, 10 * GB, axes=()), Point(300_000, 10 * GB, "zstd", axes=())],
+    "1g": [*_files_axis(1 * GB, (1_000, 10_000, 30_000, 100_000)),
+           Point(30_000, 1 * GB, "zstd", axes=()),
+           *_files_axis(1 * GB, (300_000,))],
 }
 # a point of the quick files axis (100 MB, 10k files) is also the start of its bytes axis
 SETS["quick"][1] = Point(10_000, 100 * MB, axes=("files", "bytes"))
 
 
+# the staging runs of a point: (key, label); ocistage stage and rsync -a, each first into an
+# empty target, then again unchanged, then after 1% of the bundle's files were rewritten
+STAGE_RUNS = (("stage tmpfs", "stage first"), ("rsync tmpfs", "rsync -a first"),
+              ("restage tmpfs", "stage unchanged"), ("rsync again tmpfs", "rsync -a unchanged"),
+              ("restage 1% tmpfs", "stage 1% changed"), ("rsync 1% tmpfs", "rsync -a 1% changed"))
+
+
+def _change_one_percent(bundle: Path) -> int:
+    """Append a byte to every 100th regular file of ``bundle`` (sorted walk); how many."""
+    changed = 0
+    seen = 0
+    for directory, dirs, files in os.walk(bundle):
+        dirs.sort()
+        for name in sorted(files):
+            path = Path(directory, name)
+            if path.is_symlink() or not path.is_file():
+                continue
+            seen += 1
+            if seen % 100 == 0:
+                with open(path, "ab") as file:
+                    file.write(b"\n")
+                changed += 1
+    return changed
+
+
 def _stage(bundle: Path, work: Workspace, name: str) -> dict[str, Sample]:
-    """First ``ocistage stage`` of ``bundle`` onto tmpfs vs ``rsync -a``, one tree at a time."""
+    """``ocistage stage`` of ``bundle`` onto tmpfs vs ``rsync -a`` into a directory beside it:
+    first (empty target), again (nothing changed), and after 1% of the files changed."""
     out: dict[str, Sample] = {}
     target = SHM / f"ocistage-bench-scale-{os.getpid()}"
     home = work.root / "home"
     home.mkdir(exist_ok=True)
+    stage = ([ocistage_script(), "stage", str(bundle), "--to", str(target / "to"),
+              "--name", name, "-q"], ocistage_env(work.root / "stage-cache", home))
+    rsync = (["rsync", "-a", f"{bundle}/", f"{target / 'rsync'}/"], None)
     try:
-        for tool in ("stage", "rsync"):
-            remove_tree(target)
-            target.mkdir()
-            if tool == "stage":
-                argv = [ocistage_script(), "stage", str(bundle), "--to", str(target / "to"),
-                        "--name", name, "-q"]
-                env = ocistage_env(work.root / "stage-cache", home)
-            else:
-                argv = ["rsync", "-a", f"{bundle}/", f"{target / 'rsync'}/"]
-                env = None
+        remove_tree(target)
+        target.mkdir()
+        for number, (key, _) in enumerate(STAGE_RUNS):
+            if number == 4:
+                _change_one_percent(bundle)
+            argv, env = stage if key.startswith(("stage", "restage")) else rsync
             seconds, rss, _ = run_timed(argv, env=env)
-            out[f"{tool} tmpfs" if tool == "stage" else "rsync tmpfs"] = Sample(seconds, rss)
+            out[key] = Sample(seconds, rss)
     finally:
         remove_tree(target)
         remove_tree(work.root / "stage-cache")
@@ -126,6 +159,7 @@ def bench_point(image: BuiltImage, ref: str, registry: str, reps: int, work: Wor
     runners = {
         "ocistage": lambda: run_ocistage_cold(ref, work),
         "floor": lambda: run_floor(image, registry, work),
+        "floor-nv": lambda: run_floor(image, registry, work, verify=False),
         "skopeo+umoci": lambda: run_skopeo_umoci(ref, work),
     }
     if podman_usable():
@@ -165,12 +199,20 @@ def _median(samples: list[dict[str, Any]]) -> dict[str, float]:
             "max_rss_mb": max(s["max_rss_kib"] for s in samples) / 1024}
 
 
+STAGE_KEYS = tuple(key for key, _ in STAGE_RUNS)
+RATIOS = (("ocistage", "floor"), ("ocistage", "floor-nv"), ("skopeo+umoci", "ocistage"),
+          ("podman", "ocistage"), ("stage tmpfs", "rsync tmpfs"),
+          ("restage tmpfs", "rsync again tmpfs"), ("restage 1% tmpfs", "rsync 1% tmpfs"))
+
+
 def render_table(results: dict[str, Any]) -> str:
     """The Markdown table of a results document: one row per point, a column per tool."""
-    tools = [t for t in (*TOOLS, "stage tmpfs", "rsync tmpfs")
+    tools = [t for t in (*TOOLS, *STAGE_KEYS)
              if any(t in p["samples"] for p in results["points"])]
+    ratios = [(a, b) for a, b in RATIOS
+              if any(a in p["samples"] and b in p["samples"] for p in results["points"])]
     head = ["image", "files", "MB", "entries"] + [f"{t} s (MB)" for t in tools]
-    head += ["ocistage/floor", "stage/rsync"]
+    head += [f"{a}/{b}".replace(" tmpfs", "") for a, b in ratios]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" for _ in head) + "|"]
     for point in results["points"]:
         medians = {t: _median(v) for t, v in point["samples"].items()}
@@ -181,7 +223,7 @@ def render_table(results: dict[str, Any]) -> str:
                 row.append(f"{medians[tool]['seconds']:.2f} ({medians[tool]['max_rss_mb']:.0f})")
             else:
                 row.append("")
-        for a, b in (("ocistage", "floor"), ("stage tmpfs", "rsync tmpfs")):
+        for a, b in ratios:
             if a in medians and b in medians and medians[b]["seconds"]:
                 row.append(f"{medians[a]['seconds'] / medians[b]['seconds']:.2f}")
             else:
@@ -190,8 +232,43 @@ def render_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _draw(ax: Any, points: list[dict[str, Any]], key: str, tools: tuple[str, ...],
+          labels: dict[str, str]) -> None:
+    """One line per tool of ``tools`` over ``points`` (x: ``point[key]``), log-log."""
+    for tool in tools:
+        xs, ys = [], []
+        for point in points:
+            if tool in point["samples"]:
+                value = _median(point["samples"][tool])["seconds"]
+                if value == value:  # not NaN
+                    xs.append(point[key] / (MB if key == "size" else 1))
+                    ys.append(value)
+        if xs:
+            style = "--" if tool.startswith(("rsync", "floor", "skopeo", "podman")) else "-"
+            # staging: a case's ocistage and rsync lines share a colour
+            color = (f"C{STAGE_KEYS.index(tool) // 2}" if tool in STAGE_KEYS
+                     else f"C{tools.index(tool)}")
+            ax.plot(xs, ys, style, marker="o", color=color, label=labels.get(tool, tool))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_ylabel("seconds (median)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _fixed(points: list[dict[str, Any]], axis: str) -> str:
+    """What stays fixed along an axis: the size (files axis) or the file count (bytes)."""
+    if axis == "files":
+        return f"{points[0]['size'] // MB} MB"
+    base = points[0]["files"]  # the 10 GB point of the full set has 300k files, not 30k
+    odd = [f"{p['size'] // MB} MB: {p['files']}" for p in points if p["files"] != base]
+    return f"{base} files" + (f"; {', '.join(odd)}" if odd else "")
+
+
 def plot(results: dict[str, Any], path: Path) -> bool:
-    """Time vs files and time vs bytes, one line per tool, log-log; False without matplotlib."""
+    """Cold bundle vs files and vs bytes (each peer and the floors), and staging onto tmpfs vs
+    files (first, unchanged, 1% changed; ocistage stage and rsync -a), log-log; False without
+    matplotlib or without an axis to draw."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -200,39 +277,25 @@ def plot(results: dict[str, Any], path: Path) -> bool:
         print("bench: matplotlib is not installed (pip install -e '.[bench]'): no plot",
               file=sys.stderr)
         return False
-    if not any(p["axes"] for p in results["points"]):
+    by_axis = {axis: sorted((p for p in results["points"]
+                             if axis in p["axes"] and p["compression"] == "gzip"),
+                            key=lambda p: p["files" if axis == "files" else "size"])
+               for axis in ("files", "bytes")}
+    panels: list[tuple[str, str, tuple[str, ...], str]] = [
+        (axis, key, TOOLS, f"cold bundle vs {axis}")
+        for axis, key in (("files", "files"), ("bytes", "size")) if by_axis[axis]]
+    if any(k in p["samples"] for p in by_axis["files"] for k in STAGE_KEYS):
+        panels.append(("files", "files", STAGE_KEYS, "staging onto tmpfs vs files"))
+    if not panels:
         return False  # --set big: two points, no axis to draw
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    for ax, axis, key, label in ((axes[0], "files", "files", "files"),
-                                 (axes[1], "bytes", "size", "uncompressed MB")):
-        points = sorted((p for p in results["points"]
-                         if axis in p["axes"] and p["compression"] == "gzip"),
-                        key=lambda p: p[key])
-        tools = [t for t in (*TOOLS, "stage tmpfs", "rsync tmpfs")
-                 if any(t in p["samples"] for p in points)]
-        for tool in tools:
-            xs, ys = [], []
-            for point in points:
-                if tool in point["samples"]:
-                    value = _median(point["samples"][tool])["seconds"]
-                    if value == value:  # not NaN
-                        xs.append(point[key] / (MB if key == "size" else 1))
-                        ys.append(value)
-            ax.plot(xs, ys, marker="o", label=tool)
-        if points and axis == "files":
-            fixed = f"{points[0]['size'] // MB} MB"
-        elif points:  # the 10 GB point of the full set has 300k files, not 30k
-            base = points[0]["files"]
-            odd = [f"{p['size'] // MB} MB: {p['files']}" for p in points if p["files"] != base]
-            fixed = f"{base} files" + (f"; {', '.join(odd)}" if odd else "")
-        if points:
-            ax.set_title(f"time vs {axis} (gzip, {fixed})")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel(label)
-        ax.set_ylabel("seconds (median)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+    figure, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5),
+                                squeeze=False)
+    labels = dict(STAGE_RUNS)
+    for ax, (axis, key, tools, title) in zip(axes[0], panels, strict=True):
+        points = by_axis[axis]
+        _draw(ax, points, key, tools, labels)
+        ax.set_title(f"{title} (gzip, {_fixed(points, axis)})", fontsize=9)
+        ax.set_xlabel("files" if key == "files" else "uncompressed MB")
     figure.suptitle(f"ocistage bench scale, {results['date']}, load {results['load']}",
                     fontsize=9)
     figure.tight_layout()
@@ -262,6 +325,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_const", const="quick", dest="set",
                         help="the same as --set quick")
     parser.add_argument("--reps", type=int, default=1, help="repetitions per tool [1]")
+    parser.add_argument("--max-files", type=int, metavar="N",
+                        help="leave out the set's points with more than N files")
+    parser.add_argument("--min-files", type=int, default=0, metavar="N",
+                        help="leave out the set's points with fewer than N files")
     parser.add_argument("--no-stage", action="store_true", help="skip stage vs rsync")
     parser.add_argument("--tools", default=",".join(TOOLS),
                         help=f"comma-separated subset of {','.join(TOOLS)}")
@@ -271,7 +338,8 @@ def main(argv: list[str]) -> int:
     if args.replot:
         report(json.loads(args.replot.read_text()), args.replot.with_suffix(""))
         return 0
-    points = SETS[args.set]
+    points = [p for p in SETS[args.set] if p.files >= args.min_files
+              and (args.max_files is None or p.files <= args.max_files)]
     # a TERM (kill PID) ends the run through the finally clauses: registry stopped, tmpfs and
     # scratch trees removed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
