@@ -57,6 +57,7 @@ from bench.bundle import (
     running_registry,
 )
 from bench.images import MB, BuiltImage, cache_root, push
+from bench.plotting import pyplot
 from bench.synthetic import SynthSpec, build_synthetic
 from ocistage.cache.fsops import remove_tree
 
@@ -269,13 +270,8 @@ def plot(results: dict[str, Any], path: Path) -> bool:
     """Cold bundle vs files and vs bytes (each peer and the floors), and staging onto tmpfs vs
     files (first, unchanged, 1% changed; ocistage stage and rsync -a), log-log; False without
     matplotlib or without an axis to draw."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("bench: matplotlib is not installed (pip install -e '.[bench]'): no plot",
-              file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return False
     by_axis = {axis: sorted((p for p in results["points"]
                              if axis in p["axes"] and p["compression"] == "gzip"),

@@ -57,6 +57,7 @@ from typing import Any
 
 from bench.bundle import ocistage_script
 from bench.images import cache_root
+from bench.plotting import pyplot
 from ocistage.cache import leases
 from ocistage.cache.fsops import remove_tree
 from ocistage.cache.leases import Holder
@@ -366,13 +367,8 @@ def plot_scaling(document: dict[str, Any], path: Path) -> bool:
     """Seconds against files of the synthetic tree onto tmpfs, one panel per case (first
     stage, unchanged and 1%-changed re-stage), one line per tool, log-log; False without
     matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("bench: matplotlib is not installed (pip install -e '.[bench]'): no plot",
-              file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return False
     points = sorted((r for r in document["results"]
                      if r["tree"] == "synthetic" and r["target"] == "tmpfs"),
