@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -318,6 +319,10 @@ def test_squashfs_staging_shows_progress_on_a_terminal(ocistage: OcistageRunner,
     assert b"building squashfs image" in shown
 
 
+def _default_sighup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("signum", [15, 1], ids=["SIGTERM", "SIGHUP"])
 def test_sigterm_and_sighup_stop_a_stage_and_its_mksquashfs_like_ctrl_c(
         ocistage: OcistageRunner, tmp_path: Path, signum: int) -> None:
@@ -332,8 +337,11 @@ def test_sigterm_and_sighup_stop_a_stage_and_its_mksquashfs_like_ctrl_c(
     target = tmp_path / "target"
     argv = [*ocistage.command, "stage", str(tree), "--to", str(target), "--name", "x",
             "--format", "squashfs", "--unpack"]
+    # SIGHUP as a closed terminal sends it: the stage must not inherit an ignored SIGHUP from
+    # a suite run under nohup (ocistage keeps an ignored SIGHUP ignored, by design)
     process = subprocess.Popen(argv, cwd=ocistage.cwd, env=ocistage.environment(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=_default_sighup)
     try:
         deadline = time.monotonic() + 120
         while not (children := descendants_named(process.pid, "mksquashfs")):
