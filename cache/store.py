@@ -275,10 +275,12 @@ class Store:
 
     def _initialise(self) -> None:
         try:
-            for directory in (self.root, self.blobs / "sha256", self.ingest_dir, self.tmp_dir):
-                directory.mkdir(parents=True, exist_ok=True)
+            # the root is checked before anything is made in it, and each directory before
+            # its child: nothing is created in a cache another user controls
+            self.root.mkdir(parents=True, exist_ok=True)
             check_trusted_dir(self.root, "cache", group_shared=True, follow=True)
             for directory in (self.blobs, self.blobs / "sha256", self.ingest_dir, self.tmp_dir):
+                directory.mkdir(exist_ok=True)
                 check_trusted_dir(directory, "cache directory", group_shared=True)
             layout = self.root / "oci-layout"
             if not layout.exists():

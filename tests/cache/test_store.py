@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import IntegrityError, StoreError
+from ocistage.cache.errors import IntegrityError, StoreError, UntrustedPath
 from ocistage.cache.store import Store, _temp_tag
 
 
@@ -30,6 +30,22 @@ def test_open_creates_an_oci_layout(tmp_path: Path) -> None:
     index = json.loads((tmp_path / "c/index.json").read_text())
     assert index["schemaVersion"] == 2 and index["manifests"] == []
     assert store.read_index() == []
+
+
+@pytest.mark.parametrize("depth", [0, 1], ids=["root", "blobs"])
+def test_nothing_is_made_in_a_cache_directory_others_can_write(tmp_path: Path,
+                                                              depth: int) -> None:
+    """A cache root (or its blobs/) that another user could write is refused before ocistage
+    makes anything in it: the check comes before each mkdir of a child."""
+    root = tmp_path / "cache"
+    root.mkdir()
+    hostile = root if depth == 0 else root / "blobs"
+    hostile.mkdir(exist_ok=True)
+    hostile.chmod(0o777)  # world-writable without the sticky bit
+    before = sorted(p.name for p in hostile.iterdir())
+    with pytest.raises(UntrustedPath):
+        Store.open(root)
+    assert sorted(p.name for p in hostile.iterdir()) == before
 
 
 def test_ingest_publishes_only_verified_content(tmp_path: Path) -> None:
