@@ -19,6 +19,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -172,6 +173,10 @@ def test_a_pull_through_cache_serves_every_node_after_the_origin_stopped(
         ocistage("pull", image.ref, mirror_option, check=True)  # warms the site cache
         warm = _blob_gets(mirror, image.layer_digests[0])
         assert warm == 1
+        # the proxy streams a blob to its client while it stores it; stopping the origin before
+        # the store finished loses the blob ("Error committing to storage: ... EOF"), so wait
+        _wait_until_stored(mirror, "site/busybox",
+                           [image.config_digest or "", *image.layer_digests])
         origin_stack.close()
         with pytest.raises(OSError):
             http_status(f"{origin.url}/v2/", None)
@@ -195,6 +200,24 @@ def test_a_pull_through_cache_serves_every_node_after_the_origin_stopped(
             for node in slurm_nodes.nodes:
                 for name in ("staged", "cache"):
                     shutil.rmtree(slurm_nodes.node_dir(node) / name, ignore_errors=True)
+
+
+def _wait_until_stored(registry: Registry, repository: str, digests: list[str],
+                       timeout: float = 60) -> None:
+    """Until a registry's filesystem storage holds every blob: its ``data`` and the
+    repository's link to it, the two things the registry's commit writes, in that order."""
+    v2 = registry.storage / "docker" / "registry" / "v2"
+    paths = []
+    for digest in filter(None, digests):
+        hex_digest = digest.removeprefix("sha256:")
+        paths += [v2 / "blobs" / "sha256" / hex_digest[:2] / hex_digest / "data",
+                  v2 / "repositories" / repository / "_layers" / "sha256" / hex_digest / "link"]
+    deadline = time.monotonic() + timeout
+    while missing := [path for path in paths if not path.is_file()]:
+        assert time.monotonic() < deadline, (
+            f"the mirror did not store {[str(p.relative_to(v2)) for p in missing]} in "
+            f"{timeout:.0f} s: {registry.log_file.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.1)
 
 
 def _blob_gets(registry: Registry, digest: str) -> int:
