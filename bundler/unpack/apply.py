@@ -25,6 +25,7 @@ from typing import BinaryIO, cast
 from ocistage.bundler.unpack.safepath import Parts, SafeRoot, display, normalize, open_readable_dir
 from ocistage.bundler.unpack.tarstream import (
     COPY_CHUNK,
+    PLAIN_FILE_TYPES,
     ForwardReader,
     member_data,
     member_xattrs,
@@ -42,8 +43,6 @@ from ocistage.cache.unpackbudget import ENTRY_CHARGE, UnpackBudget
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_MARKER = ".wh..wh..opq"
 
-#: entry types written as regular files by ``_make_file`` (``isreg()`` is these and sparse)
-_FILE_TYPES = frozenset((tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE))
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _XATTR_SKIPPABLE = {errno.EPERM, errno.EACCES, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EINVAL,
                     errno.ERANGE, errno.E2BIG}
@@ -189,7 +188,7 @@ class _Applier:
         parent_fd, parent = self._parent(parts)
         path = (*parent, base)
         self._save_mtime(parent, parent_fd)
-        if member.type in _FILE_TYPES:  # isreg() but for sparse: the most common, first
+        if member.type in PLAIN_FILE_TYPES:  # isreg() but for sparse: the most common, first
             self._make_file(archive, parent_fd, base, path, member)
         elif member.isdir():
             self._make_dir(parent_fd, base, path, member)

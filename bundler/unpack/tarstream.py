@@ -232,8 +232,9 @@ class _TarInfo(tarfile.TarInfo):
 _PLAIN_TYPES = frozenset((tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.LNKTYPE, tarfile.SYMTYPE,
                           tarfile.CHRTYPE, tarfile.BLKTYPE, tarfile.DIRTYPE, tarfile.FIFOTYPE,
                           tarfile.CONTTYPE))
-#: the plain types whose data follows the header (``isreg()``: sparse is not plain)
-_PLAIN_FILE_TYPES = frozenset((tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE))
+#: the plain types whose data follows the header (``isreg()`` but for sparse, which is not
+#: plain): regular files the applier writes from :func:`member_data`
+PLAIN_FILE_TYPES = frozenset((tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE))
 
 
 def members(archive: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
@@ -280,7 +281,7 @@ def _plain_member(archive: tarfile.TarFile, stream: ForwardReader) -> tarfile.Ta
     # as TarInfo._proc_builtin: a regular file's data (rounded up to whole blocks, as
     # TarInfo._block rounds) follows
     archive.offset = (data - (-member.size // _BLOCK) * _BLOCK
-                      if member.type in _PLAIN_FILE_TYPES else data)
+                      if member.type in PLAIN_FILE_TYPES else data)
     return member
 
 
