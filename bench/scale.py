@@ -58,6 +58,7 @@ from bench.bundle import (
 )
 from bench.images import MB, BuiltImage, cache_root, push
 from bench.plotting import pyplot
+from bench.stage import touch_one_percent
 from bench.synthetic import SynthSpec, build_synthetic
 from ocistage.cache.fsops import remove_tree
 
@@ -112,24 +113,6 @@ STAGE_RUNS = (("stage tmpfs", "stage first"), ("rsync tmpfs", "rsync -a first"),
               ("restage 1% tmpfs", "stage 1% changed"), ("rsync 1% tmpfs", "rsync -a 1% changed"))
 
 
-def _change_one_percent(bundle: Path) -> int:
-    """Append a byte to every 100th regular file of ``bundle`` (sorted walk); how many."""
-    changed = 0
-    seen = 0
-    for directory, dirs, files in os.walk(bundle):
-        dirs.sort()
-        for name in sorted(files):
-            path = Path(directory, name)
-            if path.is_symlink() or not path.is_file():
-                continue
-            seen += 1
-            if seen % 100 == 0:
-                with open(path, "ab") as file:
-                    file.write(b"\n")
-                changed += 1
-    return changed
-
-
 def _stage(bundle: Path, work: Workspace, name: str) -> dict[str, Sample]:
     """``ocistage stage`` of ``bundle`` onto tmpfs vs ``rsync -a`` into a directory beside it:
     first (empty target), again (nothing changed), and after 1% of the files changed."""
@@ -145,7 +128,7 @@ def _stage(bundle: Path, work: Workspace, name: str) -> dict[str, Sample]:
         target.mkdir()
         for number, (key, _) in enumerate(STAGE_RUNS):
             if number == 4:
-                _change_one_percent(bundle)
+                touch_one_percent(bundle, 0)
             argv, env = stage if key.startswith(("stage", "restage")) else rsync
             seconds, rss, _ = run_timed(argv, env=env)
             out[key] = Sample(seconds, rss)
