@@ -21,6 +21,7 @@ from ocistage.cache.store import Store
 from ocistage.stagers.errors import StageError
 from ocistage.stagers.remote import push_tree, stage_from_url
 from ocistage.stagers.stage import stage_directory
+from ocistage.stagers.target import StageResult
 from ocistage.stagers.unstage import unstage
 from pytest_ocistage.components import require_binary
 from tests.cache.gclock import gc_lock_held
@@ -246,6 +247,21 @@ def _unstage_killed_at(path: Path, cache: Path, step: str, by: str = "unstage") 
     assert os.waitstatus_to_exitcode(status) == 9
 
 
+def _staged_then_cut_short(tree: Path, target: Path, cache: Path, fmt: str, step: str,
+                           holder: Holder, by: str = "unstage") -> StageResult:
+    """Stage ``tree`` as ``fmt`` ("squashfs": a mounted image; "dir"), then kill the
+    ``unstage`` (or ``cache gc``, ``by``) of it right after ``step``; never leaves a mount."""
+    result = stage_directory(tree, target, cache_root=cache, holder=holder,
+                             format="squashfs" if fmt == "squashfs" else "dir",
+                             squashfs_mount=True if fmt == "squashfs" else None)
+    try:
+        _unstage_killed_at(result.path, cache, step, by=by)
+    finally:
+        if os.path.ismount(result.path):
+            staged.unmount(result.path)
+    return result
+
+
 @pytest.mark.parametrize(("fmt", "step"), [("squashfs", "unmount"), ("squashfs", "take-down"),
                                            ("dir", "take-down")])
 @pytest.mark.parametrize("finisher", ["unstage", "gc"])
@@ -256,15 +272,8 @@ def test_an_unstage_killed_half_way_is_finished_by_unstage_or_gc(
     if fmt == "squashfs":
         require_mount()
     cache, target = tmp_path / "cache", tmp_path / "t"
-    result = stage_directory(tree, target, cache_root=cache, holder=Holder.pin("p"),
-                             format="squashfs" if fmt == "squashfs" else "dir",
-                             squashfs_mount=True if fmt == "squashfs" else None)
+    result = _staged_then_cut_short(tree, target, cache, fmt, step, Holder.pin("p"))
     assert result.method == ("squashfs-mount" if fmt == "squashfs" else "pool")
-    try:
-        _unstage_killed_at(result.path, cache, step)
-    finally:
-        if os.path.ismount(result.path):
-            staged.unmount(result.path)
     left = sorted(os.listdir(target))
     assert [n for n in left if not n.startswith(".ocistage")] != []  # something was left
     if finisher == "unstage":
@@ -283,13 +292,8 @@ def test_a_gc_killed_after_unmounting_is_finished(tree: Path, tmp_path: Path,
     until the removal is done, and the outer marker names it."""
     require_mount()
     cache, target = tmp_path / "cache", tmp_path / "t"
-    result = stage_directory(tree, target, cache_root=cache, holder=DEAD_JOB,
-                             format="squashfs", squashfs_mount=True)
-    try:
-        _unstage_killed_at(result.path, cache, "unmount", by="gc")
-    finally:
-        if os.path.ismount(result.path):
-            staged.unmount(result.path)
+    result = _staged_then_cut_short(tree, target, cache, "squashfs", "unmount", DEAD_JOB,
+                                    by="gc")
     assert sorted(os.listdir(target)) == [".bundle.ocistage-staged.json", ".ocistage-tmp",
                                           "bundle", "bundle.sqfs"]
     if finisher == "unstage":
@@ -308,14 +312,7 @@ def test_a_stage_after_an_unstage_cut_short_finishes_it(tree: Path, tmp_path: Pa
     if fmt == "squashfs":
         require_mount()
     cache, target = tmp_path / "cache", tmp_path / "t"
-    first = stage_directory(tree, target, cache_root=cache, holder=Holder.pin("p"),
-                            format="squashfs" if fmt == "squashfs" else "dir",
-                            squashfs_mount=True if fmt == "squashfs" else None)
-    try:
-        _unstage_killed_at(first.path, cache, step)
-    finally:
-        if os.path.ismount(first.path):
-            staged.unmount(first.path)
+    _staged_then_cut_short(tree, target, cache, fmt, step, Holder.pin("p"))
     assert os.path.lexists(target / staged.outer_marker_name("bundle"))
     again = stage_directory(tree, target, cache_root=cache, holder=Holder.pin("p"))
     assert sorted(os.listdir(target)) == [".ocistage-pool", ".ocistage-tmp", "bundle"]
