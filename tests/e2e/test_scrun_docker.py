@@ -20,7 +20,6 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, suppress
@@ -41,6 +40,7 @@ from tests.e2e.test_scrun_user import (
     assert_job_ran_as_the_user,
     site_slurm_conf,
     subids,  # noqa: F401 (a fixture, used by name)
+    user_runtime_dir,
     users_file,
 )
 
@@ -110,10 +110,7 @@ def docker_user(slurm_nodes: SlurmCluster, slurm_job_user: JobUser,
     if not (cluster.bin_dir / "scrun").exists():
         require_binary(f"scrun-of-the-{cluster.version}-build")
     with ExitStack() as stack:
-        # the daemon's sockets live in XDG_RUNTIME_DIR: its path must stay short
-        runtime_dir = Path(tempfile.mkdtemp(prefix="ocs-dxdg-", dir="/tmp"))
-        stack.callback(shutil.rmtree, runtime_dir, ignore_errors=True)
-        os.chown(runtime_dir, user.uid, user.gid)
+        runtime_dir = user_runtime_dir(stack, user, "ocs-dxdg-")
         docker = RootlessDocker(cluster, user, runtime_dir,
                                 cluster.node_local / "ocistage-scrun")
         config = ocistage("runtime", "docker-config", env=docker.env(), check=True)

@@ -194,6 +194,15 @@ def users_file(path: Path, text: str, user: JobUser) -> Iterator[None]:
             path.write_bytes(saved)
 
 
+def user_runtime_dir(stack: ExitStack, user: JobUser, prefix: str) -> Path:
+    """A new XDG_RUNTIME_DIR of the user's, removed when ``stack`` closes. In /tmp: the
+    engines' sockets live there, and a socket's path must stay short."""
+    runtime_dir = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    stack.callback(shutil.rmtree, runtime_dir, ignore_errors=True)
+    os.chown(runtime_dir, user.uid, user.gid)
+    return runtime_dir
+
+
 @pytest.fixture
 def podman_user(slurm_nodes: SlurmCluster, slurm_job_user: JobUser, subids: None,
                 ocistage: OcistageRunner,
@@ -203,10 +212,7 @@ def podman_user(slurm_nodes: SlurmCluster, slurm_job_user: JobUser, subids: None
     if not (cluster.bin_dir / "scrun").exists():
         require_binary(f"scrun-of-the-{cluster.version}-build")
     with ExitStack() as stack:
-        # podman: the run directory's path must stay short (its sockets live there)
-        runtime_dir = Path(tempfile.mkdtemp(prefix="ocs-xdg-", dir="/tmp"))
-        stack.callback(shutil.rmtree, runtime_dir, ignore_errors=True)
-        os.chown(runtime_dir, user.uid, user.gid)
+        runtime_dir = user_runtime_dir(stack, user, "ocs-xdg-")
         rootless = RootlessPodman(cluster, user, runtime_dir,
                                   cluster.node_local / "ocistage-scrun", podman)
         config = ocistage("runtime", "podman-config", env=rootless.env(), check=True)
