@@ -27,7 +27,11 @@ Cases, each as the median of ``--reps`` repetitions with the order of the tools 
 A re-stage (``nochange``, ``changed``) has two peers: ``rsync -a`` in place (torn reads for a
 job running meanwhile) and the one with ocistage's atomic contract, ``rsync -a
 --link-dest=CUR SRC/ NEW/`` followed by ``rm -rf CUR`` (:class:`LinkDest`; timed alone and as
-the sum). ``--files`` with several counts makes a scaling run of the synthetic tree and a plot
+the sum). Beside them, ``cp -al + rm``: ``cp -al CUR COPY`` then ``rm -rf COPY``, one ``link()``
+per file and one ``unlink()`` per entry made by C tools that look at nothing else — what any
+re-stage with the atomic contract (a complete new version, the replaced one removed) costs in
+system calls before it finds out what changed: the floor of that contract. ``--files`` with
+several counts makes a scaling run of the synthetic tree and a plot
 (:func:`plot_scaling`, ``bench/restage-scale.png``).
 
 ocistage is measured twice: ``lib`` calls :func:`ocistage.stagers.stage.stage_directory` in this
@@ -174,9 +178,15 @@ class LinkDest:
     def first(self) -> None:
         rsync(self.src, self.current)
 
-    def restage(self) -> tuple[float, float]:
-        """(seconds of the rsync, seconds of removing the replaced tree)."""
+    def restage(self) -> tuple[float, float, float]:
+        """(seconds of the rsync, seconds of removing the replaced tree, seconds of the
+        contract's floor: ``cp -al`` of the current tree and ``rm -rf`` of that copy)."""
         self.turn += 1
+        farm = self.base.with_name(f"{self.base.name}-farm")
+        floor = timed(partial(subprocess.run, ["cp", "-al", str(self.current), str(farm)],
+                              check=True, stdin=subprocess.DEVNULL))
+        floor += timed(partial(subprocess.run, ["rm", "-rf", str(farm)], check=True,
+                               stdin=subprocess.DEVNULL))
         new = self.base.with_name(f"{self.base.name}-{self.turn}")
         copy = timed(partial(subprocess.run, [
             "rsync", "-a", f"--link-dest={self.current}", f"{self.src}/", f"{new}/"],
@@ -184,7 +194,7 @@ class LinkDest:
         removal = timed(partial(subprocess.run, ["rm", "-rf", str(self.current)], check=True,
                                 stdin=subprocess.DEVNULL))
         self.current = new
-        return copy, removal
+        return copy, removal, floor
 
 
 def run_case(tree: Path, target: Path, cache: Path, reps: int,
@@ -193,9 +203,10 @@ def run_case(tree: Path, target: Path, cache: Path, reps: int,
 
     ``cache`` is the cache the bundle was made in (so a cache bundle is recognised as sealed,
     as with ``ocistage stage REF``); the bench's leases in it are dropped afterwards.
-    ``linkdest`` samples are the rsync alone; ``linkdest_rm`` the rsync plus the removal.
+    ``linkdest`` samples are the rsync alone; ``linkdest_rm`` the rsync plus the removal;
+    ``linkfarm`` the atomic contract's floor (``cp -al`` + ``rm -rf``, :meth:`LinkDest.restage`).
     """
-    tools = [*TOOLS, "linkdest_rm"] if with_linkdest else ["lib", "cli", "rsync"]
+    tools = [*TOOLS, "linkdest_rm", "linkfarm"] if with_linkdest else ["lib", "cli", "rsync"]
     samples: dict[str, dict[str, list[float]]] = {
         case: {tool: [] for tool in tools} for case in ("first", "nochange", "changed")}
     for rep in range(reps):
@@ -239,9 +250,10 @@ def _repetition(tree: Path, target: Path, cache: Path, rep: int, order: list[str
             touch_one_percent(changeable, rep)
         for tool in order:
             if tool == "linkdest":
-                copy, removal = peer.restage()
+                copy, removal, floor = peer.restage()
                 samples[case]["linkdest"].append(copy)
                 samples[case]["linkdest_rm"].append(copy + removal)
+                samples[case]["linkfarm"].append(floor)
             else:
                 samples[case][tool].append(timed(actions[tool]))
     for dest in (*dests.values(), peer.current):
@@ -259,6 +271,9 @@ def summarise(samples: dict[str, dict[str, list[float]]]) -> dict[str, dict[str,
             summary[case]["cli_linkdest_rm_ratio"] = round(
                 medians["cli"] / medians["linkdest_rm"], 3)
             summary[case]["cli_linkdest_ratio"] = round(medians["cli"] / medians["linkdest"], 3)
+        if "linkfarm" in medians:
+            summary[case]["linkfarm_rsync_ratio"] = round(
+                medians["linkfarm"] / medians["rsync"], 3)
     return summary
 
 
@@ -359,7 +374,8 @@ _SCALE_LINES = {
                  ("linkdest_rm", "rsync --link-dest + rm old")),
     "changed": (("cli", "ocistage stage"), ("rsync", "rsync -a (in place)"),
                 ("linkdest", "rsync --link-dest"),
-                ("linkdest_rm", "rsync --link-dest + rm old")),
+                ("linkdest_rm", "rsync --link-dest + rm old"),
+                ("linkfarm", "cp -al + rm -rf (the atomic floor)")),
 }
 
 
@@ -426,17 +442,19 @@ def goals_of(case: str, summary: dict[str, float]) -> list[str]:
 def render(results: list[dict[str, Any]]) -> str:
     lines = [f"{'tree':<12} {'target':<8} {'files':>7} {'case':<9} {'ocistage lib':>12} "
              f"{'cli':>8} {'rsync -a':>9} {'link-dest':>10} {'+rm':>8} {'cli/rsync':>10} "
-             f"{'cli/ld+rm':>10}  goals"]
+             f"{'cli/ld+rm':>10} {'cp -al+rm':>10} {'/rsync':>7}  goals"]
     for result in results:
         for case, s in result["summary"].items():
             linkdest = f"{s['linkdest_s']:>9.3f}s" if "linkdest_s" in s else f"{'':>10}"
             with_rm = f"{s['linkdest_rm_s']:>7.3f}s" if "linkdest_rm_s" in s else f"{'':>8}"
             ld_ratio = s.get("cli_linkdest_rm_ratio")
+            farm = (f"{s['linkfarm_s']:>9.3f}s {s['linkfarm_rsync_ratio']:>7.2f}"
+                    if "linkfarm_s" in s else f"{'':>18}")
             lines.append(f"{result['tree']:<12} {result['target']:<8} {result['files']:>7} "
                          f"{case:<9} {s['lib_s']:>11.3f}s {s['cli_s']:>7.3f}s "
                          f"{s['rsync_s']:>8.3f}s {linkdest} {with_rm} "
                          f"{s['cli_ratio']:>10.3f} "
-                         f"{'' if ld_ratio is None else f'{ld_ratio:.3f}':>10}  "
+                         f"{'' if ld_ratio is None else f'{ld_ratio:.3f}':>10} {farm}  "
                          + "; ".join(goals_of(case, s)))
     return "\n".join(lines)
 
