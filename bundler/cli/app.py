@@ -26,6 +26,7 @@ import typer
 
 from ocistage.bundler.cli.commands import ClosedStdout, LazyGroup, PipeError, stdout_closed
 from ocistage.bundler.cli.common import shown, stderr
+from ocistage.bundler.cli.memory import limit_malloc_arenas
 from ocistage.cache.errors import OcistageError
 
 
@@ -217,6 +218,7 @@ def _render_top_level_option(option: str) -> int:
 
 
 def main() -> None:
+    limit_malloc_arenas()  # before any thread allocates
     _stop_on_termination()
     code = run(sys.argv[1:])
     if code == 130 and _left_behind():

@@ -99,6 +99,10 @@ def run(argv: Sequence[str]) -> int:
 def main() -> None:
     import signal
 
+    from ocistage.bundler.cli.memory import limit_malloc_arenas
+
+    limit_malloc_arenas()  # before any thread allocates
+
     def interrupt(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
