@@ -249,22 +249,31 @@ def test_rootless_podman_runs_through_scrun_as_the_user(
     result = podman_user.podman("run", "--rm", "--pull=never", f"--cidfile={cidfile}",
                                 images["busybox"].ref,
                                 "echo from-podman; id -u; grep ^NAME= /etc/os-release; exit 3")
+    assert_engine_ran_the_job(result, "from-podman", cluster, user, cidfile)
+    assert podman_user.staged() == []
+
+
+def assert_engine_ran_the_job(result: subprocess.CompletedProcess[str], greeting: str,
+                              cluster: SlurmCluster, user: JobUser, cidfile: Path) -> None:
+    """``podman run``/``docker run`` of ``echo GREETING; id -u; grep ^NAME= /etc/os-release;
+    exit 3`` in busybox went through scrun: its output, its status, and the job behind it
+    (:func:`assert_job_ran_as_the_user`; shared by the Podman and Docker tests)."""
     lines = result.stdout.splitlines()
     # container root, which is the user outside
-    assert lines[:2] == ["from-podman", "0"], result.stderr
+    assert lines[:2] == [greeting, "0"], result.stderr
     assert f'NAME="{OS_RELEASE_NAME}"' in lines, result.stderr
     # where the exit code goes: scrun hands srun's status to Slurm (the job's ExitCode), but
-    # its anchor process, whose status conmon reports to Podman, exits 0
+    # its anchor process, whose status conmon (or containerd's shim) reports to the engine,
+    # exits 0
     assert result.returncode == 0, result.stderr
     assert "task 0: Exited with exit code 3" in result.stderr
     assert_job_ran_as_the_user(cluster, user, cidfile.read_text().strip())
-    assert podman_user.staged() == []
 
 
 def assert_job_ran_as_the_user(cluster: SlurmCluster, user: JobUser, container_id: str) -> None:
     """The engine's container was the user's job, which exited 3, and its stage-in and
     stage-out ran as the user, with the user's own settings and cache, leaving no lease and
-    no cleanup job behind (shared by the Podman and Docker tests)."""
+    no cleanup job behind (the last part of :func:`assert_engine_ran_the_job`)."""
     jobs = cluster.scontrol("show", "job", "-o", timeout=30).stdout.splitlines()
     [job] = [job for job in jobs if f" ContainerID={container_id}" in job]
     assert f" UserId={user.name}({user.uid}) " in job, job
