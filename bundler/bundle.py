@@ -60,6 +60,7 @@ from ocistage.bundler.errors import DestinationError
 from ocistage.bundler.follower import PullThread
 from ocistage.bundler.image.manifest import Descriptor
 from ocistage.bundler.image.reference import ImageSource
+from ocistage.bundler.mountpoints import make_mount_points
 from ocistage.bundler.pull import (
     CANCEL_GRACE,
     NO_PROGRESS,
@@ -88,7 +89,8 @@ from ocistage.cache.store import Store, fsync_dir, remove_dead_scratch, scratch_
 if TYPE_CHECKING:
     from ocistage.cache.results import Renderer
 
-BUNDLE_FORMAT = 1  # bump when the bundle layout or config generation changes meaning
+BUNDLE_FORMAT = 2  # bump when the bundle layout or config generation changes meaning
+# 2: the rootfs holds its mounts' mount points (ocistage.bundler.mountpoints)
 
 
 @dataclass(frozen=True)
@@ -327,13 +329,19 @@ def _owners(options: ConfigOptions,
 def _write_config(scratch: Path, raw_config: bytes, options: ConfigOptions,
                   link: bool) -> None:
     """``scratch/config.json`` for the rootfs made there (``link``: sharing the cache's
-    files)."""
+    files), and the mount points it names made in that rootfs, so that runtimes starting the
+    bundle at once on many nodes have none to make."""
     shared_root = link and not options.readonly
     if link:
         # the rootfs shares file inodes with the cache's snapshot: a container writing
         # into its root would change the cache and every other bundle linked to it
         options = dataclasses.replace(options, readonly=True)
     config = build_runtime_config(json.loads(raw_config), scratch / "rootfs", options)
+    try:
+        make_mount_points(scratch / "rootfs", config["mounts"])
+    except OSError as exc:
+        raise StoreError(f"cannot make the mount points of the bundle in {scratch}: "
+                         f"{exc.strerror}") from exc
     if shared_root:  # read-only for the sharing only: a private copy may be writable
         config.setdefault("annotations", {})[SHARED_ROOT_ANNOTATION] = "true"
     write_runtime_config(scratch, config)

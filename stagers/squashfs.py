@@ -43,6 +43,7 @@ from ocistage.stagers.filemanifest import (
     unchanged,
 )
 from ocistage.stagers.markers import Marker
+from ocistage.stagers.mountpoints import mount_points
 from ocistage.stagers.session import Staging
 from ocistage.stagers.target import StageResult, readonly_config, write_private
 
@@ -115,27 +116,24 @@ def _killed_on_error(process: subprocess.Popen[bytes]) -> Iterator[None]:
 
 
 def missing_mountpoints(source: Path) -> list[tuple[str, str]]:
-    """Mount destinations of ``source/config.json`` missing from its rootfs, as (path inside
-    the image, "d" or "f"), parents first.
+    """Mount points of ``source/config.json`` (:func:`ocistage.stagers.mountpoints.mount_points`)
+    missing from its rootfs, as (path inside the image, "d" or "f"), parents first.
 
     A mounted image is read-only, so runc cannot create them at start (it would fail with
-    ENOSYS/EROFS): they are added to the image as empty directories or files. Destinations
-    inside another mount (``/dev/pts`` under the ``/dev`` tmpfs) are created there by runc.
+    ENOSYS/EROFS): they are added to the image as empty directories or files, a directory for
+    a bind whose source is not on this host. Bundles made by ``ocistage bundle`` have them
+    already (:mod:`ocistage.bundler.mountpoints`); other bundles may not.
     """
     layout = _mount_layout(source)
     if layout is None:
         return []
     root, mounts = layout
-    destinations = [str(m.get("destination", "")).rstrip("/") for m in mounts]
     result: list[tuple[str, str]] = []
     seen: set[str] = set()
-    for mount, destination in zip(mounts, destinations, strict=True):
-        parts = [p for p in destination.split("/") if p]
-        if not _creatable(destination, parts, destinations):
-            continue
-        source_path = str(mount.get("source", ""))
-        kind = "f" if mount.get("type") == "bind" and os.path.isfile(source_path) else "d"
-        result.extend(_missing_along(source / root, root, parts, kind, seen))
+    for point in mount_points(mounts):
+        if any(c.isspace() for c in point.path):
+            continue  # a pseudo definition cannot name it
+        result.extend(_missing_along(source / root, root, point.parts, point.kind or "d", seen))
     return result
 
 
@@ -158,15 +156,7 @@ def _mount_layout(source: Path) -> tuple[str, Any] | None:
     return root, mounts
 
 
-def _creatable(destination: str, parts: list[str], destinations: list[str]) -> bool:
-    """Whether mount ``destination`` (split into ``parts``) is one to add to the image: a
-    plain path, not inside another of ``destinations`` (runc creates those in that mount)."""
-    return (bool(parts) and ".." not in parts and not any(c.isspace() for c in destination)
-            and not any(destination.startswith(other + "/") for other in destinations
-                        if other and other != destination))
-
-
-def _missing_along(rootfs: Path, root: str, parts: list[str], kind: str,
+def _missing_along(rootfs: Path, root: str, parts: tuple[str, ...], kind: str,
                    seen: set[str]) -> list[tuple[str, str]]:
     """The directories leading to the mount point ``parts`` and the mount point itself (a
     ``kind``) that ``rootfs`` lacks, as (path in the image, "d" or "f"); paths in ``seen``

@@ -183,6 +183,34 @@ def snapshot(root: Path, *, mtimes: bool = True, dir_mtimes: bool = True,
     return nodes
 
 
+DEFAULT_MOUNT_POINTS = ("proc", "dev", "sys")
+"""The mount points of the mounts every bundle's config.json has (ocistage.bundler.mountpoints)."""
+
+
+def add_mount_points(rootfs: Path) -> Path:
+    """Give another tool's unpack of an image (umoci's) what ``ocistage bundle`` adds to it, a
+    documented difference (docs/layers.md): the default mounts' mount points it lacks, empty
+    0755 directories dated 0, the rootfs keeping its times."""
+    from ocistage.bundler.mountpoints import MOUNT_POINT_TIME_NS
+
+    info = rootfs.stat()
+    for name in DEFAULT_MOUNT_POINTS:
+        if not os.path.lexists(rootfs / name):
+            (rootfs / name).mkdir(0o755)
+            os.utime(rootfs / name, ns=(MOUNT_POINT_TIME_NS, MOUNT_POINT_TIME_NS))
+    os.utime(rootfs, ns=(info.st_atime_ns, info.st_mtime_ns))
+    return rootfs
+
+
+def with_mount_points(nodes: dict[str, Node]) -> dict[str, Node]:
+    """:func:`snapshot` ``nodes`` of an image's tree (a cache snapshot's) with what
+    :func:`add_mount_points` adds on disk: what the bundle of that tree holds."""
+    from ocistage.bundler.mountpoints import MOUNT_POINT_TIME_NS
+
+    made: Node = (stat.S_IFDIR, 0o755, None, (), MOUNT_POINT_TIME_NS // 1000)
+    return {name: made for name in DEFAULT_MOUNT_POINTS} | nodes
+
+
 def full_snapshot(root: Path) -> dict[str, Node]:
     """Like :func:`snapshot` but including ``root`` itself; for canary trees."""
     info = root.lstat()

@@ -14,7 +14,7 @@ import pytest
 from pytest_ocistage.bundles import run_bundle
 from pytest_ocistage.components import require_binary
 from pytest_ocistage.images import ImageRef
-from tests.bundler.tarbuilder import Node, snapshot
+from tests.bundler.tarbuilder import Node, add_mount_points, snapshot
 from tests.e2e.conftest import OcistageRunner
 from tests.e2e.terminal import run_on_terminal
 
@@ -38,7 +38,9 @@ def normalise_umoci(tree: dict[str, Node]) -> dict[str, Node]:
 
     - rootless directories keep u+rwx so the bundle can always be deleted;
     - umoci records the image's owner of non-root files in a ``user.rootlesscontainers``
-      xattr (its own bookkeeping, not image content); we map the image user in config.json.
+      xattr (its own bookkeeping, not image content); we map the image user in config.json;
+    - the bundle's mount points (:func:`tests.bundler.tarbuilder.add_mount_points`, given to
+      umoci's tree on disk before it is read).
     """
     result = {}
     for name, (kind, mode, content, attrs, *rest) in tree.items():
@@ -65,7 +67,7 @@ def test_rootfs_equals_umoci_unpack_rootless(images: dict[str, ImageRef],
     require_binary("skopeo")
     image = images[name]
     reference = images[REFERENCE_OF.get(name, name)]
-    theirs = normalise_umoci(snapshot(umoci_tree(reference, tmp_path)))
+    theirs = normalise_umoci(snapshot(add_mount_points(umoci_tree(reference, tmp_path))))
     ours = snapshot(bundle_of(ocistage, image.ref, tmp_path / "ours") / "rootfs")
     assert ours.keys() == theirs.keys()
     different = {k: (ours[k], theirs[k]) for k in ours if ours[k] != theirs[k]}

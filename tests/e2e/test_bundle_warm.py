@@ -23,7 +23,7 @@ from ocistage.cache.snapshots import list_snapshots
 from ocistage.cache.store import Store
 from pytest_ocistage.faultproxy import Fault, FaultProxy
 from pytest_ocistage.images import ImageRef
-from tests.bundler.tarbuilder import Node, snapshot
+from tests.bundler.tarbuilder import Node, snapshot, with_mount_points
 from tests.e2e.conftest import OcistageRunner
 
 
@@ -82,7 +82,7 @@ def test_keep_snapshot_makes_a_cold_dest_the_last_unpack(images: dict[str, Image
     assert cold["layers_applied"] == len(image.layer_digests)
     [snap] = list_snapshots(Store.open(ocistage.cache))
     dest = Path(cold["path"]) / "rootfs"
-    assert tree(dest) == tree(snap.rootfs)
+    assert tree(dest) == with_mount_points(tree(snap.rootfs))
     assert (dest / "etc/passwd").stat().st_ino != (snap.rootfs / "etc/passwd").stat().st_ino
     cached = json.loads(ocistage("bundle", "--json", image.ref, check=True).stdout)
     linked = json.loads(ocistage("bundle", "--json", "--link", image.ref,
