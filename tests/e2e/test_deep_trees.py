@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from ocistage.cache.fsops import path_stats
-from tests.bundler.tarbuilder import build_tar, directory, file, write_oci_layout
+from tests.bundler.tarbuilder import (
+    DEFAULT_MOUNT_POINTS,
+    build_tar,
+    directory,
+    file,
+    write_oci_layout,
+)
 from tests.cache.deeptree import make_chain
 from tests.e2e.conftest import OcistageRunner
 
@@ -55,7 +61,8 @@ def test_a_deep_or_long_tree_is_measured_and_removed_by_gc_and_rm(
     assert made.returncode == 0, made.stderr
     depth, _ = CHAINS[kind]
     bundle = Path(json.loads(made.stdout)["path"])
-    assert len(list(path_stats(bundle / "rootfs"))) == depth + 4  # root, bin, sh, bottom
+    # root, bin, sh, bottom and the mount points the bundle adds
+    assert len(list(path_stats(bundle / "rootfs"))) == depth + 4 + len(DEFAULT_MOUNT_POINTS)
     usage = du(ocistage)
     assert usage["snapshots"]["count"] == 1 and usage["bundles"]["count"] == 1
     assert usage["snapshots"]["logical"] >= 4096 and usage["bundles"]["logical"] >= 4096
