@@ -22,14 +22,12 @@ the image's tree.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ocistage.bundler.unpack.safepath import Parts, SafeRoot, open_readable_dir
-from ocistage.cache.errors import LayerError
 from ocistage.stagers.mountpoints import Kind, mount_points
 
 MOUNT_POINT_TIME_NS = 0
@@ -70,15 +68,14 @@ def _make(root: SafeRoot, parts: Parts, kind: Kind) -> list[str]:
     try:
         base = os.stat(base_fd)
         created: list[Parts] = []
-        # LayerError: a component turned out not to be a directory; what was made is dated
-        with contextlib.suppress(LayerError):
-            made = root.resolve_dir(parent, create=True, follow=False, on_create=created.append)
-            if made is not None:
-                if kind == "d":
-                    os.mkdir(parts[-1], 0o755, dir_fd=made[0])
-                else:
-                    os.close(os.open(parts[-1], _NEW_FILE, 0o644, dir_fd=made[0]))
-                created.append(parts)
+        # parts[depth] is missing: every directory from there on is made now, in a private tree
+        made = root.resolve_dir(parent, create=True, follow=False, on_create=created.append)
+        assert made is not None
+        if kind == "d":
+            os.mkdir(parts[-1], 0o755, dir_fd=made[0])
+        else:
+            os.close(os.open(parts[-1], _NEW_FILE, 0o644, dir_fd=made[0]))
+        created.append(parts)
         for path in created:
             _set_time(root, path)
         os.utime(base_fd, ns=(base.st_atime_ns, base.st_mtime_ns))
