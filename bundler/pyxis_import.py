@@ -74,8 +74,9 @@ from ocistage.cache.pyxisimages import (
 )
 from ocistage.cache.store import Store, fsync_dir, write_file_atomic
 from ocistage.cache.userdirs import home_dir, owned_by_caller
+from ocistage.stagers.errors import PseudoNameError
 from ocistage.stagers.mksquashfs import compressors_listed as compressors_listed
-from ocistage.stagers.mksquashfs import help_text
+from ocistage.stagers.mksquashfs import help_text, pseudo_dir, pseudo_file, pseudo_name
 
 if TYPE_CHECKING:
     from ocistage.bundler.pull import PullOptions
@@ -355,15 +356,19 @@ def probe_compressor(mksquashfs: str) -> str:
 
 def _pseudo_dirs(rootfs: Path, relative: str) -> list[str]:
     """Pseudo definitions for the directories of ``relative`` missing from ``rootfs``; none
-    below a component that exists but is no directory (enroot's mkdir would fail there too)."""
+    below a component that exists but is no directory (enroot's mkdir would fail there too).
+    Every name is escaped (:func:`~ocistage.stagers.mksquashfs.pseudo_name`): an image's
+    WorkingDir is data, never a definition of its own (issue 39)."""
     parts = [p for p in relative.split("/") if p and p not in (".", "..")]
+    if not parts:
+        return []
+    pseudo_name(parts)  # refuse what no definition can carry before any path is looked at
     result = []
     for depth in range(1, len(parts) + 1):
-        path = "/".join(parts[:depth])
         try:
-            st = os.lstat(rootfs / path)
+            st = os.lstat(rootfs.joinpath(*parts[:depth]))
         except FileNotFoundError:
-            result.append(f"{path} d 755 0 0")
+            result.append(pseudo_dir(parts[:depth], 0o755, 0, 0))
             continue
         except OSError:
             return result
@@ -376,7 +381,8 @@ def mksquashfs_argv(mksquashfs: str, rootfs: Path, image: Path, files: Mapping[s
                     workdir: str, compressor: str, jobs: int) -> list[str]:
     """The mksquashfs command of an image: ``rootfs`` owned by root (``-all-root``, as enroot
     makes it), without what is under /dev, with ``files`` (path inside -> file) replacing the
-    image's own and ``workdir`` made."""
+    image's own and ``workdir`` made. Raises
+    :class:`~ocistage.stagers.errors.PseudoNameError` for a ``workdir`` no image can hold."""
     level = COMPRESSION_LEVELS.get(compressor)
     argv = [mksquashfs, os.fspath(rootfs), os.fspath(image), "-comp", compressor,
             *(["-Xcompression-level", str(level)] if level is not None else []),
@@ -387,7 +393,8 @@ def mksquashfs_argv(mksquashfs: str, rootfs: Path, image: Path, files: Mapping[s
         parent = inside.rpartition("/")[0]
         pseudo += [p for p in _pseudo_dirs(rootfs, parent) if p not in pseudo]
     pseudo += [p for p in _pseudo_dirs(rootfs, workdir) if p not in pseudo]
-    pseudo += [f"{inside} f 644 0 0 cat {shlex.quote(os.fspath(files[inside]))}"
+    pseudo += [pseudo_file(inside.split("/"), 0o644, 0, 0,
+                           f"cat {shlex.quote(os.fspath(files[inside]))}")
                for inside in sorted(files)]
     for definition in pseudo:
         argv += ["-p", definition]
@@ -746,8 +753,14 @@ def build(reference: RegistryReference, cache: Store, store: Store, key: str,
             written[inside] = scratch / f"file{n}"
             written[inside].write_bytes(data)
         built = scratch / f"{key}{IMAGE_SUFFIX}"
-        run_mksquashfs(mksquashfs_argv(mksquashfs, bundle.path / "rootfs", built, written,
-                                       workdir, compressor, usable_cpus()), store.root)
+        try:
+            argv = mksquashfs_argv(mksquashfs, bundle.path / "rootfs", built, written,
+                                   workdir, compressor, usable_cpus())
+        except PseudoNameError as exc:
+            raise PyxisImportError(f"{reference}: its config's WorkingDir {workdir!r} cannot be "
+                                   f"made in the image: {exc.message}",
+                                   "fix the image's WorkingDir (a plain absolute path)") from exc
+        run_mksquashfs(argv, store.root)
         record = {"source": str(reference), "manifest": manifest,
                   "platform": str(bundle.image.platform), "compressor": compressor,
                   "format": IMAGE_FORMAT, "created": time.time()}

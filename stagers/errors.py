@@ -15,3 +15,10 @@ class StageError(OcistageError):
 class StageUsageError(StageError, UsageError):
     """A stage command line that cannot be right (no such source directory, a target that is
     a file, a name that is no plain file name): exit 2, as any usage error."""
+
+
+class PseudoNameError(StageError):
+    """A name that no mksquashfs pseudo definition can carry (a NUL byte, a character with no
+    byte form, a component longer than a squashfs name may be): refused, never passed on."""
+
+    default_hint = "rename it in the image or bundle: a squashfs image cannot hold that name"

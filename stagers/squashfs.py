@@ -43,6 +43,7 @@ from ocistage.stagers.filemanifest import (
     unchanged,
 )
 from ocistage.stagers.markers import Marker
+from ocistage.stagers.mksquashfs import pseudo_dir, pseudo_file, pseudo_name
 from ocistage.stagers.mountpoints import mount_points
 from ocistage.stagers.session import Staging
 from ocistage.stagers.target import StageResult, readonly_config, write_private
@@ -115,24 +116,26 @@ def _killed_on_error(process: subprocess.Popen[bytes]) -> Iterator[None]:
         raise
 
 
-def missing_mountpoints(source: Path) -> list[tuple[str, str]]:
+def missing_mountpoints(source: Path) -> list[tuple[tuple[str, ...], str]]:
     """Mount points of ``source/config.json`` (:func:`ocistage.stagers.mountpoints.mount_points`)
-    missing from its rootfs, as (path inside the image, "d" or "f"), parents first.
+    missing from its rootfs, as (path inside the image as components, "d" or "f"), parents
+    first.
 
     A mounted image is read-only, so runc cannot create them at start (it would fail with
     ENOSYS/EROFS): they are added to the image as empty directories or files, a directory for
     a bind whose source is not on this host. Bundles made by ``ocistage bundle`` have them
-    already (:mod:`ocistage.bundler.mountpoints`); other bundles may not.
+    already (:mod:`ocistage.bundler.mountpoints`); other bundles may not. Any name is carried
+    (white space, quotes, newlines: :func:`~ocistage.stagers.mksquashfs.pseudo_name`); one that
+    no image can hold is a :class:`~ocistage.stagers.errors.PseudoNameError`.
     """
     layout = _mount_layout(source)
     if layout is None:
         return []
     root, mounts = layout
-    result: list[tuple[str, str]] = []
-    seen: set[str] = set()
+    result: list[tuple[tuple[str, ...], str]] = []
+    seen: set[tuple[str, ...]] = set()
     for point in mount_points(mounts):
-        if any(c.isspace() for c in point.path):
-            continue  # a pseudo definition cannot name it
+        pseudo_name((root, *point.parts))  # refused before any path is looked at
         result.extend(_missing_along(source / root, root, point.parts, point.kind or "d", seen))
     return result
 
@@ -157,19 +160,19 @@ def _mount_layout(source: Path) -> tuple[str, Any] | None:
 
 
 def _missing_along(rootfs: Path, root: str, parts: tuple[str, ...], kind: str,
-                   seen: set[str]) -> list[tuple[str, str]]:
+                   seen: set[tuple[str, ...]]) -> list[tuple[tuple[str, ...], str]]:
     """The directories leading to the mount point ``parts`` and the mount point itself (a
     ``kind``) that ``rootfs`` lacks, as (path in the image, "d" or "f"); paths in ``seen``
     were looked at already (``seen`` gets the others)."""
     missing = []
     for depth in range(1, len(parts) + 1):
-        rel = "/".join(parts[:depth])
+        rel = parts[:depth]
         if rel in seen:
             continue
         seen.add(rel)
-        if os.path.lexists(rootfs / rel):
+        if os.path.lexists(rootfs.joinpath(*rel)):
             continue
-        missing.append((f"{root}/{rel}", kind if depth == len(parts) else "d"))
+        missing.append(((root, *rel), kind if depth == len(parts) else "d"))
     return missing
 
 
@@ -191,9 +194,9 @@ def build_image(source: Path, image: Path, extra: Path | None = None, jobs: int 
     rooted = [] if root_mode is None else ["-root-mode", f"{root_mode:o}"]
     argv += rooted
     uid, gid = os.getuid(), os.getgid()
-    for path, kind in missing_mountpoints(source):
-        argv += ["-p", f"{path} d 755 {uid} {gid}" if kind == "d"
-                 else f"{path} f 644 {uid} {gid} true"]
+    for parts, kind in missing_mountpoints(source):
+        argv += ["-p", pseudo_dir(parts, 0o755, uid, gid) if kind == "d"
+                 else pseudo_file(parts, 0o644, uid, gid, "true")]
     excluded = [MANIFEST_NAME, MARKER_NAME]
     if extra is not None:
         excluded += [name for name in os.listdir(extra) if name not in excluded]

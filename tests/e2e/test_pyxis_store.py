@@ -117,6 +117,25 @@ def test_cache_gc_keeps_a_held_image_and_collects_it_once_released(
     assert Path(again.stdout.strip()) == image and image.is_file()
 
 
+def test_an_images_workdir_runs_no_command_on_the_host(
+        ocistage: OcistageRunner, oci_image: ImageFactory, oci_registry: Registry,
+        tmp_path: Path) -> None:
+    """Issue 39: a WorkingDir made to read as a mksquashfs pseudo definition of a file made by
+    a command ran that command on the host during ``get``; it is one directory's name now."""
+    canary = tmp_path / "PWNED"
+    workdir = f"/x f 644 0 0 sh -c 'touch {canary}' #"
+    image = oci_image({"bin/true": File(b"", mode=0o755)}, cmd=["/bin/true"],
+                      workdir=workdir).push(oci_registry, "pyxis/workdir", "1")
+    got = importer(ocistage, "get", enroot_uri(image))
+    assert got.returncode == 0, got.stderr
+    assert not canary.exists()
+    listing = subprocess.run([shutil.which("unsquashfs") or "unsquashfs", "-lln",
+                              got.stdout.strip()], capture_output=True, check=True,
+                             text=True).stdout
+    assert f"squashfs-root{workdir}\n" in listing
+    assert importer(ocistage, "release").returncode == 0
+
+
 # -- errors --------------------------------------------------------------------------------------
 
 def _closed_port() -> int:

@@ -99,8 +99,9 @@ def test_missing_mountpoints_are_listed_parents_first(tmp_path: Path) -> None:
         {"destination": "/with space", "type": "bind", "source": "/"},
     ]}))
     assert missing_mountpoints(bundle) == [
-        ("rootfs/proc", "d"), ("rootfs/sys", "d"), ("rootfs/sys/fs", "d"),
-        ("rootfs/sys/fs/cgroup", "d"), ("rootfs/etc", "d"), ("rootfs/etc/hosts", "f")]
+        (("rootfs", "proc"), "d"), (("rootfs", "sys"), "d"), (("rootfs", "sys", "fs"), "d"),
+        (("rootfs", "sys", "fs", "cgroup"), "d"), (("rootfs", "etc"), "d"),
+        (("rootfs", "etc", "hosts"), "f"), (("rootfs", "with space"), "d")]
 
 
 @pytest.mark.parametrize("mounts", [["/proc"], [{"destination": "/proc"}, 7], "proc",
