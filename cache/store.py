@@ -52,6 +52,7 @@ from ocistage.cache.fsops import (
 )
 from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.locks import FileLock, Owner, owner_is_dead
+from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.readback import open_own
 from ocistage.cache.refnames import INDEX_MEDIA_TYPE, record, record_name, rename
 
@@ -263,6 +264,8 @@ class Store:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        #: what opening the cache did that its user should know (the CLI prints them)
+        self.notices: tuple[Notice, ...] = ()
         self.blobs = root / "blobs"
         self.ingest_dir = root / "ingest"
         self.tmp_dir = root / "tmp"
@@ -277,7 +280,7 @@ class Store:
         try:
             # the root is checked before anything is made in it, and each directory before
             # its child: nothing is created in a cache another user controls
-            self.root.mkdir(parents=True, exist_ok=True)
+            self._make_root()
             check_trusted_dir(self.root, "cache", group_shared=True, follow=True)
             for directory in (self.blobs, self.blobs / "sha256", self.ingest_dir, self.tmp_dir):
                 directory.mkdir(exist_ok=True)
@@ -294,6 +297,31 @@ class Store:
         except OSError as exc:
             raise _translate_oserror(exc, f"creating the cache at {self.root}") from exc
         self.clean_leftovers()
+
+    def _make_root(self) -> None:
+        """The cache's own directory, private to a user (issue 34): images from a private
+        registry must not be readable by the other users of the host. A user's new cache is
+        made owner-only (0700); a user's existing one that others may enter is tightened to
+        it, with one warning (the next open finds nothing to do). A group-shared cache (setgid,
+        docs/trust.md) and root's (the site's stores) keep the mode their maker gave them."""
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        euid = os.geteuid()
+        try:
+            os.mkdir(self.root, PRIVATE_DIR_MODE if euid != 0 else 0o777)
+            return
+        except FileExistsError:
+            pass
+        st = os.stat(self.root)
+        loose = stat.S_IMODE(st.st_mode) & 0o077
+        if (euid == 0 or st.st_uid != euid or not stat.S_ISDIR(st.st_mode)
+                or st.st_mode & stat.S_ISGID or not loose):
+            return
+        tightened = stat.S_IMODE(st.st_mode) & ~0o077
+        os.chmod(self.root, tightened)
+        self.notices += (Notice(Kind.OTHER, (
+            f"made the cache {self.root} private (mode {tightened:o}, was "
+            f"{stat.S_IMODE(st.st_mode):o}): other users of this host could read the images in "
+            "it; a cache shared on purpose is a group-shared one (setgid, docs/trust.md)")),)
 
     # -- blobs -------------------------------------------------------------------------------
 

@@ -259,7 +259,9 @@ class CommonOptions:
         """The cache of ``settings`` (made from the options if not given), opened."""
         from ocistage.cache.store import Store
 
-        return Store.open((settings or self.settings()).cache)
+        store = Store.open((settings or self.settings()).cache)
+        print_warnings(store.notices)
+        return store
 
     def pull_options(self, settings: Settings) -> PullOptions:
         from ocistage.bundler.image.platform import Platform
