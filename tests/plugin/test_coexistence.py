@@ -11,7 +11,6 @@ own modules.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -20,6 +19,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.plugin.checkout import checkout_copy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -61,18 +62,7 @@ def _clean_env() -> dict[str, str]:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel of this checkout's files, built offline (the test environment has
     setuptools) from a copy, so the build leaves nothing in the checkout."""
-    source = tmp_path_factory.mktemp("source") / "ocistage"
-    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others",
-                             "--exclude-standard"], capture_output=True, check=True).stdout
-    for name in filter(None, listed.decode().split("\0")):
-        origin, copy = REPO / name, source / name
-        if not origin.exists() and not origin.is_symlink():
-            continue  # deleted in the work tree
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        if origin.is_symlink():
-            copy.symlink_to(os.readlink(origin))
-        else:
-            shutil.copy2(origin, copy)
+    source = checkout_copy(tmp_path_factory.mktemp("source") / "ocistage")
     out = tmp_path_factory.mktemp("dist")
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
