@@ -5,13 +5,21 @@
 # only when that prefix is missing (or incomplete: it is published by renaming a finished build
 # into place).
 #
-#   .ci/build-enroot-pyxis.sh            build into /opt/ocistage-enroot-pyxis/<16 hex>
+#   .ci/build-enroot-pyxis.sh SLURM_PREFIX   build into /opt/ocistage-enroot-pyxis/<16 hex>,
+#                                        pyxis against the Slurm installed in SLURM_PREFIX (a
+#                                        SPANK plugin loads only into the release whose headers
+#                                        built it: name the Slurm your slurmd runs; the script
+#                                        says which release it found there)
+#   OCISTAGE_SLURM_PREFIX=P              the same, when no argument is given
 #   OCISTAGE_ENROOT_PYXIS_PREFIX_ROOT=D  ... into D/<16 hex> instead
 #   OCISTAGE_VENDOR=D                    the tarballs (default: ../shared/vendor beside the
 #                                        repository, or beside the main checkout of a worktree)
-#   OCISTAGE_SLURM_PREFIX=P              Slurm 24.05 whose headers pyxis is built against
-#                                        (default: what .ci/build-slurm.sh builds)
 #   OCISTAGE_ENROOT_JOBS=N               make -jN for enroot (default: 2)
+#
+# As enroot's own `make setcap` does, enroot-mksquashovlfs gets cap_sys_admin and
+# enroot-aufs2ovlfs cap_sys_admin,cap_mknod (setcap from libcap2-bin, as root): without them
+# `enroot import` fails for every user but root. A site installing enroot does the same
+# (docs/pyxis.md).
 #
 # Layout of the prefix: enroot's `make install prefix=<prefix>/enroot` (bin/enroot, lib/enroot,
 # etc/enroot) and pyxis's spank_pyxis.so in <prefix>/pyxis/. Prints the prefix on its last line.
@@ -36,13 +44,24 @@ TARBALLS=(
     "enroot-dep-musl.tar.xz f1a7c64edd0c17ab5f393ee58ebda2b5a1a9ca9295e60039d56c6992cf0a61e8"
     "pyxis-0.24.0.tar.xz 10f4999ae3578b856531c812d1b800a104dd9fbb04e72c73699fc1d59a1f1b75"
 )
-SLURM_PREFIX="${OCISTAGE_SLURM_PREFIX:-/opt/ocistage-slurm/b1b1549ee80fbcd2}"
+SLURM_PREFIX="${1:-${OCISTAGE_SLURM_PREFIX:-}}"
 ROOT="${OCISTAGE_ENROOT_PYXIS_PREFIX_ROOT:-/opt/ocistage-enroot-pyxis}"
 JOBS="${OCISTAGE_ENROOT_JOBS:-2}"
 
 die() { printf 'build-enroot-pyxis.sh: %s\n' "$*" >&2; exit 1; }
 
-KEY="$(printf '%s\n' "${TARBALLS[@]}" "slurm=$SLURM_PREFIX" | sha256sum | cut -c1-16)"
+[ -n "$SLURM_PREFIX" ] || die "name the Slurm prefix pyxis is built against: .ci/build-enroot-pyxis.sh SLURM_PREFIX (the Slurm your slurmd runs; .ci/build-slurm.sh prints its prefix)"
+VERSION_H="$SLURM_PREFIX/include/slurm/slurm_version.h"
+[ -f "$VERSION_H" ] || die "no Slurm headers in $SLURM_PREFIX/include (run .ci/build-slurm.sh, or name the prefix of an installed Slurm with its headers)"
+# SLURM_VERSION_NUMBER 0x180508 is 24.05.8
+number="$(sed -n 's/^#define SLURM_VERSION_NUMBER 0x\([0-9a-fA-F]*\).*/\1/p' "$VERSION_H")"
+[ -n "$number" ] || die "$VERSION_H has no SLURM_VERSION_NUMBER"
+number=$((16#$number))
+SLURM_VERSION="$(printf '%d.%02d.%d' $((number >> 16 & 255)) $((number >> 8 & 255)) $((number & 255)))"
+echo "building pyxis against Slurm $SLURM_VERSION in $SLURM_PREFIX" >&2
+command -v setcap >/dev/null || die "setcap is missing (Debian: apt-get install libcap2-bin): enroot needs its capabilities"
+
+KEY="$(printf '%s\n' "${TARBALLS[@]}" "slurm=$SLURM_PREFIX" "setcap=1" | sha256sum | cut -c1-16)"
 PREFIX="$ROOT/$KEY"
 
 if [ -f "$PREFIX/.built" ] && [ -x "$PREFIX/enroot/bin/enroot" ] && [ -f "$PREFIX/pyxis/spank_pyxis.so" ]; then
@@ -51,7 +70,7 @@ if [ -f "$PREFIX/.built" ] && [ -x "$PREFIX/enroot/bin/enroot" ] && [ -f "$PREFI
     exit 0
 fi
 
-[ -f "$SLURM_PREFIX/include/slurm/spank.h" ] || die "no Slurm headers in $SLURM_PREFIX/include (run .ci/build-slurm.sh)"
+[ -f "$SLURM_PREFIX/include/slurm/spank.h" ] || die "no spank.h in $SLURM_PREFIX/include/slurm"
 for entry in "${TARBALLS[@]}"; do
     name="${entry%% *}" want="${entry##* }"
     [ -f "$VENDOR/$name" ] || die "no tarball at $VENDOR/$name"
@@ -96,6 +115,10 @@ if grep -rl -F "$WORK/stage" "$STAGE" >&2; then die "the files above name the st
 CPPFLAGS="-I$SLURM_PREFIX/include" make -C "$WORK/pyxis-0.24.0" >"$WORK/pyxis.log" 2>&1 \
     || { tail -n 40 "$WORK/pyxis.log" >&2; die "pyxis make failed"; }
 install -D -m 0755 "$WORK/pyxis-0.24.0/spank_pyxis.so" "$STAGE/pyxis/spank_pyxis.so"
+printf '%s\n' "$SLURM_VERSION" >"$STAGE/pyxis/slurm-version"
+# enroot's `make setcap`, on the installed helpers (the rename below keeps them: same filesystem)
+setcap cap_sys_admin+pe "$STAGE/enroot/bin/enroot-mksquashovlfs"
+setcap cap_sys_admin,cap_mknod+pe "$STAGE/enroot/bin/enroot-aufs2ovlfs"
 
 chmod 0755 "$STAGE"
 mv -T "$STAGE" "$PREFIX"

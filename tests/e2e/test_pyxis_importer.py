@@ -47,8 +47,9 @@ def enroot_pyxis() -> Path:
     configured = os.environ.get("OCISTAGE_ENROOT_PYXIS_PREFIX")
     if configured:
         return Path(configured)
-    result = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True,
-                            timeout=1800, check=False, stdin=subprocess.DEVNULL)
+    result = subprocess.run(["bash", str(BUILD_SCRIPT), str(built_spec().prefix)],
+                            capture_output=True, text=True, timeout=1800, check=False,
+                            stdin=subprocess.DEVNULL)
     if result.returncode != 0:
         unavailable(f"enroot and pyxis could not be built by {BUILD_SCRIPT}:\n"
                     f"{result.stderr[-2000:]}")
