@@ -20,7 +20,6 @@ import pwd
 import re
 import shutil
 import stat
-import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -139,16 +138,12 @@ def read_text(path: Path, limit: int = 1 << 20) -> str | None:
 
 def command_output(argv: list[str]) -> str | None:
     """stdout and stderr of ``argv`` (looked up on PATH), None if it is not there or cannot be
-    run; the exit status is not judged here."""
-    binary = shutil.which(argv[0])
-    if binary is None:
-        return None
-    try:
-        result = subprocess.run([binary, *argv[1:]], capture_output=True, text=True,
-                                timeout=PROBE_TIMEOUT, stdin=subprocess.DEVNULL, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return result.stdout + result.stderr
+    run; the exit status is not judged here. Bounded (:func:`ocistage.runtimes.probe.probe`):
+    at most 64 KiB, decoded with replacement characters, the tool killed after 20 s."""
+    from ocistage.runtimes.probe import probe
+
+    result = probe(argv, timeout=PROBE_TIMEOUT)
+    return None if result is None else result.output
 
 
 def free_space(path: Path) -> int | None:

@@ -28,7 +28,7 @@ import shutil
 import stat
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -490,11 +490,29 @@ def job_ids(uid: int | None, gid: int | None) -> tuple[int, int]:
     caller stages for itself, with its ids as the host sees them. scrun passes the ids it
     sees: in rootless Podman's user namespace (where scrun runs) the user is 0, which would
     map container root to the host's root. Root (outside any namespace) stages for the
-    ids given (default: its own)."""
+    ids given (default: its own).
+
+    An unprivileged caller's ``uid``/``gid`` must name itself (:func:`own_ids`); another
+    user's is refused (UsageError) before anything is staged, never silently replaced."""
     real_uid = host_id("uid", os.getuid())
     if real_uid != 0:
+        for kind, given, here in (("uid", uid, os.getuid()), ("gid", gid, os.getgid())):
+            if given is not None and given not in own_ids(kind, here):
+                raise UsageError(
+                    f"--{kind} {given} is not yours: as {kind} {host_id(kind, here)}, "
+                    f"stage-in stages for you only",
+                    f"give your own {kind} ({', '.join(map(str, sorted(own_ids(kind, here))))}"
+                    f") or none; only root stages for other users")
         return real_uid, host_id("gid", os.getgid())
     return (os.getuid() if uid is None else uid, os.getgid() if gid is None else gid)
+
+
+def own_ids(kind: str, here: int) -> set[int]:
+    """The ``--uid``/``--gid`` values that name an unprivileged caller (``here``: its id in
+    this process's user namespace): that id, the host's id for it (``/proc/self/uid_map``),
+    and 0, what rootless Podman's and Docker's user namespace maps the caller to (scrun runs
+    there and passes that id, also to a ``node-local`` stage-in run outside it)."""
+    return {here, host_id(kind, here), 0}
 
 
 def check_container_id(container_id: str) -> str:
@@ -710,6 +728,8 @@ def stage_in(request: StageInRequest, *, cache_root: Path, jobs: int = 8) -> Sta
     from ocistage.stagers.stage import stage_directory  # imported late: a sibling package's API
 
     container_id = check_container_id(request.container_id)
+    uid, gid = job_ids(request.uid, request.gid)  # an unprivileged caller's own, or refused
+    request = replace(request, uid=uid, gid=gid)
     if not host_root_mapped():
         raise ScrunError(
             "stage-in runs in a user namespace without the host's root (rootless Podman's, "

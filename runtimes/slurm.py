@@ -62,21 +62,33 @@ def _failure(argv: Sequence[str], result: subprocess.CompletedProcess[str]) -> S
 
 
 def installed_version() -> SlurmVersion:
-    """The version of the installed Slurm commands (``scontrol --version``).
+    """The version of the installed Slurm commands (``scontrol --version``, asked through the
+    bounded :func:`ocistage.runtimes.probe.probe`: whatever is first on PATH is trusted with
+    no more than a version line's worth of memory).
 
     Slurm 22.05's commands refuse to print even their version without a configuration; when
     none is found, ask again with a throw-away minimal ``SLURM_CONF``.
     """
-    result = _run(["scontrol", "--version"])
+    from ocistage.runtimes.probe import probe
+
+    result = probe(["scontrol", "--version"], timeout=60)
+    if result is None:
+        raise SlurmError("scontrol not found on PATH (or it cannot be run)",
+                         "install Slurm's client commands (Debian: slurm-client)")
     if result.returncode != 0:
         with tempfile.TemporaryDirectory(prefix="ocistage-slurm-") as scratch:
             conf = Path(scratch) / "slurm.conf"
             conf.write_text("ClusterName=probe\nSlurmctldHost=localhost\n")
-            result = _run(["scontrol", "--version"],
-                          env={**os.environ, "SLURM_CONF": str(conf)})
-    if result.returncode != 0:
-        raise _failure(["scontrol"], result)
-    return SlurmVersion.parse(result.stdout)
+            result = probe(["scontrol", "--version"], timeout=60,
+                           env={**os.environ, "SLURM_CONF": str(conf)})
+    if result is None or result.returncode != 0:
+        detail = (result.stderr.strip() or result.stdout.strip()).splitlines() if result else []
+        last = detail[-1][:200] if detail else (
+            f"exit status {result.returncode}" if result and result.returncode is not None
+            else "no answer within 60s")
+        raise SlurmError(f"scontrol --version failed: {last}")
+    first = result.stdout.strip().splitlines()[:1]
+    return SlurmVersion.parse(first[0][:200] if first else "")
 
 
 def controller_reachable(timeout: float = 15) -> bool:

@@ -138,22 +138,45 @@ def complete_words(*words: str) -> Callable[[str], list[str]]:
 
 def complete_cached_ref(ctx: typer.Context, incomplete: str) -> list[str]:
     """The references the cache holds (those ``cache ls`` lists), for a REF: of ``--cache``
-    if it came before on the line, else of the settings. Nothing if it cannot be read: a
-    completion never fails."""
+    if it came before on the line, else of the settings; only those a shell can take as they
+    are (:func:`offerable`). Nothing if the index cannot be read: a completion never fails,
+    and never waits (a FIFO at ``index.json``)."""
     try:
         return [name for name in _cached_names(ctx.params.get("cache"))
-                if name.startswith(incomplete)]
+                if name.startswith(incomplete) and offerable(name)]
     except Exception:
         return []
 
 
+#: characters the shell gives a meaning to on a command line (quotes, expansions, globs,
+#: separators, redirections, history, comments)
+SHELL_SYNTAX = frozenset("\"'`$\\;&|<>()[]{}*?!#~^")
+
+
+def offerable(word: str) -> bool:
+    """Whether a completion may offer ``word``: bash's completion script splits the
+    candidates at newlines and inserts each on the command line as it is (unquoted), zsh's
+    evaluates them, and a list of candidates is printed to the terminal. So a word from the
+    cache (a reference another member of a group-shared cache may have named) is offered only
+    when every character is printable (no C0, DEL, C1 or format character: an ESC would
+    reach the terminal), is no whitespace (bash would insert two words) and has no meaning
+    to the shell (``$(...)`` would run when the line is). The others stay usable when typed.
+    """
+    return bool(word) and all(char.isprintable() and not char.isspace()
+                              and char not in SHELL_SYNTAX for char in word)
+
+
 def _cached_names(cache: Path | None) -> list[str]:
+    from ocistage.cache.jsondoc import parse_json, read_document
     from ocistage.cache.refnames import record_name
+    from ocistage.cache.store import INDEX_LIMIT
 
     root = cache if cache is not None else CommonOptions(quiet=True).settings().cache
-    with open(Path(root) / "index.json", "rb") as file:
-        entries = json.loads(file.read(16 << 20)).get("manifests", [])
-    return sorted({name for entry in entries if (name := record_name(entry)) is not None})
+    # one open: never through a symlink, never waiting on a FIFO, a regular file of its size
+    document = parse_json(read_document(Path(root) / "index.json", INDEX_LIMIT, owners="group"))
+    entries = document.get("manifests", []) if isinstance(document, dict) else []
+    return sorted({name for entry in entries if isinstance(entry, dict)
+                   and (name := record_name(entry)) is not None})
 
 
 # -- shared options ----------------------------------------------------------------------------

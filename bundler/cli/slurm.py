@@ -190,9 +190,12 @@ def scrun_stage_in(
         "--config", help="The bundle's config.json [default: BUNDLE/config.json].")] = None,
     job_id: Annotated[str | None, typer.Option("--job-id", help="Slurm job id.")] = None,
     uid: Annotated[int | None, typer.Option(
-        "--uid", help="Job user id (as scrun sees it; an unprivileged caller stages for "
-                      "itself).")] = None,
-    gid: Annotated[int | None, typer.Option("--gid", help="Job group id.")] = None,
+        "--uid", help="Job user id (as scrun sees it). An unprivileged caller stages for "
+                      "itself: its uid, the host's id for it or 0 (what a rootless engine "
+                      "maps it to); another user's is refused.")] = None,
+    gid: Annotated[int | None, typer.Option(
+        "--gid", help="Job group id (for an unprivileged caller: its own, as --uid).")
+    ] = None,
     env_file: Annotated[Path | None, typer.Option(
         "--env-file", help="JSON list of the job's NAME=value variables.")] = None,
     stage_to: StageToOpt = "shared",

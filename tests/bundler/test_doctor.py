@@ -316,3 +316,68 @@ def test_the_report_fails_on_a_missing_core_check_only() -> None:
                                            "detail": "no /dev/fuse", "fix": "modprobe fuse",
                                            "core": False}
     assert not DoctorReport("alice", USER, (core, optional)).ok
+
+
+# -- hostile tools on PATH: doctor runs whatever is found there --------------------------------
+
+
+def _tool(bin_dir: Path, name: str, body: str) -> None:
+    path = bin_dir / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+
+
+def _doctor_json(tmp_path: Path, bin_dir: Path) -> tuple[dict[str, object], int]:
+    """``ocistage doctor --json`` with only ``bin_dir`` on PATH, run from a small Python
+    that reports its children's peak RSS (KiB): doctor's, or a tool's doctor waited for."""
+    import json
+    import subprocess
+    import sys
+
+    wrapper = ("import json, resource, subprocess, sys\n"
+               "done = subprocess.run(sys.argv[1:], capture_output=True, timeout=300)\n"
+               "print(json.dumps([done.returncode, done.stdout.decode(errors='replace'),"
+               " done.stderr.decode(errors='replace'),"
+               " resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss]))")
+    env = {"PATH": str(bin_dir), "HOME": str(tmp_path), "OCISTAGE_CACHE": str(tmp_path / "c"),
+           "OCISTAGE_CONFIG": str(tmp_path / "none.toml"), "NO_COLOR": "1",
+           "XDG_CONFIG_HOME": str(tmp_path / ".config")}
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    done = subprocess.run([sys.executable, "-c", wrapper, sys.executable, "-m", "ocistage",
+                           "doctor", "--json"], capture_output=True, text=True, timeout=360,
+                          env=env, cwd=tmp_path, check=True)
+    code, out, err, peak_kib = json.loads(done.stdout)
+    assert "internal error" not in err and "Traceback" not in err, err
+    assert code in (0, 1), err
+    return json.loads(out), peak_kib
+
+
+def test_tools_printing_bytes_that_are_not_utf8(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _tool(bin_dir, "runc", r"printf 'runc version 1.2.4\377\n\376'")
+    _tool(bin_dir, "crun", r"printf '\377\376\n' >&2; exit 1")
+    _tool(bin_dir, "mksquashfs", r"printf '\377 zstd\n'")
+    _tool(bin_dir, "scontrol", r"printf 'slurm \377\n'")
+    report, _ = _doctor_json(tmp_path, bin_dir)
+    checks = {c["name"]: c for c in report["checks"]}  # type: ignore[attr-defined]
+    assert checks["runc"]["status"] == "ok" and "runc 1.2.4" in checks["runc"]["detail"]
+    assert checks["crun"]["status"] == "warn"  # printed no version
+    assert checks["slurm"]["status"] == "missing"
+    assert "not a Slurm version" in checks["slurm"]["detail"]
+
+
+def test_a_tool_printing_200_mb_is_read_bounded(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # head and tr stay small themselves: the memory would be doctor's
+    _tool(bin_dir, "runc", "/usr/bin/head -c 200000000 /dev/zero | /usr/bin/tr '\\0' x")
+    _tool(bin_dir, "scontrol", "exec /usr/bin/yes 'slurm 22.05.8'")  # never ends
+    report, peak_kib = _doctor_json(tmp_path, bin_dir)
+    checks = {c["name"]: c for c in report["checks"]}  # type: ignore[attr-defined]
+    assert checks["runc"]["status"] == "warn"  # 64 KiB of x: no version
+    # killed at 64 KiB: a version that never ends is no answer
+    assert checks["slurm"]["status"] == "missing"
+    assert "scontrol --version failed" in checks["slurm"]["detail"]
+    assert peak_kib < 150 * 1024, f"peak RSS {peak_kib} KiB"

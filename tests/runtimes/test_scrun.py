@@ -344,15 +344,24 @@ def test_stage_in_ids_and_home_are_the_hosts_inside_a_user_namespace() -> None:
             " cache_root=Path('/c'))\n"
             "except ScrunError as exc:\n"
             " refused = exc.message + ' ' + (exc.hint or '')\n"
-            "print(json.dumps([job_ids(0, 0), str(home_dir({})), refused]))")
+            "from ocistage.cache.errors import UsageError\n"
+            "try:\n"
+            " job_ids(1000, 0)\n"
+            " other = ''\n"
+            "except UsageError as exc:\n"
+            " other = exc.message\n"
+            "print(json.dumps([job_ids(0, 0), job_ids(65534, 65534), str(home_dir({})), refused,"
+            " other]))")
     result = subprocess.run(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", unshare, "--user",
          "--map-root-user", sys.executable, "-c", code],
         capture_output=True, text=True, timeout=60, check=False, cwd="/",
         env={**os.environ, "HOME": "/root"})
     assert result.returncode == 0, result.stderr
-    ids, home, refused = json.loads(result.stdout)
-    assert ids == [65534, 65534]
+    ids, host_ids, home, refused, other = json.loads(result.stdout)
+    assert ids == host_ids == [65534, 65534]
+    # another user's id is refused in there too (neither 0 nor the id outside)
+    assert other.startswith("--uid 1000 is not yours"), other
     assert home == pwd.getpwuid(65534).pw_dir
     # root's directories show as nobody in there: stage-in refuses before touching anything
     assert "user namespace without the host's root" in refused

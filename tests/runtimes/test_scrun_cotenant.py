@@ -60,19 +60,52 @@ def _root_stage_in(engine: Path, stage_dir: Path, cache: Path) -> Any:
                                    uid=0, gid=0), cache_root=cache)
 
 
-def _user_stage_in(uid: int, engine: Path, stage_dir: Path) -> Path:
-    """``ocistage scrun stage-in`` as ``uid``, as scrun.lua runs it; the bundle it printed."""
-    home = stage_dir.parent / f"home-{uid}"
-    _as(uid, "mkdir", "-p", str(home))
-    env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
-           "XDG_CACHE_HOME": str(home / ".cache")}
-    result = _as(uid, *OCISTAGE, "scrun", "stage-in", "--id", "c1", "--bundle", str(engine),
-                 "--stage-dir", str(stage_dir), "--cache", str(home / "cache"), check=False,
-                 env=env)
+def _user_stage_in(uid: int, engine: Path, stage_dir: Path, *ids: str) -> Path:
+    """``ocistage scrun stage-in`` as ``uid``, as scrun.lua runs it (``ids``: its ``--uid``
+    and ``--gid`` options); the bundle it printed."""
+    result = _user_stage_in_result(uid, engine, stage_dir, *ids)
     assert result.returncode == 0, result.stderr
     bundle = Path(json.loads(result.stdout.strip().splitlines()[-1])["bundle"])
     assert (bundle / "config.json").stat().st_uid == uid
     return bundle
+
+
+def _user_stage_in_result(uid: int, engine: Path, stage_dir: Path,
+                          *ids: str) -> subprocess.CompletedProcess[str]:
+    home = stage_dir.parent / f"home-{uid}"
+    _as(uid, "mkdir", "-p", str(home))
+    env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
+           "XDG_CACHE_HOME": str(home / ".cache")}
+    return _as(uid, *OCISTAGE, "scrun", "stage-in", "--id", "c1", "--bundle", str(engine),
+               "--stage-dir", str(stage_dir), "--cache", str(home / "cache"), *ids,
+               check=False, env=env)
+
+
+@pytest.mark.parametrize("ids", [("--uid", str(OTHER)), ("--uid", "1"),
+                                 ("--uid", str(NOBODY), "--gid", str(OTHER))],
+                         ids=["another-uid", "a-system-uid", "another-gid"])
+def test_a_user_cannot_stage_in_for_another_user(shared: Path, engine: Path,
+                                                 ids: tuple[str, ...]) -> None:
+    """Before: exit 0, the --uid silently ignored and the bundle staged as the caller."""
+    stage_dir = shared / "stage"
+    result = _user_stage_in_result(NOBODY, engine, stage_dir, *ids)
+    assert result.returncode == 2, result.stderr
+    kind, given = ids[-2].removeprefix("--"), ids[-1]
+    assert result.stderr.startswith(f"error: --{kind} {given} is not yours"), result.stderr
+    assert "only root stages for other users" in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    assert sorted(os.listdir(shared)) == ["engine", f"home-{NOBODY}", "src"]  # nothing staged
+    assert not (shared / f"home-{NOBODY}" / "cache").exists()
+
+
+@pytest.mark.parametrize("ids", [(), ("--uid", str(NOBODY), "--gid", str(NOBODY)),
+                                 ("--uid", "0", "--gid", "0")],
+                         ids=["none", "own", "as-rootless-podman-maps-it"])
+def test_a_user_stages_in_for_itself(shared: Path, engine: Path, ids: tuple[str, ...]) -> None:
+    bundle = _user_stage_in(NOBODY, engine, shared / "stage", *ids)
+    config = json.loads((bundle / "config.json").read_text())
+    outside = {(m["hostID"], m["size"]) for m in config["linux"]["uidMappings"]}
+    assert (NOBODY, 1) in outside  # the job user is the caller, whatever --uid said
 
 
 @pytest.mark.parametrize("mode", [0o777, 0o755], ids=oct)
