@@ -22,8 +22,8 @@ USAGE = ("usage: ocistage-pyxis-importer get docker://[USER@][REGISTRY#]IMAGE[:T
 #: what the library's hints tell ``ocistage`` users to pass, said the importer's way: pyxis
 #: gives it no options, only the job's environment and the config files
 _OPTIONS = (("pass --insecure-registry HOST:PORT",
-             "add HOST:PORT to $OCISTAGE_INSECURE_REGISTRIES or to insecure_registries in the "
-             "config file"),
+             "add HOST:PORT to $OCISTAGE_INSECURE_REGISTRIES or set insecure = true under "
+             "[registries.\"HOST:PORT\"] in the config file"),
             ("configure a mirror (--mirror)", "configure a mirror in the config file"))
 
 
