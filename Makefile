@@ -104,10 +104,13 @@ man:
 
 # the wheel and sdist a site installs (`pip install dist/ocistage-*.whl`), built offline with the
 # venv's setuptools; tests/plugin/test_coexistence.py installs such a wheel into a fresh venv.
-# Needs only the venv: it installs nothing on the machine (no `deps`), and setuptools' build/ is
-# removed before and after, so a module deleted from the source never ships from an old build/lib
-# (tests/plugin/test_dist.py)
-dist: $(VENV_STAMP)
+# Needs only a venv with setuptools and wheel (made by `make venv` when there is none): it
+# installs nothing on the machine (no `deps`) and never reinstalls the venv, and setuptools'
+# build/ is removed before and after, so a module deleted from the source never ships from an
+# old build/lib (tests/plugin/test_dist.py)
+dist:
+	@$(VENV_BIN)/python -c 'import setuptools.build_meta, wheel' 2>/dev/null \
+		|| $(MAKE) --no-print-directory venv
 	rm -rf dist build
 	$(VENV_BIN)/python -m pip wheel -q --no-deps --no-build-isolation --no-index -w dist .
 	$(VENV_BIN)/python -c 'import setuptools.build_meta as b; b.build_sdist("dist")' >/dev/null
