@@ -65,7 +65,7 @@ class SubmitResult:
     job_id: str | None                      # None for --srun (srun made its own job)
     staged: Path
     lease_id: str | None
-    exit_code: int = 0                      # srun's exit status
+    exit_code: int | None = None            # srun's exit status; None: a batch job, not run yet
     cleanup_job_id: str | None = None       # the afterany job that unstages after the job
 
 

@@ -36,3 +36,15 @@ def test_the_cleanup_jobs_ocistage_runs_from_a_directory_holding_a_cache(tmp_pat
     # ImportError from ./cache without -P; ocistage itself says that nothing is staged there
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"error: nothing is staged at {tmp_path / 'absent'}")
+
+
+def test_a_batch_job_has_no_exit_code_yet(tmp_path: Path) -> None:
+    """``submit --json`` of a batch job: the job has not run when sbatch returns, so its exit
+    code is null, not 0 (issue 38); with --srun it is the step's."""
+    from ocistage.bundler.submitting import Submitted
+    from ocistage.runtimes.submit import SubmitResult
+
+    batch = Submitted(tmp_path, SubmitResult("42", tmp_path / "b", None)).to_json()
+    assert batch["job_id"] == "42" and batch["exit_code"] is None
+    step = Submitted(tmp_path, SubmitResult(None, tmp_path / "b", None, 3)).to_json()
+    assert step["exit_code"] == 3
