@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ocistage.bundler.cli.manpage import _section
@@ -59,6 +59,8 @@ __all__ = ["cli"]  # the fixture
 #: modest: every example of the Lua, sh and groff tests starts a process
 PROPERTY = settings(max_examples=50, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+#: the tests that start no process
+PURE = settings(PROPERTY, max_examples=200)
 VERSIONS = (SlurmVersion(22, 5), SlurmVersion(24, 5), SlurmVersion(26, 5))
 
 
@@ -104,8 +106,9 @@ def _user_options_parse(options: Sequence[str]) -> list[tuple[str, str]] | None:
     return parsed if not rest else None
 
 
-@PROPERTY
+@PURE
 @given(options=_USER_OPTIONS, path=_PATH, command=_COMMAND)
+@example(options=["-p"], path="/s/b", command=["/bin/true"])  # took --hold as its partition
 def test_sbatch_argv_keeps_ocistages_options_whatever_the_values(
         options: list[str], path: str, command: list[str]) -> None:
     """``submit``'s held job: --container and --wrap each one word, --hold before the user's
@@ -130,8 +133,10 @@ def test_sbatch_argv_keeps_ocistages_options_whatever_the_values(
         assert parsed[4:] == alone and rest == []
 
 
-@PROPERTY
+@PURE
 @given(options=_USER_OPTIONS, path=_PATH, command=_COMMAND)
+@example(options=["-p"], path="/s/b", command=["/bin/true"])  # took --container=...
+@example(options=[], path="/s/b", command=["--output=/home/u/.bashrc"])  # srun's option
 def test_srun_argv_never_makes_a_command_word_an_option(
         options: list[str], path: str, command: list[str]) -> None:
     """``submit --srun``: --container first, the command after ``--``: an image's
@@ -199,7 +204,7 @@ def test_command_refusals_are_clean() -> None:
     check_options(["-c", "4", "--wait", "--cpus-per-task=2", "--contiguous"])
 
 
-@PROPERTY
+@PURE
 @given(options=_USER_OPTIONS, job=st.from_regex(r"\A[1-9][0-9]{0,7}\Z"), path=_PATH,
        cache_root=_PATH, node=st.one_of(benign("word"), hostile("word", exclude=["nul"])),
        partition=st.one_of(benign("option"), hostile("option", exclude=["nul"])))
@@ -228,6 +233,7 @@ def test_cleanup_jobs_options_and_wrap_keep_their_structure(
 
 @PROPERTY
 @given(path=_PATH)
+@example(path="/scratch/my jobs/b1")
 def test_container_path_is_one_shell_word_for_slurmstepd(path: str) -> None:
     """slurmstepd writes the bundle path unquoted into RunTimeRun (``%b``, run by /bin/sh -c):
     a path that reaches it is one word there."""
@@ -261,6 +267,7 @@ def _benign_lua_opcodes(cache_set: bool, sbatch_set: bool) -> tuple[str, ...]:
 
 @PROPERTY
 @given(text=st.one_of(benign("word"), hostile_text()))
+@example(text="/scratch/caf\udce9")  # a UnicodeEncodeError
 def test_lua_string_is_the_value_as_one_lua_string(text: str) -> None:
     """Lua reads back exactly the bytes of the value (non-UTF-8 as the bytes it stands for)."""
     lua = require_binary("lua5.3")
@@ -274,6 +281,7 @@ def test_lua_string_is_the_value_as_one_lua_string(text: str) -> None:
 @PROPERTY
 @given(field=st.sampled_from(["ocistage", "stage_dir", "cache", "sbatch"]),
        value=hostile("path"))
+@example(field="ocistage", value="@CACHE@")  # the --cache value was substituted into it
 def test_scrun_lua_keeps_its_structure(field: str, value: str) -> None:
     """A hostile ``--ocistage``, ``--stage-dir``, ``--cache`` or ``--sbatch`` (a path holding
     ``@CACHE@`` was substituted again, into Lua code): luac accepts the script and compiles it
@@ -417,10 +425,14 @@ def _conf_structure(text: str, version: SlurmVersion) -> list[tuple[str, list[st
             for key, value in _slurm_parse(text)]
 
 
-@PROPERTY
+@PURE
 @given(runtime=st.sampled_from(["runc", "crun", "nvidia-container-runtime"]),
        version=st.sampled_from(VERSIONS), field=st.sampled_from(["root", "srun_path"]),
        value=st.one_of(hostile("path"), benign("path").map(lambda p: p + "-%u")))
+@example(runtime="runc", version=SlurmVersion(24, 5), field="root", value="/x#y")
+@example(runtime="runc", version=SlurmVersion(24, 5), field="root", value="/r/%x")
+@example(runtime="crun", version=SlurmVersion(22, 5), field="root", value="/r/%U")
+@example(runtime="runc", version=SlurmVersion(24, 5), field="srun_path", value="/a#/srun")
 def test_oci_conf_values_keep_their_key_and_word(runtime: str, version: SlurmVersion,
                                                  field: str, value: str) -> None:
     """``--root`` and the srun path in oci.conf: read by Slurm's parser (comments, quotes,
@@ -471,8 +483,10 @@ def test_oci_conf_refusals_name_the_problem() -> None:
 # -- podman-config, docker-config ----------------------------------------------------------------
 
 
-@PROPERTY
+@PURE
 @given(scrun=st.one_of(benign("path"), hostile("path")))
+@example(scrun="/opt/a:b/scrun")  # two more entries in conmon's PATH
+@example(scrun="/opt/x\r/scrun")  # not TOML
 def test_engine_configs_carry_the_scrun_path_as_one_value(scrun: str) -> None:
     """daemon.json (JSON) and containers.conf (TOML) parse, name the scrun path exactly, and
     conmon's PATH has one more entry than Podman's default at most (scrun's directory)."""
@@ -514,6 +528,8 @@ def _groff_lines(page: str) -> list[str]:
 @PROPERTY
 @given(lines=st.lists(st.one_of(benign("word"), hostile_text(exclude=["long"])),
                       min_size=1, max_size=5))
+@example(lines=["one\x85two"])  # two lines of one
+@example(lines=["a\x1bb"])  # groff dropped the ESC without a word
 def test_man_page_shows_help_text_lines_as_they_are(lines: list[str]) -> None:
     """A help text in ocistage(1) (``_roff``, rendered by groff): the same lines, each as it
     is -- no request, escape or font change out of a dot, quote or backslash; or refused."""
