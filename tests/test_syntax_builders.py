@@ -50,6 +50,7 @@ from ocistage.runtimes.submit import (
     unstage_command,
     wrap_command,
 )
+from ocistage.runtimes.userrun import user_run_command
 from pytest_ocistage.components import require_binary
 from tests.bundler.clirun import Cli, cli
 from tests.hostile import benign, hostile, hostile_bytes, hostile_text
@@ -245,6 +246,16 @@ def test_container_path_is_one_shell_word_for_slurmstepd(path: str) -> None:
     result = _run(["/bin/sh", "-c", f'printf "%s\\0" run -b {Path(path)} id'])
     assert result.returncode == 0, result.stderr
     assert result.stdout.split(b"\0")[:-1] == [b"run", b"-b", os.fsencode(Path(path)), b"id"]
+
+
+@PURE
+@given(bundle=st.one_of(benign("path"), hostile("path", exclude=["nul"])))
+def test_the_suggested_runc_command_line_names_the_bundle_as_one_word(bundle: str) -> None:
+    """The ``runc --root ... run -b BUNDLE NAME`` a notice suggests (``bundle``): a shell
+    gives back the bundle path as one word."""
+    words = shlex.split(user_run_command(Path(bundle).absolute()))
+    assert words == ["runc", "--root", "$HOME/.local/state/runc", "run", "-b",
+                     str(Path(bundle).absolute()), "NAME"]
 
 
 # -- the generated Lua ---------------------------------------------------------------------------
