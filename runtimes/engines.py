@@ -32,9 +32,13 @@ def find_scrun(scrun: str | None = None, path: str | None = None) -> str:
 
 
 def _check_path(path: str) -> str:
-    if not path.startswith("/") or any(c in path for c in "\"'\\\n"):
+    """``path`` if the snippets carry it as it is: absolute, printable (no control character, no
+    non-UTF-8 byte: TOML and JSON hold text), no quote or backslash, and no ``:`` (its
+    directory goes into conmon's ``PATH``, where a ``:`` would start another entry)."""
+    if not path.startswith("/") or not path.isprintable() or any(c in path for c in "\"'\\:"):
         raise UsageError(f"path must be absolute and plain, not {path!r}",
-                         "it is written into the engine's configuration as it is")
+                         "it is written into the engine's configuration as it is: no quotes, "
+                         "backslashes, colons, control characters or non-UTF-8 bytes")
     return path
 
 

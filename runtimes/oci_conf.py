@@ -134,10 +134,38 @@ def lint_oci_conf_file(path: Path, version: SlurmVersion) -> list[Problem]:
     return lint_oci_conf(data.decode("utf-8", errors="replace"), version)
 
 
-def _plain_path(path: str, what: str) -> str:
-    if re.search(r"[\s\"'\\;&|<>`$]", path):
-        raise UsageError(f"{what} {path!r} contains spaces, quotes or shell syntax",
-                         "choose a plain path (Slurm patterns like %u are fine)")
+#: what a path in an oci.conf value may hold: Slurm's parser ends the value at a ``"``, cuts the
+#: line at a ``#`` (quoted or not) and drops a backslash; slurmstepd then runs the expanded pattern
+#: with ``/bin/sh -c``, so no whitespace, quote or shell syntax either (docs/trust.md)
+_PLAIN_ASCII = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                         "0123456789_./+,:@=-")
+#: the pattern tokens a runtime root may use: names and numbers of the job, never a path or
+#: arguments slurmstepd puts in unquoted (%b %r %e %m) or quoted (%@), never the pid (%p)
+_ROOT_TOKENS = frozenset("%jnstuUZ")
+
+
+def _plain_path(path: str, what: str, tokens: frozenset[str] = frozenset()) -> str:
+    """``path`` if an oci.conf value and the shell after it carry it as one word (absolute,
+    printable, no whitespace, quote, ``#``, backslash or shell syntax; ``%`` only before one of
+    ``tokens``); else :class:`UsageError`."""
+    hint = "choose a plain absolute path (letters, digits, _./+,:@=-" + \
+        (", Slurm patterns like %u)" if tokens else ")")
+    if not path.startswith("/"):
+        raise UsageError(f"{what} {path!r} is not an absolute path", hint)
+    index = 0
+    while index < len(path):
+        char = path[index]
+        if char == "%" and path[index + 1:index + 2] in tokens:
+            index += 2
+            continue
+        if char == "%":
+            raise UsageError(f"{what} {path!r}: %{path[index + 1:index + 2]} is no pattern "
+                             "token slurmstepd expands there", hint)
+        if not (char in _PLAIN_ASCII or (not char.isascii() and char.isprintable()
+                                          and not char.isspace())):
+            raise UsageError(f"{what} {path!r} contains spaces, quotes, '#', control "
+                             "characters or shell syntax", hint)
+        index += 1
     return path
 
 
@@ -150,8 +178,9 @@ def _query(command: str) -> str:
 def _commands(options: OciConfOptions) -> dict[str, str]:
     runtime = options.runtime
     cid = CONTAINER_ID
-    root = (_plain_path(options.root, "runtime root") if options.root
-            else default_root(runtime, options.version))
+    root = (_plain_path(options.root, "runtime root",
+                        _ROOT_TOKENS & known_tokens(options.version))
+            if options.root else default_root(runtime, options.version))
     if runtime in ("runc", "crun", "nvidia-container-runtime"):
         base = f"{runtime} --rootless=true --root={root}"
         bundle = "--bundle %b" if runtime == "crun" else "-b %b"
@@ -233,9 +262,9 @@ class Problem:
 def parse_oci_conf(text: str) -> tuple[dict[str, tuple[int, str]], list[Problem]]:
     """``Key=Value`` lines -> {canonical key or as written: (line number, value)}, problems.
 
-    Keys are case-insensitive (as Slurm's parser); ``#`` starts a comment outside quotes;
-    values may be double-quoted. A list key (``SrunArgs``) may repeat; its entry is the last
-    line (every line is one more item for Slurm).
+    Keys are case-insensitive (as Slurm's parser); ``#`` starts a comment, inside quotes too
+    (:func:`_strip_comment`); values may be double-quoted. A list key (``SrunArgs``) may
+    repeat; its entry is the last line (every line is one more item for Slurm).
     """
     canonical = {key.lower(): key for key in _KEYS_23_02}
     entries: dict[str, tuple[int, str]] = {}
@@ -263,12 +292,13 @@ def parse_oci_conf(text: str) -> tuple[dict[str, tuple[int, str]], list[Problem]
 
 
 def _strip_comment(line: str) -> str:
-    quoted = False
+    """``line`` up to its comment, as Slurm cuts it (parse_config.c ``_strip_comments``): at
+    the first ``#`` after an even number of backslashes, inside quotes too."""
+    backslashes = 0
     for index, char in enumerate(line):
-        if char == '"':
-            quoted = not quoted
-        elif char == "#" and not quoted:
+        if char == "#" and backslashes % 2 == 0:
             return line[:index]
+        backslashes = backslashes + 1 if char == "\\" else 0
     return line
 
 

@@ -71,9 +71,19 @@ class ScrunLuaOptions:
 
 
 def lua_string(text: str) -> str:
-    """``text`` as a Lua string literal (every byte outside printable ASCII escaped)."""
+    """``text`` as a Lua string literal (every byte outside printable ASCII escaped).
+
+    Lua strings are bytes: a non-UTF-8 name (a ``surrogateescape`` str, as Python decodes
+    argv) is written as the bytes it stands for; a string that stands for no bytes at all (a
+    lone surrogate of no such escape) is refused.
+    """
+    try:
+        data = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as exc:
+        raise UsageError(f"{text!r} is not text that stands for bytes",
+                         "pass the value as the bytes it is (a path, a command)") from exc
     out = []
-    for byte in text.encode():
+    for byte in data:
         char = chr(byte)
         if char in '"\\' or byte < 0x20 or byte >= 0x7F:
             out.append(f"\\{byte:03d}")
@@ -406,9 +416,11 @@ def render_scrun_lua(options: ScrunLuaOptions) -> str:
         raise UsageError(f"unknown stage target kind {options.stage_to!r}",
                          "choose shared or node-local")
     if not options.stage_dir.startswith("/"):
-        raise UsageError(f"--stage-dir must be absolute, not {options.stage_dir!r}")
+        raise UsageError(f"--stage-dir must be absolute, not {options.stage_dir!r}",
+                         "the hooks run on other hosts, in other directories")
     if not options.ocistage:
-        raise UsageError("the ocistage command is empty")
+        raise UsageError("the ocistage command is empty",
+                         "pass --ocistage PATH (the ocistage command on the nodes)")
     if options.sbatch is not None and not options.sbatch.startswith("/"):
         raise UsageError(f"--sbatch must be an absolute path, not {options.sbatch!r}",
                          "scrun runs the hooks without a PATH")
@@ -420,10 +432,11 @@ def render_scrun_lua(options: ScrunLuaOptions) -> str:
         "@SBATCH@": lua_string(options.sbatch) if options.sbatch else "nil",
         "@JSON@": SLURM_JSON if options.slurm_json else 'local json = require("cjson")',
     }
-    text = _LUA_TEMPLATE
-    for key, value in replacements.items():
-        text = text.replace(key, value)
-    return text
+    # one pass: a value holding another marker (a path with @CACHE@ in it) stays a value
+    return _MARKER.sub(lambda match: replacements[match.group(0)], _LUA_TEMPLATE)
+
+
+_MARKER = re.compile(r"@(?:OCISTAGE|STAGE_TO|STAGE_DIR|CACHE|SBATCH|JSON)@")
 
 
 # -- stage-in ----------------------------------------------------------------------------------

@@ -105,12 +105,8 @@ def sbatch(options: Sequence[str], *, container: Path | None, wrap: str | None =
            program: str = "sbatch") -> str:
     """Submit a batch job; returns its id (``sbatch --parsable``). ``program``: the sbatch
     to run (a name looked up on PATH, or a path)."""
-    if (wrap is None) == (script is None):
-        raise UsageError("sbatch needs exactly one of a --wrap command or a script")
-    argv = [program, "--parsable", *options]
-    if container is not None:
-        argv.append(f"--container={container}")
-    argv += ["--wrap", wrap] if wrap is not None else [str(script)]
+    argv = sbatch_argv(options, container=container, wrap=wrap, script=script,
+                       program=program)
     result = _run(argv, env=env)
     if result.returncode != 0:
         raise _failure(argv, result)
@@ -120,17 +116,36 @@ def sbatch(options: Sequence[str], *, container: Path | None, wrap: str | None =
     return job_id
 
 
+def sbatch_argv(options: Sequence[str], *, container: Path | None, wrap: str | None = None,
+                script: Path | None = None, program: str = "sbatch") -> list[str]:
+    """The ``sbatch`` command line: ocistage's own options first, each one word
+    (``--container=PATH``, ``--wrap=TEXT``), then ``options`` (the user's), then ``--`` and
+    the script. No value of ours can become an option or be taken as the value of one of the
+    user's (a trailing ``-p`` is sbatch's error, not a partition named ``--hold``)."""
+    if (wrap is None) == (script is None):
+        raise UsageError("sbatch needs exactly one of a --wrap command or a script")
+    argv = [program, "--parsable"]
+    if container is not None:
+        argv.append(f"--container={container}")
+    if wrap is not None:
+        return [*argv, f"--wrap={wrap}", *options]
+    return [*argv, *options, "--", str(script)]
+
+
 def srun_argv(options: Sequence[str], *, container: Path | None,
               command: Sequence[str]) -> list[str]:
-    """The ``srun`` command line (run by the caller so that it inherits the terminal)."""
+    """The ``srun`` command line (run by the caller so that it inherits the terminal):
+    ``--container=PATH`` first (no option of the user's can take it as its value), the user's
+    options, then ``--`` and the command (an image's ``--output=...`` is a word of its
+    command, never an option of srun's)."""
     srun = shutil.which("srun")
     if srun is None:
         raise SlurmError("srun not found on PATH",
                          "install Slurm's client commands (Debian: slurm-client)")
-    argv = [srun, *options]
+    argv = [srun]
     if container is not None:
         argv.append(f"--container={container}")
-    return [*argv, *command]
+    return [*argv, *options, "--", *command]
 
 
 def parse_scontrol_record(text: str) -> dict[str, str]:

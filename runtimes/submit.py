@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -93,7 +94,7 @@ def bundle_env(bundle: Path) -> dict[str, str]:
     env = {}
     for entry in entries:
         name, sep, value = entry.partition("=") if isinstance(entry, str) else ("", "", "")
-        if sep and name and "\0" not in entry:
+        if sep and name and "\0" not in entry and _encodable(entry):
             env[name] = value
     return env
 
@@ -121,16 +122,61 @@ def host_overrides(bundle: Path, base: dict[str, str] | None = None) -> list[str
     return [f"{name}={environ[name]}" for name in bundle_env(bundle) if name in environ]
 
 
+def _encodable(text: str) -> bool:
+    """Whether ``text`` stands for bytes (an argv word or an environment entry can hold it)."""
+    try:
+        text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def wrap_command(command: Sequence[str]) -> str:
-    """One shell command line that runs ``command`` verbatim (for ``sbatch --wrap``)."""
-    return "exec " + shlex.join(command)
+    """One shell command line that runs ``command`` verbatim (for ``sbatch --wrap``): each
+    word quoted (``shlex.quote``), and ``exec`` first, so that the script's first line is a
+    command and sbatch reads no ``#SBATCH`` line out of a word (sbatch/opt.c stops at the
+    first command)."""
+    return "exec " + shlex.join(check_command(command))
+
+
+def check_command(command: Sequence[str]) -> list[str]:
+    """``command`` if every word can be an argv word and the first is no option: else a
+    :class:`UsageError` (a NUL, a lone surrogate, a leading ``-``)."""
+    hint = "check the image's Entrypoint/Cmd, or the words after --"
+    words = list(command)
+    for word in words:
+        if "\0" in word or not _encodable(word):
+            raise UsageError(f"the command word {word[:200]!r} holds a NUL or no bytes", hint)
+    if words and words[0].startswith("-"):
+        raise UsageError(f"the command {words[0][:200]!r} starts with '-' (an option, not a "
+                         "program)", hint)
+    return words
+
+
+#: what slurmstepd can put into its RunTime* commands as ``%b``: it writes the bundle path
+#: unquoted into a ``/bin/sh -c`` line (container.c ``_generate_pattern``)
+_BUNDLE_PATH = re.compile(r"[\w./+,:@=%-]+")
+
+
+def check_container_path(path: Path) -> Path:
+    """``path`` if slurmstepd's shell gets it as one word (letters, digits, ``_./+,:@=%-``),
+    else a :class:`UsageError`."""
+    if not _BUNDLE_PATH.fullmatch(str(path)):
+        raise UsageError(f"slurmstepd cannot run a bundle at {str(path)[:200]!r}: it puts the "
+                         "path unquoted into a shell command (oci.conf %b)",
+                         "stage to a directory whose path has no spaces, quotes or shell "
+                         "syntax (--stage-to)")
+    return path
 
 
 def check_options(options: Sequence[str]) -> None:
+    """Refuse the user's options that would set what ``submit`` sets: ``--container...`` and
+    ``--wrap``, also abbreviated (getopt_long takes ``--wra=X`` for ``--wrap=X``)."""
     for option in options:
-        if option.startswith("--container") or option in ("--wrap",) or \
-                option.startswith("--wrap="):
-            raise UsageError(f"{option} is set by ocistage submit",
+        name = option.partition("=")[0]
+        if name.startswith("--container") or (name.startswith("--") and len(name) > 2 and (
+                "--wrap".startswith(name) or "--container".startswith(name))):
+            raise UsageError(f"{option[:200]} is set by ocistage submit",
                              "pass the command after --, the image as REF")
 
 
@@ -140,8 +186,10 @@ def submit(bundle: Path, options: SubmitOptions, *, cache_root: Path) -> SubmitR
 
     check_options(options.options)
     # absolute inside the image: Slurm 24.05 resolves a bare name on the host's PATH
-    command = resolve_command(bundle, list(options.command) or bundle_args(bundle))
+    command = check_command(resolve_command(bundle,
+                                            list(options.command) or bundle_args(bundle)))
     name = options.name or (bundle.name + ("-" + _unique() if options.copy else ""))
+    path = check_container_path(options.stage_to.absolute() / name)  # before anything is staged
     link = False if options.copy else None
     if options.srun:
         # srun makes its job as it starts: the staged bundle is held by this process until
@@ -158,10 +206,10 @@ def submit(bundle: Path, options: SubmitOptions, *, cache_root: Path) -> SubmitR
         return SubmitResult(None, Path(staged.path), staged.lease_id, exit_code)
     # submit held, stage under the job's own lease, submit the cleanup job, then release: the
     # staged bundle's marker names the job's lease, the cleanup job releases it
-    path = options.stage_to.absolute() / name
     check_path_trusted(options.stage_to, "stage target", make=0o755, shared=True)
     user_holds = any(o == "--hold" or o == "-H" for o in options.options)
-    job_id = sbatch([*options.options, "--hold"], container=path, wrap=wrap_command(command),
+    job_id = sbatch(held_job_options(options.options), container=path,
+                    wrap=wrap_command(command),
                     env=job_environ(bundle, options.image_env))
     staged_path: Path | None = None
     try:
@@ -181,6 +229,12 @@ def submit(bundle: Path, options: SubmitOptions, *, cache_root: Path) -> SubmitR
             _unstage(staged_path, job_id, cache_root)
         raise
     return SubmitResult(job_id, staged_path, staged.lease_id, cleanup_job_id=cleanup_id)
+
+
+def held_job_options(options: Sequence[str]) -> list[str]:
+    """The job's sbatch options: ``--hold`` first (a trailing ``-p`` of the user's must not
+    take it as its value and leave the job unheld), then the user's."""
+    return ["--hold", *options]
 
 
 def check_handed_over(staged: Path) -> None:

@@ -18,6 +18,8 @@ from typing import Any
 
 import typer
 
+from ocistage.cache.errors import UsageError
+
 #: what ``man ocistage`` says besides the help texts (docs/cli.md, docs/config.md)
 EXIT_STATUS = (
     ("0", "success"),
@@ -59,11 +61,18 @@ def help_text(command: Any, words: tuple[str, ...]) -> str:
 
 
 def _roff(text: str) -> str:
-    """``text`` as lines roff shows as they are (in a ``.nf`` block)."""
-    lines = []
-    for line in text.replace("\\", "\\e").splitlines():
-        lines.append("\\&" + line if line.startswith((".", "'")) else line)
-    return "\n".join(lines)
+    """``text`` as lines roff shows as they are (in a ``.nf`` block): each backslash as
+    ``\\e``, a line that would be a request (``.`` or ``'`` first) behind ``\\&``; lines are
+    split at newlines only. A character roff cannot show (a control character other than a
+    tab, a non-UTF-8 byte) is refused: groff drops it without a word."""
+    bad = next((c for c in text if not (c.isprintable() or c in "\t\n")), None)
+    if bad is not None:
+        raise UsageError(f"the man page cannot show {bad!r} (in {text[:60]!r})",
+                         "remove it from the help text")
+    lines = text.replace("\\", "\\e").split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return "\n".join("\\&" + line if line.startswith((".", "'")) else line for line in lines)
 
 
 def _section(title: str, body: str) -> str:

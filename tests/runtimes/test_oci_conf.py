@@ -231,15 +231,17 @@ def test_lint_pid_token_only_where_a_container_exists() -> None:
 
 
 def test_parser_case_comments_quotes_duplicates() -> None:
-    text = ('# comment\nruntimequery="a # not a comment" # comment\n'
-            'RUNTIMEKILL=k\nRunTimeKill=k2\nnonsense\nRunTimeRun="unterminated\n')
+    text = ('# comment\nruntimequery="a \\# escaped" # comment\n'
+            'RUNTIMEKILL=k\nRunTimeKill=k2\nnonsense\nRunTimeRun="unterminated\n'
+            'RunTimeDelete="quoted # is a comment too, as parse_config.c cuts it"\n')
     entries, problems = parse_oci_conf(text)
-    assert entries["RunTimeQuery"] == (2, "a # not a comment")
+    assert entries["RunTimeQuery"] == (2, "a \\# escaped")
     assert entries["RunTimeKill"] == (4, "k2")
     assert [str(p) for p in problems] == [
         "line 4: RunTimeKill is set again (first on line 3)",
         "line 5: not a Key=Value line: 'nonsense'",
         "line 6: RunTimeRun: unterminated quote",
+        "line 7: RunTimeDelete: unterminated quote",
     ]
 
 
