@@ -24,6 +24,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ocistage.bundler.cli import bashcompletion
 from ocistage.bundler.cli.commands import ClosedStdout, LazyGroup, PipeError, stdout_closed
 from ocistage.bundler.cli.common import shown, stderr
 from ocistage.bundler.cli.memory import limit_malloc_arenas
@@ -40,6 +41,7 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+bashcompletion.use()
 app = typer.Typer(
     cls=LazyGroup,
     rich_markup_mode=None,

@@ -148,3 +148,73 @@ def test_completion_is_one_plain_candidate_per_line_whatever_the_cache_holds(
     assert set(candidates) <= {name for name in names if name.startswith(prefix)}
     zsh = _complete_here(f"ocistage stage {prefix}", cache, "zsh")
     assert not any(_control(char) for char in zsh.replace("\n", ""))
+
+
+# -- bash itself: words split at COMP_WORDBREAKS (':' and '=' by default) ------------------------
+
+#: completes LINE in bash as readline would: COMP_WORDS split at white space and at the word
+#: break characters (each run of them a word of its own), the function named by `complete -p`
+BASH_DRIVER = r"""
+set -u
+eval "$(cat "$SCRIPT")"
+spec=$(complete -p ocistage)
+func=${spec##*-F }; func=${func%% *}
+COMP_LINE=$LINE; COMP_POINT=${#LINE}
+COMP_WORDS=(); word=''; breaks=$COMP_WORDBREAKS
+for ((i = 0; i < ${#LINE}; i++)); do
+    c=${LINE:i:1}
+    if [[ $c == ' ' ]]; then
+        [[ -n $word ]] && COMP_WORDS+=("$word"); word=''
+    elif [[ $breaks == *"$c"* ]]; then
+        if [[ -n $word && $breaks != *"${word: -1}"* ]]; then COMP_WORDS+=("$word"); word=''; fi
+        word+=$c
+    else
+        if [[ -n $word && $breaks == *"${word: -1}"* ]]; then COMP_WORDS+=("$word"); word=''; fi
+        word+=$c
+    fi
+done
+COMP_WORDS+=("$word")
+COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))
+"$func" ocistage ocistage "${COMP_WORDS[COMP_CWORD-1]:-}"
+printf '%s\n' "${COMPREPLY[@]}"
+"""
+
+
+def _bash_complete(line: str, env: dict[str, str], tmp_path: Path) -> list[str]:
+    script = tmp_path / "ocistage.bash"
+    shown_script = subprocess.run([sys.executable, "-m", "ocistage", "--show-completion", "bash"],
+                                  capture_output=True, text=True, timeout=60, check=True,
+                                  env={**os.environ, "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION":
+                                       "1"})
+    script.write_text(shown_script.stdout)
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    launcher = bindir / "ocistage"
+    launcher.write_text(f"#!/bin/sh\nexec {sys.executable} -m ocistage \"$@\"\n")
+    launcher.chmod(0o755)
+    result = subprocess.run(["bash", "--norc", "--noprofile", "-c", BASH_DRIVER],
+                            capture_output=True, text=True, timeout=60, check=False,
+                            env={**os.environ, **env, "SCRIPT": str(script), "LINE": line,
+                                 "PATH": f"{bindir}:{os.environ['PATH']}"})
+    assert result.returncode == 0, result.stderr
+    return [line for line in result.stdout.splitlines() if line]
+
+
+def test_bash_completes_references_across_the_colon(tmp_path: Path) -> None:
+    """Issue 38: in an interactive bash every reference (it has a ':') completed to nothing,
+    because bash hands the completion the words split at ':'."""
+    cache = tmp_path / "cache"
+    names = ["registry.site.example:5000/team/app:1.0", "registry.site.example:5000/team/app:2.0",
+             "docker.io/library/alpine:3.19"]
+    _write_index(cache, names)
+    env = {"OCISTAGE_CACHE": str(cache), "OCISTAGE_CONFIG": str(tmp_path / "none.toml")}
+    # bash keeps what stands before the last ':' and inserts the rest
+    assert _bash_complete("ocistage bundle docker.io/library/alpine:", env, tmp_path) == ["3.19"]
+    assert _bash_complete("ocistage bundle registry.site.example:5000/team/app:",
+                          env, tmp_path) == ["1.0", "2.0"]
+    assert _bash_complete("ocistage stage registry.site.example:50", env,
+                          tmp_path) == ["5000/team/app:1.0", "5000/team/app:2.0"]
+    assert _bash_complete("ocistage pull docker.io/li", env, tmp_path) == [
+        "docker.io/library/alpine:3.19"]
+    # option values after '=' (another word break) still complete
+    assert _bash_complete("ocistage pull --pull=mi", env, tmp_path) == ["missing"]
