@@ -106,12 +106,29 @@ def job_environ(bundle: Path, image_env: bool,
     environ = dict(os.environ if base is None else base)
     if image_env:
         environ.update((name, value) for name, value in bundle_env(bundle).items()
-                       if not name.startswith(_CLIENT_PREFIXES))
+                       if not host_controlling(name))
     return environ
 
 
 #: variables srun/sbatch read as options: an image's would change how the job is submitted
 _CLIENT_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
+#: variables that take control of the host process that reads them, not of the job: glibc's
+#: own list of what it strips from the environment of a setuid program (UNSECURE_ENVVARS in
+#: sysdeps/generic/unsecvars.h: the loader's LD_*, gconv and locale modules, resolver files,
+#: malloc tracing, tunables), with every LD_ name. An image's LD_PRELOAD=/tmp/x.so would
+#: otherwise load a library a co-tenant planted into the caller's srun (issue 39's hostile pass)
+_HOST_LOADER = frozenset({
+    "GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH",
+    "MALLOC_TRACE", "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TMPDIR",
+    "TZDIR"})
+
+
+def host_controlling(name: str) -> bool:
+    """Whether an image's ``name`` stays out of the environment of sbatch/srun on this host:
+    Slurm's client options (``SLURM_*``...) and what glibc lets control a process
+    (:data:`_HOST_LOADER`, ``LD_*``). The job gets the image's value from config.json
+    (24.05 and later merge it over the job's; docs/slurm.md)."""
+    return name.startswith((*_CLIENT_PREFIXES, "LD_")) or name in _HOST_LOADER
 
 
 def host_overrides(bundle: Path, base: dict[str, str] | None = None) -> list[str]:

@@ -4,6 +4,7 @@ run on a real cluster is tests/e2e/test_submit_cleanup.py)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -48,3 +49,36 @@ def test_a_batch_job_has_no_exit_code_yet(tmp_path: Path) -> None:
     assert batch["job_id"] == "42" and batch["exit_code"] is None
     step = Submitted(tmp_path, SubmitResult(None, tmp_path / "b", None, 3)).to_json()
     assert step["exit_code"] == 3
+
+
+def _bundle_with_env(tmp_path: Path, env: list[str]) -> Path:
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps({"process": {"env": env}}))
+    return bundle
+
+
+def test_the_images_loader_variables_never_reach_srun_or_sbatch(tmp_path: Path) -> None:
+    """srun and sbatch run on the caller's host with the image's environment over the caller's
+    (so that 22.05's job sees it): an image's LD_PRELOAD, LD_LIBRARY_PATH, GCONV_PATH... would
+    take control of them (a library a co-tenant planted in /tmp loaded into the caller's
+    srun). They are left out, as Slurm's own client options are; the rest is the image's."""
+    from ocistage.runtimes.submit import job_environ
+
+    planted = tmp_path / "planted.so"
+    bundle = _bundle_with_env(tmp_path, [
+        f"LD_PRELOAD={planted}", f"LD_LIBRARY_PATH={tmp_path}", f"LD_AUDIT={planted}",
+        f"GCONV_PATH={tmp_path}", "GLIBC_TUNABLES=glibc.malloc.check=3", "SLURM_PARTITION=x",
+        "SBATCH_PARTITION=x", "PATH=/opt/app/bin:/usr/bin", "APP=1"])
+    base = {"PATH": "/usr/bin:/bin", "HOME": "/home/u", "LD_LIBRARY_PATH": "/site/lib"}
+    environ = job_environ(bundle, True, base)
+    assert environ == {"PATH": "/opt/app/bin:/usr/bin", "HOME": "/home/u", "APP": "1",
+                       "LD_LIBRARY_PATH": "/site/lib"}  # the caller's own stays
+    # what the dynamic loader of a real host program makes of that environment: nothing
+    run = subprocess.run(["/bin/true"], env=job_environ(bundle, True, {"PATH": "/usr/bin"}),
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert run.returncode == 0 and run.stderr == ""
+    # and what it made of the image's values before (the loader tried the planted library)
+    raw = subprocess.run(["/bin/true"], env={"LD_PRELOAD": str(planted)}, capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert "cannot be preloaded" in raw.stderr
