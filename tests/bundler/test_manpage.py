@@ -51,3 +51,25 @@ def test_man_reads_it(page: Path) -> None:
                            env={**os.environ, "MANWIDTH": "100", "MANPAGER": "cat"})
     assert "ocistage cache gc" in shown.stdout and "Examples:" in shown.stdout
     assert shown.stderr == ""  # groff found nothing to warn about
+
+
+def test_make_man_writes_the_importers_page(page: Path) -> None:
+    """Issue 38: ocistage-pyxis-importer, which pyxis runs for every user, has a page of its
+    own, which man reads without a warning, and ocistage(1) points to it."""
+    from ocistage.bundler.cli.pyxis import USAGE
+
+    importer = page.parent / "ocistage-pyxis-importer.1"
+    text = importer.read_text()
+    assert text.startswith(".TH OCISTAGE-PYXIS-IMPORTER 1 ")
+    assert ".BR ocistage-pyxis-importer (1)" in page.read_text()
+    if shutil.which("man") is None:
+        pytest.skip("man is not installed")
+    shown = subprocess.run(["man", "--warnings", "-l", str(importer)], capture_output=True,
+                           text=True, timeout=60, check=True,
+                           env={**os.environ, "MANWIDTH": "200", "MANPAGER": "cat"})
+    assert shown.stderr == ""
+    for line in USAGE.splitlines():  # the importer's own usage, command by command
+        assert line.replace("usage: ", "").strip() in shown.stdout
+    for name in ("OCISTAGE_CACHE", "OCISTAGE_PYXIS_STORE", "OCISTAGE_PULL", "SLURM_JOB_ID",
+                 "plugstack.conf", "EXIT STATUS"):
+        assert name in shown.stdout, name
