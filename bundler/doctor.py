@@ -42,8 +42,9 @@ LOW_SPACE = 2 << 30
 PROBE_TIMEOUT = 20.0
 #: runc releases before this refuse, for a user, a container root that is not the caller
 RUNC_OWN_ROOT_FIXED = (1, 2)
-#: where Debian's and Slurm's default builds look for slurm.conf (oci.conf sits beside it)
-SLURM_CONF = Path("/etc/slurm/slurm.conf")
+#: ``SLURM_CONF = PATH`` in what ``scontrol show config`` prints: the slurm.conf this node's
+#: Slurm reads, wherever it was built to look (a prefix build's own etc/, a configless cache)
+_SLURM_CONF_LINE = re.compile(r"^SLURM_CONF\s*=\s*(\S.*?)\s*$", re.MULTILINE)
 CGROUP_UNIFIED = Path("/sys/fs/cgroup/unified/cgroup.controllers")
 
 
@@ -488,10 +489,38 @@ def check_oci_conf(path: Path, text_problems: list[str] | None, version: SlurmVe
     return ok("oci.conf", f"{path}: no problems for Slurm {version}")
 
 
-def oci_conf_path(environ: Mapping[str, str]) -> Path:
-    """Where slurmstepd reads oci.conf: beside ``$SLURM_CONF`` (default: Debian's)."""
+def slurm_conf_location(environ: Mapping[str, str],
+                        scontrol_config: str | None) -> tuple[Path | None, str]:
+    """The slurm.conf this node's Slurm reads (oci.conf sits beside it) and how it was found:
+    ``$SLURM_CONF``, else what ``scontrol show config`` (``scontrol_config``, None when it
+    printed nothing) says; never a guess (``/etc/slurm`` may hold another cluster's files
+    beside a prefix-built Slurm). None with the reason when neither tells."""
     conf = environ.get("SLURM_CONF")
-    return (Path(conf) if conf else SLURM_CONF).parent / "oci.conf"
+    if conf:
+        return Path(conf), "$SLURM_CONF"
+    match = _SLURM_CONF_LINE.search(scontrol_config or "")
+    if match is not None:
+        return Path(match.group(1)), "scontrol show config"
+    said = (scontrol_config or "").strip().splitlines()
+    return None, said[-1] if said else "scontrol show config printed nothing"
+
+
+def check_oci_conf_location(conf: Path | None, how: str) -> Check | None:
+    """A warning when doctor cannot read the oci.conf slurmstepd reads on this node: where the
+    configuration is not known, or not here (a configless node gets it from slurmctld and
+    keeps it in slurmd's cache; a login node may have none); None when it can."""
+    if conf is None:
+        return warn("oci.conf", f"cannot tell where this Slurm's configuration is: SLURM_CONF "
+                                f"is not set and scontrol show config did not say ({how})",
+                    "set SLURM_CONF to the cluster's slurm.conf, or run doctor where slurmctld "
+                    "answers; oci.conf is read on the compute nodes: check it there with "
+                    "`ocistage runtime oci-conf --check PATH`")
+    if not conf.parent.is_dir():
+        return warn("oci.conf", f"this node has no {conf.parent} (from {how}): configless "
+                                "Slurm keeps its files on the compute nodes",
+                    "check oci.conf on a compute node: `srun ocistage doctor`, or "
+                    "`ocistage runtime oci-conf --check PATH` there")
+    return None
 
 
 # -- a registry -------------------------------------------------------------------------------
@@ -587,7 +616,13 @@ def slurm_checks() -> list[Check]:
     except (SlurmError, OcistageError) as exc:
         return [check_slurm(None, exc.message)]
     checks = [check_slurm(version, None)]
-    path = oci_conf_path(os.environ)
+    asked = None if os.environ.get("SLURM_CONF") else command_output(
+        ["scontrol", "show", "config"])
+    conf, how = slurm_conf_location(os.environ, asked)
+    unreadable = check_oci_conf_location(conf, how)
+    if unreadable is not None or conf is None:
+        return [*checks, *([unreadable] if unreadable else [])]
+    path = conf.parent / "oci.conf"
     try:
         problems = ([str(p) for p in lint_oci_conf_file(path, version)]
                     if path.is_file() else None)

@@ -20,6 +20,7 @@ from ocistage.bundler.doctor import (
     check_crun,
     check_mksquashfs,
     check_oci_conf,
+    check_oci_conf_location,
     check_registry,
     check_runc,
     check_runtime_dir,
@@ -29,9 +30,9 @@ from ocistage.bundler.doctor import (
     check_subuid,
     check_userns,
     judge_stage_dir,
-    oci_conf_path,
     parse_version,
     registry_to_check,
+    slurm_conf_location,
 )
 from ocistage.bundler.registry.errors import AuthenticationError, RegistryUnreachable
 from ocistage.cache.errors import UsageError
@@ -268,9 +269,34 @@ def test_slurm_and_oci_conf(tmp_path: Path) -> None:
     assert linted.status is Status.WARN and "more)" in linted.detail
     assert f"oci-conf --check {path}" in (linted.fix or "")
     assert check_oci_conf(path, [], version).status is Status.OK
-    assert oci_conf_path({"SLURM_CONF": "/opt/slurm/etc/slurm.conf"}) == Path(
-        "/opt/slurm/etc/oci.conf")
-    assert oci_conf_path({}) == Path("/etc/slurm/oci.conf")
+
+
+#: what ``scontrol show config`` prints (24.05, abridged)
+SHOW_CONFIG = """Configuration data as of 2026-11-28T15:00:00
+AccountingStorageBackupHost = (null)
+SLURM_CONF              = /opt/slurm/etc/slurm.conf
+SLURM_VERSION           = 24.05.8
+"""
+
+
+def test_the_slurm_conf_is_what_slurm_says_never_a_guess(tmp_path: Path) -> None:
+    """Issue 38: with SLURM_CONF unset, doctor checked /etc/slurm/oci.conf (another cluster's,
+    beside a prefix-built Slurm): it asks scontrol, and says so when nobody tells."""
+    assert slurm_conf_location({"SLURM_CONF": "/a/slurm.conf"}, SHOW_CONFIG) == (
+        Path("/a/slurm.conf"), "$SLURM_CONF")
+    assert slurm_conf_location({}, SHOW_CONFIG) == (
+        Path("/opt/slurm/etc/slurm.conf"), "scontrol show config")
+    down = "slurm_load_ctl_conf error: Unable to contact slurm controller (connect failure)\n"
+    conf, how = slurm_conf_location({}, down)
+    assert conf is None and "Unable to contact" in how
+    unknown = check_oci_conf_location(conf, how)
+    assert unknown is not None and unknown.status is Status.WARN
+    assert "SLURM_CONF" in (unknown.fix or "") and "/etc/slurm" not in unknown.detail
+    assert slurm_conf_location({}, None)[0] is None
+    configless = check_oci_conf_location(tmp_path / "absent" / "slurm.conf", "scontrol")
+    assert configless is not None and "configless" in configless.detail
+    (tmp_path / "etc").mkdir()
+    assert check_oci_conf_location(tmp_path / "etc" / "slurm.conf", "scontrol") is None
 
 
 # -- a registry --------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from pytest_ocistage.components import Registry
+from pytest_ocistage.slurm import SlurmCluster
 from tests.e2e.conftest import OcistageRunner
 
 NOBODY = 65534
@@ -156,3 +157,38 @@ def test_doctor_as_a_user(ocistage: OcistageRunner, plain_registry: Registry,
     assert checks["cache"]["status"] == "missing"
     assert "owned by uid 4242" in checks["cache"]["detail"]
     assert not (nobody_home / "cache").exists()
+
+
+def test_doctor_asks_slurm_where_its_configuration_is(ocistage: OcistageRunner,
+                                                      slurm_24_05: SlurmCluster) -> None:
+    """Issue 38: a Slurm built into a prefix reads PREFIX/etc/slurm.conf without SLURM_CONF;
+    doctor checked Debian's /etc/slurm/oci.conf instead (another cluster's, or none). It asks
+    the real scontrol (`scontrol show config`, answered by slurmctld: the configuration the
+    cluster's daemons read, here the test cluster's own directory) and lints the oci.conf
+    beside it."""
+    etc = slurm_24_05.bin_dir.parent / "etc"
+    if (etc / "slurm.conf").exists() or (etc / "oci.conf").exists():
+        pytest.skip(f"{etc} has a Slurm configuration of its own: not replaced by a test")
+    made = not etc.exists()
+    etc.mkdir(exist_ok=True)
+    try:
+        shutil.copyfile(slurm_24_05.slurm_conf, etc / "slurm.conf")
+        shutil.copyfile(slurm_24_05.oci_conf, etc / "oci.conf")
+        result = ocistage("doctor", "--json", env={
+            "PATH": f"{slurm_24_05.bin_dir}:{os.environ['PATH']}"})
+        checks = _checks(json.loads(result.stdout))
+        assert "SLURM_CONF" not in ocistage.environment()
+        oci = checks["oci.conf"]
+        assert oci["detail"].startswith(f"{slurm_24_05.oci_conf}:"), oci
+        assert oci["status"] == "ok", oci
+        # and with the controller's configuration nowhere to be found: said, not guessed
+        (etc / "slurm.conf").unlink()
+        lost = _checks(json.loads(ocistage("doctor", "--json", env={
+            "PATH": f"{slurm_24_05.bin_dir}:{os.environ['PATH']}"}).stdout))["oci.conf"]
+        assert lost["status"] == "warn" and "/etc/slurm/" not in lost["detail"], lost
+        assert "SLURM_CONF" in lost["fix"], lost
+    finally:
+        for name in ("slurm.conf", "oci.conf"):
+            (etc / name).unlink(missing_ok=True)
+        if made:
+            etc.rmdir()
