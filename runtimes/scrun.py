@@ -387,6 +387,18 @@ def hook_ocistage(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
     return command
 
 
+#: scrun.lua's STAGE_DIR unless the admin names one, by --stage-to: a node-local one outside
+#: /tmp and /dev/shm, which Slurm 25.11's NamespaceType=namespace/tmpfs makes private to each
+#: job (the next job would not see what stage-in staged); /tmp for shared, where the admin is
+#: expected to name a directory every node sees
+DEFAULT_STAGE_DIRS = {"shared": "/tmp/ocistage-scrun", "node-local": "/var/tmp/ocistage-scrun"}
+
+
+def default_stage_dir(stage_to: str) -> str:
+    """:data:`DEFAULT_STAGE_DIRS` of ``stage_to``."""
+    return DEFAULT_STAGE_DIRS.get(stage_to, DEFAULT_STAGE_DIRS["shared"])
+
+
 def scrun_lua_options(*, ocistage: str | None, stage_to: str, stage_dir: str,
                       cache: str | None, sbatch: str | None, find_sbatch: bool,
                       version: SlurmVersion | None = None) -> ScrunLuaOptions:

@@ -117,10 +117,11 @@ def _print_problems(check: Path, problems: list[Any], slurm_conf: Path | None,
 @runtime_app.command("scrun-lua")
 def runtime_scrun_lua(
     stage_to: StageToOpt = "shared",
-    stage_dir: Annotated[str, typer.Option(
-        "--stage-dir", metavar="DIR",
+    stage_dir: Annotated[str | None, typer.Option(
+        "--stage-dir", metavar="DIR", show_default=False,
         help="Where staged bundles go (per user: DIR/UID/); on a shared filesystem for "
-             "--stage-to shared.")] = "/tmp/ocistage-scrun",
+             "--stage-to shared [default: /tmp/ocistage-scrun; for node-local "
+             "/var/tmp/ocistage-scrun, which no job namespace makes private].")] = None,
     ocistage: Annotated[str | None, typer.Option(
         "--ocistage", metavar="PATH",
         help="Absolute path of the ocistage command as the nodes see it [default: this "
@@ -139,9 +140,11 @@ def runtime_scrun_lua(
 ) -> None:
     """Print a scrun.lua whose stage hooks call `ocistage scrun ...`."""
     from ocistage.runtimes.oci_conf import per_job_dir
-    from ocistage.runtimes.scrun import render_scrun_lua, scrun_lua_options
+    from ocistage.runtimes.scrun import default_stage_dir, render_scrun_lua, scrun_lua_options
 
     version = _slurm_version(slurm_version)
+    if stage_dir is None:
+        stage_dir = default_stage_dir(stage_to)
     options = scrun_lua_options(ocistage=ocistage, stage_to=stage_to,
                                 stage_dir=stage_dir, cache=cache,
                                 sbatch=sbatch if cleanup_job else None,

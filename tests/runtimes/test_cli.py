@@ -72,6 +72,22 @@ def test_scrun_lua_is_valid_lua(tmp_path: Path) -> None:
     assert ocistage("runtime", "scrun-lua", "--stage-to", "cloud").returncode == 2
 
 
+def test_scrun_lua_defaults_draw_no_warning_of_its_own() -> None:
+    """Issue 38: the node-local default STAGE_DIR was /tmp/ocistage-scrun, which the same
+    command then warned about (26.05's namespace/tmpfs makes /tmp private to each job)."""
+    for version in ("24.05", "26.05"):
+        result = ocistage("runtime", "scrun-lua", "--stage-to", "node-local",
+                          "--ocistage", "/opt/bin/ocistage", "--slurm-version", version)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+        assert 'local STAGE_DIR = "/var/tmp/ocistage-scrun"' in result.stdout
+    shared = ocistage("runtime", "scrun-lua", "--ocistage", "/opt/bin/ocistage",
+                      "--slurm-version", "26.05")
+    assert shared.stderr == "" and 'local STAGE_DIR = "/tmp/ocistage-scrun"' in shared.stdout
+    asked = ocistage("runtime", "scrun-lua", "--stage-to", "node-local", "--stage-dir",
+                     "/tmp/s", "--ocistage", "/opt/bin/ocistage", "--slurm-version", "26.05")
+    assert asked.returncode == 0 and asked.stderr.startswith("warning: --stage-dir /tmp/s ")
+
+
 def test_engine_configs_name_the_scrun_on_path(tmp_path: Path) -> None:
     docker = ocistage("runtime", "docker-config", "--scrun", "/usr/local/sbin/scrun")
     assert docker.returncode == 0
