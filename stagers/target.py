@@ -239,7 +239,7 @@ def take_name_lock(to: Path, name: str, timeout: float = LOCK_TIMEOUT) -> FileLo
                 if not isinstance(exc.__cause__, FileNotFoundError):
                     raise
             else:
-                if _holds(fd, f"{name}.lock", to / scratch_name):
+                if in_checked_dir(fd, f"{name}.lock", to / scratch_name):
                     return lock
                 lock.release()
         finally:
@@ -250,7 +250,7 @@ def take_name_lock(to: Path, name: str, timeout: float = LOCK_TIMEOUT) -> FileLo
             raise LockTimeout(f"timed out waiting for lock {lock.path}")
 
 
-def _holds(fd: int, entry: str, path: Path) -> bool:
+def in_checked_dir(fd: int, entry: str, path: Path) -> bool:
     """Whether ``entry`` is in the opened directory ``fd``, and ``fd`` is at ``path``."""
     try:
         os.stat(entry, dir_fd=fd, follow_symlinks=False)

@@ -15,7 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from ocistage.cache.errors import UntrustedPath
+from ocistage.cache.locks import FileLock
+from ocistage.cache.staged import tmp_name
+from ocistage.stagers.target import in_checked_dir, own_dir, take_name_lock
 from tests.cotenant import (
+    NOBODY,
     NOBODY_USER,
     ROOT,
     User,
@@ -200,3 +205,30 @@ def test_a_scratch_dir_in_use_is_not_removed(shared: Path, user: User) -> None:
     (scratch / "other.lock").unlink()
     stage(user, shared, "again")
     assert not os.path.lexists(scratch)
+
+
+def test_a_lock_taken_in_a_scratch_dir_replaced_since_it_was_checked_is_not_trusted(
+        shared: Path) -> None:
+    """The race :func:`take_name_lock` closes: a waiting stager checked the scratch dir, its
+    last stager then removed it (empty), and a co-tenant's directory took the name before
+    the waiting one's next try made its lock file, by path, in there. That lock is not in
+    the directory that was checked: it is dropped, and the name is looked up again (and
+    refused, naming the co-tenant)."""
+    name = tmp_name(True)
+    checked = own_dir(shared, name, "staging scratch directory")
+    try:
+        as_nobody("mkdir", "-m", "0777", str(shared / ".theirs"))
+        os.rmdir(shared / name)
+        os.rename(shared / ".theirs", shared / name)  # at once (root may move theirs)
+        lock = FileLock(shared / name / "app.lock")
+        lock.acquire(timeout=0)
+        try:
+            assert not in_checked_dir(checked, "app.lock", shared / name)
+        finally:
+            lock.release()
+    finally:
+        os.close(checked)
+    assert os.listdir(shared / name) == []
+    with pytest.raises(UntrustedPath, match=f"{shared / name}: it is owned by nobody"):
+        take_name_lock(shared, "app", timeout=5)
+    assert os.listdir(shared / name) == [] and os.lstat(shared / name).st_uid == NOBODY
