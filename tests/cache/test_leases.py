@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -101,6 +105,33 @@ def test_invalid_job_id_is_refused() -> None:
 INODE_ATTEMPTS = 5000
 
 
+@contextmanager
+def reusing_filesystem(tmp_path: Path) -> Iterator[Path]:
+    """A directory where a directory made right after one was removed gets its inode number:
+    on a small ext4 filesystem of the test's own (loop-mounted; as root), where nothing else
+    makes or frees inodes meanwhile; else ``tmp_path`` (where another process may take the
+    number first: :func:`made_with_inode` then fails and the test skips)."""
+    image, mountpoint = tmp_path / "ext4.img", tmp_path / "ext4"
+    if os.geteuid() != 0 or shutil.which("mkfs.ext4") is None:
+        yield tmp_path
+        return
+    with open(image, "wb") as out:
+        out.truncate(32 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
+    mountpoint.mkdir()
+    mounted = subprocess.run(["mount", "-o", "loop", str(image), str(mountpoint)],
+                             capture_output=True, check=False)
+    if mounted.returncode != 0:  # no loop devices here
+        yield tmp_path
+        return
+    try:
+        yield mountpoint
+    finally:
+        if subprocess.run(["umount", str(mountpoint)], capture_output=True,
+                          check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(mountpoint)], check=True)
+
+
 def made_with_inode(path: Path, ino: int) -> bool:
     """Make directory ``path`` with inode number ``ino`` (one just freed), as a filesystem
     that reuses numbers gives it (ext4 does at once): directories are made beside it until
@@ -123,22 +154,23 @@ def made_with_inode(path: Path, ino: int) -> bool:
 
 def test_a_directory_made_again_with_the_old_inode_number_is_another_place(
         tmp_path: Path) -> None:
-    old = tmp_path / "old"
-    old.mkdir()
-    ino, before = old.stat().st_ino, staged_identity(old / "app")
-    lease = StagedPlace.of(old / "app").acquire(tmp_path / "cache", Holder.pin("job"))
-    old.rmdir()
-    new = tmp_path / "new"
-    if not made_with_inode(new, ino):
-        pytest.skip(f"the filesystem of {tmp_path} did not give inode {ino} again")
-    after = staged_identity(new / "app")
-    assert before.split("/")[0].split(":")[:2] == after.split("/")[0].split(":")[:2]
-    if before.count(":") < 2:
-        pytest.skip(f"the filesystem of {tmp_path} has no file handles")
-    assert before != after and not same_place(before, after)
-    assert leases_on_place(tmp_path / "cache", StagedPlace.of(new / "app")) == []
-    mine = StagedPlace.of(new / "app").acquire(tmp_path / "cache", Holder.pin("job"))
-    assert sorted(map(len, staged_groups([lease, mine]))) == [1, 1]
+    with reusing_filesystem(tmp_path) as where:
+        old = where / "old"
+        old.mkdir()
+        ino, before = old.stat().st_ino, staged_identity(old / "app")
+        lease = StagedPlace.of(old / "app").acquire(tmp_path / "cache", Holder.pin("job"))
+        old.rmdir()
+        new = where / "new"
+        if not made_with_inode(new, ino):
+            pytest.skip(f"the filesystem of {where} did not give inode {ino} again")
+        after = staged_identity(new / "app")
+        assert before.split("/")[0].split(":")[:2] == after.split("/")[0].split(":")[:2]
+        if before.count(":") < 2:
+            pytest.skip(f"the filesystem of {where} has no file handles")
+        assert before != after and not same_place(before, after)
+        assert leases_on_place(tmp_path / "cache", StagedPlace.of(new / "app")) == []
+        mine = StagedPlace.of(new / "app").acquire(tmp_path / "cache", Holder.pin("job"))
+        assert sorted(map(len, staged_groups([lease, mine]))) == [1, 1]
 
 
 def test_an_identity_an_earlier_release_recorded_still_counts(tmp_path: Path) -> None:
