@@ -14,14 +14,22 @@ A lease may name more targets in ``also`` (one file for everything a command use
 
 A staged path has many spellings: ``~/x`` and ``/gpfs/home/u/x``, a symlink, a bind mount
 of the target. A lease on one is therefore also keyed by the *place* (:class:`StagedPlace`):
-its ``identity`` is ``<st_dev>:<st_ino>/<NAME>`` of the directory holding ``NAME``, the
-same through every symlink and bind mount on a node. Leases on a place
-(:func:`leases_on_place`, and GC's :func:`staged_groups`) are those whose path is the same or
-whose identity is; a lease written before identities were recorded (none in its file) is
-placed by where its path leads now. Its path stays what humans read (``cache ls``) and what
-GC removes through; an older ocistage reads the same file and goes by the path alone. Across
-nodes the identity of one shared directory may differ (``st_dev`` is numbered per node):
-there the path is what matches.
+its ``identity`` is ``<st_dev>:<st_ino>:<handle>/<NAME>`` of the directory holding ``NAME``,
+the same through every symlink and bind mount on a node. ``<handle>`` is the directory's file
+handle (``name_to_handle_at(2)``, what NFS servers hand out: the inode number and its
+*generation*), so a directory removed and made again is another place even where it gets the
+old inode number, as ext4 gives it at once: a lease on the old one can never stand for the
+new one (a job that staged into the old one and stages again into the new one takes a new
+lease there, which GC removes the new version through). A filesystem without file handles
+records ``<st_dev>:<st_ino>/<NAME>``, the form ocistage wrote before (:func:`same_place`
+compares such an identity by ``st_dev:st_ino/NAME`` alone, as it did: leases of a cache
+made by an earlier release keep counting). Leases on a place (:func:`leases_on_place`, and
+GC's :func:`staged_groups`) are those whose path is the same or whose identity is; a lease
+written before identities were recorded (none in its file) is placed by where its path leads
+now. Its path stays what humans read (``cache ls``) and what GC removes through; an older
+ocistage reads the same file and goes by the path alone. Across nodes the identity of one
+shared directory may differ (``st_dev`` is numbered per node): there the path is what
+matches.
 
 Holders are a process (``pid`` on a host, with its start time so a reused pid does not count),
 a Slurm job (``slurm-job`` with its id; live while ``squeue`` lists it), or a named ``pin``
@@ -45,6 +53,8 @@ missing), the lease counts as live: GC errs on the side of keeping data.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import json
 import os
 import shutil
@@ -217,14 +227,85 @@ STAGED = "staged:"
 
 
 def staged_identity(path: str | os.PathLike[str]) -> str:
-    """``<st_dev>:<st_ino>/<name>`` of the directory holding the (absolute) ``path``, reached
-    through any symlinks and mounts; "" if that directory cannot be examined."""
+    """``<st_dev>:<st_ino>:<handle>/<name>`` of the directory holding the (absolute) ``path``,
+    reached through any symlinks and mounts (``<st_dev>:<st_ino>/<name>`` where its
+    filesystem has no file handles); "" if that directory cannot be examined."""
     parent, name = os.path.split(os.path.abspath(path))
     try:
-        st = os.stat(parent or "/")
+        fd = os.open(parent or "/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return ""
-    return f"{st.st_dev}:{st.st_ino}/{name}"
+    try:
+        st = os.fstat(fd)
+        handle = file_handle(fd)
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    where = f"{st.st_dev}:{st.st_ino}:{handle}" if handle else f"{st.st_dev}:{st.st_ino}"
+    return f"{where}/{name}"
+
+
+def same_place(a: str, b: str) -> bool:
+    """Whether two identities (:func:`staged_identity`) are of one place: equal, or, where
+    one records no file handle (a lease of an earlier release, a filesystem without
+    handles), of the same ``st_dev:st_ino`` and name."""
+    if not a or not b:
+        return False
+    if a == b:
+        return True
+    (where_a, name_a), (where_b, name_b) = _split_identity(a), _split_identity(b)
+    if name_a != name_b or (len(where_a) > 2 and len(where_b) > 2):
+        return False  # two handles that differ: another directory, whatever its inode
+    return where_a[:2] == where_b[:2]
+
+
+def _split_identity(identity: str) -> tuple[list[str], str]:
+    where, _, name = identity.partition("/")
+    return where.split(":"), name
+
+
+def _coarse(identity: str) -> str:
+    """``st_dev:st_ino/NAME`` of an identity (the form without a file handle)."""
+    where, name = _split_identity(identity)
+    return f"{':'.join(where[:2])}/{name}"
+
+
+_AT_EMPTY_PATH = 0x1000
+_MAX_HANDLE_SZ = 128
+
+
+class _FileHandle(ctypes.Structure):
+    _fields_ = [("handle_bytes", ctypes.c_uint), ("handle_type", ctypes.c_int),
+                ("f_handle", ctypes.c_ubyte * _MAX_HANDLE_SZ)]
+
+
+@functools.cache
+def _name_to_handle_at() -> Callable[..., int] | None:
+    function = getattr(ctypes.CDLL(None, use_errno=True), "name_to_handle_at", None)
+    if function is None:
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(_FileHandle),
+                         ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+    function.restype = ctypes.c_int
+    result: Callable[..., int] = function
+    return result
+
+
+def file_handle(fd: int) -> str:
+    """The file handle of the opened ``fd`` (``name_to_handle_at(2)``), as
+    ``<type>-<hex bytes>``; "" where the filesystem (or libc) has none. It names the inode
+    and its generation: a new directory that gets a removed one's inode number gets another
+    handle."""
+    function = _name_to_handle_at()
+    if function is None:
+        return ""
+    handle = _FileHandle(handle_bytes=_MAX_HANDLE_SZ)
+    mount_id = ctypes.c_int()
+    if function(fd, b"", ctypes.byref(handle), ctypes.byref(mount_id), _AT_EMPTY_PATH) != 0:
+        return ""
+    size = min(handle.handle_bytes, _MAX_HANDLE_SZ)
+    return f"{handle.handle_type:x}-{bytes(handle.f_handle[:size]).hex()}"
 
 
 @dataclass(frozen=True)
@@ -250,13 +331,23 @@ class StagedPlace:
 
     def held_by(self, lease: Lease) -> bool:
         """Whether ``lease`` is on this place: the same path, or the same identity (recorded,
-        or, for a lease that records none, where its path leads now)."""
+        :func:`same_place`, or, for a lease that records none, where its path leads now)."""
         if self.target in lease.targets:
             return True
         if not self.identity or not lease.target.startswith(STAGED):
             return False
         if lease.identity:
-            return lease.identity == self.identity
+            return same_place(lease.identity, self.identity)
+        return self.reached_by(lease)
+
+    def reached_by(self, lease: Lease) -> bool:
+        """Whether ``lease``'s path is this place's, or leads to it now. (A lease on this
+        place spelled by a path that leads elsewhere now, or nowhere, still protects it, but
+        can not be removed through.)"""
+        if self.target in lease.targets:
+            return True
+        if not self.identity or not lease.target.startswith(STAGED):
+            return False
         path = lease.target.removeprefix(STAGED)
         return (os.path.basename(path) == self.path.name
                 and staged_identity(path) == self.identity)
@@ -269,8 +360,8 @@ def leases_on_place(cache_root: Path, place: StagedPlace) -> list[Lease]:
 
 def staged_groups(found: Iterable[Lease]) -> list[list[Lease]]:
     """The staged leases among ``found`` grouped by place: leases with the same path or the
-    same identity (recorded, or where the path of a lease that records none leads) are one
-    group, each in the order given."""
+    same identity (recorded, or where the path of a lease that records none leads;
+    :func:`same_place`) are one group, each in the order given."""
     items = [lease for lease in found if lease.target.startswith(STAGED)]
     parent = list(range(len(items)))
 
@@ -281,6 +372,8 @@ def staged_groups(found: Iterable[Lease]) -> list[list[Lease]]:
         return i
 
     first: dict[str, int] = {}
+    coarse: dict[str, list[int]] = {}
+    without_handle: list[tuple[int, str]] = []
     for i, lease in enumerate(items):
         identity = lease.identity or staged_identity(lease.target.removeprefix(STAGED))
         for key in (lease.target, f"id:{identity}" if identity else ""):
@@ -288,6 +381,13 @@ def staged_groups(found: Iterable[Lease]) -> list[list[Lease]]:
                 parent[root(i)] = root(first[key])
             elif key:
                 first[key] = i
+        if identity:
+            coarse.setdefault(_coarse(identity), []).append(i)
+            if len(_split_identity(identity)[0]) <= 2:
+                without_handle.append((i, _coarse(identity)))
+    for i, key in without_handle:  # of an earlier release: one place with each of its inode
+        for j in coarse[key]:
+            parent[root(j)] = root(i)
     groups: dict[int, list[Lease]] = {}
     for i, lease in enumerate(items):
         groups.setdefault(root(i), []).append(lease)

@@ -22,6 +22,14 @@ and ``stagers`` imports ``cache``, never the reverse: so the layout is defined h
     (ocistage.cache.locks)
     TARGET/.ocistage-tmp/NAME.<pid>-<random>[.owner]   scratch dir of a stager, its owner
 
+In a *shared* target, a sticky directory every user may write (``/scratch/bundles``, mode
+1777), each user has their own pool and scratch dir, ``.ocistage-pool-<uid>`` and
+``.ocistage-tmp-<uid>`` (:func:`pool_name`, :func:`tmp_name`): only entries a user made are
+used there, and a directory another user made first could never be (docs/trust.md). A
+target of one user (theirs or root's, not writable by others) keeps the plain names. The
+scratch dir is made when a staging starts and removed when the last staging using it ends
+and leaves it empty; a pool stays.
+
 Names starting with ``.ocistage`` are reserved: no bundle may be staged under one.
 
 Removal never follows a symlink: ``NAME`` is opened with ``O_NOFOLLOW`` relative to its
@@ -64,6 +72,28 @@ UNMOUNT_TIMEOUT = 60
 TEMP_GRACE = 3600.0   # a named temp file in the pool younger than this may be being written
 MAX_MARKER_BYTES = 1 << 16
 REMOVING = "removing"  # outer marker key: the bundle beside it is being removed
+
+
+def shared_target(st: os.stat_result) -> bool:
+    """Whether the target directory ``st`` is shared by users: sticky, so that every user
+    may add entries (and remove only their own), as ``/tmp`` and ``/scratch`` are."""
+    return bool(st.st_mode & stat.S_ISVTX)
+
+
+def _per_user(name: str, shared: bool, uid: int | None) -> str:
+    return f"{name}-{os.geteuid() if uid is None else uid}" if shared else name
+
+
+def tmp_name(shared: bool, uid: int | None = None) -> str:
+    """The caller's (or ``uid``'s) scratch dir in a target: :data:`TMP_DIR` in a target of
+    one user, ``.ocistage-tmp-<uid>`` in a :func:`shared_target`."""
+    return _per_user(TMP_DIR, shared, uid)
+
+
+def pool_name(shared: bool, uid: int | None = None) -> str:
+    """The caller's (or ``uid``'s) pool in a target: :data:`POOL_DIR` in a target of one
+    user, ``.ocistage-pool-<uid>`` in a :func:`shared_target`."""
+    return _per_user(POOL_DIR, shared, uid)
 
 
 def outer_marker_name(name: str) -> str:
@@ -319,13 +349,18 @@ def remove(bundle: StagedBundle, lease_id: str | None = None) -> None:
 
 
 def sweep_pool(target: Path) -> int:
-    """Remove every entry of ``target``'s pool that no bundle links to (link count 1: also
-    those a killed stager left); returns how many. Only regular files directly inside the
-    pool's fan-out directories are looked at; nothing is followed. Safe beside running
-    stagers: one that loses an entry copies it again."""
+    """Remove every entry of the caller's pools in ``target`` (:func:`pool_name`: either
+    name, the target may have become shared) that no bundle links to (link count 1: also
+    those a killed stager left); returns how many. Only regular files of the caller directly
+    inside a pool's fan-out directories are looked at; nothing is followed. Safe beside
+    running stagers: one that loses an entry copies it again."""
+    return sum(_sweep_pool(target / name) for name in (pool_name(False), pool_name(True)))
+
+
+def _sweep_pool(pool: Path) -> int:
     removed = 0
     try:
-        pool_fd = os.open(target / POOL_DIR, DIR_READ)
+        pool_fd = os.open(pool, DIR_READ)
     except OSError:
         return 0
     uid = os.geteuid()

@@ -191,7 +191,8 @@ def hold(cache_root: Path, path: Path, holder: Holder) -> Lease:
 
 
 def claim(cache_root: Path, path: Path, holder: Holder) -> tuple[Lease, bool]:
-    """Hold staged ``path`` (see :func:`hold`), then wait until no ``cache gc`` runs.
+    """Hold staged ``path`` (see :func:`hold`; a lease of the holder is reused only if its
+    path leads to ``path``), then wait until no ``cache gc`` runs.
 
     Call it *before* looking at what is staged at ``path``: a GC that started earlier may be
     removing it (all its other leases dead); once it has finished, either it saw this lease or
@@ -200,7 +201,10 @@ def claim(cache_root: Path, path: Path, holder: Holder) -> tuple[Lease, bool]:
     """
     place = StagedPlace.of(path)
     for lease in leases.leases_on_place(cache_root, place):
-        if same_holder(lease.holder, holder):
+        # only a lease whose path reaches ``path``: the marker will name it, and GC removes
+        # through the paths of a bundle's leases (one spelled by a directory removed since
+        # could never reach this one)
+        if same_holder(lease.holder, holder) and place.reached_by(lease):
             leases.wait_for_gc(cache_root)
             return lease, False
     lease = place.acquire(cache_root, holder)

@@ -1,11 +1,12 @@
 """A per-target pool of file contents, so equal files are stored once per target filesystem.
 
-``TARGET/.ocistage-pool/<hh>/<xxh3-128>-<mode>`` holds one read-only copy of each distinct
-(content, permission bits) pair that any bundle staged into ``TARGET`` uses; bundles hardlink
-to it. Staging a new version of an image, or a second image sharing files with a staged one,
-copies only contents the pool lacks. Permission bits and extended attributes (a digest
-of them, :mod:`ocistage.stagers.xattrs`) are part of the key because hardlinks share them; mtimes
-are not (a pooled file keeps the mtime of its first copy).
+``TARGET/.ocistage-pool/<hh>/<xxh3-128>-<mode>`` (``.ocistage-pool-<uid>`` in a shared
+target: one pool per user, :func:`ocistage.cache.staged.pool_name`) holds one read-only copy
+of each distinct (content, permission bits) pair that any bundle staged into ``TARGET`` uses;
+bundles hardlink to it. Staging a new version of an image, or a second image sharing files
+with a staged one, copies only contents the pool lacks. Permission bits and extended
+attributes (a digest of them, :mod:`ocistage.stagers.xattrs`) are part of the key because
+hardlinks share them; mtimes are not (a pooled file keeps the mtime of its first copy).
 
 A pool file is published by ``link()`` of a private temp file, which fails if another process
 published the same key first (then both use that one). An entry whose link count is 1 is used by
@@ -27,16 +28,15 @@ import xxhash
 
 from ocistage.cache.fdio import created_exactly, write_all
 from ocistage.cache.fsops import (
-    PRIVATE_DIR_MODE,
-    check_trusted_dir,
     identity,
     link_refused,
     make_private,
 )
-from ocistage.cache.staged import POOL_DIR, POOL_TEMP_SUFFIX
+from ocistage.cache.staged import POOL_TEMP_SUFFIX, pool_name, shared_target
 from ocistage.stagers import xattrs
 from ocistage.stagers.copy import Copier, link_fd
 from ocistage.stagers.filemanifest import CHUNK
+from ocistage.stagers.target import own_dir
 
 
 def pool_key(content_hash: str, mode: int, xattrs: str | None = None) -> str:
@@ -60,7 +60,13 @@ class Pool:
 
     @classmethod
     def of_target(cls, target: Path) -> Pool:
-        return cls(target / POOL_DIR)
+        """The caller's pool in ``target`` (:func:`ocistage.cache.staged.pool_name`: one of
+        their own in a shared, sticky target)."""
+        try:
+            shared = shared_target(os.stat(target))
+        except FileNotFoundError:
+            shared = False
+        return cls(target / pool_name(shared))
 
     def path(self, key: str) -> Path:
         return self.root / key[:2] / key
@@ -73,9 +79,7 @@ class Pool:
         entries are the staged images' files, setuid ones and those with file capabilities
         among them, which no other user may reach."""
         self.root.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            self.root.mkdir(mode=PRIVATE_DIR_MODE)
-        check_trusted_dir(self.root, "pool")
+        os.close(own_dir(self.root.parent, self.root.name, "pool"))
         make_private(self.root)
         # one listing instead of 256 mkdir calls failing with EEXIST (and the stat of each
         # that makedirs adds) at every re-stage: on a parallel filesystem each is a round trip

@@ -7,7 +7,7 @@ sequence around that is this module's, written once::
 
     with Staging(to, name, cache_root=..., holder=..., what=...) as staging:
         staging.refuse_foreign("dir")        # what is at TO/NAME must be ours and of this format
-        scratch = staging.scratch()          # TO/.ocistage-tmp/NAME.<pid>-<random>
+        scratch = staging.scratch()          # TO/.ocistage-tmp[-<uid>]/NAME.<pid>-<random>
         ...                                  # the strategy fills it
         staging.publish(scratch)             # rename (or exchange) into TO/NAME; the
                                              # replaced version is removed, or retired while
@@ -21,7 +21,8 @@ their ``.owner`` files are removed. Leaving by an exception: the scratch dirs ar
 lease is released unless something published names it, pool entries that no bundle links to are
 swept (a stage killed by a full disk leaves nothing behind that ``cache gc`` would never see),
 and an ``OSError`` becomes one :class:`StageError` (a full disk says so, with a hint). The lock
-is released either way.
+is released either way, and then the caller's scratch dir of ``TO`` is removed if that left it
+empty (:func:`ocistage.stagers.target.remove_tmp_dir`).
 """
 
 from __future__ import annotations
@@ -61,9 +62,10 @@ from ocistage.stagers.target import (
     check_name,
     clean_leftovers,
     drop_scratch,
-    name_lock,
     new_scratch,
     publish,
+    remove_tmp_dir,
+    take_name_lock,
 )
 
 #: errno values that mean "the target's filesystem is full" (space or quota)
@@ -142,8 +144,7 @@ class Staging:
 
     def __enter__(self) -> Staging:
         try:
-            lock = name_lock(self.to, self.name)
-            lock.acquire(timeout=LOCK_TIMEOUT)
+            lock = take_name_lock(self.to, self.name, LOCK_TIMEOUT)
         except OSError as exc:
             raise staging_error(exc, f"cannot lock {self.final}", self.to) from exc
         except StoreError as exc:  # the lock file in the target, not the cache
@@ -204,9 +205,11 @@ class Staging:
                     self.final, replaced)
 
     def _release_lock(self) -> None:
+        """Release the lock, then remove the scratch dir if this left it empty."""
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+            remove_tmp_dir(self.to)
 
     def _error(self, exc: OSError) -> StageError:
         return staging_error(exc, f"staging {self.what} to {self.final} failed", self.to)

@@ -8,8 +8,10 @@ published like a directory bundle (method ``squashfs-unpack``). The image holds 
 manifest and the marker; its ``config.json`` has ``root.readonly = true`` because the mount is
 read-only.
 
-The image is built in ``TO/.ocistage-tmp/`` and renamed into place, so ``TO/NAME.sqfs`` is
-never half written. Re-staging an unchanged source (same manifest by stat) does nothing.
+The image is built in the caller's scratch dir of ``TO`` (``.ocistage-tmp/``, per user in a
+shared target: :func:`ocistage.cache.staged.tmp_name`) and renamed into place, so
+``TO/NAME.sqfs`` is never half written. Re-staging an unchanged source (same manifest by
+stat) does nothing.
 """
 
 from __future__ import annotations

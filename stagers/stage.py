@@ -21,12 +21,12 @@ container cannot write through into shared files.
 
 Every run takes a lock per name (so eight processes staging the same bundle make one copy),
 compares the source with the previous manifest by stat (unchanged: nothing is written), hashes
-only changed files, builds the new version in ``TO/.ocistage-tmp/`` and publishes it with one
-``rename()`` — or an atomic ``RENAME_EXCHANGE`` with the previous version, which is then removed.
-A killed stager leaves only a scratch dir and a lock owned by a dead process; the next run
-removes both. A source that is a bundle in the cache (``CACHE/bundles/<key>``, published once and
-never written again) is *sealed*: when its identity (path, inode, mtime) matches the manifest,
-re-staging does not even walk it.
+only changed files, builds the new version in ``TO/.ocistage-tmp[-<uid>]/`` and publishes it
+with one ``rename()`` — or an atomic ``RENAME_EXCHANGE`` with the previous version, which is
+then removed. A killed stager leaves only a scratch dir and a lock owned by a dead process; the
+next run removes both. A source that is a bundle in the cache (``CACHE/bundles/<key>``,
+published once and never written again) is *sealed*: when its identity (path, inode, mtime)
+matches the manifest, re-staging does not even walk it.
 """
 
 from __future__ import annotations

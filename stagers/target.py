@@ -15,6 +15,7 @@ import json
 import os
 import re
 import stat
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -23,18 +24,27 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ocistage.cache.bundleinfo import SHARED_ROOT_ANNOTATION
-from ocistage.cache.errors import UsageError
+from ocistage.cache.errors import LockTimeout, StoreError, UntrustedPath, UsageError
 from ocistage.cache.fsops import (
+    DIR_READ,
     OWNER_SUFFIX,
+    PRIVATE_DIR_MODE,
     check_path_trusted,
-    check_trusted_dir,
     drop_owned_dir,
     hardlinks_work,
+    identity,
     make_owned_dir,
     remove_tree,
+    trust_problem,
 )
 from ocistage.cache.locks import FileLock
-from ocistage.cache.staged import RESERVED_PREFIX, TMP_DIR, outer_marker_name, plain_name
+from ocistage.cache.staged import (
+    RESERVED_PREFIX,
+    outer_marker_name,
+    plain_name,
+    shared_target,
+    tmp_name,
+)
 from ocistage.stagers.errors import StageError, StageUsageError
 
 
@@ -141,17 +151,130 @@ def publish(scratch: Path, final: Path) -> Path | None:
 
 # -- scratch space and locks ------------------------------------------------------------------
 
-def tmp_dir(to: Path) -> Path:
-    """``TO/.ocistage-tmp``, made if needed; ``TO`` and it must be trusted (docs/trust.md):
-    every directory above ``TO`` (:func:`ocistage.cache.fsops.walk_trusted`), ``TO`` owned by
-    the caller or root and not writable by others, or a sticky directory like ``/tmp`` (then
-    ``.ocistage-tmp`` must be the caller's)."""
+#: a per-user directory of ``TO`` (scratch dir, pool) that vanished or turned out to be
+#: another's while being entered is looked up again at most this often
+ENTER_ATTEMPTS = 5
+SQUAT_HINT = ("another user made that name first (in a sticky directory every user may make "
+              "names), and ocistage never uses what another user made there: ask them or an "
+              "administrator to remove it, or stage elsewhere (--to DIR)")
+
+
+def target_is_shared(to: Path) -> bool:
+    """Whether the (trusted, existing) target ``to`` is shared by users
+    (:func:`ocistage.cache.staged.shared_target`): then its scratch dir and pool are per user."""
+    return shared_target(os.stat(to))
+
+
+def own_dir(to: Path, name: str, what: str, mode: int = PRIVATE_DIR_MODE) -> int:
+    """``TO/name`` made (one ``mkdir`` with ``mode``) if missing, opened without following a
+    link or waiting on a FIFO, and checked to be a directory of the caller (or root) that
+    others cannot write (:func:`ocistage.cache.fsops.trust_problem`); returns the opened
+    directory. In a shared target a co-tenant may have made the name first, as anything:
+    that is an :class:`UntrustedPath` naming them, with a hint, and nothing of theirs is
+    used or touched."""
+    path = to / name
+    for _ in range(ENTER_ATTEMPTS):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, mode)
+        try:
+            fd = os.open(path, DIR_READ | os.O_NONBLOCK)
+        except FileNotFoundError:
+            continue  # an empty one of ours removed in between (remove_tmp_dir)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            _refuse(path, what, os.lstat(path))
+        problem = trust_problem(os.fstat(fd))
+        if problem is None:
+            return fd
+        os.close(fd)
+        _refuse(path, what, os.lstat(path))
+    raise StageError(f"cannot make {what} {path}: it keeps disappearing",
+                     "another process removes it; try again")
+
+
+def _refuse(path: Path, what: str, st: os.stat_result) -> None:
+    problem = trust_problem(st)
+    if problem is None:  # replaced by a directory of ours since it was opened
+        problem = "changed while it was opened"
+    raise UntrustedPath(f"refusing {what} {path}: it {problem}",
+                        SQUAT_HINT if st.st_uid != os.geteuid() else None)
+
+
+def _check_target(to: Path) -> str:
     check_path_trusted(to, "stage target", make=0o755, shared=True)
-    path = to / TMP_DIR
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=0o755)
-    check_trusted_dir(path, "staging scratch directory")
-    return path
+    return tmp_name(target_is_shared(to))
+
+
+def tmp_dir(to: Path) -> Path:
+    """The caller's scratch dir in ``TO`` (:func:`ocistage.cache.staged.tmp_name`), made if
+    needed; ``TO`` and it must be trusted (docs/trust.md): every directory above ``TO``
+    (:func:`ocistage.cache.fsops.walk_trusted`), ``TO`` owned by the caller or root and not
+    writable by others, or a sticky directory like ``/tmp`` (shared: the scratch dir is
+    ``.ocistage-tmp-<uid>``, and must be the caller's, :func:`own_dir`)."""
+    name = _check_target(to)
+    os.close(own_dir(to, name, "staging scratch directory"))
+    return to / name
+
+
+def take_name_lock(to: Path, name: str, timeout: float = LOCK_TIMEOUT) -> FileLock:
+    """Take ``NAME``'s lock in the caller's scratch dir of ``TO`` (:func:`tmp_dir`), waiting
+    up to ``timeout`` seconds for another stager of ``NAME``.
+
+    The scratch dir is removed by the last stager that leaves it empty
+    (:func:`remove_tmp_dir`), and in a shared target another user could then make its name:
+    so the lock is known to be in the directory that was checked, and that directory to be
+    at its name, only once the lock file is in it (a directory with an entry is never
+    removed by a stager, and in a sticky target nobody else may remove or rename one of
+    ours). If it vanished or was replaced meanwhile, the lock is dropped and taken again."""
+    deadline = time.monotonic() + timeout
+    scratch_name = _check_target(to)
+    while True:
+        fd = own_dir(to, scratch_name, "staging scratch directory")
+        try:
+            lock = FileLock(to / scratch_name / f"{name}.lock")
+            try:
+                lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
+            except StoreError as exc:
+                if not isinstance(exc.__cause__, FileNotFoundError):
+                    raise
+            else:
+                if in_checked_dir(fd, f"{name}.lock", to / scratch_name):
+                    return lock
+                lock.release()
+        finally:
+            os.close(fd)
+        # the directory went while this waited (its last stager left it empty), or was
+        # replaced: look it up again
+        if time.monotonic() > deadline:
+            raise LockTimeout(f"timed out waiting for lock {lock.path}")
+
+
+def in_checked_dir(fd: int, entry: str, path: Path) -> bool:
+    """Whether ``entry`` is in the opened directory ``fd``, and ``fd`` is at ``path``."""
+    try:
+        os.stat(entry, dir_fd=fd, follow_symlinks=False)
+        return identity(os.lstat(path)) == identity(os.fstat(fd))
+    except OSError:
+        return False
+
+
+def remove_tmp_dir(to: Path) -> None:
+    """Remove the caller's scratch dir of ``TO`` if it is empty (the last stager using it has
+    ended); never one that is not a directory of the caller's, never through a link, and
+    never waiting (issue 34). A stager entering it at the same time makes it again
+    (:func:`take_name_lock`)."""
+    with contextlib.suppress(OSError):
+        name = tmp_name(target_is_shared(to))
+        fd = os.open(to / name, DIR_READ | os.O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid() or os.listdir(fd):
+                return
+            if identity(os.lstat(to / name)) == identity(st):
+                os.rmdir(to / name)  # fails if a stager has made an entry since
+        finally:
+            os.close(fd)
 
 
 def clean_leftovers(to: Path, name: str) -> None:
@@ -163,7 +286,7 @@ def clean_leftovers(to: Path, name: str) -> None:
     filesystem a builder on another node would look dead after a minute. Scratch dirs of other
     names are left to their own stagers.
     """
-    tmp = to / TMP_DIR
+    tmp = to / tmp_name(target_is_shared(to))
     pattern = re.compile(
         rf"{re.escape(name)}\.\d+-[0-9a-f]{{10}}(\.old|{re.escape(OWNER_SUFFIX)})?")
     try:
@@ -181,10 +304,6 @@ def new_scratch(to: Path, name: str) -> Path:
 
 def drop_scratch(scratch: Path) -> None:
     drop_owned_dir(scratch)
-
-
-def name_lock(to: Path, name: str) -> FileLock:
-    return FileLock(tmp_dir(to) / f"{name}.lock")
 
 
 # -- the staged state -----------------------------------------------------------------------
@@ -233,7 +352,8 @@ def choose_method(source: Path, to: Path, link: bool | None, sealed: bool) -> Me
 
 def hardlinks_between(source: Path, to: Path) -> bool:
     """Whether files of the tree ``source`` can be hard-linked into ``to``: a regular file at
-    its top (``config.json`` first) is linked into ``TO/.ocistage-tmp`` for real, since two
+    its top (``config.json`` first) is linked into the caller's scratch dir of ``TO``
+    (:func:`tmp_dir`) for real, since two
     mount points of one filesystem (bind mounts, per-job tmpfs namespaces) share ``st_dev``
     but refuse links with EXDEV. A tree without such a file compares ``st_dev``."""
     candidates = [source / "config.json"]

@@ -1,15 +1,21 @@
 """A second, unprivileged user on this host for the multi-user tests (docs/trust.md): the
 co-tenant is ``nobody``, run through ``setpriv``, in a sticky world-writable directory like
-``/tmp`` or ``/scratch``."""
+``/tmp`` or ``/scratch``; :func:`created_user` makes a third (``useradd``), removed after.
+:class:`User` runs the ``ocistage`` command of this environment as any of them."""
 
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -40,3 +46,79 @@ def sticky_directory(prefix: str) -> Iterator[Path]:
         yield shared
     finally:
         shutil.rmtree(base)
+
+
+#: the ``ocistage`` command of the environment the tests run in
+OCISTAGE = str(Path(sys.executable).parent / "ocistage")
+
+
+@dataclass(frozen=True)
+class User:
+    """A user of this host whom commands run as (through ``setpriv``, but for root), with a
+    home of their own under ``homes`` (a directory every user can reach) holding their
+    cache."""
+
+    name: str
+    uid: int
+    gid: int
+
+    def argv(self, *argv: str) -> list[str]:
+        if self.uid == os.geteuid():
+            return list(argv)
+        return ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups",
+                *argv]
+
+    def home(self, homes: Path) -> Path:
+        home = homes / self.name
+        if not home.is_dir():
+            home.mkdir(mode=0o700)
+            os.chown(home, self.uid, self.gid)
+        return home
+
+    def env(self, homes: Path) -> dict[str, str]:
+        home = self.home(homes)
+        return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
+                "OCISTAGE_CACHE": str(home / "cache"), "LANG": "C.UTF-8"}
+
+    def ocistage(self, homes: Path, *args: str,
+                 timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """``ocistage ARGS`` as this user, from ``/``."""
+        return subprocess.run(self.argv(OCISTAGE, *args), env=self.env(homes), cwd="/",
+                              capture_output=True, text=True, timeout=timeout, check=False)
+
+    def start(self, homes: Path, *args: str) -> subprocess.Popen[str]:
+        """``ocistage ARGS`` as this user, started (not waited for)."""
+        return subprocess.Popen(self.argv(OCISTAGE, *args), env=self.env(homes), cwd="/",
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+NOBODY_USER = User("nobody", NOBODY, NOBODY)
+ROOT = User("root", 0, 0)
+
+
+def _retried(argv: list[str]) -> None:
+    """Run ``argv`` (useradd, userdel), again while another process holds /etc/passwd."""
+    deadline = time.monotonic() + 60
+    while True:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        if result.returncode == 0:
+            return
+        if "lock" not in result.stderr or time.monotonic() > deadline:
+            raise AssertionError(f"{argv}: {result.stderr}")
+        time.sleep(0.2)
+
+
+@contextmanager
+def created_user() -> Iterator[User]:
+    """A new unprivileged user (``useradd``, no home, a group of its own), removed with its
+    group afterwards (``userdel``)."""
+    for tool in ("useradd", "userdel"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is missing")
+    name = f"ocst{uuid.uuid4().hex[:8]}"
+    _retried(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name])
+    try:
+        entry = pwd.getpwnam(name)
+        yield User(name, entry.pw_uid, entry.pw_gid)
+    finally:
+        _retried(["userdel", name])

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -12,12 +18,17 @@ from ocistage.cache.errors import UsageError
 from ocistage.cache.leases import (
     Holder,
     Lease,
+    StagedPlace,
     acquire,
     all_leases,
     dead_leases,
     is_live,
     leases_on,
+    leases_on_place,
     release,
+    same_place,
+    staged_groups,
+    staged_identity,
 )
 
 
@@ -86,3 +97,99 @@ def test_job_states_are_asked_once_for_all_jobs(tmp_path: Path) -> None:
 def test_invalid_job_id_is_refused() -> None:
     with pytest.raises(UsageError):
         Holder.slurm_job("12; rm -rf /")
+
+
+# -- staged places: a directory made again is another place -------------------------------------
+
+#: mkdir calls :func:`made_with_inode` tries at most for an inode number a removal freed
+INODE_ATTEMPTS = 5000
+
+
+@contextmanager
+def reusing_filesystem(tmp_path: Path) -> Iterator[Path]:
+    """A directory where a directory made right after one was removed gets its inode number:
+    on a small ext4 filesystem of the test's own (loop-mounted; as root), where nothing else
+    makes or frees inodes meanwhile; else ``tmp_path`` (where another process may take the
+    number first: :func:`made_with_inode` then fails and the test skips)."""
+    image, mountpoint = tmp_path / "ext4.img", tmp_path / "ext4"
+    if os.geteuid() != 0 or shutil.which("mkfs.ext4") is None:
+        yield tmp_path
+        return
+    with open(image, "wb") as out:
+        out.truncate(32 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
+    mountpoint.mkdir()
+    mounted = subprocess.run(["mount", "-o", "loop", str(image), str(mountpoint)],
+                             capture_output=True, check=False)
+    if mounted.returncode != 0:  # no loop devices here
+        yield tmp_path
+        return
+    try:
+        yield mountpoint
+    finally:
+        if subprocess.run(["umount", str(mountpoint)], capture_output=True,
+                          check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(mountpoint)], check=True)
+
+
+def made_with_inode(path: Path, ino: int) -> bool:
+    """Make directory ``path`` with inode number ``ino`` (one just freed), as a filesystem
+    that reuses numbers gives it (ext4 does at once): directories are made beside it until
+    one gets ``ino`` (bounded), which is renamed to ``path``; the others are removed. False
+    if the filesystem gave it to none."""
+    tried: list[Path] = []
+    try:
+        for n in range(INODE_ATTEMPTS):
+            candidate = path.with_name(f".try-{uuid.uuid4().hex[:8]}-{n}")
+            candidate.mkdir()
+            if candidate.stat().st_ino == ino:
+                candidate.rename(path)
+                return True
+            tried.append(candidate)
+        return False
+    finally:
+        for candidate in tried:
+            candidate.rmdir()
+
+
+def test_a_directory_made_again_with_the_old_inode_number_is_another_place(
+        tmp_path: Path) -> None:
+    with reusing_filesystem(tmp_path) as where:
+        old = where / "old"
+        old.mkdir()
+        ino, before = old.stat().st_ino, staged_identity(old / "app")
+        lease = StagedPlace.of(old / "app").acquire(tmp_path / "cache", Holder.pin("job"))
+        old.rmdir()
+        new = where / "new"
+        if not made_with_inode(new, ino):
+            pytest.skip(f"the filesystem of {where} did not give inode {ino} again")
+        after = staged_identity(new / "app")
+        assert before.split("/")[0].split(":")[:2] == after.split("/")[0].split(":")[:2]
+        if before.count(":") < 2:
+            pytest.skip(f"the filesystem of {where} has no file handles")
+        assert before != after and not same_place(before, after)
+        assert leases_on_place(tmp_path / "cache", StagedPlace.of(new / "app")) == []
+        mine = StagedPlace.of(new / "app").acquire(tmp_path / "cache", Holder.pin("job"))
+        assert sorted(map(len, staged_groups([lease, mine]))) == [1, 1]
+
+
+def test_an_identity_an_earlier_release_recorded_still_counts(tmp_path: Path) -> None:
+    """A lease file of the previous release records ``st_dev:st_ino/NAME`` (no file handle):
+    it is on the place of that inode and name, and GC groups it with the leases there."""
+    target = tmp_path / "target"
+    target.mkdir()
+    st = target.stat()
+    old_form = f"{st.st_dev}:{st.st_ino}/app"
+    (tmp_path / "cache" / "leases").mkdir(parents=True)
+    (tmp_path / "cache" / "leases" / "old.json").write_text(json.dumps({
+        "id": "old", "target": "staged:/elsewhere/spelled/app", "also": [], "created": 1.0,
+        "identity": old_form, "holder": {"kind": "pin", "host": "h", "name": "job",
+                                         "pid": None, "start": None, "job_id": None}}))
+    place = StagedPlace.of(target / "app")
+    assert place.identity != old_form and same_place(old_form, place.identity)
+    assert not same_place(old_form, f"{st.st_dev}:{st.st_ino}/other")
+    assert [lease.id for lease in leases_on_place(tmp_path / "cache", place)] == ["old"]
+    new = place.acquire(tmp_path / "cache", Holder.pin("other"))
+    groups = staged_groups(all_leases(tmp_path / "cache"))
+    assert [sorted(lease.id for lease in group) for group in groups] == \
+        [sorted(["old", new.id])]

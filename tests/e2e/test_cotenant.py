@@ -16,7 +16,7 @@ import pytest
 import xxhash
 
 from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
-from tests.cotenant import NOBODY, as_nobody, second_user, sticky_directory
+from tests.cotenant import NOBODY, NOBODY_USER, as_nobody, second_user, sticky_directory
 from tests.e2e.conftest import OcistageRunner
 
 pytestmark = second_user
@@ -129,16 +129,59 @@ def test_a_target_another_user_made_first_is_refused(
 @pytest.mark.parametrize("planted", [".ocistage-pool", ".ocistage-tmp"])
 def test_a_pool_or_tmp_another_user_made_in_a_sticky_target_is_refused(
         tmp_path: Path, ocistage: OcistageRunner, shm_shared: Path, planted: str) -> None:
+    """In a shared target root's pool and scratch dir are ``.ocistage-pool-0`` and
+    ``.ocistage-tmp-0``: one the co-tenant made first (with entries under the image's keys)
+    stops the stage with one error naming them and a hint; the plain names, which are
+    nobody's own there, are not in the way."""
     bundle = tmp_path / "bundle"
     ocistage("bundle", files_image(tmp_path), str(bundle), "--cmd", "/bin/sh", check=True)
-    if planted == ".ocistage-pool":
-        plant_pool(shm_shared / planted, tmp_path)
-    else:
-        as_nobody("mkdir", str(shm_shared / planted))
+    squatted = shm_shared / f"{planted}-{os.geteuid()}"
+    for path in (shm_shared / planted, squatted):
+        if planted == ".ocistage-pool":
+            plant_pool(path, tmp_path)
+        else:
+            as_nobody("mkdir", str(path))
     result = ocistage("stage", str(bundle), "--to", str(shm_shared), "--name", "mine")
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert f"{shm_shared / planted}: it is owned by nobody (uid 65534)" in result.stderr
+    assert f"{squatted}: it is owned by nobody (uid 65534)" in result.stderr
+    assert "hint: another user made that name first" in result.stderr
     assert not (shm_shared / "mine").exists()
+    assert sorted(os.listdir(shm_shared)) == sorted([planted, squatted.name])
+    as_nobody("rm", "-r", str(squatted))  # as an administrator would have them
+    staged = json.loads(ocistage("stage", str(bundle), "--to", str(shm_shared), "--name",
+                                 "mine", "--json", check=True).stdout)
+    assert staged["method"] == "pool"
+    assert_no_planted_data(shm_shared / "mine" / "rootfs")
+    assert sorted(os.listdir(shm_shared)) == sorted(
+        {planted, f".ocistage-pool-{os.geteuid()}", "mine"})
+
+
+def test_root_and_a_cotenant_stage_an_image_into_one_sticky_target_at_once(
+        ocistage: OcistageRunner, shm_shared: Path) -> None:
+    """``stage REF`` (pull, bundle, stage) by root and by nobody, each with their own cache,
+    at once and then again, into one sticky target (issue 39): both are staged, each
+    through their own scratch dir, and none stays."""
+    public = shm_shared.parent / "public"  # the layout and nobody's home: all may read it
+    public.mkdir()
+    write_oci_layout(public / "layout", [build_tar([
+        file(name, data, mode) for name, (data, mode) in IMAGE_FILES.items()])],
+        tag="files", container={"Cmd": ["/bin/sh"]})
+    ref = f"oci:{public / 'layout'}:files"
+    subprocess.run(["chmod", "-R", "a+rX", str(public)], check=True)
+    for _ in range(2):
+        theirs = NOBODY_USER.start(public, "stage", ref, "--to", str(shm_shared), "--name",
+                                   "theirs")
+        mine = ocistage("stage", ref, "--to", str(shm_shared), "--name", "mine")
+        _, err = theirs.communicate(timeout=300)
+        assert theirs.returncode == 0, err
+        assert mine.returncode == 0, mine.stderr
+    for name, uid in (("theirs", NOBODY), ("mine", os.geteuid())):
+        assert (shm_shared / name).stat().st_uid == uid
+        motd = shm_shared / name / "rootfs" / "etc" / "motd"
+        assert motd.read_bytes() == IMAGE_FILES["etc/motd"][0] and motd.stat().st_uid == uid
+    # root's cache is on another filesystem (its pool); nobody's beside the target (links)
+    assert sorted(os.listdir(shm_shared)) == sorted(
+        [f".ocistage-pool-{os.geteuid()}", "mine", "theirs"])
 
 
 def test_planted_retired_versions_in_a_sticky_target_are_left_alone(

@@ -96,7 +96,7 @@ def test_multilayer_image_stages_and_unstages_completely(
                           if p.name not in (MARKER_NAME, ".ocistage-manifest.json"))
     assert staged_names == names
     ocistage("unstage", str(staged), check=True)
-    assert sorted(os.listdir(shm)) == [".ocistage-pool", ".ocistage-tmp"]
+    assert sorted(os.listdir(shm)) == [".ocistage-pool"]  # the empty scratch dir went
     assert [p for p in (shm / ".ocistage-pool").rglob("*") if p.is_file()] == []
 
 
@@ -229,7 +229,7 @@ def test_cache_gc_unmounts_and_removes_a_squashfs_mount_of_an_ended_job(
         for path in (staged, Path(str(kept["path"]))):
             if os.path.ismount(path):
                 subprocess.run(["umount", str(path)], check=False)
-    assert sorted(os.listdir(target)) == [".ocistage-tmp"]
+    assert sorted(os.listdir(target)) == []
 
 
 def test_cache_gc_removes_a_pool_bundle_of_an_ended_job_and_sweeps_its_pool(
@@ -251,8 +251,7 @@ def test_cache_gc_removes_a_pool_bundle_of_an_ended_job_and_sweeps_its_pool(
     assert all(p.stat().st_nlink > 1 for p in after)  # ... and every entry left is in use
     assert {p.stat().st_ino for p in after} <= live_files
     assert (shm / "user-file").read_text() == "not ocistage's\n"
-    assert sorted(os.listdir(shm)) == [".ocistage-pool", ".ocistage-tmp", live.name,
-                                       "user-file"]
+    assert sorted(os.listdir(shm)) == [".ocistage-pool", live.name, "user-file"]
     result = run_bundle(live, tmp_path / "runc")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == GREETING

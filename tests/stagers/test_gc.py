@@ -64,7 +64,7 @@ def test_gc_unmounts_and_removes_a_mounted_image_of_a_dead_job(tree: Path,
             staged.unmount(result.path)
     assert staged_removed(report) == {str(result.path)}
     assert not os.path.lexists(result.path)
-    assert sorted(os.listdir(target)) == [".ocistage-tmp"]  # the image went too
+    assert sorted(os.listdir(target)) == []  # the image went too (and no scratch dir stays)
     assert leases.all_leases(cache) == []
     assert (tree / "config.json").exists()  # the source is untouched
 
@@ -102,7 +102,7 @@ def test_gc_collects_an_image_fetched_from_a_url_once_its_lease_is_dead(
         if os.path.ismount(result.path):
             staged.unmount(result.path)
     assert staged_removed(report) == {str(result.path)}
-    assert sorted(os.listdir(target)) == [".ocistage-tmp"]
+    assert sorted(os.listdir(target)) == []
     assert (tmp_path / "remote" / "img.sqfs").is_file()  # the remote copy stays
 
 
@@ -131,7 +131,7 @@ def test_gc_removes_a_dead_pool_bundle_and_sweeps_what_only_it_used(
             (live_src / "rootfs" / "bin" / f"f{n}").read_bytes()
     assert outside.read_text() == "not ocistage's\n"
     assert sorted(os.listdir(other_fs)) == sorted(
-        [".ocistage-pool", ".ocistage-tmp", "live", "user-file"])
+        [".ocistage-pool", "live", "user-file"])
 
 
 def test_a_stager_waits_for_a_running_gc_before_looking(tree: Path, tmp_path: Path) -> None:
@@ -211,7 +211,7 @@ def test_unstage_by_the_first_holder_hands_the_marker_to_a_remaining_lease(
             staged.unmount(first.path)
     assert staged_removed(report) == {str(first.path)}
     # a tree of the user's is staged through the pool (issue 27.7): emptied with the bundle
-    assert sorted(os.listdir(target)) in ([".ocistage-tmp"], [".ocistage-pool", ".ocistage-tmp"])
+    assert sorted(os.listdir(target)) in ([], [".ocistage-pool"])
     assert not [p for p in (target / ".ocistage-pool").rglob("*") if p.is_file()]
     assert leases.all_leases(cache) == []
 
@@ -294,13 +294,13 @@ def test_a_gc_killed_after_unmounting_is_finished(tree: Path, tmp_path: Path,
     cache, target = tmp_path / "cache", tmp_path / "t"
     result = _staged_then_cut_short(tree, target, cache, "squashfs", "unmount", DEAD_JOB,
                                     by="gc")
-    assert sorted(os.listdir(target)) == [".bundle.ocistage-staged.json", ".ocistage-tmp",
-                                          "bundle", "bundle.sqfs"]
+    assert sorted(os.listdir(target)) == [".bundle.ocistage-staged.json", "bundle",
+                                          "bundle.sqfs"]
     if finisher == "unstage":
         assert unstage(result.path, cache_root=cache)
     else:
         assert staged_removed(gc(cache)) == {str(result.path)}
-    assert sorted(os.listdir(target)) == [".ocistage-tmp"]
+    assert sorted(os.listdir(target)) == []
     assert leases.all_leases(cache) == []
 
 
@@ -315,5 +315,5 @@ def test_a_stage_after_an_unstage_cut_short_finishes_it(tree: Path, tmp_path: Pa
     _staged_then_cut_short(tree, target, cache, fmt, step, Holder.pin("p"))
     assert os.path.lexists(target / staged.outer_marker_name("bundle"))
     again = stage_directory(tree, target, cache_root=cache, holder=Holder.pin("p"))
-    assert sorted(os.listdir(target)) == [".ocistage-pool", ".ocistage-tmp", "bundle"]
+    assert sorted(os.listdir(target)) == [".ocistage-pool", "bundle"]
     assert [lease.id for lease in leases.all_leases(cache)] == [again.lease_id]

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from ocistage.cache import leases
+from ocistage.cache.fsops import remove_tree
 from ocistage.cache.gc import collect
 from ocistage.cache.leases import Holder
 from ocistage.cache.staged import MARKER_NAME
@@ -28,6 +29,7 @@ from ocistage.stagers.markers import Marker, hold
 from ocistage.stagers.retired import retired_versions
 from ocistage.stagers.stage import StageResult, stage_directory
 from ocistage.stagers.unstage import unstage
+from tests.cache.test_leases import made_with_inode, reusing_filesystem
 from tests.stagers.test_retired import PIN, _source, _write, live_holder
 
 Scenario = Callable[[Path, Path, Path], None]
@@ -160,3 +162,30 @@ def test_through_a_bind_mount(tmp_path: Path, scenario: Scenario) -> None:
     real.mkdir()
     bind.mkdir()
     _in_mount_namespace(scenario, tmp_path, bind, real)
+
+
+def test_a_target_made_again_with_the_old_inode_number_is_another_place(
+        tmp_path: Path) -> None:
+    """A job stages into a directory, which is removed (the version with it); a new one gets
+    the old inode number (ext4 gives it at once) and the job stages into that: the version
+    there is removed by GC once the job has ended (it kept its first lease, which the new
+    version's marker named, and GC found nothing at that lease's path)."""
+    source, cache = _source(tmp_path / "src", "one\n"), tmp_path / "cache"
+    with reusing_filesystem(tmp_path) as where:
+        old, new = where / "targets" / "old", where / "targets" / "new"
+        old.mkdir(parents=True)
+        with live_holder() as job:
+            _stage(source, old, cache, holder=job)
+            ino = old.stat().st_ino
+            remove_tree(old)
+            if not made_with_inode(new, ino):
+                pytest.skip(f"the filesystem of {where} did not give inode {ino} again")
+            again = _stage(source, new, cache, holder=job)
+            [lease] = [lease for lease in leases.all_leases(cache)
+                       if lease.id == again.lease_id]
+            collect(Store.open(cache))
+            assert (new / "app" / "rootfs" / "etc" / "version").read_text() == "one\n"
+        collect(Store.open(cache))  # the job has ended
+        assert not os.path.lexists(new / "app")
+    assert leases.all_leases(cache) == []
+    assert lease.target == f"staged:{new / 'app'}"  # what the marker named: a new lease

@@ -58,7 +58,7 @@ def test_unpacked_image_reproduces_the_tree(tree: Path, tmp_path: Path) -> None:
     assert changed.copied == changed.files
     assert (changed.path / "rootfs" / "bin" / "f4").read_text() == "changed\n"
     assert unstage(changed.path, cache_root=cache)
-    assert sorted(os.listdir(tmp_path / "t")) == [".ocistage-tmp"]
+    assert sorted(os.listdir(tmp_path / "t")) == []
     assert leases.leases_on(cache, f"staged:{changed.path}") == []
 
 

@@ -73,7 +73,7 @@ def test_staged_tree_equals_the_source(tree: Path, tmp_path: Path, other_fs: Pat
     assert marker.id == result.lease_id and marker.source == str(tree)
     lease_list = leases.leases_on(tmp_path / "cache", f"staged:{result.path}")
     assert [lease.id for lease in lease_list] == [result.lease_id]
-    assert os.listdir(to / TMP_DIR) == ["bundle.lock"] or os.listdir(to / TMP_DIR) == []
+    assert not os.path.lexists(to / TMP_DIR)  # the scratch dir goes once it is empty
 
 
 @pytest.mark.parametrize("link", [None, False])
@@ -255,7 +255,7 @@ def test_eight_concurrent_stagers_make_one_copy(tree: Path, tmp_path: Path,
     builders = [r for r in results if r["copied"]]
     assert len(builders) == 1  # one built it; the other seven found it staged
     assert all(r["unchanged"] == files for r in results if r not in builders)
-    assert sorted(os.listdir(other_fs)) == [".ocistage-pool", ".ocistage-tmp", "bundle"]
+    assert sorted(os.listdir(other_fs)) == [".ocistage-pool", "bundle"]
     assert len(leases.leases_on(cache, f"staged:{other_fs / 'bundle'}")) == 8
     assert _tree_view(other_fs / "bundle") == _tree_view(tree)
 
@@ -286,8 +286,7 @@ def test_a_killed_stager_leaves_nothing_visible_and_the_next_run_completes(
     result = _stage(source, to, cache, link=False)
     assert result.files == 3000 and result.copied == 3000
     assert _tree_view(result.path) == _tree_view(source)
-    leftovers = [p.name for p in (to / TMP_DIR).iterdir()]
-    assert leftovers == [] or leftovers == ["big.lock"]
+    assert not os.path.lexists(to / TMP_DIR)  # the killed one's scratch and lock went too
 
 
 def test_a_symlink_planted_in_a_writable_copy_is_not_followed_on_restage(
