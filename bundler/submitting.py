@@ -1,6 +1,6 @@
 """``submit_image()``: the library call behind ``ocistage submit`` — a REF is bundled into the
-cache (:func:`ocistage.bundler.bundle.make_bundle`), then staged where the job runs and handed to
-Slurm
+cache (:func:`bundle_for_submit`, :func:`ocistage.bundler.bundle.make_bundle`), then staged where
+the job runs and handed to Slurm (:func:`submit_bundle`)
 (:func:`ocistage.runtimes.submit.submit`: held ``sbatch --container``, its lease, the ``afterany``
 cleanup job; or ``srun --container``).
 
@@ -11,6 +11,7 @@ submitted, and ``runtimes`` knows nothing of registries. No other bundler module
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ocistage.cache.errors import UsageError
 
 if TYPE_CHECKING:
+    from ocistage.bundler.bundle import BundleResult
     from ocistage.bundler.image.reference import ImageSource
     from ocistage.bundler.pull import PullOptions, PullProgress
     from ocistage.cache.notice import Notice
@@ -58,13 +60,15 @@ def check_stage_target(target: str) -> Path:
     return Path(target).absolute()
 
 
-def submit_image(source: ImageSource, options: SubmitOptions, *, store: Store,
-                 pull_options: PullOptions, map_root: bool = False,
-                 progress: PullProgress | None = None) -> Submitted:
-    """Bundle ``source`` and submit it as ``options`` say (module docstring)."""
+def bundle_for_submit(source: ImageSource, options: SubmitOptions, *, store: Store,
+                      pull_options: PullOptions, map_root: bool = False,
+                      progress: PullProgress | None = None) -> BundleResult:
+    """The bundle ``submit`` hands to Slurm: ``source`` bundled into the cache (with the
+    caller's values where ``--host-env`` asks for them). Its warnings are the caller's to show
+    before :func:`submit_bundle` runs the job (an ``srun`` job writes to the same terminal)."""
     from ocistage.bundler.bundle import make_bundle
     from ocistage.bundler.runtime_config import ConfigOptions
-    from ocistage.runtimes.submit import check_options, host_overrides, submit
+    from ocistage.runtimes.submit import check_options, host_overrides
 
     check_options(options.options)  # before anything is pulled
     bundle = make_bundle(source, store, pull_options=pull_options,
@@ -74,5 +78,36 @@ def submit_image(source: ImageSource, options: SubmitOptions, *, store: Store,
         bundle = make_bundle(source, store, pull_options=pull_options,
                              config_options=ConfigOptions(map_root=map_root, env=overrides),
                              progress=progress)
+    return dataclasses.replace(bundle, warnings=(*bundle.warnings, *slurm_notices(bundle.path)))
+
+
+def slurm_notices(bundle: Path) -> tuple[Notice, ...]:
+    """What keeps Slurm's runc from running ``bundle`` for the caller (the check ``bundle``
+    makes for runc run here, :func:`ocistage.runtimes.userrun.slurm_run_notices`)."""
+    from ocistage.cache.errors import OcistageError
+    from ocistage.cache.jsondoc import parse_json, read_document
+    from ocistage.runtimes.userrun import slurm_run_notices
+
+    try:
+        config = parse_json(read_document(bundle / "config.json", owners="ours"))
+    except (OSError, ValueError, OcistageError):
+        return ()
+    return slurm_run_notices(config) if isinstance(config, dict) else ()
+
+
+def submit_bundle(bundle: BundleResult, options: SubmitOptions, *, store: Store) -> Submitted:
+    """Stage ``bundle`` and hand it to Slurm as ``options`` say (module docstring)."""
+    from ocistage.runtimes.submit import submit
+
     result = submit(bundle.path, options, cache_root=store.root)
     return Submitted(bundle.path, result, tuple(bundle.warnings))
+
+
+def submit_image(source: ImageSource, options: SubmitOptions, *, store: Store,
+                 pull_options: PullOptions, map_root: bool = False,
+                 progress: PullProgress | None = None) -> Submitted:
+    """Bundle ``source`` and submit it as ``options`` say: :func:`bundle_for_submit`, then
+    :func:`submit_bundle` (the command line shows the warnings between the two)."""
+    bundle = bundle_for_submit(source, options, store=store, pull_options=pull_options,
+                               map_root=map_root, progress=progress)
+    return submit_bundle(bundle, options, store=store)

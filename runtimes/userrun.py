@@ -79,6 +79,26 @@ def user_run_notices(config: Mapping[str, Any], bundle: Path, *, uid: int | None
     return tuple(notices)
 
 
+def slurm_run_notices(config: Mapping[str, Any], *, uid: int | None = None,
+                      find_runc: Callable[[], tuple[int, ...] | None] = runc_version,
+                      ) -> tuple[Notice, ...]:
+    """What keeps Slurm from running the rootless bundle of ``config`` for user ``uid``
+    (default: this process's) with the runc found here (``ocistage submit``; the nodes'
+    oci.conf names theirs, usually the same package): the check of :func:`user_run_notices`
+    that does not depend on this shell (oci.conf gives runc its ``--root``), said with the
+    option of ``submit``."""
+    uid = os.getuid() if uid is None else uid
+    if uid == 0 or not _user_namespace(config):
+        return ()
+    process_uid = _process_uid(config)
+    if process_uid == 0:
+        return ()
+    version = find_runc()
+    if version is None or version >= RUNC_WITHOUT_ROOT_MAPPING:
+        return ()
+    return (_runc_mapping_notice(version, process_uid, "submit"),)
+
+
 def user_run_command(bundle: Path, runtime: str = "runc") -> str:
     """The command line that runs ``bundle`` as a user without a usable XDG_RUNTIME_DIR."""
     return (f"{runtime} --root {USER_STATE_DIR.format(runtime=runtime)} run -b "
@@ -103,15 +123,18 @@ def _writable_dir(path: str) -> bool:
     return bool(path) and os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
 
 
-def _runc_mapping_notice(version: tuple[int, ...], process_uid: int) -> Notice:
+def _runc_mapping_notice(version: tuple[int, ...], process_uid: int,
+                         command: str = "bundle") -> Notice:
     shown = ".".join(map(str, version))
+    fix = ("make the bundle with --map-root" if command == "bundle" else
+           f"{command} with --map-root")
     return Notice(Kind.RUNTIME, (
         f"runc {shown} (on PATH) cannot run this bundle as you: its process runs as the image "
         f"user (uid {process_uid}) in a user namespace, and runc before 1.2 also needs "
         "container uid 0 mapped, which only root may map (runc says 'User namespaces "
         "enabled, but no user mapping found.' or 'fchown fd 7: operation not permitted'); "
-        "make the bundle with --map-root (you run as root in the container, which is you "
-        "outside), or run it with crun"))
+        f"{fix} (you run as root in the container, which is you outside), or run it with "
+        "crun"))
 
 
 def _state_dir_notice(runtime_dir: str, bundle: Path) -> Notice:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -298,7 +299,7 @@ def submit_command(
     The options between REF and -- go to sbatch (or srun with --srun), the words after --
     are the job's command; a cleanup job removes the staged bundle after the job.
     """
-    from ocistage.bundler.submitting import check_stage_target, submit_image
+    from ocistage.bundler.submitting import bundle_for_submit, check_stage_target, submit_bundle
     from ocistage.runtimes.submit import SubmitOptions, check_options, this_ocistage
 
     check_options(ctx.args)  # part of parsing: the sbatch options passed through
@@ -310,9 +311,12 @@ def submit_command(
         ocistage=this_ocistage(), image_env=not host_env)
     source, store, pulling = opts.image_inputs(ref, settings)
     with opts.progress() as progress:
-        submitted = submit_image(source, options, store=store, pull_options=pulling,
-                                 map_root=map_root, progress=progress)
-    print_warnings(submitted.warnings, opts.quiet)
+        bundle = bundle_for_submit(source, options, store=store, pull_options=pulling,
+                                   map_root=map_root, progress=progress)
+    # before the job: an srun job writes to this terminal, and its output would come first
+    print_warnings(bundle.warnings, opts.quiet)
+    sys.stderr.flush()
+    submitted = submit_bundle(bundle, options, store=store)
     opts.emit(submitted, rich=True)
     if submitted.result.exit_code:
         raise typer.Exit(submitted.result.exit_code)

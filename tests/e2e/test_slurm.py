@@ -24,6 +24,7 @@ from ocistage.cache.store import Store
 from ocistage.stagers.markers import hold
 from ocistage.stagers.retired import retired_versions
 from ocistage.stagers.stage import stage_directory
+from pytest_ocistage.imagebuild import File, build_image, busybox_layer
 from pytest_ocistage.images import OS_RELEASE_NAME, ImageRef
 from pytest_ocistage.slurm import JobUser, SlurmCluster, read_output
 from tests.e2e.conftest import OcistageRunner
@@ -228,6 +229,31 @@ def test_submit_srun_blocks_and_passes_the_exit_status(
     values = _probe(result.stdout)
     assert values["NAME"] == OS_RELEASE_NAME
     assert values["uid"] == "1000 gid=1000"
+
+
+def test_submit_srun_says_its_warnings_before_the_job_runs(
+        slurm_cluster: SlurmCluster, ocistage: OcistageRunner, shared_dir: Path,
+        tmp_path: Path) -> None:
+    """Issue 38: a warning of `submit --srun` came after the job's output on the terminal
+    they share (it was printed with the result, once srun had returned). A group-shared cache
+    gives a setuid image a warning as the bundle is made; it must precede what the job says."""
+    layout = tmp_path / "layout"
+    busybox = Path(shutil.which("busybox") or "/bin/busybox").resolve()
+    build_image(layout, [busybox_layer(), {"bin/su": File(source=busybox, mode=0o4755)}],
+                tag="t", cmd=["/bin/echo", "the job speaks"])
+    cache = tmp_path / "group-cache"
+    cache.mkdir()
+    cache.chmod(0o2770)  # group-shared: setuid bits are taken, with a warning
+    result = subprocess.run(
+        [*ocistage.command, "submit", "--cache", str(cache), f"oci:{layout}:t", "--srun",
+         "--stage-to", str(shared_dir / "staged"), "--time=5"],
+        env=ocistage.environment(slurm_cluster.env), cwd=ocistage.cwd, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        timeout=300, check=False)
+    assert result.returncode == 0, result.stdout
+    lines = result.stdout.splitlines()
+    warning = next(n for n, line in enumerate(lines) if line.startswith("warning: 1 file(s)"))
+    assert warning < lines.index("the job speaks"), lines
 
 
 def test_submit_runs_the_image_command_without_one(

@@ -103,3 +103,20 @@ def test_the_command_line_quotes_the_bundle_and_keeps_home_for_the_shell() -> No
     assert user_run_command(BUNDLE) == \
         "runc --root \"$HOME/.local/state/runc\" run -b '/scratch/my bundle' NAME"
     assert user_run_command(BUNDLE, "crun").startswith('crun --root "$HOME/.local/state/crun"')
+
+
+def test_submit_is_told_what_bundle_is_told_about_runc_1_1() -> None:
+    """Issue 34 item 5: `submit` made jobs that failed under runc 1.1 for an image user other
+    than root, silently, where `bundle` warned; one check serves both, with the option of the
+    command that was run. What runc needs from this shell (XDG_RUNTIME_DIR) is not asked:
+    oci.conf gives runc its --root on the nodes."""
+    from ocistage.runtimes.userrun import slurm_run_notices
+
+    [notice] = slurm_run_notices(config(1000), uid=1000, find_runc=lambda: (1, 1, 5))
+    assert notice.kind is Kind.RUNTIME and "submit with --map-root" in notice.text
+    assert "make the bundle" not in notice.text
+    assert slurm_run_notices(config(0), uid=1000, find_runc=lambda: (1, 1, 5)) == ()
+    assert slurm_run_notices(config(1000), uid=0, find_runc=lambda: (1, 1, 5)) == ()
+    assert slurm_run_notices(config(1000), uid=1000, find_runc=lambda: (1, 2, 0)) == ()
+    assert slurm_run_notices(config(1000, user_namespace=False), uid=1000,
+                             find_runc=lambda: (1, 1, 5)) == ()
