@@ -133,7 +133,11 @@ def parse_enroot_uri(text: str) -> EnrootUri:
         registry = DEFAULT_REGISTRY
         if "/" not in repository:
             repository = OFFICIAL_REPOSITORY_PREFIX + repository
-    return EnrootUri(user, RegistryReference(registry, repository, parsed.tag, parsed.digest))
+    try:
+        return EnrootUri(user, RegistryReference(registry, repository, parsed.tag,
+                                                 parsed.digest))
+    except InvalidReference as exc:  # the registry before '#' (a port out of range, ...)
+        raise InvalidReference(f"{text!r}: {exc.message}", exc.hint) from exc
 
 
 def _split_user(body: str, text: str) -> tuple[str | None, str]:

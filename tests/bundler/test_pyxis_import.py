@@ -71,7 +71,8 @@ def test_enroot_uri_with_digest() -> None:
 
 @pytest.mark.parametrize("uri", ["docker://", "docker://reg#", "docker://#img",
                                  "docker://a#b#c", "docker://reg/x#img", "docker://re g#img",
-                                 "docker://u s@reg#img"])
+                                 "docker://u s@reg#img", "docker://127.0.0.1:99999#lib/app:1",
+                                 "docker://reg.io:0#app", "docker://127.0.0.1:65536/lib/app"])
 def test_bad_enroot_uris(uri: str) -> None:
     with pytest.raises(InvalidReference):
         parse_enroot_uri(uri)
@@ -356,10 +357,11 @@ def test_cli_errors_are_one_error_and_hint_line(capsys: pytest.CaptureFixture[st
                                                 tmp_path: Path) -> None:
     monkeypatch.setenv("OCISTAGE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("SLURM_JOB_ID", "3")
-    assert run(["get", "docker://reg#"]) == 2  # InvalidReference: a usage error
-    out, err = capsys.readouterr()
-    assert out == "" and err.startswith("error: ") and "\nhint: " in err
-    assert len(err.splitlines()) == 2
+    for uri in ("docker://reg#", "docker://127.0.0.1:99999#lib/app:1"):
+        assert run(["get", uri]) == 2  # InvalidReference: a usage error
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith("error: ") and "\nhint: " in err, err
+        assert len(err.splitlines()) == 2 and "internal error" not in err
     assert run(["frobnicate"]) == 2
     assert run(["release"]) == 0 and run(["release"]) == 0
     out, err = capsys.readouterr()
