@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ocistage.bundler.cli.pyxis import importer_hint, run
 from ocistage.bundler.errors import PyxisImportError
@@ -190,6 +192,127 @@ def test_rc_runs_as_enroot_runs_it(tmp_path: Path) -> None:
                            check=True)
     assert given.stdout == "[one][two]"
     assert (tmp_path / "wd").is_dir()
+
+
+@pytest.mark.parametrize(("config", "field"), [
+    ({"Labels": {"a\nrm -rf /": "v"}}, "config.Labels key"),
+    ({"Env": ["A=1", "B=2\nLD_PRELOAD=/tmp/x.so"]}, "config.Env[1]"),
+    ({"Volumes": {"/data\n/home /home": {}}}, "config.Volumes path"),
+    ({"Volumes": {"/data /x": {}}}, "config.Volumes path"),
+    ({"Volumes": {"/data\t/x": {}}}, "config.Volumes path"),
+    ({"Volumes": {"/../../../home": {}}}, "config.Volumes path"),
+    ({"Volumes": {"data": {}}}, "config.Volumes path"),
+    ({"Volumes": {"/${HOME}": {}}}, "config.Volumes path"),
+    ({"Volumes": {"/a\\040b": {}}}, "config.Volumes path"),
+    ({"WorkingDir": '/w"; touch /tmp/owned; "'}, "config.WorkingDir"),
+    ({"WorkingDir": "/w$(id)"}, "config.WorkingDir"),
+    ({"WorkingDir": "/w`id`"}, "config.WorkingDir"),
+    ({"WorkingDir": "/w\\"}, "config.WorkingDir"),
+    ({"WorkingDir": "/w\nid"}, "config.WorkingDir"),
+    ({"WorkingDir": "-"}, "config.WorkingDir"),
+    ({"WorkingDir": "/w\x00"}, "config.WorkingDir"),
+    ({"Env": ["A=\ud800"]}, "config.Env[0]"),
+    ({"Labels": {"k": "\x00"}}, "config.Labels['k']"),
+    ({"Entrypoint": ["/bin/sh", "\udcff"]}, "config.Entrypoint[1]"),
+    ({"Cmd": ["-c", "id"]}, "config.Cmd[0]"),
+    ({"Entrypoint": ["-a", "name", "/bin/sh"]}, "config.Entrypoint[0]"),
+])
+def test_values_that_change_enroots_files_are_refused(config: dict[str, object],
+                                                     field: str) -> None:
+    """enroot writes these raw (a line more in rc, environment or fstab, a host path bind
+    mounted, a command run by /etc/rc); the importer refuses them, naming image and field."""
+    with pytest.raises(PyxisImportError) as info:
+        enroot_files({"config": config}, "reg.io/hostile:1")
+    assert info.value.message.startswith(f"image reg.io/hostile:1: {field} "), info.value.message
+    assert info.value.hint and "docs/pyxis.md" in info.value.hint
+
+
+def test_what_enroot_changes_itself_is_kept_as_enroot_writes_it() -> None:
+    """A label value's newlines become spaces, an Entrypoint word with a newline is quoted,
+    a Cmd word may start with '-' after the program: the structure stays, byte parity with
+    enroot (docker.sh) where enroot's own output is well-formed."""
+    files, _ = enroot_files({"config": {"Labels": {"k": "a\nb"},
+                                        "Entrypoint": ["/bin/echo", "x\ny"], "Cmd": ["-n"],
+                                        "WorkingDir": "/w d/#x"}})
+    rc = files["etc/rc"].decode()
+    assert rc.startswith('# k a b\n\nmkdir -p "/w d/#x" 2> /dev/null\n')
+    assert "    exec '/bin/echo' $'x\\ny' '-n'\n" in rc
+
+
+# -- hostile strings in every field: refused, or the files' structure unchanged ----------------
+
+_HOSTILE_PIECES = [" ", "\t", "\n", "\r", "\v", "\f", "\x85", "\u2028", "\xa0", '"', "'", "`",
+                   "$", "${HOME}", "$(id)", "\\", "#", ";", "&&", "|", "-", "--", "..", "/",
+                   "\x00", "\ud800", "\udcff", "*", "!", "\x1b[0m", "=", ","]
+_hostile = st.one_of(
+    st.lists(st.sampled_from(_HOSTILE_PIECES) | st.text(max_size=3), max_size=8).map("".join),
+    st.text(),
+    st.text(st.characters(codec=None), min_size=1, max_size=20),
+    st.just("x" * 4096), st.just("/" + "a" * 4095), st.just("-x"), st.just("/a\n/b c"),
+)
+#: the fields of the config, each with a benign value of its kind and where a value goes
+_BENIGN = {
+    "label key": "org.example.key", "label value": "value", "Env": "B=2",
+    "Volumes": "/data", "WorkingDir": "/work", "Entrypoint": "/bin/prog",
+    "Entrypoint arg": "arg", "Cmd": "/bin/prog", "Cmd arg": "arg",
+}
+
+
+def _config(field: str, value: str) -> dict[str, object]:
+    config: dict[str, object] = {"Env": ["A=1"], "Volumes": {"/cache": {}},
+                                 "Labels": {"a": "1"}, "WorkingDir": "/",
+                                 "Entrypoint": ["/bin/entry"], "Cmd": ["c"]}
+    if field == "label key":
+        config["Labels"] = {"a": "1", value: "v"}
+    elif field == "label value":
+        config["Labels"] = {"a": "1", "b": value}
+    elif field == "Env":
+        config["Env"] = ["A=1", value]
+    elif field == "Volumes":
+        config["Volumes"] = {"/cache": {}, value: {}}
+    elif field == "WorkingDir":
+        config["WorkingDir"] = value
+    elif field in ("Entrypoint", "Cmd"):
+        config[field] = [value, "x"]
+        if field == "Cmd":
+            config["Entrypoint"] = []
+    else:
+        config[field.split()[0]] = ["/bin/prog", value]
+    return {"config": config}
+
+
+def _structure(files: dict[str, bytes]) -> dict[str, object]:
+    """What must not depend on a value: lines of each file, fields per fstab line, the
+    comment and exec lines of rc."""
+    text = {path: data.decode() for path, data in files.items()}
+    rc = text["etc/rc"].split("\n")
+    return {
+        "lines": {path: len(t.split("\n")) for path, t in text.items()},
+        "fstab fields": [len(line.split()) for line in text["etc/fstab"].split("\n")],
+        "fstab sources": [line.startswith("${ENROOT_ROOTFS}/")
+                          for line in text["etc/fstab"].split("\n") if line],
+        "rc comments": [n for n, line in enumerate(rc) if line.lstrip().startswith("#")],
+        "rc exec": [n for n, line in enumerate(rc) if line.lstrip().startswith("exec")],
+    }
+
+
+@pytest.mark.parametrize("field", sorted(_BENIGN))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=_hostile)
+def test_hostile_values_are_refused_or_change_no_structure(field: str, value: str) -> None:
+    bash = shutil.which("bash")
+    assert bash is not None
+    benign, _ = enroot_files(_config(field, _BENIGN[field]), "reg.io/x:1")
+    try:
+        files, workdir = enroot_files(_config(field, value), "reg.io/x:1")
+    except PyxisImportError as error:
+        assert error.message.startswith("image reg.io/x:1: config."), error.message
+        return
+    assert _structure(files) == _structure(benign), (field, value)
+    checked = subprocess.run([bash, "-n"], input=files["etc/rc"], capture_output=True,
+                             check=False)
+    assert checked.returncode == 0, checked.stderr
+    assert workdir == (value or "/" if field == "WorkingDir" else "/")
 
 
 MKSQUASHFS_HELP = """\
