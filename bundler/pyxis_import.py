@@ -38,6 +38,7 @@ import dataclasses
 import errno
 import hashlib
 import json
+import logging
 import os
 import re
 import shlex
@@ -59,7 +60,13 @@ from ocistage.bundler.image.reference import (
     RegistryReference,
     parse_registry_reference,
 )
-from ocistage.bundler.registry.credentials import DOCKER_HUB_ALIASES, Credentials, CredentialStore
+from ocistage.bundler.registry.credentials import (
+    DOCKER_HUB_ALIASES,
+    Credentials,
+    CredentialStore,
+    SkippedFile,
+    read_credentials_file,
+)
 from ocistage.bundler.settings import DEFAULT, Settings
 from ocistage.cache import leases
 from ocistage.cache.cpus import usable_cpus
@@ -81,6 +88,8 @@ from ocistage.stagers.mksquashfs import help_text
 
 if TYPE_CHECKING:
     from ocistage.bundler.pull import PullOptions
+
+log = logging.getLogger(__name__)
 
 #: bump when what goes into an image changes (the files of enroot_files, mksquashfs options)
 IMAGE_FORMAT = 2
@@ -230,7 +239,7 @@ class EnrootCredentials(CredentialStore):
     def __init__(self, user: str | None, environ: Mapping[str, str] | None = None) -> None:
         env = dict(os.environ if environ is None else environ)
         base = CredentialStore.from_environment(env)
-        super().__init__(base.files, env)
+        super().__init__(base.auth_files, env)
         self.user = user
         self.netrc = enroot_config_dir(env) / NETRC_NAME
         self._env = env
@@ -238,11 +247,7 @@ class EnrootCredentials(CredentialStore):
 
     def entries(self) -> list[NetrcEntry]:
         if self._entries is None:
-            try:
-                text = _read_small_text(self.netrc)
-            except FileNotFoundError:
-                text = ""
-            self._entries = parse_netrc(text, self._env, str(self.netrc))
+            self._entries = parse_netrc(_read_netrc(self.netrc), self._env, str(self.netrc))
         return self._entries
 
     def lookup(self, registry: str, repository: str | None = None) -> Credentials | None:
@@ -260,14 +265,24 @@ class EnrootCredentials(CredentialStore):
         return None
 
 
-def _read_small_text(path: Path, limit: int = 1 << 20) -> str:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as file:
-        data = file.read(limit + 1)
-    if len(data) > limit:
-        raise PyxisImportError(f"{path} is larger than {limit} bytes",
-                               "a credentials file holds a few lines")
-    return data.decode("utf-8", errors="replace")
+def _read_netrc(path: Path, limit: int = 1 << 20) -> str:
+    """The text of enroot's ``.credentials`` (read as the auth files are:
+    :func:`~ocistage.bundler.registry.credentials.read_credentials_file`); empty if there is
+    none. A FIFO or other special file is skipped without a word, as enroot skips it; a
+    symlink or another user's file with a warning (enroot would read them)."""
+    try:
+        data = read_credentials_file(path, limit=limit)
+    except SkippedFile as skipped:
+        if not skipped.special:
+            log.warning("%s; not reading it for registry credentials", skipped.reason)
+        return ""
+    except ValueError as exc:
+        raise PyxisImportError(f"{path} is {exc}", "a credentials file holds a few lines"
+                               ) from exc
+    except OSError as exc:
+        raise PyxisImportError(f"cannot read {path}: {exc.strerror}",
+                               "fix its permissions or remove it") from exc
+    return "" if data is None else data.decode("utf-8", errors="replace")
 
 
 # -- mksquashfs --------------------------------------------------------------------------------

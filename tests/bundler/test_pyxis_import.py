@@ -38,6 +38,7 @@ from ocistage.bundler.pyxis_import import (
 )
 from ocistage.cache import leases
 from ocistage.cache.store import Store
+from tests.bundler.test_credentials import fifo_safety_valve
 
 
 @pytest.mark.parametrize(("uri", "user", "expected"), [
@@ -141,6 +142,35 @@ def test_credentials_from_enroot_config_path(tmp_path: Path) -> None:
     env["ENROOT_CONFIG_PATH"] = str(elsewhere)
     found = EnrootCredentials(None, env).lookup("reg.io:443")
     assert found is not None and found.username == "me"
+
+
+def test_fifos_at_enroots_credentials_and_dockers_config_are_skipped(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """enroot skips a .credentials that is no regular file (without a word); the importer
+    did open it and wait for a writer forever, as it did on ~/.docker/config.json."""
+    env = _home(tmp_path)
+    home = Path(env["HOME"])
+    (home / ".docker").mkdir()
+    fifos = [home / ".config" / "enroot" / ".credentials", home / ".docker" / "config.json"]
+    for fifo in fifos:
+        os.mkfifo(fifo)
+    with fifo_safety_valve(fifos) as opened, caplog.at_level("WARNING"):
+        assert EnrootCredentials("alice", env).lookup("nvcr.io") is None
+    assert opened == []
+    assert [m.split(" is ")[0] for m in caplog.messages] == [str(fifos[1])]  # enroot's: silent
+    assert f"{fifos[1]} is not a regular file" in caplog.text
+
+
+def test_a_symlinked_netrc_is_skipped_with_a_warning(tmp_path: Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    env = _home(tmp_path)
+    real = tmp_path / "real-credentials"
+    real.write_text("machine reg.io login me password pw\n")
+    netrc = Path(env["HOME"]) / ".config" / "enroot" / ".credentials"
+    netrc.symlink_to(real)
+    with caplog.at_level("WARNING"):
+        assert EnrootCredentials(None, env).lookup("reg.io") is None
+    assert f"{netrc} is a symbolic link" in caplog.text
 
 
 # -- enroot's rootfs files ---------------------------------------------------------------------
