@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import stat
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +13,7 @@ import pytest
 from ocistage.bundler.registry.credentials import Credentials, CredentialStore, normalize_key
 from ocistage.bundler.registry.errors import AuthenticationError
 from tests.cotenant import NOBODY, as_nobody, second_user, sticky_directory
+from tests.deadline import deadline
 
 
 def _b64(text: str) -> str:
@@ -178,35 +176,6 @@ def test_password_not_in_repr() -> None:
 
 # -- files others could plant: FIFOs, symlinks, another user's files and directories ------------
 
-@contextlib.contextmanager
-def fifo_safety_valve(fifos: list[Path], seconds: float = 20.0) -> Iterator[list[Path]]:
-    """Opens the write end of each FIFO once ``seconds`` have passed, so that a reader stuck
-    in ``open`` (the bug) is freed and the test can fail instead of hanging; yields the list
-    of FIFOs it had to open (empty when nobody waited on them)."""
-    opened: list[Path] = []
-    done = threading.Event()
-
-    def valve() -> None:
-        if done.wait(seconds):
-            return
-        while not done.is_set():
-            for fifo in fifos:
-                try:
-                    os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-                    opened.append(fifo)
-                except OSError:  # ENXIO: no reader waiting on this one
-                    pass
-            done.wait(0.05)
-
-    thread = threading.Thread(target=valve, daemon=True)
-    thread.start()
-    try:
-        yield opened
-    finally:
-        done.set()
-        thread.join()
-
-
 def test_fifos_in_place_of_auth_files_are_skipped_not_waited_for(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     home, runtime = tmp_path / "home", tmp_path / "run"
@@ -217,9 +186,8 @@ def test_fifos_in_place_of_auth_files_are_skipped_not_waited_for(
         os.mkfifo(fifo)
     env = {"REGISTRY_AUTH_FILE": str(fifos[0]), "XDG_RUNTIME_DIR": str(runtime),
            "HOME": str(home)}
-    with fifo_safety_valve(fifos) as opened, caplog.at_level("WARNING"):
+    with deadline(20), caplog.at_level("WARNING"):
         assert CredentialStore.from_environment(env).lookup("reg.example") is None
-    assert opened == []
     for fifo in fifos:
         assert f"{fifo} is not a regular file" in caplog.text
 
