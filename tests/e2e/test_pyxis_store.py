@@ -4,6 +4,7 @@ the errors pyxis shows (registry down, policy refusal, no space: one ``error:`` 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -458,3 +459,42 @@ def test_mksquashfs_ends_with_an_importer_killed_by_sigkill(
     again = importer(ocistage, "get", enroot_uri(slow))
     assert again.returncode == 0, again.stderr
     assert leftovers(ocistage.cache) == []
+
+
+# -- credentials files others could make FIFOs (issue 39) ---------------------------------------
+
+def test_fifos_where_credentials_are_read_are_skipped_not_waited_for(
+        ocistage: OcistageRunner, oci_image: ImageFactory, htpasswd_registry: Registry,
+        tmp_path: Path) -> None:
+    """enroot skips a .credentials that is not a regular file; the importer opened it (and
+    ~/.docker/config.json, the containers auth files) and waited for a writer forever."""
+    assert htpasswd_registry.username and htpasswd_registry.password
+    private = oci_image({"etc/x": "1\n"}, cmd=["/bin/sh"]).push(htpasswd_registry,
+                                                                 "pyxis/private", "1")
+    home = ocistage.home
+    netrc = home / ".config" / "enroot" / ".credentials"
+    auth_files = [tmp_path / "registry-auth.json", home / "run" / "containers" / "auth.json",
+                  home / ".config" / "containers" / "auth.json", home / ".docker" / "config.json"]
+    for fifo in (netrc, *auth_files[1:]):
+        fifo.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(fifo)
+    token = base64.b64encode(f"{htpasswd_registry.username}:{htpasswd_registry.password}"
+                             .encode()).decode()
+    auth_files[0].write_text(json.dumps({"auths": {htpasswd_registry.host: {"auth": token}}}))
+    # a user in the URI: enroot's .credentials (a FIFO) first, then the auth files
+    uri = f"docker://{htpasswd_registry.username}@{htpasswd_registry.host}#pyxis/private:1"
+    named = importer(ocistage, "get", uri, env={"REGISTRY_AUTH_FILE": str(auth_files[0])},
+                     timeout=120)
+    assert named.returncode == 0, named.stderr
+    # no user: every auth file a FIFO, then enroot's .credentials (a file now)
+    auth_files[0].unlink()
+    os.mkfifo(auth_files[0])
+    netrc.unlink()
+    netrc.write_text(f"machine 127.0.0.1 login {htpasswd_registry.username} "
+                     f"password {htpasswd_registry.password}\n")
+    anonymous = importer(ocistage, "get", enroot_uri(private), timeout=120,
+                         env={"REGISTRY_AUTH_FILE": str(auth_files[0]), "OCISTAGE_PULL": "always"})
+    assert anonymous.returncode == 0, anonymous.stderr
+    assert anonymous.stdout == named.stdout
+    for fifo in auth_files:
+        assert f"{fifo} is not a regular file" in anonymous.stderr
