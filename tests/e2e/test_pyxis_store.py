@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -498,3 +499,21 @@ def test_fifos_where_credentials_are_read_are_skipped_not_waited_for(
     assert anonymous.stdout == named.stdout
     for fifo in auth_files:
         assert f"{fifo} is not a regular file" in anonymous.stderr
+
+
+# -- image configs that would rewrite enroot's files (issue 39) ---------------------------------
+
+@pytest.mark.parametrize(("config", "field"), [
+    ({"env": ["A=1", "B=2\nLD_PRELOAD=/tmp/evil.so"]}, "config.Env[2]"),
+    ({"labels": {"org.example\nexec /bin/evil": "x"}}, "config.Labels key"),
+    ({"workdir": '/w"; /bin/evil; "'}, "config.WorkingDir"),
+])
+def test_an_image_that_would_rewrite_enroots_files_is_refused(
+        config: dict[str, Any], field: str, ocistage: OcistageRunner,
+        oci_image: ImageFactory, oci_registry: Registry) -> None:
+    hostile = oci_image({"etc/x": "1\n"}, cmd=["/bin/sh"], **config).push(
+        oci_registry, "pyxis/hostile", "1")
+    result = importer(ocistage, "get", enroot_uri(hostile))
+    line = assert_error(result, f"{hostile.registry.host}/pyxis/hostile:1", field)
+    assert result.returncode == 1, line
+    assert_nothing_half_built(ocistage.cache)
