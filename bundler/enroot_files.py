@@ -120,7 +120,8 @@ def _label_comments(labels: Mapping[str, object], refuse: _Refuse) -> str:
         if "\n" in refuse.writable("config.Labels key", key):
             raise refuse("config.Labels key", key, "holds a newline, which adds a line to "
                          "/etc/rc")
-        text = refuse.writable(f"config.Labels[{key!r}]", _jq_raw(value)).replace("\n", " ")
+        field = f"config.Labels[{key[:40]!r}{'...' if len(key) > 40 else ''}]"
+        text = refuse.writable(field, _jq_raw(value)).replace("\n", " ")
         lines.append(f"# {key} {text}\n")
     return "".join(lines) + ("\n" if lines else "")
 
