@@ -22,7 +22,8 @@ a failed ``get``) says the step is done with it.
 4. if it is missing, takes the key's lock (one build for all the ranks and nodes asking at
    once; the others wait and reuse it), makes the image's rootfs through the cache
    (:func:`ocistage.bundler.bundle.make_bundle`), adds the files ``enroot import`` writes into
-   a rootfs (:func:`enroot_files`) and builds the squashfs with mksquashfs in a scratch
+   a rootfs (:func:`~ocistage.bundler.enroot_files.enroot_files`, which refuses values that
+   would change those files' structure) and builds the squashfs with mksquashfs in a scratch
    directory of the store, published by one ``rename()``.
 
 Nothing half-built is ever at a key's path; a failed build leaves only its scratch directory,
@@ -37,6 +38,7 @@ import dataclasses
 import errno
 import hashlib
 import json
+import logging
 import os
 import re
 import shlex
@@ -49,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ocistage.bundler.enroot_files import enroot_files as enroot_files
 from ocistage.bundler.errors import PyxisImportError
 from ocistage.bundler.image.errors import InvalidReference
 from ocistage.bundler.image.reference import (
@@ -57,9 +60,15 @@ from ocistage.bundler.image.reference import (
     RegistryReference,
     parse_registry_reference,
 )
-from ocistage.bundler.registry.credentials import DOCKER_HUB_ALIASES, Credentials, CredentialStore
+from ocistage.bundler.registry.credentials import (
+    DOCKER_HUB_ALIASES,
+    Credentials,
+    CredentialStore,
+    SkippedFile,
+    read_credentials_file,
+)
 from ocistage.bundler.settings import DEFAULT, Settings
-from ocistage.cache import leases
+from ocistage.cache import childguard, leases
 from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.errors import LockTimeout, StoreError
 from ocistage.cache.jsondoc import read_document
@@ -80,6 +89,8 @@ from ocistage.stagers.mksquashfs import help_text, pseudo_dir, pseudo_file, pseu
 
 if TYPE_CHECKING:
     from ocistage.bundler.pull import PullOptions
+
+log = logging.getLogger(__name__)
 
 #: bump when what goes into an image changes (the files of enroot_files, mksquashfs options)
 IMAGE_FORMAT = 2
@@ -134,7 +145,11 @@ def parse_enroot_uri(text: str) -> EnrootUri:
         registry = DEFAULT_REGISTRY
         if "/" not in repository:
             repository = OFFICIAL_REPOSITORY_PREFIX + repository
-    return EnrootUri(user, RegistryReference(registry, repository, parsed.tag, parsed.digest))
+    try:
+        return EnrootUri(user, RegistryReference(registry, repository, parsed.tag,
+                                                 parsed.digest))
+    except InvalidReference as exc:  # the registry before '#' (a port out of range, ...)
+        raise InvalidReference(f"{text!r}: {exc.message}", exc.hint) from exc
 
 
 def _split_user(body: str, text: str) -> tuple[str | None, str]:
@@ -225,7 +240,7 @@ class EnrootCredentials(CredentialStore):
     def __init__(self, user: str | None, environ: Mapping[str, str] | None = None) -> None:
         env = dict(os.environ if environ is None else environ)
         base = CredentialStore.from_environment(env)
-        super().__init__(base.files, env)
+        super().__init__(base.auth_files, env)
         self.user = user
         self.netrc = enroot_config_dir(env) / NETRC_NAME
         self._env = env
@@ -233,11 +248,7 @@ class EnrootCredentials(CredentialStore):
 
     def entries(self) -> list[NetrcEntry]:
         if self._entries is None:
-            try:
-                text = _read_small_text(self.netrc)
-            except FileNotFoundError:
-                text = ""
-            self._entries = parse_netrc(text, self._env, str(self.netrc))
+            self._entries = parse_netrc(_read_netrc(self.netrc), self._env, str(self.netrc))
         return self._entries
 
     def lookup(self, registry: str, repository: str | None = None) -> Credentials | None:
@@ -255,86 +266,24 @@ class EnrootCredentials(CredentialStore):
         return None
 
 
-def _read_small_text(path: Path, limit: int = 1 << 20) -> str:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as file:
-        data = file.read(limit + 1)
-    if len(data) > limit:
-        raise PyxisImportError(f"{path} is larger than {limit} bytes",
-                               "a credentials file holds a few lines")
-    return data.decode("utf-8", errors="replace")
-
-
-# -- what enroot import writes into the rootfs -------------------------------------------------
-
-def _bash_quote(word: str) -> str:
-    """``${word@Q}`` as bash writes it: single quotes, or ``$'...'`` with escapes when the word
-    holds control characters."""
-    if any(ord(c) < 0x20 or ord(c) == 0x7f for c in word):
-        escapes = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", "'": "\\'"}
-        inner = "".join(escapes.get(c, f"\\{ord(c):03o}" if ord(c) < 0x20 or ord(c) == 0x7f
-                                    else c) for c in word)
-        return f"$'{inner}'"
-    return "'" + word.replace("'", "'\\''") + "'"
-
-
-def _strings(value: object) -> list[str]:
-    if not isinstance(value, list):
-        return []
-    return [_jq_raw(item) for item in value if item is not None]
-
-
-def _jq_raw(value: object) -> str:
-    """A value as ``jq -r`` prints it: strings raw, anything else as compact JSON."""
-    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-
-
-def enroot_files(image_config: Mapping[str, Any]) -> tuple[dict[str, bytes], str]:
-    """The files ``enroot import`` (``docker::configure`` in enroot 4.1.2's src/docker.sh)
-    writes into a rootfs, by path inside it, and the working directory it creates there.
-
-    ``/etc/fstab`` (volumes as bind mounts), ``/etc/environment`` (the image's Env),
-    ``/etc/rc`` (labels as comments, then: cd to WorkingDir, source /etc/rc.local, exec the
-    entrypoint with the arguments or with Cmd; ``/bin/sh`` when the image has neither) and an
-    empty ``/etc/rc.local``. enroot uses no other field of the config (not User).
-    """
-    config = image_config.get("config")
-    config = config if isinstance(config, dict) else {}
-    volumes = config.get("Volumes")
-    fstab = "".join(f"${{ENROOT_ROOTFS}}{path} {path} none x-create=dir,bind,rw,nosuid,nodev\n"
-                    for path in sorted(volumes if isinstance(volumes, dict) else {}))
-    environment = "".join(f"{line}\n" for line in _strings(config.get("Env")))
-    labels = config.get("Labels")
-    rc = "".join(f"# {key} {_jq_raw(value).replace(chr(10), ' ')}\n"
-                 for key, value in (labels.items() if isinstance(labels, dict) else ()))
-    if rc:
-        rc += "\n"
-    workdir = config.get("WorkingDir")
-    workdir = workdir if isinstance(workdir, str) and workdir else "/"
-    entrypoint = _strings(config.get("Entrypoint"))
-    cmd = _strings(config.get("Cmd"))
-    if not entrypoint and not cmd:
-        cmd = ["/bin/sh"]
-    quoted_entry = " ".join(_bash_quote(w) for w in entrypoint)
-    quoted_cmd = " ".join(_bash_quote(w) for w in cmd)
-    rc += (f'mkdir -p "{workdir}" 2> /dev/null\n'
-           f'cd "{workdir}" && unset OLDPWD || exit 1\n'
-           "\n"
-           "if [ -s /etc/rc.local ]; then\n"
-           "    . /etc/rc.local\n"
-           "fi\n"
-           "\n"
-           "if [ $# -gt 0 ]; then\n"
-           f'    exec {quoted_entry} "$@"\n'
-           "else\n"
-           f"    exec {quoted_entry} {quoted_cmd}\n"
-           "fi\n")
-    rc_local = ("# This file is sourced by /etc/rc when the container starts.\n"
-                "# It can be used to manipulate the entrypoint or the command of the "
-                "container.\n")
-    files = {"etc/fstab": fstab, "etc/environment": environment, "etc/rc": rc,
-             "etc/rc.local": rc_local}
-    return {path: text.encode() for path, text in files.items()}, workdir
+def _read_netrc(path: Path, limit: int = 1 << 20) -> str:
+    """The text of enroot's ``.credentials`` (read as the auth files are:
+    :func:`~ocistage.bundler.registry.credentials.read_credentials_file`); empty if there is
+    none. A FIFO or other special file is skipped without a word, as enroot skips it; a
+    symlink or another user's file with a warning (enroot would read them)."""
+    try:
+        data = read_credentials_file(path, limit=limit)
+    except SkippedFile as skipped:
+        if not skipped.special:
+            log.warning("%s; not reading it for registry credentials", skipped.reason)
+        return ""
+    except ValueError as exc:
+        raise PyxisImportError(f"{path} is {exc}", "a credentials file holds a few lines"
+                               ) from exc
+    except OSError as exc:
+        raise PyxisImportError(f"cannot read {path}: {exc.strerror}",
+                               "fix its permissions or remove it") from exc
+    return "" if data is None else data.decode("utf-8", errors="replace")
 
 
 # -- mksquashfs --------------------------------------------------------------------------------
@@ -405,9 +354,11 @@ def mksquashfs_argv(mksquashfs: str, rootfs: Path, image: Path, files: Mapping[s
 
 def run_mksquashfs(argv: Sequence[str], store: Path) -> None:
     """Run mksquashfs (writing into ``store``); killed and reaped if this process is
-    interrupted."""
+    interrupted, and by its supervisor if this process is killed
+    (:func:`ocistage.cache.childguard.spawn`: SIGKILL of the importer leaves no mksquashfs
+    writing an image into the store)."""
     try:
-        process = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL,
+        process = childguard.spawn(list(argv), stdin=subprocess.DEVNULL,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     except OSError as exc:
         raise PyxisImportError(f"cannot run mksquashfs: {exc.strerror}") from exc
@@ -745,7 +696,7 @@ def build(reference: RegistryReference, cache: Store, store: Store, key: str,
                                f"({manifest} became {bundle.image.manifest.digest})",
                                "run the job again")
     config = json.loads(cache.read_blob(bundle.image.config_digest))
-    files, workdir = enroot_files(config if isinstance(config, dict) else {})
+    files, workdir = enroot_files(config if isinstance(config, dict) else {}, str(reference))
     scratch = store.temp_dir("pyxis")
     try:
         written = {}

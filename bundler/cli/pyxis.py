@@ -106,7 +106,11 @@ def main() -> None:
     def interrupt(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupt)  # a cancelled step: stop mksquashfs, clean up
+    # a cancelled step (SIGTERM) or a closed terminal or session (SIGHUP), whose default
+    # action would end this process at once and leave mksquashfs running, the build lock
+    # and the scratch directory behind: stop mksquashfs and clean up, then exit 130
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, interrupt)
     sys.exit(run(sys.argv[1:]))
 
 

@@ -11,7 +11,7 @@ Registry names follow the distribution/reference grammar::
 
     reference      := name [ ":" tag ] [ "@" digest ]
     name           := [ domain "/" ] path-component ( "/" path-component )*
-    domain         := host [ ":" port ]
+    domain         := host [ ":" port ]                       port: 1 to 65535
     host           := domain-name | "[" ipv6 "]"
     domain-name    := label ( "." label )*
     label          := [a-zA-Z0-9] | [a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9]
@@ -41,6 +41,7 @@ LEGACY_DEFAULT_REGISTRY = "index.docker.io"
 OFFICIAL_REPOSITORY_PREFIX = "library/"
 DEFAULT_TAG = "latest"
 NAME_TOTAL_LENGTH_MAX = 255
+PORT_MAX = 65535
 
 _DOCKER_PREFIX = "docker://"
 _OCI_PREFIX = "oci:"
@@ -240,6 +241,10 @@ def _check_domain(domain: str, text: str) -> None:
     if not _DOMAIN_RE.fullmatch(domain):
         raise InvalidReference(f"invalid registry {domain!r} in {text!r}",
                                "a registry is a host name or [IPv6] address with an optional :port")
+    _, colon, port = domain.rpartition(":")
+    if colon and port.isdigit() and not (len(port) <= 5 and 0 < int(port) <= PORT_MAX):
+        raise InvalidReference(f"invalid registry {domain!r} in {text!r}: port {port} is out "
+                               f"of range", f"a port is a number from 1 to {PORT_MAX}")
 
 
 def _check_repository(repository: str, text: str) -> None:

@@ -7,15 +7,25 @@ Within a file: ``credHelpers[host]``, then ``auths`` (most specific key first: c
 allows ``host/namespace/repo`` keys), then the default ``credsStore`` helper. A missing or
 failing helper means "no credentials" (logged at debug level), never a crash; an auth file
 that does not parse is an :class:`AuthenticationError` naming the file.
+
+Every file is read by :func:`read_credentials_file`: one ``open`` (``O_NOFOLLOW |
+O_NONBLOCK``), then ``fstat`` of the descriptor: a symlink, a FIFO or anything but a regular
+file, or a file of another user (not the caller's or root's), is skipped with a warning and
+never waited for. ``$XDG_RUNTIME_DIR/containers/auth.json`` is reached through directory
+descriptors from ``$XDG_RUNTIME_DIR``, each directory the caller's (or root's) and not
+writable by others: a runtime directory that was missing when the environment was read and
+is made by someone else before the lookup is not used (docs/trust.md).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import json
 import logging
 import os
+import stat
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from ocistage.bundler.registry.errors import AuthenticationError
+from ocistage.cache.readback import READ_FLAGS, file_problem, read_capped
 from ocistage.cache.userdirs import home_dir as user_home
-from ocistage.cache.userdirs import owned_by_caller
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +42,9 @@ DOCKER_HUB_ALIASES = ("docker.io", "index.docker.io", "registry-1.docker.io")
 DOCKER_HUB_SERVER_URL = "https://index.docker.io/v1/"
 HELPER_TIMEOUT = 60.0
 _TOKEN_USERNAME = "<token>"
+#: an auth file larger than this is refused (it holds a few entries)
+MAX_AUTH_FILE = 4 << 20
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -103,27 +116,106 @@ def run_helper(name: str, server_url: str, environ: Mapping[str, str] | None = N
     return Credentials(username=username, password=secret)
 
 
+class SkippedFile(Exception):
+    """A credentials file that is there but not read: ``reason`` says why; ``special``: it is
+    a FIFO, socket, device or directory (which enroot skips without a word)."""
+
+    def __init__(self, reason: str, special: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.special = special
+
+
+def _check_directory(fd: int, path: Path) -> None:
+    st = os.fstat(fd)
+    if st.st_uid not in (os.geteuid(), 0):
+        raise SkippedFile(f"{path} is owned by uid {st.st_uid}, not by you or root")
+    if st.st_mode & 0o022:
+        raise SkippedFile(f"{path} is writable by others")
+
+
+def read_credentials_file(path: Path, within: Path | None = None,
+                          limit: int = MAX_AUTH_FILE) -> bytes | None:
+    """The bytes of the credentials file ``path`` (relative to the directory ``within`` when
+    given, reached through directory descriptors), or None if there is none.
+
+    One open, never through a symlink at the last component and never waiting (a FIFO opens
+    at once), then ``fstat`` of the descriptor: what is not a regular file of the caller or
+    root raises :class:`SkippedFile`. ``within`` and each directory below it must be the
+    caller's or root's and not writable by others (else :class:`SkippedFile`). Raises OSError
+    as ``open`` does and ValueError for a file larger than ``limit``.
+    """
+    shown = within / path if within is not None else path
+    dir_fd: int | None = None
+    try:
+        name: str | Path = path
+        if within is not None:
+            dir_fd = os.open(within, _DIR_FLAGS)
+            _check_directory(dir_fd, within)
+            for depth, part in enumerate(path.parts[:-1], start=1):
+                inner = os.open(part, _DIR_FLAGS, dir_fd=dir_fd)
+                os.close(dir_fd)
+                dir_fd = inner
+                _check_directory(dir_fd, within.joinpath(*path.parts[:depth]))
+            name = path.name
+        fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SkippedFile(f"{shown} is a symbolic link") from exc
+        if exc.errno == errno.ENOTDIR:  # a file where a directory is named: no auth file
+            return None
+        raise
+    finally:
+        if dir_fd is not None:
+            os.close(dir_fd)
+    try:
+        st = os.fstat(fd)
+        problem = file_problem(st, "ours")
+        if problem is not None:
+            raise SkippedFile(f"{shown} {problem}", not stat.S_ISREG(st.st_mode))
+        return read_capped(fd, limit)
+    finally:
+        os.close(fd)
+
+
 @dataclass(frozen=True)
 class AuthFile:
-    """One docker ``config.json`` or containers ``auth.json``; read at lookup time."""
+    """One docker ``config.json`` or containers ``auth.json``; read at lookup time.
+    ``within``: the directory ``path`` is relative to, every directory from it to the file
+    checked on its descriptor (``$XDG_RUNTIME_DIR``)."""
 
     path: Path
+    within: Path | None = None
+
+    @property
+    def full_path(self) -> Path:
+        return self.within / self.path if self.within is not None else self.path
 
     def _load(self) -> dict[str, Any] | None:
         try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+            data = read_credentials_file(self.path, self.within)
+        except SkippedFile as skipped:
+            log.warning("%s; not reading it for registry credentials", skipped.reason)
             return None
         except OSError as exc:
-            raise AuthenticationError(f"cannot read auth file {self.path}: {exc.strerror}",
-                                      "fix its permissions or remove it") from exc
+            raise AuthenticationError(f"cannot read auth file {self.full_path}: "
+                                      f"{exc.strerror}", "fix its permissions or remove it"
+                                      ) from exc
+        except ValueError as exc:
+            raise AuthenticationError(f"auth file {self.full_path} is {exc}",
+                                      "fix the file or log in again") from exc
+        if data is None:
+            return None
         try:
+            text = data.decode("utf-8")
             document = json.loads(text) if text.strip() else {}
         except ValueError as exc:
-            raise AuthenticationError(f"auth file {self.path} is not valid JSON: {exc}",
+            raise AuthenticationError(f"auth file {self.full_path} is not valid JSON: {exc}",
                                       "fix the file or log in again") from exc
         if not isinstance(document, dict):
-            raise AuthenticationError(f"auth file {self.path} is not a JSON object",
+            raise AuthenticationError(f"auth file {self.full_path} is not a JSON object",
                                       "fix the file or log in again")
         return document
 
@@ -163,12 +255,12 @@ class AuthFile:
                 decoded = base64.b64decode(encoded, validate=True).decode("utf-8")
             except (binascii.Error, UnicodeDecodeError) as exc:
                 raise AuthenticationError(
-                    f"the auth entry for {key} in {self.path} is not valid base64",
+                    f"the auth entry for {key} in {self.full_path} is not valid base64",
                     "log in again to rewrite it") from exc
             username, sep, password = decoded.partition(":")
             if not sep:
                 raise AuthenticationError(
-                    f"the auth entry for {key} in {self.path} is not user:password",
+                    f"the auth entry for {key} in {self.full_path} is not user:password",
                     "log in again to rewrite it")
         if isinstance(username, str) and isinstance(password, str) and (username or password):
             return Credentials(username, password, identity)
@@ -180,31 +272,36 @@ class AuthFile:
 class CredentialStore:
     """Credentials for registries, looked up in auth files in order (first match wins)."""
 
-    def __init__(self, files: Sequence[Path], environ: Mapping[str, str] | None = None) -> None:
-        self._files = [AuthFile(Path(p)) for p in files]
+    def __init__(self, files: Sequence[Path | AuthFile],
+                 environ: Mapping[str, str] | None = None) -> None:
+        self._files = [f if isinstance(f, AuthFile) else AuthFile(Path(f)) for f in files]
         self._environ = environ
 
     @property
     def files(self) -> list[Path]:
-        return [f.path for f in self._files]
+        return [f.full_path for f in self._files]
+
+    @property
+    def auth_files(self) -> list[AuthFile]:
+        return list(self._files)
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None,
                          home: Path | None = None) -> CredentialStore:
         env = os.environ if environ is None else environ
         home_dir = home if home is not None else user_home(env)
-        files: list[Path] = []
+        files: list[AuthFile] = []
         if env.get("REGISTRY_AUTH_FILE"):
-            files.append(Path(env["REGISTRY_AUTH_FILE"]))
+            files.append(AuthFile(Path(env["REGISTRY_AUTH_FILE"])))
         if env.get("XDG_RUNTIME_DIR"):
             runtime = Path(env["XDG_RUNTIME_DIR"])
-            if runtime.is_absolute() and owned_by_caller(runtime):
-                files.append(runtime / "containers" / "auth.json")
-        files.append(home_dir / ".config" / "containers" / "auth.json")
+            if runtime.is_absolute():  # whose it is: checked on its descriptor when read
+                files.append(AuthFile(Path("containers", "auth.json"), within=runtime))
+        files.append(AuthFile(home_dir / ".config" / "containers" / "auth.json"))
         if env.get("DOCKER_CONFIG"):
-            files.append(Path(env["DOCKER_CONFIG"]) / "config.json")
+            files.append(AuthFile(Path(env["DOCKER_CONFIG"]) / "config.json"))
         else:
-            files.append(home_dir / ".docker" / "config.json")
+            files.append(AuthFile(home_dir / ".docker" / "config.json"))
         return cls(files, environ)
 
     def lookup(self, registry: str, repository: str | None = None) -> Credentials | None:

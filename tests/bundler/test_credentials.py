@@ -12,6 +12,8 @@ import pytest
 
 from ocistage.bundler.registry.credentials import Credentials, CredentialStore, normalize_key
 from ocistage.bundler.registry.errors import AuthenticationError
+from tests.cotenant import NOBODY, as_nobody, second_user, sticky_directory
+from tests.deadline import deadline
 
 
 def _b64(text: str) -> str:
@@ -170,3 +172,78 @@ def test_missing_helper_is_not_a_crash(tmp_path: Path, caplog: pytest.LogCapture
 
 def test_password_not_in_repr() -> None:
     assert "hunter2" not in repr(Credentials("alice", "hunter2", "tok"))
+
+
+# -- files others could plant: FIFOs, symlinks, another user's files and directories ------------
+
+def test_fifos_in_place_of_auth_files_are_skipped_not_waited_for(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    home, runtime = tmp_path / "home", tmp_path / "run"
+    fifos = [tmp_path / "explicit.json", runtime / "containers" / "auth.json",
+             home / ".config" / "containers" / "auth.json", home / ".docker" / "config.json"]
+    for fifo in fifos:
+        fifo.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(fifo)
+    env = {"REGISTRY_AUTH_FILE": str(fifos[0]), "XDG_RUNTIME_DIR": str(runtime),
+           "HOME": str(home)}
+    with deadline(20), caplog.at_level("WARNING"):
+        assert CredentialStore.from_environment(env).lookup("reg.example") is None
+    for fifo in fifos:
+        assert f"{fifo} is not a regular file" in caplog.text
+
+
+def test_a_symlinked_auth_file_is_skipped_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    target = _write(tmp_path / "elsewhere.json", {"auths": {"r.example": {"auth": _b64("a:b")}}})
+    link = tmp_path / "config.json"
+    link.symlink_to(target)
+    with caplog.at_level("WARNING"):
+        assert CredentialStore([link]).lookup("r.example") is None
+    assert f"{link} is a symbolic link" in caplog.text
+    assert CredentialStore([target]).lookup("r.example") == Credentials("a", "b")
+
+
+@second_user
+def test_another_users_auth_file_is_not_used(tmp_path: Path,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    path = _write(tmp_path / "config.json", {"auths": {"r.example": {"auth": _b64("n:pw")}}})
+    os.chown(path, NOBODY, NOBODY)
+    with caplog.at_level("WARNING"):
+        assert CredentialStore([path]).lookup("r.example") is None
+    assert f"owned by uid {NOBODY}" in caplog.text
+
+
+@second_user
+def test_a_runtime_dir_made_by_another_user_after_the_check_is_not_used(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """As root with a job's XDG_RUNTIME_DIR that does not exist yet: a co-tenant who makes it
+    (with an auth.json of theirs, or one root's own file linked in) between the moment the
+    environment is read and the lookup does not get their credentials used."""
+    with sticky_directory("ocistage-xdg-") as shared:
+        runtime = shared / "run-1000"
+        store = CredentialStore.from_environment({"XDG_RUNTIME_DIR": str(runtime),
+                                                  "HOME": str(shared / "nohome")})
+        document = json.dumps({"auths": {"r.example": {"auth": _b64("cotenant:pw")}}})
+        as_nobody("sh", "-c", 'umask 077; mkdir -p "$1/containers" && printf %s "$2" '
+                  '> "$1/containers/auth.json"', "sh", str(runtime), document)
+        with caplog.at_level("WARNING"):
+            assert store.lookup("r.example") is None
+        assert f"{runtime} is owned by uid {NOBODY}" in caplog.text
+        # the directory theirs, the file root's (a hard link they could not make, but made
+        # here): the directory alone is reason enough
+        planted = runtime / "containers" / "auth.json"
+        planted.unlink()
+        _write(planted, json.loads(document))
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            assert store.lookup("r.example") is None
+        assert f"{runtime} is owned by uid {NOBODY}" in caplog.text
+
+
+def test_a_runtime_dir_writable_by_others_is_not_used(tmp_path: Path) -> None:
+    runtime = tmp_path / "run"
+    _write(runtime / "containers" / "auth.json", {"auths": {"r.example": {"auth": _b64("a:b")}}})
+    env = {"XDG_RUNTIME_DIR": str(runtime), "HOME": str(tmp_path / "home")}
+    assert CredentialStore.from_environment(env).lookup("r.example") == Credentials("a", "b")
+    (runtime / "containers").chmod(0o777)
+    assert CredentialStore.from_environment(env).lookup("r.example") is None

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ocistage.bundler.cli.pyxis import importer_hint, run
 from ocistage.bundler.errors import PyxisImportError
@@ -37,6 +39,7 @@ from ocistage.bundler.pyxis_import import (
 from ocistage.cache import leases
 from ocistage.cache.store import Store
 from ocistage.stagers.mksquashfs import pseudo_dir, pseudo_file
+from tests.deadline import deadline
 
 
 @pytest.mark.parametrize(("uri", "user", "expected"), [
@@ -72,7 +75,8 @@ def test_enroot_uri_with_digest() -> None:
 
 @pytest.mark.parametrize("uri", ["docker://", "docker://reg#", "docker://#img",
                                  "docker://a#b#c", "docker://reg/x#img", "docker://re g#img",
-                                 "docker://u s@reg#img"])
+                                 "docker://u s@reg#img", "docker://127.0.0.1:99999#lib/app:1",
+                                 "docker://reg.io:0#app", "docker://127.0.0.1:65536/lib/app"])
 def test_bad_enroot_uris(uri: str) -> None:
     with pytest.raises(InvalidReference):
         parse_enroot_uri(uri)
@@ -141,6 +145,34 @@ def test_credentials_from_enroot_config_path(tmp_path: Path) -> None:
     assert found is not None and found.username == "me"
 
 
+def test_fifos_at_enroots_credentials_and_dockers_config_are_skipped(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """enroot skips a .credentials that is no regular file (without a word); the importer
+    did open it and wait for a writer forever, as it did on ~/.docker/config.json."""
+    env = _home(tmp_path)
+    home = Path(env["HOME"])
+    (home / ".docker").mkdir()
+    fifos = [home / ".config" / "enroot" / ".credentials", home / ".docker" / "config.json"]
+    for fifo in fifos:
+        os.mkfifo(fifo)
+    with deadline(20), caplog.at_level("WARNING"):
+        assert EnrootCredentials("alice", env).lookup("nvcr.io") is None
+    assert [m.split(" is ")[0] for m in caplog.messages] == [str(fifos[1])]  # enroot's: silent
+    assert f"{fifos[1]} is not a regular file" in caplog.text
+
+
+def test_a_symlinked_netrc_is_skipped_with_a_warning(tmp_path: Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    env = _home(tmp_path)
+    real = tmp_path / "real-credentials"
+    real.write_text("machine reg.io login me password pw\n")
+    netrc = Path(env["HOME"]) / ".config" / "enroot" / ".credentials"
+    netrc.symlink_to(real)
+    with caplog.at_level("WARNING"):
+        assert EnrootCredentials(None, env).lookup("reg.io") is None
+    assert f"{netrc} is a symbolic link" in caplog.text
+
+
 # -- enroot's rootfs files ---------------------------------------------------------------------
 
 def test_enroot_files_of_a_full_config() -> None:
@@ -190,6 +222,127 @@ def test_rc_runs_as_enroot_runs_it(tmp_path: Path) -> None:
                            check=True)
     assert given.stdout == "[one][two]"
     assert (tmp_path / "wd").is_dir()
+
+
+@pytest.mark.parametrize(("config", "field"), [
+    ({"Labels": {"a\nrm -rf /": "v"}}, "config.Labels key"),
+    ({"Env": ["A=1", "B=2\nLD_PRELOAD=/tmp/x.so"]}, "config.Env[1]"),
+    ({"Volumes": {"/data\n/home /home": {}}}, "config.Volumes path"),
+    ({"Volumes": {"/data /x": {}}}, "config.Volumes path"),
+    ({"Volumes": {"/data\t/x": {}}}, "config.Volumes path"),
+    ({"Volumes": {"/../../../home": {}}}, "config.Volumes path"),
+    ({"Volumes": {"data": {}}}, "config.Volumes path"),
+    ({"Volumes": {"/${HOME}": {}}}, "config.Volumes path"),
+    ({"Volumes": {"/a\\040b": {}}}, "config.Volumes path"),
+    ({"WorkingDir": '/w"; touch /tmp/owned; "'}, "config.WorkingDir"),
+    ({"WorkingDir": "/w$(id)"}, "config.WorkingDir"),
+    ({"WorkingDir": "/w`id`"}, "config.WorkingDir"),
+    ({"WorkingDir": "/w\\"}, "config.WorkingDir"),
+    ({"WorkingDir": "/w\nid"}, "config.WorkingDir"),
+    ({"WorkingDir": "-"}, "config.WorkingDir"),
+    ({"WorkingDir": "/w\x00"}, "config.WorkingDir"),
+    ({"Env": ["A=\ud800"]}, "config.Env[0]"),
+    ({"Labels": {"k": "\x00"}}, "config.Labels['k']"),
+    ({"Entrypoint": ["/bin/sh", "\udcff"]}, "config.Entrypoint[1]"),
+    ({"Cmd": ["-c", "id"]}, "config.Cmd[0]"),
+    ({"Entrypoint": ["-a", "name", "/bin/sh"]}, "config.Entrypoint[0]"),
+])
+def test_values_that_change_enroots_files_are_refused(config: dict[str, object],
+                                                     field: str) -> None:
+    """enroot writes these raw (a line more in rc, environment or fstab, a host path bind
+    mounted, a command run by /etc/rc); the importer refuses them, naming image and field."""
+    with pytest.raises(PyxisImportError) as info:
+        enroot_files({"config": config}, "reg.io/hostile:1")
+    assert info.value.message.startswith(f"image reg.io/hostile:1: {field} "), info.value.message
+    assert info.value.hint and "docs/pyxis.md" in info.value.hint
+
+
+def test_what_enroot_changes_itself_is_kept_as_enroot_writes_it() -> None:
+    """A label value's newlines become spaces, an Entrypoint word with a newline is quoted,
+    a Cmd word may start with '-' after the program: the structure stays, byte parity with
+    enroot (docker.sh) where enroot's own output is well-formed."""
+    files, _ = enroot_files({"config": {"Labels": {"k": "a\nb"},
+                                        "Entrypoint": ["/bin/echo", "x\ny"], "Cmd": ["-n"],
+                                        "WorkingDir": "/w d/#x"}})
+    rc = files["etc/rc"].decode()
+    assert rc.startswith('# k a b\n\nmkdir -p "/w d/#x" 2> /dev/null\n')
+    assert "    exec '/bin/echo' $'x\\ny' '-n'\n" in rc
+
+
+# -- hostile strings in every field: refused, or the files' structure unchanged ----------------
+
+_HOSTILE_PIECES = [" ", "\t", "\n", "\r", "\v", "\f", "\x85", "\u2028", "\xa0", '"', "'", "`",
+                   "$", "${HOME}", "$(id)", "\\", "#", ";", "&&", "|", "-", "--", "..", "/",
+                   "\x00", "\ud800", "\udcff", "*", "!", "\x1b[0m", "=", ","]
+_hostile = st.one_of(
+    st.lists(st.sampled_from(_HOSTILE_PIECES) | st.text(max_size=3), max_size=8).map("".join),
+    st.text(),
+    st.text(st.characters(codec=None), min_size=1, max_size=20),
+    st.just("x" * 4096), st.just("/" + "a" * 4095), st.just("-x"), st.just("/a\n/b c"),
+)
+#: the fields of the config, each with a benign value of its kind and where a value goes
+_BENIGN = {
+    "label key": "org.example.key", "label value": "value", "Env": "B=2",
+    "Volumes": "/data", "WorkingDir": "/work", "Entrypoint": "/bin/prog",
+    "Entrypoint arg": "arg", "Cmd": "/bin/prog", "Cmd arg": "arg",
+}
+
+
+def _config(field: str, value: str) -> dict[str, object]:
+    config: dict[str, object] = {"Env": ["A=1"], "Volumes": {"/cache": {}},
+                                 "Labels": {"a": "1"}, "WorkingDir": "/",
+                                 "Entrypoint": ["/bin/entry"], "Cmd": ["c"]}
+    if field == "label key":
+        config["Labels"] = {"a": "1", value: "v"}
+    elif field == "label value":
+        config["Labels"] = {"a": "1", "b": value}
+    elif field == "Env":
+        config["Env"] = ["A=1", value]
+    elif field == "Volumes":
+        config["Volumes"] = {"/cache": {}, value: {}}
+    elif field == "WorkingDir":
+        config["WorkingDir"] = value
+    elif field in ("Entrypoint", "Cmd"):
+        config[field] = [value, "x"]
+        if field == "Cmd":
+            config["Entrypoint"] = []
+    else:
+        config[field.split()[0]] = ["/bin/prog", value]
+    return {"config": config}
+
+
+def _structure(files: dict[str, bytes]) -> dict[str, object]:
+    """What must not depend on a value: lines of each file, fields per fstab line, the
+    comment and exec lines of rc."""
+    text = {path: data.decode() for path, data in files.items()}
+    rc = text["etc/rc"].split("\n")
+    return {
+        "lines": {path: len(t.split("\n")) for path, t in text.items()},
+        "fstab fields": [len(line.split()) for line in text["etc/fstab"].split("\n")],
+        "fstab sources": [line.startswith("${ENROOT_ROOTFS}/")
+                          for line in text["etc/fstab"].split("\n") if line],
+        "rc comments": [n for n, line in enumerate(rc) if line.lstrip().startswith("#")],
+        "rc exec": [n for n, line in enumerate(rc) if line.lstrip().startswith("exec")],
+    }
+
+
+@pytest.mark.parametrize("field", sorted(_BENIGN))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=_hostile)
+def test_hostile_values_are_refused_or_change_no_structure(field: str, value: str) -> None:
+    bash = shutil.which("bash")
+    assert bash is not None
+    benign, _ = enroot_files(_config(field, _BENIGN[field]), "reg.io/x:1")
+    try:
+        files, workdir = enroot_files(_config(field, value), "reg.io/x:1")
+    except PyxisImportError as error:
+        assert error.message.startswith("image reg.io/x:1: config."), error.message
+        return
+    assert _structure(files) == _structure(benign), (field, value)
+    checked = subprocess.run([bash, "-n"], input=files["etc/rc"], capture_output=True,
+                             check=False)
+    assert checked.returncode == 0, checked.stderr
+    assert workdir == (value or "/" if field == "WorkingDir" else "/")
 
 
 MKSQUASHFS_HELP = """\
@@ -359,10 +512,11 @@ def test_cli_errors_are_one_error_and_hint_line(capsys: pytest.CaptureFixture[st
                                                 tmp_path: Path) -> None:
     monkeypatch.setenv("OCISTAGE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("SLURM_JOB_ID", "3")
-    assert run(["get", "docker://reg#"]) == 2  # InvalidReference: a usage error
-    out, err = capsys.readouterr()
-    assert out == "" and err.startswith("error: ") and "\nhint: " in err
-    assert len(err.splitlines()) == 2
+    for uri in ("docker://reg#", "docker://127.0.0.1:99999#lib/app:1"):
+        assert run(["get", uri]) == 2  # InvalidReference: a usage error
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith("error: ") and "\nhint: " in err, err
+        assert len(err.splitlines()) == 2 and "internal error" not in err
     assert run(["frobnicate"]) == 2
     assert run(["release"]) == 0 and run(["release"]) == 0
     out, err = capsys.readouterr()

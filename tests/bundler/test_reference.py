@@ -106,6 +106,10 @@ INVALID: list[tuple[str, str]] = [
     ("a.b_c/g", "invalid registry"),  # a '.' makes the first component a registry
     ("bad-.example.com/app", "invalid registry"),
     ("example.com:port/app", "invalid registry"),
+    ("127.0.0.1:99999/lib/app:1", "port 99999 is out of range"),
+    ("example.com:0/app", "port 0 is out of range"),
+    ("[::1]:65536/app", "port 65536 is out of range"),
+    ("localhost:" + "9" * 5000 + "/app", "out of range"),
     ("[::1/app", "invalid registry"),
     ("[zz::1]:5000/app", "invalid registry"),
     ("0123456789abcdef" * 4, "image ID"),
@@ -279,6 +283,22 @@ def registry_references(draw: st.DrawFn) -> RegistryReference:
 def test_round_trip_through_canonical_string(ref: RegistryReference) -> None:
     assert parse_reference(str(ref)) == ref
     assert parse_reference("docker://" + str(ref)) == ref
+
+
+@given(st.from_regex(r"\A[a-z]{1,5}(?:\.[a-z]{1,3})?:[0-9]{1,7}/app\Z"))
+@example("127.0.0.1:99999/app")
+def test_a_registry_that_parses_has_a_port_a_url_can_carry(text: str) -> None:
+    """Every registry the parser accepts is one the transport can address (a port out of
+    range was an internal error there: issue 39)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parsed = parse_registry_reference(text)
+    except InvalidReference as exc:
+        assert exc.exit_code == 2
+        return
+    port = urlsplit(f"https://{parsed.registry}/").port
+    assert port is None or 0 < port <= 65535
 
 
 @given(st.text(max_size=80))

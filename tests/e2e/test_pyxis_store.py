@@ -4,17 +4,21 @@ the errors pyxis shows (registry down, policy refusal, no space: one ``error:`` 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +29,7 @@ from pytest_ocistage.images import ImageRef
 from pytest_ocistage.plugin import ImageFactory
 from pytest_ocistage.slurm import JobUser
 from tests.e2e.conftest import OcistageRunner
+from tests.procs import descendants_named, running
 
 pytestmark = pytest.mark.e2e
 
@@ -370,3 +375,162 @@ def test_a_read_only_site_store_is_used_not_written(group_store: Members,
     assert got.returncode == 0, got.stderr
     assert Path(got.stdout.strip()) == image
     assert not (group_store.home(user) / "cache" / "pyxis").exists()
+
+
+# -- signals: nothing of a killed get keeps running or stays behind (issue 39) ------------------
+
+SLOW_PAYLOAD = 48 << 20   # incompressible: mksquashfs runs long enough to be found and frozen
+
+
+@pytest.fixture
+def slow(oci_image: ImageFactory, oci_registry: Registry) -> ImageRef:
+    image = oci_image({"data/blob": File(os.urandom(SLOW_PAYLOAD)), "etc/hostname": "x\n"},
+                      cmd=["/data/blob"])
+    return image.push(oci_registry, "pyxis/slow", "1")
+
+
+@pytest.fixture
+def survivors() -> Iterator[list[int]]:
+    """Pids a test saw; any still running at its end is killed (the test has failed then)."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        if running(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def wait_until(condition: Callable[[], object], what: str, seconds: float = 120.0) -> object:
+    """Poll ``condition`` until it is true (returned) or ``seconds`` have passed (failed)."""
+    end = time.monotonic() + seconds
+    while not (value := condition()):
+        if time.monotonic() > end:
+            raise AssertionError(f"{what} after {seconds} s")
+        time.sleep(0.01)
+    return value
+
+
+def building_mksquashfs(importer_pid: int) -> int | None:
+    """The mksquashfs building an image below ``importer_pid`` (not the ``-help`` probe)."""
+    for pid in descendants_named(importer_pid, "mksquashfs"):
+        with contextlib.suppress(OSError):
+            if b"\0-noappend\0" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+    return None
+
+
+def start_get(ocistage: OcistageRunner, uri: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "ocistage.bundler.cli.pyxis", "get", uri],
+                            env=ocistage.environment(), cwd=ocistage.cwd, text=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def frozen_build(ocistage: OcistageRunner, image: ImageRef,
+                 survivors: list[int]) -> tuple[subprocess.Popen[str], int]:
+    """A get of ``image`` whose mksquashfs is running, stopped (SIGSTOP) so that it cannot
+    finish before the test has signalled the importer: (the importer, mksquashfs's pid)."""
+    get = start_get(ocistage, enroot_uri(image))
+    survivors.append(get.pid)
+    found = wait_until(lambda: building_mksquashfs(get.pid) or get.poll() is not None,
+                       "no mksquashfs started")
+    assert get.poll() is None, get.communicate()
+    assert isinstance(found, int)
+    survivors.append(found)
+    os.kill(found, signal.SIGSTOP)
+    return get, found
+
+
+def leftovers(store: Path) -> list[str]:
+    """Build locks under pyxis/ and anything in tmp/."""
+    locks = [p.name for p in (store / "pyxis").glob("*.lock")]
+    tmp = store / "tmp"
+    return locks + ([p.name for p in tmp.iterdir()] if tmp.is_dir() else [])
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM])
+def test_a_hangup_stops_the_build_as_a_termination_does(
+        signum: int, ocistage: OcistageRunner, slow: ImageRef, survivors: list[int]) -> None:
+    """SIGHUP ended the importer at once: mksquashfs went on writing a whole image into
+    STORE/tmp and the build lock stayed. Now both signals: mksquashfs killed, the scratch
+    directory and the lock removed by the importer itself, one error line, exit 130."""
+    get, mksquashfs = frozen_build(ocistage, slow, survivors)
+    get.send_signal(signum)
+    out, err = get.communicate(timeout=120)
+    assert get.returncode == 130, err
+    assert out == "" and err.startswith("error: interrupted"), err
+    wait_until(lambda: not running(mksquashfs), "mksquashfs outlived the importer", 20)
+    assert leftovers(ocistage.cache) == []
+    again = importer(ocistage, "get", enroot_uri(slow))
+    assert again.returncode == 0, again.stderr
+    assert leftovers(ocistage.cache) == []
+
+
+def test_mksquashfs_ends_with_an_importer_killed_by_sigkill(
+        ocistage: OcistageRunner, slow: ImageRef, survivors: list[int]) -> None:
+    """A SIGKILL (OOM killer, job cleanup) cannot be handled: mksquashfs is started under
+    cache/childguard.py's supervisor, which kills it once the importer is gone. The next get
+    removes the dead importer's scratch directory and breaks its build lock."""
+    get, mksquashfs = frozen_build(ocistage, slow, survivors)
+    get.kill()
+    get.communicate(timeout=120)
+    wait_until(lambda: not running(mksquashfs), "mksquashfs outlived the importer", 20)
+    again = importer(ocistage, "get", enroot_uri(slow))
+    assert again.returncode == 0, again.stderr
+    assert leftovers(ocistage.cache) == []
+
+
+# -- credentials files others could make FIFOs (issue 39) ---------------------------------------
+
+def test_fifos_where_credentials_are_read_are_skipped_not_waited_for(
+        ocistage: OcistageRunner, oci_image: ImageFactory, htpasswd_registry: Registry,
+        tmp_path: Path) -> None:
+    """enroot skips a .credentials that is not a regular file; the importer opened it (and
+    ~/.docker/config.json, the containers auth files) and waited for a writer forever."""
+    assert htpasswd_registry.username and htpasswd_registry.password
+    private = oci_image({"etc/x": "1\n"}, cmd=["/bin/sh"]).push(htpasswd_registry,
+                                                                 "pyxis/private", "1")
+    home = ocistage.home
+    netrc = home / ".config" / "enroot" / ".credentials"
+    auth_files = [tmp_path / "registry-auth.json", home / "run" / "containers" / "auth.json",
+                  home / ".config" / "containers" / "auth.json", home / ".docker" / "config.json"]
+    for fifo in (netrc, *auth_files[1:]):
+        fifo.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(fifo)
+    token = base64.b64encode(f"{htpasswd_registry.username}:{htpasswd_registry.password}"
+                             .encode()).decode()
+    auth_files[0].write_text(json.dumps({"auths": {htpasswd_registry.host: {"auth": token}}}))
+    # a user in the URI: enroot's .credentials (a FIFO) first, then the auth files
+    uri = f"docker://{htpasswd_registry.username}@{htpasswd_registry.host}#pyxis/private:1"
+    named = importer(ocistage, "get", uri, env={"REGISTRY_AUTH_FILE": str(auth_files[0])},
+                     timeout=120)
+    assert named.returncode == 0, named.stderr
+    # no user: every auth file a FIFO, then enroot's .credentials (a file now)
+    auth_files[0].unlink()
+    os.mkfifo(auth_files[0])
+    netrc.unlink()
+    netrc.write_text(f"machine 127.0.0.1 login {htpasswd_registry.username} "
+                     f"password {htpasswd_registry.password}\n")
+    anonymous = importer(ocistage, "get", enroot_uri(private), timeout=120,
+                         env={"REGISTRY_AUTH_FILE": str(auth_files[0]), "OCISTAGE_PULL": "always"})
+    assert anonymous.returncode == 0, anonymous.stderr
+    assert anonymous.stdout == named.stdout
+    for fifo in auth_files:
+        assert f"{fifo} is not a regular file" in anonymous.stderr
+
+
+# -- image configs that would rewrite enroot's files (issue 39) ---------------------------------
+
+@pytest.mark.parametrize(("config", "field"), [
+    ({"env": ["A=1", "B=2\nLD_PRELOAD=/tmp/evil.so"]}, "config.Env[2]"),
+    ({"labels": {"org.example\nexec /bin/evil": "x"}}, "config.Labels key"),
+    ({"workdir": '/w"; /bin/evil; "'}, "config.WorkingDir"),
+])
+def test_an_image_that_would_rewrite_enroots_files_is_refused(
+        config: dict[str, Any], field: str, ocistage: OcistageRunner,
+        oci_image: ImageFactory, oci_registry: Registry) -> None:
+    hostile = oci_image({"etc/x": "1\n"}, cmd=["/bin/sh"], **config).push(
+        oci_registry, "pyxis/hostile", "1")
+    result = importer(ocistage, "get", enroot_uri(hostile))
+    line = assert_error(result, f"{hostile.registry.host}/pyxis/hostile:1", field)
+    assert result.returncode == 1, line
+    assert_nothing_half_built(ocistage.cache)
