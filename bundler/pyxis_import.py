@@ -68,7 +68,7 @@ from ocistage.bundler.registry.credentials import (
     read_credentials_file,
 )
 from ocistage.bundler.settings import DEFAULT, Settings
-from ocistage.cache import childguard, leases
+from ocistage.cache import leases
 from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.errors import LockTimeout, StoreError
 from ocistage.cache.jsondoc import read_document
@@ -83,9 +83,15 @@ from ocistage.cache.pyxisimages import (
 )
 from ocistage.cache.store import Store, fsync_dir, write_file_atomic
 from ocistage.cache.userdirs import home_dir, owned_by_caller
-from ocistage.stagers.errors import PseudoNameError
+from ocistage.stagers.errors import PseudoNameError, ToolFailed
 from ocistage.stagers.mksquashfs import compressors_listed as compressors_listed
-from ocistage.stagers.mksquashfs import help_text, pseudo_dir, pseudo_file, pseudo_name
+from ocistage.stagers.mksquashfs import (
+    help_text,
+    pseudo_dir,
+    pseudo_file,
+    pseudo_name,
+    run_tool,
+)
 
 if TYPE_CHECKING:
     from ocistage.bundler.pull import PullOptions
@@ -353,23 +359,15 @@ def mksquashfs_argv(mksquashfs: str, rootfs: Path, image: Path, files: Mapping[s
 
 
 def run_mksquashfs(argv: Sequence[str], store: Path) -> None:
-    """Run mksquashfs (writing into ``store``); killed and reaped if this process is
-    interrupted, and by its supervisor if this process is killed
-    (:func:`ocistage.cache.childguard.spawn`: SIGKILL of the importer leaves no mksquashfs
-    writing an image into the store)."""
+    """Run mksquashfs (writing into ``store``) as every mksquashfs is run
+    (:func:`ocistage.stagers.mksquashfs.run_tool`: killed with this process, however it
+    ends); its failure said the importer's way (:func:`mksquashfs_error`)."""
     try:
-        process = childguard.spawn(list(argv), stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    except OSError as exc:
-        raise PyxisImportError(f"cannot run mksquashfs: {exc.strerror}") from exc
-    try:
-        output, _ = process.communicate(timeout=MKSQUASHFS_TIMEOUT)
-    except BaseException:
-        process.kill()
-        process.wait()
-        raise
-    if process.returncode != 0:
-        raise mksquashfs_error(output.decode(errors="replace"), process.returncode, store)
+        run_tool(argv, "mksquashfs", timeout=MKSQUASHFS_TIMEOUT)
+    except ToolFailed as exc:
+        if exc.status is None:
+            raise PyxisImportError(exc.message, exc.hint) from exc
+        raise mksquashfs_error("\n".join(exc.said), exc.status, store) from exc
 
 
 def mksquashfs_error(output: str, status: int, store: Path) -> PyxisImportError:

@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from ocistage.cache.results import JsonDoc, Renderer
     from ocistage.cache.store import Store
     from ocistage.stagers.allnodes import NodeResult
+    from ocistage.stagers.mksquashfs import ImageProgress
     from ocistage.stagers.remote import PushResult
-    from ocistage.stagers.squashfs import ImageProgress
     from ocistage.stagers.target import StageResult
 
 #: explicit transports of an image reference (ocistage.bundler.image.reference)

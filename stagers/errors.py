@@ -22,3 +22,15 @@ class PseudoNameError(StageError):
     byte form, a component longer than a squashfs name may be): refused, never passed on."""
 
     default_hint = "rename it in the image or bundle: a squashfs image cannot hold that name"
+
+
+class ToolFailed(StageError):
+    """mksquashfs or unsquashfs failed (:func:`ocistage.stagers.mksquashfs.run_tool`): the
+    message ends with the last line it printed (or its exit status); ``said`` holds its last
+    lines, ``status`` its exit status (None: it could not be started or ran out of time)."""
+
+    def __init__(self, message: str, said: tuple[str, ...] = (), status: int | None = None,
+                 hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.said = said
+        self.status = status

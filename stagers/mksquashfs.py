@@ -1,4 +1,5 @@
-"""What this host's ``mksquashfs`` offers, and how a name reaches it safely.
+"""What this host's ``mksquashfs`` offers, how a name reaches it safely, and the one way
+mksquashfs and unsquashfs are run (:func:`run_tool`).
 
 ``mksquashfs -help`` lists the compressors under ``Compressors available:`` (4.4 and later);
 older releases do not know ``-help`` and print the same usage text, with the same list, as the
@@ -11,17 +12,27 @@ the rest of the definition with ``/bin/sh -c``. A name from an image (a WorkingD
 destination) must therefore never reach a definition as it is: :func:`pseudo_name` escapes every
 byte of it, which mksquashfs 4.5 reads back as that byte (white space, quotes, ``#``, newlines
 included; tests/stagers/test_mksquashfs_names.py holds it against the real mksquashfs), and
-refuses what no definition can carry. Imports nothing heavy.
+refuses what no definition can carry.
+
+:func:`run_tool` runs both tools for ``stage --format squashfs`` and ``ocistage-pyxis-importer``:
+under :func:`ocistage.cache.childguard.spawn` (a SIGKILLed ocistage leaves no tool writing into
+its scratch directory), killed and reaped when the caller is interrupted, its output read in
+chunks (mksquashfs's progress bar reported, the last lines kept for the error), within a time
+limit. Imports nothing heavy.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import selectors
 import subprocess
-from collections.abc import Sequence
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
 
-from ocistage.stagers.errors import PseudoNameError
+from ocistage.cache import childguard
+from ocistage.stagers.errors import PseudoNameError, ToolFailed
 
 #: the longest name of one directory entry Linux looks up (NAME_MAX; squashfs holds 256)
 NAME_MAX = 255
@@ -95,3 +106,79 @@ def pseudo_file(parts: Sequence[str], mode: int, uid: int, gid: int, command: st
     """A pseudo definition making the file ``parts`` from what ``command`` prints: ``command``
     is run by ``/bin/sh -c`` and must be the caller's own text, quoted by it."""
     return f"{pseudo_name(parts)} f {mode:o} {uid} {gid} {command}"
+
+
+#: how long one mksquashfs or unsquashfs may take
+TOOL_TIMEOUT = 3600.0
+#: called with (files done, files in all) while mksquashfs builds an image
+ImageProgress = Callable[[int, int], None]
+#: mksquashfs's progress bar, rewritten in place with \r: ``[====/    ] 120/300  40%``
+_BAR = re.compile(rb"\]\s+(\d+)/(\d+)\s+\d+%")
+
+
+def run_tool(argv: Sequence[str], what: str, *, progress: ImageProgress | None = None,
+             timeout: float = TOOL_TIMEOUT) -> None:
+    """Run ``argv`` (mksquashfs or unsquashfs; stdin closed, stdout and stderr read together)
+    to its end. Raises :class:`ToolFailed` ("WHAT failed: LAST LINE") when it cannot be
+    started, exits with a status other than 0 or outlives ``timeout``; killed and reaped when
+    this process is interrupted (and by its supervisor if this process is killed).
+    ``progress`` is told how far a mksquashfs that draws its bar is."""
+    try:
+        process = childguard.spawn(list(argv), stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    except OSError as exc:
+        raise ToolFailed(f"{what} failed: cannot run {argv[0]}: {exc.strerror}") from exc
+    said: deque[bytes] = deque(maxlen=8)  # what it printed besides the bar, for an error
+    try:
+        timed_out = not _read(process, said, progress, time.monotonic() + timeout)
+        if timed_out:
+            process.terminate()  # the supervisor kills and reaps the tool, then ends
+        process.wait()
+    except BaseException:
+        if process.poll() is None:
+            process.terminate()
+            process.wait()
+        raise
+    finally:
+        if process.stdout is not None:
+            process.stdout.close()
+    lines = tuple(line.decode(errors="replace") for line in said)
+    if timed_out:
+        raise ToolFailed(f"{what} failed: still running after {timeout:.0f} s", lines)
+    if process.returncode != 0:
+        detail = lines[-1] if lines else f"exit status {process.returncode}"
+        raise ToolFailed(f"{what} failed: {detail}", lines, process.returncode)
+
+
+def _read(process: subprocess.Popen[bytes], said: deque[bytes],
+          progress: ImageProgress | None, deadline: float) -> bool:
+    """Read the tool's output until it ends (True) or the deadline passes (False)."""
+    assert process.stdout is not None
+    fd = process.stdout.fileno()
+    pending = b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if not selector.select(left):
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            *parts, pending = re.split(rb"[\r\n]", pending + chunk)
+            pending = pending[-4096:]  # a bar is short; never hold an endless line
+            for part in parts:
+                _said(part, said, progress)
+    _said(pending, said, progress)
+    return True
+
+
+def _said(part: bytes, said: deque[bytes], progress: ImageProgress | None) -> None:
+    bar = _BAR.search(part)
+    if bar is not None:
+        if progress is not None:
+            progress(int(bar[1]), int(bar[2]))
+    elif part.strip():
+        said.append(part.strip())

@@ -22,8 +22,6 @@ import os
 import re
 import shutil
 import subprocess
-from collections import deque
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +43,16 @@ from ocistage.stagers.filemanifest import (
     unchanged,
 )
 from ocistage.stagers.markers import Marker
-from ocistage.stagers.mksquashfs import pseudo_dir, pseudo_file, pseudo_name
+from ocistage.stagers.mksquashfs import (
+    ImageProgress,
+    pseudo_dir,
+    pseudo_file,
+    pseudo_name,
+    run_tool,
+)
 from ocistage.stagers.mountpoints import mount_points
 from ocistage.stagers.session import Staging
 from ocistage.stagers.target import StageResult, readonly_config, write_private
-
-TOOL_TIMEOUT = 3600
 
 
 def _tool(name: str) -> str:
@@ -60,62 +62,6 @@ def _tool(name: str) -> str:
                          "install squashfs-tools (and squashfuse to mount images), or use "
                          "--format dir")
     return path
-
-
-def _run(argv: list[str], what: str) -> None:
-    try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=TOOL_TIMEOUT,
-                                stdin=subprocess.DEVNULL, check=False)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise StageError(f"{what} failed: {exc}") from exc
-    if result.returncode != 0:
-        detail = (result.stderr or result.stdout).strip().splitlines()
-        raise StageError(f"{what} failed: {detail[-1] if detail else result.returncode}")
-
-
-#: called with (files done, files in all) while mksquashfs builds an image
-ImageProgress = Callable[[int, int], None]
-#: mksquashfs's progress bar, rewritten in place with \r: ``[====/    ] 120/300  40%``
-_BAR = re.compile(rb"\]\s+(\d+)/(\d+)\s+\d+%")
-
-
-def _run_reporting(argv: list[str], what: str, progress: ImageProgress) -> None:
-    """:func:`_run` of a mksquashfs that draws its progress bar, reported to ``progress``."""
-    try:
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT)
-    except OSError as exc:
-        raise StageError(f"{what} failed: {exc}") from exc
-    assert process.stdout is not None
-    said: deque[bytes] = deque(maxlen=8)  # what it printed besides the bar, for an error
-    pending = b""
-    with process, _killed_on_error(process):
-        while chunk := os.read(process.stdout.fileno(), 1 << 16):
-            *parts, pending = re.split(rb"[\r\n]", pending + chunk)
-            pending = pending[-4096:]  # a bar is short; never hold an endless line
-            for part in parts:
-                bar = _BAR.search(part)
-                if bar is not None:
-                    progress(int(bar[1]), int(bar[2]))
-                elif part.strip():
-                    said.append(part.strip())
-    if process.returncode != 0:
-        detail = said[-1].decode(errors="replace") if said else str(process.returncode)
-        raise StageError(f"{what} failed: {detail}")
-
-
-@contextlib.contextmanager
-def _killed_on_error(process: subprocess.Popen[bytes]) -> Iterator[None]:
-    """Kill and reap ``process`` when the block raises (Ctrl-C, SIGTERM as KeyboardInterrupt,
-    an error): Popen's own exit waits for it instead, and a mksquashfs or unsquashfs left
-    running would go on writing into a scratch directory the cleanup removes."""
-    try:
-        yield
-    except BaseException:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        raise
 
 
 def missing_mountpoints(source: Path) -> list[tuple[tuple[str, ...], str]]:
@@ -206,13 +152,13 @@ def build_image(source: Path, image: Path, extra: Path | None = None, jobs: int 
     if present:
         argv += ["-e", *present]
     if progress is None:
-        _run(argv, f"mksquashfs of {source}")
+        run_tool(argv, f"mksquashfs of {source}")
     else:
         progress(0, 0)  # it starts: mksquashfs draws no bar before it has read the tree
-        _run_reporting(argv, f"mksquashfs of {source}", progress)
+        run_tool(argv, f"mksquashfs of {source}", progress=progress)
     if extra is not None:
         # appending sets the root directory's mode again (from extra's, unless told)
-        _run([mksquashfs, os.fspath(extra), os.fspath(image), "-no-progress", "-quiet",
+        run_tool([mksquashfs, os.fspath(extra), os.fspath(image), "-no-progress", "-quiet",
               "-no-recovery", *rooted], f"adding ocistage files to {image.name}")
 
 
@@ -272,14 +218,14 @@ def unpack(image: Path, dest: Path, *, rootless: bool = True, limit: int | None 
         limit = default_unpack_limit(os.path.getsize(image))
     devices = _listing(unsquashfs, image, UnpackBudget(limit))
     if not rootless and os.geteuid() == 0:
-        _run([unsquashfs, "-d", os.fspath(dest), "-no-progress", os.fspath(image)],
+        run_tool([unsquashfs, "-d", os.fspath(dest), "-no-progress", os.fspath(image)],
              f"unsquashfs of {image.name}")
         return
     excluded = dest.parent / f"{dest.name}.devices"
     with open(excluded, "wb") as out:
         out.writelines(name + b"\n" for name in devices)
     try:
-        _run([unsquashfs, "-d", os.fspath(dest), "-no-progress", "-user-xattrs",
+        run_tool([unsquashfs, "-d", os.fspath(dest), "-no-progress", "-user-xattrs",
               "-no-wildcards", "-exclude-file", os.fspath(excluded), os.fspath(image)],
              f"unsquashfs of {image.name}")
     finally:

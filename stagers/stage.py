@@ -53,9 +53,10 @@ from ocistage.stagers.filemanifest import (
 from ocistage.stagers.fresh import build_first
 from ocistage.stagers.gcpause import cyclic_gc_paused
 from ocistage.stagers.markers import default_holder, record_bundle_use
+from ocistage.stagers.mksquashfs import ImageProgress
 from ocistage.stagers.pool import Pool, pool_key
 from ocistage.stagers.session import Staging
-from ocistage.stagers.squashfs import ImageProgress, stage_squashfs
+from ocistage.stagers.squashfs import stage_squashfs
 from ocistage.stagers.statwalk import parallel_walk_digest
 from ocistage.stagers.target import (
     Format,

@@ -1,0 +1,53 @@
+"""The one way mksquashfs and unsquashfs are run (ocistage.stagers.mksquashfs.run_tool): their
+failure as a ToolFailed with their last line, a time limit that kills, the progress bar."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from ocistage.stagers.errors import ToolFailed
+from ocistage.stagers.mksquashfs import run_tool
+from pytest_ocistage.components import require_binary
+
+
+def test_a_failing_tool_is_its_last_line_and_status() -> None:
+    with pytest.raises(ToolFailed) as caught:
+        run_tool(["/bin/sh", "-c", "echo first; echo 'FATAL ERROR: no space' >&2; exit 3"],
+                 "mksquashfs of x")
+    assert caught.value.message == "mksquashfs of x failed: FATAL ERROR: no space"
+    assert caught.value.status == 3 and caught.value.said == ("first", "FATAL ERROR: no space")
+
+
+def test_a_tool_that_cannot_be_started() -> None:
+    with pytest.raises(ToolFailed) as caught:
+        run_tool(["/nonexistent/mksquashfs"], "mksquashfs of x")
+    assert caught.value.status == 127 or caught.value.status is None
+
+
+def test_a_tool_past_its_time_is_killed(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    started = time.monotonic()
+    with pytest.raises(ToolFailed, match="still running after"):
+        run_tool(["/bin/sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"], "unsquashfs",
+                 timeout=1)
+    assert time.monotonic() - started < 30
+    pid = int(pidfile.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_mksquashfs_progress_is_reported(tmp_path: Path) -> None:
+    mksquashfs = require_binary("mksquashfs", "squashfs-tools")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for n in range(50):
+        (tree / f"f{n}").write_bytes(os.urandom(1000))
+    seen: list[tuple[int, int]] = []
+    run_tool([mksquashfs, str(tree), str(tmp_path / "img"), "-noappend", "-quiet",
+              "-processors", "1"], "mksquashfs", progress=lambda done, all: seen.append(
+                  (done, all)))
+    assert seen and seen[-1][0] == seen[-1][1] > 0
