@@ -145,7 +145,7 @@ def parse_enroot_uri(text: str) -> EnrootUri:
         raise InvalidReference(f"{text!r} is not REGISTRY#IMAGE[:TAG]",
                                "write the registry before '#' and the image after it, e.g. "
                                "nvcr.io#nvidia/pytorch:24.01-py3")
-    parsed = parse_registry_reference(f"localhost/{image}")
+    parsed = parse_registry_reference(f"localhost/{image}", shown=text)  # errors name the URI
     repository = parsed.repository
     if registry in DOCKER_HUB_ALIASES:
         registry = DEFAULT_REGISTRY

@@ -182,10 +182,13 @@ def _path_given(text: str) -> InvalidReference:
     return InvalidReference(f"{text} is a {kind}, not an image reference", hint)
 
 
-def parse_registry_reference(text: str) -> RegistryReference:
-    """Parse ``[docker://]NAME[:TAG][@DIGEST]`` and normalise it the way Docker does."""
-    _check_characters(text)
+def parse_registry_reference(text: str, shown: str | None = None) -> RegistryReference:
+    """Parse ``[docker://]NAME[:TAG][@DIGEST]`` and normalise it the way Docker does.
+    ``shown``: what the user typed, named in the errors instead of ``text`` (the importer
+    parses enroot's ``REGISTRY#IMAGE`` with a stand-in registry)."""
     body = text.removeprefix(_DOCKER_PREFIX)
+    text = text if shown is None else shown
+    _check_characters(text)
     if not body:
         raise InvalidReference(f"{text!r} names no image" if text else "empty image reference")
     if _IMAGE_ID_RE.fullmatch(body):

@@ -539,3 +539,15 @@ def test_hints_name_settings_not_options() -> None:
     for error in (RegistryUnreachable("x"), RateLimited("x")):
         assert error.hint is not None and "--" in error.hint
         assert "--" not in importer_hint(error.hint), error.hint
+
+
+@pytest.mark.parametrize("uri", [
+    "docker://127.0.0.1:5000#UPPER/x:1", "docker://myreg.example#team/app:bad:tag",
+    "docker://myreg.example#team/app@sha256:zz", "docker://myreg.example#-x",
+    "docker://alice@nvcr.io#nvidia/cuda:", "docker://nvcr.io#nvidia/cuda@"])
+def test_errors_name_the_uri_the_user_typed(uri: str) -> None:
+    """Issue 38: the image part of REGISTRY#IMAGE is parsed behind a stand-in registry, and
+    its errors named that ('localhost/...') instead of what pyxis was given."""
+    with pytest.raises(InvalidReference) as caught:
+        parse_enroot_uri(uri)
+    assert repr(uri) in caught.value.message and "localhost" not in caught.value.message
