@@ -287,7 +287,9 @@ local function ocistage(args)
 		return nil, failed(args[2], rc, output)
 	end
 	if rc ~= 0 then
-		slurm.log_info(string.format("ocistage %s printed its result but scrun reports "
+		-- debug, not info: scrun's log is the user's terminal (podman run, docker run), and
+		-- this happens about 1 run in 8 to a command that did its work
+		slurm.log_debug(string.format("ocistage %s printed its result but scrun reports "
 			.. "rc=%s (its child was reaped elsewhere): taken as success", args[2],
 			tostring(rc)))
 	end
@@ -328,7 +330,7 @@ function slurm_scrun_stage_in(id, bundle, spool_dir, config_file, job_id, user_i
 	if result == nil then
 		return slurm.ERROR
 	end
-	slurm.log_info(string.format("ocistage staged %s: %d files, %d copied, %d unchanged",
+	slurm.log_verbose(string.format("ocistage staged %s: %d files, %d copied, %d unchanged",
 		result.bundle, result.files, result.copied, result.unchanged))
 	if type(result.cleanup_error) == "string" then
 		slurm.log_error("ocistage could not queue the cleanup job of " .. result.bundle

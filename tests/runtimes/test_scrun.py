@@ -257,6 +257,9 @@ def test_generated_lua_stages_in_and_out_through_ocistage(tmp_path: Path, stage_
                str(os.getgid()), reaped=reaped)
     assert out["rc"] == 0
     assert any("taken as success" in log for log in out["logs"]) == reaped
+    # a success says nothing at scrun's default levels: its log is the user's terminal
+    assert not [log for log in state["logs"] + out["logs"]
+                if not log.startswith(("debug: ", "verbose: "))], state["logs"] + out["logs"]
     assert not staged.exists()
     assert not Path(state["root_path"]).exists()
     assert (bundle / "config.json").exists()  # the engine's bundle is never touched
