@@ -21,12 +21,17 @@ from __future__ import annotations
 
 BASH_SCRIPT = r"""
 %(complete_func)s() {
-    local IFS=$'\n' line=${COMP_LINE:0:COMP_POINT} cur
+    local IFS=$'\n' cur
     local -a words
-    # the words as the user sees them: split at white space only, not at COMP_WORDBREAKS
-    IFS=$' \t\n' read -r -a words <<< "$line"
-    if [[ ${#words[@]} -eq 0 || $line == *[[:space:]] ]]; then
-        words+=("")
+    if [[ -n ${COMP_LINE+set} ]]; then
+        # the words as the user sees them: split at white space only, not at COMP_WORDBREAKS
+        local line=${COMP_LINE:0:COMP_POINT}
+        IFS=$' \t\n' read -r -a words <<< "$line"
+        if [[ ${#words[@]} -eq 0 || $line == *[[:space:]] ]]; then
+            words+=("")
+        fi
+    else  # called by hand, not by bash's completion: its words as given
+        words=("${COMP_WORDS[@]:0:COMP_CWORD+1}")
     fi
     cur=${words[${#words[@]}-1]}
     COMPREPLY=( $( env COMP_WORDS="${words[*]}" \
