@@ -91,7 +91,10 @@ def write_record(directory: Path) -> None:
 
 def check(directory: Path) -> Check | None:
     """Compare the snapshot at ``directory`` with its record; None if it has none (made by an
-    older ocistage) or one of another format. Raises OSError if the tree cannot be walked.
+    older ocistage) or one of another format. Raises OSError if the tree cannot be walked:
+    PermissionError where the caller may not read part of it (another member's snapshot
+    of an image with 0700 directories, in a group-shared cache), which is "cannot check",
+    never "changed".
 
     The tree is written out as its record would be and compared with it, directory by
     directory; only a snapshot that differs is walked again to name the differences.
@@ -192,7 +195,7 @@ def _blocks(rootfs: Path) -> Generator[bytes, None, None]:
     """The record of the tree at ``rootfs`` (without its header), a directory at a time."""
     parent_fd, name = open_parent(rootfs)
     try:
-        for rel, entries in walk_entries(parent_fd, name):
+        for rel, entries in walk_entries(parent_fd, name, readable=True):
             prefix = f"{rel}/" if rel else ""
             yield b"".join(b"%s\0%d %d %d %d %d %d\0" % (os.fsencode(prefix + entry),
                                                          *_fields(st))
@@ -204,7 +207,7 @@ def _blocks(rootfs: Path) -> Generator[bytes, None, None]:
 def _entries(rootfs: Path) -> Generator[tuple[str, Fields], None, None]:
     parent_fd, name = open_parent(rootfs)
     try:
-        for rel, entries in walk_entries(parent_fd, name):
+        for rel, entries in walk_entries(parent_fd, name, readable=True):
             prefix = f"{rel}/" if rel else ""
             for entry, st in entries:
                 yield prefix + entry, _fields(st)

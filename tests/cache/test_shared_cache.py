@@ -4,14 +4,23 @@ replaces a stored config. None of it may be written through, published or used."
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import grp
 import hashlib
+import json
 import os
+import pwd
 import shutil
+import socket
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,9 +32,9 @@ from ocistage.cache import leases
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import IntegrityError
 from ocistage.cache.leases import Holder
-from ocistage.cache.locks import owner_is_dead
+from ocistage.cache.locks import Owner, owner_is_dead
 from ocistage.cache.store import Store
-from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
+from tests.bundler.tarbuilder import build_tar, directory, file, write_oci_layout
 from tests.deadline import deadline
 
 NOBODY = 65534
@@ -144,3 +153,227 @@ def test_a_members_fifos_as_lease_and_locks_block_nothing(shared: Path) -> None:
         store.clean_leftovers()
     assert sorted(lease.target for lease in found) == ["image:mine", "image:theirs"]
     assert all(stat.S_ISFIFO(os.lstat(fifo).st_mode) for fifo in fifos)
+
+
+# -- members who are real users: gc, verify and bundle of one member never break the cache ----
+#
+# Set up as docs/trust.md says: a root-owned cache of a group, mode 2775; members (users made
+# here with useradd, the group a supplementary one) run the real CLI with umask 002. The image
+# has a 0700 directory and 0755 inner ones, in two layers (two snapshots).
+
+OCISTAGE = Path(sys.executable).parent / "ocistage"
+
+
+@dataclass(frozen=True)
+class Member:
+    name: str
+    uid: int
+    gid: int
+    home: Path
+
+
+@dataclass(frozen=True)
+class GroupCache:
+    cache: Path
+    gid: int
+    image: str               # oci:LAYOUT:t
+    a: Member
+    b: Member
+
+    def run(self, who: Member | None, *args: str, expect: int | None = 0
+            ) -> subprocess.CompletedProcess[str]:
+        """``ocistage ARGS`` on the cache as member ``who`` (None: root), umask 002."""
+        argv = ["sh", "-c", 'umask 002; exec "$@"', "sh", str(OCISTAGE), *args]
+        env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "LANG": "C.UTF-8",
+               "OCISTAGE_CACHE": str(self.cache)}
+        if who is not None:
+            argv = ["setpriv", f"--reuid={who.uid}", f"--regid={who.gid}",
+                    f"--groups={self.gid}", *argv]
+            env["HOME"] = str(who.home)
+        else:  # root, with the cache's group (a cache is trusted as group-shared by members)
+            argv = ["setpriv", f"--groups=0,{self.gid}", *argv]
+            env["HOME"] = "/root"
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300,
+                              cwd="/", check=False)
+        if expect is not None:
+            assert done.returncode == expect, (args, who, done.stdout, done.stderr)
+        return done
+
+    def gc(self, who: Member | None, *args: str) -> dict[str, Any]:
+        done = self.run(who, "cache", "gc", "--json", *args)
+        report: dict[str, Any] = json.loads(done.stdout)
+        return report
+
+    def entries(self, directory: str) -> dict[str, int]:
+        """The entries of ``CACHE/directory`` and their owners."""
+        with contextlib.suppress(FileNotFoundError), os.scandir(self.cache / directory) as it:
+            return {e.name: e.stat(follow_symlinks=False).st_uid for e in it}
+        return {}
+
+
+def _add_user(name: str, group: str) -> Member:
+    subprocess.run(["useradd", "--no-create-home", "--user-group", "--shell", "/bin/sh",
+                    "--groups", group, name], check=True, capture_output=True, timeout=60)
+    entry = pwd.getpwnam(name)
+    return Member(name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
+
+
+@pytest.fixture
+def group_cache() -> Iterator[GroupCache]:
+    """Two members of a group (made here, removed after) and root's 2775 cache of it."""
+    if os.geteuid() != 0:
+        pytest.skip("members made with useradd need root")
+    for tool in ("setpriv", "useradd", "userdel", "groupadd", "groupdel"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"members need {tool}")
+    if not os.access(OCISTAGE, os.X_OK) or OCISTAGE.stat().st_mode & 0o005 != 0o005:
+        pytest.skip(f"{OCISTAGE} is not usable by other users")
+    tag = f"ocgc{os.getpid() % 100000}"
+    base = Path(tempfile.mkdtemp(prefix="ocistage-group-", dir="/tmp"))
+    users: list[str] = []
+    group_made = False
+    try:
+        base.chmod(0o755)
+        subprocess.run(["groupadd", tag], check=True, capture_output=True, timeout=60)
+        group_made = True
+        gid = grp.getgrnam(tag).gr_gid
+        members = []
+        for suffix in ("a", "b"):
+            users.append(f"{tag}{suffix}")
+            member = _add_user(users[-1], tag)
+            home = base / f"home-{suffix}"
+            home.mkdir(mode=0o700)
+            os.chown(home, member.uid, member.gid)
+            members.append(dataclasses.replace(member, home=home))
+        cache = base / "cache"
+        cache.mkdir()
+        os.chown(cache, 0, gid)
+        cache.chmod(0o2775)
+        layout = base / "layout"
+        write_oci_layout(layout, [
+            build_tar([directory("sbin"), file("sbin/tool", b"#!/bin/sh\n", mode=0o755),
+                       directory("usr"), directory("usr/lib"),
+                       file("usr/lib/libx.so", os.urandom(20_000))]),
+            build_tar([directory("root", mode=0o700), directory("root/.cache"),
+                       file("root/.profile", b"PATH=/sbin\n"), directory("var"),
+                       directory("var/cache"), directory("var/cache/ldconfig", mode=0o700),
+                       file("var/cache/ldconfig/aux-cache", b"cache")])],
+            tag="t", container={"Cmd": ["/sbin/tool"]})
+        yield GroupCache(cache, gid, f"oci:{layout}:t", members[0], members[1])
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        for user in users:
+            subprocess.run(["userdel", user], capture_output=True, timeout=60, check=False)
+        if group_made:
+            subprocess.run(["groupdel", tag], capture_output=True, timeout=60, check=False)
+
+
+def test_a_members_gc_evicts_anothers_trees_and_leaves_the_cache_usable(
+        group_cache: GroupCache) -> None:
+    """B's `cache gc --max-size 0` over A's bundle and snapshots used to fail halfway
+    (`Permission denied`) and leave A's half-removed tree in B's 0700 scratch dir, after which
+    every command of A and B failed. Now B evicts them by rename only, exits 0 and says what
+    it left to A; A's next command removes them; nothing of anybody's is left in B's dirs."""
+    g = group_cache
+    g.run(g.a, "bundle", g.image)
+    report = g.gc(g.b, "--max-size", "0")
+    left = {(item["kind"], item["owner_uid"]) for item in report["left"]}
+    assert ("bundle", g.a.uid) in left and ("snapshot", g.a.uid) in left
+    assert all(item["owner"].startswith(g.a.name) for item in report["left"])
+    text = g.run(g.b, "cache", "gc", "--dry-run").stdout
+    assert f"to {g.a.name} (uid {g.a.uid})" in text
+    assert [n for n, uid in g.entries("tmp").items() if uid == g.b.uid] == []
+    assert not [n for n in g.entries("bundles") if not n.startswith(".")]  # all evicted
+    g.run(g.a, "bundle", g.image)   # A's next command: works, and removes A's evicted trees
+    assert [n for n in g.entries("bundles") if n.startswith(".evicted-")] == []
+    assert [n for n in g.entries("snapshots") if n.startswith(".evicted-")] == []
+    g.run(g.b, "bundle", g.image)
+    g.gc(g.b, "--max-size", "0")
+    g.gc(g.a, "--max-size", "0")    # A removes what B evicted of A's, and its own
+    g.run(g.b, "bundle", g.image)
+    root = g.gc(None, "--max-size", "0")  # root removes every member's tree, whole
+    assert root["left"] == []
+    assert g.entries("bundles") == {} and g.entries("snapshots") == {}
+    assert g.entries("tmp") == {}
+
+
+def test_root_gc_removes_a_members_trees(group_cache: GroupCache) -> None:
+    """Root is the site admin's exception: its gc removes a member's snapshots and bundles
+    whole (it used to refuse a member's entry in the group-writable tmp/ and fail)."""
+    g = group_cache
+    g.run(g.a, "bundle", g.image)
+    report = g.gc(None, "--max-size", "0")
+    assert report["left"] == []
+    assert {r["kind"] for r in report["removed"]} >= {"bundle", "snapshot"}
+    assert g.entries("bundles") == {} and g.entries("snapshots") == {}
+    assert g.entries("tmp") == {}
+
+
+def test_a_gc_that_stopped_halfway_wedges_no_one(group_cache: GroupCache) -> None:
+    """What the old gc left: B's dead scratch dir `tmp/gc-<host>-<pid>-<hex>` (0700, owner file
+    beside it) holding A's half-removed tree. No command of A, B or root may fail on it, and
+    root's gc removes it."""
+    g = group_cache
+    bundle = Path(g.run(g.a, "bundle", g.image).stdout.strip().splitlines()[-1])
+    child = subprocess.Popen(["true"])
+    child.wait()
+    scratch = g.cache / "tmp" / f"gc-{socket.gethostname()}-{child.pid}-0123456789ab"
+    scratch.mkdir(mode=0o700)
+    os.chown(scratch, g.b.uid, g.gid)
+    owner = Path(f"{scratch}.owner")
+    owner.write_text(Owner(socket.gethostname(), child.pid, None).to_json())
+    os.chown(owner, g.b.uid, g.gid)
+    os.rename(bundle, scratch / bundle.name)
+    for who in (g.a, g.b):
+        g.run(who, "bundle", g.image)
+        g.run(who, "cache", "ls")
+    assert {(item["name"], item["owner_uid"]) for item in g.gc(g.b)["left"]} == {
+        (str(scratch), g.b.uid)}  # reported, not fatal
+    assert {(item["name"], item["owner_uid"]) for item in g.gc(g.a)["left"]} == {
+        (str(scratch), g.b.uid)}  # B's, not A's to remove
+    assert scratch.exists()
+    g.run(None, "bundle", g.image)  # root's next command removes it
+    assert not scratch.exists() and not owner.exists()
+    assert g.gc(None)["left"] == []
+
+
+def test_a_members_verify_reports_roots_private_bundle_and_goes_on(
+        group_cache: GroupCache) -> None:
+    """Root's `--no-rootless` bundle in the cache is 0700: a member cannot read it, nor move
+    it. Their `cache verify` used to abort (`cannot quarantine ...: Permission denied`); now
+    it says it cannot check it and goes on."""
+    g = group_cache
+    g.run(None, "bundle", "--no-rootless", g.image)
+    private = [n for n, uid in g.entries("bundles").items() if uid == 0]
+    assert private
+    done = g.run(g.b, "cache", "verify", "--json")
+    report = json.loads(done.stdout)
+    assert report["problems"] == [] and report["ok"]
+    assert {(u["kind"], u["name"], u["owner_uid"]) for u in report["unchecked"]} >= {
+        ("bundle", private[0], 0)}
+    assert g.entries("quarantine") == {}
+    assert private[0] in g.entries("bundles")
+
+
+def test_a_snapshot_only_its_maker_reads_is_not_quarantined_by_another_member(
+        group_cache: GroupCache) -> None:
+    """An image with 0700 directories gives a snapshot whose inner directories only its maker
+    can read. Another member's verify and bundle used to call its files removed, quarantine
+    it, rebuild it, and have it quarantined again by the first. What a member cannot read is
+    "cannot check", never "changed"."""
+    g = group_cache
+    g.run(g.a, "bundle", g.image)
+    snapshots = {n: uid for n, uid in g.entries("snapshots").items() if not n.startswith(".")}
+    assert snapshots and set(snapshots.values()) == {g.a.uid}
+    report = json.loads(g.run(g.b, "cache", "verify", "--json").stdout)
+    assert report["problems"] == []
+    assert any(u["kind"] == "snapshot" and u["owner_uid"] == g.a.uid
+               for u in report["unchecked"])
+    g.run(g.b, "bundle", g.image)
+    g.run(g.b, "bundle", "--link", g.image, str(g.b.home / "linked"))
+    assert g.entries("quarantine") == {}
+    assert {n: uid for n, uid in g.entries("snapshots").items()
+            if n in snapshots} == snapshots
+    report = json.loads(g.run(g.a, "cache", "verify", "--json").stdout)
+    assert report["problems"] == [] and report["ok"]
+    assert g.entries("quarantine") == {}
