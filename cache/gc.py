@@ -6,6 +6,7 @@ commands race-free):
 1. leftovers of dead processes: temp dirs, bundles being built, partial downloads nobody is
    downloading, stale lock files; temp files of atomic writes and ownerless temp dirs (a
    removal that was interrupted) older than an hour; quarantined entries older than a week;
+   trees evicted earlier (:mod:`ocistage.cache.evict`);
 2. leases: dead leases are dropped; a staged bundle whose leases are *all* dead (those on its
    place under every spelling, :func:`ocistage.cache.leases.staged_groups`) is removed if
    its marker ``<path>/.ocistage-staged.json`` (or, for a mounted image fetched from a URL,
@@ -22,6 +23,12 @@ commands race-free):
    snapshots that no remaining ref's layers start with, last-use records of entries that are
    gone; records and reference notes of importer images that are gone, and the build locks of
    dead builders.
+
+A tree (bundle, snapshot, quarantined entry, scratch) is taken out by
+:func:`ocistage.cache.evict.take_out`: renamed aside beside it, then removed by its owner or
+root. In a group-shared cache another member's tree is evicted by rename only and reported in
+:attr:`GcReport.left` (to whom it is left), its space not counted as freed: its owner's next
+command or root's gc removes it. Quarantined entries count against ``max_size`` and go first.
 
 Never removed: anything a live lease (or ``keep``) names — ``image:<ref>`` keeps the ref and
 every blob it reaches, ``bundle:<key>`` a bundle, ``snapshot:<chain id>`` a snapshot,

@@ -14,6 +14,11 @@
 
 Leftovers of interrupted writes (temp files, partial downloads) are not corruption: they are
 never visible at a final path, and ``cache gc`` removes them.
+
+What the caller may not read (another member's snapshot of an image with 0700 directories,
+root's private ``--no-rootless`` bundle, in a group-shared cache) cannot be checked: it is
+listed as :class:`Unchecked`, never called changed or broken, and left as it is. An entry
+that cannot be moved to the quarantine is reported as left in place, and verify goes on.
 """
 
 from __future__ import annotations
