@@ -229,8 +229,7 @@ def _dead_scratch(sweep: Sweep[Removal], store: Store, now: float) -> None:
     removes itself), then bundles that dead processes were building."""
     for path in store.clean_leftovers(dry_run=sweep.dry_run):
         if is_evicted(path.name):
-            sweep.remove("scratch", str(path), "evicted by another member's gc",
-                         paths=(path,))
+            sweep.remove("scratch", str(path), "evicted earlier", paths=(path,))
             continue
         owner = (owner_file(path),) if path.parent == store.tmp_dir else ()
         sweep.remove("scratch", str(path), "temp dir of a dead process", paths=(path, *owner))
@@ -268,7 +267,9 @@ def _evicted_trees(sweep: Sweep[Removal], store: Store) -> None:
                 sweep.leave(Left("evicted", str(tree), owner, "evicted by a gc; its owner's "
                                  "next command (or root's `cache gc`) removes it"))
                 continue
-            why = sweep.run(partial(remove_evicted, tree))
+            if sweep.dry_run:
+                continue  # listed by Store.clean_leftovers already
+            why = remove_evicted(tree)  # what clean_leftovers could not remove: once more
             if why is None:
                 sweep.remove("scratch", str(tree), "evicted earlier", paths=(tree,))
             else:

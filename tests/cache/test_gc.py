@@ -702,3 +702,22 @@ def test_quarantine_counts_against_the_budget_and_goes_first_under_pressure(
     assert removed(report, "quarantine") == {str(moved)}
     assert not moved.exists() and made.path.exists()  # it went instead of the bundle
     assert not report.over_budget
+
+
+def test_an_evicted_tree_of_ours_is_removed_once_and_a_dry_run_says_so_once(
+        store: Store) -> None:
+    """A tree a removal left under its evicted name (``.evicted-NAME-RAND`` beside where it
+    was): the next command that opens the cache removes it; gc's dry run lists it once, with
+    the size the real run frees."""
+    evicted = store.root / "bundles" / ".evicted-k-0123abcd"
+    (evicted / "rootfs").mkdir(parents=True)
+    (evicted / "rootfs" / "data").write_bytes(os.urandom(100_000))
+    dry = run_gc(store, dry_run=True)
+    assert [(r.kind, r.name) for r in dry.removed] == [("scratch", str(evicted))]
+    assert dry.left == ()
+    real = run_gc(store)
+    assert [(r.name, r.size) for r in real.removed] == [(r.name, r.size) for r in dry.removed]
+    assert not evicted.exists()
+    evicted.mkdir()
+    Store.open(store.root)  # the owner's next command
+    assert not evicted.exists()
