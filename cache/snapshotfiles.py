@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ocistage.cache.errors import StoreError
+from ocistage.cache.evict import evict
 from ocistage.cache.fsops import open_parent, walk_entries
 from ocistage.cache.store import BUNDLES, Store, quarantine
 
@@ -173,12 +174,20 @@ def set_aside(store: Store, directory: Path, found: Check) -> None:
 
 
 def _quarantine_if_there(store: Store, path: Path, label: str) -> Path | None:
+    """Quarantine ``path``; None if it is gone. Another member's tree that the caller may not
+    move to another directory (that needs write access to the tree itself) is evicted by a
+    rename beside it instead (:mod:`ocistage.cache.evict`): it is out of the way all the same,
+    and its owner's next command removes it."""
     try:
         return quarantine(store, path, label)
     except StoreError:
-        if os.path.lexists(path):
-            raise
-        return None
+        if not os.path.lexists(path):
+            return None
+        try:
+            return evict(path)
+        except OSError:
+            pass
+        raise
 
 
 def _is_inode(path: Path, device: int, inode: int) -> bool:

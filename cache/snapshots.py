@@ -132,8 +132,15 @@ def _read_metadata(directory: Path) -> dict[str, object] | None:
     return data if isinstance(data, dict) else None
 
 
+class SnapshotUnreadable(StoreError):
+    """A published snapshot the caller may not read whole (another member's, in a
+    group-shared cache, of an image with 0700 directories): it cannot be checked or cloned
+    by the caller, and is not changed either; the caller makes a tree of its own."""
+
+
 def find_snapshot(store: Store, chain_id: Digest) -> Path | None:
-    """The rootfs of the published snapshot ``chain_id``, or ``None``.
+    """The rootfs of the published snapshot ``chain_id``, or ``None``; raises
+    :class:`SnapshotUnreadable` for one the caller may not read whole (left as it is).
 
     A snapshot that cannot be trusted any more (made before a reboot of this host, never
     synced), or whose files cannot be checked (no record of them: made by an older ocistage),
@@ -147,11 +154,14 @@ def find_snapshot(store: Store, chain_id: Digest) -> Path | None:
         return None
     try:
         usable = _trusted(metadata) and _unchanged(store, directory)
-    except PermissionError:
+    except PermissionError as exc:
         # another member's snapshot with directories only its maker may read (an image's
         # 0700 /root): it cannot be checked, nor cloned, by the caller; it is not changed,
         # and stays for its maker, while the caller makes a tree of its own
-        return None
+        raise SnapshotUnreadable(
+            f"snapshot {chain_id.short} cannot be checked: you may not read all of it "
+            f"({exc.strerror}: {exc.filename or directory})",
+            "it is another member's; make a tree of your own") from exc
     if not usable:
         remove_snapshot(store, chain_id)
         return None

@@ -119,8 +119,12 @@ def quarantine(store: Store, path: Path, label: str) -> Path:
     directory = store.root / QUARANTINE
     destination = directory / f"{label}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(3).hex()}"
     try:
+        made = False
         with contextlib.suppress(FileExistsError):
             directory.mkdir(mode=0o700)
+            made = True
+        st = os.lstat(directory)
+        if owned_by_caller(st) and (made or st.st_mode & 0o007):  # others' bits: an older one
             os.chmod(directory, store.tree_dir_mode() & ~0o007)
         os.rename(path, destination)
     except OSError as exc:

@@ -297,12 +297,20 @@ def test_a_members_gc_evicts_anothers_trees_and_leaves_the_cache_usable(
     assert g.entries("tmp") == {}
 
 
-def test_root_gc_removes_a_members_trees(group_cache: GroupCache) -> None:
+def test_root_gc_removes_a_members_trees_and_follows_no_link(group_cache: GroupCache) -> None:
     """Root is the site admin's exception: its gc removes a member's snapshots and bundles
-    whole (it used to refuse a member's entry in the group-writable tmp/ and fail)."""
+    whole (it used to refuse a member's entry in the group-writable tmp/ and fail), and
+    still never follows a link a member put into their tree."""
     g = group_cache
-    g.run(g.a, "bundle", g.image)
+    bundle = Path(g.run(g.a, "bundle", g.image).stdout.strip().splitlines()[-1])
+    victim = g.cache.parent / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("root's\n")
+    for link in (bundle / "rootfs" / "sbin" / "escape", bundle / "escape"):
+        subprocess.run(["setpriv", f"--reuid={g.a.uid}", f"--regid={g.a.gid}",
+                        f"--groups={g.gid}", "ln", "-s", str(victim), str(link)], check=True)
     report = g.gc(None, "--max-size", "0")
+    assert (victim / "keep").read_text() == "root's\n"
     assert report["left"] == []
     assert {r["kind"] for r in report["removed"]} >= {"bundle", "snapshot"}
     assert g.entries("bundles") == {} and g.entries("snapshots") == {}
@@ -365,15 +373,22 @@ def test_a_snapshot_only_its_maker_reads_is_not_quarantined_by_another_member(
     g.run(g.a, "bundle", g.image)
     snapshots = {n: uid for n, uid in g.entries("snapshots").items() if not n.startswith(".")}
     assert snapshots and set(snapshots.values()) == {g.a.uid}
+    # B's bundle outside the cache is made from the image's snapshot: B gets a tree of its own
+    linked = g.b.home / "linked"
+    done = g.run(g.b, "bundle", "--link", g.image, str(linked))
+    assert "changed" not in done.stderr
+    assert (linked / "rootfs" / "root" / ".profile").read_bytes() == b"PATH=/sbin\n"
+    assert g.entries("quarantine") == {}
+    assert g.entries("snapshots") == snapshots
     report = json.loads(g.run(g.b, "cache", "verify", "--json").stdout)
-    assert report["problems"] == []
-    assert any(u["kind"] == "snapshot" and u["owner_uid"] == g.a.uid
-               for u in report["unchecked"])
-    g.run(g.b, "bundle", g.image)
-    g.run(g.b, "bundle", "--link", g.image, str(g.b.home / "linked"))
-    assert g.entries("quarantine") == {}
-    assert {n: uid for n, uid in g.entries("snapshots").items()
-            if n in snapshots} == snapshots
-    report = json.loads(g.run(g.a, "cache", "verify", "--json").stdout)
     assert report["problems"] == [] and report["ok"]
-    assert g.entries("quarantine") == {}
+    assert {u["kind"] for u in report["unchecked"]} == {"snapshot"}
+    assert {u["owner_uid"] for u in report["unchecked"]} == {g.a.uid}
+    text = g.run(g.b, "cache", "verify").stdout
+    assert "cannot check snapshot sha256:" in text
+    assert f"of {g.a.name} (uid {g.a.uid})" in text
+    assert g.entries("quarantine") == {} and g.entries("snapshots") == snapshots
+    report = json.loads(g.run(g.a, "cache", "verify", "--json").stdout)
+    assert report["problems"] == [] and report["unchecked"] == []
+    g.run(g.a, "bundle", "--link", g.image, str(g.a.home / "linked"))
+    assert g.entries("quarantine") == {} and g.entries("snapshots") == snapshots
