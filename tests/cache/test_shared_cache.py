@@ -4,23 +4,16 @@ replaces a stored config. None of it may be written through, published or used."
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import grp
 import hashlib
 import json
 import os
-import pwd
 import shutil
 import socket
 import stat
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -36,6 +29,7 @@ from ocistage.cache.locks import Owner, owner_is_dead
 from ocistage.cache.store import Store
 from tests.bundler.tarbuilder import build_tar, directory, file, write_oci_layout
 from tests.deadline import deadline
+from tests.groupcache import GroupCache, group_cache_members
 
 NOBODY = 65534
 GROUP = os.getegid()  # the cache's group: the caller's own (the trust rule asks for that)
@@ -161,95 +155,12 @@ def test_a_members_fifos_as_lease_and_locks_block_nothing(shared: Path) -> None:
 # here with useradd, the group a supplementary one) run the real CLI with umask 002. The image
 # has a 0700 directory and 0755 inner ones, in two layers (two snapshots).
 
-OCISTAGE = Path(sys.executable).parent / "ocistage"
-
-
-@dataclass(frozen=True)
-class Member:
-    name: str
-    uid: int
-    gid: int
-    home: Path
-
-
-@dataclass(frozen=True)
-class GroupCache:
-    cache: Path
-    gid: int
-    image: str               # oci:LAYOUT:t
-    a: Member
-    b: Member
-
-    def run(self, who: Member | None, *args: str, expect: int | None = 0
-            ) -> subprocess.CompletedProcess[str]:
-        """``ocistage ARGS`` on the cache as member ``who`` (None: root), umask 002."""
-        argv = ["sh", "-c", 'umask 002; exec "$@"', "sh", str(OCISTAGE), *args]
-        env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "LANG": "C.UTF-8",
-               "OCISTAGE_CACHE": str(self.cache)}
-        if who is not None:
-            argv = ["setpriv", f"--reuid={who.uid}", f"--regid={who.gid}",
-                    f"--groups={self.gid}", *argv]
-            env["HOME"] = str(who.home)
-        else:  # root, with the cache's group (a cache is trusted as group-shared by members)
-            argv = ["setpriv", f"--groups=0,{self.gid}", *argv]
-            env["HOME"] = "/root"
-        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300,
-                              cwd="/", check=False)
-        if expect is not None:
-            assert done.returncode == expect, (args, who, done.stdout, done.stderr)
-        return done
-
-    def gc(self, who: Member | None, *args: str) -> dict[str, Any]:
-        done = self.run(who, "cache", "gc", "--json", *args)
-        report: dict[str, Any] = json.loads(done.stdout)
-        return report
-
-    def entries(self, directory: str) -> dict[str, int]:
-        """The entries of ``CACHE/directory`` and their owners."""
-        with contextlib.suppress(FileNotFoundError), os.scandir(self.cache / directory) as it:
-            return {e.name: e.stat(follow_symlinks=False).st_uid for e in it}
-        return {}
-
-
-def _add_user(name: str, group: str) -> Member:
-    subprocess.run(["useradd", "--no-create-home", "--user-group", "--shell", "/bin/sh",
-                    "--groups", group, name], check=True, capture_output=True, timeout=60)
-    entry = pwd.getpwnam(name)
-    return Member(name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
-
-
 @pytest.fixture
 def group_cache() -> Iterator[GroupCache]:
-    """Two members of a group (made here, removed after) and root's 2775 cache of it."""
-    if os.geteuid() != 0:
-        pytest.skip("members made with useradd need root")
-    for tool in ("setpriv", "useradd", "userdel", "groupadd", "groupdel"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"members need {tool}")
-    if not os.access(OCISTAGE, os.X_OK) or OCISTAGE.stat().st_mode & 0o005 != 0o005:
-        pytest.skip(f"{OCISTAGE} is not usable by other users")
-    tag = f"ocgc{os.getpid() % 100000}"
-    base = Path(tempfile.mkdtemp(prefix="ocistage-group-", dir="/tmp"))
-    users: list[str] = []
-    group_made = False
-    try:
-        base.chmod(0o755)
-        subprocess.run(["groupadd", tag], check=True, capture_output=True, timeout=60)
-        group_made = True
-        gid = grp.getgrnam(tag).gr_gid
-        members = []
-        for suffix in ("a", "b"):
-            users.append(f"{tag}{suffix}")
-            member = _add_user(users[-1], tag)
-            home = base / f"home-{suffix}"
-            home.mkdir(mode=0o700)
-            os.chown(home, member.uid, member.gid)
-            members.append(dataclasses.replace(member, home=home))
-        cache = base / "cache"
-        cache.mkdir()
-        os.chown(cache, 0, gid)
-        cache.chmod(0o2775)
-        layout = base / "layout"
+    """:func:`tests.groupcache.group_cache_members` with an image in ``BASE/layout`` whose
+    second layer has 0700 directories (``/root``, ``/var/cache/ldconfig``)."""
+    with group_cache_members() as members:
+        layout = members.base / "layout"
         write_oci_layout(layout, [
             build_tar([directory("sbin"), file("sbin/tool", b"#!/bin/sh\n", mode=0o755),
                        directory("usr"), directory("usr/lib"),
@@ -259,13 +170,11 @@ def group_cache() -> Iterator[GroupCache]:
                        directory("var/cache"), directory("var/cache/ldconfig", mode=0o700),
                        file("var/cache/ldconfig/aux-cache", b"cache")])],
             tag="t", container={"Cmd": ["/sbin/tool"]})
-        yield GroupCache(cache, gid, f"oci:{layout}:t", members[0], members[1])
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-        for user in users:
-            subprocess.run(["userdel", user], capture_output=True, timeout=60, check=False)
-        if group_made:
-            subprocess.run(["groupdel", tag], capture_output=True, timeout=60, check=False)
+        yield members
+
+
+def image(g: GroupCache) -> str:
+    return f"oci:{g.base / 'layout'}:t"
 
 
 def test_a_members_gc_evicts_anothers_trees_and_leaves_the_cache_usable(
@@ -275,7 +184,7 @@ def test_a_members_gc_evicts_anothers_trees_and_leaves_the_cache_usable(
     every command of A and B failed. Now B evicts them by rename only, exits 0 and says what
     it left to A; A's next command removes them; nothing of anybody's is left in B's dirs."""
     g = group_cache
-    g.run(g.a, "bundle", g.image)
+    g.run(g.a, "bundle", image(g))
     report = g.gc(g.b, "--max-size", "0")
     left = {(item["kind"], item["owner_uid"]) for item in report["left"]}
     assert ("bundle", g.a.uid) in left and ("snapshot", g.a.uid) in left
@@ -284,13 +193,13 @@ def test_a_members_gc_evicts_anothers_trees_and_leaves_the_cache_usable(
     assert f"to {g.a.name} (uid {g.a.uid})" in text
     assert [n for n, uid in g.entries("tmp").items() if uid == g.b.uid] == []
     assert not [n for n in g.entries("bundles") if not n.startswith(".")]  # all evicted
-    g.run(g.a, "bundle", g.image)   # A's next command: works, and removes A's evicted trees
+    g.run(g.a, "bundle", image(g))   # A's next command: works, and removes A's evicted trees
     assert [n for n in g.entries("bundles") if n.startswith(".evicted-")] == []
     assert [n for n in g.entries("snapshots") if n.startswith(".evicted-")] == []
-    g.run(g.b, "bundle", g.image)
+    g.run(g.b, "bundle", image(g))
     g.gc(g.b, "--max-size", "0")
     g.gc(g.a, "--max-size", "0")    # A removes what B evicted of A's, and its own
-    g.run(g.b, "bundle", g.image)
+    g.run(g.b, "bundle", image(g))
     root = g.gc(None, "--max-size", "0")  # root removes every member's tree, whole
     assert root["left"] == []
     assert g.entries("bundles") == {} and g.entries("snapshots") == {}
@@ -302,7 +211,7 @@ def test_root_gc_removes_a_members_trees_and_follows_no_link(group_cache: GroupC
     whole (it used to refuse a member's entry in the group-writable tmp/ and fail), and
     still never follows a link a member put into their tree."""
     g = group_cache
-    bundle = Path(g.run(g.a, "bundle", g.image).stdout.strip().splitlines()[-1])
+    bundle = Path(g.run(g.a, "bundle", image(g)).stdout.strip().splitlines()[-1])
     victim = g.cache.parent / "victim"
     victim.mkdir()
     (victim / "keep").write_text("root's\n")
@@ -322,7 +231,7 @@ def test_a_gc_that_stopped_halfway_wedges_no_one(group_cache: GroupCache) -> Non
     beside it) holding A's half-removed tree. No command of A, B or root may fail on it, and
     root's gc removes it."""
     g = group_cache
-    bundle = Path(g.run(g.a, "bundle", g.image).stdout.strip().splitlines()[-1])
+    bundle = Path(g.run(g.a, "bundle", image(g)).stdout.strip().splitlines()[-1])
     child = subprocess.Popen(["true"])
     child.wait()
     scratch = g.cache / "tmp" / f"gc-{socket.gethostname()}-{child.pid}-0123456789ab"
@@ -333,14 +242,14 @@ def test_a_gc_that_stopped_halfway_wedges_no_one(group_cache: GroupCache) -> Non
     os.chown(owner, g.b.uid, g.gid)
     os.rename(bundle, scratch / bundle.name)
     for who in (g.a, g.b):
-        g.run(who, "bundle", g.image)
+        g.run(who, "bundle", image(g))
         g.run(who, "cache", "ls")
     assert {(item["name"], item["owner_uid"]) for item in g.gc(g.b)["left"]} == {
         (str(scratch), g.b.uid)}  # reported, not fatal
     assert {(item["name"], item["owner_uid"]) for item in g.gc(g.a)["left"]} == {
         (str(scratch), g.b.uid)}  # B's, not A's to remove
     assert scratch.exists()
-    g.run(None, "bundle", g.image)  # root's next command removes it
+    g.run(None, "bundle", image(g))  # root's next command removes it
     assert not scratch.exists() and not owner.exists()
     assert g.gc(None)["left"] == []
 
@@ -351,7 +260,7 @@ def test_a_members_verify_reports_roots_private_bundle_and_goes_on(
     it. Their `cache verify` used to abort (`cannot quarantine ...: Permission denied`); now
     it says it cannot check it and goes on."""
     g = group_cache
-    g.run(None, "bundle", "--no-rootless", g.image)
+    g.run(None, "bundle", "--no-rootless", image(g))
     private = [n for n, uid in g.entries("bundles").items() if uid == 0]
     assert private
     done = g.run(g.b, "cache", "verify", "--json")
@@ -370,12 +279,12 @@ def test_a_snapshot_only_its_maker_reads_is_not_quarantined_by_another_member(
     it, rebuild it, and have it quarantined again by the first. What a member cannot read is
     "cannot check", never "changed"."""
     g = group_cache
-    g.run(g.a, "bundle", g.image)
+    g.run(g.a, "bundle", image(g))
     snapshots = {n: uid for n, uid in g.entries("snapshots").items() if not n.startswith(".")}
     assert snapshots and set(snapshots.values()) == {g.a.uid}
     # B's bundle outside the cache is made from the image's snapshot: B gets a tree of its own
     linked = g.b.home / "linked"
-    done = g.run(g.b, "bundle", "--link", g.image, str(linked))
+    done = g.run(g.b, "bundle", "--link", image(g), str(linked))
     assert "changed" not in done.stderr
     assert (linked / "rootfs" / "root" / ".profile").read_bytes() == b"PATH=/sbin\n"
     assert g.entries("quarantine") == {}
@@ -390,5 +299,5 @@ def test_a_snapshot_only_its_maker_reads_is_not_quarantined_by_another_member(
     assert g.entries("quarantine") == {} and g.entries("snapshots") == snapshots
     report = json.loads(g.run(g.a, "cache", "verify", "--json").stdout)
     assert report["problems"] == [] and report["unchecked"] == []
-    g.run(g.a, "bundle", "--link", g.image, str(g.a.home / "linked"))
+    g.run(g.a, "bundle", "--link", image(g), str(g.a.home / "linked"))
     assert g.entries("quarantine") == {} and g.entries("snapshots") == snapshots
