@@ -54,8 +54,9 @@ class Left:
         return {"kind": self.kind, "name": self.name, "owner_uid": self.owner_uid,
                 "owner": self.owner, "reason": self.reason}
 
-    def describe(self) -> str:
-        return f"left {self.kind} {self.name} to {self.owner}: {self.reason}"
+    def describe(self, dry_run: bool = False) -> str:
+        verb = "would leave" if dry_run else "left"
+        return f"{verb} {self.kind} {self.name} to {self.owner}: {self.reason}"
 
 
 def may_remove(uid: int) -> bool:

@@ -175,7 +175,7 @@ class GcReport:
         for target in self.protected:
             out.detail(f"kept {target}: in use (leased)")
         for left in self.left:
-            out.line(left.describe() if not self.dry_run else f"would {left.describe()}")
+            out.line(left.describe(self.dry_run))
         entries = count(len(self.removed), "entry", "entries")
         out.line(f"{verb} {entries}, {format_size(self.freed)}; "
                  f"cache {format_size(self.size_before)} -> {format_size(self.size_after)}")
@@ -246,7 +246,9 @@ def _others_dead_scratch(sweep: Sweep[Removal], store: Store) -> None:
         for marker in sorted(store.tmp_dir.glob(f"*{OWNER_SUFFIX}")):
             work = marker.with_suffix("")
             owner = owner_of(work)
-            if owner is not None and owner_is_dead(marker):
+            if owner is None or (sweep.dry_run and may_remove(owner)):
+                continue  # gone, or listed by Store.clean_leftovers
+            if owner_is_dead(marker):
                 why = ("temp dir of a dead process; not yours: its owner's next command or "
                        "root's `cache gc` removes it") if not may_remove(owner) else (
                        "temp dir of a dead process; it holds entries you may not remove "
@@ -717,7 +719,9 @@ def _collect(store: Store, options: GcOptions, job_states: JobStates, now: float
     plan = _Plan(refs=read_refs(store), blobs=list_blobs(store), bundles=list_bundles(store),
                  snapshots=list_snapshots(store), images=list_images(store.root),
                  protected=live | set(options.keep),
-                 footprint=footprint, started=started, quarantined=list_quarantine(store))
+                 footprint=footprint, started=started,
+                 quarantined=[entry for entry in list_quarantine(store)  # older: step 1's
+                              if now - entry.when <= QUARANTINE_KEEP])
     protected_refs = {t.removeprefix("image:") for t in plan.protected if t.startswith("image:")}
     plan.protected |= {ref.target for ref in plan.refs if ref.name in protected_refs}
     kept: list[str] = []

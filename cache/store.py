@@ -534,8 +534,11 @@ class Store:
         return may_remove(owner) and owner_is_dead(marker)
 
     def clean_leftovers(self, dry_run: bool = False) -> list[Path]:
-        """Remove scratch dirs and partial downloads of dead owners; return what was removed
-        (with ``dry_run``, what would be, removing nothing)."""
+        """Remove scratch dirs and partial downloads of dead owners, and the caller's trees
+        that were evicted (:mod:`ocistage.cache.evict`: by another member's gc, or a removal
+        that stopped); return what was removed (with ``dry_run``, what would be, removing
+        nothing). What the caller may not remove (another member's, in a group-shared cache)
+        is left for its owner or root, and never fails the command."""
         removed: list[Path] = []
         with contextlib.suppress(FileNotFoundError):
             for marker in self.tmp_dir.glob(f"*{OWNER_SUFFIX}"):
