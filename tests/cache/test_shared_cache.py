@@ -301,3 +301,24 @@ def test_a_snapshot_only_its_maker_reads_is_not_quarantined_by_another_member(
     assert report["problems"] == [] and report["unchecked"] == []
     g.run(g.a, "bundle", "--link", image(g), str(g.a.home / "linked"))
     assert g.entries("quarantine") == {} and g.entries("snapshots") == snapshots
+
+
+def test_a_broken_bundle_a_member_cannot_move_is_reported_and_verify_goes_on(
+        group_cache: GroupCache) -> None:
+    """A broken bundle of A's that B may not move to quarantine/ (its directory is not
+    group-writable, as a umask 022 makes it): B's verify reports it as left in place and
+    checks everything else, instead of aborting on `cannot quarantine`."""
+    g = group_cache
+    bundle = Path(g.run(g.a, "bundle", image(g)).stdout.strip().splitlines()[-1])
+    (bundle / "config.json").unlink()
+    bundle.chmod(0o2755)
+    done = g.run(g.b, "cache", "verify", "--json", expect=1)
+    report = json.loads(done.stdout)
+    assert [(p["kind"], p["name"]) for p in report["problems"]] == [
+        ("broken-bundle", bundle.name)]
+    assert report["problems"][0]["action"].startswith("left in place (cannot quarantine")
+    assert report["snapshots"] == 1 and report["blobs"] > 0
+    assert "cache verify found 1 problem" in done.stderr
+    assert bundle.exists() and g.entries("quarantine") == {}
+    g.run(g.a, "cache", "verify", expect=1)  # its owner can
+    assert not bundle.exists() and len(g.entries("quarantine")) == 1
