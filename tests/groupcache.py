@@ -42,30 +42,31 @@ class GroupCache:
     a: Member
     b: Member
 
-    def argv(self, who: Member | None, *args: str, program: Sequence[str] = (str(OCISTAGE),)
-             ) -> tuple[list[str], dict[str, str]]:
+    def argv(self, who: Member | None, *args: str, program: Sequence[str] = (str(OCISTAGE),),
+             env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
         """The command line and environment of ``ocistage ARGS`` (``program`` instead of
         ``ocistage``) on the cache as member ``who`` (None: root, with the cache's group
-        among its groups), umask 002."""
+        among its groups), umask 002; ``env`` adds to its environment."""
         argv = ["sh", "-c", 'umask 002; exec "$@"', "sh", *program, *args]
-        env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "LANG": "C.UTF-8",
-               "OCISTAGE_CACHE": str(self.cache)}
+        environment = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "LANG": "C.UTF-8",
+                       "OCISTAGE_CACHE": str(self.cache), "NO_PROXY": "127.0.0.1,localhost"}
         if who is not None:
             argv = ["setpriv", f"--reuid={who.uid}", f"--regid={who.gid}",
                     f"--groups={self.gid}", *argv]
-            env["HOME"] = str(who.home)
+            environment["HOME"] = str(who.home)
         else:
             argv = ["setpriv", f"--groups=0,{self.gid}", *argv]
-            env["HOME"] = "/root"
-        return argv, env
+            environment["HOME"] = "/root"
+        return argv, {**environment, **(env or {})}
 
-    def run(self, who: Member | None, *args: str, expect: int | None = 0
+    def run(self, who: Member | None, *args: str, expect: int | None = 0,
+            program: Sequence[str] = (str(OCISTAGE),), env: dict[str, str] | None = None
             ) -> subprocess.CompletedProcess[str]:
-        """Run ``ocistage ARGS`` as ``who``; its exit status must be ``expect`` (unless
-        None)."""
-        argv, env = self.argv(who, *args)
+        """Run ``ocistage ARGS`` (or ``program ARGS``) as ``who``; its exit status must be
+        ``expect`` (unless None)."""
+        argv, env = self.argv(who, *args, program=program, env=env)
         done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300,
-                              cwd="/", check=False)
+                              cwd="/", check=False, stdin=subprocess.DEVNULL)
         if expect is not None:
             assert done.returncode == expect, (args, who, done.stdout, done.stderr)
         return done

@@ -7,13 +7,16 @@ empties the cache."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
+from pytest_ocistage.components import require_binary
 from pytest_ocistage.images import ImageRef
 from tests.e2e.test_cache import PAUSING_CLI
 from tests.groupcache import GroupCache, group_cache_members
@@ -78,3 +81,25 @@ def test_a_members_gc_killed_halfway_wedges_nobody(members: GroupCache,
     assert g.entries("tmp") == {}
     report = json.loads(g.run(None, "cache", "verify", "--json").stdout)
     assert report["ok"], report
+
+
+def test_the_importer_of_a_member_leaves_anothers_snapshot_alone(
+        members: GroupCache, images: dict[str, ImageRef]) -> None:
+    """busybox's snapshot has a 0700 /root that only its maker (A) reads. B's importer `get`
+    on the same cache used to call it changed and quarantine it; now B makes its own tree
+    and A's snapshot stays, unquarantined."""
+    require_binary("mksquashfs")
+    g = members
+    image = images["busybox"]
+    g.run(g.a, "bundle", image.ref)
+    snapshots = {n: uid for n, uid in g.entries("snapshots").items()}
+    assert snapshots and set(snapshots.values()) == {g.a.uid}
+    store = g.base / "store-b"
+    store.mkdir(mode=0o700)
+    os.chown(store, g.b.uid, g.b.gid)
+    uri = f"docker://{image.registry.host}#{image.repository}:{image.tag}"
+    got = g.run(g.b, "get", uri, program=(sys.executable, "-m", "ocistage.bundler.cli.pyxis"),
+                env={"OCISTAGE_PYXIS_STORE": str(store)})
+    assert Path(got.stdout.strip()).parent == store / "pyxis"
+    assert "changed" not in got.stderr
+    assert g.entries("quarantine") == {} and g.entries("snapshots") == snapshots
