@@ -1,8 +1,8 @@
 """A group-shared cache that its members and root use at once, end to end (issue 39, item 2):
-images from the registry (busybox has a 0700 ``/root``), members who are real users
-(:mod:`tests.groupcache`), one member's ``cache gc`` killed with SIGKILL halfway through a
-removal. Nobody's next command may fail for it, nothing healthy is quarantined, and root's gc
-empties the cache."""
+images from the registry (one with files in 0700 directories, as Debian's ``/root``), members
+who are real users (:mod:`tests.groupcache`), one member's ``cache gc`` killed with SIGKILL
+halfway through a removal, another's importer. Nobody's next command may fail for it, nothing
+healthy is quarantined, and root's gc empties the cache."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ocistage.components import require_binary
+from pytest_ocistage.components import Registry, require_binary
+from pytest_ocistage.imagebuild import Dir, Entry, File, busybox_layer
 from pytest_ocistage.images import ImageRef
+from pytest_ocistage.plugin import ImageFactory
 from tests.e2e.test_cache import PAUSING_CLI
 from tests.groupcache import GroupCache, group_cache_members
 
@@ -28,6 +30,18 @@ def members() -> Iterator[GroupCache]:
         yield g
 
 
+@pytest.fixture
+def layered(oci_image: ImageFactory, oci_registry: Registry) -> ImageRef:
+    """busybox and a second layer with files in its 0700 /root and in a 0700
+    /var/cache/ldconfig, as a Debian image has them; in the registry."""
+    second: dict[str, Entry] = {
+        "root/.profile": File("PATH=/bin\n"), "root/.cache": Dir(0o755),
+        "root/.cache/motd.legal-displayed": File(""),
+        "var/cache/ldconfig": Dir(0o700), "var/cache/ldconfig/aux-cache": File("cache\n")}
+    built = oci_image([busybox_layer(), second], tag="layered", cmd=["/bin/sh"])
+    return built.push(oci_registry, "group/layered", "1")
+
+
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -36,10 +50,10 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120.0) -
         time.sleep(0.05)
 
 
-def test_a_members_gc_killed_halfway_wedges_nobody(members: GroupCache,
+def test_a_members_gc_killed_halfway_wedges_nobody(members: GroupCache, layered: ImageRef,
                                                    images: dict[str, ImageRef]) -> None:
     g = members
-    busybox, multilayer = images["busybox"].ref, images["multilayer"].ref
+    busybox, multilayer = layered.ref, images["multilayer"].ref
     g.run(g.b, "bundle", multilayer)             # B's own trees
     g.run(g.a, "bundle", busybox)                # A's, with a 0700 /root in its snapshot
     g.run(g.b, "bundle", "--link", busybox, str(g.b.home / "linked"))
@@ -84,13 +98,13 @@ def test_a_members_gc_killed_halfway_wedges_nobody(members: GroupCache,
 
 
 def test_the_importer_of_a_member_leaves_anothers_snapshot_alone(
-        members: GroupCache, images: dict[str, ImageRef]) -> None:
-    """busybox's snapshot has a 0700 /root that only its maker (A) reads. B's importer `get`
-    on the same cache used to call it changed and quarantine it; now B makes its own tree
-    and A's snapshot stays, unquarantined."""
+        members: GroupCache, layered: ImageRef) -> None:
+    """The image's snapshot has 0700 directories with files only its maker (A) reads. B's
+    importer `get` on the same cache used to call it changed and quarantine it; now B makes
+    its own tree and A's snapshot stays, unquarantined."""
     require_binary("mksquashfs")
     g = members
-    image = images["busybox"]
+    image = layered
     g.run(g.a, "bundle", image.ref)
     snapshots = {n: uid for n, uid in g.entries("snapshots").items()}
     assert snapshots and set(snapshots.values()) == {g.a.uid}
