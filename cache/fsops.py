@@ -23,7 +23,9 @@ Others' entries are left and reported by :class:`~ocistage.cache.errors.Untruste
 Everything else inside a tree the caller may remove is the tree's own content and goes with
 it — an image's files unpacked as root with their own uids, or the mount point slurmstepd
 makes in a staged rootfs as the job's user — since nothing reached through descriptors leads
-outside the tree; leaving such entries would leave the bundle on the node for good.
+outside the tree; leaving such entries would leave the bundle on the node for good. In the
+cache, trees are taken out through :mod:`ocistage.cache.evict` (a rename beside them, then this
+removal by their owner, or by root whole: ``own_tree``).
 
 Scratch directories with an owner file (``NAME`` + ``NAME.owner``, the owner's host and pid as
 :class:`ocistage.cache.locks.Owner` JSON) are made, dropped and released here too
