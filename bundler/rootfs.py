@@ -36,6 +36,7 @@ from ocistage.cache.fsops import hardlinks_work, reflinks_work, release_owned_di
 from ocistage.cache.leases import InUse
 from ocistage.cache.snapshots import METADATA as SNAPSHOT_METADATA
 from ocistage.cache.snapshots import (
+    SnapshotUnreadable,
     chain_ids,
     copy_tree,
     find_snapshot,
@@ -90,6 +91,8 @@ def make_rootfs(job: RootfsJob, scratch: Path, *, link: bool,
     if job.owners:  # never through a snapshot: see the module docstring
         return _unpack(job, rootfs), None, False
     base, cached = _cached_prefix(job.store, job.in_use, job.diff_ids)
+    if base is None and cached < 0:  # another member's snapshot we may not read: our own tree
+        return _unpack(job, rootfs), None, False
     if link or keep_snapshot or _copy_from_snapshot(cached == len(job.layers), job.store,
                                                     scratch):
         snapshot, applied = _snapshot(job, base, cached)
@@ -162,11 +165,18 @@ def _copy_from_snapshot(complete: bool, store: Store, scratch: Path) -> bool:
 def _cached_prefix(store: Store, in_use: InUse,
                    diff_ids: tuple[Digest, ...]) -> tuple[Path | None, int]:
     """The rootfs of the longest cached snapshot of the image's layers and how many layers it
-    holds (None, 0: none). The snapshots are leased first, so GC leaves what is found."""
+    holds (None, 0: none; None, -1: the snapshot of all of them is another member's that the
+    caller may not read, so one of its own could not be published either). The snapshots
+    are leased first, so GC leaves what is found."""
     chain = chain_ids(diff_ids)
     in_use.protect([lease_target(c) for c in chain])
     for depth in range(len(chain), 0, -1):
-        base = find_snapshot(store, chain[depth - 1])
+        try:
+            base = find_snapshot(store, chain[depth - 1])
+        except SnapshotUnreadable:
+            if depth == len(chain):
+                return None, -1
+            continue
         if base is not None:
             return base, depth
     return None, 0

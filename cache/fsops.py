@@ -23,7 +23,9 @@ Others' entries are left and reported by :class:`~ocistage.cache.errors.Untruste
 Everything else inside a tree the caller may remove is the tree's own content and goes with
 it — an image's files unpacked as root with their own uids, or the mount point slurmstepd
 makes in a staged rootfs as the job's user — since nothing reached through descriptors leads
-outside the tree; leaving such entries would leave the bundle on the node for good.
+outside the tree; leaving such entries would leave the bundle on the node for good. In the
+cache, trees are taken out through :mod:`ocistage.cache.evict` (a rename beside them, then this
+removal by their owner, or by root whole: ``own_tree``).
 
 Scratch directories with an owner file (``NAME`` + ``NAME.owner``, the owner's host and pid as
 :class:`ocistage.cache.locks.Owner` JSON) are made, dropped and released here too
@@ -390,14 +392,19 @@ class _Walk:
             parent.fd = fd
         return top, parent.fd
 
-    def advance(self, top: _Frame) -> None:
+    def advance(self, top: _Frame, *, unreadable_ok: bool = True) -> None:
         """Enter ``top``'s next pending subdirectory (its frame named by the pending entry,
-        opened by its last component; one that cannot be opened is skipped), or leave
-        ``top`` when none is left."""
+        opened by its last component; one that cannot be opened is skipped, one the caller
+        may not read too unless not ``unreadable_ok``: PermissionError), or leave ``top``
+        when none is left."""
         while top.pending:
             child = top.pending.pop()
             try:
                 child_fd = os.open(child.rpartition("/")[2], DIR_READ, dir_fd=top.fd)
+            except PermissionError:
+                if unreadable_ok:
+                    continue
+                raise
             except OSError:
                 continue
             self.push(_Frame(child, child_fd, identity(os.fstat(child_fd)), False))
@@ -690,7 +697,7 @@ _Item = TypeVar("_Item")
 
 def _frames(parent_fd: int, name: str,
             listed: Callable[[_Frame], tuple[_Item, list[str]]], *,
-            strict: bool = False) -> Iterator[_Item]:
+            strict: bool = False, readable: bool = False) -> Iterator[_Item]:
     """The descriptor walk of :func:`walk_dir_fds` and :func:`walk_entries`: ``listed`` reads
     a directory (its frame) into what is yielded for it and the names of its subdirectories,
     which are entered in that order after the item was yielded (``strict``: as
@@ -708,8 +715,8 @@ def _frames(parent_fd: int, name: str,
                 top.pending = [prefix + d for d in reversed(subdirs)]
             if strict:
                 _enter_strictly(walk, top)
-            else:
-                walk.advance(top)  # gone, swapped or unreadable: listed, not entered
+            else:  # gone, swapped or (unless readable) unreadable: listed, not entered
+                walk.advance(top, unreadable_ok=not readable)
     finally:
         walk.close()
 
@@ -733,21 +740,23 @@ def _enter_strictly(walk: _Walk, top: _Frame) -> None:
     os.close(done.fd)
 
 
-def walk_entries(parent_fd: int, name: str
+def walk_entries(parent_fd: int, name: str, *, readable: bool = False
                  ) -> Iterator[tuple[str, list[tuple[str, os.stat_result]]]]:
     """``(relative path, [(entry name, lstat result), ...])`` for directory ``name`` in
     ``parent_fd`` (relative path ``""``) and every directory below it, as :func:`walk_dirs`
     (iterative, bounded descriptors, never following a link, a subdirectory that cannot be
     opened listed but not entered), in one order for one tree: each directory's entries
     sorted by name, directories in pre-order, subdirectories in name order. An entry that
-    vanishes between listing and ``lstat`` raises FileNotFoundError."""
+    vanishes between listing and ``lstat`` raises FileNotFoundError. ``readable``: a
+    subdirectory the caller may not read (another user's 0700 one) raises PermissionError
+    instead of being skipped: a walk that must see everything cannot answer then."""
     def listed(top: _Frame) -> tuple[tuple[str, list[tuple[str, os.stat_result]]], list[str]]:
         with os.scandir(top.fd) as listing:  # stat(): fstatat in top.fd
             entries = [(entry.name, entry.stat(follow_symlinks=False)) for entry in listing]
         entries.sort(key=_first)
         return (top.name, entries), [entry for entry, st in entries if stat.S_ISDIR(st.st_mode)]
 
-    yield from _frames(parent_fd, name, listed)
+    yield from _frames(parent_fd, name, listed, readable=readable)
 
 
 def _first(pair: tuple[str, os.stat_result]) -> str:

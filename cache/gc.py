@@ -6,6 +6,7 @@ commands race-free):
 1. leftovers of dead processes: temp dirs, bundles being built, partial downloads nobody is
    downloading, stale lock files; temp files of atomic writes and ownerless temp dirs (a
    removal that was interrupted) older than an hour; quarantined entries older than a week;
+   trees evicted earlier (:mod:`ocistage.cache.evict`);
 2. leases: dead leases are dropped; a staged bundle whose leases are *all* dead (those on its
    place under every spelling, :func:`ocistage.cache.leases.staged_groups`) is removed if
    its marker ``<path>/.ocistage-staged.json`` (or, for a mounted image fetched from a URL,
@@ -22,6 +23,12 @@ commands race-free):
    snapshots that no remaining ref's layers start with, last-use records of entries that are
    gone; records and reference notes of importer images that are gone, and the build locks of
    dead builders.
+
+A tree (bundle, snapshot, quarantined entry, scratch) is taken out by
+:func:`ocistage.cache.evict.take_out`: renamed aside beside it, then removed by its owner or
+root. In a group-shared cache another member's tree is evicted by rename only and reported in
+:attr:`GcReport.left` (to whom it is left), its space not counted as freed: its owner's next
+command or root's gc removes it. Quarantined entries count against ``max_size`` and go first.
 
 Never removed: anything a live lease (or ``keep``) names — ``image:<ref>`` keeps the ref and
 every blob it reaches, ``bundle:<key>`` a bundle, ``snapshot:<chain id>`` a snapshot,
@@ -47,7 +54,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -56,8 +63,17 @@ from typing import TYPE_CHECKING, Any
 from ocistage.cache import pyxisimages, staged, usage
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import LockTimeout, NotFound, StoreError
+from ocistage.cache.evict import (
+    Left,
+    evicted_in,
+    is_evicted,
+    may_remove,
+    owner_of,
+    remove_evicted,
+    take_out,
+)
 from ocistage.cache.footprint import Footprint, measure
-from ocistage.cache.fsops import OWNER_SUFFIX, owner_file, remove_tree
+from ocistage.cache.fsops import OWNER_SUFFIX, owner_file
 from ocistage.cache.inventory import (
     Blob,
     Bundle,
@@ -86,15 +102,30 @@ from ocistage.cache.locks import FileLock, owner_is_dead
 from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.pyxisimages import SquashfsImage, list_images
 from ocistage.cache.sizes import count, format_size
-from ocistage.cache.snapshots import SnapshotInfo, list_snapshots, remove_snapshot
+from ocistage.cache.snapshots import SnapshotInfo, list_snapshots, snapshot_dir
 from ocistage.cache.store import QUARANTINE, Store, scratch_is_dead
-from ocistage.cache.sweep import Removal, Sweep
+from ocistage.cache.sweep import Removal, RemovalKind, Sweep
 
 if TYPE_CHECKING:
     from ocistage.cache.results import Renderer
 
 log = logging.getLogger(__name__)
-Evictable = Ref | Bundle | SnapshotInfo | SquashfsImage
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """An entry of ``CACHE/quarantine``: kept a week for a post-mortem, or less when the cache
+    is over its budget (it goes first: nothing uses it)."""
+
+    path: Path
+    when: float      # its mtime (``cache gc`` removes it a week later)
+
+    @property
+    def target(self) -> str:
+        return f"quarantine:{self.path.name}"  # no lease names it
+
+
+Evictable = Ref | Bundle | SnapshotInfo | SquashfsImage | Quarantined
 LEFTOVER_TEMP_AGE = 3600.0
 QUARANTINE_KEEP = 7 * 86400.0
 
@@ -117,7 +148,7 @@ class GcReport:
     max_size: int | None
     dry_run: bool
     size_floor: int = 0            # of size_after, what no GC removes: directories, records
-
+    left: tuple[Left, ...] = ()    # what the caller could not remove, and to whom it is left
 
     @property
     def freed(self) -> int:
@@ -131,7 +162,8 @@ class GcReport:
 
     def to_json(self) -> dict[str, Any]:
         """What ``cache gc --json`` and ``cache rm --json`` print."""
-        return {**asdict(self), "freed": self.freed, "over_budget": self.over_budget}
+        return {**asdict(self), "freed": self.freed, "over_budget": self.over_budget,
+                "left": [left.to_json() for left in self.left]}
 
     def render(self, out: Renderer) -> None:
         verb = "would remove" if self.dry_run else "removed"
@@ -142,9 +174,17 @@ class GcReport:
             out.detail(f"{verb} {removal.kind} {removal.name}{size}: {removal.reason}")
         for target in self.protected:
             out.detail(f"kept {target}: in use (leased)")
+        for left in self.left:
+            out.line(left.describe(self.dry_run))
         entries = count(len(self.removed), "entry", "entries")
         out.line(f"{verb} {entries}, {format_size(self.freed)}; "
                  f"cache {format_size(self.size_before)} -> {format_size(self.size_after)}")
+        if self.left:
+            owners = sorted({left.owner for left in self.left})
+            out.line(f"{'would leave' if self.dry_run else 'left'} "
+                     f"{count(len(self.left), 'entry', 'entries')} to "
+                     f"{', '.join(owners)}: their next command (or root's `cache gc`) "
+                     f"removes what was evicted")
         if self.over_budget and self.max_size is not None:
             out.warning(f"the cache holds {format_size(self.size_after)}, over its budget of "
                         f"{format_size(self.max_size)}: what remains is leased or in use")
@@ -158,18 +198,84 @@ def _leftovers(sweep: Sweep[Removal], store: Store, now: float) -> None:
     _interrupted_removals(sweep, store, now)
     _interrupted_writes(sweep, store, now)
     _old_quarantine(sweep, store, now)
+    _evicted_trees(sweep, store)
+
+
+def _take_out(sweep: Sweep[Removal], kind: RemovalKind, name: str, reason: str,
+              path: Path) -> None:
+    """Remove the tree at ``path`` (:func:`ocistage.cache.evict.take_out`): renamed aside
+    beside it, then deleted if the caller may (its owner, or root). What stays evicted for its
+    owner is left (reported, not charged: its blocks are still on the disk); a dry run
+    predicts that by the tree's owner."""
+    owner = owner_of(path)
+    if owner is None:
+        return
+    if not may_remove(owner):  # evicted by rename only: nothing freed yet
+        sweep.run(partial(take_out, kind, name, path))
+        verb = "would be evicted" if sweep.dry_run else "evicted"
+        sweep.leave(Left(kind, name, owner, f"{reason}; {verb} by rename, for its owner's "
+                         f"next command (or root's `cache gc`) to remove"))
+        return
+    left = sweep.run(partial(take_out, kind, name, path))
+    size = sweep.charge((path,))
+    if left is not None:  # ours, but holding what we may not remove: the rest stays
+        sweep.leave(Left(left.kind, left.name, left.owner_uid, f"{reason}; {left.reason}"))
+        return
+    sweep.report(Removal(kind, name, size, reason))
 
 
 def _dead_scratch(sweep: Sweep[Removal], store: Store, now: float) -> None:
     """Temp dirs, stale locks and writers' temp files of dead processes (which the store
     removes itself), then bundles that dead processes were building."""
     for path in store.clean_leftovers(dry_run=sweep.dry_run):
+        if is_evicted(path.name):
+            sweep.remove("scratch", str(path), "evicted earlier", paths=(path,))
+            continue
         owner = (owner_file(path),) if path.parent == store.tmp_dir else ()
         sweep.remove("scratch", str(path), "temp dir of a dead process", paths=(path, *owner))
+    _others_dead_scratch(sweep, store)
     for path in bundle_scratch_dirs(store):
         if scratch_is_dead(path, now):
-            sweep.remove("scratch", str(path), "bundle build of a dead process", paths=(path,),
-                         action=partial(remove_tree, path))
+            _take_out(sweep, "scratch", str(path), "bundle build of a dead process", path)
+
+
+def _others_dead_scratch(sweep: Sweep[Removal], store: Store) -> None:
+    """Temp dirs of dead processes that :meth:`Store.clean_leftovers` left: another member's
+    (theirs to remove), or one of ours holding what we may not remove."""
+    with contextlib.suppress(FileNotFoundError):
+        for marker in sorted(store.tmp_dir.glob(f"*{OWNER_SUFFIX}")):
+            work = marker.with_suffix("")
+            owner = owner_of(work)
+            if owner is None or (sweep.dry_run and may_remove(owner)):
+                continue  # gone, or listed by Store.clean_leftovers
+            if owner_is_dead(marker):
+                why = ("temp dir of a dead process; not yours: its owner's next command or "
+                       "root's `cache gc` removes it") if not may_remove(owner) else (
+                       "temp dir of a dead process; it holds entries you may not remove "
+                       "(another member's), root's `cache gc` removes it")
+                sweep.leave(Left("scratch", str(work), owner, why))
+
+
+def _evicted_trees(sweep: Sweep[Removal], store: Store) -> None:
+    """Trees evicted earlier (by a member's gc, or a removal that stopped halfway) that are
+    still there: removed if the caller may (root; the owner's were removed when the cache
+    was opened, unless they hold what it may not remove), else reported as left."""
+    for directory in store.evicted_homes():
+        for tree in evicted_in(directory):
+            owner = owner_of(tree)
+            if owner is None:
+                continue
+            if not may_remove(owner):
+                sweep.leave(Left("evicted", str(tree), owner, "evicted by a gc; its owner's "
+                                 "next command (or root's `cache gc`) removes it"))
+                continue
+            if sweep.dry_run:
+                continue  # listed by Store.clean_leftovers already
+            why = remove_evicted(tree)  # what clean_leftovers could not remove: once more
+            if why is None:
+                sweep.remove("scratch", str(tree), "evicted earlier", paths=(tree,))
+            else:
+                sweep.leave(Left("evicted", str(tree), owner, why))
 
 
 def _dead_partials(sweep: Sweep[Removal], store: Store) -> None:
@@ -214,12 +320,12 @@ def _interrupted_removals(sweep: Sweep[Removal], store: Store, now: float) -> No
     with contextlib.suppress(FileNotFoundError), os.scandir(store.tmp_dir) as entries:
         tmp_entries = [Path(e.path) for e in entries]
     for path in tmp_entries:
-        if path.name.endswith(OWNER_SUFFIX) or owner_file(path).exists():
+        if (path.name.endswith(OWNER_SUFFIX) or is_evicted(path.name)
+                or owner_file(path).exists()):
             continue
         with contextlib.suppress(FileNotFoundError):
             if now - os.lstat(path).st_mtime > LEFTOVER_TEMP_AGE:
-                sweep.remove("scratch", str(path), "removal interrupted by a crash",
-                             paths=(path,), action=partial(remove_tree, path))
+                _take_out(sweep, "scratch", str(path), "removal interrupted by a crash", path)
 
 
 def _interrupted_writes(sweep: Sweep[Removal], store: Store, now: float) -> None:
@@ -238,12 +344,23 @@ def _interrupted_writes(sweep: Sweep[Removal], store: Store, now: float) -> None
 
 
 def _old_quarantine(sweep: Sweep[Removal], store: Store, now: float) -> None:
+    for entry in list_quarantine(store):
+        if now - entry.when > QUARANTINE_KEEP:
+            _take_out(sweep, "quarantine", str(entry.path), "quarantined more than a week ago",
+                      entry.path)
+
+
+def list_quarantine(store: Store) -> list[Quarantined]:
+    """The entries of ``CACHE/quarantine`` (evicted ones aside), oldest first."""
+    found: list[Quarantined] = []
     with contextlib.suppress(FileNotFoundError), os.scandir(store.root / QUARANTINE) as q:
         for entry in q:
+            if is_evicted(entry.name):
+                continue
             with contextlib.suppress(FileNotFoundError):
-                if now - entry.stat(follow_symlinks=False).st_mtime > QUARANTINE_KEEP:
-                    sweep.remove("quarantine", entry.path, "quarantined more than a week ago",
-                                 paths=(entry.path,), action=partial(remove_tree, entry.path))
+                st = entry.stat(follow_symlinks=False)
+                found.append(Quarantined(Path(entry.path), st.st_mtime))
+    return sorted(found, key=lambda q: q.when)
 
 
 # -- leases and staged bundles -----------------------------------------------------------------
@@ -333,6 +450,18 @@ class _Plan:
     images: list[SquashfsImage] = field(default_factory=list)    # of the importer
     evicted_images: set[str] = field(default_factory=set)
     alias_indexes: set[Digest] = field(default_factory=set)  # what evictions made REF name
+    quarantined: list[Quarantined] = field(default_factory=list)
+    evicted_quarantine: set[Path] = field(default_factory=set)
+    _frees: dict[Path, bool] = field(default_factory=dict)
+
+    def frees(self, path: Path) -> bool:
+        """Whether removing the tree at ``path`` frees its space now: the caller may remove
+        it (its own, or root). Another member's tree is only evicted by rename, and its space
+        is freed by its owner's next command (:mod:`ocistage.cache.evict`)."""
+        if path not in self._frees:
+            owner = owner_of(path)
+            self._frees[path] = owner is None or may_remove(owner)
+        return self._frees[path]
 
     def kept_refs(self) -> list[Ref]:
         gone = {id(r) for r in self.evicted_refs}
@@ -359,13 +488,16 @@ class _Plan:
     def settle(self) -> None:
         """Charge the footprint with what is no longer live: bundles, snapshots, then blobs
         (the order in which :func:`_apply` removes them)."""
+        for entry in self.quarantined:
+            if entry.path in self.evicted_quarantine and self.frees(entry.path):
+                self.footprint.drop(entry.path)
         live_bundles = self.live_bundles()
         for bundle in self.bundles:
-            if bundle.key not in live_bundles:
+            if bundle.key not in live_bundles and self.frees(bundle.path):
                 self.footprint.drop(bundle.path)
         live_snapshots = self.live_snapshots()
         for snapshot in self.snapshots:
-            if snapshot.chain_id not in live_snapshots:
+            if snapshot.chain_id not in live_snapshots and self.frees(snapshot.path):
                 self.footprint.drop(snapshot.path)
         live_blobs = self.live_blobs()
         for digest, blob in sorted(self.blobs.items()):
@@ -388,6 +520,8 @@ class _Plan:
             self.evicted_bundles.add(item.key)
         elif isinstance(item, SquashfsImage):
             self.evicted_images.add(item.key)
+        elif isinstance(item, Quarantined):
+            self.evicted_quarantine.add(item.path)
         else:
             self.evicted_snapshots.add(item.chain_id)
 
@@ -399,6 +533,8 @@ def _evict(plan: _Plan, store: Store, options: GcOptions, now: float) -> list[st
     kept from eviction."""
     protected: list[str] = []
     for used, item in _by_last_use(plan, usage.all_usage(store.root)):
+        if isinstance(item, Quarantined):  # under pressure only: its age is step 1's
+            used = now
         too_old = options.older_than is not None and now - used > options.older_than
         too_big = options.max_size is not None and plan.size() > options.max_size
         if not (too_old or too_big):
@@ -414,10 +550,11 @@ def _evict(plan: _Plan, store: Store, options: GcOptions, now: float) -> list[st
 def _by_last_use(plan: _Plan, uses: dict[tuple[str, str], float]
                  ) -> list[tuple[float, Evictable]]:
     """What eviction may take, least recently used first (refs, bundles, snapshots, images on
-    a tie)."""
+    a tie); quarantined entries before everything (nothing uses them)."""
     live_bundles = plan.live_bundles()
     live_snapshots = plan.live_snapshots()
     candidates: list[tuple[float, Evictable]] = [
+        *((float("-inf"), entry) for entry in plan.quarantined),
         *((ref_last_used(ref, uses), ref) for ref in plan.refs),
         *((bundle_last_used(b, uses), b) for b in plan.bundles if b.key in live_bundles),
         *((s.last_used, s) for s in plan.snapshots if s.chain_id in live_snapshots),
@@ -430,6 +567,10 @@ def _by_last_use(plan: _Plan, uses: dict[tuple[str, str], float]
 def _apply(sweep: Sweep[Removal], plan: _Plan, store: Store) -> None:
     """Remove what the plan no longer keeps: refs, bundles, snapshots, blobs, importer images,
     last-use records."""
+    for entry in plan.quarantined:
+        if entry.path in plan.evicted_quarantine:
+            _take_out(sweep, "quarantine", str(entry.path),
+                      "quarantined; the cache is over its budget", entry.path)
     _evicted_refs(sweep, plan, store)
     live_bundles = plan.live_bundles()
     doomed = _orphan_bundles(sweep, plan, store, live_bundles)
@@ -470,35 +611,12 @@ def _orphan_bundles(sweep: Sweep[Removal], plan: _Plan, store: Store,
                     live: set[str]) -> set[str]:
     """Remove the cached bundles that are not ``live``; returns their keys."""
     doomed = [b for b in plan.bundles if b.key not in live]
-    with _trash(store) as move:
-        for bundle in doomed:
-            reason = ("least recently used" if bundle.key in plan.evicted_bundles
-                      else "its image is no longer cached" if bundle.manifest is not None
-                      else "made from an unknown image")
-            sweep.remove("bundle", bundle.key, reason, paths=(bundle.path,),
-                         action=partial(move, bundle))
+    for bundle in doomed:
+        reason = ("least recently used" if bundle.key in plan.evicted_bundles
+                  else "its image is no longer cached" if bundle.manifest is not None
+                  else "made from an unknown image")
+        _take_out(sweep, "bundle", bundle.key, reason, bundle.path)
     return {b.key for b in doomed}
-
-
-@contextlib.contextmanager
-def _trash(store: Store) -> Iterator[Callable[[Bundle], None]]:
-    """A mover of bundles into one temp dir (made at the first move), which is deleted with
-    them at the end: no half-removed tree is ever visible at a bundle's path."""
-    made: list[Path] = []
-
-    def move(bundle: Bundle) -> None:
-        if not made:
-            made.append(store.temp_dir("gc"))
-        with contextlib.suppress(FileNotFoundError):
-            os.rename(bundle.path, made[0] / bundle.key)
-
-    try:
-        yield move
-        for trash in made:
-            remove_tree(trash)
-    finally:
-        for trash in made:
-            store.remove_temp_dir(trash)
 
 
 def _orphan_snapshots(sweep: Sweep[Removal], plan: _Plan, store: Store) -> None:
@@ -508,8 +626,8 @@ def _orphan_snapshots(sweep: Sweep[Removal], plan: _Plan, store: Store) -> None:
             continue
         reason = ("least recently used" if snapshot.chain_id in plan.evicted_snapshots
                   else "no cached image has these layers")
-        sweep.remove("snapshot", str(snapshot.chain_id), reason, paths=(snapshot.path,),
-                     action=partial(remove_snapshot, store, snapshot.chain_id))
+        _take_out(sweep, "snapshot", str(snapshot.chain_id), reason,
+                  snapshot_dir(store, snapshot.chain_id))
 
 
 def _orphan_blobs(sweep: Sweep[Removal], plan: _Plan) -> None:
@@ -601,7 +719,9 @@ def _collect(store: Store, options: GcOptions, job_states: JobStates, now: float
     plan = _Plan(refs=read_refs(store), blobs=list_blobs(store), bundles=list_bundles(store),
                  snapshots=list_snapshots(store), images=list_images(store.root),
                  protected=live | set(options.keep),
-                 footprint=footprint, started=started)
+                 footprint=footprint, started=started,
+                 quarantined=[entry for entry in list_quarantine(store)  # older: step 1's
+                              if now - entry.when <= QUARANTINE_KEEP])
     protected_refs = {t.removeprefix("image:") for t in plan.protected if t.startswith("image:")}
     plan.protected |= {ref.target for ref in plan.refs if ref.name in protected_refs}
     kept: list[str] = []
@@ -611,7 +731,7 @@ def _collect(store: Store, options: GcOptions, job_states: JobStates, now: float
     return GcReport(removed=tuple(sweep.records), protected=tuple(dict.fromkeys(kept)),
                     size_before=size_before, size_after=plan.size(),
                     max_size=options.max_size, dry_run=options.dry_run,
-                    size_floor=footprint.floor())
+                    size_floor=footprint.floor(), left=tuple(sweep.left))
 
 
 def remove_ref(store: Store, name: str, platform: str | None = None, force: bool = False,
@@ -636,7 +756,8 @@ def remove_ref(store: Store, name: str, platform: str | None = None, force: bool
                             "removed on request") for r in refs)
     return GcReport(removed=dropped + report.removed, protected=report.protected,
                     size_before=report.size_before, size_after=report.size_after,
-                    max_size=None, dry_run=False, size_floor=report.size_floor)
+                    max_size=None, dry_run=False, size_floor=report.size_floor,
+                    left=report.left)
 
 
 def _refs_named(store: Store, name: str, platform: str | None) -> list[Ref]:

@@ -33,6 +33,7 @@ from ocistage.cache import usage
 from ocistage.cache.bundleinfo import read_bundle_info
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import OcistageError
+from ocistage.cache.evict import evicted_in
 from ocistage.cache.fsops import path_stats
 from ocistage.cache.leases import (
     JobStates,
@@ -46,7 +47,7 @@ from ocistage.cache.pyxisimages import images_dir, list_images
 from ocistage.cache.refnames import INDEX_MEDIA_TYPE, REF_NAME, is_alias, platform_path, record_name
 from ocistage.cache.sizes import format_age, format_size
 from ocistage.cache.snapshots import SnapshotInfo, chain_ids, list_snapshots
-from ocistage.cache.store import BUNDLES, QUARANTINE, Store, scratch_target
+from ocistage.cache.store import BUNDLES, QUARANTINE, SNAPSHOTS, Store, scratch_target
 
 if TYPE_CHECKING:
     from ocistage.cache.results import Renderer
@@ -609,8 +610,10 @@ def _entries(directory: Path) -> list[Path]:
 
 
 def _scratch_paths(store: Store) -> list[Path]:
-    """Bundles being built, partial downloads and their locks, temp dirs."""
-    return [*bundle_scratch_dirs(store), *_entries(store.ingest_dir), *_entries(store.tmp_dir)]
+    """Bundles being built, partial downloads and their locks, temp dirs, trees evicted beside
+    bundles and snapshots (:mod:`ocistage.cache.evict`)."""
+    return [*bundle_scratch_dirs(store), *_entries(store.ingest_dir), *_entries(store.tmp_dir),
+            *evicted_in(store.root / BUNDLES), *evicted_in(store.root / SNAPSHOTS)]
 
 
 def _other_paths(store: Store) -> list[Path]:

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ocistage.cache.errors import StoreError
+from ocistage.cache.evict import evict
 from ocistage.cache.fsops import open_parent, walk_entries
 from ocistage.cache.store import BUNDLES, Store, quarantine
 
@@ -91,7 +92,10 @@ def write_record(directory: Path) -> None:
 
 def check(directory: Path) -> Check | None:
     """Compare the snapshot at ``directory`` with its record; None if it has none (made by an
-    older ocistage) or one of another format. Raises OSError if the tree cannot be walked.
+    older ocistage) or one of another format. Raises OSError if the tree cannot be walked:
+    PermissionError where the caller may not read part of it (another member's snapshot
+    of an image with 0700 directories, in a group-shared cache), which is "cannot check",
+    never "changed".
 
     The tree is written out as its record would be and compared with it, directory by
     directory; only a snapshot that differs is walked again to name the differences.
@@ -170,12 +174,20 @@ def set_aside(store: Store, directory: Path, found: Check) -> None:
 
 
 def _quarantine_if_there(store: Store, path: Path, label: str) -> Path | None:
+    """Quarantine ``path``; None if it is gone. Another member's tree that the caller may not
+    move to another directory (that needs write access to the tree itself) is evicted by a
+    rename beside it instead (:mod:`ocistage.cache.evict`): it is out of the way all the same,
+    and its owner's next command removes it."""
     try:
         return quarantine(store, path, label)
     except StoreError:
-        if os.path.lexists(path):
-            raise
-        return None
+        if not os.path.lexists(path):
+            return None
+        try:
+            return evict(path)
+        except OSError:
+            pass
+        raise
 
 
 def _is_inode(path: Path, device: int, inode: int) -> bool:
@@ -192,7 +204,7 @@ def _blocks(rootfs: Path) -> Generator[bytes, None, None]:
     """The record of the tree at ``rootfs`` (without its header), a directory at a time."""
     parent_fd, name = open_parent(rootfs)
     try:
-        for rel, entries in walk_entries(parent_fd, name):
+        for rel, entries in walk_entries(parent_fd, name, readable=True):
             prefix = f"{rel}/" if rel else ""
             yield b"".join(b"%s\0%d %d %d %d %d %d\0" % (os.fsencode(prefix + entry),
                                                          *_fields(st))
@@ -204,7 +216,7 @@ def _blocks(rootfs: Path) -> Generator[bytes, None, None]:
 def _entries(rootfs: Path) -> Generator[tuple[str, Fields], None, None]:
     parent_fd, name = open_parent(rootfs)
     try:
-        for rel, entries in walk_entries(parent_fd, name):
+        for rel, entries in walk_entries(parent_fd, name, readable=True):
             prefix = f"{rel}/" if rel else ""
             for entry, st in entries:
                 yield prefix + entry, _fields(st)

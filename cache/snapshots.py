@@ -48,7 +48,6 @@ import shutil
 import stat
 import subprocess
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,14 +56,14 @@ from ocistage.cache import snapshotfiles
 from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import ForeignFile, OcistageError, StoreError
+from ocistage.cache.evict import Left, take_out
 from ocistage.cache.fdio import write_new_file
 from ocistage.cache.fsops import make_private, open_parent, remove_tree, walk_dirs
 from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.privileges import strip_privileges, stripped_warning
-from ocistage.cache.store import Store, _translate_oserror, fsync_dir
+from ocistage.cache.store import SNAPSHOTS, Store, _translate_oserror, fsync_dir
 
-SNAPSHOTS = "snapshots"
 METADATA = "snapshot.json"
 MAX_METADATA_BYTES = 1 << 20
 SNAPSHOT_FORMAT = 1
@@ -133,8 +132,15 @@ def _read_metadata(directory: Path) -> dict[str, object] | None:
     return data if isinstance(data, dict) else None
 
 
+class SnapshotUnreadable(StoreError):
+    """A published snapshot the caller may not read whole (another member's, in a
+    group-shared cache, of an image with 0700 directories): it cannot be checked or cloned
+    by the caller, and is not changed either; the caller makes a tree of its own."""
+
+
 def find_snapshot(store: Store, chain_id: Digest) -> Path | None:
-    """The rootfs of the published snapshot ``chain_id``, or ``None``.
+    """The rootfs of the published snapshot ``chain_id``, or ``None``; raises
+    :class:`SnapshotUnreadable` for one the caller may not read whole (left as it is).
 
     A snapshot that cannot be trusted any more (made before a reboot of this host, never
     synced), or whose files cannot be checked (no record of them: made by an older ocistage),
@@ -146,7 +152,17 @@ def find_snapshot(store: Store, chain_id: Digest) -> Path | None:
     metadata = _read_metadata(directory)
     if metadata is None:
         return None
-    if not _trusted(metadata) or not _unchanged(store, directory):
+    try:
+        usable = _trusted(metadata) and _unchanged(store, directory)
+    except PermissionError as exc:
+        # another member's snapshot with directories only its maker may read (an image's
+        # 0700 /root): it cannot be checked, nor cloned, by the caller; it is not changed,
+        # and stays for its maker, while the caller makes a tree of its own
+        raise SnapshotUnreadable(
+            f"snapshot {chain_id.short} cannot be checked: you may not read all of it "
+            f"({exc.strerror}: {exc.filename or directory})",
+            "it is another member's; make a tree of your own") from exc
+    if not usable:
         remove_snapshot(store, chain_id)
         return None
     with contextlib.suppress(OSError):
@@ -177,6 +193,8 @@ def _unchanged(store: Store, directory: Path) -> bool:
     aside here. False also when there is no record or the tree is gone meanwhile."""
     try:
         found = snapshotfiles.check(directory)
+    except PermissionError:
+        raise  # cannot check: never "changed"
     except OSError:
         return False  # removed or set aside by another process meanwhile
     if found is None or found.unchanged:
@@ -277,23 +295,14 @@ def list_snapshots(store: Store) -> list[SnapshotInfo]:
     return found
 
 
-def remove_snapshot(store: Store, chain_id: Digest) -> None:
-    """Unpublish snapshot ``chain_id`` (one rename) and delete its tree; no error if absent.
+def remove_snapshot(store: Store, chain_id: Digest) -> Left | None:
+    """Unpublish snapshot ``chain_id`` (one rename, beside it) and delete its tree if the
+    caller may (:mod:`ocistage.cache.evict`); no error if absent. Returns what stays evicted
+    for its owner (another member's snapshot in a group-shared cache), or None.
 
     Bundles made from it by hard links keep their files: only the snapshot's names go.
     """
-    final = snapshot_dir(store, chain_id)
-    doomed = store.tmp_dir / f"snapshot-rm-{chain_id.hex[:16]}-{uuid.uuid4().hex[:8]}"
-    try:
-        os.rename(final, doomed)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise _translate_oserror(exc, f"removing snapshot {chain_id.short}") from exc
-    try:
-        remove_tree(doomed)
-    except OSError as exc:
-        raise _translate_oserror(exc, f"removing snapshot {chain_id.short}") from exc
+    return take_out("snapshot", chain_id.hex, snapshot_dir(store, chain_id))
 
 
 def link_tree(source: Path, dest: Path, parts: int | None = None) -> None:

@@ -39,6 +39,13 @@ from typing import Any, BinaryIO
 
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import ForeignFile, IntegrityError, StoreError, UntrustedPath
+from ocistage.cache.evict import (
+    evicted_in,
+    may_remove,
+    owner_of,
+    remove_evicted,
+    remove_in_cache,
+)
 from ocistage.cache.fdio import process_umask
 from ocistage.cache.fsops import (
     DIR_FOLLOW,
@@ -48,6 +55,7 @@ from ocistage.cache.fsops import (
     drop_owned_dir,
     make_owned_dir,
     owned_by_caller,
+    release_owned_dir,
     remove_tree,
 )
 from ocistage.cache.jsondoc import parse_json, read_document
@@ -61,6 +69,7 @@ CHUNK = 1 << 20
 INDEX_LIMIT = 16 << 20  # the cache's own index.json: ~40 000 refs (source layouts: 4 MiB)
 QUARANTINE = "quarantine"
 BUNDLES = "bundles"
+SNAPSHOTS = "snapshots"
 
 
 def _translate_oserror(exc: OSError, what: str) -> StoreError:
@@ -105,11 +114,19 @@ def fsync_dir(path: Path) -> None:
 
 def quarantine(store: Store, path: Path, label: str) -> Path:
     """Move ``path`` into ``CACHE/quarantine`` (one rename); returns where it went.
-    ``cache gc`` deletes quarantined entries after a week."""
+    ``cache gc`` deletes quarantined entries after a week, or earlier when the cache is over
+    its budget. ``quarantine/`` is made as a snapshot's directory is (:meth:`Store.tree_dir_mode`
+    without any access for others): what is set aside holds an image's files."""
     directory = store.root / QUARANTINE
     destination = directory / f"{label}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(3).hex()}"
     try:
-        directory.mkdir(exist_ok=True)
+        made = False
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=0o700)
+            made = True
+        st = os.lstat(directory)
+        if owned_by_caller(st) and (made or st.st_mode & 0o007):  # others' bits: an older one
+            os.chmod(directory, store.tree_dir_mode() & ~0o007)
         os.rename(path, destination)
     except OSError as exc:
         raise StoreError(f"cannot quarantine {path}: {exc.strerror}") from exc
@@ -529,17 +546,46 @@ class Store:
     def remove_temp_dir(self, path: Path) -> None:
         drop_owned_dir(path)
 
+    def evicted_homes(self) -> tuple[Path, ...]:
+        """The directories where trees are evicted (:mod:`ocistage.cache.evict`)."""
+        return (self.root / BUNDLES, self.root / SNAPSHOTS, self.root / QUARANTINE,
+                self.tmp_dir)
+
+    def _dead_scratch_removable(self, work: Path, marker: Path) -> bool:
+        """Whether the scratch dir ``work`` (owner file ``marker``) is a dead process's that
+        the caller may remove: its own, or anybody's for root. Another member's stays for
+        them (their next command) or root: emptying it would fail halfway on their tree."""
+        try:
+            owner = os.lstat(work).st_uid
+        except FileNotFoundError:
+            owner = os.geteuid()  # only the owner file is left
+        return may_remove(owner) and owner_is_dead(marker)
+
     def clean_leftovers(self, dry_run: bool = False) -> list[Path]:
-        """Remove scratch dirs and partial downloads of dead owners; return what was removed
-        (with ``dry_run``, what would be, removing nothing)."""
+        """Remove scratch dirs and partial downloads of dead owners, and the caller's trees
+        that were evicted (:mod:`ocistage.cache.evict`: by another member's gc, or a removal
+        that stopped); return what was removed (with ``dry_run``, what would be, removing
+        nothing). What the caller may not remove (another member's, in a group-shared cache)
+        is left for its owner or root, and never fails the command."""
         removed: list[Path] = []
         with contextlib.suppress(FileNotFoundError):
             for marker in self.tmp_dir.glob(f"*{OWNER_SUFFIX}"):
-                if owner_is_dead(marker):
-                    work = marker.with_suffix("")
+                work = marker.with_suffix("")
+                if self._dead_scratch_removable(work, marker):
                     if not dry_run:
-                        drop_owned_dir(work)
+                        try:
+                            remove_in_cache(work)
+                        except (OSError, StoreError):
+                            continue  # holds what the caller cannot remove: left, see gc
+                        release_owned_dir(work)
                     removed.append(work)
+        for directory in self.evicted_homes():
+            for tree in evicted_in(directory):
+                owner = owner_of(tree)
+                if owner is None or not may_remove(owner):
+                    continue  # another member's: their next command removes it
+                if dry_run or remove_evicted(tree) is None:
+                    removed.append(tree)
         for directory in (self.root, self.root / "leases", self.blobs / "sha256"):
             with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
                 for entry in entries:

@@ -6,7 +6,9 @@ are one short function per area (dead leases, leftovers, orphans, LRU eviction, 
 - it removes, or, in a dry run, does not (:meth:`Sweep.run` is the one place that asks);
 - it charges each removal what it frees in the cache's :class:`~ocistage.cache.footprint.Footprint`
   (GC's accounting; a dry run is charged exactly as the real run, so it reports the same sizes);
-- it reports: the records (GC's :class:`Removal`, verify's problems) in the order of the removals.
+- it reports: the records (GC's :class:`Removal`, verify's problems) in the order of the removals,
+  and what it could not remove and left to whom (:class:`~ocistage.cache.evict.Left`: another
+  member's tree in a group-shared cache, evicted by rename only).
 
 An action that raises leaves no record and no charge: a file that is gone by the time it is
 removed (``FileNotFoundError``, which the caller suppresses) was removed by someone else.
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Literal, TypeVar
 
+from ocistage.cache.evict import Left
 from ocistage.cache.footprint import Footprint
 
 RemovalKind = Literal["ref", "blob", "bundle", "snapshot", "staged", "lease", "scratch",
@@ -42,6 +45,12 @@ class Sweep(Generic[R]):
         self.dry_run = dry_run
         self.footprint = footprint
         self.records: list[R] = []
+        #: what the pass could not remove, and to whom it is left (:mod:`ocistage.cache.evict`)
+        self.left: list[Left] = []
+
+    def leave(self, left: Left) -> Left:
+        self.left.append(left)
+        return left
 
     def run(self, action: Callable[[], T], otherwise: Callable[[], object] | None = None
             ) -> T | None:

@@ -14,6 +14,11 @@
 
 Leftovers of interrupted writes (temp files, partial downloads) are not corruption: they are
 never visible at a final path, and ``cache gc`` removes them.
+
+What the caller may not read (another member's snapshot of an image with 0700 directories,
+root's private ``--no-rootless`` bundle, in a group-shared cache) cannot be checked: it is
+listed as :class:`Unchecked`, never called changed or broken, and left as it is. An entry
+that cannot be moved to the quarantine is reported as left in place, and verify goes on.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ocistage.cache.digest import Digest, hash_file
 from ocistage.cache.errors import OcistageError, StoreError
+from ocistage.cache.fsops import user_name
 from ocistage.cache.inventory import (
     Blob,
     Bundle,
@@ -63,6 +69,22 @@ class Problem:
 
 
 @dataclass(frozen=True)
+class Unchecked:
+    """What the caller may not read, so cannot check: another member's snapshot of an image
+    with 0700 directories, root's private ``--no-rootless`` bundle. Not a problem: it is
+    neither changed nor broken as far as anybody can tell, and stays as it is."""
+
+    kind: Literal["bundle", "snapshot"]
+    name: str
+    owner_uid: int
+    detail: str
+
+    @property
+    def owner(self) -> str:
+        return user_name(self.owner_uid)
+
+
+@dataclass(frozen=True)
 class VerifyReport:
     blobs: int
     bytes: int
@@ -71,6 +93,7 @@ class VerifyReport:
     snapshots: int
     problems: tuple[Problem, ...]
     dry_run: bool
+    unchecked: tuple[Unchecked, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -78,11 +101,14 @@ class VerifyReport:
 
     def to_json(self) -> dict[str, Any]:
         """What ``cache verify --json`` prints."""
-        return {**asdict(self), "ok": self.ok}
+        return {**asdict(self), "ok": self.ok,
+                "unchecked": [{**asdict(u), "owner": u.owner} for u in self.unchecked]}
 
     def render(self, out: Renderer) -> None:
         for problem in self.problems:
             out.line(f"{problem.kind}: {problem.name}: {problem.detail}; {problem.action}")
+        for item in self.unchecked:
+            out.line(f"cannot check {item.kind} {item.name} of {item.owner}: {item.detail}")
         out.line(f"checked {count(self.blobs, 'blob')} ({format_size(self.bytes)}), "
                  f"{count(self.refs, 'ref')}, {count(self.bundles, 'bundle')}, "
                  f"{count(self.snapshots, 'snapshot')}: "
@@ -145,24 +171,33 @@ def _bundle_problem(path: Path) -> str | None:
 def verify(store: Store, jobs: int = 2, dry_run: bool = False) -> VerifyReport:
     """Check the whole cache (see the module docstring); with ``dry_run`` only report."""
     sweep: Sweep[Problem] = Sweep(dry_run)
+    unchecked: list[Unchecked] = []
     blobs = list_blobs(store)
     _corrupt_blobs(sweep, store, blobs, jobs)
     _foreign(sweep, store)
     refs = read_refs(store)
     _broken_refs(sweep, store, refs)
-    snapshots = _changed_snapshots(sweep, store)
+    snapshots = _changed_snapshots(sweep, store, unchecked)
     bundles = list_bundles(store)
-    _broken_bundles(sweep, store, bundles)
+    _broken_bundles(sweep, store, bundles, unchecked)
     return VerifyReport(blobs=len(blobs), bytes=sum(b.size for b in blobs.values()),
                         refs=len(refs), bundles=len(bundles), snapshots=snapshots,
-                        problems=tuple(sweep.records), dry_run=dry_run)
+                        problems=tuple(sweep.records), dry_run=dry_run,
+                        unchecked=tuple(unchecked))
 
 
 def _quarantined(sweep: Sweep[Problem], store: Store, kind: ProblemKind, name: str, detail: str,
                  path: Path, label: str) -> None:
-    moved = sweep.run(partial(quarantine, store, path, label))
-    sweep.report(Problem(kind, name, detail,
-                         NO_ACTION if moved is None else f"quarantined to {moved}"))
+    """Report the problem and move ``path`` to the quarantine; one the caller may not move
+    (a directory of another user that is not group-writable) is reported as left where it
+    is, and the check goes on."""
+    try:
+        moved = sweep.run(partial(quarantine, store, path, label))
+    except StoreError as exc:
+        action = f"left in place ({exc.message}); its owner or root can quarantine it"
+    else:
+        action = NO_ACTION if moved is None else f"quarantined to {moved}"
+    sweep.report(Problem(kind, name, detail, action))
 
 
 def _corrupt_blobs(sweep: Sweep[Problem], store: Store, blobs: dict[Digest, Blob],
@@ -204,31 +239,56 @@ def _corrupt_in_place(sweep: Sweep[Problem]) -> set[str]:
     return {p.name for p in sweep.records if p.kind == "corrupt-blob"}
 
 
-def _broken_bundles(sweep: Sweep[Problem], store: Store, bundles: list[Bundle]) -> None:
+def _broken_bundles(sweep: Sweep[Problem], store: Store, bundles: list[Bundle],
+                    unchecked: list[Unchecked]) -> None:
     for bundle in bundles:
+        owner = _unreadable_by_caller(bundle.path)
+        if owner is not None:
+            unchecked.append(Unchecked("bundle", bundle.key, owner,
+                                       "only its owner may read it (a private bundle)"))
+            continue
         detail = _bundle_problem(bundle.path)
         if detail is not None:
             _quarantined(sweep, store, "broken-bundle", bundle.key, detail, bundle.path,
                          "bundle")
 
 
-def _changed_snapshots(sweep: Sweep[Problem], store: Store) -> int:
+def _unreadable_by_caller(path: Path) -> int | None:
+    """The owner of the directory ``path`` if it is another user's that the caller may not
+    read (root's 0700 bundle in a group-shared cache), else None."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if st.st_uid == os.geteuid() or os.access(path, os.R_OK | os.X_OK, follow_symlinks=False):
+        return None
+    return st.st_uid
+
+
+def _changed_snapshots(sweep: Sweep[Problem], store: Store,
+                       unchecked: list[Unchecked]) -> int:
     """Check every snapshot against the record of its files (:func:`_check_snapshot`);
     returns how many were checked."""
     snapshots = list_snapshots(store)
     reported: set[Path] = set()  # a bundle shares the change of every snapshot built on it
     for info in snapshots:
-        _check_snapshot(sweep, store, info, reported)
+        _check_snapshot(sweep, store, info, reported, unchecked)
     return len(snapshots)
 
 
 def _check_snapshot(sweep: Sweep[Problem], store: Store, info: SnapshotInfo,
-                    reported: set[Path]) -> None:
+                    reported: set[Path], unchecked: list[Unchecked]) -> None:
     """A changed snapshot is quarantined with the cached bundles that share the change (not
     yet ``reported``), one without a record removed: either is made again from the verified
-    blobs when next needed."""
+    blobs when next needed. One the caller may not read whole is ``unchecked``."""
     try:
         found = check(info.path)
+    except PermissionError as exc:
+        owner = os.lstat(info.path).st_uid if os.path.lexists(info.path) else -1
+        unchecked.append(Unchecked("snapshot", str(info.chain_id), owner,
+                                   f"you may not read all of it ({exc.strerror}: "
+                                   f"{exc.filename or info.path})"))
+        return
     except OSError as exc:
         if os.path.lexists(info.path):
             raise StoreError(f"cannot check snapshot {info.chain_id.short}: {exc}") from exc

@@ -67,7 +67,10 @@ def cache_gc(
     *,
     opts: CommonOptions,
 ) -> None:
-    """Remove orphans and leftovers, then least recently used content; never leased content."""
+    """Remove orphans and leftovers, then least recently used content; never leased content.
+
+    In a group-shared cache, another member's trees are evicted by rename only and reported
+    as left to them: their next command (or root's gc) removes them."""
     from ocistage.cache.gc import GcOptions, collect
 
     settings = opts.settings(max_size=max_size)

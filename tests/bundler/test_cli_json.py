@@ -104,8 +104,10 @@ def test_image_commands(cli: Cli, layout: str) -> None:
     check("cache ls", _json(cli, "cache", "ls"), complete=False)
     check("cache du", _json(cli, "cache", "du"))
     check("cache verify", _json(cli, "cache", "verify"), complete=False)
-    check("cache gc", _json(cli, "cache", "gc", "--dry-run", "--max-size", "1"))
-    check("cache gc", _json(cli, "cache", "rm", layout))
+    # `left` (another member's trees) is empty in a cache of one user: its keys cannot show
+    check("cache gc", _json(cli, "cache", "gc", "--dry-run", "--max-size", "1"),
+          complete=False)
+    check("cache gc", _json(cli, "cache", "rm", layout), complete=False)
 
 
 def test_stage_and_unstage(cli: Cli, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import importlib
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -45,7 +46,7 @@ from ocistage.cache.leases import (
 from ocistage.cache.locks import FileLock
 from ocistage.cache.notice import Kind
 from ocistage.cache.snapshots import chain_ids, list_snapshots
-from ocistage.cache.store import Ingest, Store, scratch_name
+from ocistage.cache.store import Ingest, Store, quarantine, scratch_name
 from ocistage.cache.verify import verify
 from tests.cache.gclock import gc_lock_held
 from tests.cache.test_inventory import BASE, bundle_ref, image_ref, pull_ref, set_last_use
@@ -555,10 +556,10 @@ def test_a_crash_in_gc_leaves_a_valid_layout_and_the_next_gc_finishes(
     kept = pull_ref(store, image_ref(tmp_path / "src", "b", b"b"))
     set_last_use(store, "image", made.image.manifest.digest.hex, time.time() - 86400)
     set_last_use(store, "bundle", made.path.name, time.time() - 86400)
-    import ocistage.cache.gc as gc_module
+    import ocistage.cache.evict as evict_module
     target: tuple[object, str, int] = {
         "untag": (Store, "untag", 0),
-        "bundle-removal": (gc_module, "remove_tree", 0),
+        "bundle-removal": (evict_module, "remove_at", 0),
         "blob-removal": (os, "unlink", 0),
     }[point]
     with monkeypatch.context() as patch:
@@ -679,3 +680,44 @@ def test_evicting_one_platform_of_three_leaves_an_index_of_two_and_du_agrees(
     assert removed(report, "ref") == {f"{name} (linux/amd64)"}
     check_names(store, {(name, 1): 1, (name, 2): 2})
     assert_layout_consistent(store)
+
+
+# -- quarantine: counted, freed under pressure, private -----------------------------------------
+
+def test_quarantine_counts_against_the_budget_and_goes_first_under_pressure(
+        store: Store, tmp_path: Path) -> None:
+    """Quarantine is kept a week for a post-mortem, but not at the price of a full cache:
+    it counts against the budget and is the first thing gc frees under pressure (in a soak,
+    1 GB of it filled a 1.5 GiB cache while gc freed nothing). Its directory is as private
+    as a snapshot's: what it holds is an image's files."""
+    made = bundle_ref(store, image_ref(tmp_path / "src", "a", b"a"))
+    aside = store.root / "bundles" / "aside"
+    aside.mkdir()
+    (aside / "data").write_bytes(os.urandom(400_000))
+    moved = quarantine(store, aside, "bundle")
+    assert stat.S_IMODE(os.stat(store.root / "quarantine").st_mode) == 0o700
+    assert run_gc(store).removed == ()  # younger than a week, no budget: kept
+    size = run_gc(store, dry_run=True).size_before
+    report = run_gc(store, max_size=size - 100_000)
+    assert removed(report, "quarantine") == {str(moved)}
+    assert not moved.exists() and made.path.exists()  # it went instead of the bundle
+    assert not report.over_budget
+
+
+def test_an_evicted_tree_of_ours_is_removed_once_and_a_dry_run_says_so_once(
+        store: Store) -> None:
+    """A tree a removal left under its evicted name (``.evicted-NAME-RAND`` beside where it
+    was): the next command that opens the cache removes it; gc's dry run lists it once, with
+    the size the real run frees."""
+    evicted = store.root / "bundles" / ".evicted-k-0123abcd"
+    (evicted / "rootfs").mkdir(parents=True)
+    (evicted / "rootfs" / "data").write_bytes(os.urandom(100_000))
+    dry = run_gc(store, dry_run=True)
+    assert [(r.kind, r.name) for r in dry.removed] == [("scratch", str(evicted))]
+    assert dry.left == ()
+    real = run_gc(store)
+    assert [(r.name, r.size) for r in real.removed] == [(r.name, r.size) for r in dry.removed]
+    assert not evicted.exists()
+    evicted.mkdir()
+    Store.open(store.root)  # the owner's next command
+    assert not evicted.exists()

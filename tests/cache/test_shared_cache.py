@@ -5,8 +5,10 @@ replaces a stored config. None of it may be written through, published or used."
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
+import socket
 import stat
 import subprocess
 import tempfile
@@ -23,10 +25,11 @@ from ocistage.cache import leases
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import IntegrityError
 from ocistage.cache.leases import Holder
-from ocistage.cache.locks import owner_is_dead
+from ocistage.cache.locks import Owner, owner_is_dead
 from ocistage.cache.store import Store
-from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
+from tests.bundler.tarbuilder import build_tar, directory, file, write_oci_layout
 from tests.deadline import deadline
+from tests.groupcache import GroupCache, group_cache_members
 
 NOBODY = 65534
 GROUP = os.getegid()  # the cache's group: the caller's own (the trust rule asks for that)
@@ -144,3 +147,178 @@ def test_a_members_fifos_as_lease_and_locks_block_nothing(shared: Path) -> None:
         store.clean_leftovers()
     assert sorted(lease.target for lease in found) == ["image:mine", "image:theirs"]
     assert all(stat.S_ISFIFO(os.lstat(fifo).st_mode) for fifo in fifos)
+
+
+# -- members who are real users: gc, verify and bundle of one member never break the cache ----
+#
+# Set up as docs/trust.md says: a root-owned cache of a group, mode 2775; members (users made
+# here with useradd, the group a supplementary one) run the real CLI with umask 002. The image
+# has a 0700 directory and 0755 inner ones, in two layers (two snapshots).
+
+@pytest.fixture
+def group_cache() -> Iterator[GroupCache]:
+    """:func:`tests.groupcache.group_cache_members` with an image in ``BASE/layout`` whose
+    second layer has 0700 directories (``/root``, ``/var/cache/ldconfig``)."""
+    with group_cache_members() as members:
+        layout = members.base / "layout"
+        write_oci_layout(layout, [
+            build_tar([directory("sbin"), file("sbin/tool", b"#!/bin/sh\n", mode=0o755),
+                       directory("usr"), directory("usr/lib"),
+                       file("usr/lib/libx.so", os.urandom(20_000))]),
+            build_tar([directory("root", mode=0o700), directory("root/.cache"),
+                       file("root/.profile", b"PATH=/sbin\n"), directory("var"),
+                       directory("var/cache"), directory("var/cache/ldconfig", mode=0o700),
+                       file("var/cache/ldconfig/aux-cache", b"cache")])],
+            tag="t", container={"Cmd": ["/sbin/tool"]})
+        yield members
+
+
+def image(g: GroupCache) -> str:
+    return f"oci:{g.base / 'layout'}:t"
+
+
+def test_a_members_gc_evicts_anothers_trees_and_leaves_the_cache_usable(
+        group_cache: GroupCache) -> None:
+    """B's `cache gc --max-size 0` over A's bundle and snapshots used to fail halfway
+    (`Permission denied`) and leave A's half-removed tree in B's 0700 scratch dir, after which
+    every command of A and B failed. Now B evicts them by rename only, exits 0 and says what
+    it left to A; A's next command removes them; nothing of anybody's is left in B's dirs."""
+    g = group_cache
+    g.run(g.a, "bundle", image(g))
+    report = g.gc(g.b, "--max-size", "0")
+    left = {(item["kind"], item["owner_uid"]) for item in report["left"]}
+    assert ("bundle", g.a.uid) in left and ("snapshot", g.a.uid) in left
+    assert all(item["owner"].startswith(g.a.name) for item in report["left"])
+    text = g.run(g.b, "cache", "gc", "--dry-run").stdout
+    assert f"to {g.a.name} (uid {g.a.uid})" in text
+    assert [n for n, uid in g.entries("tmp").items() if uid == g.b.uid] == []
+    assert not [n for n in g.entries("bundles") if not n.startswith(".")]  # all evicted
+    g.run(g.a, "bundle", image(g))   # A's next command: works, and removes A's evicted trees
+    assert [n for n in g.entries("bundles") if n.startswith(".evicted-")] == []
+    assert [n for n in g.entries("snapshots") if n.startswith(".evicted-")] == []
+    g.run(g.b, "bundle", image(g))
+    g.gc(g.b, "--max-size", "0")
+    g.gc(g.a, "--max-size", "0")    # A removes what B evicted of A's, and its own
+    g.run(g.b, "bundle", image(g))
+    root = g.gc(None, "--max-size", "0")  # root removes every member's tree, whole
+    assert root["left"] == []
+    assert g.entries("bundles") == {} and g.entries("snapshots") == {}
+    assert g.entries("tmp") == {}
+
+
+def test_root_gc_removes_a_members_trees_and_follows_no_link(group_cache: GroupCache) -> None:
+    """Root is the site admin's exception: its gc removes a member's snapshots and bundles
+    whole (it used to refuse a member's entry in the group-writable tmp/ and fail), and
+    still never follows a link a member put into their tree."""
+    g = group_cache
+    bundle = Path(g.run(g.a, "bundle", image(g)).stdout.strip().splitlines()[-1])
+    victim = g.cache.parent / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("root's\n")
+    for link in (bundle / "rootfs" / "sbin" / "escape", bundle / "escape"):
+        subprocess.run(["setpriv", f"--reuid={g.a.uid}", f"--regid={g.a.gid}",
+                        f"--groups={g.gid}", "ln", "-s", str(victim), str(link)], check=True)
+    report = g.gc(None, "--max-size", "0")
+    assert (victim / "keep").read_text() == "root's\n"
+    assert report["left"] == []
+    assert {r["kind"] for r in report["removed"]} >= {"bundle", "snapshot"}
+    assert g.entries("bundles") == {} and g.entries("snapshots") == {}
+    assert g.entries("tmp") == {}
+
+
+def test_a_gc_that_stopped_halfway_wedges_no_one(group_cache: GroupCache) -> None:
+    """What the old gc left: B's dead scratch dir `tmp/gc-<host>-<pid>-<hex>` (0700, owner file
+    beside it) holding A's half-removed tree. No command of A, B or root may fail on it, and
+    root's gc removes it."""
+    g = group_cache
+    bundle = Path(g.run(g.a, "bundle", image(g)).stdout.strip().splitlines()[-1])
+    child = subprocess.Popen(["true"])
+    child.wait()
+    scratch = g.cache / "tmp" / f"gc-{socket.gethostname()}-{child.pid}-0123456789ab"
+    scratch.mkdir(mode=0o700)
+    os.chown(scratch, g.b.uid, g.gid)
+    owner = Path(f"{scratch}.owner")
+    owner.write_text(Owner(socket.gethostname(), child.pid, None).to_json())
+    os.chown(owner, g.b.uid, g.gid)
+    os.rename(bundle, scratch / bundle.name)
+    for who in (g.a, g.b):
+        g.run(who, "bundle", image(g))
+        g.run(who, "cache", "ls")
+    assert {(item["name"], item["owner_uid"]) for item in g.gc(g.b)["left"]} == {
+        (str(scratch), g.b.uid)}  # reported, not fatal
+    assert {(item["name"], item["owner_uid"]) for item in g.gc(g.a)["left"]} == {
+        (str(scratch), g.b.uid)}  # B's, not A's to remove
+    assert scratch.exists()
+    g.run(None, "bundle", image(g))  # root's next command removes it
+    assert not scratch.exists() and not owner.exists()
+    assert g.gc(None)["left"] == []
+
+
+def test_a_members_verify_reports_roots_private_bundle_and_goes_on(
+        group_cache: GroupCache) -> None:
+    """Root's `--no-rootless` bundle in the cache is 0700: a member cannot read it, nor move
+    it. Their `cache verify` used to abort (`cannot quarantine ...: Permission denied`); now
+    it says it cannot check it and goes on."""
+    g = group_cache
+    g.run(None, "bundle", "--no-rootless", image(g))
+    private = [n for n, uid in g.entries("bundles").items() if uid == 0]
+    assert private
+    done = g.run(g.b, "cache", "verify", "--json")
+    report = json.loads(done.stdout)
+    assert report["problems"] == [] and report["ok"]
+    assert {(u["kind"], u["name"], u["owner_uid"]) for u in report["unchecked"]} >= {
+        ("bundle", private[0], 0)}
+    assert g.entries("quarantine") == {}
+    assert private[0] in g.entries("bundles")
+
+
+def test_a_snapshot_only_its_maker_reads_is_not_quarantined_by_another_member(
+        group_cache: GroupCache) -> None:
+    """An image with 0700 directories gives a snapshot whose inner directories only its maker
+    can read. Another member's verify and bundle used to call its files removed, quarantine
+    it, rebuild it, and have it quarantined again by the first. What a member cannot read is
+    "cannot check", never "changed"."""
+    g = group_cache
+    g.run(g.a, "bundle", image(g))
+    snapshots = {n: uid for n, uid in g.entries("snapshots").items() if not n.startswith(".")}
+    assert snapshots and set(snapshots.values()) == {g.a.uid}
+    # B's bundle outside the cache is made from the image's snapshot: B gets a tree of its own
+    linked = g.b.home / "linked"
+    done = g.run(g.b, "bundle", "--link", image(g), str(linked))
+    assert "changed" not in done.stderr
+    assert (linked / "rootfs" / "root" / ".profile").read_bytes() == b"PATH=/sbin\n"
+    assert g.entries("quarantine") == {}
+    assert g.entries("snapshots") == snapshots
+    report = json.loads(g.run(g.b, "cache", "verify", "--json").stdout)
+    assert report["problems"] == [] and report["ok"]
+    assert {u["kind"] for u in report["unchecked"]} == {"snapshot"}
+    assert {u["owner_uid"] for u in report["unchecked"]} == {g.a.uid}
+    text = g.run(g.b, "cache", "verify").stdout
+    assert "cannot check snapshot sha256:" in text
+    assert f"of {g.a.name} (uid {g.a.uid})" in text
+    assert g.entries("quarantine") == {} and g.entries("snapshots") == snapshots
+    report = json.loads(g.run(g.a, "cache", "verify", "--json").stdout)
+    assert report["problems"] == [] and report["unchecked"] == []
+    g.run(g.a, "bundle", "--link", image(g), str(g.a.home / "linked"))
+    assert g.entries("quarantine") == {} and g.entries("snapshots") == snapshots
+
+
+def test_a_broken_bundle_a_member_cannot_move_is_reported_and_verify_goes_on(
+        group_cache: GroupCache) -> None:
+    """A broken bundle of A's that B may not move to quarantine/ (its directory is not
+    group-writable, as a umask 022 makes it): B's verify reports it as left in place and
+    checks everything else, instead of aborting on `cannot quarantine`."""
+    g = group_cache
+    bundle = Path(g.run(g.a, "bundle", image(g)).stdout.strip().splitlines()[-1])
+    (bundle / "config.json").unlink()
+    bundle.chmod(0o2755)
+    done = g.run(g.b, "cache", "verify", "--json", expect=1)
+    report = json.loads(done.stdout)
+    assert [(p["kind"], p["name"]) for p in report["problems"]] == [
+        ("broken-bundle", bundle.name)]
+    assert report["problems"][0]["action"].startswith("left in place (cannot quarantine")
+    assert report["snapshots"] == 1 and report["blobs"] > 0
+    assert "cache verify found 1 problem" in done.stderr
+    assert bundle.exists() and g.entries("quarantine") == {}
+    g.run(g.a, "cache", "verify", expect=1)  # its owner can
+    assert not bundle.exists() and len(g.entries("quarantine")) == 1

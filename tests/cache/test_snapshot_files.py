@@ -8,6 +8,7 @@ before anything is made from it; ``cache verify`` reports and quarantines them.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -260,10 +261,38 @@ def test_a_snapshot_that_cannot_be_set_aside_is_an_error(
     def refused(_store: Store, path: Path, _label: str) -> Path:
         raise StoreError(f"cannot quarantine {path}: Permission denied")
 
+    def no_rename(path: Path) -> Path:
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
     monkeypatch.setattr(snapshotfiles, "quarantine", refused)
+    monkeypatch.setattr(snapshotfiles, "evict", no_rename)
     with pytest.raises(StoreError, match=r"cannot quarantine .*snapshots"):
         bundle_ref(store, ref, tmp_path / "dest")
     assert not (tmp_path / "dest").exists()
+
+
+def test_a_snapshot_that_cannot_be_quarantined_is_evicted_beside_it(
+        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another member's changed snapshot that the caller may not move to quarantine/ (a
+    rename into another directory needs write access to the tree): renamed beside it
+    instead (``.evicted-*``, its owner's next command removes it), and the bundle is made
+    from a snapshot rebuilt from the blobs."""
+    ref = image_ref(tmp_path / "src", "a", b"payload")
+    cached = bundle_ref(store, ref)
+    with open(cached.path / "rootfs/a.bin", "ab") as file:
+        file.write(b"!")
+
+    def refused(_store: Store, path: Path, _label: str) -> Path:
+        raise StoreError(f"cannot quarantine {path}: Permission denied")
+
+    monkeypatch.setattr(snapshotfiles, "quarantine", refused)
+    published = [p for p in (store.root / "snapshots").iterdir()]
+    made = bundle_ref(store, ref, tmp_path / "dest")
+    assert (made.path / "rootfs/a.bin").read_bytes() == b"payload"
+    evicted = list((store.root / "snapshots").glob(".evicted-*"))
+    assert [p.name.partition("-")[2].rpartition("-")[0] for p in evicted] == [
+        p.name for p in published]
+    assert not (store.root / "quarantine").exists()
 
 
 def test_a_cached_bundle_that_cannot_be_set_aside_is_a_warning(
@@ -280,7 +309,11 @@ def test_a_cached_bundle_that_cannot_be_set_aside_is_a_warning(
             raise StoreError(f"cannot quarantine {path}: Permission denied")
         return real(store_, path, label)
 
+    def no_rename(path: Path) -> Path:
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
     monkeypatch.setattr(snapshotfiles, "quarantine", bundles_refused)
+    monkeypatch.setattr(snapshotfiles, "evict", no_rename)
     with caplog.at_level(logging.WARNING, "ocistage.cache.snapshotfiles"):
         made = bundle_ref(store, ref, tmp_path / "dest")
     assert (made.path / "rootfs/a.bin").read_bytes() == b"payload"
