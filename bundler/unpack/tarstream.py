@@ -22,6 +22,9 @@ from typing import BinaryIO, Self
 XATTR_PAX_PREFIX = "SCHILY.xattr."
 COPY_CHUNK = 1 << 20
 READ_CHUNK = 1 << 20  # what ForwardReader asks its source for at once
+#: the most ForwardReader.read returns at once: file data is read in COPY_CHUNKs, so only a
+#: header's metadata (pax records, a GNU long name) comes whole, and none is near this
+READ_LIMIT = 64 << 20
 
 
 class ForwardReader:
@@ -44,10 +47,22 @@ class ForwardReader:
         return True
 
     def read(self, size: int | None = -1) -> bytes:
+        """``size`` bytes (fewer only at the end), or the rest of the stream. tarfile asks for
+        a whole extended (pax) or long-name header at once, of the size its header claims:
+        more than :data:`READ_LIMIT` is refused (``tarfile.ReadError``), not read into memory,
+        as is a rest of the stream larger than that (a negative base-256 size)."""
+        if size is not None and size > READ_LIMIT:
+            raise tarfile.ReadError(f"a tar header claims {size} bytes of metadata, more than "
+                                    f"the {READ_LIMIT} a real one takes")
         if size is None or size < 0:
             parts = [self._buf[self._pos:]]
+            have = len(parts[0])
             while chunk := self._raw.read(READ_CHUNK):
                 parts.append(chunk)
+                have += len(chunk)
+                if have > READ_LIMIT:
+                    raise tarfile.ReadError("a tar header claims the rest of the layer as its "
+                                            f"metadata, more than {READ_LIMIT} bytes")
             data = b"".join(parts)
             self._base += self._pos + len(data)
             self._buf, self._pos = b"", 0
