@@ -46,7 +46,10 @@ USERS = 3
 FS_SIZE = "320m"        # the images below are ~40 MB: a cache holding both is ~100 MB
 MAX_KILLS = 20
 KILL_EVERY = (1.0, 6.0)  # seconds between the controller's kills, drawn uniformly
-COMMAND_TIMEOUT = 150.0  # a command still running after this is hung (a gc waits 120 s)
+COMMAND_TIMEOUT = 75.0   # a command still running after this is hung
+DRAIN_SECONDS = 20.0     # after the soak, commands still running get this long, then are cut
+FINAL_SECONDS = 75.0     # the clean-up's budget (release, unstage, gc, verify) and
+USABLE_SECONDS = 45.0    # the last bundles' and stages': a command not done by then failed
 MAX_OPS = 2000           # per member: bounds the loop whatever the clock does
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(int(SOAK_SECONDS) + 600)]
@@ -80,10 +83,13 @@ class Record:
     stderr: str = ""
     killed: bool = False
     hung: bool = False
+    cut: bool = False      # killed (or not started) at the end of its phase
+
 
     def describe(self) -> str:
         how = "SIGKILLed by the controller" if self.killed else \
-            "hung (killed after the timeout)" if self.hung else f"exit {self.returncode}"
+            "hung (killed after the timeout)" if self.hung else \
+            "cut at the end of its phase" if self.cut else f"exit {self.returncode}"
         return (f"[{self.phase} t+{self.started:.1f}s] {self.member}: "
                 f"{' '.join(self.argv)} (OCISTAGE_CACHE={self.cache}): {how}\n"
                 f"    stderr: {self.stderr.strip()[-1500:]!r}")
@@ -114,6 +120,7 @@ class Soak:
     start: float = field(default_factory=time.monotonic)
     peak_used: float = 0.0
     phase: str = "soak"
+    phase_end: float = float("inf")   # no command of the phase runs beyond this
     notes: list[str] = field(default_factory=list)  # for the summary
     leftover_jobs: dict[str, list[str]] = field(default_factory=dict)  # not released
     leftover_stages: dict[str, dict[str, Path]] = field(default_factory=dict)  # name -> cache
@@ -155,6 +162,9 @@ class Soak:
         record = Record(member.name, op, tuple(command), str(cache), self.phase,
                         time.monotonic() - self.start)
         began = time.monotonic()
+        if began >= self.phase_end:
+            record.cut = True
+            return self.finish(record)
         process = subprocess.Popen(argv, env=self.environment(member, cache, extra), cwd="/",
                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, errors="replace",
@@ -162,9 +172,11 @@ class Soak:
         with self.lock:
             self.running[process.pid] = Running(process, record)
         try:
-            record.stdout, record.stderr = process.communicate(timeout=COMMAND_TIMEOUT)
+            record.stdout, record.stderr = process.communicate(
+                timeout=min(COMMAND_TIMEOUT, self.phase_end - began))
         except subprocess.TimeoutExpired:
-            record.hung = True
+            record.hung = time.monotonic() - began >= COMMAND_TIMEOUT
+            record.cut = not record.hung
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             record.stdout, record.stderr = process.communicate()
@@ -173,6 +185,9 @@ class Soak:
                 del self.running[process.pid]
         record.returncode = process.returncode
         record.seconds = time.monotonic() - began
+        return self.finish(record)
+
+    def finish(self, record: Record) -> Record:
         self.check(record)
         with self.lock:
             self.records.append(record)
@@ -209,6 +224,9 @@ class Soak:
             self.problem("a traceback or internal error", record)
         elif record.hung:
             self.problem(f"no end within {COMMAND_TIMEOUT:.0f} s", record)
+        elif record.cut:
+            if self.phase != "soak":
+                self.problem("not done within the final phase's budget", record)
         elif record.returncode != 0 and not record.killed:
             errors = [line for line in record.stderr.splitlines() if line.startswith("error")]
             if not errors or self.phase != "soak" or not all(ALLOWED.search(e) for e in errors):
@@ -424,13 +442,14 @@ def test_group_cache_endurance(oci_image: ImageFactory, oci_registry: Registry,
 
 def soak_phase(soak: Soak) -> None:
     until = time.monotonic() + SOAK_SECONDS
+    soak.phase_end = until + DRAIN_SECONDS
     threads = [threading.Thread(target=soak.worker, args=(i, m, until), name=m.name)
                for i, m in enumerate(soak.members)]
     threads.append(threading.Thread(target=soak.controller, args=(until,), name="controller"))
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=SOAK_SECONDS + COMMAND_TIMEOUT * 3)
+        thread.join(timeout=SOAK_SECONDS + DRAIN_SECONDS + 30)
         if thread.is_alive():
             soak.problem(f"{thread.name} did not stop")
     soak.stop.set()
@@ -439,7 +458,7 @@ def soak_phase(soak: Soak) -> None:
 def final_phase(soak: Soak) -> None:
     """Release and unstage what the soak left, give space back (``cache gc`` by each member),
     verify every cache, then each member bundles and stages once more; nothing may fail."""
-    soak.phase = "final"
+    soak.phase, soak.phase_end = "final", time.monotonic() + FINAL_SECONDS
     ocistage = ocistage_command()
     for member in soak.members:
         for job in soak.leftover_jobs.get(member.name, []):
@@ -472,32 +491,30 @@ def final_phase(soak: Soak) -> None:
             soak.problem(f"{quarantine.relative_to(soak.fs)} holds what was found corrupt or "
                          f"changed, though nothing was: {len(quarantined)} entries, "
                          f"{size >> 20} MiB", detail=str(quarantined[:10]))
+    soak.phase_end = time.monotonic() + USABLE_SECONDS
     by_name = {image.name: image for image in soak.images}
-    for member in soak.members:
-        for image in (by_name["private"], by_name["layers"]):
-            made = soak.run(member, "bundle", [*ocistage, "bundle", "-q", image.ref],
-                            soak.group_cache)
+    private, layers = by_name["private"], by_name["layers"]
+    for member in soak.members:   # stage REF bundles first: the 0700 image in the group cache
+        name = f"final-{member.name}"
+        staged = soak.run(member, "stage", [*ocistage, "stage", "-q", private.ref, "--to",
+                                            str(soak.stage), "--name", name], soak.group_cache)
+        if staged.returncode == 0:
+            if Path(staged.stdout.strip()) != soak.stage / name:
+                soak.problem("staged elsewhere than --to/--name", staged)
+            soak.run(member, "unstage", [*ocistage, "unstage", str(soak.stage / name)],
+                     soak.group_cache)
+        for image, cache in ((layers, soak.group_cache), (private, soak.private(member))):
+            made = soak.run(member, "bundle", [*ocistage, "bundle", "-q", image.ref], cache)
             if made.returncode == 0 and not (Path(made.stdout.strip()) / "rootfs").is_dir():
                 soak.problem("the bundle printed has no rootfs", made)
-            name = f"final-{member.name}-{image.name}"
-            staged = soak.run(member, "stage", [*ocistage, "stage", "-q", image.ref, "--to",
-                                                str(soak.stage), "--name", name],
-                              soak.group_cache)
-            if staged.returncode == 0:
-                if Path(staged.stdout.strip()) != soak.stage / name:
-                    soak.problem("staged elsewhere than --to/--name", staged)
-                soak.run(member, "unstage", [*ocistage, "unstage", str(soak.stage / name)],
-                         soak.group_cache)
-        soak.run(member, "bundle", [*ocistage, "bundle", "-q", by_name["private"].ref],
-                 soak.private(member))
     check_nothing_left(soak)
 
 
 def check_nothing_left(soak: Soak) -> None:
     """No process of the users or with the test's directory on its command line outlives
-    the commands (they get 30 s to end on their own), and nothing is mounted below it."""
+    the commands (they get 15 s to end on their own), and nothing is mounted below it."""
     uids = {m.uid for m in soak.members if m.created}
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 15
     left = leftovers(soak, uids)
     while left and time.monotonic() < deadline:
         time.sleep(0.2)   # polling /proc for processes to end, bounded by the deadline
@@ -535,6 +552,7 @@ def summarise(soak: Soak) -> str:
     outcome: Counter[tuple[str, str]] = Counter()
     for record in soak.records:
         kind = "killed" if record.killed else "hung" if record.hung else \
+            "cut" if record.cut else \
             "ok" if record.returncode == 0 else \
             "enospc" if ALLOWED.search(record.stderr) else "FAILED"
         outcome[(f"{record.phase}/{record.op}", kind)] += 1
