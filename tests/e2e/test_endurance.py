@@ -52,7 +52,10 @@ FINAL_SECONDS = 75.0     # the clean-up's budget (release, unstage, gc, verify) 
 USABLE_SECONDS = 45.0    # the last bundles' and stages': a command not done by then failed
 MAX_OPS = 2000           # per member: bounds the loop whatever the clock does
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(int(SOAK_SECONDS) + 600)]
+pytestmark = [
+    pytest.mark.e2e, pytest.mark.timeout(int(SOAK_SECONDS) + 600),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the endurance test creates users and mounts "
+                       "a tmpfs: it needs root")]
 
 #: The failures a command may end with during the soak (not after it): the filesystem is
 #: meant to fill up, and every command then fails cleanly with ENOSPC's message. Nothing
@@ -282,8 +285,8 @@ class Soak:
         rng = random.Random(self.seed + 1 + index)
         staged: dict[str, Path] = {}     # stage name -> the cache it was staged with
         jobs: list[str] = []             # importer job ids not released yet
-        ops = ("bundle", "stage", "unstage", "gc", "verify", "importer")
-        weights = (20, 20, 10, 12, 8, 15)
+        ops = ("bundle", "stage", "squashfs", "unstage", "gc", "verify", "importer")
+        weights = (20, 16, 6, 10, 12, 8, 15)
         try:
             for number in range(MAX_OPS):
                 if time.monotonic() >= until or self.stop.is_set():
@@ -299,11 +302,14 @@ class Soak:
                                              str(self.stage / name)],
                                 staged[name]).returncode == 0:
                         del staged[name]
-                elif op in ("stage", "unstage"):
+                elif op in ("stage", "unstage", "squashfs"):
+                    # squashfs: root mounts it (squashfuse), the users unpack it (no FUSE)
                     name = self.stage_name(member, image, shared)
-                    done = self.run(member, "stage", [*ocistage_command(), "stage", "-q",
-                                                      image.ref, "--to", str(self.stage),
-                                                      "--name", name], cache)
+                    form = ["--format", "squashfs"] if op == "squashfs" else []
+                    name += "-sqsh" if form else ""
+                    done = self.run(member, f"stage{'-squashfs' if form else ''}",
+                                    [*ocistage_command(), "stage", "-q", image.ref, "--to",
+                                     str(self.stage), "--name", name, *form], cache)
                     staged[name] = cache    # also when killed: it may have been published
                     if done.returncode == 0 and done.stdout.strip() != str(self.stage / name):
                         self.problem("staged elsewhere than --to/--name", done)
@@ -420,10 +426,10 @@ def soak_setup(tmp_path: Path, images: list[Image], seed: int) -> Iterator[Soak]
 
 def test_group_cache_endurance(oci_image: ImageFactory, oci_registry: Registry,
                                tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("the endurance test creates users and mounts a tmpfs: it needs root")
-    for binary in ("setpriv", "useradd", "groupadd", "mount", "mksquashfs"):
-        require_binary(binary)
+    for binary, package in (("setpriv", "util-linux"), ("useradd", "passwd"),
+                            ("groupadd", "passwd"), ("mount", "mount"),
+                            ("mksquashfs", "squashfs-tools")):
+        require_binary(binary, package)
     importer_command()
     seed = int(os.environ.get("OCISTAGE_SOAK_SEED") or random.randrange(1 << 32))
     print(f"\nendurance: seed {seed} (OCISTAGE_SOAK_SEED={seed} repeats its choices), "
