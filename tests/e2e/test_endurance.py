@@ -228,11 +228,12 @@ class Soak:
         elif record.hung:
             self.problem(f"no end within {COMMAND_TIMEOUT:.0f} s", record)
         elif record.cut:
-            if self.phase != "soak":
+            if record.phase != "soak":
                 self.problem("not done within the final phase's budget", record)
         elif record.returncode != 0 and not record.killed:
             errors = [line for line in record.stderr.splitlines() if line.startswith("error")]
-            if not errors or self.phase != "soak" or not all(ALLOWED.search(e) for e in errors):
+            if not errors or record.phase != "soak" or \
+                    not all(ALLOWED.search(e) for e in errors):
                 self.problem("failed", record)
         if record.op == "verify" and not record.killed and record.stdout.strip():
             with contextlib.suppress(json.JSONDecodeError):
@@ -440,8 +441,9 @@ def test_group_cache_endurance(oci_image: ImageFactory, oci_registry: Registry,
         final_phase(soak)
         problems, report, summary = soak.problems, soak.report(), summarise(soak)
     print(summary)
-    assert not problems, (f"{len(problems)} problem(s) (seed {seed}), each kind once:\n"
-                          f"{report}\n{summary}")
+    if problems:
+        pytest.fail(f"{len(problems)} problem(s) (seed {seed}), each kind once:\n{report}\n"
+                    f"{summary}", pytrace=False)
     assert soak.peak_used > 0.9, \
         f"the filesystem never filled up (peak {soak.peak_used:.0%}): make the images larger"
 
