@@ -60,7 +60,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ocistage.cache import pyxisimages, staged, usage
+from ocistage.cache import pyxisimages, reserve, staged, usage
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import LockTimeout, NotFound, StoreError
 from ocistage.cache.evict import (
@@ -693,18 +693,18 @@ def collect(store: Store, options: GcOptions | None = None,
     """Run one GC over ``store`` (see the module docstring); returns what it removed."""
     options = options or GcOptions()
     now = time.time() if now is None else now
-    lock = FileLock(store.root / GC_LOCK, heartbeat=1.0)
-    if not options.dry_run:
-        timeout = options.lock_timeout
+    if options.dry_run:
+        return _collect(store, options, job_states, now)
+    with reserve.spent(store.root):  # room for the lock and the index on a full filesystem
+        lock = FileLock(store.root / GC_LOCK, heartbeat=1.0)
         try:
-            lock.acquire(timeout=timeout)
+            lock.acquire(timeout=options.lock_timeout)
         except LockTimeout as exc:
             raise LockTimeout(f"another `ocistage cache gc` is running on {store.root}",
                               "wait for it to finish, or retry later") from exc
-    try:
-        return _collect(store, options, job_states, now)
-    finally:
-        if not options.dry_run:
+        try:
+            return _collect(store, options, job_states, now)
+        finally:
             lock.release()
 
 
@@ -742,16 +742,17 @@ def remove_ref(store: Store, name: str, platform: str | None = None, force: bool
     A ref that a live lease names is refused unless ``force``; even then, leased blobs and
     bundles stay until their lease ends (a later GC removes them).
     """
-    lock = FileLock(store.root / GC_LOCK, heartbeat=1.0)
-    lock.acquire(timeout=GcOptions().lock_timeout)
-    try:
-        refs = _refs_named(store, name, platform)
-        if not force:
-            _refuse_if_leased(store, name, job_states)
-        store.untag(lambda entry: any(ref.same_entry(entry) for ref in refs))
-        report = _collect(store, GcOptions(), job_states, time.time())
-    finally:
-        lock.release()
+    with reserve.spent(store.root):
+        lock = FileLock(store.root / GC_LOCK, heartbeat=1.0)
+        lock.acquire(timeout=GcOptions().lock_timeout)
+        try:
+            refs = _refs_named(store, name, platform)
+            if not force:
+                _refuse_if_leased(store, name, job_states)
+            store.untag(lambda entry: any(ref.same_entry(entry) for ref in refs))
+            report = _collect(store, GcOptions(), job_states, time.time())
+        finally:
+            lock.release()
     dropped = tuple(Removal("ref", f"{r.name} ({r.platform})" if r.platform else r.name, 0,
                             "removed on request") for r in refs)
     return GcReport(removed=dropped + report.removed, protected=report.protected,

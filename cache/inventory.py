@@ -29,7 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ocistage.cache import usage
+from ocistage.cache import reserve, usage
 from ocistage.cache.bundleinfo import read_bundle_info
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import OcistageError
@@ -617,6 +617,6 @@ def _scratch_paths(store: Store) -> list[Path]:
 
 
 def _other_paths(store: Store) -> list[Path]:
-    """The layout's files, leases and last-use records."""
-    return [store.root / "index.json", store.root / "oci-layout",
+    """The layout's files, the space reserve, leases and last-use records."""
+    return [store.root / "index.json", store.root / "oci-layout", store.root / reserve.NAME,
             *_entries(store.root / "leases"), *_entries(store.root / usage.USED_DIR)]

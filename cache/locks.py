@@ -162,9 +162,22 @@ class FileLock:
             except OSError as exc:
                 raise StoreError(f"cannot create lock file {self.path}: {exc.strerror}") from exc
             try:
-                os.write(fd, self._token.encode())
-            finally:
+                written = os.write(fd, self._token.encode())
+            except OSError as exc:
+                # ours alone (O_EXCL): an empty lock file would look half-written, and keep
+                # everyone waiting until it is stale
                 os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path)
+                raise StoreError(f"cannot write lock file {self.path}: {exc.strerror}",
+                                 "free space on its filesystem (ocistage cache gc makes "
+                                 "room even when it is full)" if exc.errno == errno.ENOSPC
+                                 else None) from exc
+            os.close(fd)
+            if written != len(self._token.encode()):
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path)
+                raise StoreError(f"cannot write lock file {self.path}: short write")
             self._start_heartbeat()
             return True
         return False

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from ocistage.cache import reserve
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import ForeignFile, IntegrityError, StoreError, UntrustedPath
 from ocistage.cache.evict import (
@@ -311,6 +312,7 @@ class Store:
                 with FileLock(self.root / "index.json.lock"):
                     if not index.exists():
                         write_file_atomic(index, self._render_index([]))
+            reserve.ensure(self.root)  # room for GC on a filesystem pulls will fill
         except OSError as exc:
             raise _translate_oserror(exc, f"creating the cache at {self.root}") from exc
         self.clean_leftovers()

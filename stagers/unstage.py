@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ocistage.cache import leases, staged
+from ocistage.cache import leases, reserve, staged
 from ocistage.cache.fsops import DIR_FOLLOW, DIR_READ
 from ocistage.cache.leases import Holder, Lease, StagedPlace
 from ocistage.stagers import retired
@@ -104,7 +104,9 @@ def unstage(path: Path, *, cache_root: Path, holder: Holder | None = None,
             return False
         raise StageError(f"cannot open {parent}: {exc.strerror}") from exc
     try:
-        removed = _unstage_in(parent_fd, Path(parent), name, path, cache_root, holder, force)
+        with reserve.spent(cache_root):  # room for the removal's lease on a full filesystem
+            removed = _unstage_in(parent_fd, Path(parent), name, path, cache_root, holder,
+                                  force)
         # versions of it that a re-stage retired while jobs ran on them (ocistage.stagers.retired)
         retired.sweep(Path(parent), name, cache_root, holder=holder, release=True, force=force)
     except OSError as exc:
