@@ -363,11 +363,12 @@ def run_mksquashfs(argv: Sequence[str], store: Path) -> None:
     (:func:`ocistage.stagers.mksquashfs.run_tool`: killed with this process, however it
     ends); its failure said the importer's way (:func:`mksquashfs_error`)."""
     try:
-        run_tool(argv, "mksquashfs", timeout=MKSQUASHFS_TIMEOUT)
+        run_tool(argv, "mksquashfs", timeout=MKSQUASHFS_TIMEOUT, output=Path(argv[2]))
     except ToolFailed as exc:
         if exc.status is None:
             raise PyxisImportError(exc.message, exc.hint) from exc
-        raise mksquashfs_error("\n".join(exc.said), exc.status, store) from exc
+        said = exc.said + ((os.strerror(errno.ENOSPC),) if exc.no_space else ())
+        raise mksquashfs_error("\n".join(said), exc.status, store) from exc
 
 
 def mksquashfs_error(output: str, status: int, store: Path) -> PyxisImportError:

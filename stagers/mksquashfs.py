@@ -23,6 +23,7 @@ limit. Imports nothing heavy.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import selectors
@@ -30,6 +31,7 @@ import subprocess
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from ocistage.cache import childguard
 from ocistage.stagers.errors import PseudoNameError, ToolFailed
@@ -117,12 +119,14 @@ _BAR = re.compile(rb"\]\s+(\d+)/(\d+)\s+\d+%")
 
 
 def run_tool(argv: Sequence[str], what: str, *, progress: ImageProgress | None = None,
-             timeout: float = TOOL_TIMEOUT) -> None:
+             timeout: float = TOOL_TIMEOUT, output: Path | None = None) -> None:
     """Run ``argv`` (mksquashfs or unsquashfs; stdin closed, stdout and stderr read together)
     to its end. Raises :class:`ToolFailed` ("WHAT failed: LAST LINE") when it cannot be
     started, exits with a status other than 0 or outlives ``timeout``; killed and reaped when
     this process is interrupted (and by its supervisor if this process is killed).
-    ``progress`` is told how far a mksquashfs that draws its bar is."""
+    ``progress`` is told how far a mksquashfs that draws its bar is. ``output``: where it
+    writes; a failure there with that filesystem full says so (mksquashfs 4.5 says only
+    "Failed to write to output filesystem")."""
     try:
         process = childguard.spawn(list(argv), stdin=subprocess.DEVNULL,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -147,7 +151,26 @@ def run_tool(argv: Sequence[str], what: str, *, progress: ImageProgress | None =
         raise ToolFailed(f"{what} failed: still running after {timeout:.0f} s", lines)
     if process.returncode != 0:
         detail = lines[-1] if lines else f"exit status {process.returncode}"
+        if _out_of_space(lines, output):
+            raise ToolFailed(f"{what} failed: no space left on the filesystem of {output} "
+                             f"({detail})", lines, process.returncode,
+                             "free space there (ocistage cache gc), or stage elsewhere",
+                             no_space=True)
         raise ToolFailed(f"{what} failed: {detail}", lines, process.returncode)
+
+
+def _out_of_space(lines: Sequence[str], output: Path | None) -> bool:
+    """Whether a failed tool ran out of space: it says so, or it could not write its output
+    and the filesystem there has less than a squashfs block left."""
+    if any(os.strerror(errno.ENOSPC) in line for line in lines):
+        return True
+    if output is None or not any("Failed to write" in line for line in lines):
+        return False
+    try:
+        info = os.statvfs(output.parent)
+    except OSError:
+        return False
+    return info.f_bavail * info.f_frsize < (1 << 20)
 
 
 def _read(process: subprocess.Popen[bytes], said: deque[bytes],

@@ -152,14 +152,15 @@ def build_image(source: Path, image: Path, extra: Path | None = None, jobs: int 
     if present:
         argv += ["-e", *present]
     if progress is None:
-        run_tool(argv, f"mksquashfs of {source}")
+        run_tool(argv, f"mksquashfs of {source}", output=image)
     else:
         progress(0, 0)  # it starts: mksquashfs draws no bar before it has read the tree
-        run_tool(argv, f"mksquashfs of {source}", progress=progress)
+        run_tool(argv, f"mksquashfs of {source}", progress=progress, output=image)
     if extra is not None:
         # appending sets the root directory's mode again (from extra's, unless told)
         run_tool([mksquashfs, os.fspath(extra), os.fspath(image), "-no-progress", "-quiet",
-              "-no-recovery", *rooted], f"adding ocistage files to {image.name}")
+                  "-no-recovery", *rooted], f"adding ocistage files to {image.name}",
+                 output=image)
 
 
 #: the FUSE servers tried, in order: squashfuse's low-level build first (Debian's squashfuse

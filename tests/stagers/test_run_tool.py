@@ -51,3 +51,24 @@ def test_mksquashfs_progress_is_reported(tmp_path: Path) -> None:
               "-processors", "1"], "mksquashfs", progress=lambda done, all: seen.append(
                   (done, all)))
     assert seen and seen[-1][0] == seen[-1][1] > 0
+
+
+def test_mksquashfs_out_of_space_says_so(tmp_path: Path) -> None:
+    """mksquashfs 4.5 says only 'FATAL ERROR: Failed to write to output filesystem' when the
+    filesystem it writes to is full (seen in the endurance test): the error says no space."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    from tests.cache.test_full_filesystem import fill
+    from tests.soak import tmpfs
+
+    mksquashfs = require_binary("mksquashfs", "squashfs-tools")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "data").write_bytes(os.urandom(2 << 20))
+    with tmpfs(tmp_path / "fs", "4m") as small:
+        fill(small)
+        with pytest.raises(ToolFailed) as caught:
+            run_tool([mksquashfs, str(tree), str(small / "img"), "-noappend", "-quiet",
+                      "-no-progress", "-processors", "1"], "mksquashfs of tree",
+                     output=small / "img")
+    assert caught.value.no_space and "no space left on the filesystem of" in caught.value.message
