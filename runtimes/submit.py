@@ -94,7 +94,7 @@ def bundle_env(bundle: Path) -> dict[str, str]:
     env = {}
     for entry in entries:
         name, sep, value = entry.partition("=") if isinstance(entry, str) else ("", "", "")
-        if sep and name and "\0" not in entry and _encodable(entry):
+        if sep and name and "\0" not in entry and encodable(entry):
             env[name] = value
     return env
 
@@ -139,7 +139,7 @@ def host_overrides(bundle: Path, base: dict[str, str] | None = None) -> list[str
     return [f"{name}={environ[name]}" for name in bundle_env(bundle) if name in environ]
 
 
-def _encodable(text: str) -> bool:
+def encodable(text: str) -> bool:
     """Whether ``text`` stands for bytes (an argv word or an environment entry can hold it)."""
     try:
         text.encode("utf-8", "surrogateescape")
@@ -162,7 +162,7 @@ def check_command(command: Sequence[str]) -> list[str]:
     hint = "check the image's Entrypoint/Cmd, or the words after --"
     words = list(command)
     for word in words:
-        if "\0" in word or not _encodable(word):
+        if "\0" in word or not encodable(word):
             raise UsageError(f"the command word {word[:200]!r} holds a NUL or no bytes", hint)
     if words and words[0].startswith("-"):
         raise UsageError(f"the command {words[0][:200]!r} starts with '-' (an option, not a "

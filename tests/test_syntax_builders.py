@@ -46,6 +46,7 @@ from ocistage.runtimes.submit import (
     check_container_path,
     check_options,
     cleanup_options,
+    encodable,
     held_job_options,
     unstage_command,
     wrap_command,
@@ -171,7 +172,7 @@ def test_wrap_text_runs_exactly_the_words(command: list[str]) -> None:
         text = wrap_command([*printer, *command])
     except UsageError as exc:
         _refused_cleanly(exc)
-        assert any("\0" in word or not _encodable(word) for word in command)
+        assert any("\0" in word or not encodable(word) for word in command)
         return
     script = f"#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{text}\n"
     first = next(line for line in script.split("\n")[1:] if line.strip()
@@ -183,14 +184,6 @@ def test_wrap_text_runs_exactly_the_words(command: list[str]) -> None:
     words = [w.decode("utf-8", "surrogateescape") for w in result.stdout.split(b"\0")[:-1]]
     assert words == command
     assert shlex.split(text)[1:] == [*printer, *command]
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def test_command_refusals_are_clean() -> None:
