@@ -178,6 +178,7 @@ def make_bundle(
     on_layer: Callable[[int, Descriptor], None] | None = None,
     link: bool = False,
     keep_snapshot: bool = False,
+    in_use: InUse | None = None,
 ) -> BundleResult:
     """Pull ``source`` (reusing the cache) and make a bundle at ``dest`` or in the cache.
 
@@ -186,19 +187,26 @@ def make_bundle(
     ``keep_snapshot``: a writable ``dest`` is copied from the image's snapshot, made first
     when missing, even where that copy is no reflink (:mod:`ocistage.bundler.rootfs`).
     ``on_layer(n, descriptor)`` is called before layer ``n`` is unpacked.
+    ``in_use``: the caller's lease of ``store``, which then keeps what this bundle is made of
+    and the cached bundle itself from GC after the call, for as long as the caller holds it
+    (``stage REF`` copying it, the importer's mksquashfs reading it); by default a lease of
+    the call's own, ended when it returns.
     """
     pull_options = pull_options or PullOptions()
     request = _Request(dest, config_options or ConfigOptions(), on_layer, link, keep_snapshot)
-    with InUse(store.root) as in_use:
+    own = InUse(store.root) if in_use is None else None
+    lease = in_use or own
+    assert lease is not None
+    with own or contextlib.nullcontext():
         run = PullRun(source, store, dataclasses.replace(pull_options, max_size=None),
-                      progress or NO_PROGRESS, in_use=in_use)
-        result = _make_bundle(run, in_use, request)
+                      progress or NO_PROGRESS, in_use=lease)
+        result = _make_bundle(run, lease, request)
         if pull_options.max_size is not None:
             # only with a budget: ocistage.cache.gc and ocistage.cache.inventory are not needed
             # otherwise
             from ocistage.cache.gc import enforce_budget
 
-            warnings = enforce_budget(store, pull_options.max_size, in_use.targets)
+            warnings = enforce_budget(store, pull_options.max_size, lease.targets)
             result = dataclasses.replace(result, warnings=result.warnings + warnings)
     return result
 

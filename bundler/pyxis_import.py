@@ -72,6 +72,7 @@ from ocistage.cache import leases
 from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.errors import LockTimeout, StoreError
 from ocistage.cache.jsondoc import read_document
+from ocistage.cache.leases import InUse
 from ocistage.cache.locks import FileLock
 from ocistage.cache.pyxisimages import (
     IMAGE_DIR,
@@ -685,10 +686,20 @@ def pull_manifest(reference: RegistryReference, cache: Store, options: PullOptio
 
 def build(reference: RegistryReference, cache: Store, store: Store, key: str,
           options: PullOptions, mksquashfs: str, compressor: str, manifest: str) -> Path:
-    """Make image ``key`` of ``reference`` (pulled already: from the cache) and publish it."""
+    """Make image ``key`` of ``reference`` (pulled already: from the cache) and publish it.
+    The cached bundle is leased until mksquashfs has read it: another member's gc of a
+    group-shared cache would otherwise evict it from under mksquashfs (the endurance test)."""
+    with InUse(cache.root) as in_use:
+        return _build_leased(reference, cache, store, key, options, mksquashfs, compressor,
+                             manifest, in_use)
+
+
+def _build_leased(reference: RegistryReference, cache: Store, store: Store, key: str,
+                  options: PullOptions, mksquashfs: str, compressor: str, manifest: str,
+                  in_use: InUse) -> Path:
     from ocistage.bundler.bundle import make_bundle
 
-    bundle = make_bundle(reference, cache,
+    bundle = make_bundle(reference, cache, in_use=in_use,
                          pull_options=dataclasses.replace(options, policy="missing"))
     if str(bundle.image.manifest.digest) != manifest:
         raise PyxisImportError(f"{reference} changed while it was imported "

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ocistage.cache.errors import UsageError
+from ocistage.cache.leases import InUse
 from ocistage.stagers.errors import StageUsageError
 
 if TYPE_CHECKING:
@@ -124,18 +125,22 @@ def stage(what: str, options: StageOptions, *, store: Store,
         from ocistage.stagers.allnodes import check_all_nodes
 
         check_all_nodes()  # before the REF is resolved: refused where it would run N times
-    source, label, warnings, name = _resolve(what, store, pull_options, progress)
-    if options.name is None and name is not None:
-        options = dataclasses.replace(options, name=name)
-    return Staged(label, _dispatch(source, label, options, store, image_progress), warnings)
+    # a REF's cached bundle stays leased until it is staged: a gc (another member's, in a
+    # group-shared cache) would otherwise evict it from under the copy
+    with InUse(store.root) as in_use:
+        source, label, warnings, name = _resolve(what, store, pull_options, progress, in_use)
+        if options.name is None and name is not None:
+            options = dataclasses.replace(options, name=name)
+        return Staged(label, _dispatch(source, label, options, store, image_progress),
+                      warnings)
 
 
 def _resolve(what: str, store: Store, pull_options: Callable[[], PullOptions] | None,
-             progress: ProgressFactory | None
+             progress: ProgressFactory | None, in_use: InUse,
              ) -> tuple[Path | str, str, tuple[Notice, ...], str | None]:
     """The directory (or URL) to stage, its label, warnings of making it, and the name to
     stage it under if ``--name`` is not given (a REF's :func:`default_name`; else None: the
-    directory's name)."""
+    directory's name). A REF's bundle is made under ``in_use``."""
     from ocistage.stagers.urls import is_url
 
     if is_url(what):
@@ -162,7 +167,7 @@ def _resolve(what: str, store: Store, pull_options: Callable[[], PullOptions] | 
     with (progress or contextlib.nullcontext)() as bars:
         bundle = make_bundle(reference, store, None,
                              pull_options=pull_options() if pull_options else None,
-                             progress=bars)
+                             progress=bars, in_use=in_use)
     return bundle.path, what, tuple(bundle.warnings), default_name(reference)
 
 

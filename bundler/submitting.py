@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ocistage.bundler.bundle import BundleResult
     from ocistage.bundler.image.reference import ImageSource
     from ocistage.bundler.pull import PullOptions, PullProgress
+    from ocistage.cache.leases import InUse
     from ocistage.cache.notice import Notice
     from ocistage.cache.results import Renderer
     from ocistage.cache.store import Store
@@ -61,21 +62,22 @@ def check_stage_target(target: str) -> Path:
 
 
 def bundle_for_submit(source: ImageSource, options: SubmitOptions, *, store: Store,
-                      pull_options: PullOptions, map_root: bool = False,
+                      pull_options: PullOptions, in_use: InUse, map_root: bool = False,
                       progress: PullProgress | None = None) -> BundleResult:
     """The bundle ``submit`` hands to Slurm: ``source`` bundled into the cache (with the
-    caller's values where ``--host-env`` asks for them). Its warnings are the caller's to show
-    before :func:`submit_bundle` runs the job (an ``srun`` job writes to the same terminal)."""
+    caller's values where ``--host-env`` asks for them), kept from GC by ``in_use`` until
+    :func:`submit_bundle` has staged it. Its warnings are the caller's to show before
+    :func:`submit_bundle` runs the job (an ``srun`` job writes to the same terminal)."""
     from ocistage.bundler.bundle import make_bundle
     from ocistage.bundler.runtime_config import ConfigOptions
     from ocistage.runtimes.submit import check_options, host_overrides
 
     check_options(options.options)  # before anything is pulled
-    bundle = make_bundle(source, store, pull_options=pull_options,
+    bundle = make_bundle(source, store, pull_options=pull_options, in_use=in_use,
                          config_options=ConfigOptions(map_root=map_root), progress=progress)
     overrides = [] if options.image_env else host_overrides(bundle.path)
     if overrides:  # --host-env: the caller's values in config.json too (24.05+ prefer it)
-        bundle = make_bundle(source, store, pull_options=pull_options,
+        bundle = make_bundle(source, store, pull_options=pull_options, in_use=in_use,
                              config_options=ConfigOptions(map_root=map_root, env=overrides),
                              progress=progress)
     return dataclasses.replace(bundle, warnings=(*bundle.warnings, *slurm_notices(bundle.path)))
@@ -108,6 +110,9 @@ def submit_image(source: ImageSource, options: SubmitOptions, *, store: Store,
                  progress: PullProgress | None = None) -> Submitted:
     """Bundle ``source`` and submit it as ``options`` say: :func:`bundle_for_submit`, then
     :func:`submit_bundle` (the command line shows the warnings between the two)."""
-    bundle = bundle_for_submit(source, options, store=store, pull_options=pull_options,
-                               map_root=map_root, progress=progress)
-    return submit_bundle(bundle, options, store=store)
+    from ocistage.cache.leases import InUse
+
+    with InUse(store.root) as in_use:
+        bundle = bundle_for_submit(source, options, store=store, pull_options=pull_options,
+                                   in_use=in_use, map_root=map_root, progress=progress)
+        return submit_bundle(bundle, options, store=store)

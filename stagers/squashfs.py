@@ -332,10 +332,15 @@ def install_image(staging: Staging, built: Path, label: str,
     image = image_path(final)
     _take_down(final)
     os.rename(built, image)
-    if not os.path.isdir(final):
-        os.mkdir(final, PRIVATE_DIR_MODE)
-    if mount_image is not False and mount(image, final):
-        return "squashfs-mount"
+    if mount_image is not False:
+        made = not os.path.isdir(final)
+        if made:  # the mount point, made only to mount on
+            os.mkdir(final, PRIVATE_DIR_MODE)
+        if mount(image, final):
+            return "squashfs-mount"
+        if made:  # an empty NAME/ without a marker would be no stage unstage could remove
+            with contextlib.suppress(OSError):
+                os.rmdir(final)
     if mount_image is True:
         raise StageError(f"cannot mount {image} with squashfuse",
                          "install squashfuse and fuse3, or let ocistage unpack it")

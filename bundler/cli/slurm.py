@@ -310,13 +310,16 @@ def submit_command(
         options=list(ctx.args), command=ctx.meta.get(_COMMAND, []), srun=srun, copy=copy,
         ocistage=this_ocistage(), image_env=not host_env)
     source, store, pulling = opts.image_inputs(ref, settings)
-    with opts.progress() as progress:
-        bundle = bundle_for_submit(source, options, store=store, pull_options=pulling,
-                                   map_root=map_root, progress=progress)
-    # before the job: an srun job writes to this terminal, and its output would come first
-    print_warnings(bundle.warnings, opts.quiet)
-    sys.stderr.flush()
-    submitted = submit_bundle(bundle, options, store=store)
+    from ocistage.cache.leases import InUse
+
+    with InUse(store.root) as in_use:  # the cached bundle kept from GC until it is staged
+        with opts.progress() as progress:
+            bundle = bundle_for_submit(source, options, store=store, pull_options=pulling,
+                                       in_use=in_use, map_root=map_root, progress=progress)
+        # before the job: an srun job writes to this terminal, and its output would come first
+        print_warnings(bundle.warnings, opts.quiet)
+        sys.stderr.flush()
+        submitted = submit_bundle(bundle, options, store=store)
     opts.emit(submitted, rich=True)
     if submitted.result.exit_code:
         raise typer.Exit(submitted.result.exit_code)

@@ -97,3 +97,23 @@ def test_unstage_on_a_full_filesystem(small: Path, tmp_path: Path) -> None:
     fill(small)
     assert unstage(Path(staged.path), cache_root=store.root)
     assert not Path(staged.path).exists()
+
+
+def test_a_squashfs_stage_that_cannot_unpack_leaves_no_unmarked_directory(
+        small: Path, tmp_path: Path) -> None:
+    """Where the image cannot be mounted (an ordinary user: /dev/fuse is root's here) it is
+    unpacked; that failing (here: no space for the unpacked tree) left an empty NAME/ without
+    a marker, which unstage refused ('was not staged by ocistage') and nothing removed."""
+    from ocistage.stagers.errors import StageError
+    from ocistage.stagers.stage import stage_directory
+    from ocistage.stagers.unstage import unstage
+    from tests.stagers.conftest import make_tree
+
+    source = make_tree(tmp_path / "bundle")
+    (source / "zeros").write_bytes(bytes(12 << 20))  # squashes to nothing, unpacks to 12 MiB
+    store = Store.open(small / "cache")
+    with pytest.raises(StageError):
+        stage_directory(source, small / "target", cache_root=store.root, name="app",
+                        format="squashfs", squashfs_mount=False)
+    assert not (small / "target" / "app").exists()
+    assert not unstage(small / "target" / "app", cache_root=store.root)
