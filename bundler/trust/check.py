@@ -45,7 +45,7 @@ def check_image(config: TrustConfig, source: ImageSource, digest: Digest, store:
         if image.docker is None:
             return []  # only registry images have signatures (as for skopeo's oci:)
         if warm:
-            kept = read_kept(store, digest)
+            kept = read_kept(store, image.docker.name, digest)
             if kept:
                 return kept
         base = lookaside_base(registries(trust), image.docker, trust.home)
@@ -56,6 +56,6 @@ def check_image(config: TrustConfig, source: ImageSource, digest: Digest, store:
     verdict = evaluate(trust.policy, image, str(source), digest, signatures)
     if not verdict.accepted:
         raise verdict.error()
-    if fetched and fetched[0]:
-        keep(store, digest, fetched[0])
+    if fetched and fetched[0] and image.docker is not None:
+        keep(store, image.docker.name, digest, fetched[0])
     return TrustResult(verdict, trust.notices)

@@ -104,3 +104,18 @@ def effective(config: TrustConfig) -> EffectiveTrust:
 
 def registries(trust: EffectiveTrust) -> RegistriesD:
     return read_registries_d(trust.registries_d)
+
+
+def policy_applies(config: TrustConfig) -> bool:
+    """Whether the policy that applies can reject anything (False: no policy file, or one
+    that accepts every image, as Debian's default). A PolicyError if it is invalid."""
+    if not config.enabled:
+        return False
+    trust = effective(config)
+    if not trust.found:
+        return False
+    lists = [trust.policy.default,
+             *(requirements for scopes in trust.policy.transports.values()
+               for requirements in scopes.values())]
+    return any(requirement.type != "insecureAcceptAnything"
+               for requirements in lists for requirement in requirements)
