@@ -148,7 +148,9 @@ class PulledImage:
             "reused_blobs": self.reused_blobs,
             "cache": str(self.cache) if self.cache is not None else None,
             "warnings": [str(notice) for notice in self.warnings],
-            "trust": self.trust.to_json() if self.trust is not None else None,
+            "trust": self.trust.to_json() if self.trust is not None else {
+                "accepted": True, "policy": None, "scope": None, "requirement": None,
+                "fingerprint": None, "reason": None},
         }
 
     def render(self, out: Renderer) -> None:

@@ -31,8 +31,9 @@ class TrustResult:
 
 
 def check_image(config: TrustConfig, source: ImageSource, digest: Digest, store: Store, *,
-                warm: bool) -> TrustResult:
-    """The verdict on ``source`` (manifest ``digest``); ImageRejected if it is rejected."""
+                warm: bool, keep_signatures: bool = True) -> TrustResult:
+    """The verdict on ``source`` (manifest ``digest``); ImageRejected if it is rejected.
+    ``keep_signatures``: keep what was fetched with the image once it is accepted."""
     if not config.enabled:
         return TrustResult(None)
     trust = effective(config)
@@ -56,6 +57,6 @@ def check_image(config: TrustConfig, source: ImageSource, digest: Digest, store:
     verdict = evaluate(trust.policy, image, str(source), digest, signatures)
     if not verdict.accepted:
         raise verdict.error()
-    if fetched and fetched[0] and image.docker is not None:
+    if keep_signatures and fetched and fetched[0] and image.docker is not None:
         keep(store, image.docker.name, digest, fetched[0])
     return TrustResult(verdict, trust.notices)

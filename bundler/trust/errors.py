@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ocistage.cache.errors import OcistageError
+
+if TYPE_CHECKING:
+    from ocistage.bundler.trust.evaluate import Verdict
 
 
 class PolicyError(OcistageError):
@@ -13,10 +18,16 @@ class PolicyError(OcistageError):
 
 
 class ImageRejected(OcistageError):
-    """The policy does not allow the image."""
+    """The policy does not allow the image; ``verdict`` says why (an
+    :class:`ocistage.bundler.trust.evaluate.Verdict`)."""
 
     default_hint = ("ask the site for an image signed by a key its policy trusts; "
                     "`ocistage trust show REF` shows the policy that applies")
+
+    def __init__(self, message: str, hint: str | None = None,
+                 verdict: Verdict | None = None) -> None:
+        super().__init__(message, hint)
+        self.verdict = verdict
 
 
 class SignatureRejected(Exception):

@@ -56,7 +56,8 @@ class Verdict:
         requirement = self.requirement.describe() if self.requirement else "?"
         return ImageRejected(
             f"{self.reference} is rejected by the policy {self.policy}: scope "
-            f"{self.scope.describe()}, requirement {requirement}: {self.reason}")
+            f"{self.scope.describe()}, requirement {requirement}: {self.reason}",
+            verdict=self)
 
 
 #: the image's signatures (raises LookasideError when the store cannot be read)

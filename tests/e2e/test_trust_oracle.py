@@ -398,3 +398,25 @@ def test_an_invalid_policy_fails_every_command_that_pulls(world: World,
         assert result.returncode == 1, result.stderr
         assert f"error: invalid policy in {bad}" in result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_trust_show_judges_a_reference(world: World, ocistage: OcistageRunner,
+                                       tmp_path: Path) -> None:
+    repo = f"{world.registry.host}/{world.namespace}"
+    policy = _policy(tmp_path, "good", {"default": [REJECT], "transports": {"docker": {
+        repo: [signed_by(world)]}}})
+    lookaside = f"--registries.d={world.registries_d}"
+    shown = ocistage("trust", "show", "--json", policy, lookaside, world.ref("signed:1"))
+    assert shown.returncode == 0, shown.stderr
+    report = json.loads(shown.stdout)
+    assert [s["scope"] for s in report["scopes"]] == ["default", repo]
+    assert report["image"]["accepted"] is True
+    assert report["image"]["fingerprint"] == world.good
+    assert report["image"]["digest"] == world.digests["signed:1"]
+    shown = ocistage("trust", "show", "--json", policy, lookaside, world.ref("unsigned:1"))
+    assert shown.returncode == 0, shown.stderr
+    image = json.loads(shown.stdout)["image"]
+    assert image["accepted"] is False and "no signature" in image["reason"]
+    assert not (ocistage.cache / "signatures").exists()  # trust show keeps nothing
+    human = ocistage("trust", "show", policy, lookaside, world.ref("signed:1"))
+    assert f"signed by: {world.good}" in human.stdout
