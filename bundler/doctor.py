@@ -631,9 +631,9 @@ def check_image_policy(settings: Settings) -> Check:
     try:
         trust = effective(settings.trust_config())
     except OcistageError as exc:
-        return missing("image policy", exc.message, exc.hint, core=True)
+        return missing("image_policy", exc.message, exc.hint, core=True)
     if not trust.found:
-        return ok("image policy", "none: every image is accepted (no policy.json)")
+        return ok("image_policy", "none: every image is accepted (no policy.json)")
     mandatory = " (mandatory for this site)" if settings.policy_mandatory else ""
     signed = any(requirement.type == "signedBy"
                  for requirements in [trust.policy.default,
@@ -641,10 +641,10 @@ def check_image_policy(settings: Settings) -> Check:
                                         for r in scopes.values())]
                  for requirement in requirements)
     if signed and shutil.which("gpg") is None:
-        return missing("image policy", f"{trust.policy.path}{mandatory} asks for signatures, "
+        return missing("image_policy", f"{trust.policy.path}{mandatory} asks for signatures, "
                        "but gpg is not installed: every signed scope rejects",
                        "apt-get install gpg", core=True)
-    return ok("image policy", f"{trust.policy.path}{mandatory}")
+    return ok("image_policy", f"{trust.policy.path}{mandatory}")
 
 
 def registry_checks(settings: Settings | None, host: str | None) -> list[Check]:
