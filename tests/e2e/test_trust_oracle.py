@@ -122,11 +122,14 @@ def world(images: dict[str, ImageRef], tmp_path_factory: pytest.TempPathFactory,
     with signer() as gpg:
         good = gpg.new_key("Site signer <signer@site.example>")
         other = gpg.new_key("Someone else <else@example>")
+        subkeyed = gpg.new_key("Signs with a subkey <sub@example>")
+        gpg.gpg("--quick-add-key", subkeyed, "ed25519", "sign")
         keys = directory / "keys"
         keys.mkdir()
         (keys / "good.gpg").write_bytes(gpg.export(good))
         (keys / "good.asc").write_bytes(gpg.export(good, armor=True))
         (keys / "other.gpg").write_bytes(gpg.export(other))
+        (keys / "subkeyed.gpg").write_bytes(gpg.export(subkeyed))
         w = World(directory, plain_registry, gpg, good, other, keys / "good.gpg",
                   keys / "good.asc", keys / "other.gpg", lookaside, registries_d,
                   f"trust{uuid.uuid4().hex[:8]}")
@@ -142,6 +145,7 @@ def world(images: dict[str, ImageRef], tmp_path_factory: pytest.TempPathFactory,
         w.copy(busybox, w.ref("alias:1"))
         w.copy(busybox, w.ref("signed:2"))  # same digest, other tag: the same signatures
         w.copy(busybox, w.ref("two:1"))
+        w.copy(busybox, w.ref("bysubkey:1"), f"--sign-by={subkeyed}")
         for name in ("signed:1", "unsigned:1", "otherdigest:1", "multi:1",
                      "multi-index-only:1"):
             w.digests[name] = _digest(w.manifest(w.ref(name)))
@@ -258,6 +262,9 @@ def policy_for(world: World, case: str) -> tuple[Any, str, str | None]:
                                                     "multi:1", None),
         "multi-arch, only the index signed": (scoped(repo, signed_by(world)),
                                               "multi-index-only:1", None),
+        "signed by a signing subkey of the policy's key": (
+            scoped(repo, signed_by(world, keyPath=str(world.directory / "keys/subkeyed.gpg"))),
+            "bysubkey:1", None),
         "lookaside missing": (scoped(repo, signed_by(world)), "signed:1", "missing"),
         "lookaside unreachable": (scoped(repo, signed_by(world)), "signed:1", "unreachable"),
         "invalid policy: unknown requirement": (
@@ -293,6 +300,9 @@ CASES = [
     ("all requirements must hold", False),
     ("multi-arch index, every manifest signed", True),
     ("multi-arch, only the index signed", False),
+    # containers/image 5.23 compares the signing (sub)key's fingerprint with the primary keys
+    # imported: a signature made by a subkey is not accepted (sign with the primary key)
+    ("signed by a signing subkey of the policy's key", False),
     ("lookaside missing", False), ("lookaside unreachable", False),
     ("invalid policy: unknown requirement", False), ("invalid policy: not JSON", False),
     ("invalid policy: unknown key", False), ("sigstoreSigned", False),
