@@ -56,7 +56,10 @@ def check_image(config: TrustConfig, source: ImageSource, digest: Digest, store:
 
     verdict = evaluate(trust.policy, image, str(source), digest, signatures)
     if not verdict.accepted:
-        raise verdict.error()
+        error = verdict.error()
+        if trust.notices:  # the user's own choice was not used: say so where it is seen
+            error.hint = "; ".join([*(str(n) for n in trust.notices), error.hint or ""])
+        raise error
     if keep_signatures and fetched and fetched[0] and image.docker is not None:
         keep(store, image.docker.name, digest, fetched[0])
     return TrustResult(verdict, trust.notices)
