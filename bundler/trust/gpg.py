@@ -10,6 +10,7 @@ compares). Closing the keyring stops any agent it started and removes the direct
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -71,6 +72,7 @@ class ThrowawayKeyring:
              stdin: bytes = b"") -> tuple[int, bytes, list[list[str]]]:
         status = os.path.join(self.home, "status")
         argv = [self._gpg, f"--homedir={self.home}", "--batch", "--no-tty", "--no-options",
+                "--no-autostart",
                 "--no-auto-key-retrieve", "--no-auto-key-locate", "--trust-model=always",
                 f"--status-file={status}", *arguments]
         environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C",
@@ -134,9 +136,43 @@ class ThrowawayKeyring:
         return Verified(payload, valid[0][1].upper())
 
     def close(self) -> None:
-        gpgconf = shutil.which("gpgconf")
-        if gpgconf is not None and os.path.isdir(self.home):
-            subprocess.run([gpgconf, f"--homedir={self.home}", "--kill", "all"],
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=TIMEOUT, check=False)
-        shutil.rmtree(self.home, ignore_errors=True)
+        """Stop any agent of this home (none is started: ``--no-autostart``; the check costs
+        no process when there is no socket) and remove the home and its socket directory."""
+        clean_home(self.home)
+
+
+_ZBASE32 = "ybndrfg8ejkmcpqxot1uwisza345h769"
+
+
+def socket_dirs(home: str) -> list[str]:
+    """Where GnuPG 2.2 keeps the sockets of a home that is not the default one:
+    ``/run/user/UID/gnupg/d.`` and the z-base-32 of the first 120 bits of the home's SHA-1
+    (``_gnupg_socketdir_internal``); gpg makes it on every run, empty unless an agent runs."""
+    import hashlib
+
+    bits = int.from_bytes(hashlib.sha1(home.encode()).digest()[:15], "big")
+    name = "d." + "".join(_ZBASE32[(bits >> (120 - 5 * (n + 1))) & 31] for n in range(24))
+    return [os.path.join(base, str(os.getuid()), "gnupg", name)
+            for base in ("/run/user", "/var/run/user")]
+
+
+def _sockets(directory: str) -> bool:
+    try:
+        return any(name.startswith("S.") for name in os.listdir(directory))
+    except OSError:
+        return False
+
+
+def clean_home(home: str) -> None:
+    """Stop the agents of GnuPG home ``home`` if any runs, remove its socket directory (only
+    when it is empty then) and the home itself."""
+    directories = [d for d in socket_dirs(home) if os.path.isdir(d)]
+    gpgconf = shutil.which("gpgconf")
+    if gpgconf is not None and (_sockets(home) or any(_sockets(d) for d in directories)):
+        subprocess.run([gpgconf, f"--homedir={home}", "--kill", "all"],
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=TIMEOUT, check=False)
+    for directory in directories:
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)  # only empty: an agent still running keeps its sockets
+    shutil.rmtree(home, ignore_errors=True)

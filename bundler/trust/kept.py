@@ -50,6 +50,8 @@ def read_kept(store: Store, repository: str, digest: Digest) -> list[bytes] | No
 def keep(store: Store, repository: str, digest: Digest, signatures: list[bytes]) -> None:
     """Keep ``signatures`` with the image (best effort: a cache that cannot take them
     only means they are fetched again)."""
+    if read_kept(store, repository, digest) == signatures[:SIGNATURES_LIMIT]:
+        return  # kept already: no write, no fsync
     path = kept_path(store, repository, digest)
     document = json.dumps({"signatures": [base64.b64encode(s).decode() for s in signatures]})
     with contextlib.suppress(OSError):

@@ -23,7 +23,7 @@ import pytest
 from pytest_ocistage.components import Registry, require_binary
 from pytest_ocistage.images import ImageRef, host_architecture
 from pytest_ocistage.runner import OcistageRunner
-from tests.bundler.trust.gpgkeys import Signer, signer
+from tests.bundler.trust.gpgkeys import Signer, signer, socket_dirs_cleaned
 
 pytestmark = pytest.mark.e2e
 
@@ -119,7 +119,7 @@ def world(images: dict[str, ImageRef], tmp_path_factory: pytest.TempPathFactory,
     (registries_d / "default.yaml").write_text(
         f"default-docker:\n  lookaside: file://{lookaside}\n"
         f"  lookaside-staging: file://{lookaside}\n")
-    with signer() as gpg:
+    with socket_dirs_cleaned(), signer() as gpg:
         good = gpg.new_key("Site signer <signer@site.example>")
         other = gpg.new_key("Someone else <else@example>")
         subkeyed = gpg.new_key("Signs with a subkey <sub@example>")

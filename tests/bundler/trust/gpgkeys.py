@@ -3,13 +3,16 @@ whose agent is stopped (``gpgconf --kill all``) before the directory is removed.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import shutil
+import os
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from ocistage.bundler.trust.gpg import clean_home
 
 
 class Signer:
@@ -51,7 +54,7 @@ def signer() -> Iterator[Signer]:
         yield Signer(home)
     finally:
         subprocess.run(["gpgconf", f"--homedir={home}", "--kill", "all"], check=False)
-        shutil.rmtree(home, ignore_errors=True)
+        clean_home(str(home))
 
 
 def payload(digest: str, reference: str) -> bytes:
@@ -59,3 +62,23 @@ def payload(digest: str, reference: str) -> bytes:
                                     "image": {"docker-manifest-digest": digest},
                                     "identity": {"docker-reference": reference}},
                        "optional": {"creator": "test", "timestamp": 1}}).encode()
+
+
+@contextmanager
+def socket_dirs_cleaned() -> Iterator[None]:
+    """Remove the empty GnuPG socket directories (``/run/user/UID/gnupg/d.*``) that appear
+    meanwhile: gpg makes one for every home it is run with, skopeo's gpgme for each of its
+    ephemeral keyrings too, and none removes them (and ``gnupg/`` itself, if it was made)."""
+    parent = Path("/run/user") / str(os.getuid()) / "gnupg"
+    existed = parent.is_dir()
+    before = set(parent.iterdir()) if existed else set()
+    try:
+        yield
+    finally:
+        if parent.is_dir():
+            for directory in set(parent.iterdir()) - before:
+                with contextlib.suppress(OSError):
+                    directory.rmdir()  # only an empty one: a running agent keeps its own
+            if not existed:
+                with contextlib.suppress(OSError):
+                    parent.rmdir()

@@ -19,7 +19,7 @@ from ocistage.bundler.trust.policy import Policy, Requirement, parse_identity
 from ocistage.bundler.trust.scopes import image_identity
 from ocistage.cache.digest import Digest
 from pytest_ocistage.components import require_binary
-from tests.bundler.trust.gpgkeys import Signer, payload, signer
+from tests.bundler.trust.gpgkeys import Signer, payload, signer, socket_dirs_cleaned
 
 DIGEST = Digest.parse("sha256:" + "c" * 64)
 REF = "reg.example:5000/ns/app:1"
@@ -28,7 +28,7 @@ REF = "reg.example:5000/ns/app:1"
 @pytest.fixture(scope="module")
 def keys() -> Iterator[tuple[Signer, str, str]]:
     require_binary("gpg")
-    with signer() as made:
+    with socket_dirs_cleaned(), signer() as made:
         yield made, made.new_key("Good <good@example>"), made.new_key("Other <o@example>")
 
 
@@ -83,7 +83,7 @@ def test_rejections(keys: tuple[Signer, str, str], tmp_path: Path) -> None:
 
 def test_expired_and_revoked_keys_are_rejected() -> None:
     require_binary("gpg")
-    with signer() as made:
+    with socket_dirs_cleaned(), signer() as made:
         # made and used in 2020, valid for a day: long expired now
         expiring = made.new_key("Old <old@example>", expire="1d", at="20200101T000000")
         signature = made.sign(expiring, payload(str(DIGEST), REF), at="20200101T120000")
