@@ -622,7 +622,7 @@ def settings_checks(load: Callable[[], Settings],
 
 
 def check_image_policy(settings: Settings) -> Check:
-    """Which image policy every pull obeys (docs/trust.md, "Image trust"), and gpg when it
+    """Which image policy every pull obeys (docs/trust.md, "Image trust"), and gpgv when it
     asks for signatures."""
     import shutil
 
@@ -640,10 +640,10 @@ def check_image_policy(settings: Settings) -> Check:
                                       *(r for scopes in trust.policy.transports.values()
                                         for r in scopes.values())]
                  for requirement in requirements)
-    if signed and shutil.which("gpg") is None:
+    if signed and shutil.which("gpgv") is None:
         return missing("image_policy", f"{trust.policy.path}{mandatory} asks for signatures, "
-                       "but gpg is not installed: every signed scope rejects",
-                       "apt-get install gpg", core=True)
+                       "but gpgv is not installed: every signed scope rejects",
+                       "apt-get install gpgv", core=True)
     return ok("image_policy", f"{trust.policy.path}{mandatory}")
 
 

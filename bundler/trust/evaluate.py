@@ -2,8 +2,8 @@
 
 The requirements of the scope that matches (:mod:`ocistage.bundler.trust.scopes`) must all
 hold. ``signedBy`` holds when one of the image's signatures is accepted: verified by one of
-the requirement's keys (:mod:`ocistage.bundler.trust.gpg`), claiming the image's manifest
-digest and an identity the requirement's ``signedIdentity`` accepts.
+the requirement's primary keys (:mod:`ocistage.bundler.trust.gpg`), claiming the image's
+manifest digest and an identity the requirement's ``signedIdentity`` accepts.
 """
 
 from __future__ import annotations
@@ -80,8 +80,11 @@ def _accepts(ring: ThrowawayKeyring, requirement: Requirement, image: ImageIdent
              digest: Digest, signature: bytes) -> str:
     """The signer's fingerprint if ``signature`` meets ``requirement``, else raises."""
     verified = ring.verify(signature)
-    if verified.fingerprint not in ring.fingerprints:
-        raise SignatureRejected(f"signature by key {verified.fingerprint} is not accepted")
+    if verified.fingerprint != verified.primary:
+        # containers/image 5.23 accepts the primary keys it imported, not their subkeys
+        raise SignatureRejected(f"signature by key {verified.fingerprint} is not accepted "
+                                f"(a subkey of {verified.primary}; skopeo accepts signatures "
+                                "by the primary key only)")
     claim = parse_payload(verified.payload)
     if claim.manifest_digest != str(digest):
         raise SignatureRejected(f"the signature is for the manifest {claim.manifest_digest}, "
@@ -118,14 +121,14 @@ def _signed_by(requirement: Requirement, image: ImageIdentity, digest: Digest,
     if not found:
         raise SignatureRejected("a signature was required, but no signature exists")
     keys = _keys(requirement)
+    if not keys.strip():
+        raise SignatureRejected("no public keys in the requirement's keys")
     try:
         ring = ThrowawayKeyring(keys)
     except GpgMissing:
-        raise SignatureRejected("gpg is not installed: signatures cannot be verified "
-                                "(apt install gpg)") from None
+        raise SignatureRejected("gpgv is not installed: signatures cannot be verified "
+                                "(apt install gpgv)") from None
     with ring:
-        if not ring.fingerprints:
-            raise SignatureRejected("no public keys imported from the requirement's keys")
         reasons: list[str] = []
         for signature in found:
             try:

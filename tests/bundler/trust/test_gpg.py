@@ -14,7 +14,7 @@ import pytest
 
 from ocistage.bundler.trust.errors import SignatureRejected
 from ocistage.bundler.trust.evaluate import evaluate
-from ocistage.bundler.trust.gpg import ThrowawayKeyring
+from ocistage.bundler.trust.gpg import ThrowawayKeyring, socket_dirs
 from ocistage.bundler.trust.policy import Policy, Requirement, parse_identity
 from ocistage.bundler.trust.scopes import image_identity
 from ocistage.cache.digest import Digest
@@ -77,8 +77,18 @@ def test_rejections(keys: tuple[Signer, str, str], tmp_path: Path) -> None:
     two = [made.sign(other, payload(str(DIGEST), REF)), made.sign(good, payload(str(DIGEST),
                                                                                   REF))]
     assert verdict(signed_by(key), two)[0]
-    # keys that are no keys
-    assert "no public keys" in verdict(signed_by(b"garbage"), two[1:])[1]
+    # keys that are no keys, or broken armour
+    assert "does not name" in verdict(signed_by(b"garbage"), two[1:])[1]
+    assert "no public keys" in verdict(signed_by(b"\n"), two[1:])[1]
+    armored = made.export(good, armor=True).decode()
+    broken = armored.replace("\n=", "\n=AAAA\n=", 1) if "\n=" in armored else armored
+    checksum = [line for line in armored.splitlines() if line.startswith("=")]
+    if checksum:
+        wrong = armored.replace(checksum[0], "=AAAA")
+        assert "checksum" in verdict(signed_by(wrong.encode()), two[1:])[1]
+    del broken
+    truncated = armored.split("-----END")[0].encode()
+    assert "END line" in verdict(signed_by(truncated), two[1:])[1]
 
 
 def test_expired_and_revoked_keys_are_rejected() -> None:
@@ -131,6 +141,7 @@ def test_the_throwaway_home_is_removed_and_no_agent_is_left(
         assert os.stat(home).st_mode & 0o077 == 0
         ring.verify(made.sign(good, b"x"))
     assert not os.path.exists(home)
+    assert not any(os.path.exists(d) for d in socket_dirs(home))  # gpg's, for this home
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "ocistage-gpg-*"))) == before
     agents = [p for p in glob.glob("/proc/[0-9]*/cmdline")
               if home.encode() in _read(p)]
