@@ -3,8 +3,8 @@
 A docker image is looked up by its identity (``host[:port]/repo:tag`` or ``host/repo@digest``),
 then its repository, each parent namespace up to the host, then ``*.domain`` wildcards of the
 host (without its port), then the transport's ``""`` scope, then ``default``. A path transport
-(``oci:``, ``oci-archive:``, ``docker-archive:``) is looked up by ``/abs/dir:name`` (or the
-directory alone), then each parent directory.
+(``oci:``, ``oci-archive:``, ``docker-archive:``) is looked up by its resolved path (the image
+name or tag is no part of it, as in containers/image), then each parent directory.
 """
 
 from __future__ import annotations
@@ -64,15 +64,16 @@ def docker_namespaces(name: str) -> tuple[str, ...]:
     return tuple(found)
 
 
-def _path_namespaces(directory: str) -> tuple[str, ...]:
+def _path_namespaces(path: str) -> tuple[str, ...]:
+    """The parent directories of ``path``, nearest first, without ``/`` (the default ``""``
+    stands for it)."""
     found: list[str] = []
-    path = directory
     while True:
         slash = path.rfind("/")
-        if slash == -1 or path == "/":
+        if slash <= 0:
             break
-        found.append(path)
         path = path[:slash]
+        found.append(path)
     return tuple(found)
 
 
@@ -86,15 +87,15 @@ def image_identity(source: ImageSource) -> ImageIdentity:
     if isinstance(source, RegistryReference):
         docker = DockerName(source.name, source.tag, source.digest)
         return ImageIdentity("docker", str(docker), docker_namespaces(source.name), docker)
+    # as containers/image 5.23: the image name or tag is no part of a path transport's
+    # identity ("DIR:name" and "DIR" may name the same image), only the resolved path
     if isinstance(source, OciLayoutReference | OciArchiveReference):
         transport = "oci" if isinstance(source, OciLayoutReference) else "oci-archive"
-        directory = _resolved(source.path)
-        identity = f"{directory}:{source.tag}" if source.tag else directory
-        return ImageIdentity(transport, identity, _path_namespaces(directory))
+        path = _resolved(source.path)
+        return ImageIdentity(transport, path, _path_namespaces(path))
     assert isinstance(source, DockerArchiveReference)
-    directory = _resolved(source.path)
-    identity = f"{directory}:{source.image}" if source.image else directory
-    return ImageIdentity("docker-archive", identity, _path_namespaces(directory))
+    path = _resolved(source.path)
+    return ImageIdentity("docker-archive", path, _path_namespaces(path))
 
 
 def requirements_for(policy: Policy, image: ImageIdentity) -> ScopeMatch:

@@ -44,6 +44,7 @@ class World:
     registries_d: Path
     namespace: str
     digests: dict[str, str] = field(default_factory=dict)
+    layout: str = ""  # an OCI layout "DIR:TAG" (the oci: transport's cases)
 
     def ref(self, name: str) -> str:
         return f"{self.registry.host}/{self.namespace}/{name}"
@@ -135,6 +136,7 @@ def world(images: dict[str, ImageRef], tmp_path_factory: pytest.TempPathFactory,
                   f"trust{uuid.uuid4().hex[:8]}")
         busybox, multilayer, multiarch = (images["busybox"].ref, images["multilayer"].ref,
                                           images["multiarch"].ref)
+        w.layout = f"{images['busybox'].layout.resolve()}:{images['busybox'].layout_tag}"
         # signed by skopeo copy --sign-by: the site's key, and another key
         w.copy(busybox, w.ref("signed:1"), f"--sign-by={good}")
         w.copy(busybox, w.ref("byother:1"), f"--sign-by={other}")
@@ -265,6 +267,20 @@ def policy_for(world: World, case: str) -> tuple[Any, str, str | None]:
         "signed by a signing subkey of the policy's key": (
             scoped(repo, signed_by(world, keyPath=str(world.directory / "keys/subkeyed.gpg"))),
             "bysubkey:1", None),
+        "oci: scope reject": (
+            {"default": [ACCEPT], "transports": {"oci": {
+                world.layout.rsplit(":", 1)[0]: [REJECT]}}}, "oci:", None),
+        "oci: scope accept over default reject": (
+            {"default": [REJECT], "transports": {"oci": {
+                world.layout.rsplit(":", 1)[0]: [ACCEPT]}}}, "oci:", None),
+        "oci: a DIR:TAG scope never matches (the tag is no part of the identity)": (
+            {"default": [REJECT], "transports": {"oci": {world.layout: [ACCEPT]}}}, "oci:",
+            None),
+        "oci: the parent directory's scope": (
+            {"default": [ACCEPT], "transports": {"oci": {
+                world.layout.rsplit(":", 1)[0].rsplit("/", 1)[0]: [REJECT]}}}, "oci:", None),
+        "oci: signedBy (no signatures in a layout)": (
+            {"default": [signed_by(world)]}, "oci:", None),
         "lookaside missing": (scoped(repo, signed_by(world)), "signed:1", "missing"),
         "lookaside unreachable": (scoped(repo, signed_by(world)), "signed:1", "unreachable"),
         "invalid policy: unknown requirement": (
@@ -303,6 +319,10 @@ CASES = [
     # containers/image 5.23 compares the signing (sub)key's fingerprint with the primary keys
     # imported: a signature made by a subkey is not accepted (sign with the primary key)
     ("signed by a signing subkey of the policy's key", False),
+    ("oci: scope reject", False), ("oci: scope accept over default reject", True),
+    ("oci: a DIR:TAG scope never matches (the tag is no part of the identity)", False),
+    ("oci: the parent directory's scope", False),
+    ("oci: signedBy (no signatures in a layout)", False),
     ("lookaside missing", False), ("lookaside unreachable", False),
     ("invalid policy: unknown requirement", False), ("invalid policy: not JSON", False),
     ("invalid policy: unknown key", False), ("sigstoreSigned", False),
@@ -327,12 +347,13 @@ def test_ocistage_decides_as_skopeo(world: World, ocistage: OcistageRunner, tmp_
     policy = tmp_path / "policy.json"
     policy.write_text(document if isinstance(document, str) else json.dumps(document))
     registries_d = _registries_d(world, override)
-    ref = world.ref(name)
+    ref = f"oci:{world.layout}" if name == "oci:" else world.ref(name)
     oracle = world.skopeo("copy", "--quiet", f"--policy={policy}",
                           f"--registries.d={registries_d}",
                           *world.registry.skopeo_flags("src-"),
                           f"--override-arch={host_architecture()}",
-                          f"docker://{ref}", f"dir:{tmp_path / 'copy'}")
+                          ref if name == "oci:" else f"docker://{ref}",
+                          f"dir:{tmp_path / 'copy'}")
     skopeo_accepts = oracle.returncode == 0
     result = ocistage("pull", "--json", f"--policy={policy}",
                       f"--registries.d={registries_d}", ref)
