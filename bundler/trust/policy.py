@@ -26,13 +26,16 @@ JSON_DEPTH_LIMIT = 32
 
 #: transports whose scopes ocistage checks (containers/image validates these, and leaves the
 #: scopes of others unchecked)
-PATH_TRANSPORTS = ("oci", "oci-archive", "docker-archive", "dir")
+PATH_TRANSPORTS = ("oci", "oci-archive", "dir")
 IDENTITY_TYPES = ("matchExact", "matchRepoDigestOrExact", "matchRepository", "exactReference",
                   "exactRepository", "remapIdentity")
 KEY_TYPES = ("GPGKeys", "signedByGPGKeys", "X509Certificates", "signedByX509CAs")
 
 _DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"  # noqa: E501
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+# what go-digest's Parse accepts: a registered algorithm and its hex length
+_DIGEST_RE = re.compile(r"sha256:[a-f0-9]{64}|sha384:[a-f0-9]{96}|sha512:[a-f0-9]{128}",
+                        re.ASCII)
 _PREFIX_RE = re.compile(rf"{_DOMAIN}|(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*", re.ASCII)
 
 
@@ -258,7 +261,15 @@ def parse_requirements(value: Any, where: str) -> Requirements:
 
 
 def _check_scope(transport: str, scope: str, where: str) -> None:
-    if scope == "" or transport not in PATH_TRANSPORTS:
+    if scope == "":
+        return
+    if transport == "docker-archive":
+        raise _Problem(f'{where}: docker-archive does not support any scopes except the '
+                       'default "" one')
+    if transport == "docker-daemon" and _DIGEST_RE.fullmatch(scope):
+        raise _Problem(f"{where}: docker-daemon can not use the algo:digest value {scope!r} "
+                       "as a namespace")
+    if transport not in PATH_TRANSPORTS:
         return
     directory = scope.split(":", 1)[0] if transport != "dir" else scope
     if not directory.startswith("/"):

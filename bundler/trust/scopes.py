@@ -3,8 +3,9 @@
 A docker image is looked up by its identity (``host[:port]/repo:tag`` or ``host/repo@digest``),
 then its repository, each parent namespace up to the host, then ``*.domain`` wildcards of the
 host (without its port), then the transport's ``""`` scope, then ``default``. A path transport
-(``oci:``, ``oci-archive:``, ``docker-archive:``) is looked up by its resolved path (the image
-name or tag is no part of it, as in containers/image), then each parent directory.
+(``oci:``, ``oci-archive:``) is looked up by its resolved path (the image name or tag is no
+part of it, as in containers/image), then each parent directory; a ``docker-archive:`` has
+no identity (only its transport's ``""`` scope applies).
 """
 
 from __future__ import annotations
@@ -94,8 +95,8 @@ def image_identity(source: ImageSource) -> ImageIdentity:
         path = _resolved(source.path)
         return ImageIdentity(transport, path, _path_namespaces(path))
     assert isinstance(source, DockerArchiveReference)
-    path = _resolved(source.path)
-    return ImageIdentity("docker-archive", path, _path_namespaces(path))
+    # containers/image: a docker-archive has no identity; only the "" scope applies
+    return ImageIdentity("docker-archive", "", ())
 
 
 def requirements_for(policy: Policy, image: ImageIdentity) -> ScopeMatch:

@@ -50,6 +50,8 @@ def test_a_full_policy_loads() -> None:
     assert scopes["reg.example/x"][0].key_paths == ("/a", "/b")
     assert scopes["reg.example/y"][0].key_data == b"key"
     assert str(scopes["reg.example/y"][0].identity.reference) == "docker.io/a/b:c"
+    # a docker-daemon scope that only looks like algo:value is a namespace like any other
+    load({"default": [ACCEPT], "transports": {"docker-daemon": {"localhost:5000": [ACCEPT]}}})
 
 
 @pytest.mark.parametrize(("document", "problem"), [
@@ -82,6 +84,10 @@ def test_a_full_policy_loads() -> None:
     ({"default": [ACCEPT], "transports": {"oci": {"/": [ACCEPT]}}}, 'scope "/"'),
     ({"default": [ACCEPT], "transports": {"oci": {"/a/../b": [ACCEPT]}}}, "canonical"),
     ({"default": [ACCEPT], "transports": {"docker": {"x": {}}}}, "list of requirements"),
+    ({"default": [ACCEPT], "transports": {"docker-archive": {"/a.tar": [ACCEPT]}}},
+     'except the default ""'),
+    ({"default": [ACCEPT], "transports": {"docker-daemon": {"sha256:" + "a" * 64: [ACCEPT]}}},
+     "algo:digest"),
 ])
 def test_an_invalid_policy_is_one_error_naming_the_file(document: object, problem: str) -> None:
     with pytest.raises(PolicyError) as caught:
