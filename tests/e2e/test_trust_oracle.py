@@ -289,6 +289,15 @@ def policy_for(world: World, case: str) -> tuple[Any, str, str | None]:
         "invalid policy: unknown key": (
             {"default": [ACCEPT], "transports": {"docker": {repo: [
                 dict(signed_by(world), keyFile="/x")]}}}, "signed:1", None),
+        "invalid policy: a docker-archive scope": (
+            {"default": [ACCEPT], "transports": {"docker-archive": {"/a.tar": [REJECT]}}},
+            "signed:1", None),
+        "invalid policy: a docker-daemon digest scope": (
+            {"default": [ACCEPT], "transports": {"docker-daemon": {
+                "sha256:" + "a" * 64: [REJECT]}}}, "signed:1", None),
+        "a docker-daemon namespace scope": (
+            {"default": [ACCEPT], "transports": {"docker-daemon": {
+                "localhost:5000": [REJECT]}}}, "signed:1", None),
         "sigstoreSigned": (
             scoped(repo, {"type": "sigstoreSigned", "keyPath": str(world.good_key)}),
             "signed:1", None),
@@ -325,7 +334,10 @@ CASES = [
     ("oci: signedBy (no signatures in a layout)", False),
     ("lookaside missing", False), ("lookaside unreachable", False),
     ("invalid policy: unknown requirement", False), ("invalid policy: not JSON", False),
-    ("invalid policy: unknown key", False), ("sigstoreSigned", False),
+    ("invalid policy: unknown key", False),
+    ("invalid policy: a docker-archive scope", False),
+    ("invalid policy: a docker-daemon digest scope", False),
+    ("a docker-daemon namespace scope", True), ("sigstoreSigned", False),
 ]
 
 
