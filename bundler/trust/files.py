@@ -1,7 +1,7 @@
 """Which policy and registries.d apply: ocistage's settings over containers/image's lookup.
 
-Without a mandatory site policy: ``--policy`` (or the ``policy`` setting: config files,
-``$OCISTAGE_POLICY``), else ``~/.config/containers/policy.json``, else
+Without a mandatory site policy: ``--policy`` (or the ``policy`` key of the config files),
+else ``~/.config/containers/policy.json``, else
 ``/etc/containers/policy.json``, else none (every image is accepted, as before image trust
 existed); registries.d likewise (``--registries.d``, ``registries_d``,
 ``~/.config/containers/registries.d``, ``/etc/containers/registries.d``). ``~`` is the
@@ -69,7 +69,10 @@ def policy_path(config: TrustConfig, home: Path) -> tuple[Path | None, list[Noti
             (f"the policy {config.policy} ({config.policy_origin})",
              config.policy is not None and config.policy != config.site_policy),
             (f"your policy {_user_file(home, 'policy.json')}",
-             _user_file(home, "policy.json").is_file())) if present]
+             _user_file(home, "policy.json").is_file()),
+            (f"the registries.d {config.registries_d}",
+             config.registries_d is not None
+             and config.registries_d != config.site_registries_d)) if present]
         for what in ignored:
             notices.append(Notice(Kind.CONFIG, f"{what} is ignored: the site makes its "
                                                "image policy mandatory (policy_mandatory)"))
