@@ -1,6 +1,7 @@
 """A mandatory site policy for an ordinary user: ``policy_mandatory`` in the site config file
-applies the site's policy to ``pull``, ``bundle`` and ``ocistage-pyxis-importer get`` run as
-nobody, whose own policy file, config keys and ``--policy`` would accept anything.
+applies the site's policy to ``pull``, ``bundle``, ``submit`` (its refusal) and
+``ocistage-pyxis-importer get`` run as nobody, whose own policy file, config keys and
+``--policy`` would accept anything.
 
 The site config is ``/etc/ocistage/config.toml``: the test never writes the machine's /etc.
 Each command runs in a private mount namespace where /etc is an overlay of the real one and a
@@ -114,6 +115,14 @@ def test_a_mandatory_site_policy_binds_an_ordinary_user(world: World,  # noqa: F
         assert "Traceback" not in refused.stderr
         admitted = as_user_with_site(site, *ocistage, *command, signed)
         assert admitted.returncode == 0, admitted.stderr
+    # submit decides in the same pull, before anything is staged or sbatch runs (a cluster
+    # for the admitted image is the Slurm e2e's; here the refusal, on the submitting host)
+    stage = site / "home" / "stage"
+    refused = as_user_with_site(site, *ocistage, "submit", accept, f"--stage-to={stage}",
+                                unsigned, "--", "true")
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"error: {unsigned} is rejected by the policy" in refused.stderr
+    assert not stage.exists() or not any(stage.iterdir())
     if importer is None or not Path(importer[0]).is_file():
         pytest.skip("ocistage-pyxis-importer is not beside the ocistage script")
     uri = unsigned.replace("/", "#", 1)
