@@ -14,6 +14,7 @@ import json
 import subprocess
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ class World:
     namespace: str
     digests: dict[str, str] = field(default_factory=dict)
     layout: str = ""  # an OCI layout "DIR:TAG" (the oci: transport's cases)
+    http: str = ""  # the lookaside served over HTTP on 127.0.0.1
 
     def ref(self, name: str) -> str:
         return f"{self.registry.host}/{self.namespace}/{name}"
@@ -99,6 +101,29 @@ class World:
         repo = f"{self.namespace}/{name.split(':')[0]}"
         where = self.lookaside / f"{repo}@{digest.replace(':', '=')}"
         return [p.read_bytes() for p in sorted(where.glob("signature-*"))]
+
+
+@contextmanager
+def _served(directory: Path) -> Iterator[str]:
+    """``directory`` over plain HTTP on 127.0.0.1 (a lookaside web server); its URL."""
+    import functools
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    handler = functools.partial(Quiet, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
 
 
 def _digest(manifest: bytes) -> str:
@@ -165,7 +190,9 @@ def world(images: dict[str, ImageRef], tmp_path_factory: pytest.TempPathFactory,
         index = w.manifest(w.ref("multi-index-only:1"))
         w.put_signatures("multi-index-only", _digest(index), [
             w.standalone_sign(index, w.ref("multi-index-only:1"), good)])
-        yield w
+        with _served(lookaside) as url:
+            w.http = url
+            yield w
 
 
 def signed_by(world: World, identity: dict[str, str] | None = None,
@@ -281,6 +308,9 @@ def policy_for(world: World, case: str) -> tuple[Any, str, str | None]:
                 world.layout.rsplit(":", 1)[0].rsplit("/", 1)[0]: [REJECT]}}}, "oci:", None),
         "oci: signedBy (no signatures in a layout)": (
             {"default": [signed_by(world)]}, "oci:", None),
+        "lookaside over http": (scoped(repo, signed_by(world)), "signed:1", "http"),
+        "lookaside over http, no signature (404)": (scoped(repo, signed_by(world)),
+                                                    "unsigned:1", "http"),
         "lookaside missing": (scoped(repo, signed_by(world)), "signed:1", "missing"),
         "lookaside unreachable": (scoped(repo, signed_by(world)), "signed:1", "unreachable"),
         "invalid policy: unknown requirement": (
@@ -332,6 +362,7 @@ CASES = [
     ("oci: a DIR:TAG scope never matches (the tag is no part of the identity)", False),
     ("oci: the parent directory's scope", False),
     ("oci: signedBy (no signatures in a layout)", False),
+    ("lookaside over http", True), ("lookaside over http, no signature (404)", False),
     ("lookaside missing", False), ("lookaside unreachable", False),
     ("invalid policy: unknown requirement", False), ("invalid policy: not JSON", False),
     ("invalid policy: unknown key", False),
@@ -346,8 +377,9 @@ def _registries_d(world: World, override: str | None) -> Path:
         return world.registries_d
     directory = world.directory / f"registries.d-{override}"
     directory.mkdir(exist_ok=True)
-    url = (f"file://{world.directory}/no-such-store" if override == "missing"
-           else "http://127.0.0.1:9/sigstore")  # discard port: connection refused
+    url = {"missing": f"file://{world.directory}/no-such-store",
+           "unreachable": "http://127.0.0.1:9/sigstore",  # discard port: refused
+           "http": world.http}[override]
     (directory / "default.yaml").write_text(f"default-docker:\n  lookaside: {url}\n")
     return directory
 
