@@ -395,6 +395,7 @@ DEBIAN_PACKAGES = {
     "scontrol": "slurm-client", "squeue": "slurm-client", "slurmctld": "slurmctld",
     "slurmd": "slurmd", "munged": "munge", "podman": "podman", "setpriv": "util-linux",
     "runuser": "util-linux", "useradd": "passwd", "gpg": "gnupg", "gpgconf": "gnupg",
+    "gpgv": "gpgv",
 }
 REQUIRE_ENV = "OCISTAGE_REQUIRE_E2E"
 

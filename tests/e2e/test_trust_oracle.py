@@ -137,6 +137,7 @@ def world(images: dict[str, ImageRef], tmp_path_factory: pytest.TempPathFactory,
           plain_registry: Registry) -> Iterator[World]:
     require_binary("skopeo")
     require_binary("gpg")
+    require_binary("gpgv")
     directory = tmp_path_factory.mktemp("trust-oracle")
     lookaside = directory / "lookaside"
     lookaside.mkdir()

@@ -28,6 +28,7 @@ REF = "reg.example:5000/ns/app:1"
 @pytest.fixture(scope="module")
 def keys() -> Iterator[tuple[Signer, str, str]]:
     require_binary("gpg")
+    require_binary("gpgv")
     with socket_dirs_cleaned(), signer() as made:
         yield made, made.new_key("Good <good@example>"), made.new_key("Other <o@example>")
 
@@ -93,6 +94,7 @@ def test_rejections(keys: tuple[Signer, str, str], tmp_path: Path) -> None:
 
 def test_expired_and_revoked_keys_are_rejected() -> None:
     require_binary("gpg")
+    require_binary("gpgv")
     with socket_dirs_cleaned(), signer() as made:
         # made and used in 2020, valid for a day: long expired now
         expiring = made.new_key("Old <old@example>", expire="1d", at="20200101T000000")
