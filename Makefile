@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 DEBIAN_PACKAGES = python3-venv \
 	docker-registry skopeo umoci runc crun squashfs-tools squashfuse lua5.3 \
 	lua-cjson rsync busybox-static zstd curl jq apache2-utils openssl uidmap \
-	slurm-wlm slurm-client munge
+	slurm-wlm slurm-client munge gnupg
 
 DEPS_STAMP = .ci/state/deps.stamp
 VENV_BIN = $(abspath $(VENV))/bin

@@ -12,7 +12,8 @@ cold bundles and first stages of synthetic images from 1k to 300k files and 100 
 ``enroot import`` of the same image (``bench/pyxis.py``); ``mounts`` reads a staged squashfs
 image through squashfuse_ll, squashfuse and the kernel (``bench/mounts.py``); ``metaops``
 counts the metadata system calls of a 1%-changed re-stage against rsync's
-(``bench/metaops.py``).
+(``bench/metaops.py``); ``trust`` times a warm bundle under one ``signedBy`` scope against an
+accept-anything policy (``bench/trust.py``).
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ def main(argv: list[str]) -> int:
         from bench.mounts import main as mounts_main
 
         return mounts_main(argv[1:])
+    if argv and argv[0] == "trust":
+        from bench.trust import main as trust_main
+
+        return trust_main(argv[1:])
     if argv and argv[0] == "pyxis":
         from bench.pyxis import main as pyxis_main
 

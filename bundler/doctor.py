@@ -647,7 +647,34 @@ def settings_checks(load: Callable[[], Settings],
     target = options.stage_to or settings.stage_to
     origin = "option --to" if options.stage_to else settings.origins.get("stage_to", "")
     checks.append(check_stage_target(target, origin, judge_stage_dir))
+    checks.append(check_image_policy(settings))
     return settings, checks
+
+
+def check_image_policy(settings: Settings) -> Check:
+    """Which image policy every pull obeys (docs/trust.md, "Image trust"), and gpgv when it
+    asks for signatures."""
+    import shutil
+
+    from ocistage.bundler.trust.files import effective
+
+    try:
+        trust = effective(settings.trust_config())
+    except OcistageError as exc:
+        return missing("image_policy", exc.message, exc.hint, core=True)
+    if not trust.found:
+        return ok("image_policy", "none: every image is accepted (no policy.json)")
+    mandatory = " (mandatory for this site)" if settings.policy_mandatory else ""
+    signed = any(requirement.type == "signedBy"
+                 for requirements in [trust.policy.default,
+                                      *(r for scopes in trust.policy.transports.values()
+                                        for r in scopes.values())]
+                 for requirement in requirements)
+    if signed and shutil.which("gpgv") is None:
+        return missing("image_policy", f"{trust.policy.path}{mandatory} asks for signatures, "
+                       "but gpgv is not installed: every signed scope rejects",
+                       "apt-get install gpgv", core=True)
+    return ok("image_policy", f"{trust.policy.path}{mandatory}")
 
 
 def registry_checks(settings: Settings | None, host: str | None) -> list[Check]:

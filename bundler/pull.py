@@ -3,7 +3,9 @@
 The order of events is what keeps the cache consistent whatever happens:
 
 1. resolve the reference to a manifest or index (verified against its digest);
-2. for an index, choose the platform's manifest and fetch it (verified);
+2. for an index, choose the platform's manifest and fetch it (verified); then ask the image
+   policy (:mod:`ocistage.bundler.trust`) whether that manifest may be used: a rejected image
+   stops here, with nothing of it in the cache;
 3. fetch the config, then the layers, in parallel, each through ``store.ingest`` (verified,
    resumable, never fetched twice, not even by another process sharing the cache);
 4. store the manifest (and index) blobs, and only then point the reference at the manifest in
@@ -46,6 +48,7 @@ from ocistage.bundler.image.reference import ImageSource
 from ocistage.bundler.registry.types import BlobSink, FetchedManifest, RegistryConfig
 from ocistage.bundler.settings import DEFAULT_JOBS
 from ocistage.bundler.sources import ImageProvider, OciLayoutProvider, open_provider
+from ocistage.bundler.trust.files import TrustConfig
 from ocistage.cache import usage
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import IntegrityError, Interrupted, OcistageError
@@ -55,6 +58,8 @@ from ocistage.cache.sizes import count, format_size
 from ocistage.cache.store import Ingest, Store
 
 if TYPE_CHECKING:
+    from ocistage.bundler.trust.check import TrustResult
+    from ocistage.bundler.trust.evaluate import Verdict
     from ocistage.cache.results import Renderer
 
 ANNOTATION_RESOLVED = "io.ocistage.resolved"
@@ -102,6 +107,9 @@ class PullOptions:
     policy: str = "always"
     # bundles made from the pull: what they may unpack (None: ocistage.cache.unpackbudget default)
     unpack_limit: int | None = None
+    # which image policy applies (docs/trust.md); the default looks for the files as
+    # containers/image does
+    trust: TrustConfig = field(default_factory=TrustConfig)
 
 
 @dataclass(frozen=True)
@@ -118,6 +126,7 @@ class PulledImage:
     reused_blobs: int
     warnings: tuple[Notice, ...] = ()
     cache: Path | None = None       # the cache it was pulled into
+    trust: Verdict | None = None    # the image policy's verdict (None: no policy file)
 
     @property
     def size(self) -> int:
@@ -139,6 +148,9 @@ class PulledImage:
             "reused_blobs": self.reused_blobs,
             "cache": str(self.cache) if self.cache is not None else None,
             "warnings": [str(notice) for notice in self.warnings],
+            "trust": self.trust.to_json() if self.trust is not None else {
+                "accepted": True, "policy": None, "scope": None, "requirement": None,
+                "fingerprint": None, "reason": None},
         }
 
     def render(self, out: Renderer) -> None:
@@ -465,6 +477,7 @@ def _pull(run: PullRun, fetcher: Fetcher, wanted: Platform, in_use: InUse) -> Pu
     source, store, provider = run.source, run.store, fetcher.provider
     recorded = recorded_digests(store, ref_name(source))
     resolved = resolve(provider, wanted, recorded)
+    trust = _check_trust(run, resolved, isinstance(provider, CachedImage))
     manifest = resolved.manifest
     config_descriptor = manifest.config
     used = [resolved.manifest_fetched.digest, config_descriptor.digest,
@@ -482,6 +495,7 @@ def _pull(run: PullRun, fetcher: Fetcher, wanted: Platform, in_use: InUse) -> Pu
             "the image is malformed; rebuild or re-push it")
     platform, warnings = _check_platform(config, wanted, run.options.platform is not None,
                                          provider.name)
+    warnings = [*trust.notices, *warnings]
     run.observer.config_ready(resolved.manifest_fetched.digest, config, manifest.layers)
     _fetch_layers(run, fetcher, manifest.layers)
     store.put_blob(resolved.manifest_fetched.data, resolved.manifest_fetched.digest)
@@ -512,7 +526,17 @@ def _pull(run: PullRun, fetcher: Fetcher, wanted: Platform, in_use: InUse) -> Pu
         reused_blobs=fetcher.counter.reused,
         warnings=tuple(warnings),
         cache=store.root,
+        trust=trust.verdict,
     )
+
+
+def _check_trust(run: PullRun, resolved: ResolvedImage, warm: bool) -> TrustResult:
+    """The image policy's verdict on the resolved manifest (the platform's, as skopeo
+    checks the instance it copies); ImageRejected before anything else is fetched."""
+    from ocistage.bundler.trust.check import check_image
+
+    return check_image(run.options.trust, run.source, resolved.manifest_fetched.digest,
+                       run.store, warm=warm)
 
 
 def _fetch_layers(run: PullRun, fetcher: Fetcher, layers: tuple[Descriptor, ...]) -> None:

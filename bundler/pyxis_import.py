@@ -539,7 +539,8 @@ def pull_options(settings: Settings, credentials: CredentialStore, policy: str) 
 
     registry = dataclasses.replace(settings.registry_config(), credentials=credentials)
     return PullOptions(jobs=settings.jobs, registry=registry, max_size=settings.max_size,
-                       policy=policy, unpack_limit=settings.unpack_limit)
+                       policy=policy, unpack_limit=settings.unpack_limit,
+                       trust=settings.trust_config())
 
 
 def image_store(settings: Settings) -> Store:
@@ -641,9 +642,12 @@ def _recalled(settings: Settings, reference: RegistryReference,
 def get(uri: str, settings: Settings, step: JobStep,
         environ: Mapping[str, str] | None = None) -> GetResult:
     """``importer get URI``: the image's squashfs, made once, leased to ``step``."""
+    from ocistage.bundler.trust.files import policy_applies
+
     parsed = parse_enroot_uri(uri)
     policy = effective_policy(settings)
-    if policy != "always":
+    # an image policy decides in the pull, also for an image made before: no recall then
+    if policy != "always" and not policy_applies(settings.trust_config()):
         found = _recalled(settings, parsed.reference, step)
         if found is not None:
             return found

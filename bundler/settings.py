@@ -26,6 +26,12 @@ which the user's file overrides key by key::
     pyxis_store = "/shared/ocistage-pyxis"  # squashfs images of ocistage-pyxis-importer
                                             # shared by the site (docs/pyxis.md); default:
                                             # each user's cache
+    policy = "/etc/site/policy.json"        # containers-policy.json(5) (like --policy);
+                                            # default: ~/.config/containers/policy.json, else
+                                            # /etc/containers/policy.json (docs/trust.md)
+    registries_d = "/etc/site/registries.d" # like --registries.d: the signature stores
+    policy_mandatory = true                 # site file only: the site's policy applies to
+                                            # everyone; users' files and --policy are ignored
 
     [registries."docker.io"]
     mirrors = ["https://mirror.site.example:5000"]   # tried before the origin
@@ -56,6 +62,7 @@ from ocistage.cache.userdirs import expand_user, xdg_dir
 
 if TYPE_CHECKING:
     from ocistage.bundler.registry.types import RegistryConfig
+    from ocistage.bundler.trust.files import TrustConfig
     from ocistage.cache.results import Renderer
 
 DEFAULT_JOBS = 6  # parallel blob downloads (ocistage.bundler.pull's default too)
@@ -84,6 +91,13 @@ class Settings:
     keep_snapshot: bool = False  # `bundle REF DEST` unpacks into a snapshot kept in the cache
     # where ocistage-pyxis-importer keeps its squashfs images; None: the cache (docs/pyxis.md)
     pyxis_store: Path | None = None
+    # image trust (docs/trust.md): the policy and registries.d the user chose (None: the
+    # containers/image lookup), the site's own, and whether the site's is mandatory
+    policy: Path | None = None
+    registries_d: Path | None = None
+    policy_mandatory: bool = False
+    site_policy: Path | None = None
+    site_registries_d: Path | None = None
     # where each setting above comes from: "option --jobs", "environment OCISTAGE_PULL",
     # "file /etc/ocistage/config.toml" or "default" (several, comma-separated, for the
     # registries, which add up)
@@ -100,6 +114,15 @@ class Settings:
                              "pass --to DIR|URL (submit: --stage-to DIR), set "
                              "$OCISTAGE_STAGE_TO, or put stage_to = \"DIR\" in the config file")
         return target
+
+    def trust_config(self) -> TrustConfig:
+        """What :mod:`ocistage.bundler.trust.files` needs to find the policy that applies."""
+        from ocistage.bundler.trust.files import TrustConfig
+
+        return TrustConfig(policy=self.policy, registries_d=self.registries_d,
+                           mandatory=self.policy_mandatory, site_policy=self.site_policy,
+                           site_registries_d=self.site_registries_d,
+                           policy_origin=self.origins.get("policy", DEFAULT))
 
     def registry_config(self) -> RegistryConfig:
         # requests: only commands that talk to a registry import it
@@ -139,6 +162,9 @@ class SettingsReport:
             "loopback_insecure": settings.loopback_insecure,
             "keep_snapshot": settings.keep_snapshot,
             "pyxis_store": str(settings.pyxis_store) if settings.pyxis_store else None,
+            "policy": str(settings.policy) if settings.policy else None,
+            "registries_d": str(settings.registries_d) if settings.registries_d else None,
+            "policy_mandatory": settings.policy_mandatory,
             "insecure_registries": sorted(settings.insecure_registries),
             "mirrors": {host: list(urls) for host, urls in sorted(settings.mirrors.items())},
         }
@@ -216,6 +242,12 @@ KEYS: Mapping[str, tuple[str, Callable[[object], bool]]] = {
     "keep_snapshot": ("true or false", lambda v: isinstance(v, bool)),
     "pyxis_store": ("a non-empty string (a directory)",
                     lambda v: isinstance(v, str) and bool(v)),
+    "policy": ("a non-empty string (a containers-policy.json file)",
+               lambda v: isinstance(v, str) and bool(v)),
+    "registries_d": ("a non-empty string (a registries.d directory)",
+                     lambda v: isinstance(v, str) and bool(v)),
+    "policy_mandatory": ("true or false (read from the site file only)",
+                         lambda v: isinstance(v, bool)),
     "registries": ('a table of registries: [registries."HOST[:PORT]"]',
                    lambda v: isinstance(v, dict)),
 }
@@ -358,6 +390,10 @@ class _Layers:
                 return data[key], f"file {path}"
         return None
 
+    def site(self, key: str) -> Any:
+        """The value of ``key`` in the site file (None if it does not set it)."""
+        return self.files[0][1].get(key)
+
     def registries(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(host, origin, entry) for every registry table, site file first."""
         return [(host, f"file {path}", entry) for path, data in self.files
@@ -476,6 +512,8 @@ def load_settings(
     max_size: str | None = None,
     pull: str | None = None,
     keep_snapshot: bool | None = None,
+    policy_file: str | None = None,
+    registries_d: str | None = None,
 ) -> Settings:
     """Settings from options (arguments), environment and config files, in that precedence."""
     layers = _Layers.read()
@@ -506,6 +544,12 @@ def load_settings(
 
     pyxis_store = pick("pyxis_store", _env("OCISTAGE_PYXIS_STORE"), layers.get("pyxis_store"))
     insecure_hosts, mirror_map = _registries(layers, insecure, mirrors, origins)
+    policy_path = pick("policy", _option(policy_file, "--policy"), layers.get("policy"))
+    registries_dir = pick("registries_d", _option(registries_d, "--registries.d"),
+                          layers.get("registries_d"))
+    mandatory = layers.site("policy_mandatory")
+    origins["policy_mandatory"] = f"file {SITE_CONFIG}" if mandatory is not None else DEFAULT
+    site_policy, site_registries = layers.site("policy"), layers.site("registries_d")
 
     return Settings(
         cache=Path(expand_user(cache_dir)) if cache_dir is not None else default_cache_dir(),
@@ -521,6 +565,11 @@ def load_settings(
         pull=policy if policy is not None else "always",
         keep_snapshot=bool(keep),
         pyxis_store=Path(expand_user(pyxis_store)) if pyxis_store is not None else None,
+        policy=Path(expand_user(policy_path)) if policy_path is not None else None,
+        registries_d=Path(expand_user(registries_dir)) if registries_dir is not None else None,
+        policy_mandatory=bool(mandatory),
+        site_policy=Path(site_policy) if site_policy is not None else None,
+        site_registries_d=Path(site_registries) if site_registries is not None else None,
         origins=origins,
         warnings=tuple(layers.warnings),
     )

@@ -23,7 +23,8 @@ them as one ``error: ...`` line plus a ``hint: ...`` line and exits with ``exit_
 Errors that one package raises live with it and subclass these (docs/architecture.md):
 :mod:`ocistage.bundler.image.errors` (InvalidReference, SchemaError, UnsupportedManifest),
 :mod:`ocistage.bundler.registry.errors` (RegistryError and its kinds),
-:mod:`ocistage.bundler.errors` (SourceError), :mod:`ocistage.stagers.errors` (StageError),
+:mod:`ocistage.bundler.errors` (SourceError), :mod:`ocistage.bundler.trust.errors`
+(PolicyError, ImageRejected), :mod:`ocistage.stagers.errors` (StageError),
 :mod:`ocistage.runtimes.errors` (SlurmError, ScrunError, UserResolutionError).
 """
 

@@ -394,7 +394,8 @@ DEBIAN_PACKAGES = {
     "sinfo": "slurm-client", "srun": "slurm-client", "sbatch": "slurm-client",
     "scontrol": "slurm-client", "squeue": "slurm-client", "slurmctld": "slurmctld",
     "slurmd": "slurmd", "munged": "munge", "podman": "podman", "setpriv": "util-linux",
-    "runuser": "util-linux", "useradd": "passwd",
+    "runuser": "util-linux", "useradd": "passwd", "gpg": "gnupg", "gpgconf": "gnupg",
+    "gpgv": "gpgv",
 }
 REQUIRE_ENV = "OCISTAGE_REQUIRE_E2E"
 

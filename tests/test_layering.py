@@ -2,12 +2,13 @@
 
 The layers, bottom to top: ``cache``; ``stagers``; ``runtimes``; inside ``bundler`` the image
 model (``bundler.image``), then the registry client (``bundler.registry``) and the layer
-unpacker (``bundler.unpack``), then bundler's own modules (pull, bundle, stage, submit), then
-the command line (``bundler.cli``) and the ``ocistage`` package itself (``python -m
-ocistage``). A module imports its own layer or the ones below it, never one above; the pytest
-plugin sits beside the product and may use any of it. Every import is checked, also those made
-inside functions (the CLI's lazy ones), and every name is spelt ``ocistage.``: the repository's
-top-level folders are no import names of their own (issue 24: a user's ``cache.py``).
+unpacker (``bundler.unpack``), then image trust (``bundler.trust``), then bundler's own
+modules (pull, bundle, stage, submit), then the command line (``bundler.cli``) and the
+``ocistage`` package itself (``python -m ocistage``). A module imports its own layer or the
+ones below it, never one above; the pytest plugin sits beside the product and may use any of
+it. Every import is checked, also those made inside functions (the CLI's lazy ones), and every
+name is spelt ``ocistage.``: the repository's top-level folders are no import names of their
+own (issue 24: a user's ``cache.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ LAYERS = (
     "ocistage.bundler.image",
     "ocistage.bundler.registry",
     "ocistage.bundler.unpack",
+    "ocistage.bundler.trust",
     "ocistage.bundler",
     "ocistage.bundler.cli",
     "ocistage",

@@ -67,6 +67,9 @@ COMMANDS: dict[str, CommandEntry] = {
     "runtime": CommandEntry(
         "ocistage.bundler.cli.slurm", "runtime_app",
         "Generate Slurm runtime configuration (oci.conf, scrun.lua).", group=True),
+    "trust": CommandEntry(
+        "ocistage.bundler.cli.trust", "trust_app",
+        "Show the image policy (containers-policy.json) and its verdicts.", group=True),
     "doctor": CommandEntry(
         "ocistage.bundler.cli.doctor", "doctor_app",
         "Check what this host lacks for the other commands, and how to fix it."),

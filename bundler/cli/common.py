@@ -211,6 +211,15 @@ PullOpt = Annotated[str | None, typer.Option(
     help="always: ask the registry for the reference; missing: use a complete cached copy "
          "as is, without the network; never: the cache only [default: always; also "
          "$OCISTAGE_PULL, `pull` in the config file].")]
+PolicyOpt = Annotated[Path | None, typer.Option(
+    "--policy", metavar="FILE",
+    help="The image policy (containers-policy.json(5)) every pull obeys [default: "
+         "~/.config/containers/policy.json, else /etc/containers/policy.json; `policy` in "
+         "the config file; ignored where the site makes its policy mandatory].")]
+RegistriesDOpt = Annotated[Path | None, typer.Option(
+    "--registries.d", metavar="DIR",
+    help="Where image signatures are (containers-registries.d(5)) [default: "
+         "~/.config/containers/registries.d, else /etc/containers/registries.d].")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
 QuietOpt = Annotated[bool, typer.Option(
     "--quiet", "-q", help="No progress and no routine warnings, only the result.")]
@@ -227,6 +236,8 @@ _OPTIONS: dict[str, tuple[Any, Any]] = {
     "ca_file": (CaFileOpt, None),
     "jobs": (JobsOpt, None),
     "pull": (PullOpt, None),
+    "policy": (PolicyOpt, None),
+    "registries_d": (RegistriesDOpt, None),
     "json": (JsonOpt, False),
     "quiet": (QuietOpt, False),
     "verbose": (VerboseOpt, False),
@@ -261,6 +272,8 @@ class CommonOptions:
     ca_file: Path | None = None
     jobs: int | None = None
     pull: str | None = None
+    policy: Path | None = None
+    registries_d: Path | None = None
     json: bool = False
     quiet: bool = False
     verbose: bool = False
@@ -274,7 +287,10 @@ class CommonOptions:
         settings = load_settings(cache=self.cache, jobs=self.jobs,
                                  ca_file=str(self.ca_file) if self.ca_file else None,
                                  insecure=self.insecure_registry, mirrors=self.mirror,
-                                 pull=self.pull, max_size=max_size, keep_snapshot=keep_snapshot)
+                                 pull=self.pull, max_size=max_size, keep_snapshot=keep_snapshot,
+                                 policy_file=str(self.policy) if self.policy else None,
+                                 registries_d=str(self.registries_d) if self.registries_d
+                                 else None)
         print_warnings(settings.warnings, self.quiet)
         return settings
 
@@ -293,7 +309,7 @@ class CommonOptions:
         return PullOptions(platform=Platform.parse(self.platform) if self.platform else None,
                            jobs=settings.jobs, registry=settings.registry_config(),
                            max_size=settings.max_size, policy=settings.pull,
-                           unpack_limit=settings.unpack_limit)
+                           unpack_limit=settings.unpack_limit, trust=settings.trust_config())
 
     def image_inputs(self, ref: str,
                      settings: Settings) -> tuple[ImageSource, Store, PullOptions]:

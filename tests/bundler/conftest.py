@@ -31,3 +31,15 @@ def tar_parser(request: pytest.FixtureRequest) -> Iterator[str]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(applier, "tarinfo_class", lambda: chosen)
         yield request.param
+
+
+@pytest.fixture(autouse=True)
+def no_machine_image_policy(tmp_path_factory: pytest.TempPathFactory,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The unit tests never read this machine's /etc/containers (a site policy there would
+    judge their images): its place is taken by a path that does not exist."""
+    from ocistage.bundler.trust import files
+
+    missing = tmp_path_factory.getbasetemp() / "no-etc-containers"
+    monkeypatch.setattr(files, "SYSTEM_POLICY", missing / "policy.json")
+    monkeypatch.setattr(files, "SYSTEM_REGISTRIES_D", missing / "registries.d")

@@ -17,7 +17,7 @@ from ocistage.bundler.cli.common import CommonOptions, with_options
 
 CLI = Path(__file__).resolve().parents[2] / "bundler" / "cli"
 SHARED = ("--cache", "--platform", "--insecure-registry", "--mirror", "--ca-file", "--pull",
-          "--json", "--quiet", "--verbose")
+          "--policy", "--registries.d", "--json", "--quiet", "--verbose")
 # the same name with another meaning, each for a reason
 OWN_MEANING = {
     ("cache.py", "--platform"),  # cache rm: only this platform's entry, default all

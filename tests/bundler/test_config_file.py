@@ -126,6 +126,9 @@ def test_origins_say_option_environment_file_or_default(files: tuple[Path, Path]
         "loopback_insecure": "default",
         "keep_snapshot": "default",
         "pyxis_store": "default",
+        "policy": "default",
+        "registries_d": "default",
+        "policy_mandatory": "default",
         "insecure_registries": f"file {site}, option --insecure-registry",
         "mirrors": f"file {user}",
     }
