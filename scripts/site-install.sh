@@ -51,20 +51,21 @@ done
 if [ $# -gt 0 ]; then [ -z "$prefix" ] && [ $# -eq 1 ] || usage; prefix=$1; fi
 [ -n "$prefix" ] || usage
 
-# PREFIX ends up in a plugstack.conf line (split at white space), in Tcl and Lua modulefiles
-# and in shebangs: only characters all of them carry as they are
+# PREFIX ends up in a plugstack.conf line (split at white space), in Tcl and Lua modulefiles,
+# in PATH and MANPATH (split at ':') and in shebangs: only characters all of them carry as they
+# are. It is never printed back in an error: it may hold anything.
 case $prefix in
     /*) ;;
-    *) die "PREFIX must be an absolute path: $prefix" ;;
+    *) die "PREFIX must be an absolute path" ;;
 esac
-if [[ ! $prefix =~ ^[A-Za-z0-9/._+@,:=-]+$ ]]; then
-    die "PREFIX may hold only letters, digits and / . _ + @ , : = - (it is written into" \
-        "plugstack.conf, modulefiles and scripts as it is)"
+if [[ ! $prefix =~ ^[A-Za-z0-9/._+@,=-]+$ ]]; then
+    die "PREFIX may hold only letters, digits and / . _ + @ , = - (it is written into" \
+        "plugstack.conf, modulefiles, PATH and scripts as it is)"
 fi
 prefix=${prefix%/}
 [ -n "$prefix" ] || die "PREFIX must not be /"
-case /$prefix/ in
-    */../*|*/./*) die "PREFIX must not contain . or .. components: $prefix" ;;
+case $prefix/ in
+    */../*|*/./*|*//*) die "PREFIX must not contain . or .. components or //: $prefix" ;;
 esac
 
 record=$prefix/$RECORD_NAME

@@ -30,11 +30,12 @@ import pytest
 from pytest_ocistage.components import component_unavailable, require_binary
 from pytest_ocistage.imagebuild import build_image, busybox_layer
 from pytest_ocistage.slurm import JobUser, job_user_account
-from tests.plugin.checkout import checkout_copy
+from tests.plugin.checkout import REPO, checkout_copy
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0,
+needs_root = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="a site install is tested as root (it runs for a "
                                        "created user, made with useradd)")
+SCRIPT = REPO / "scripts" / "site-install.sh"
 
 SITE_USER = "ocistage-site"
 LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
@@ -123,6 +124,22 @@ def _site_install(source: Path, prefix: Path, wheelhouse: Path) -> str:
     return result.stdout
 
 
+@pytest.mark.parametrize("prefix", [
+    "relative/opt", "/", "/tmp/a b", "/tmp/a:b", "/tmp/$(touch x)", "/tmp/a\nb", "/tmp/a]]b",
+    "/tmp/{x}", '/tmp/a"b', "/tmp/a\\b", "/tmp/../etc", "/tmp/./x", "/tmp//x"])
+def test_a_prefix_the_written_files_cannot_carry_is_refused_before_anything_is_written(
+        tmp_path: Path, prefix: str) -> None:
+    for flags in ([], ["--uninstall"]):
+        result = subprocess.run(["bash", str(SCRIPT), *flags, "--", prefix],
+                                capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                                stdin=subprocess.DEVNULL, check=False)
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.startswith("site-install: error: PREFIX "), result.stderr
+        assert result.stdout == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_root
 def test_a_site_install_serves_a_created_user_and_leaves_only_their_cache(
         scratch: Path, site_user: JobUser) -> None:
     require_binary("make")
