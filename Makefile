@@ -124,7 +124,8 @@ dist:
 # PREFIX. With WHEELHOUSE (made by `make site-wheelhouse` on a machine with the internet) it
 # installs offline from there; without, it builds the wheel here (`make dist`) and takes the
 # dependencies from the package index. PREFIX and WHEELHOUSE reach the script through the
-# environment, never through the shell's parser.
+# environment (make exports variables given on its command line), never through the shell's
+# parser.
 site-install:
 	@test -n "$$PREFIX" || { echo "make: site-install needs PREFIX=DIR (e.g. /opt/ocistage)" >&2; exit 2; }
 	@if [ -n "$$WHEELHOUSE" ]; then \
@@ -150,7 +151,6 @@ site-wheelhouse:
 		"$$WHEELHOUSE/$$(cd dist && ls ocistage-*-py3-none-any.whl)"
 	@echo "wrote $$WHEELHOUSE: copy it to the site, then make site-install PREFIX=... WHEELHOUSE=..."
 
-export PREFIX WHEELHOUSE
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
