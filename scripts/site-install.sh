@@ -167,11 +167,12 @@ done
 mkdir -p -- "$prefix/venvs"
 stamp=$(date -u +%Y%m%dT%H%M%S)-$$
 new=$prefix/venvs/$stamp
-staged=()
+staged=() switched=0
 cleanup() {
     local status=$?
     if [ "$status" -ne 0 ]; then
-        rm -rf -- "$new"
+        # once PREFIX/venv names it, the new venv is the one in use: it stays
+        [ "$switched" -eq 1 ] || rm -rf -- "$new"
         local file
         for file in "${staged[@]}"; do rm -f -- "$file"; done
         rm -f -- "$prefix/.venv.new"
@@ -251,6 +252,7 @@ if [ -n "$previous_version" ] && [ "$previous_version" != "$version" ]; then
 fi
 ln -s "venvs/$stamp" "$prefix/.venv.new"
 mv -T -- "$prefix/.venv.new" "$venv_link"
+switched=1
 mkdir -p -- "$prefix/bin"
 for name in "${bins[@]}"; do
     [ -L "$prefix/bin/$name" ] || ln -s "../venv/bin/$name" "$prefix/bin/$name"
@@ -291,6 +293,7 @@ What the site may add outside $prefix (this script writes nothing there; docs/si
   /etc/profile.d/ocistage.sh, for every login shell without modules:
       case ":\$PATH:" in *":$prefix/bin:"*) ;; *) PATH="$prefix/bin:\$PATH" ;; esac
   bash completion for every user (bash-completion loads it on the first Tab):
+      mkdir -p /usr/local/share/bash-completion/completions
       ln -s $prefix/$completion /usr/local/share/bash-completion/completions/ocistage
   pyxis (plugstack.conf; docs/pyxis.md):
       required /usr/lib/slurm/spank_pyxis.so importer=$prefix/bin/ocistage-pyxis-importer
