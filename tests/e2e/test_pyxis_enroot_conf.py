@@ -95,13 +95,13 @@ def test_a_job_user_without_run_user_on_the_nodes(
         site_enroot: Path, xdg: str) -> None:
     user = slurm_job_user
     site = "RUNTIME" in (site_enroot / "etc" / "enroot" / "enroot.conf").read_text()
-    home = Path(tempfile.mkdtemp(prefix="ocistage-enroot-home-", dir="/tmp"))
-    runtime = Path(f"/run/pyxis/{user.uid}/enroot")
     if not site and xdg == "unset":
         pytest.skip("depends on whether /run/enroot exists (see the module docstring)")
+    runtime = Path(f"/run/pyxis/{user.uid}/enroot")
     login_runtime = Path(f"/run/ocistage-no-session/{user.uid}")
     assert not login_runtime.exists()
     made_runtime = not runtime.exists()
+    home = Path(tempfile.mkdtemp(prefix="ocistage-enroot-home-", dir="/tmp"))
     try:
         home.chmod(0o700)
         os.chown(home, user.uid, user.gid)
