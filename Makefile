@@ -5,7 +5,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PYTEST_ARGS ?=
 
-.PHONY: deps venv demo test lint typecheck unit example bench clean dist man
+.PHONY: deps venv demo test lint typecheck unit example bench clean dist man \
+	site-install site-uninstall site-wheelhouse
 
 DEBIAN_PACKAGES = python3-venv \
 	docker-registry skopeo umoci runc crun squashfs-tools squashfuse lua5.3 \
@@ -117,6 +118,39 @@ dist:
 	$(VENV_BIN)/python -c 'import setuptools.build_meta as b; b.build_sdist("dist")' >/dev/null
 	rm -rf build
 	@ls dist
+
+# A site install for every user under PREFIX (docs/site.md, scripts/site-install.sh): a venv of
+# Debian's /usr/bin/python3, bin/ links, man pages, bash completion, modulefiles; nothing outside
+# PREFIX. With WHEELHOUSE (made by `make site-wheelhouse` on a machine with the internet) it
+# installs offline from there; without, it builds the wheel here (`make dist`) and takes the
+# dependencies from the package index. PREFIX and WHEELHOUSE reach the script through the
+# environment (make exports variables given on its command line), never through the shell's
+# parser.
+site-install:
+	@test -n "$$PREFIX" || { echo "make: site-install needs PREFIX=DIR (e.g. /opt/ocistage)" >&2; exit 2; }
+	@if [ -n "$$WHEELHOUSE" ]; then \
+		bash scripts/site-install.sh --wheelhouse "$$WHEELHOUSE" -- "$$PREFIX"; \
+	else \
+		$(MAKE) --no-print-directory dist >/dev/null && \
+		bash scripts/site-install.sh --wheel "$$(ls dist/ocistage-*-py3-none-any.whl)" -- "$$PREFIX"; \
+	fi
+
+site-uninstall:
+	@test -n "$$PREFIX" || { echo "make: site-uninstall needs PREFIX=DIR" >&2; exit 2; }
+	bash scripts/site-install.sh --uninstall -- "$$PREFIX"
+
+# On a machine with the internet and the same Python (3.11 on Debian 12) and architecture: the
+# ocistage wheel and every wheel it needs, into WHEELHOUSE, for `make site-install WHEELHOUSE=`
+# on one without (docs/site.md says how to fetch them for another platform)
+site-wheelhouse:
+	@test -n "$$WHEELHOUSE" || { echo "make: site-wheelhouse needs WHEELHOUSE=DIR" >&2; exit 2; }
+	$(MAKE) --no-print-directory dist >/dev/null
+	mkdir -p -- "$$WHEELHOUSE"
+	cp dist/ocistage-*-py3-none-any.whl "$$WHEELHOUSE/"
+	$(VENV_BIN)/python -m pip download -q --no-cache-dir --only-binary=:all: -d "$$WHEELHOUSE" \
+		"$$WHEELHOUSE/$$(cd dist && ls ocistage-*-py3-none-any.whl)"
+	@echo "wrote $$WHEELHOUSE: copy it to the site, then make site-install PREFIX=... WHEELHOUSE=..."
+
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
