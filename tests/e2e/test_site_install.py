@@ -1,14 +1,15 @@
-"""A site install for every user (docs/site.md; issue 38): ``make site-wheelhouse`` on the
-"connected" side, ``make site-install PREFIX=... WHEELHOUSE=...`` as root in a network
-namespace without a network (so nothing can come from an index), run from a copy of this
+"""A site install for every user (docs/site.md; issue 38): a wheelhouse as ``make site-wheelhouse``
+makes on the "connected" side, ``make site-install PREFIX=... WHEELHOUSE=...`` as root in a
+network namespace without a network (so nothing can come from an index), run from a copy of this
 checkout into a scratch prefix under /tmp with umask 077, then used by a created user (no sudo,
 no login session): the commands, ``doctor``, the man pages, bash completion, the Lmod and Tcl
 modulefiles under Lmod, and a real ``bundle``. Upgraded in place twice, then uninstalled: what
 is left is the user's cache.
 
-The wheelhouse is made with ``pip download`` of the versions this test's venv runs (pinned by
-``PIP_CONSTRAINT``): this machine's local package mirror lacks some of them (isal), so that step
-needs the package index, as it does at a site; the install itself runs offline.
+The test makes the wheelhouse without a network, as tests reach no address but this machine's:
+the wheel of the checkout (``make dist``) and the wheels of what it needs, repacked from this
+venv's installed distributions (their RECORD and WHEEL tags). ``make site-wheelhouse`` itself
+(``pip download``) needs the package index and is not run here.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
@@ -40,6 +42,27 @@ SCRIPT = REPO / "scripts" / "site-install.sh"
 SITE_USER = "ocistage-site"
 LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
 STAMP = re.compile(r"^[0-9]{8}T[0-9]{6}-[0-9]+$")
+
+
+def _repack(dist: metadata.Distribution, wheelhouse: Path) -> Path:
+    """The installed distribution ``dist`` as the wheel it was installed from: the files its
+    RECORD names (scripts, which pip makes again, left out) and its WHEEL tags."""
+    info = Path(str(dist.locate_file(""))) / next(
+        str(f.parent) for f in dist.files or [] if f.name == "WHEEL")
+    tags = [line.split(":", 1)[1].strip().split("-") for line in (info / "WHEEL").read_text()
+            .splitlines() if line.startswith("Tag:")]
+    # several tags are one compressed tag set in the name (py2.py3-none-any)
+    tag = "-".join(".".join(dict.fromkeys(parts[i] for parts in tags)) for i in range(3))
+    name = re.sub(r"[-_.]+", "_", dist.metadata["Name"])
+    wheel = wheelhouse / f"{name}-{dist.version}-{tag}.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+        for entry in dist.files or []:
+            if entry.parts[0] == ".." or "__pycache__" in entry.parts:
+                continue
+            path = Path(str(dist.locate_file(entry)))
+            if path.is_file():
+                archive.write(path, entry.as_posix())
+    return wheel
 
 
 def _runtime_requirements() -> list[str]:
@@ -152,20 +175,20 @@ def test_a_site_install_serves_a_created_user_and_leaves_only_their_cache(
     home_before = {entry.name for entry in site_user.home.iterdir()}
     source = checkout_copy(scratch / "src")
 
-    # the connected side: the wheel of this checkout and what it needs, pinned to this venv's
-    constraints = scratch / "constraints.txt"
-    constraints.write_text("\n".join(_runtime_requirements()) + "\n")
+    # the connected side's wheelhouse, made here without a network (test traffic stays on
+    # this machine): the wheel of this checkout (make dist) beside the wheels of what it needs,
+    # repacked from this venv's installed distributions (`make site-wheelhouse` is that with
+    # `pip download`, on a machine with the internet)
     wheelhouse = scratch / "wheelhouse"
-    made = subprocess.run(["make", "--no-print-directory", "site-wheelhouse",
-                           f"WHEELHOUSE={wheelhouse}", f"VENV={sys.prefix}"],
-                          cwd=source, capture_output=True, text=True, timeout=300,
-                          stdin=subprocess.DEVNULL, check=False,
-                          env={**os.environ, "PIP_CONSTRAINT": str(constraints)})
-    if made.returncode != 0 and any(wheelhouse.glob("ocistage-*.whl")):
-        # the wheel was built and copied: pip download of the dependencies failed
-        component_unavailable(f"pip download could not fetch the wheelhouse (no package "
-                              f"index?): {made.stderr.strip()[-500:]}")
-    assert made.returncode == 0, made.stdout + made.stderr
+    wheelhouse.mkdir()
+    built = subprocess.run(["make", "--no-print-directory", "dist", f"VENV={sys.prefix}"],
+                           cwd=source, capture_output=True, text=True, timeout=300,
+                           stdin=subprocess.DEVNULL, check=False)
+    assert built.returncode == 0, built.stdout + built.stderr
+    for wheel in (source / "dist").glob("ocistage-*-py3-none-any.whl"):
+        shutil.copy2(wheel, wheelhouse)
+    for requirement in _runtime_requirements():
+        _repack(metadata.distribution(requirement.partition("==")[0]), wheelhouse)
     wheels = sorted(path.name for path in wheelhouse.iterdir())
     assert any(name.startswith("ocistage-") for name in wheels), wheels
     assert any(name.startswith("isal-") for name in wheels), wheels
