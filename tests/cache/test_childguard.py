@@ -53,8 +53,12 @@ def _tool(pidfile: Path) -> list[str]:
 
 
 PARENT = textwrap.dedent("""\
-    import sys, threading
+    import signal, sys, threading
     from ocistage.cache import childguard
+
+    # SIGHUP at its default, as for a process on a terminal: a suite run under nohup would
+    # hand it down ignored, and the SIGHUP case would then test nothing
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
     started = []
     # the tool is started by a thread that ends at once: a PR_SET_PDEATHSIG set for it
