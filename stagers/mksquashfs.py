@@ -152,8 +152,9 @@ def run_tool(argv: Sequence[str], what: str, *, progress: ImageProgress | None =
     if process.returncode != 0:
         detail = lines[-1] if lines else f"exit status {process.returncode}"
         if _out_of_space(lines, output):
-            raise ToolFailed(f"{what} failed: no space left on the filesystem of {output} "
-                             f"({detail})", lines, process.returncode,
+            where = f"the filesystem of {output}" if output else "its filesystem"
+            raise ToolFailed(f"{what} failed: no space left on {where} ({detail})", lines,
+                             process.returncode,
                              "free space there (ocistage cache gc), or stage elsewhere",
                              no_space=True)
         raise ToolFailed(f"{what} failed: {detail}", lines, process.returncode)

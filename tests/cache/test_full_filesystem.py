@@ -116,4 +116,5 @@ def test_a_squashfs_stage_that_cannot_unpack_leaves_no_unmarked_directory(
         stage_directory(source, small / "target", cache_root=store.root, name="app",
                         format="squashfs", squashfs_mount=False)
     assert not (small / "target" / "app").exists()
+    assert not (small / "target" / "app.sqfs").exists()  # no image nobody would ever remove
     assert not unstage(small / "target" / "app", cache_root=store.root)
