@@ -173,15 +173,20 @@ def squashfuse_tools() -> list[str]:
     return [path for path in map(shutil.which, SQUASHFUSE) if path is not None]
 
 
+def can_mount() -> bool:
+    """Whether the caller can mount an image here: squashfuse installed, ``/dev/fuse`` open to
+    it, and fusermount for an unprivileged user."""
+    if not squashfuse_tools() or not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        return False
+    return os.geteuid() == 0 or bool(shutil.which("fusermount3") or shutil.which("fusermount"))
+
+
 def mount(image: Path, mountpoint: Path) -> bool:
     """Mount ``image`` at the empty directory ``mountpoint`` with squashfuse_ll, else
-    squashfuse; False if FUSE is not usable here (neither installed, no /dev/fuse, no
-    fusermount for an unprivileged user)."""
+    squashfuse; False if FUSE is not usable here (:func:`can_mount`) or the mount fails."""
+    if not can_mount():
+        return False
     tools = squashfuse_tools()
-    if not tools or not os.path.exists("/dev/fuse"):
-        return False
-    if os.geteuid() != 0 and not (shutil.which("fusermount3") or shutil.which("fusermount")):
-        return False
     # The container's processes run under other (mapped) uids than the mounting user, so
     # the mount must allow other users; default_permissions makes the kernel check the
     # image's modes and owners as on a directory bundle. An unprivileged user may lack
@@ -327,15 +332,20 @@ def make_image(source: Path, entries: list[Entry], scratch: Path, image_name: st
 def install_image(staging: Staging, built: Path, label: str,
                   mount_image: bool | None) -> str:
     """Move the image ``built`` (in a scratch dir of ``staging``) to ``NAME.sqfs`` and mount
-    or unpack it at ``NAME``; returns the method (squashfs-mount or squashfs-unpack). An
-    unpack that fails takes the image it put at ``NAME.sqfs`` away again: with no ``NAME/``
-    beside it, nothing would ever remove it (the endurance test found 32 MiB of such images
-    after every stage had been unstaged)."""
+    or unpack it at ``NAME``; returns the method (squashfs-mount or squashfs-unpack).
+
+    Where the image cannot be mounted (no FUSE for the caller: an ordinary user here), it is
+    unpacked from the scratch dir and moved to ``NAME.sqfs`` only once ``NAME`` is published;
+    an image put there to mount and then unpacked is taken away again if the unpack fails.
+    So a failed or killed stage leaves no ``NAME.sqfs`` without a ``NAME/`` (the endurance
+    test found 32 MiB of such images after every stage had been unstaged) and no unmarked
+    empty ``NAME/``."""
     final = staging.final
     image = image_path(final)
     _take_down(final)
-    os.rename(built, image)
-    if mount_image is not False:
+    placed = mount_image is True or (mount_image is None and can_mount())
+    if placed:
+        os.rename(built, image)
         made = not os.path.isdir(final)
         if made:  # the mount point, made only to mount on
             os.mkdir(final, PRIVATE_DIR_MODE)
@@ -349,7 +359,7 @@ def install_image(staging: Staging, built: Path, label: str,
             raise StageError(f"cannot mount {image} with squashfuse",
                              "install squashfuse and fuse3, or let ocistage unpack it")
         unpacked = built.parent / "bundle"
-        unpack(image, unpacked)
+        unpack(image if placed else built, unpacked)
         # the marker inside the image says how it was meant to be used; record what was done
         with contextlib.suppress(FileNotFoundError):
             os.unlink(unpacked / MARKER_NAME)
@@ -357,9 +367,12 @@ def install_image(staging: Staging, built: Path, label: str,
         (unpacked / MARKER_NAME).write_bytes(marker.to_json())
         staging.publish(unpacked)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(image)
+        if placed:
+            with contextlib.suppress(OSError):
+                os.unlink(image)
         raise
+    if not placed:
+        os.rename(built, image)
     return "squashfs-unpack"
 
 
