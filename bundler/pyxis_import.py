@@ -654,30 +654,37 @@ def get(uri: str, settings: Settings, step: JobStep,
     credentials = EnrootCredentials(parsed.user, environ)
     options = pull_options(settings, credentials, policy)
     cache = Store.open(settings.cache)
-    manifest = pull_manifest(parsed.reference, cache, options)
-    mksquashfs = mksquashfs_path()
-    compressor = probe_compressor(mksquashfs)
-    key = image_key(manifest, compressor)
-    shared = shared_image(settings, key)
-    if shared is not None:
-        return GetResult(shared, False, manifest, key)
-    store = image_store(settings)
-    final, built = provide(store, key, step, lambda: build(
-        parsed.reference, cache, store, key, options, mksquashfs, compressor, manifest))
+    # one lease from the pull to mksquashfs's last read: another member's gc of a group-shared
+    # cache evicted the image's blobs between the two (the endurance test)
+    with InUse(cache.root) as in_use:
+        manifest = pull_manifest(parsed.reference, cache, options, in_use)
+        mksquashfs = mksquashfs_path()
+        compressor = probe_compressor(mksquashfs)
+        key = image_key(manifest, compressor)
+        shared = shared_image(settings, key)
+        if shared is not None:
+            return GetResult(shared, False, manifest, key)
+        store = image_store(settings)
+        final, built = provide(store, key, step, lambda: build(
+            parsed.reference, cache, store, key, options, mksquashfs, compressor, manifest,
+            in_use))
     remember(store, parsed.reference, key, manifest)
     touch(store.root, key)
     return GetResult(final, built, manifest, key)
 
 
-def pull_manifest(reference: RegistryReference, cache: Store, options: PullOptions) -> str:
+def pull_manifest(reference: RegistryReference, cache: Store, options: PullOptions,
+                  in_use: InUse | None = None) -> str:
     """Pull ``reference`` into ``cache`` as ``ocistage pull`` does (no cache budget: a GC
-    during a job's start would only slow it); the manifest digest. A refusal of the policy
-    ``never`` says how to change it where pyxis users can (no ``--pull`` here)."""
+    during a job's start would only slow it), under the caller's lease ``in_use`` if given;
+    the manifest digest. A refusal of the policy ``never`` says how to change it where pyxis
+    users can (no ``--pull`` here)."""
     from ocistage.bundler.errors import SourceError
     from ocistage.bundler.pull import pull
 
     try:
-        pulled = pull(reference, cache, dataclasses.replace(options, max_size=None))
+        pulled = pull(reference, cache, dataclasses.replace(options, max_size=None),
+                      in_use=in_use)
     except SourceError as exc:
         if options.policy != "never":
             raise
@@ -689,18 +696,12 @@ def pull_manifest(reference: RegistryReference, cache: Store, options: PullOptio
 
 
 def build(reference: RegistryReference, cache: Store, store: Store, key: str,
-          options: PullOptions, mksquashfs: str, compressor: str, manifest: str) -> Path:
+          options: PullOptions, mksquashfs: str, compressor: str, manifest: str,
+          in_use: InUse) -> Path:
     """Make image ``key`` of ``reference`` (pulled already: from the cache) and publish it.
-    The cached bundle is leased until mksquashfs has read it: another member's gc of a
-    group-shared cache would otherwise evict it from under mksquashfs (the endurance test)."""
-    with InUse(cache.root) as in_use:
-        return _build_leased(reference, cache, store, key, options, mksquashfs, compressor,
-                             manifest, in_use)
-
-
-def _build_leased(reference: RegistryReference, cache: Store, store: Store, key: str,
-                  options: PullOptions, mksquashfs: str, compressor: str, manifest: str,
-                  in_use: InUse) -> Path:
+    The cached bundle is leased (``in_use``, the caller's) until mksquashfs has read it:
+    another member's gc of a group-shared cache would otherwise evict it from under mksquashfs
+    (the endurance test)."""
     from ocistage.bundler.bundle import make_bundle
 
     bundle = make_bundle(reference, cache, in_use=in_use,
