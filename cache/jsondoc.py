@@ -57,3 +57,23 @@ def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:
             raise ValueError(f"JSON nested more than {limit} levels deep")
         todo.extend((child, depth + 1) for child in children
                     if isinstance(child, dict | list))
+
+
+class DuplicateKey(ValueError):
+    """A JSON object names one key twice: ``json`` would keep the last value silently, and
+    two readers of one document could see different ones (a manifest, a policy, a signed
+    payload)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key = key
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads(..., object_pairs_hook=unique_keys)``: an object, or :class:`DuplicateKey`."""
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise DuplicateKey(key)
+        result[key] = value
+    return result

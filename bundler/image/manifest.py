@@ -22,6 +22,7 @@ from ocistage.bundler.image.errors import SchemaError, UnsupportedManifest
 from ocistage.bundler.image.platform import Platform, select_platform
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import UsageError
+from ocistage.cache.jsondoc import unique_keys
 
 MAX_DOCUMENT_SIZE = 4 * 1024 * 1024
 SCHEMA1_HINT = "re-push the image with a current client (schema 1 images are deprecated)"
@@ -221,22 +222,13 @@ def _load_document(data: bytes, what: str) -> dict[str, Any]:
                           f"{MAX_DOCUMENT_SIZE // (1024 * 1024)} MiB limit",
                           "the registry or source is serving something that is not a " + what)
     try:
-        doc = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicate_keys,
+        doc = json.loads(data.decode("utf-8"), object_pairs_hook=unique_keys,
                          parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise SchemaError(f"{what} is not valid JSON: {exc}") from exc
     if not isinstance(doc, dict):
         raise SchemaError(f"{what} is a JSON {type(doc).__name__}, not an object")
     return doc
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"duplicate key {key!r}")
-        result[key] = value
-    return result
 
 
 def _reject_constant(name: str) -> Any:

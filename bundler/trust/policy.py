@@ -19,6 +19,7 @@ from typing import Any
 
 from ocistage.bundler.trust.errors import PolicyError
 from ocistage.bundler.trust.identity import DockerName, parse_docker_name
+from ocistage.cache.jsondoc import DuplicateKey, unique_keys
 
 #: a policy file is small; more is not a policy
 POLICY_LIMIT = 1 << 20
@@ -109,15 +110,6 @@ ACCEPT_ANYTHING = Policy(None, (Requirement("insecureAcceptAnything"),))
 
 class _Problem(Exception):
     """A policy problem, before the file name is known."""
-
-
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise _Problem(f"duplicate key {key!r}")
-        seen[key] = value
-    return seen
 
 
 def _depth(value: Any, limit: int) -> None:
@@ -286,7 +278,9 @@ def _check_scope(transport: str, scope: str, where: str) -> None:
 def parse_policy_data(data: bytes) -> tuple[Requirements, dict[str, dict[str, Requirements]]]:
     """The default and transports of a policy document; :class:`_Problem` if invalid."""
     try:
-        document = json.loads(data.decode("utf-8"), object_pairs_hook=_pairs)
+        document = json.loads(data.decode("utf-8"), object_pairs_hook=unique_keys)
+    except DuplicateKey as exc:
+        raise _Problem(str(exc)) from exc
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise _Problem(f"not valid JSON: {exc}") from exc
     _depth(document, JSON_DEPTH_LIMIT)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ocistage.bundler.trust.errors import SignatureRejected
+from ocistage.cache.jsondoc import DuplicateKey, unique_keys
 
 SIGNATURE_TYPE = "atomic container signature"
 
@@ -18,15 +19,6 @@ SIGNATURE_TYPE = "atomic container signature"
 class SignedClaim:
     manifest_digest: str
     docker_reference: str
-
-
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise SignatureRejected(f"the signature repeats the key {key!r}")
-        seen[key] = value
-    return seen
 
 
 def _exact(value: Any, where: str, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -44,7 +36,9 @@ def _text(value: Any, where: str) -> str:
 
 def parse_payload(payload: bytes) -> SignedClaim:
     try:
-        document = json.loads(payload.decode("utf-8"), object_pairs_hook=_pairs)
+        document = json.loads(payload.decode("utf-8"), object_pairs_hook=unique_keys)
+    except DuplicateKey as exc:
+        raise SignatureRejected(f"the signature repeats the key {exc.key!r}") from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise SignatureRejected("the signed payload is not JSON") from None
     body = _exact(document, "top level", ("critical", "optional"))
