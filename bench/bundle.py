@@ -141,7 +141,7 @@ def drop_page_cache() -> bool:
     for argv in ([ocistage_script(), "bundle", "--help"], ["skopeo", "--version"],
                  ["umoci", "--version"], ["curl", "--version"], ["tar", "--version"],
                  ["gzip", "--version"], ["zstd", "--version"],
-                 [sys.executable, "-c", "import ocistage.bundler.bundle"]):
+                 [sys.executable, "-c", "import ocistage.bundler.flows.bundle"]):
         subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     return True
 
@@ -215,7 +215,7 @@ def ocistage_env(cache: Path, home: Path) -> dict[str, str]:
 LINK_SCRIPT = """
 import json, sys
 from pathlib import Path
-from ocistage.bundler.bundle import make_bundle
+from ocistage.bundler.flows.bundle import make_bundle
 from ocistage.bundler.image.reference import parse_reference
 from ocistage.cache.store import Store
 result = make_bundle(parse_reference(sys.argv[1]), Store.open(sys.argv[2]), Path(sys.argv[3]),

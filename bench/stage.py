@@ -5,7 +5,7 @@ Trees (sources):
 
 - ``bundle``     a real bundle made by ``ocistage bundle`` of the bench image ``single``
                  (bench/images.py: ~200 MB, ~10k files from /usr) into a bench cache; it is a
-                 cache bundle, so ocistage treats it as sealed (see stagers/stage.py)
+                 cache bundle, so ocistage treats it as sealed (see stagers/directory.py)
 - ``bundle-copy`` the same bundle copied outside the cache (``cp -a``): an arbitrary tree,
                  walked and stat-compared on every re-stage
 - ``synthetic``  ``--files`` files (default 20k; 100k and 300k for issue 16's big trees) of
@@ -34,7 +34,7 @@ system calls before it finds out what changed: the floor of that contract. ``--f
 several counts makes a scaling run of the synthetic tree and a plot
 (:func:`plot_scaling`, ``bench/restage-scale.png``).
 
-ocistage is measured twice: ``lib`` calls :func:`ocistage.stagers.stage.stage_directory` in this
+ocistage is measured twice: ``lib`` calls :func:`ocistage.stagers.directory.stage_directory` in this
 process (what ``ocistage stage`` does after the interpreter has started) and ``cli`` runs
 ``ocistage stage`` as a process like rsync (including Python's start-up, ~0.3 s here).
 Ratios are ocistage / peer (lower is better); each line ends with its goals (:data:`GOALS`)
@@ -65,7 +65,7 @@ from bench.plotting import pyplot
 from ocistage.cache import leases
 from ocistage.cache.fsops import remove_tree
 from ocistage.cache.leases import Holder
-from ocistage.stagers.stage import stage_directory
+from ocistage.stagers.directory import stage_directory
 
 RESULTS = Path(__file__).parent / "results"
 SYNTHETIC_VERSION = 1

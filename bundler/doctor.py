@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ocistage.bundler.errors import MissingForCore
-from ocistage.cache.errors import OcistageError
 from ocistage.cache.fsops import check_path_trusted, trust_problem
 from ocistage.cache.sizes import format_size
+from ocistage.errors import OcistageError
 
 if TYPE_CHECKING:
     from ocistage.bundler.settings import Settings
-    from ocistage.cache.results import Renderer
+    from ocistage.results import Renderer
     from ocistage.runtimes.slurm import SlurmVersion
 
 #: below this much free space a cache or stage target is a warning (one image's bundle)
@@ -709,7 +709,7 @@ def diagnose(load: Callable[[], Settings],
 
 def registry_to_check(ref: str | None, registry: str | None) -> str | None:
     """The registry ``doctor REF`` or ``doctor --registry HOST`` asks about, if any."""
-    from ocistage.cache.errors import UsageError
+    from ocistage.errors import UsageError
 
     if ref is not None and registry is not None:
         raise UsageError("give REF or --registry, not both",

@@ -3,7 +3,7 @@ destination that cannot be made, an image the pyxis importer cannot make."""
 
 from __future__ import annotations
 
-from ocistage.cache.errors import OcistageError
+from ocistage.errors import OcistageError
 
 
 class SourceError(OcistageError):

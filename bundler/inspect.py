@@ -21,7 +21,7 @@ from ocistage.cache.sizes import count, format_size
 from ocistage.cache.store import Store
 
 if TYPE_CHECKING:
-    from ocistage.cache.results import Renderer
+    from ocistage.results import Renderer
 
 
 @dataclass(frozen=True)

@@ -51,16 +51,16 @@ from ocistage.bundler.sources import ImageProvider, OciLayoutProvider, open_prov
 from ocistage.bundler.trust.files import TrustConfig
 from ocistage.cache import usage
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import IntegrityError, Interrupted, OcistageError
 from ocistage.cache.leases import InUse
 from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.sizes import count, format_size
 from ocistage.cache.store import Ingest, Store
+from ocistage.errors import IntegrityError, Interrupted, OcistageError
 
 if TYPE_CHECKING:
     from ocistage.bundler.trust.check import TrustResult
     from ocistage.bundler.trust.evaluate import Verdict
-    from ocistage.cache.results import Renderer
+    from ocistage.results import Renderer
 
 ANNOTATION_RESOLVED = "io.ocistage.resolved"
 ANNOTATION_INDEX = "io.ocistage.index-digest"

@@ -21,7 +21,7 @@ a failed ``get``) says the step is done with it.
    ``pyxis_store``);
 4. if it is missing, takes the key's lock (one build for all the ranks and nodes asking at
    once; the others wait and reuse it), makes the image's rootfs through the cache
-   (:func:`ocistage.bundler.bundle.make_bundle`), adds the files ``enroot import`` writes into
+   (:func:`ocistage.bundler.flows.bundle.make_bundle`), adds the files ``enroot import`` writes into
    a rootfs (:func:`~ocistage.bundler.enroot_files.enroot_files`, which refuses values that
    would change those files' structure) and builds the squashfs with mksquashfs in a scratch
    directory of the store, published by one ``rename()``.
@@ -702,7 +702,7 @@ def build(reference: RegistryReference, cache: Store, store: Store, key: str,
     The cached bundle is leased (``in_use``, the caller's) until mksquashfs has read it:
     another member's gc of a group-shared cache would otherwise evict it from under mksquashfs
     (the endurance test)."""
-    from ocistage.bundler.bundle import make_bundle
+    from ocistage.bundler.flows.bundle import make_bundle
 
     bundle = make_bundle(reference, cache, in_use=in_use,
                          pull_options=dataclasses.replace(options, policy="missing"))

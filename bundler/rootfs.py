@@ -31,7 +31,7 @@ from ocistage.bundler.follower import StreamRestarted
 from ocistage.bundler.image.manifest import Descriptor
 from ocistage.bundler.unpack.layerchain import AppliedLayers, apply_layers
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import OcistageError, StoreError
+from ocistage.cache.errors import StoreError
 from ocistage.cache.fsops import hardlinks_work, reflinks_work, release_owned_dir, remove_tree
 from ocistage.cache.leases import InUse
 from ocistage.cache.snapshots import METADATA as SNAPSHOT_METADATA
@@ -48,6 +48,7 @@ from ocistage.cache.snapshots import (
 )
 from ocistage.cache.store import Store
 from ocistage.cache.unpackbudget import UnpackBudget, default_unpack_limit
+from ocistage.errors import OcistageError
 
 
 class Downloads(Protocol):

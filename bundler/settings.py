@@ -55,15 +55,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ocistage.cache.errors import UsageError
 from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.sizes import parse_size
 from ocistage.cache.userdirs import expand_user, xdg_dir
+from ocistage.errors import UsageError
 
 if TYPE_CHECKING:
     from ocistage.bundler.registry.types import RegistryConfig
     from ocistage.bundler.trust.files import TrustConfig
-    from ocistage.cache.results import Renderer
+    from ocistage.results import Renderer
 
 DEFAULT_JOBS = 6  # parallel blob downloads (ocistage.bundler.pull's default too)
 MAX_JOBS = 64  # as --jobs accepts

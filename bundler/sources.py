@@ -38,8 +38,8 @@ from ocistage.bundler.image.reference import (
 from ocistage.bundler.registry.types import BlobSink, FetchedManifest, RegistryConfig
 from ocistage.bundler.unpack.decompress import detect_compression
 from ocistage.cache.digest import Digest, hash_file
-from ocistage.cache.errors import IntegrityError, Interrupted, NotFound
 from ocistage.cache.jsondoc import MAX_DOCUMENT, parse_json, read_document
+from ocistage.errors import IntegrityError, Interrupted, NotFound
 
 if TYPE_CHECKING:
     from ocistage.bundler.registry.client import RegistryClient

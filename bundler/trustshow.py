@@ -14,8 +14,8 @@ from ocistage.bundler.trust.errors import ImageRejected
 from ocistage.bundler.trust.evaluate import Verdict
 from ocistage.bundler.trust.files import EffectiveTrust, effective
 from ocistage.bundler.trust.policy import Requirements
-from ocistage.cache.results import Renderer
 from ocistage.cache.store import Store
+from ocistage.results import Renderer
 
 
 def _requirements(requirements: Requirements) -> str:

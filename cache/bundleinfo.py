@@ -12,9 +12,10 @@ import json
 from pathlib import Path
 
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import OcistageError, StoreError
+from ocistage.cache.errors import StoreError
 from ocistage.cache.fdio import write_new_file
 from ocistage.cache.jsondoc import parse_json, read_document
+from ocistage.errors import OcistageError
 
 BUNDLE_INFO = ".ocistage-bundle.json"
 

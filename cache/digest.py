@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from ocistage.cache.errors import IntegrityError, UsageError
+from ocistage.errors import IntegrityError, UsageError
 
 _HEX_LENGTH = {"sha256": 64, "sha512": 128}
 _DIGEST_RE = re.compile(r"^(?P<algorithm>[a-z0-9]+(?:[.+_-][a-z0-9]+)*):(?P<hex>[a-zA-Z0-9=_-]+)$")

@@ -11,7 +11,7 @@ commands race-free):
    place under every spelling, :func:`ocistage.cache.leases.staged_groups`) is removed if
    its marker ``<path>/.ocistage-staged.json`` (or, for a mounted image fetched from a URL,
    the outer marker beside it) names one of them, and then its leases are dropped. Removal is
-   :func:`ocistage.cache.staged.remove`: no symlink is followed, a squashfs mount is unmounted
+   :func:`ocistage.cache.targetlayout.remove`: no symlink is followed, a squashfs mount is unmounted
    first, the tree is removed through descriptors, the image beside it goes too, and the target's
    pool is swept of entries no bundle links to any more. A removal that fails (a busy mount)
    keeps the leases, so the next GC tries again;
@@ -60,9 +60,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ocistage.cache import pyxisimages, reserve, staged, usage
+from ocistage.cache import pyxisimages, reserve, targetlayout, usage
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import LockTimeout, NotFound, StoreError
+from ocistage.cache.errors import LockTimeout, StoreError
 from ocistage.cache.evict import (
     Left,
     evicted_in,
@@ -105,9 +105,10 @@ from ocistage.cache.sizes import count, format_size
 from ocistage.cache.snapshots import SnapshotInfo, list_snapshots, snapshot_dir
 from ocistage.cache.store import QUARANTINE, Store, scratch_is_dead
 from ocistage.cache.sweep import Removal, RemovalKind, Sweep
+from ocistage.errors import NotFound
 
 if TYPE_CHECKING:
-    from ocistage.cache.results import Renderer
+    from ocistage.results import Renderer
 
 log = logging.getLogger(__name__)
 
@@ -405,12 +406,12 @@ def _expire_staged(sweep: Sweep[Removal], store: Store, leases: list[Lease]) -> 
     if bundle is not None:
         tree = 0 if bundle.mounted or bundle.remnant else tree_size(Path(text)).disk
         # a lease of the group stays until the removal is done: named in the outer marker
-        # first, so an interrupted removal is finished next time (ocistage.cache.staged)
+        # first, so an interrupted removal is finished next time (ocistage.cache.targetlayout)
         keep = min(bundle.lease_ids() & ids)
         try:
             sweep.remove("staged", text, "staged bundle whose leases are all dead",
                          size=bundle.image_size() + tree,
-                         action=partial(staged.remove, bundle, keep), otherwise=bundle.close)
+                         action=partial(targetlayout.remove, bundle, keep), otherwise=bundle.close)
         except (OSError, StoreError) as exc:  # e.g. a mount that is busy: retry next time
             log.warning("cannot remove staged bundle %s: %s", text, exc)
             return
@@ -419,12 +420,12 @@ def _expire_staged(sweep: Sweep[Removal], store: Store, leases: list[Lease]) -> 
         _drop_lease(sweep, store, lease, why)
 
 
-def _own_staged(text: str, lease_ids: set[str]) -> staged.StagedBundle | None:
+def _own_staged(text: str, lease_ids: set[str]) -> targetlayout.StagedBundle | None:
     """The staged bundle at path ``text`` (opened) if its marker names one of ``lease_ids``."""
     path = Path(text)
     if not (path.is_absolute() and os.path.normpath(text) == text and text != "/"):
         return None
-    bundle = staged.open_staged(path)
+    bundle = targetlayout.open_staged(path)
     if bundle is not None and not bundle.lease_ids() & lease_ids:
         bundle.close()
         return None

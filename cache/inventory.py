@@ -1,7 +1,7 @@
 """What the cache holds: refs and the blobs they reach, bundles, sizes (``cache ls`` / ``du``).
 
 Everything here reads; nothing changes the cache except :func:`write_bundle_info`, which
-``ocistage.bundler.bundle`` calls on a bundle's scratch directory before publishing it.
+``ocistage.bundler.flows.bundle`` calls on a bundle's scratch directory before publishing it.
 
 A ref (one ``index.json`` entry) reaches its manifest, the manifest's config and layers (and
 the children of an index, if a ref names one), plus the index it was chosen from when the pull
@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 from ocistage.cache import reserve, usage
 from ocistage.cache.bundleinfo import read_bundle_info
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import OcistageError
 from ocistage.cache.evict import evicted_in
 from ocistage.cache.fsops import path_stats
 from ocistage.cache.leases import (
@@ -48,9 +47,10 @@ from ocistage.cache.refnames import INDEX_MEDIA_TYPE, REF_NAME, is_alias, platfo
 from ocistage.cache.sizes import format_age, format_size
 from ocistage.cache.snapshots import SnapshotInfo, chain_ids, list_snapshots
 from ocistage.cache.store import BUNDLES, QUARANTINE, SNAPSHOTS, Store, scratch_target
+from ocistage.errors import OcistageError
 
 if TYPE_CHECKING:
-    from ocistage.cache.results import Renderer
+    from ocistage.results import Renderer
 
 ANNOTATION_RESOLVED = "io.ocistage.resolved"
 ANNOTATION_INDEX = "io.ocistage.index-digest"

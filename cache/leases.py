@@ -68,10 +68,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
-from ocistage.cache.errors import ForeignFile, StoreError, UsageError
+from ocistage.cache.errors import ForeignFile, StoreError
 from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.locks import Owner, is_foreign, lock_owner, owner_is_dead
 from ocistage.cache.store import write_file_atomic
+from ocistage.errors import UsageError
 
 #: a lease file is a few hundred bytes
 MAX_LEASE_BYTES = 64 << 10

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 
-from ocistage.cache.errors import UsageError
+from ocistage.errors import UsageError
 
 _SIZE_RE = re.compile(r"^\s*(?P<number>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[kmgtp]?)(?:i?b)?\s*$",
                       re.IGNORECASE)

@@ -55,7 +55,7 @@ from pathlib import Path
 from ocistage.cache import snapshotfiles
 from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import ForeignFile, OcistageError, StoreError
+from ocistage.cache.errors import ForeignFile, StoreError
 from ocistage.cache.evict import Left, take_out
 from ocistage.cache.fdio import write_new_file
 from ocistage.cache.fsops import make_private, open_parent, remove_tree, walk_dirs
@@ -63,6 +63,7 @@ from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.privileges import strip_privileges, stripped_warning
 from ocistage.cache.store import SNAPSHOTS, Store, _translate_oserror, fsync_dir
+from ocistage.errors import OcistageError
 
 METADATA = "snapshot.json"
 MAX_METADATA_BYTES = 1 << 20

@@ -8,7 +8,7 @@ Layout (``CACHE`` is ``--cache``, ``$OCISTAGE_CACHE`` or ``$XDG_CACHE_HOME/ocist
     ingest/<hex>.partial       a download in progress, kept after a crash for Range resume
     ingest/<hex>.lock          the owner of that download (see ocistage.cache.locks)
     tmp/<owner>-<random>/      scratch of a running process; removed when its owner is dead
-    bundles/<key>/             cached bundles (ocistage.bundler.bundle);
+    bundles/<key>/             cached bundles (ocistage.bundler.flows.bundle);
     .<key>.ocistage-<host>-<pid>-<r>
                                is one being built (see :func:`scratch_name`)
     used/, leases/             last use (ocistage.cache.usage) and leases (ocistage.cache.leases)
@@ -39,7 +39,7 @@ from typing import Any, BinaryIO
 
 from ocistage.cache import reserve
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import ForeignFile, IntegrityError, StoreError, UntrustedPath
+from ocistage.cache.errors import ForeignFile, StoreError, UntrustedPath
 from ocistage.cache.evict import (
     evicted_in,
     may_remove,
@@ -64,6 +64,7 @@ from ocistage.cache.locks import FileLock, Owner, owner_is_dead
 from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.readback import open_own
 from ocistage.cache.refnames import INDEX_MEDIA_TYPE, record, record_name, rename
+from ocistage.errors import IntegrityError
 
 OCI_LAYOUT_VERSION = "1.0.0"
 CHUNK = 1 << 20

@@ -4,13 +4,13 @@ Shared by the layer applier (``ocistage.bundler.unpack.apply``) and the squashfs
 (``ocistage.stagers.squashfs``): file data written counts (holes are free), and so does every entry
 (file, directory, link, whiteout), at :data:`ENTRY_CHARGE`: a flood of empty files writes no
 data but fills the filesystem's inodes. A decompression bomb stops at the limit with a
-:class:`ocistage.cache.errors.LayerError`.
+:class:`ocistage.errors.LayerError`.
 """
 
 from __future__ import annotations
 
-from ocistage.cache.errors import LayerError
 from ocistage.cache.sizes import format_size
+from ocistage.errors import LayerError
 
 UNPACK_FLOOR = 4 << 30  # the default unpack budget is the larger of this
 UNPACK_RATIO = 100      # and this many times the compressed size of the layers

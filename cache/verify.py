@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ocistage.cache.digest import Digest, hash_file
-from ocistage.cache.errors import OcistageError, StoreError
+from ocistage.cache.errors import StoreError
 from ocistage.cache.fsops import user_name
 from ocistage.cache.inventory import (
     Blob,
@@ -51,9 +51,10 @@ from ocistage.cache.snapshotfiles import check, linked_bundles
 from ocistage.cache.snapshots import SnapshotInfo, list_snapshots, remove_snapshot
 from ocistage.cache.store import Store, quarantine
 from ocistage.cache.sweep import Sweep
+from ocistage.errors import OcistageError
 
 if TYPE_CHECKING:
-    from ocistage.cache.results import Renderer
+    from ocistage.results import Renderer
 
 ProblemKind = Literal["corrupt-blob", "foreign-file", "broken-ref", "broken-bundle",
                       "changed-snapshot", "changed-bundle", "unchecked-snapshot"]

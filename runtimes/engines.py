@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 
-from ocistage.cache.errors import UsageError
+from ocistage.errors import UsageError
 
 
 def find_scrun(scrun: str | None = None, path: str | None = None) -> str:

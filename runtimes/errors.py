@@ -3,7 +3,7 @@ hooks, and the image user looked up in a rootfs."""
 
 from __future__ import annotations
 
-from ocistage.cache.errors import OcistageError
+from ocistage.errors import OcistageError
 
 
 class SlurmError(OcistageError):

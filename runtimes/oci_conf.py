@@ -21,7 +21,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ocistage.cache.errors import UsageError
+from ocistage.errors import UsageError
 from ocistage.runtimes.slurm import SlurmVersion
 
 RUNTIMES = ("runc", "crun", "nvidia-container-runtime", "apptainer", "enroot")

@@ -4,7 +4,7 @@ Slurm's ``scrun`` (the OCI runtime that rootless Docker/Podman call) hands the h
 ``/etc/slurm/scrun.lua`` the bundle the engine made: a ``config.json`` whose ``root.path``
 points at the engine's rootfs. The generated Lua calls ``ocistage scrun stage-in``, which
 
-1. stages that rootfs content-addressed (``ocistage.stagers.stage.stage_directory``: unchanged
+1. stages that rootfs content-addressed (``ocistage.stagers.directory.stage_directory``: unchanged
    files are not copied again) to ``STAGE_DIR/<uid>/<id>/rootfs`` (or ``STAGE_DIR-<uid>/<id>``
    when STAGE_DIR is not one every user can trust, :func:`user_stage_dir`), leased to the
    Slurm job;
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from ocistage.cache.errors import ForeignFile, OcistageError, UntrustedPath, UsageError
+from ocistage.cache.errors import ForeignFile, UntrustedPath
 from ocistage.cache.fsops import (
     PARENT_MODE,
     check_path_trusted,
@@ -45,6 +45,7 @@ from ocistage.cache.leases import Holder
 from ocistage.cache.readback import read_own
 from ocistage.cache.store import write_file_atomic
 from ocistage.cache.userdirs import host_id, host_root_mapped
+from ocistage.errors import OcistageError, UsageError
 from ocistage.runtimes.errors import ScrunError
 from ocistage.runtimes.idmap import detect_root_placeholder
 from ocistage.runtimes.rootless import RootlessIds, make_rootless
@@ -752,7 +753,7 @@ def private_dir(path: Path) -> Path:
 
 def stage_in(request: StageInRequest, *, cache_root: Path, jobs: int = 8) -> StageInResult:
     """Stage the engine's bundle for Slurm (see the module docstring)."""
-    from ocistage.stagers.stage import stage_directory  # imported late: a sibling package's API
+    from ocistage.stagers.directory import stage_directory  # imported late: a sibling package's API
 
     container_id = check_container_id(request.container_id)
     uid, gid = job_ids(request.uid, request.gid)  # an unprivileged caller's own, or refused

@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ocistage.cache.errors import OcistageError
+from ocistage.errors import OcistageError
 from ocistage.runtimes.slurm import cancel_job, sbatch
 from ocistage.runtimes.submit import cleanup_options, this_ocistage, wrap_command
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ocistage.cache.errors import UsageError
+from ocistage.errors import UsageError
 from ocistage.runtimes.errors import SlurmError
 
 

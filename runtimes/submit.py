@@ -40,9 +40,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ocistage.cache.errors import OcistageError, UsageError
 from ocistage.cache.fsops import check_path_trusted
 from ocistage.cache.leases import Holder
+from ocistage.errors import OcistageError, UsageError
 from ocistage.runtimes.bundle_command import resolve_command
 from ocistage.runtimes.errors import SlurmError
 from ocistage.runtimes.slurm import cancel_job, release_job, sbatch, srun_argv
@@ -199,7 +199,7 @@ def check_options(options: Sequence[str]) -> None:
 
 def submit(bundle: Path, options: SubmitOptions, *, cache_root: Path) -> SubmitResult:
     """Stage ``bundle`` to ``options.stage_to`` and submit it (see the module docstring)."""
-    from ocistage.stagers.stage import stage_directory  # a sibling package's API
+    from ocistage.stagers.directory import stage_directory  # a sibling package's API
 
     check_options(options.options)
     # absolute inside the image: Slurm 24.05 resolves a bare name on the host's PATH

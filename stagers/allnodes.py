@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ocistage.cache.errors import UsageError
+from ocistage.errors import UsageError
 from ocistage.stagers.errors import StageError
 
 

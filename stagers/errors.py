@@ -1,9 +1,9 @@
 """The errors of the ``stagers`` package, in the one hierarchy rooted in
-:mod:`ocistage.cache.errors`."""
+:mod:`ocistage.errors`."""
 
 from __future__ import annotations
 
-from ocistage.cache.errors import OcistageError, UsageError
+from ocistage.errors import OcistageError, UsageError
 
 
 class StageError(OcistageError):

@@ -29,8 +29,8 @@ import xxhash
 
 from ocistage.cache.errors import ForeignFile
 from ocistage.cache.readback import open_own
-from ocistage.cache.staged import MANIFEST_NAME as MANIFEST_NAME
-from ocistage.cache.staged import MARKER_NAME as MARKER_NAME
+from ocistage.cache.targetlayout import MANIFEST_NAME as MANIFEST_NAME
+from ocistage.cache.targetlayout import MARKER_NAME as MARKER_NAME
 from ocistage.stagers import xattrs
 from ocistage.stagers.errors import StageError
 from ocistage.stagers.parallel import map_batched

@@ -30,7 +30,7 @@ from typing import Any
 from ocistage.cache import leases, usage
 from ocistage.cache.fsops import DIR_FOLLOW, DIR_READ, trust_problem
 from ocistage.cache.leases import Holder, Lease, StagedPlace
-from ocistage.cache.staged import image_name, outer_marker_name, read_json_at
+from ocistage.cache.targetlayout import image_name, outer_marker_name, read_json_at
 from ocistage.stagers.filemanifest import MARKER_NAME
 
 
@@ -215,7 +215,7 @@ def claim(cache_root: Path, path: Path, holder: Holder) -> tuple[Lease, bool]:
 def release_if_unused(cache_root: Path, path: Path, lease: Lease, taken: bool) -> None:
     """After a failed staging: drop ``lease`` if :func:`claim` took it for this staging and
     what is staged at ``path`` (if anything) is not marked with it, by its own marker or by
-    the outer marker beside it (:func:`ocistage.cache.staged.outer_marker_name`)."""
+    the outer marker beside it (:func:`ocistage.cache.targetlayout.outer_marker_name`)."""
     if not taken:
         return
     marker = read_marker(path)

@@ -1,7 +1,7 @@
 """A per-target pool of file contents, so equal files are stored once per target filesystem.
 
 ``TARGET/.ocistage-pool/<hh>/<xxh3-128>-<mode>`` (``.ocistage-pool-<uid>`` in a shared
-target: one pool per user, :func:`ocistage.cache.staged.pool_name`) holds one read-only copy
+target: one pool per user, :func:`ocistage.cache.targetlayout.pool_name`) holds one read-only copy
 of each distinct (content, permission bits) pair that any bundle staged into ``TARGET`` uses;
 bundles hardlink to it. Staging a new version of an image, or a second image sharing files
 with a staged one, copies only contents the pool lacks. Permission bits and extended
@@ -32,7 +32,7 @@ from ocistage.cache.fsops import (
     link_refused,
     make_private,
 )
-from ocistage.cache.staged import POOL_TEMP_SUFFIX, pool_name, shared_target
+from ocistage.cache.targetlayout import POOL_TEMP_SUFFIX, pool_name, shared_target
 from ocistage.stagers import xattrs
 from ocistage.stagers.copy import Copier, link_fd
 from ocistage.stagers.filemanifest import CHUNK
@@ -60,7 +60,7 @@ class Pool:
 
     @classmethod
     def of_target(cls, target: Path) -> Pool:
-        """The caller's pool in ``target`` (:func:`ocistage.cache.staged.pool_name`: one of
+        """The caller's pool in ``target`` (:func:`ocistage.cache.targetlayout.pool_name`: one of
         their own in a shared, sticky target)."""
         try:
             shared = shared_target(os.stat(target))

@@ -26,16 +26,16 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ocistage.cache.fsops import DIR_FOLLOW, remove_tree
 from ocistage.cache.leases import Holder, Lease
-from ocistage.cache.staged import IMAGE_SUFFIX, image_path, outer_marker_name
+from ocistage.cache.targetlayout import IMAGE_SUFFIX, image_path, outer_marker_name
 from ocistage.stagers.errors import StageError
 from ocistage.stagers.filemanifest import MANIFEST_NAME, fill_hashes, load_manifest, scan
 from ocistage.stagers.markers import Marker, write_at
-from ocistage.stagers.session import Staging
 from ocistage.stagers.squashfs import install_image, make_image, tree_size
 from ocistage.stagers.target import StageResult, check_name
+from ocistage.stagers.transaction import Staging
 
 if TYPE_CHECKING:
-    from ocistage.cache.results import Renderer
+    from ocistage.results import Renderer
 
 CHUNK = 4 << 20
 TAR_SUFFIX = ".tar"
@@ -179,7 +179,7 @@ def stage_from_url(url: str, to: Path, *, cache_root: Path, name: str | None = N
 
 
 def write_outer_marker(final: Path, lease: Lease, url: str) -> None:
-    """Name ``lease`` in ``TO/.NAME.ocistage-staged.json`` (:mod:`ocistage.cache.staged`).
+    """Name ``lease`` in ``TO/.NAME.ocistage-staged.json`` (:mod:`ocistage.cache.targetlayout`).
 
     The marker inside a fetched image was written when it was pushed and names no lease of
     this cache; the image is read-only, so ``cache gc`` learns from the outer marker which

@@ -34,11 +34,11 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from ocistage.cache import leases, staged
-from ocistage.cache.errors import OcistageError
+from ocistage.cache import leases, targetlayout
 from ocistage.cache.fsops import DIR_FOLLOW, remove_tree, trust_problem
 from ocistage.cache.leases import Holder, Lease, StagedPlace
-from ocistage.cache.staged import RETIRED_PREFIX
+from ocistage.cache.targetlayout import RETIRED_PREFIX
+from ocistage.errors import OcistageError
 from ocistage.stagers.markers import (
     live_leases,
     marker_of,
@@ -72,9 +72,9 @@ def retire(replaced: Path, final: Path, cache_root: Path, holders: Iterable[Hold
     os.rename(replaced, aside)
     fd = os.open(aside, DIR_FOLLOW)
     try:
-        marker = marker_of(staged.read_json_at(fd, staged.MARKER_NAME))
+        marker = marker_of(targetlayout.read_json_at(fd, targetlayout.MARKER_NAME))
         if marker is not None and taken:
-            write_at(fd, staged.MARKER_NAME, replace(marker, id=taken[0].id).to_json())
+            write_at(fd, targetlayout.MARKER_NAME, replace(marker, id=taken[0].id).to_json())
     finally:
         os.close(fd)
     return aside
@@ -129,18 +129,19 @@ def sweep(to: Path, name: str, cache_root: Path, *, holder: Holder | None = None
             leases.release(cache_root, lease.id)
         removed += 1
     if removed:
-        staged.sweep_pool(to)
+        targetlayout.sweep_pool(to)
     return removed
 
 
 def _remove(path: Path) -> None:
-    """Remove a retired version, its marker last (:func:`ocistage.cache.staged.take_down`): one that
+    """Remove a retired version, its marker last (:func:`ocistage.cache.targetlayout.take_down`):
+    one that
     stops half-way stays recognisable to ``cache gc`` and the next sweep."""
-    bundle = staged.open_staged(path)
+    bundle = targetlayout.open_staged(path)
     if bundle is None:  # no marker (a crash between the rename and the marker's rewrite)
         remove_tree(path)
         return
     try:
-        staged.take_down(bundle)
+        targetlayout.take_down(bundle)
     finally:
         os.close(bundle.parent_fd)

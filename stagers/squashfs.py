@@ -9,7 +9,7 @@ manifest and the marker; its ``config.json`` has ``root.readonly = true`` becaus
 read-only.
 
 The image is built in the caller's scratch dir of ``TO`` (``.ocistage-tmp/``, per user in a
-shared target: :func:`ocistage.cache.staged.tmp_name`) and renamed into place, so
+shared target: :func:`ocistage.cache.targetlayout.tmp_name`) and renamed into place, so
 ``TO/NAME.sqfs`` is never half written. Re-staging an unchanged source (same manifest by
 stat) does nothing.
 """
@@ -29,8 +29,8 @@ from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.errors import StoreError
 from ocistage.cache.fsops import PRIVATE_DIR_MODE
 from ocistage.cache.privileges import strip_privileges
-from ocistage.cache.staged import image_path
-from ocistage.cache.staged import unmount as unmount
+from ocistage.cache.targetlayout import image_path
+from ocistage.cache.targetlayout import unmount as unmount
 from ocistage.cache.unpackbudget import ENTRY_CHARGE, UnpackBudget, default_unpack_limit
 from ocistage.stagers.errors import StageError
 from ocistage.stagers.filemanifest import (
@@ -50,9 +50,9 @@ from ocistage.stagers.mksquashfs import (
     pseudo_name,
     run_tool,
 )
-from ocistage.stagers.mountpoints import mount_points
-from ocistage.stagers.session import Staging
+from ocistage.stagers.mountrule import mount_points
 from ocistage.stagers.target import StageResult, readonly_config, write_private
+from ocistage.stagers.transaction import Staging
 
 
 def _tool(name: str) -> str:
@@ -65,14 +65,14 @@ def _tool(name: str) -> str:
 
 
 def missing_mountpoints(source: Path) -> list[tuple[tuple[str, ...], str]]:
-    """Mount points of ``source/config.json`` (:func:`ocistage.stagers.mountpoints.mount_points`)
+    """Mount points of ``source/config.json`` (:func:`ocistage.stagers.mountrule.mount_points`)
     missing from its rootfs, as (path inside the image as components, "d" or "f"), parents
     first.
 
     A mounted image is read-only, so runc cannot create them at start (it would fail with
     ENOSYS/EROFS): they are added to the image as empty directories or files, a directory for
     a bind whose source is not on this host. Bundles made by ``ocistage bundle`` have them
-    already (:mod:`ocistage.bundler.mountpoints`); other bundles may not. Any name is carried
+    already (:mod:`ocistage.bundler.rootfsmounts`); other bundles may not. Any name is carried
     (white space, quotes, newlines: :func:`~ocistage.stagers.mksquashfs.pseudo_name`); one that
     no image can hold is a :class:`~ocistage.stagers.errors.PseudoNameError`.
     """

@@ -1,6 +1,7 @@
 """The target directory of staging: names, per-name locks, scratch dirs, atomic publish.
 
-The layout of a target is defined once, in :mod:`ocistage.cache.staged`. A version is built in a
+The layout of a target is defined once, in :mod:`ocistage.cache.targetlayout`. A version is built
+in a
 scratch dir and published by ``rename()``, or by an atomic ``renameat2(RENAME_EXCHANGE)`` with
 the previous version (then removed). Scratch dirs whose owner died (kill -9, node crash) are
 removed by the next stager of the same name, under its lock.
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ocistage.cache.bundleinfo import SHARED_ROOT_ANNOTATION
-from ocistage.cache.errors import LockTimeout, StoreError, UntrustedPath, UsageError
+from ocistage.cache.errors import LockTimeout, StoreError, UntrustedPath
 from ocistage.cache.fsops import (
     DIR_READ,
     OWNER_SUFFIX,
@@ -38,13 +39,14 @@ from ocistage.cache.fsops import (
     trust_problem,
 )
 from ocistage.cache.locks import FileLock
-from ocistage.cache.staged import (
+from ocistage.cache.targetlayout import (
     RESERVED_PREFIX,
     outer_marker_name,
     plain_name,
     shared_target,
     tmp_name,
 )
+from ocistage.errors import UsageError
 from ocistage.stagers.errors import StageError, StageUsageError
 
 
@@ -161,7 +163,8 @@ SQUAT_HINT = ("another user made that name first (in a sticky directory every us
 
 def target_is_shared(to: Path) -> bool:
     """Whether the (trusted, existing) target ``to`` is shared by users
-    (:func:`ocistage.cache.staged.shared_target`): then its scratch dir and pool are per user."""
+    (:func:`ocistage.cache.targetlayout.shared_target`): then its scratch dir and pool are per
+    user."""
     return shared_target(os.stat(to))
 
 
@@ -207,7 +210,7 @@ def _check_target(to: Path) -> str:
 
 
 def tmp_dir(to: Path) -> Path:
-    """The caller's scratch dir in ``TO`` (:func:`ocistage.cache.staged.tmp_name`), made if
+    """The caller's scratch dir in ``TO`` (:func:`ocistage.cache.targetlayout.tmp_name`), made if
     needed; ``TO`` and it must be trusted (docs/trust.md): every directory above ``TO``
     (:func:`ocistage.cache.fsops.walk_trusted`), ``TO`` owned by the caller or root and not
     writable by others, or a sticky directory like ``/tmp`` (shared: the scratch dir is

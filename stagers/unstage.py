@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ocistage.cache import leases, reserve, staged
+from ocistage.cache import leases, reserve, targetlayout
 from ocistage.cache.fsops import DIR_FOLLOW, DIR_READ
 from ocistage.cache.leases import Holder, Lease, StagedPlace
 from ocistage.stagers import retired
@@ -36,7 +36,7 @@ from ocistage.stagers.markers import (
 )
 
 if TYPE_CHECKING:
-    from ocistage.cache.results import Renderer
+    from ocistage.results import Renderer
 
 
 def _release_leases(cache_root: Path, path: Path, holder: Holder | None) -> list[Lease]:
@@ -56,9 +56,9 @@ def _hand_over(parent_fd: int, name: str, fd: int, marker: Marker, mounted: bool
         return
     data = replace(marker, id=live[0].id).to_json()
     if mounted:
-        write_at(parent_fd, staged.outer_marker_name(name), data)
+        write_at(parent_fd, targetlayout.outer_marker_name(name), data)
     else:
-        write_at(fd, staged.MARKER_NAME, data)
+        write_at(fd, targetlayout.MARKER_NAME, data)
 
 
 @dataclass(frozen=True)
@@ -132,16 +132,16 @@ def _unstage_in(parent_fd: int, parent: Path, name: str, path: Path, cache_root:
         # before anything is removed: an unstage killed half-way leaves a bundle (or what an
         # unmount left of it) that the next unstage, or GC once this process is gone, finish
         removal = StagedPlace.of(path).acquire(cache_root, Holder.this_process())
-        staged.mark_removing(bundle, removal.id)
+        targetlayout.mark_removing(bundle, removal.id)
     except BaseException:
         if bundle.fd >= 0:
             os.close(bundle.fd)
         raise
     outer = bundle.outer
-    earlier = outer.get("id") if outer is not None and staged.removing(outer) else None
+    earlier = outer.get("id") if outer is not None and targetlayout.removing(outer) else None
     release_leases(cache_root, path, holder, keep=removal.id)
-    staged.take_down(bundle)   # closes fd
-    staged.remove_beside(bundle)
+    targetlayout.take_down(bundle)   # closes fd
+    targetlayout.remove_beside(bundle)
     for lease_id in (earlier, removal.id):  # the removal lease of an unstage cut short too
         if isinstance(lease_id, str):
             leases.release(cache_root, lease_id)
@@ -149,9 +149,9 @@ def _unstage_in(parent_fd: int, parent: Path, name: str, path: Path, cache_root:
 
 
 def _open_bundle(parent_fd: int, parent: Path, name: str,
-                 path: Path) -> staged.StagedBundle | None:
+                 path: Path) -> targetlayout.StagedBundle | None:
     """The staged bundle ``name`` of ``parent_fd``, opened, or the remnant of a removal cut
-    short (:func:`ocistage.cache.staged.remnant_of`); None if there is neither."""
+    short (:func:`ocistage.cache.targetlayout.remnant_of`); None if there is neither."""
     try:
         fd = os.open(name, DIR_READ, dir_fd=parent_fd)
     except FileNotFoundError:
@@ -160,12 +160,12 @@ def _open_bundle(parent_fd: int, parent: Path, name: str,
         raise StageError(f"{path} is not a staged bundle (not a directory, or a symlink)",
                          "give the path ocistage stage printed") from exc
     try:
-        document = staged.read_json_at(fd, staged.MARKER_NAME) if fd >= 0 else None
+        document = targetlayout.read_json_at(fd, targetlayout.MARKER_NAME) if fd >= 0 else None
         if document is not None and marker_of(document) is not None:
             mounted = os.fstat(fd).st_dev != os.fstat(parent_fd).st_dev
-            outer = staged.read_json_at(parent_fd, staged.outer_marker_name(name))
-            return staged.StagedBundle(parent_fd, parent, name, fd, document, outer, mounted)
-        remnant = staged.remnant_of(parent_fd, parent, name, fd)
+            outer = targetlayout.read_json_at(parent_fd, targetlayout.outer_marker_name(name))
+            return targetlayout.StagedBundle(parent_fd, parent, name, fd, document, outer, mounted)
+        remnant = targetlayout.remnant_of(parent_fd, parent, name, fd)
         if remnant is None and fd >= 0:
             raise StageError(f"{path} was not staged by ocistage (no marker); not removing it",
                              "remove it yourself if it is yours")
@@ -177,7 +177,7 @@ def _open_bundle(parent_fd: int, parent: Path, name: str,
 
 
 def _hand_over_to_others(cache_root: Path, path: Path, holder: Holder | None,
-                         bundle: staged.StagedBundle) -> bool:
+                         bundle: targetlayout.StagedBundle) -> bool:
     """Release ``holder``'s leases and keep the bundle if another live lease still uses it
     (:func:`_hand_over`): True then; False (nothing released) when it is to be removed."""
     others = [lease for lease in staged_leases(cache_root, path)

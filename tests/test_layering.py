@@ -1,6 +1,7 @@
 """Dependencies point one way (docs/architecture.md), the command line included.
 
-The layers, bottom to top: ``cache``; ``stagers``; ``runtimes``; inside ``bundler`` the image
+The layers, bottom to top: the error base and the result protocol (``ocistage.errors``,
+``ocistage.results``); ``cache``; ``stagers``; ``runtimes``; inside ``bundler`` the image
 model (``bundler.image``), then the registry client (``bundler.registry``) and the layer
 unpacker (``bundler.unpack``), then image trust (``bundler.trust``), then bundler's own
 modules (pull, bundle, stage, submit), then the command line (``bundler.cli``) and the
@@ -24,6 +25,8 @@ FOLDERS = ("ocistage", "bundler", "cache", "stagers", "runtimes", "pytest_ocista
 
 #: bottom to top; a module belongs to the longest prefix that names it
 LAYERS = (
+    "ocistage.errors",
+    "ocistage.results",
     "ocistage.cache",
     "ocistage.stagers",
     "ocistage.runtimes",
@@ -81,7 +84,7 @@ def _known_modules() -> set[str]:
 
 def test_the_product_files_are_found() -> None:
     modules = _known_modules()
-    assert {"ocistage.bundler.cli.app", "ocistage.cache.store", "ocistage.stagers.stage",
+    assert {"ocistage.bundler.cli.app", "ocistage.cache.store", "ocistage.stagers.directory",
             "ocistage.runtimes.scrun", "ocistage.bundler.unpack.apply",
             "pytest_ocistage.plugin", "ocistage"} <= modules
     assert not any(name.startswith("ocistage.ocistage") for name in modules)

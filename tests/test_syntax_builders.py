@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ocistage.bundler.cli.manpage import _section
-from ocistage.cache.errors import OcistageError, UsageError
+from ocistage.errors import OcistageError, UsageError
 from ocistage.runtimes.engines import conmon_path, docker_daemon_json, podman_containers_conf
 from ocistage.runtimes.oci_conf import (
     OciConfOptions,

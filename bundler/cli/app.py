@@ -4,7 +4,7 @@ This is the only module that imports all four packages (through the command modu
 commands live in ``cli_image`` (pull, inspect, bundle), ``cli_stage``, ``cli_slurm``,
 ``cli_cache`` and ``cli_config``; :mod:`ocistage.bundler.cli.commands` lists them, and a command's
 module is imported only when that command runs. :func:`run` is the one boundary between the
-library and the user: errors from the library arrive as :class:`ocistage.cache.errors.OcistageError`
+library and the user: errors from the library arrive as :class:`ocistage.errors.OcistageError`
 and are rendered as one ``error:`` line plus a ``hint:`` line (exit 1, or 2 for usage
 errors); any other exception is one line too; tracebacks are shown only with ``-v``. A
 closed stdout ends a command quietly with 141, as SIGPIPE ends ``ls`` (docs/cli.md).
@@ -28,7 +28,7 @@ from ocistage.bundler.cli import bashcompletion
 from ocistage.bundler.cli.commands import ClosedStdout, LazyGroup, PipeError, stdout_closed
 from ocistage.bundler.cli.common import shown, stderr
 from ocistage.bundler.cli.memory import limit_malloc_arenas
-from ocistage.cache.errors import OcistageError
+from ocistage.errors import OcistageError
 
 
 def _version(value: bool) -> None:

@@ -14,8 +14,8 @@ from ocistage.bundler.cli.common import (
     complete_words,
     with_options,
 )
-from ocistage.cache.errors import IntegrityError
 from ocistage.cache.sizes import parse_age
+from ocistage.errors import IntegrityError
 
 # The cache modules are imported inside the commands (see ocistage.bundler.cli.common).
 

@@ -10,7 +10,7 @@ handed them as one :class:`CommonOptions`), build its settings with
 :meth:`CommonOptions.settings`, make one library call, and print what it returned with
 :meth:`CommonOptions.emit`: the result's JSON (``to_json``) with --json, else its human form
 (``render``, told to a :class:`CliRenderer`, which writes out control characters and escapes
-markup); see ``ocistage.cache.results``.
+markup); see ``ocistage.results``.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from ocistage.bundler.pull import PullOptions, PullProgress
     from ocistage.bundler.settings import Settings
     from ocistage.cache.notice import Notice
-    from ocistage.cache.results import JsonResult, Result
     from ocistage.cache.store import Store
+    from ocistage.results import JsonResult, Result
 
 
 class _LazyConsole:
@@ -471,7 +471,7 @@ def print_json_line(result: JsonResult) -> None:
 
 
 class CliRenderer:
-    """The command line's :class:`ocistage.cache.results.Renderer`: a result's human form on
+    """The command line's :class:`ocistage.results.Renderer`: a result's human form on
     stdout and stderr. Every text has its control characters written out; with ``rich`` it is
     printed through rich (markup escaped), else as a plain line without loading rich (the
     routine commands: pull, bundle, stage, unstage). ``quiet`` leaves out notes and details."""

@@ -127,7 +127,7 @@ def bundle_command(
     The bundle is rootfs/ and config.json, for runc and crun; without DEST it is made in
     the cache and reused while the image and options are the same.
     """
-    from ocistage.bundler.bundle import make_bundle, run_notices
+    from ocistage.bundler.flows.bundle import make_bundle, run_notices
     from ocistage.bundler.runtime_config import ConfigOptions, gpu_hook_missing
 
     settings = opts.settings(keep_snapshot=keep_snapshot)

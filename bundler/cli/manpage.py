@@ -20,7 +20,7 @@ from typing import Any
 
 import typer
 
-from ocistage.cache.errors import UsageError
+from ocistage.errors import UsageError
 
 #: what ``man ocistage`` says besides the help texts (docs/cli.md, docs/config.md)
 EXIT_STATUS = (

@@ -66,7 +66,7 @@ def _release() -> int:
 def run(argv: Sequence[str]) -> int:
     """Run one command; every error becomes an ``error:`` and a ``hint:`` line (exit 1, 2
     for a wrong command line)."""
-    from ocistage.cache.errors import OcistageError
+    from ocistage.errors import OcistageError
 
     if list(argv) in (["-h"], ["--help"]):
         sys.stdout.write(USAGE)

@@ -299,7 +299,7 @@ def submit_command(
     The options between REF and -- go to sbatch (or srun with --srun), the words after --
     are the job's command; a cleanup job removes the staged bundle after the job.
     """
-    from ocistage.bundler.submitting import bundle_for_submit, check_stage_target, submit_bundle
+    from ocistage.bundler.flows.submit import bundle_for_submit, check_stage_target, submit_bundle
     from ocistage.runtimes.submit import SubmitOptions, check_options, this_ocistage
 
     check_options(ctx.args)  # part of parsing: the sbatch options passed through

@@ -24,7 +24,7 @@ from ocistage.bundler.cli.common import (
     print_warnings,
     with_options,
 )
-from ocistage.cache.errors import UsageError
+from ocistage.errors import UsageError
 
 # The stagers, the cache, the bundler and their dependencies are imported inside the commands:
 # every `ocistage` invocation imports this module, few of them stage (see
@@ -91,7 +91,7 @@ def stage_command(
     A REF is bundled first and staged as REPOSITORY+TAG (staging the tag again replaces
     it); a re-stage copies only the files that changed.
     """
-    from ocistage.bundler.staging import StageOptions, stage
+    from ocistage.bundler.flows.stage import StageOptions, stage
 
     settings = opts.settings()
     silent = opts.quiet or opts.json or json_lines

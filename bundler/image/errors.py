@@ -1,9 +1,9 @@
 """Errors of the image model: references that do not parse, documents that fail their
-schema, manifests ocistage cannot use. They subclass :mod:`ocistage.cache.errors`."""
+schema, manifests ocistage cannot use. They subclass :mod:`ocistage.errors`."""
 
 from __future__ import annotations
 
-from ocistage.cache.errors import OcistageError, UsageError
+from ocistage.errors import OcistageError, UsageError
 
 
 class InvalidReference(UsageError):

@@ -21,8 +21,8 @@ from ocistage.bundler.image import mediatypes
 from ocistage.bundler.image.errors import SchemaError, UnsupportedManifest
 from ocistage.bundler.image.platform import Platform, select_platform
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import UsageError
 from ocistage.cache.jsondoc import unique_keys
+from ocistage.errors import UsageError
 
 MAX_DOCUMENT_SIZE = 4 * 1024 * 1024
 SCHEMA1_HINT = "re-push the image with a current client (schema 1 images are deprecated)"

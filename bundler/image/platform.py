@@ -18,7 +18,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ocistage.cache.errors import UsageError
+from ocistage.errors import UsageError
 
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]*", re.ASCII)
 _ARM_VARIANT_RE = re.compile(r"v(\d+)(?:\.(\d+))?", re.ASCII)

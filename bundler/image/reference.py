@@ -34,7 +34,7 @@ from pathlib import Path
 
 from ocistage.bundler.image.errors import InvalidReference
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import UsageError
+from ocistage.errors import UsageError
 
 DEFAULT_REGISTRY = "docker.io"
 LEGACY_DEFAULT_REGISTRY = "index.docker.io"

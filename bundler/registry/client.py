@@ -52,8 +52,8 @@ from ocistage.bundler.registry.types import BlobSink as BlobSink
 from ocistage.bundler.registry.types import FetchedManifest as FetchedManifest
 from ocistage.bundler.registry.types import RegistryConfig as RegistryConfig
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import IntegrityError, NotFound, UsageError
 from ocistage.cache.jsondoc import parse_json
+from ocistage.errors import IntegrityError, NotFound, UsageError
 
 log = logging.getLogger(__name__)
 # one line per retry, for the user (the CLI shows them on stderr unless -q)
@@ -224,7 +224,7 @@ class RegistryClient:
 
     Safe to share between threads fetching blobs in parallel. ``sleep`` and ``clock`` are
     injectable so tests of backoff and token expiry do not wait; the default sleep ends at
-    once, raising :class:`ocistage.cache.errors.Interrupted`, when :meth:`abort` is called.
+    once, raising :class:`ocistage.errors.Interrupted`, when :meth:`abort` is called.
 
     Retries are bounded by count (``max_retries``) and by time: no retry starts more than
     ``retry_time`` seconds after the first try of a request, or after the last progress of a

@@ -1,9 +1,9 @@
 """Errors of talking to a registry. A missing repository, tag, manifest or blob is
-:class:`ocistage.cache.errors.NotFound`, which the cache raises too."""
+:class:`ocistage.errors.NotFound`, which the cache raises too."""
 
 from __future__ import annotations
 
-from ocistage.cache.errors import OcistageError, UsageError
+from ocistage.errors import OcistageError, UsageError
 
 
 class RegistryError(OcistageError):

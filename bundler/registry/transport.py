@@ -14,7 +14,7 @@ Every exchange is watched (:mod:`ocistage.bundler.registry.watchdog`): the respo
 document body
 must arrive within ``deadline`` seconds, and any body at ``min_speed`` bytes a second over a
 ``speed_window``. :meth:`Transport.abort` stops everything in flight at once; the caller then
-sees :class:`ocistage.cache.errors.Interrupted`, which no retry loop retries.
+sees :class:`ocistage.errors.Interrupted`, which no retry loop retries.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import urllib3.response
 
 from ocistage.bundler.registry.errors import RegistryUnreachable
 from ocistage.bundler.registry.watchdog import Limits, Transfer, Watchdog
-from ocistage.cache.errors import Interrupted
+from ocistage.errors import Interrupted
 
 CHUNK_SIZE = 1 << 20
 MIN_YIELD = 1 << 16

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ocistage.cache.errors import OcistageError
+from ocistage.errors import OcistageError
 
 if TYPE_CHECKING:
     from ocistage.bundler.trust.evaluate import Verdict

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from ocistage.bundler.trust.lookaside import SIGNATURE_LIMIT, SIGNATURES_LIMIT
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import OcistageError
 from ocistage.cache.readback import read_own
 from ocistage.cache.store import Store, write_file_atomic
+from ocistage.errors import OcistageError
 
 DIRECTORY = "signatures"
 KEPT_LIMIT = 2 * SIGNATURES_LIMIT * SIGNATURE_LIMIT  # base64 and JSON around them

@@ -23,7 +23,7 @@ from typing import BinaryIO
 
 import zstandard
 
-from ocistage.cache.errors import LayerError
+from ocistage.errors import LayerError
 
 _INFLATE: ModuleType = zlib
 with contextlib.suppress(ImportError):  # ISA-L's inflate: zlib's API, ~2.7x faster here

@@ -37,9 +37,9 @@ from ocistage.bundler.image.manifest import Descriptor
 from ocistage.bundler.unpack.apply import apply_layer
 from ocistage.bundler.unpack.decompress import open_layer_stream
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import IntegrityError
 from ocistage.cache.notice import Notice
 from ocistage.cache.unpackbudget import UnpackBudget
+from ocistage.errors import IntegrityError
 
 CHUNK = 1 << 20
 QUEUE_CHUNKS = 8  # decompressed MiB in flight between the decompress and the tar thread

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from ocistage.cache.errors import LayerError
 from ocistage.cache.fsops import DIR_PATH, DIR_READ
+from ocistage.errors import LayerError
 
 MAX_SYMLINK_HOPS = 40
 """Symlinks followed while resolving one path, as Linux's ``MAXSYMLINKS``."""

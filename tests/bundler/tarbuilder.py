@@ -184,14 +184,14 @@ def snapshot(root: Path, *, mtimes: bool = True, dir_mtimes: bool = True,
 
 
 DEFAULT_MOUNT_POINTS = ("proc", "dev", "sys")
-"""The mount points of the mounts every bundle's config.json has (ocistage.bundler.mountpoints)."""
+"""The mount points of the mounts every bundle's config.json has (ocistage.bundler.rootfsmounts)."""
 
 
 def add_mount_points(rootfs: Path) -> Path:
     """Give another tool's unpack of an image (umoci's) what ``ocistage bundle`` adds to it, a
     documented difference (docs/layers.md): the default mounts' mount points it lacks, empty
     0755 directories dated 0, the rootfs keeping its times."""
-    from ocistage.bundler.mountpoints import MOUNT_POINT_TIME_NS
+    from ocistage.bundler.rootfsmounts import MOUNT_POINT_TIME_NS
 
     info = rootfs.stat()
     for name in DEFAULT_MOUNT_POINTS:
@@ -205,7 +205,7 @@ def add_mount_points(rootfs: Path) -> Path:
 def with_mount_points(nodes: dict[str, Node]) -> dict[str, Node]:
     """:func:`snapshot` ``nodes`` of an image's tree (a cache snapshot's) with what
     :func:`add_mount_points` adds on disk: what the bundle of that tree holds."""
-    from ocistage.bundler.mountpoints import MOUNT_POINT_TIME_NS
+    from ocistage.bundler.rootfsmounts import MOUNT_POINT_TIME_NS
 
     made: Node = (stat.S_IFDIR, 0o755, None, (), MOUNT_POINT_TIME_NS // 1000)
     return {name: made for name in DEFAULT_MOUNT_POINTS} | nodes

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.bundler.bundle import make_bundle
+from ocistage.bundler.flows.bundle import make_bundle
 from ocistage.bundler.follower import BlobFollower, StreamRestarted
 from ocistage.bundler.image.reference import parse_reference
 from ocistage.bundler.runtime_config import ConfigOptions
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import IntegrityError
 from ocistage.cache.fsops import reflinks_work
 from ocistage.cache.snapshots import (
     chain_ids,
@@ -31,6 +30,7 @@ from ocistage.cache.snapshots import (
     snapshot_dir,
 )
 from ocistage.cache.store import Store
+from ocistage.errors import IntegrityError
 from tests.bundler.tarbuilder import (
     Node,
     build_tar,

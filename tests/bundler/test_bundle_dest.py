@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.bundler.bundle import make_bundle
+from ocistage.bundler.flows.bundle import make_bundle
 from ocistage.bundler.image.reference import parse_reference
 from ocistage.bundler.runtime_config import ConfigOptions
-from ocistage.cache.errors import UsageError
 from ocistage.cache.store import Store
+from ocistage.errors import UsageError
 from tests.bundler.tarbuilder import build_tar, directory, file, write_oci_layout
 
 LAYER = build_tar([directory("bin"), file("bin/tool", b"#!/bin/sh\n" * 1000, mode=0o755),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.bundler.bundle import _bundle_key, _owners, make_bundle
+from ocistage.bundler.flows.bundle import _bundle_key, _owners, make_bundle
 from ocistage.bundler.image.reference import parse_reference
 from ocistage.bundler.runtime_config import ConfigOptions
 from ocistage.cache.digest import Digest

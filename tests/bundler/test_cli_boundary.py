@@ -168,7 +168,7 @@ def test_sanitize_writes_out_control_characters() -> None:
 @pytest.mark.parametrize("rich", [False, True])
 def test_a_result_says_plain_text_and_the_renderer_makes_it_safe(
         rich: bool, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a result tells the renderer (ocistage.cache.results.Renderer) is plain text: control
+    """What a result tells the renderer (ocistage.results.Renderer) is plain text: control
     characters are written out and markup is shown as text; --quiet drops notes and details,
     not the result and not warnings."""
     monkeypatch.setenv("NO_COLOR", "1")

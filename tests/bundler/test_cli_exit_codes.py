@@ -105,7 +105,7 @@ def test_pipefail_sees_what_it_sees_of_ls(tmp_path: Path) -> None:
 
 def test_ctrl_c_in_stage_is_an_error_with_a_hint(cli: Cli,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from ocistage.bundler import staging
+    from ocistage.bundler.flows import stage as staging
 
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt

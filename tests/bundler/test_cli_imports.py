@@ -22,14 +22,14 @@ HEAVY = frozenset({
     "requests", "urllib3", "charset_normalizer", "jsonschema", "referencing", "fsspec",
     "zstandard", "rich.table", "rich.progress",
     "ocistage.bundler.registry.client", "ocistage.bundler.registry.transport",
-    "ocistage.bundler.pull", "ocistage.bundler.bundle",
+    "ocistage.bundler.pull", "ocistage.bundler.flows.bundle",
     "ocistage.bundler.image.schema", "ocistage.bundler.runtime_config",
     "ocistage.bundler.settings", "ocistage.bundler.unpack.layerchain",
     "ocistage.bundler.follower", "ocistage.bundler.rootfs", "ocistage.bundler.unpack.apply",
     "ocistage.bundler.unpack.tarstream",
     "ocistage.bundler.inspect", "ocistage.cache.gc", "ocistage.cache.inventory",
     "ocistage.cache.verify", "ocistage.cache.store",
-    "ocistage.stagers.stage", "ocistage.stagers.remote", "ocistage.runtimes.scrun",
+    "ocistage.stagers.directory", "ocistage.stagers.remote", "ocistage.runtimes.scrun",
     "ocistage.runtimes.submit",
     "pytest", "pytest_ocistage",  # the test plugin: never loaded by a command line
 })
@@ -97,16 +97,16 @@ def test_runtime_commands_load_no_library_module(tmp_path: Path) -> None:
                  ["runtime", "scrun-lua", "--ocistage", "/usr/bin/ocistage"]):
         loaded = _modules_after(argv, tmp_path)
         assert "ocistage.runtimes.oci_conf" in loaded
-        assert sorted((THIRD_PARTY | {"ocistage.bundler.pull", "ocistage.bundler.bundle",
-                                      "ocistage.stagers.stage"})
+        assert sorted((THIRD_PARTY | {"ocistage.bundler.pull", "ocistage.bundler.flows.bundle",
+                                      "ocistage.stagers.directory"})
                       & loaded) == [], argv
 
 
 def test_cache_ls_loads_neither_schemas_nor_stagers(tmp_path: Path) -> None:
     loaded = _modules_after(["cache", "ls"], tmp_path)
     assert "ocistage.cache.inventory" in loaded
-    assert sorted({"jsonschema", "ocistage.bundler.image.schema", "ocistage.bundler.bundle",
-                   "ocistage.stagers.stage",
+    assert sorted({"jsonschema", "ocistage.bundler.image.schema", "ocistage.bundler.flows.bundle",
+                   "ocistage.stagers.directory",
                    "rich.progress"} & loaded) == []
 
 
@@ -130,8 +130,8 @@ def test_doctor_loads_the_http_client_only_to_ask_a_registry(tmp_path: Path) -> 
     """``ocistage doctor`` reads the settings and probes the host; requests and the registry
     client come in only with REF or --registry, the stagers, the store and the unpacking
     machinery never."""
-    never = {"ocistage.cache.store", "ocistage.stagers.stage", "ocistage.bundler.pull",
-             "ocistage.bundler.bundle", "jsonschema", "zstandard", "fsspec", "rich.table"}
+    never = {"ocistage.cache.store", "ocistage.stagers.directory", "ocistage.bundler.pull",
+             "ocistage.bundler.flows.bundle", "jsonschema", "zstandard", "fsspec", "rich.table"}
     alone = _modules_after(["doctor", "--json"], tmp_path)
     assert {"ocistage.bundler.doctor", "ocistage.bundler.settings"} <= alone
     assert sorted((never | {"requests", "ocistage.bundler.registry.client"}) & alone) == []
@@ -151,7 +151,7 @@ def test_staging_a_directory_loads_no_remote_or_config_machinery(tmp_path: Path)
     staged.mkdir()
     for _ in range(2):  # first stage, then a re-stage
         loaded = _modules_after(["stage", str(tree), "--to", str(staged)], tmp_path)
-        assert "ocistage.stagers.stage" in loaded
+        assert "ocistage.stagers.directory" in loaded
         assert sorted({"ocistage.stagers.remote", "ocistage.stagers.allnodes", "tomllib", "tarfile"}
                       & loaded) == []
     assert (staged / "tree" / "config.json").is_file()
@@ -174,7 +174,7 @@ def test_bundling_from_an_image_layout_loads_no_http_client(tmp_path: Path) -> N
         loaded = _modules_after(argv, tmp_path)
         [made] = (tmp_path / "cache" / "bundles").iterdir()
         assert (made / "config.json").is_file()
-        assert "ocistage.bundler.bundle" in loaded and "ocistage.bundler.sources" in loaded
+        assert "ocistage.bundler.flows.bundle" in loaded and "ocistage.bundler.sources" in loaded
         assert sorted({"requests", "urllib3", "ocistage.bundler.registry.client",
                        "ocistage.bundler.registry.transport"}
                       & loaded) == [], argv

@@ -60,7 +60,7 @@ def test_a_dest_whose_parent_cannot_be_made_is_named(cli: Cli, ref: str) -> None
 
 def test_a_dest_that_cannot_be_written_is_named_not_its_scratch_dir(
         cli: Cli, ref: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ocistage.bundler import bundle
+    from ocistage.bundler.flows import bundle
 
     monkeypatch.setattr(bundle, "scratch_name", lambda name: f"no-such-dir/.{name}.scratch")
     dest = cli.root / "deep" / "b"
@@ -93,7 +93,7 @@ def test_a_target_that_cannot_be_written_is_blamed_not_the_cache(
 
 
 def test_staging_errors_of_permission_blame_the_target(tmp_path: Path) -> None:
-    from ocistage.stagers.session import staging_error
+    from ocistage.stagers.transaction import staging_error
 
     error = staging_error(PermissionError(13, "Permission denied", str(tmp_path / "t")),
                           "cannot create the target", tmp_path)

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from ocistage.bundler import settings as settings_module
 from ocistage.bundler.settings import KEYS, REGISTRY_KEYS, load_settings
-from ocistage.cache.errors import UsageError
 from ocistage.cache.notice import Kind
+from ocistage.errors import UsageError
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 

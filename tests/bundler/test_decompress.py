@@ -11,7 +11,7 @@ import zstandard
 
 from ocistage.bundler.unpack import decompress as decompress_module
 from ocistage.bundler.unpack.decompress import detect_compression, open_layer_stream
-from ocistage.cache.errors import LayerError
+from ocistage.errors import LayerError
 
 
 @pytest.fixture(autouse=True, params=["isal", "zlib"])

@@ -35,7 +35,7 @@ from ocistage.bundler.doctor import (
     slurm_conf_location,
 )
 from ocistage.bundler.registry.errors import AuthenticationError, RegistryUnreachable
-from ocistage.cache.errors import UsageError
+from ocistage.errors import UsageError
 from ocistage.runtimes.slurm import SlurmVersion
 from tests.bundler.test_pyxis_import import MKSQUASHFS_HELP
 

@@ -21,9 +21,10 @@ from ocistage.bundler.registry.client import RegistryClient, RegistryConfig
 from ocistage.bundler.registry.credentials import CredentialStore
 from ocistage.bundler.registry.errors import AuthenticationError
 from ocistage.bundler.sources import OciLayoutProvider
-from ocistage.cache.errors import NotFound, StoreError
+from ocistage.cache.errors import StoreError
 from ocistage.cache.jsondoc import MAX_DEPTH, check_depth, parse_json
 from ocistage.cache.store import Store
+from ocistage.errors import NotFound
 from tests.bundler.fakeregistry import FakeRegistry, serve
 
 ACCEPT = ["application/vnd.oci.image.manifest.v1+json"]

@@ -17,8 +17,8 @@ import zstandard
 
 from ocistage.bundler.unpack.apply import ApplyReport, apply_layer
 from ocistage.bundler.unpack.decompress import open_layer_stream
-from ocistage.cache.errors import LayerError
 from ocistage.cache.notice import Kind
+from ocistage.errors import LayerError
 from tests.bundler.tarbuilder import (
     MTIME,
     Entry,

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ocistage.bundler.unpack.apply import apply_layer
-from ocistage.cache.errors import LayerError
+from ocistage.errors import LayerError
 from tests.bundler.tarbuilder import (
     Entry,
     build_tar,

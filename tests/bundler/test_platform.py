@@ -10,7 +10,7 @@ from ocistage.bundler.image.platform import (
     normalize_architecture,
     select_platform,
 )
-from ocistage.cache.errors import UsageError
+from ocistage.errors import UsageError
 
 
 @pytest.mark.parametrize(("text", "expected"), [

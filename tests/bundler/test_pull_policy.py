@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.bundler.bundle import make_bundle
 from ocistage.bundler.errors import SourceError
+from ocistage.bundler.flows.bundle import make_bundle
 from ocistage.bundler.image.platform import Platform
 from ocistage.bundler.image.reference import ImageSource, parse_reference
 from ocistage.bundler.pull import PullOptions, cached_image, pull
@@ -18,8 +18,8 @@ from ocistage.bundler.registry.client import RegistryConfig
 from ocistage.bundler.runtime_config import ConfigOptions
 from ocistage.bundler.settings import load_settings
 from ocistage.bundler.sources import ImageProvider, open_provider
-from ocistage.cache.errors import UsageError
 from ocistage.cache.store import Store
+from ocistage.errors import UsageError
 from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
 
 AMD64 = Platform("linux", "amd64")

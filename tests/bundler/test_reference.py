@@ -19,7 +19,7 @@ from ocistage.bundler.image.reference import (
     parse_registry_reference,
 )
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import UsageError
+from ocistage.errors import UsageError
 
 SHA = "sha256:" + "0123456789abcdef" * 4
 SHA512 = "sha512:" + "ab" * 64

@@ -26,8 +26,8 @@ from ocistage.bundler.registry.credentials import CredentialStore
 from ocistage.bundler.registry.errors import RateLimited, RegistryError, RegistryUnreachable
 from ocistage.bundler.registry.transport import TlsPolicy
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import IntegrityError, NotFound
 from ocistage.cache.store import Store
+from ocistage.errors import IntegrityError, NotFound
 from tests.bundler.fakeregistry import (
     FakeRegistry,
     MemorySink,

@@ -28,7 +28,8 @@ from ocistage.bundler.runtime_config import (
     build_runtime_config,
     write_runtime_config,
 )
-from ocistage.cache.errors import StoreError, UsageError
+from ocistage.cache.errors import StoreError
+from ocistage.errors import UsageError
 from ocistage.runtimes.errors import UserResolutionError
 from ocistage.runtimes.idmap import RootPlaceholder
 from pytest_ocistage.bundles import hybrid_cgroup_prefix

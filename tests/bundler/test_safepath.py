@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ocistage.bundler.unpack.safepath import MAX_SYMLINK_HOPS, SafeRoot, join_link, normalize
-from ocistage.cache.errors import LayerError
 from ocistage.cache.fsops import remove_at
+from ocistage.errors import LayerError
 
 
 @pytest.mark.parametrize("name,parts", [

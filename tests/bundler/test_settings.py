@@ -13,7 +13,7 @@ import pytest
 
 from ocistage.bundler import settings
 from ocistage.bundler.settings import load_settings
-from ocistage.cache.errors import UsageError
+from ocistage.errors import UsageError
 
 
 @pytest.fixture

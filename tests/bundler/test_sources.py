@@ -15,8 +15,8 @@ from ocistage.bundler.image.platform import Platform
 from ocistage.bundler.image.reference import parse_reference
 from ocistage.bundler.pull import PullOptions, pull
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import IntegrityError, NotFound
 from ocistage.cache.store import Store
+from ocistage.errors import IntegrityError, NotFound
 from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
 
 LAYER = build_tar([file("hello.txt", b"hello")])

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.bundler.bundle import make_bundle
+from ocistage.bundler.flows.bundle import make_bundle
 from ocistage.bundler.image.reference import parse_reference
 from ocistage.bundler.pull import PullOptions
 from ocistage.bundler.runtime_config import ConfigOptions
 from ocistage.bundler.unpack.apply import apply_layer
-from ocistage.cache.errors import LayerError
 from ocistage.cache.store import Store
 from ocistage.cache.unpackbudget import (
     ENTRY_CHARGE,
@@ -28,6 +27,7 @@ from ocistage.cache.unpackbudget import (
     UnpackBudget,
     default_unpack_limit,
 )
+from ocistage.errors import LayerError
 from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
 
 SIZE = 256 << 20

@@ -87,7 +87,7 @@ def test_a_reserve_that_is_no_file_of_ours_is_left_alone(small: Path) -> None:
 def test_unstage_on_a_full_filesystem(small: Path, tmp_path: Path) -> None:
     """unstage records its removal's lease before it removes anything (so a killed unstage
     is finished later); on a full filesystem that write failed and the bundle stayed."""
-    from ocistage.stagers.stage import stage_directory
+    from ocistage.stagers.directory import stage_directory
     from ocistage.stagers.unstage import unstage
     from tests.stagers.conftest import make_tree
 
@@ -104,8 +104,8 @@ def test_a_squashfs_stage_that_cannot_unpack_leaves_no_unmarked_directory(
     """Where the image cannot be mounted (an ordinary user: /dev/fuse is root's here) it is
     unpacked; that failing (here: no space for the unpacked tree) left an empty NAME/ without
     a marker, which unstage refused ('was not staged by ocistage') and nothing removed."""
+    from ocistage.stagers.directory import stage_directory
     from ocistage.stagers.errors import StageError
-    from ocistage.stagers.stage import stage_directory
     from ocistage.stagers.unstage import unstage
     from tests.stagers.conftest import make_tree
 

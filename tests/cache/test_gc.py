@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.bundler import bundle as bundle_module
-from ocistage.bundler.bundle import BundleResult
+from ocistage.bundler.flows import bundle as bundle_module
+from ocistage.bundler.flows.bundle import BundleResult
 from ocistage.cache import usage
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import NotFound, StoreError
+from ocistage.cache.errors import StoreError
 from ocistage.cache.gc import GcOptions, GcReport, collect, enforce_budget, remove_ref
 from ocistage.cache.inventory import (
     bundle_scratch_dirs,
@@ -48,6 +48,7 @@ from ocistage.cache.notice import Kind
 from ocistage.cache.snapshots import chain_ids, list_snapshots
 from ocistage.cache.store import Ingest, Store, quarantine, scratch_name
 from ocistage.cache.verify import verify
+from ocistage.errors import NotFound
 from tests.cache.gclock import gc_lock_held
 from tests.cache.test_inventory import BASE, bundle_ref, image_ref, pull_ref, set_last_use
 from tests.cache.test_refnames import NAMES, PLATFORMS, manifest
@@ -512,7 +513,7 @@ def crash_once(monkeypatch: pytest.MonkeyPatch, owner: object, name: str,
 def _layer_applier() -> object:
     """The module whose ``apply_layer`` name the bundle code calls."""
     for name in ("ocistage.bundler.unpack.layerchain", "ocistage.bundler.rootfs",
-                 "ocistage.bundler.bundle"):
+                 "ocistage.bundler.flows.bundle"):
         with contextlib.suppress(ImportError):
             module = importlib.import_module(name)
             if hasattr(module, "apply_layer"):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.bundler.bundle import BundleResult, make_bundle
+from ocistage.bundler.flows.bundle import BundleResult, make_bundle
 from ocistage.bundler.image.reference import parse_reference
 from ocistage.bundler.pull import PulledImage, PullOptions, pull
 from ocistage.bundler.runtime_config import ConfigOptions

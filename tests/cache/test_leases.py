@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.cache.errors import UsageError
 from ocistage.cache.leases import (
     Holder,
     Lease,
@@ -30,6 +29,7 @@ from ocistage.cache.leases import (
     staged_groups,
     staged_identity,
 )
+from ocistage.errors import UsageError
 
 
 def test_acquire_list_release(tmp_path: Path) -> None:

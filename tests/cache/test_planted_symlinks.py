@@ -15,13 +15,13 @@ import pytest
 
 from ocistage.cache.bundleinfo import BUNDLE_INFO, read_bundle_info
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import IntegrityError
 from ocistage.cache.fdio import write_new_file
 from ocistage.cache.leases import Holder, Lease, acquire, all_leases
 from ocistage.cache.locks import Owner, lock_owner, owner_is_dead
 from ocistage.cache.snapshots import METADATA, find_snapshot, snapshot_dir
 from ocistage.cache.store import Store
 from ocistage.cache.verify import verify
+from ocistage.errors import IntegrityError
 
 
 def _plant(link: Path, target: Path, content: str | bytes) -> None:

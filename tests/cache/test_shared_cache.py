@@ -17,16 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.bundler.bundle import make_bundle
+from ocistage.bundler.flows.bundle import make_bundle
 from ocistage.bundler.image.reference import parse_reference
 from ocistage.bundler.pull import pull
 from ocistage.bundler.runtime_config import ConfigOptions
 from ocistage.cache import leases
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import IntegrityError
 from ocistage.cache.leases import Holder
 from ocistage.cache.locks import Owner, owner_is_dead
 from ocistage.cache.store import Store
+from ocistage.errors import IntegrityError
 from tests.bundler.tarbuilder import build_tar, directory, file, write_oci_layout
 from tests.deadline import deadline
 from tests.groupcache import GroupCache, group_cache_members

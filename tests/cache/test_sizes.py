@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ocistage.bundler.settings import load_settings
-from ocistage.cache.errors import UsageError
 from ocistage.cache.sizes import format_age, format_size, parse_age, parse_size
+from ocistage.errors import UsageError
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import IntegrityError, StoreError, UntrustedPath
+from ocistage.cache.errors import StoreError, UntrustedPath
 from ocistage.cache.store import Store, _temp_tag
+from ocistage.errors import IntegrityError
 
 
 def digest_of(data: bytes) -> Digest:

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from ocistage.cache.leases import Holder
+from ocistage.stagers.directory import stage_directory
 from ocistage.stagers.markers import hold
 from ocistage.stagers.retired import retired_versions
-from ocistage.stagers.stage import stage_directory
 from pytest_ocistage.imagebuild import BuiltImage, File, build_image
 from pytest_ocistage.runner import OcistageRunner
 

@@ -15,12 +15,12 @@ import subprocess
 import time
 from pathlib import Path
 
-from ocistage.bundler.bundle import BundleResult, make_bundle
+from ocistage.bundler.flows.bundle import BundleResult, make_bundle
 from ocistage.bundler.image.reference import parse_reference
-from ocistage.cache.errors import IntegrityError, LayerError
 from ocistage.cache.fsops import reflinks_work
 from ocistage.cache.snapshots import list_snapshots
 from ocistage.cache.store import Store
+from ocistage.errors import IntegrityError, LayerError
 from pytest_ocistage.faultproxy import Fault, FaultProxy
 from pytest_ocistage.images import ImageRef
 from tests.bundler.tarbuilder import Node, snapshot, with_mount_points

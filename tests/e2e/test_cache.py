@@ -135,7 +135,7 @@ KILL_POINTS = {
                                 "bundle"),
     "snapshot-built-not-published": ("ocistage.bundler.rootfs", "publish_snapshot", "before",
                                      "bundle"),
-    "bundle-renamed-not-synced": ("ocistage.bundler.bundle", "fsync_dir", "before", "bundle"),
+    "bundle-renamed-not-synced": ("ocistage.bundler.flows.bundle", "fsync_dir", "before", "bundle"),
     "blobs-published-ref-not-tagged": ("ocistage.cache.store", "Store.tag", "before", "pull"),
 }
 

@@ -2,7 +2,7 @@
 filesystem: an image built ``FROM scratch`` has no ``/proc``, ``/dev`` or ``/sys``, and runtimes
 that each made them at start raced (crun: ``cannot mkdir `proc`: File exists``; eight cruns
 started at once on fresh such bundles, 40 rounds, lost it in 3 of 4 runs of the test below).
-ocistage makes them when it builds the bundle (:mod:`ocistage.bundler.mountpoints`)."""
+ocistage makes them when it builds the bundle (:mod:`ocistage.bundler.rootfsmounts`)."""
 
 from __future__ import annotations
 

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.bundler.bundle import make_bundle
+from ocistage.bundler.flows.bundle import make_bundle
 from ocistage.bundler.image.reference import parse_reference
 from ocistage.bundler.runtime_config import ConfigOptions
 from ocistage.cache.leases import Holder, all_leases
 from ocistage.cache.store import Store
+from ocistage.stagers.directory import stage_directory
 from ocistage.stagers.markers import hold
 from ocistage.stagers.retired import retired_versions
-from ocistage.stagers.stage import stage_directory
 from pytest_ocistage.imagebuild import File, build_image, busybox_layer
 from pytest_ocistage.images import OS_RELEASE_NAME, ImageRef
 from pytest_ocistage.slurm import JobUser, SlurmCluster, read_output

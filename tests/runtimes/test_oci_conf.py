@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.cache.errors import UsageError
+from ocistage.errors import UsageError
 from ocistage.runtimes.oci_conf import (
     RUNTIMES,
     OciConfOptions,

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from ocistage.cache.errors import UsageError
 from ocistage.cache.leases import all_leases
+from ocistage.errors import UsageError
 from ocistage.runtimes.engines import (
     CONMON_PATH,
     docker_daemon_json,
@@ -347,7 +347,7 @@ def test_stage_in_ids_and_home_are_the_hosts_inside_a_user_namespace() -> None:
             " cache_root=Path('/c'))\n"
             "except ScrunError as exc:\n"
             " refused = exc.message + ' ' + (exc.hint or '')\n"
-            "from ocistage.cache.errors import UsageError\n"
+            "from ocistage.errors import UsageError\n"
             "try:\n"
             " job_ids(1000, 0)\n"
             " other = ''\n"

@@ -42,7 +42,7 @@ def test_the_cleanup_jobs_ocistage_runs_from_a_directory_holding_a_cache(tmp_pat
 def test_a_batch_job_has_no_exit_code_yet(tmp_path: Path) -> None:
     """``submit --json`` of a batch job: the job has not run when sbatch returns, so its exit
     code is null, not 0 (issue 38); with --srun it is the step's."""
-    from ocistage.bundler.submitting import Submitted
+    from ocistage.bundler.flows.submit import Submitted
     from ocistage.runtimes.submit import SubmitResult
 
     batch = Submitted(tmp_path, SubmitResult("42", tmp_path / "b", None)).to_json()

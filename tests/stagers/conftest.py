@@ -44,7 +44,7 @@ def sealed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every source counts as sealed (a bundle in the cache, whose files nobody writes), so
     a tree of the test's on the target's filesystem is staged by ``hardlink``; its identity
     is new at each stage, so a re-stage still walks the tree (and sees the test's changes)."""
-    from ocistage.stagers import stage
+    from ocistage.stagers import directory as stage
 
     monkeypatch.setattr(stage, "source_identity",
                         lambda source, cache_root: f"sealed-for-the-test:{uuid.uuid4()}")

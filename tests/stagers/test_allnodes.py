@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from ocistage.cache.errors import UsageError
+from ocistage.errors import UsageError
 from ocistage.stagers.allnodes import (
     allocation_nodes,
     check_all_nodes,

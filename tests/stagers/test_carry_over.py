@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from ocistage.cache.leases import Holder
 from ocistage.stagers import builder
-from ocistage.stagers.stage import stage_directory
+from ocistage.stagers.directory import stage_directory
 
 FILES = 12
 #: what is done to one file's staged copy before the re-stage: nothing; its pool entry

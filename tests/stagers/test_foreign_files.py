@@ -20,11 +20,11 @@ import pytest
 
 from ocistage.cache.gc import collect
 from ocistage.cache.leases import Holder
-from ocistage.cache.staged import open_staged, outer_marker_name
 from ocistage.cache.store import Store
+from ocistage.cache.targetlayout import open_staged, outer_marker_name
+from ocistage.stagers.directory import stage_directory
 from ocistage.stagers.markers import hold
 from ocistage.stagers.retired import retired_versions
-from ocistage.stagers.stage import stage_directory
 from tests.cotenant import NOBODY, as_nobody, second_user, sticky_directory
 from tests.deadline import deadline
 from tests.stagers.test_retired import PIN, _end, _source, _write

@@ -21,6 +21,7 @@ from ocistage.cache.fsops import remove_tree
 from ocistage.cache.leases import Holder
 from ocistage.stagers import builder as builder_module
 from ocistage.stagers import fresh
+from ocistage.stagers.directory import stage_directory
 from ocistage.stagers.filemanifest import (
     MANIFEST_NAME,
     MARKER_NAME,
@@ -31,7 +32,6 @@ from ocistage.stagers.filemanifest import (
     walk_digest,
 )
 from ocistage.stagers.markers import Marker
-from ocistage.stagers.stage import stage_directory
 from tests.stagers.conftest import make_tree
 
 NAMES = st.sampled_from(["a", "b", "B", "a.b", "a-b", "_", "z", "10", "9", ".hidden",
@@ -72,7 +72,7 @@ def forked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fresh, "FORK_MIN_FILES", 1)
     monkeypatch.setattr(fresh, "MIN_RUN", 2)
     monkeypatch.setattr(builder_module, "usable_cpus", lambda: 2)
-    monkeypatch.setattr("ocistage.stagers.stage.usable_cpus", lambda: 2)
+    monkeypatch.setattr("ocistage.stagers.directory.usable_cpus", lambda: 2)
 
 
 @pytest.fixture

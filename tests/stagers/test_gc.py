@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.cache import leases, staged, usage
+from ocistage.cache import leases, targetlayout, usage
 from ocistage.cache.gc import GcOptions, GcReport, collect
 from ocistage.cache.leases import Holder
 from ocistage.cache.store import Store
+from ocistage.stagers.directory import stage_directory
 from ocistage.stagers.errors import StageError
 from ocistage.stagers.remote import push_tree, stage_from_url
-from ocistage.stagers.stage import stage_directory
 from ocistage.stagers.target import StageResult
 from ocistage.stagers.unstage import unstage
 from pytest_ocistage.components import require_binary
@@ -61,7 +61,7 @@ def test_gc_unmounts_and_removes_a_mounted_image_of_a_dead_job(tree: Path,
         report = gc(cache)
     finally:
         if os.path.ismount(result.path):
-            staged.unmount(result.path)
+            targetlayout.unmount(result.path)
     assert staged_removed(report) == {str(result.path)}
     assert not os.path.lexists(result.path)
     assert sorted(os.listdir(target)) == []  # the image went too (and no scratch dir stays)
@@ -80,7 +80,7 @@ def test_gc_keeps_a_mounted_image_while_a_lease_lives(tree: Path, tmp_path: Path
         assert staged_removed(gc(cache)) == set()
         assert os.path.ismount(result.path)
     finally:
-        staged.unmount(result.path)
+        targetlayout.unmount(result.path)
 
 
 def test_gc_collects_an_image_fetched_from_a_url_once_its_lease_is_dead(
@@ -95,12 +95,12 @@ def test_gc_collects_an_image_fetched_from_a_url_once_its_lease_is_dead(
                             mount_image=True)
     try:
         assert result.method == "squashfs-mount"
-        outer = target / staged.outer_marker_name("img")
+        outer = target / targetlayout.outer_marker_name("img")
         assert f'"id": "{result.lease_id}"' in outer.read_text()
         report = gc(cache)
     finally:
         if os.path.ismount(result.path):
-            staged.unmount(result.path)
+            targetlayout.unmount(result.path)
     assert staged_removed(report) == {str(result.path)}
     assert sorted(os.listdir(target)) == []
     assert (tmp_path / "remote" / "img.sqfs").is_file()  # the remote copy stays
@@ -118,7 +118,7 @@ def test_gc_removes_a_dead_pool_bundle_and_sweeps_what_only_it_used(
     dead = stage_directory(dead_src, other_fs, cache_root=cache, holder=DEAD_JOB)
     live = stage_directory(live_src, other_fs, cache_root=cache, holder=Holder.pin("keep"))
     assert dead.method == live.method == "pool"
-    pool = other_fs / staged.POOL_DIR
+    pool = other_fs / targetlayout.POOL_DIR
     before = {p.name for p in pool.glob("*/*")}
     report = gc(cache)
     assert staged_removed(report) == {str(dead.path)}
@@ -208,7 +208,7 @@ def test_unstage_by_the_first_holder_hands_the_marker_to_a_remaining_lease(
         report = gc(cache)  # the other holder is gone now
     finally:
         if os.path.ismount(first.path):
-            staged.unmount(first.path)
+            targetlayout.unmount(first.path)
     assert staged_removed(report) == {str(first.path)}
     # a tree of the user's is staged through the pool (issue 27.7): emptied with the bundle
     assert sorted(os.listdir(target)) in ([], [".ocistage-pool"])
@@ -225,18 +225,18 @@ def _unstage_killed_at(path: Path, cache: Path, step: str, by: str = "unstage") 
     if pid == 0:  # the child: never returns into pytest
         try:
             if step == "unmount":
-                real = staged.unmount
+                real = targetlayout.unmount
 
                 def unmount_then_die(mountpoint: Path, *, lazy: bool = False) -> None:
                     real(mountpoint, lazy=lazy)
                     os._exit(9)
 
-                staged.unmount = unmount_then_die  # type: ignore[assignment]
+                targetlayout.unmount = unmount_then_die  # type: ignore[assignment]
             else:
                 def die(bundle: object) -> None:
                     os._exit(9)
 
-                staged.remove_beside = die  # type: ignore[assignment]
+                targetlayout.remove_beside = die  # type: ignore[assignment]
             if by == "gc":
                 gc(cache)
             else:
@@ -258,7 +258,7 @@ def _staged_then_cut_short(tree: Path, target: Path, cache: Path, fmt: str, step
         _unstage_killed_at(result.path, cache, step, by=by)
     finally:
         if os.path.ismount(result.path):
-            staged.unmount(result.path)
+            targetlayout.unmount(result.path)
     return result
 
 
@@ -313,7 +313,7 @@ def test_a_stage_after_an_unstage_cut_short_finishes_it(tree: Path, tmp_path: Pa
         require_mount()
     cache, target = tmp_path / "cache", tmp_path / "t"
     _staged_then_cut_short(tree, target, cache, fmt, step, Holder.pin("p"))
-    assert os.path.lexists(target / staged.outer_marker_name("bundle"))
+    assert os.path.lexists(target / targetlayout.outer_marker_name("bundle"))
     again = stage_directory(tree, target, cache_root=cache, holder=Holder.pin("p"))
     assert sorted(os.listdir(target)) == [".ocistage-pool", "bundle"]
     assert [lease.id for lease in leases.all_leases(cache)] == [again.lease_id]

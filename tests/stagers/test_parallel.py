@@ -15,9 +15,9 @@ import xxhash
 
 from ocistage.cache.leases import Holder
 from ocistage.stagers import builder as builder_module
+from ocistage.stagers.directory import stage_directory
 from ocistage.stagers.filemanifest import MANIFEST_NAME
 from ocistage.stagers.parallel import MAX_QUEUE, batches, map_parts, map_queue
-from ocistage.stagers.stage import stage_directory
 
 
 def _squares_in_child(part: Sequence[int]) -> list[tuple[int, int]]:
@@ -58,7 +58,7 @@ def test_a_first_stage_of_thousands_of_files_through_forked_workers(
     from ocistage.stagers import fresh
 
     monkeypatch.setattr(fresh, "FORK_MIN_FILES", 100)  # the first stage's queue of runs
-    monkeypatch.setattr("ocistage.stagers.stage.usable_cpus", lambda: 2)
+    monkeypatch.setattr("ocistage.stagers.directory.usable_cpus", lambda: 2)
     queued: list[tuple[int, int]] = []
 
     def spy(function: Any, tasks: Sequence[Any], processes: int) -> list[Any]:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.cache.staged import sweep_pool
+from ocistage.cache.targetlayout import sweep_pool
 from ocistage.stagers.copy import Copier
 from ocistage.stagers.filemanifest import hash_file
 from ocistage.stagers.pool import Pool, pool_key

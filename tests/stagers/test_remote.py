@@ -10,8 +10,8 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from ocistage.cache.errors import OcistageError
 from ocistage.cache.leases import Holder
+from ocistage.errors import OcistageError
 from ocistage.stagers.filemanifest import fill_hashes, scan
 from ocistage.stagers.remote import (
     fetch_file,

@@ -21,16 +21,16 @@ from pathlib import Path
 import pytest
 
 from ocistage.cache import leases
-from ocistage.cache.errors import UsageError
 from ocistage.cache.gc import GcOptions, collect
 from ocistage.cache.leases import Holder
-from ocistage.cache.staged import MARKER_NAME, RETIRED_PREFIX
 from ocistage.cache.store import Store
+from ocistage.cache.targetlayout import MARKER_NAME, RETIRED_PREFIX
+from ocistage.errors import UsageError
 from ocistage.stagers import retired
+from ocistage.stagers.directory import StageResult, stage_directory
 from ocistage.stagers.errors import StageError
 from ocistage.stagers.markers import Marker, hold
 from ocistage.stagers.retired import retired_versions
-from ocistage.stagers.stage import StageResult, stage_directory
 from ocistage.stagers.target import MAX_NAME
 from ocistage.stagers.unstage import unstage
 from tests.bundler.clirun import Cli, cli

@@ -17,7 +17,7 @@ import pytest
 
 from ocistage.cache.errors import UntrustedPath
 from ocistage.cache.locks import FileLock
-from ocistage.cache.staged import tmp_name
+from ocistage.cache.targetlayout import tmp_name
 from ocistage.stagers.target import in_checked_dir, own_dir, take_name_lock
 from tests.cotenant import (
     NOBODY,

@@ -23,11 +23,11 @@ from ocistage.cache import leases
 from ocistage.cache.fsops import remove_tree
 from ocistage.cache.gc import collect
 from ocistage.cache.leases import Holder
-from ocistage.cache.staged import MARKER_NAME
 from ocistage.cache.store import Store
+from ocistage.cache.targetlayout import MARKER_NAME
+from ocistage.stagers.directory import StageResult, stage_directory
 from ocistage.stagers.markers import Marker, hold
 from ocistage.stagers.retired import retired_versions
-from ocistage.stagers.stage import StageResult, stage_directory
 from ocistage.stagers.unstage import unstage
 from tests.cache.test_leases import made_with_inode, reusing_filesystem
 from tests.stagers.test_retired import PIN, _source, _write, live_holder

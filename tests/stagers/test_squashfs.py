@@ -16,9 +16,9 @@ import pytest
 
 from ocistage.cache import leases
 from ocistage.cache.leases import Holder
+from ocistage.stagers.directory import stage_directory
 from ocistage.stagers.filemanifest import MARKER_NAME, fill_hashes, scan
 from ocistage.stagers.markers import Marker
-from ocistage.stagers.stage import stage_directory
 from ocistage.stagers.unstage import unstage
 from pytest_ocistage.components import require_binary
 
@@ -121,7 +121,7 @@ def test_mounts_that_are_not_objects_are_a_stage_error(tmp_path: Path, mounts: o
 def test_formats_do_not_replace_each_other_under_one_name(tree: Path, tmp_path: Path) -> None:
     require_binary("mksquashfs")
     require_binary("unsquashfs")
-    from ocistage.cache.errors import OcistageError
+    from ocistage.errors import OcistageError
 
     cache = tmp_path / "cache"
     staged = stage_directory(tree, tmp_path / "t", cache_root=cache, name="one")
@@ -268,7 +268,7 @@ def _bomb_image(tmp_path: Path, kind: str) -> Path:
 def test_a_squashfs_bomb_is_refused_before_anything_is_written(tmp_path: Path,
                                                                kind: str) -> None:
     require_binary("unsquashfs")
-    from ocistage.cache.errors import LayerError
+    from ocistage.errors import LayerError
     from ocistage.stagers.squashfs import unpack
 
     image = _bomb_image(tmp_path, kind)

@@ -12,7 +12,7 @@ import pytest
 
 from ocistage.cache.errors import UntrustedPath
 from ocistage.cache.leases import Holder
-from ocistage.stagers.stage import stage_directory
+from ocistage.stagers.directory import stage_directory
 from tests.cotenant import as_nobody, second_user, sticky_directory
 
 pytestmark = second_user

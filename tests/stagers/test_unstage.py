@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from ocistage.cache import leases
-from ocistage.cache import staged as staged_module
-from ocistage.cache.errors import OcistageError
+from ocistage.cache import targetlayout as staged_module
 from ocistage.cache.fsops import remove_opened, remove_tree
 from ocistage.cache.leases import Holder
+from ocistage.errors import OcistageError
+from ocistage.stagers.directory import stage_directory
 from ocistage.stagers.filemanifest import MARKER_NAME
-from ocistage.stagers.stage import stage_directory
 from ocistage.stagers.unstage import unstage
 
 

@@ -14,8 +14,8 @@ import pytest
 
 from ocistage.cache.leases import Holder
 from ocistage.stagers import xattrs
+from ocistage.stagers.directory import StageResult, stage_directory
 from ocistage.stagers.filemanifest import MANIFEST_NAME, MARKER_NAME, load_manifest
-from ocistage.stagers.stage import StageResult, stage_directory
 
 CAP_NET_RAW = bytes.fromhex("0100000200200000000000000000000000000000")  # VFS_CAP v2, +ep
 
@@ -94,7 +94,7 @@ def test_refused_xattrs_are_skipped_with_one_warning(xtree: Path, tmp_path: Path
         raise OSError(errno.EPERM, "Operation not permitted")
 
     monkeypatch.setattr(xattrs.os, "setxattr", refuse)
-    with caplog.at_level(logging.WARNING, logger="ocistage.stagers.stage"):
+    with caplog.at_level(logging.WARNING, logger="ocistage.stagers.directory"):
         result = _stage(xtree, other_fs, tmp_path / "cache")
     assert os.listxattr(result.path / "rootfs" / "bin" / "f4") == []
     warnings = [r.getMessage() for r in caplog.records if "extended attribute" in r.getMessage()]

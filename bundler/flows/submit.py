@@ -1,11 +1,12 @@
 """``submit_image()``: the library call behind ``ocistage submit`` — a REF is bundled into the
-cache (:func:`bundle_for_submit`, :func:`ocistage.bundler.bundle.make_bundle`), then staged where
+cache (:func:`bundle_for_submit`, :func:`ocistage.bundler.flows.bundle.make_bundle`), then staged
+where
 the job runs and handed to Slurm (:func:`submit_bundle`)
 (:func:`ocistage.runtimes.submit.submit`: held ``sbatch --container``, its lease, the ``afterany``
 cleanup job; or ``srun --container``).
 
 This module is why ``bundler`` imports ``runtimes`` (docs/architecture.md), as
-``bundler/staging.py`` imports ``stagers``: a REF must become a bundle before it can be
+``bundler/flows/stage.py`` imports ``stagers``: a REF must become a bundle before it can be
 submitted, and ``runtimes`` knows nothing of registries. No other bundler module does.
 """
 
@@ -17,16 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ocistage.cache.errors import UsageError
+from ocistage.errors import UsageError
 
 if TYPE_CHECKING:
-    from ocistage.bundler.bundle import BundleResult
+    from ocistage.bundler.flows.bundle import BundleResult
     from ocistage.bundler.image.reference import ImageSource
     from ocistage.bundler.pull import PullOptions, PullProgress
     from ocistage.cache.leases import InUse
     from ocistage.cache.notice import Notice
-    from ocistage.cache.results import Renderer
     from ocistage.cache.store import Store
+    from ocistage.results import Renderer
     from ocistage.runtimes.submit import SubmitOptions, SubmitResult
 
 #: a URL (``memory://x``; ``Path`` would have made it ``memory:/x``)
@@ -68,7 +69,7 @@ def bundle_for_submit(source: ImageSource, options: SubmitOptions, *, store: Sto
     caller's values where ``--host-env`` asks for them), kept from GC by ``in_use`` until
     :func:`submit_bundle` has staged it. Its warnings are the caller's to show before
     :func:`submit_bundle` runs the job (an ``srun`` job writes to the same terminal)."""
-    from ocistage.bundler.bundle import make_bundle
+    from ocistage.bundler.flows.bundle import make_bundle
     from ocistage.bundler.runtime_config import ConfigOptions
     from ocistage.runtimes.submit import check_options, host_overrides
 
@@ -86,8 +87,8 @@ def bundle_for_submit(source: ImageSource, options: SubmitOptions, *, store: Sto
 def slurm_notices(bundle: Path) -> tuple[Notice, ...]:
     """What keeps Slurm's runc from running ``bundle`` for the caller (the check ``bundle``
     makes for runc run here, :func:`ocistage.runtimes.userrun.slurm_run_notices`)."""
-    from ocistage.cache.errors import OcistageError
     from ocistage.cache.jsondoc import parse_json, read_document
+    from ocistage.errors import OcistageError
     from ocistage.runtimes.userrun import slurm_run_notices
 
     try:

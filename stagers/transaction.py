@@ -1,6 +1,7 @@
 """One staging of ``NAME`` under a target: the sequence every kind of staging goes through.
 
-Directory trees (:mod:`ocistage.stagers.stage`), squashfs images (:mod:`ocistage.stagers.squashfs`)
+Directory trees (:mod:`ocistage.stagers.directory`), squashfs images
+(:mod:`ocistage.stagers.squashfs`)
 and images
 fetched from a URL (:mod:`ocistage.stagers.remote`) differ only in how they fill a scratch tree; the
 sequence around that is this module's, written once::
@@ -35,13 +36,13 @@ import stat
 from pathlib import Path
 from types import TracebackType
 
-from ocistage.cache import leases, staged
+from ocistage.cache import leases, targetlayout
 from ocistage.cache.errors import LockTimeout, StoreError, UntrustedPath
 from ocistage.cache.fsops import PRIVATE_DIR_MODE, make_private, walk_trusted
 from ocistage.cache.leases import Holder, Lease
 from ocistage.cache.locks import FileLock
-from ocistage.cache.staged import image_path, sweep_pool
 from ocistage.cache.store import fsync_dir
+from ocistage.cache.targetlayout import image_path, sweep_pool
 from ocistage.stagers import retired
 from ocistage.stagers.errors import StageError, StageUsageError
 from ocistage.stagers.filemanifest import MANIFEST_NAME, Manifest, load_manifest
@@ -317,23 +318,23 @@ def _empty_dir(path: Path) -> bool:
 
 def finish_removal(final: Path, cache_root: Path) -> None:
     """An unstage or GC of ``final`` cut short (its outer marker says ``removing``, and the
-    lease it names is dead, :mod:`ocistage.cache.staged`): finish removing what it left of
+    lease it names is dead, :mod:`ocistage.cache.targetlayout`): finish removing what it left of
     the bundle (an emptied mount point, the image), or, where the tree and its marker are
     still there (it is staged again now), drop the outer marker; and release that lease."""
-    bundle = staged.open_staged(final)
+    bundle = targetlayout.open_staged(final)
     if bundle is None:
         return
     outer = bundle.outer
-    lease_id = outer.get("id") if outer is not None and staged.removing(outer) else None
+    lease_id = outer.get("id") if outer is not None and targetlayout.removing(outer) else None
     dead = isinstance(lease_id, str) and not any(
         lease.id == lease_id for lease in live_leases(staged_leases(cache_root, final)))
     if not dead:
         bundle.close()
         return
     if bundle.remnant:
-        staged.remove(bundle)  # closes it
+        targetlayout.remove(bundle)  # closes it
     else:
-        staged.drop_outer_marker(bundle)
+        targetlayout.drop_outer_marker(bundle)
         bundle.close()
     assert isinstance(lease_id, str)
     leases.release(cache_root, lease_id)

@@ -1,4 +1,5 @@
-"""ocistage.bundler.staging.stage: one entry point; anything that looks like a path is a path."""
+"""ocistage.bundler.flows.stage.stage: one entry point; anything that looks like a path is a
+path."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.bundler.staging import Staged, StageOptions, default_name, stage
-from ocistage.cache.errors import UsageError
+from ocistage.bundler.flows.stage import Staged, StageOptions, default_name, stage
 from ocistage.cache.store import Store
+from ocistage.errors import UsageError
 from ocistage.stagers.errors import StageError
 from ocistage.stagers.target import StageResult
 from tests.stagers.conftest import make_tree

@@ -1,5 +1,6 @@
-"""ocistage.cache.staged: the staged-bundle layout as GC sees it — opening without following links,
-removal through descriptors, the outer marker, and the pool sweep (link count 1 only)."""
+"""ocistage.cache.targetlayout: the staged-bundle layout as GC sees it — opening
+without following links, removal through descriptors, the outer marker, and the pool sweep (link
+count 1 only)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.cache import staged
+from ocistage.cache import targetlayout
 from ocistage.cache.gc import GcOptions, collect
 from ocistage.cache.leases import Holder, acquire, all_leases
 from ocistage.cache.store import Store
@@ -23,12 +24,12 @@ def no_jobs(job_ids: object) -> dict[str, str]:
 def make_staged(path: Path, lease_id: str, **marker: object) -> Path:
     (path / "rootfs").mkdir(parents=True)
     (path / "rootfs" / "file").write_text("data\n")
-    (path / staged.MARKER_NAME).write_text(json.dumps({"id": lease_id, **marker}))
+    (path / targetlayout.MARKER_NAME).write_text(json.dumps({"id": lease_id, **marker}))
     return path
 
 
 def pool_entry(target: Path, key: str, data: bytes = b"x") -> Path:
-    entry = target / staged.POOL_DIR / key[:2] / key
+    entry = target / targetlayout.POOL_DIR / key[:2] / key
     entry.parent.mkdir(parents=True, exist_ok=True)
     entry.write_bytes(data)
     return entry
@@ -41,16 +42,16 @@ def test_sweep_removes_only_unlinked_regular_entries(tmp_path: Path) -> None:
     os.link(shared, tmp_path / "bundle-file")
     outside = tmp_path / "outside"
     outside.write_text("keep\n")
-    link = target / staged.POOL_DIR / "aa" / "aa03-0644"
+    link = target / targetlayout.POOL_DIR / "aa" / "aa03-0644"
     os.symlink(outside, link)                      # never followed, never removed
     busy = pool_entry(target, "aa04-0644.1-abc.tmp")  # a stager writing it right now
-    assert staged.sweep_pool(target) == 1
+    assert targetlayout.sweep_pool(target) == 1
     assert not lone.exists() and shared.exists() and link.is_symlink() and busy.exists()
     assert outside.read_text() == "keep\n"
-    old = time.time() - 2 * staged.TEMP_GRACE
+    old = time.time() - 2 * targetlayout.TEMP_GRACE
     os.utime(busy, (old, old))
-    assert staged.sweep_pool(target) == 1 and not busy.exists()
-    assert staged.sweep_pool(tmp_path / "no-target") == 0
+    assert targetlayout.sweep_pool(target) == 1 and not busy.exists()
+    assert targetlayout.sweep_pool(tmp_path / "no-target") == 0
 
 
 def test_pool_behind_a_symlink_is_not_swept(tmp_path: Path) -> None:
@@ -58,18 +59,18 @@ def test_pool_behind_a_symlink_is_not_swept(tmp_path: Path) -> None:
     entry = pool_entry(elsewhere, "bb01-0644")
     target = tmp_path / "t"
     target.mkdir()
-    os.symlink(elsewhere / staged.POOL_DIR, target / staged.POOL_DIR)
-    assert staged.sweep_pool(target) == 0 and entry.exists()
+    os.symlink(elsewhere / targetlayout.POOL_DIR, target / targetlayout.POOL_DIR)
+    assert targetlayout.sweep_pool(target) == 0 and entry.exists()
 
 
 def test_open_staged_needs_a_real_directory_with_a_marker(tmp_path: Path) -> None:
     bundle = make_staged(tmp_path / "b", "L1")
     os.symlink(bundle, tmp_path / "link")
     (tmp_path / "plain").mkdir()
-    assert staged.open_staged(tmp_path / "link") is None
-    assert staged.open_staged(tmp_path / "plain") is None
-    assert staged.open_staged(tmp_path / "missing") is None
-    opened = staged.open_staged(bundle)
+    assert targetlayout.open_staged(tmp_path / "link") is None
+    assert targetlayout.open_staged(tmp_path / "plain") is None
+    assert targetlayout.open_staged(tmp_path / "missing") is None
+    opened = targetlayout.open_staged(bundle)
     assert opened is not None
     try:
         assert opened.lease_ids() == {"L1"} and not opened.mounted
@@ -79,8 +80,8 @@ def test_open_staged_needs_a_real_directory_with_a_marker(tmp_path: Path) -> Non
 
 def test_outer_marker_counts_only_for_a_mounted_image(tmp_path: Path) -> None:
     bundle = make_staged(tmp_path / "b", "from-the-image")
-    (tmp_path / staged.outer_marker_name("b")).write_text(json.dumps({"id": "L2"}))
-    opened = staged.open_staged(bundle)
+    (tmp_path / targetlayout.outer_marker_name("b")).write_text(json.dumps({"id": "L2"}))
+    opened = targetlayout.open_staged(bundle)
     assert opened is not None
     try:
         assert opened.outer == {"id": "L2"}
@@ -100,11 +101,11 @@ def test_remove_takes_the_tree_image_and_outer_marker_not_what_links_point_to(
     (bundle / "rootfs" / "ro" / "f").write_text("x")
     (bundle / "rootfs" / "ro").chmod(0o500)
     (tmp_path / "t" / "b.sqfs").write_bytes(b"image")
-    (tmp_path / "t" / staged.outer_marker_name("b")).write_text("{}")
+    (tmp_path / "t" / targetlayout.outer_marker_name("b")).write_text("{}")
     (tmp_path / "t" / "other").write_text("stays\n")
-    opened = staged.open_staged(bundle)
+    opened = targetlayout.open_staged(bundle)
     assert opened is not None
-    staged.remove(opened)
+    targetlayout.remove(opened)
     assert sorted(os.listdir(tmp_path / "t")) == ["other"]
     assert (outside / "precious").read_text() == "keep\n"
 
@@ -113,9 +114,9 @@ def test_image_named_with_a_path_is_never_removed(tmp_path: Path) -> None:
     victim = tmp_path / "victim.sqfs"
     victim.write_bytes(b"not ours")
     bundle = make_staged(tmp_path / "t" / "b", "L", image="../victim.sqfs")
-    opened = staged.open_staged(bundle)
+    opened = targetlayout.open_staged(bundle)
     assert opened is not None
-    staged.remove(opened)
+    targetlayout.remove(opened)
     assert victim.exists() and not bundle.exists()
 
 

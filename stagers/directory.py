@@ -1,7 +1,7 @@
 """``stage_directory``: put a bundle (or any tree) at ``TO/NAME``, incrementally and atomically.
 
-The target's layout is :mod:`ocistage.cache.staged`'s; the sequence around a staging is
-:class:`ocistage.stagers.session.Staging`'s. This module is the directory strategy.
+The target's layout is :mod:`ocistage.cache.targetlayout`'s; the sequence around a staging is
+:class:`ocistage.stagers.transaction.Staging`'s. This module is the directory strategy.
 
 How files get there (``method``, :class:`~ocistage.stagers.target.Method`; each has its placer in
 :mod:`ocistage.stagers.placers`):
@@ -39,6 +39,7 @@ from pathlib import Path
 from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.leases import Holder
 from ocistage.stagers.builder import FORK_MIN_FILES, Builder
+from ocistage.stagers.collectorpause import cyclic_gc_paused
 from ocistage.stagers.errors import StageError, StageUsageError
 from ocistage.stagers.filemanifest import (
     MANIFEST_NAME,
@@ -51,11 +52,9 @@ from ocistage.stagers.filemanifest import (
     fill_xattrs,
 )
 from ocistage.stagers.fresh import build_first
-from ocistage.stagers.gcpause import cyclic_gc_paused
 from ocistage.stagers.markers import default_holder, record_bundle_use
 from ocistage.stagers.mksquashfs import ImageProgress
 from ocistage.stagers.pool import Pool, pool_key
-from ocistage.stagers.session import Staging
 from ocistage.stagers.squashfs import stage_squashfs
 from ocistage.stagers.statwalk import parallel_walk_digest
 from ocistage.stagers.target import (
@@ -67,12 +66,13 @@ from ocistage.stagers.target import (
     source_identity,
     write_private,
 )
+from ocistage.stagers.transaction import Staging
 
 __all__ = ["StageResult", "stage_directory"]
 
 log = logging.getLogger(__name__)
 
-# -- staging a tree (the library call of runtimes, bench and ocistage.bundler.staging)
+# -- staging a tree (the library call of runtimes, bench and ocistage.bundler.flows.stage)
 # ----------------
 
 def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | None = None,

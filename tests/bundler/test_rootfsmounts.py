@@ -1,4 +1,4 @@
-"""ocistage.stagers.mountpoints and ocistage.bundler.mountpoints: which mounts get a mount point
+"""ocistage.stagers.mountrule and ocistage.bundler.rootfsmounts: which mounts get a mount point
 in the rootfs, that it is made without following the image's symlinks, and with times that keep
 bundles of one image equal."""
 
@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ocistage.bundler.mountpoints import MOUNT_POINT_TIME_NS, make_mount_points
+from ocistage.bundler.rootfsmounts import MOUNT_POINT_TIME_NS, make_mount_points
 from ocistage.bundler.runtime_config import ConfigOptions, build_runtime_config
-from ocistage.stagers.mountpoints import MountPoint, mount_points
+from ocistage.stagers.mountrule import MountPoint, mount_points
 
 OLD = 1_600_000_000_000_000_000
 ROOT_TIMES = (OLD + 7, OLD + 11)

@@ -5,8 +5,8 @@ make a missing mount point in the rootfs when the container starts, so a bundle 
 filesystem that ``srun -N3 --container=BUNDLE`` starts on three nodes at once has three runtimes
 racing to make the same names, and the losers fail (crun: ``cannot mkdir `proc`: File
 exists``). So the bundle gets them when it is built, privately, before the ``rename()`` that
-publishes it (:mod:`ocistage.bundler.bundle`): which ones and of which kind is the rule of
-:func:`ocistage.stagers.mountpoints.mount_points` (a squashfs image made of any bundle adds the
+publishes it (:mod:`ocistage.bundler.flows.bundle`): which ones and of which kind is the rule of
+:func:`ocistage.stagers.mountrule.mount_points` (a squashfs image made of any bundle adds the
 same ones). A bind whose source this host does not have is left to the runtime, which knows on
 the node what the source is.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ocistage.bundler.unpack.safepath import Parts, SafeRoot, open_readable_dir
-from ocistage.stagers.mountpoints import Kind, mount_points
+from ocistage.stagers.mountrule import Kind, mount_points
 
 MOUNT_POINT_TIME_NS = 0
 """The access and modification time of a mount point made here: fixed, so that every bundle of

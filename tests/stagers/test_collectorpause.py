@@ -1,4 +1,4 @@
-"""ocistage.stagers.gcpause: a stage runs without automatic cyclic collection, and leaves the
+"""ocistage.stagers.collectorpause: a stage runs without automatic cyclic collection, and leaves the
 collector
 as it found it (also after an error)."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from ocistage.cache.leases import Holder
-from ocistage.stagers import stage as stage_module
-from ocistage.stagers.gcpause import cyclic_gc_paused
-from ocistage.stagers.stage import stage_directory
+from ocistage.stagers import directory as stage_module
+from ocistage.stagers.collectorpause import cyclic_gc_paused
+from ocistage.stagers.directory import stage_directory
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""ocistage.stagers.session: the one staging sequence every format and source goes through."""
+"""ocistage.stagers.transaction: the one staging sequence every format and source goes through."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 
 from ocistage.cache import leases
 from ocistage.cache.leases import Holder
-from ocistage.cache.staged import POOL_DIR, TMP_DIR
+from ocistage.cache.targetlayout import POOL_DIR, TMP_DIR
+from ocistage.stagers.directory import stage_directory
 from ocistage.stagers.errors import StageError
 from ocistage.stagers.remote import push_tree, stage_from_url
-from ocistage.stagers.session import Staging
-from ocistage.stagers.stage import stage_directory
+from ocistage.stagers.transaction import Staging
 from pytest_ocistage.components import require_binary
 
 

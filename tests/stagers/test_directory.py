@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from ocistage.cache import leases
-from ocistage.cache.errors import OcistageError
 from ocistage.cache.leases import Holder
-from ocistage.cache.staged import TMP_DIR
+from ocistage.cache.targetlayout import TMP_DIR
+from ocistage.errors import OcistageError
+from ocistage.stagers.directory import StageResult, stage_directory
 from ocistage.stagers.filemanifest import (
     MANIFEST_NAME,
     MARKER_NAME,
@@ -27,7 +28,6 @@ from ocistage.stagers.filemanifest import (
     scan,
 )
 from ocistage.stagers.markers import Marker
-from ocistage.stagers.stage import StageResult, stage_directory
 from tests.stagers.conftest import make_tree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -172,7 +172,7 @@ def test_a_restage_writes_a_private_config_when_the_staged_one_is_not(
     gone or replaced (by the source's own file, as an older version linked it; by a copy of
     it): the new version gets a private, read-only-root copy again, never a link of the
     source's or the pool's file."""
-    from ocistage.stagers import stage as stage_module
+    from ocistage.stagers import directory as stage_module
 
     cache = tmp_path / "cache"
     to = tmp_path / "t" if where == "hardlink" else other_fs
@@ -221,7 +221,7 @@ import json, sys
 from pathlib import Path
 sys.path.insert(0, {repo!r})
 from ocistage.cache.leases import Holder
-from ocistage.stagers.stage import stage_directory
+from ocistage.stagers.directory import stage_directory
 r = stage_directory(Path(sys.argv[1]), Path(sys.argv[2]), cache_root=Path(sys.argv[3]),
                     holder=Holder.pin(sys.argv[4]), link=sys.argv[5] == "link" or None,
                     jobs=1)
@@ -318,7 +318,7 @@ def test_an_unchanged_restage_does_not_read_the_previous_manifest(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The stat digest is compared with the marker first: the manifest (11 MB of JSON for
     100k files) is read only when the tree changed, and then its hashes are taken over."""
-    from ocistage.stagers.session import Staging
+    from ocistage.stagers.transaction import Staging
 
     to = tmp_path / "target" if where == "same-fs" else other_fs
     first = _stage(tree, to, tmp_path / "cache")

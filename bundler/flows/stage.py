@@ -7,13 +7,14 @@ and target.
 - an existing directory is staged as it is (a bundle, or any tree);
 - something that looks like a path (``/x``, ``./x``, ``../x``, ``~/x``, ``x/`` or ``a/b`` whose
   ``a`` is a directory here) and is not a directory is an error: *no such directory*;
-- an image reference is bundled into the cache first (:func:`ocistage.bundler.bundle.make_bundle`) —
+- an image reference is bundled into the cache first
+(:func:`ocistage.bundler.flows.bundle.make_bundle`) —
   but only one that names its registry (``docker.io/library/alpine``, ``localhost:5000/x``) or
   its transport (``docker://alpine``, ``oci:``, ``oci-archive:``, ``docker-archive:``). A bare
   name such as ``mybundle`` is most likely a mistyped directory; as skopeo does, ocistage does
   not guess Docker Hub for it (a careful podman refuses ambiguous short names too).
 
-Then it is staged on this node (:func:`ocistage.stagers.stage.stage_directory`,
+Then it is staged on this node (:func:`ocistage.stagers.directory.stage_directory`,
 :func:`ocistage.stagers.remote.stage_from_url`), stored at a URL
 (:func:`ocistage.stagers.remote.push_tree`), or
 staged on every node of the Slurm allocation (:func:`ocistage.stagers.allnodes.stage_all_nodes`).
@@ -35,16 +36,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ocistage.cache.errors import UsageError
 from ocistage.cache.leases import InUse
+from ocistage.errors import UsageError
 from ocistage.stagers.errors import StageUsageError
 
 if TYPE_CHECKING:
     from ocistage.bundler.image.reference import ImageSource
     from ocistage.bundler.pull import PullOptions, PullProgress
     from ocistage.cache.notice import Notice
-    from ocistage.cache.results import JsonDoc, Renderer
     from ocistage.cache.store import Store
+    from ocistage.results import JsonDoc, Renderer
     from ocistage.stagers.allnodes import NodeResult
     from ocistage.stagers.mksquashfs import ImageProgress
     from ocistage.stagers.remote import PushResult
@@ -155,7 +156,7 @@ def _resolve(what: str, store: Store, pull_options: Callable[[], PullOptions] | 
                                   "(file://...) or an image reference")
         raise StageUsageError(f"no such directory: {what}",
                               "give an existing bundle directory, or an image reference")
-    from ocistage.bundler.bundle import make_bundle
+    from ocistage.bundler.flows.bundle import make_bundle
     from ocistage.bundler.image.reference import RegistryReference, parse_reference
 
     reference = parse_reference(what)
@@ -249,7 +250,7 @@ def _dispatch(source: Path | str, label: str, options: StageOptions, store: Stor
 
         return stage_from_url(source, Path(options.to), cache_root=cache_root,
                               name=options.name, holder=holder, mount_image=options.mount)
-    from ocistage.stagers.stage import stage_directory
+    from ocistage.stagers.directory import stage_directory
 
     return stage_directory(source, Path(options.to), cache_root=cache_root, name=options.name,
                            holder=holder, link=options.link, jobs=options.jobs,

@@ -60,7 +60,6 @@ from ocistage.bundler.errors import DestinationError
 from ocistage.bundler.follower import PullThread
 from ocistage.bundler.image.manifest import Descriptor
 from ocistage.bundler.image.reference import ImageSource
-from ocistage.bundler.mountpoints import make_mount_points
 from ocistage.bundler.pull import (
     CANCEL_GRACE,
     NO_PROGRESS,
@@ -70,6 +69,7 @@ from ocistage.bundler.pull import (
     PullRun,
     interrupted,
 )
+from ocistage.bundler.rootfsmounts import make_mount_points
 from ocistage.bundler.runtime_config import (
     ConfigOptions,
     build_runtime_config,
@@ -78,19 +78,20 @@ from ocistage.bundler.runtime_config import (
 from ocistage.cache import usage
 from ocistage.cache.bundleinfo import SHARED_ROOT_ANNOTATION, write_bundle_info
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import OcistageError, StoreError, UsageError
+from ocistage.cache.errors import StoreError
 from ocistage.cache.fsops import PRIVATE_DIR_MODE, check_shared_parent, make_private, remove_tree
 from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.leases import InUse
 from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.sizes import count
 from ocistage.cache.store import Store, fsync_dir, remove_dead_scratch, scratch_name
+from ocistage.errors import OcistageError, UsageError
 
 if TYPE_CHECKING:
-    from ocistage.cache.results import Renderer
+    from ocistage.results import Renderer
 
 BUNDLE_FORMAT = 2  # bump when the bundle layout or config generation changes meaning
-# 2: the rootfs holds its mounts' mount points (ocistage.bundler.mountpoints)
+# 2: the rootfs holds its mounts' mount points (ocistage.bundler.rootfsmounts)
 
 
 @dataclass(frozen=True)

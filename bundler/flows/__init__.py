@@ -1,0 +1,1 @@
+"""The library calls behind the commands that make and hand over bundles: bundle, stage, submit."""
