@@ -16,6 +16,7 @@ importer give the same ``env``, ``pwd``, ``id`` and default command under ``enro
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -31,6 +32,9 @@ from pytest_ocistage.components import Registry
 from pytest_ocistage.images import FixtureLayouts, PushSpec, push_all
 from pytest_ocistage.runner import ocistage_command
 from pytest_ocistage.slurm import JobUser, SlurmCluster, built_spec, session_cluster, unavailable
+
+# the trust oracle's signed images, keys and lookaside (the admission test at the end)
+from tests.e2e.test_trust_oracle import REJECT, World, signed_by, world  # noqa: F401
 
 pytestmark = pytest.mark.e2e
 
@@ -289,3 +293,42 @@ def test_same_as_enroot_import(enroot_pyxis: Path, importer: Path, pushed: dict[
         files = [subprocess.run(["unsquashfs", "-cat", str(image), path], capture_output=True,
                                 check=True).stdout for image in (reference, ours)]
         assert files[0] == files[1], path
+
+
+def test_srun_container_image_runs_only_what_the_users_policy_admits(
+        pyxis_cluster: SlurmCluster, world: World, job_dirs: dict[str, Path],  # noqa: F811
+        slurm_job_user: JobUser) -> None:
+    """Image trust through pyxis (docs/trust.md): the job user's policy, named by their config
+    file, admits the image the site's key signed and refuses the unsigned one before anything
+    is built; the refusal reaches srun as the importer's error."""
+    home = job_dirs["user"]
+    trust = home / "trust"
+    shutil.copytree(world.lookaside, trust / "lookaside")
+    shutil.copy(world.good_key, trust / "good.gpg")
+    (trust / "registries.d").mkdir()
+    (trust / "registries.d" / "mine.yaml").write_text(
+        f"default-docker:\n  lookaside: file://{trust / 'lookaside'}\n")
+    repo = f"{world.registry.host}/{world.namespace}"
+    (trust / "policy.json").write_text(json.dumps({
+        "default": [REJECT], "transports": {"docker": {repo: [
+            signed_by(world, keyPath=str(trust / "good.gpg"))]}}}))
+    (trust / "config.toml").write_text(f'policy = "{trust / "policy.json"}"\n'
+                                       f'registries_d = "{trust / "registries.d"}"\n')
+    for path in [trust, *trust.rglob("*")]:
+        os.chown(path, slurm_job_user.uid, slurm_job_user.gid)
+    export = _export(home, slurm_job_user.uid) + f",OCISTAGE_CONFIG={trust / 'config.toml'}"
+
+    def srun(ref: str) -> subprocess.CompletedProcess[str]:
+        return pyxis_cluster.srun("-N1", export, f"--container-image={ref.replace('/', '#', 1)}",
+                                  "id", "-u", user=slurm_job_user, cwd=Path("/tmp"),
+                                  timeout=600)
+
+    refused = srun(world.ref("unsigned:1"))
+    assert refused.returncode != 0, refused.stdout + refused.stderr
+    assert f"{world.ref('unsigned:1')} is rejected by the policy {trust / 'policy.json'}" \
+        in refused.stderr, refused.stderr + _logs(pyxis_cluster)
+    assert not list((home / "cache" / "pyxis").glob("*.sqsh"))
+    admitted = srun(world.ref("signed:1"))
+    assert admitted.returncode == 0, admitted.stdout + admitted.stderr + _logs(pyxis_cluster)
+    assert admitted.stdout.split() == [str(slurm_job_user.uid)]
+    assert len(list((home / "cache" / "pyxis").glob("*.sqsh"))) == 1
