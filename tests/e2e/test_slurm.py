@@ -29,6 +29,9 @@ from pytest_ocistage.images import OS_RELEASE_NAME, ImageRef
 from pytest_ocistage.slurm import JobUser, SlurmCluster, read_output
 from tests.e2e.conftest import OcistageRunner
 
+# the trust oracle's signed images, keys and lookaside (the submit admission test)
+from tests.e2e.test_trust_oracle import REJECT, World, signed_by, world  # noqa: F401
+
 pytestmark = pytest.mark.timeout(600)
 
 PROBE = ('echo "uid=$(id -u) gid=$(id -g)"; echo "cwd=$(pwd)"; cat /etc/os-release; '
@@ -263,3 +266,28 @@ def test_submit_runs_the_image_command_without_one(
                                   str(shared_dir / "staged"), "--time=5", env=slurm_cluster.env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "hello from busybox"
+
+
+def test_submit_runs_an_image_the_policy_admits_and_refuses_one_it_does_not(
+        slurm_cluster: SlurmCluster, ocistage: OcistageRunner, world: World,  # noqa: F811
+        shared_dir: Path, tmp_path: Path) -> None:
+    """Image trust (docs/trust.md) on submit's pull: the signed image is staged and run by
+    Slurm; the unsigned one is refused before anything is staged or srun starts."""
+    repo = f"{world.registry.host}/{world.namespace}"
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"default": [REJECT], "transports": {"docker": {
+        repo: [signed_by(world, keyPath=str(world.good_key))]}}}))
+    trust = (f"--policy={policy}", f"--registries.d={world.registries_d}")
+    stage_to = shared_dir / "trusted"
+    refused = ocistage.run_process("submit", *trust, world.ref("unsigned:1"), "--srun",
+                                   "--stage-to", str(stage_to), "--time=5", "--", "true",
+                                   env=slurm_cluster.env)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"error: {world.ref('unsigned:1')} is rejected by the policy {policy}" \
+        in refused.stderr
+    assert not stage_to.exists() or not any(stage_to.iterdir())
+    admitted = ocistage.run_process("submit", *trust, world.ref("signed:1"), "--srun",
+                                    "--stage-to", str(stage_to), "--time=5", "--", "sh", "-c",
+                                    PROBE, env=slurm_cluster.env)
+    assert admitted.returncode == 0, admitted.stdout + admitted.stderr
+    assert _probe(admitted.stdout)["NAME"] == OS_RELEASE_NAME
