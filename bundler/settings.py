@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ocistage.bundler.image.reference import check_registry
 from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.sizes import parse_size
 from ocistage.cache.userdirs import expand_user, xdg_dir
@@ -461,12 +462,21 @@ def _insecure_registries(layers: _Layers, insecure: Sequence[str]) -> tuple[set[
                 origins.append(origin)
     env_insecure = os.environ.get("OCISTAGE_INSECURE_REGISTRIES", "")
     if env_insecure.strip(","):
-        hosts |= {h.strip() for h in env_insecure.split(",") if h.strip()}
+        hosts |= _checked_registries(env_insecure.split(","), "OCISTAGE_INSECURE_REGISTRIES")
         origins.append("environment OCISTAGE_INSECURE_REGISTRIES")
     if any(h.strip() for h in insecure):
-        hosts |= {h.strip() for h in insecure if h.strip()}
+        hosts |= _checked_registries(insecure, "--insecure-registry")
         origins.append("option --insecure-registry")
     return hosts, origins
+
+
+def _checked_registries(texts: Sequence[str], origin: str) -> set[str]:
+    """The registries named in ``texts`` (blanks skipped), each checked as a reference's
+    registry is (a port from 1 to 65535): a typo must not leave TLS on for the host meant."""
+    hosts = {text.strip() for text in texts if text.strip()}
+    for host in sorted(hosts):
+        check_registry(host, origin)
+    return hosts
 
 
 def _mirrors(layers: _Layers, mirrors: Sequence[str]) -> tuple[dict[str, list[str]], list[str]]:

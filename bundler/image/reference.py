@@ -74,7 +74,7 @@ class RegistryReference:
         if self.tag is None and self.digest is None:
             raise InvalidReference(f"reference to {self.registry}/{self.repository} "
                                    "has neither a tag nor a digest")
-        _check_domain(self.registry, self.registry)
+        check_registry(self.registry, self.registry)
         _check_repository(self.repository, self.repository)
         if self.tag is not None:
             _check_tag(self.tag, self.tag)
@@ -212,7 +212,7 @@ def parse_registry_reference(text: str, shown: str | None = None) -> RegistryRef
         raise InvalidReference(f"{text!r} has no image name")
 
     registry, repository = _split_registry(name)
-    _check_domain(registry, text)
+    check_registry(registry, text)
     _check_repository(repository, text)
     if tag is None and digest is None:
         tag = DEFAULT_TAG
@@ -240,7 +240,9 @@ def _check_characters(text: str) -> None:
                                "remove spaces and quotes around the reference")
 
 
-def _check_domain(domain: str, text: str) -> None:
+def check_registry(domain: str, text: str) -> None:
+    """Raise :class:`InvalidReference` unless ``domain`` is a registry, ``host[:port]`` with a
+    port from 1 to 65535 (``text``: where it was written, for the message)."""
     if not _DOMAIN_RE.fullmatch(domain):
         raise InvalidReference(f"invalid registry {domain!r} in {text!r}",
                                "a registry is a host name or [IPv6] address with an optional :port")

@@ -23,6 +23,7 @@ import base64
 import binascii
 import errno
 import json
+import re
 import logging
 import os
 import stat
@@ -86,10 +87,20 @@ def _server_url(registry: str) -> str:
     return DOCKER_HUB_SERVER_URL if registry in DOCKER_HUB_ALIASES else registry
 
 
+#: what ``docker-credential-<name>`` may be: a name to look up on PATH, never a path
+_HELPER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
+
+
 def run_helper(name: str, server_url: str, environ: Mapping[str, str] | None = None,
                ) -> Credentials | None:
-    """Ask ``docker-credential-<name> get`` for credentials; None if it has none or fails."""
+    """Ask ``docker-credential-<name> get`` for credentials; None if it has none or fails.
+
+    ``name`` comes from an auth file: only a plain program suffix is run (letters, digits,
+    ``.``, ``_``, ``-``), looked up on PATH, never a path (``../x``) or anything else."""
     program = f"docker-credential-{name}"
+    if not _HELPER_NAME.fullmatch(name):
+        log.warning("credential helper name %r is not a plain name: not run", name)
+        return None
     try:
         result = subprocess.run([program, "get"], input=server_url.encode(),
                                 capture_output=True, timeout=HELPER_TIMEOUT, check=False,

@@ -247,3 +247,24 @@ def test_a_runtime_dir_writable_by_others_is_not_used(tmp_path: Path) -> None:
     assert CredentialStore.from_environment(env).lookup("r.example") == Credentials("a", "b")
     (runtime / "containers").chmod(0o777)
     assert CredentialStore.from_environment(env).lookup("r.example") is None
+
+
+@pytest.mark.parametrize("name", ["../../tmp/x", "/bin/sh", "a b", "-x", "", ".hidden", "x\ny"])
+def test_a_helper_name_that_is_not_a_plain_name_is_never_run(
+        tmp_path: Path, name: str, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a helper of exactly that name on PATH, which leaves a mark if anything runs it
+    mark = tmp_path / "ran"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    trap = bin_dir / f"docker-credential-{name.replace('/', '_')}"
+    trap.write_text(f"#!/bin/sh\ntouch {mark}\n")
+    trap.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.chdir(tmp_path)
+    path = _write(tmp_path / "config.json", {"credsStore": name})
+    with caplog.at_level("WARNING", logger="ocistage.bundler.registry.credentials"):
+        assert CredentialStore([path]).lookup("reg.example") is None
+    assert not mark.exists()
+    if name:
+        assert "is not a plain name" in caplog.text

@@ -81,3 +81,19 @@ def test_stage_without_to_uses_the_config_file_then_the_option(tmp_path: Path) -
     out = _cli("stage", str(tree), "--json",
                env={**env, "OCISTAGE_STAGE_TO": str(tmp_path / "from-env")})
     assert json.loads(out.stdout)["path"] == str(tmp_path / "from-env" / "tree")
+
+
+@pytest.mark.parametrize("text", ["127.0.0.1:99999", "reg.example:0", "a b", "host:port",
+                                  "reg.example/ns"])
+def test_an_insecure_registry_that_is_not_one_is_refused(
+        text: str, config_files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A typo in an insecure registry (a port out of range) must not pass unnoticed: TLS would
+    stay on for the registry meant, or off for one never meant."""
+    with pytest.raises(UsageError, match="--insecure-registry"):
+        load_settings(insecure=[text])
+    monkeypatch.setenv("OCISTAGE_INSECURE_REGISTRIES", f"localhost:5000,{text}")
+    with pytest.raises(UsageError, match="OCISTAGE_INSECURE_REGISTRIES"):
+        load_settings()
+    monkeypatch.setenv("OCISTAGE_INSECURE_REGISTRIES", "localhost:5000, [::1]:443,")
+    assert load_settings(insecure=["reg.example:65535"]).insecure_registries == {
+        "localhost:5000", "[::1]:443", "reg.example:65535"}
