@@ -23,9 +23,9 @@ import base64
 import binascii
 import errno
 import json
-import re
 import logging
 import os
+import re
 import stat
 import subprocess
 from collections.abc import Mapping, Sequence
