@@ -1,19 +1,20 @@
 """Stages an engine's bundle for Slurm and removes it again: ``ocistage scrun stage-in/out``.
 
 Slurm's ``scrun`` (the OCI runtime that rootless Docker/Podman call) hands the hooks in
-``/etc/slurm/scrun.lua`` (:mod:`ocistage.runtimes.scrun_lua` renders it) the bundle the
-engine made: a ``config.json`` whose ``root.path``
-points at the engine's rootfs. The generated Lua calls ``ocistage scrun stage-in``, which
+``/etc/slurm/scrun.lua`` (:mod:`ocistage.runtimes.scrun_lua` renders it) the bundle the engine
+made: a ``config.json`` whose ``root.path`` points at the engine's rootfs. The generated Lua
+calls ``ocistage scrun stage-in``, which resolves the request once, before anything is staged
+(:func:`_place`), then
 
-1. stages that rootfs content-addressed (``ocistage.stagers.directory.stage_directory``: unchanged
+1. stages that rootfs content-addressed (``ocistage.stagers.directory.stage_tree``: unchanged
    files are not copied again) to ``STAGE_DIR/<uid>/<id>/rootfs`` (or ``STAGE_DIR-<uid>/<id>``
    when STAGE_DIR is not one every user can trust: :mod:`ocistage.runtimes.scrun_stagedir`),
    leased to the Slurm job;
 2. writes ``<id>/config.json`` beside it, rewritten for Slurm
-   (:mod:`ocistage.runtimes.scrun_config`): ``root.path`` is the staged
-   rootfs, the user namespace maps the container user to the job user, the job environment is
-   merged, and what cannot work on a compute node is dropped (``cgroupsPath``, resources,
-   prestart hooks, a network namespace, bind mounts of missing sources);
+   (:mod:`ocistage.runtimes.scrun_config`): ``root.path`` is the staged rootfs, the user
+   namespace maps the container user to the job user, the job environment is merged, and what
+   cannot work on a compute node is dropped (``cgroupsPath``, resources, prestart hooks, a
+   network namespace, bind mounts of missing sources);
 3. prints one JSON line that the Lua reads back (cjson) to call ``slurm.set_bundle_path`` and
    ``slurm.set_root_path``.
 
@@ -26,7 +27,7 @@ import json
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ from ocistage.runtimes.scrun_lua import StageTo
 from ocistage.runtimes.scrun_stagedir import bundle_dir
 
 MARKER = ".ocistage-scrun.json"
+ROOTFS = "rootfs"  # the staged rootfs: BUNDLE/rootfs
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
 
 
@@ -61,8 +63,8 @@ class StageInRequest:
     config_file: Path                 # its config.json (scrun passes it separately)
     stage_dir: Path                   # STAGE_DIR: bundles go to STAGE_DIR/<uid>/ (user_stage_dir)
     job_id: str | None = None
-    uid: int = field(default_factory=os.getuid)
-    gid: int = field(default_factory=os.getgid)
+    uid: int | None = None            # the job user (as scrun sees it); None: the caller
+    gid: int | None = None
     job_env: Sequence[str] = ()
     link: bool = False                # share inodes (hardlink/pool) and mount the root read-only
     # the sbatch that queues the cleanup job (runtimes/scrun_cleanup.py); None: no cleanup job
@@ -151,13 +153,22 @@ def _marker_path(bundle: Path) -> Path:
     return bundle / MARKER
 
 
-def stage_in(request: StageInRequest, *, cache_root: Path, jobs: int = 8) -> StageInResult:
-    """Stage the engine's bundle for Slurm (see the module docstring)."""
-    from ocistage.stagers.directory import stage_directory  # imported late: a sibling package's API
+@dataclass(frozen=True)
+class _Placement:
+    """A request resolved once, before anything is staged: what goes where, for whom, and
+    the config.json that goes beside it."""
 
+    rootfs: Path                 # the engine's rootfs: what is staged
+    bundle: Path                 # STAGE_DIR/<uid>/<id>, made and checked (scrun_stagedir)
+    holder: Holder               # the lease's holder: the Slurm job, or this process
+    config: dict[str, Any]       # the engine's config rewritten for Slurm
+    dropped: tuple[str, ...]     # what the rewrite dropped or changed
+
+
+def _place(request: StageInRequest) -> _Placement:
+    """Check ``request`` and resolve it (see :class:`_Placement`)."""
     container_id = check_container_id(request.container_id)
     uid, gid = job_ids(request.uid, request.gid)  # an unprivileged caller's own, or refused
-    request = replace(request, uid=uid, gid=gid)
     if not host_root_mapped():
         raise ScrunError(
             "stage-in runs in a user namespace without the host's root (rootless Podman's, "
@@ -165,36 +176,44 @@ def stage_in(request: StageInRequest, *, cache_root: Path, jobs: int = 8) -> Sta
             "there, so no directory can be trusted",
             "generate scrun.lua with `--stage-to node-local`: its hooks run through srun, "
             "outside the engine's namespace (docs/slurm.md, \"Rootless Podman\")")
-    config = read_config(request.config_file)
-    rootfs = source_rootfs(request.bundle, config)
-    holder = Holder.slurm_job(request.job_id) if request.job_id else Holder.this_process()
+    engine_config = read_config(request.config_file)
+    rootfs = source_rootfs(request.bundle, engine_config)
     # made and checked once (every directory above it the caller's or root's): nobody but the
-    # caller and root can swap what slurmstepd runs
-    bundle = bundle_dir(request.stage_dir, request.uid, container_id)
+    # caller and root can swap what slurmstepd runs. The rootfs goes to BUNDLE/rootfs:
+    # slurmstepd 22.05 runs <bundle>/rootfs whatever root.path says (and the stager's pool
+    # and scratch dirs then live inside the bundle)
+    bundle = bundle_dir(request.stage_dir, uid, container_id)
+    config, dropped = rewrite_config(engine_config, root_path=bundle / ROOTFS, uid=uid,
+                                     gid=gid, job_env=request.job_env)
+    holder = Holder.slurm_job(request.job_id) if request.job_id else Holder.this_process()
+    return _Placement(rootfs, bundle, holder, config, tuple(dropped))
+
+
+def stage_in(request: StageInRequest, *, cache_root: Path, jobs: int = 8) -> StageInResult:
+    """Stage the engine's bundle for Slurm (see the module docstring)."""
+    from ocistage.stagers.directory import stage_tree  # imported late: a sibling package's API
+
+    place = _place(request)
     # link=False: the container gets its own writable files (a shared inode would let it
     # write through into the engine's rootfs or other bundles); link=True shares them, and
     # the root is then mounted read-only
-    # the rootfs goes to BUNDLE/rootfs: slurmstepd 22.05 runs <bundle>/rootfs whatever
-    # root.path says (and the stager's pool and scratch dirs then live inside the bundle)
-    staged = stage_directory(rootfs, bundle, cache_root=cache_root, name="rootfs",
-                             holder=holder, link=None if request.link else False, jobs=jobs)
+    staged = stage_tree(place.rootfs, place.bundle, cache_root=cache_root, name=ROOTFS,
+                        holder=place.holder, link=None if request.link else False, jobs=jobs)
     root_path = Path(staged.path)
-    new_config, dropped = rewrite_config(config, root_path=root_path, uid=request.uid,
-                                         gid=request.gid, job_env=request.job_env)
     if staged.method != "copy":
-        new_config["root"]["readonly"] = True
-    cleanup_id, cleanup_error = _queue_cleanup(request, bundle, cache_root)
-    write_file_atomic(_marker_path(bundle), json.dumps(
+        place.config["root"]["readonly"] = True
+    cleanup_id, cleanup_error = _queue_cleanup(request, place.bundle, cache_root)
+    write_file_atomic(_marker_path(place.bundle), json.dumps(
         {"root_path": str(root_path), "lease_id": staged.lease_id,
          "job_id": request.job_id, "cleanup_job_id": cleanup_id,
          "sbatch": request.sbatch}).encode(), mode=0o600)
-    config_path = bundle / "config.json"
-    write_file_atomic(config_path, json.dumps(new_config, indent=2).encode(), mode=0o644)
-    return StageInResult(bundle=bundle, root_path=root_path, config=config_path,
+    config_path = place.bundle / "config.json"
+    write_file_atomic(config_path, json.dumps(place.config, indent=2).encode(), mode=0o644)
+    return StageInResult(bundle=place.bundle, root_path=root_path, config=config_path,
                          files=staged.files, copied=staged.copied, linked=staged.linked,
                          unchanged=staged.unchanged, bytes_copied=staged.bytes_copied,
                          lease_id=staged.lease_id, method=staged.method,
-                         dropped=tuple(dropped), cleanup_job_id=cleanup_id,
+                         dropped=place.dropped, cleanup_job_id=cleanup_id,
                          cleanup_error=cleanup_error)
 
 
@@ -237,7 +256,7 @@ def stage_out(bundle: Path, *, cache_root: Path) -> bool:
                          "not removing it") from exc
     except (OSError, ValueError, KeyError, TypeError, ForeignFile) as exc:
         raise ScrunError(f"unreadable stage-in marker {marker}: {exc}") from exc
-    if root_path != bundle / "rootfs":
+    if root_path != bundle / ROOTFS:
         raise ScrunError(f"stage-in marker of {bundle} names {root_path}, not the rootfs "
                          "inside its bundle (outside its bundle); not removing it")
     job_id = record.get("job_id")

@@ -213,12 +213,11 @@ def scrun_stage_in(
     opts: CommonOptions,
 ) -> None:
     """Stage-in entry point called by scrun.lua; prints one JSON line."""
-    from ocistage.runtimes.scrun import StageInRequest, job_ids, stage_in
+    from ocistage.runtimes.scrun import StageInRequest, stage_in
     from ocistage.runtimes.scrun_config import read_job_env
 
     # node-local: the cleanup job must run on this node (srun sets SLURMD_NODENAME)
     node = os.environ.get("SLURMD_NODENAME") if stage_to == "node-local" else None
-    uid, gid = job_ids(uid, gid)
     request = StageInRequest(
         container_id=container_id, bundle=bundle.absolute(),
         config_file=(config or bundle / "config.json").absolute(),
