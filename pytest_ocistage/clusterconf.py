@@ -1,5 +1,5 @@
-"""The configuration files of a private test cluster: its ``slurm.conf`` and the ``oci.conf``
-that ``ocistage runtime oci-conf`` writes for it (checked by ``--check``)."""
+"""Writes the configuration of a private test cluster: its ``slurm.conf``, and the ``oci.conf``
+that ``ocistage runtime oci-conf`` makes for it (checked by ``--check``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Which Slurm a private test cluster runs (Debian's 22.05, the releases .ci/build-slurm.sh
-builds) and whether this host can start it."""
+"""Describes which Slurm a private test cluster runs (Debian's 22.05, the releases
+.ci/build-slurm.sh builds) and says whether this host can start it."""
 
 from __future__ import annotations
 

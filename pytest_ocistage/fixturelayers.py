@@ -1,4 +1,4 @@
-"""The hand-written tar layers of the fixture images (every header deterministic): the
+"""Writes the hand-written tar layers of the fixture images (every header deterministic): the
 ``busybox`` image's ``/home/app`` layer and the three layers of ``multilayer``, which exercise
 every layer rule (pytest_ocistage/images.py)."""
 

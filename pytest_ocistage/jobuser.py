@@ -1,5 +1,5 @@
-"""An unprivileged account that end-to-end tests run jobs and commands as (fixture
-``slurm_job_user``): made for the session when missing, removed again."""
+"""Provides the unprivileged account that end-to-end tests run jobs and commands as (fixture
+``slurm_job_user``): made when missing, and then removed again."""
 
 from __future__ import annotations
 
