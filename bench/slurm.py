@@ -43,15 +43,10 @@ from typing import Any
 
 from bench.bundle import RESULTS, ocistage_script, running_registry
 from bench.images import SPECS, build_all, cache_root, push
+from pytest_ocistage.clusterspec import ClusterError, built_spec, check_spec
 from pytest_ocistage.components import free_port
 from pytest_ocistage.faultproxy import FaultProxy, running_fault_proxy
-from pytest_ocistage.slurm import (
-    ClusterError,
-    SlurmCluster,
-    built_spec,
-    check_spec,
-    running_cluster,
-)
+from pytest_ocistage.slurm import SlurmCluster, running_cluster
 
 MODES = ("per-node", "all-nodes")
 

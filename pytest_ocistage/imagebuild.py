@@ -37,12 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from pytest_ocistage.components import Registry, require_binary
+from pytest_ocistage.fixturelayers import MTIME
 from pytest_ocistage.images import (
     LAYER_MEDIA_TYPES,
     MEDIA_CONFIG,
     MEDIA_INDEX,
     MEDIA_MANIFEST,
-    MTIME,
     REF_NAME,
     ImageRef,
     Json,

@@ -55,6 +55,7 @@ import pytest
 
 from pytest_ocistage.bundles import BundleRun
 from pytest_ocistage.bundles import run_bundle as run_bundle_in
+from pytest_ocistage.clusterspec import built_spec, debian_spec
 from pytest_ocistage.components import (
     REQUIRE_ENV,
     Registry,
@@ -68,15 +69,9 @@ from pytest_ocistage.components import (
 )
 from pytest_ocistage.faultproxy import FaultProxy, running_fault_proxy
 from pytest_ocistage.imagebuild import BuiltImage, LayerSource, build_image
+from pytest_ocistage.jobuser import JobUser, job_user_account
 from pytest_ocistage.runner import OcistageRunner, ocistage_command
-from pytest_ocistage.slurm import (
-    JobUser,
-    SlurmCluster,
-    built_spec,
-    debian_spec,
-    job_user_account,
-    session_cluster,
-)
+from pytest_ocistage.slurm import SlurmCluster, session_cluster
 from pytest_ocistage.tokenissuer import TokenIssuer, running_token_issuer
 
 BASIC_USER, BASIC_PASSWORD = "basic-user", "basic-secret-1"

@@ -9,6 +9,10 @@ Two clusters, both made by :func:`running_cluster` and handed to tests as a
   ``/opt/ocistage-slurm/<sha256 prefix of the tarball>`` (or ``$OCISTAGE_SLURM_PREFIX``), three
   nodes ``n1 n2 n3`` on this host (``NodeAddr=127.0.0.1``, a port each), with ``scrun``.
 
+What to start is a :class:`~pytest_ocistage.clusterspec.ClusterSpec`
+(:mod:`pytest_ocistage.clusterspec`); its ``slurm.conf`` and ``oci.conf`` come from
+:mod:`pytest_ocistage.clusterconf`, the job user from :mod:`pytest_ocistage.jobuser`.
+
 Nothing outside the cluster's own directory (``/tmp/ocistage-slurm-<name>-XXXX``, mode 0755 so
 that job users reach it) is written, and nothing is left running:
 
@@ -69,7 +73,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pwd
 import re
 import resource
 import shutil
@@ -86,35 +89,26 @@ from pathlib import Path
 import pytest
 
 from ocistage.runtimes.slurm import parse_scontrol_record
+from pytest_ocistage.clusterconf import oci_conf, slurm_conf
+from pytest_ocistage.clusterspec import (
+    HYBRID_CGROUP2,
+    ClusterError,
+    ClusterSpec,
+    check_spec,
+    hybrid_cgroup2,
+)
 from pytest_ocistage.components import (
     die_with_parent,
     e2e_required,
     free_port,
-    require_binary,
     stop_process,
 )
+from pytest_ocistage.jobuser import JobUser
 
-SLURM_24_05_SHA256 = "b1b1549ee80fbcd2e4a3b40f17b0e794f92893b6e059d32d964d8db92c399b0e"
-SLURM_24_05_PREFIX = Path("/opt/ocistage-slurm") / SLURM_24_05_SHA256[:16]
-SLURM_26_05_SHA256 = "b7c7c7c8d78f7fde485ac7fc811034c5dd1a067d0167dba1a044e731c0374b13"
-SLURM_26_05_PREFIX = Path("/opt/ocistage-slurm") / SLURM_26_05_SHA256[:16]
-#: the releases built by .ci/build-slurm.sh: release -> (version, prefix, variable naming
-#: another prefix)
-BUILT_RELEASES = {
-    "24.05": ("24.05.8", SLURM_24_05_PREFIX, "OCISTAGE_SLURM_PREFIX"),
-    "26.05": ("26.05.3", SLURM_26_05_PREFIX, "OCISTAGE_SLURM_26_05_PREFIX"),
-}
-DEBIAN_SLURM = Path("/usr")
-TEST_USER = "ocistage-slurm"
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
-HYBRID_CGROUP2 = "/sys/fs/cgroup/unified"
 START_TIMEOUT = 90.0
 STOP_TIMEOUT = 15.0
-
-
-class ClusterError(RuntimeError):
-    """A test cluster could not be started."""
 
 
 def unavailable(reason: str) -> None:
@@ -122,56 +116,6 @@ def unavailable(reason: str) -> None:
     if e2e_required():
         pytest.fail(reason, pytrace=False)
     pytest.skip(reason)
-
-
-# --- job users --------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class JobUser:
-    """An unprivileged account for running jobs as someone other than root."""
-
-    name: str
-    uid: int
-    gid: int
-    home: Path
-
-    def argv(self, *command: str) -> list[str]:
-        return ["runuser", "-u", self.name, "--", *command]
-
-
-@contextmanager
-def job_user_account(name: str = TEST_USER) -> Iterator[JobUser]:
-    """An unprivileged user with a home and a ``/run/user/UID`` (as logind would make).
-
-    A user that exists already is used and left alone; one created here is removed (with its
-    home and ``/run/user/UID``) on exit.
-    """
-    if os.getuid() != 0:
-        pytest.skip("creating an unprivileged test user needs root")
-    require_binary("useradd")
-    require_binary("userdel")
-    require_binary("runuser")
-    created = False
-    try:
-        entry = pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name],
-                       check=True, capture_output=True, timeout=60)
-        entry = pwd.getpwnam(name)
-        created = True
-    run_dir = Path("/run/user") / str(entry.pw_uid)
-    made_run_dir = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    os.chown(run_dir, entry.pw_uid, entry.pw_gid)
-    run_dir.chmod(0o700)
-    try:
-        yield JobUser(entry.pw_name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
-    finally:
-        if made_run_dir:
-            shutil.rmtree(run_dir, ignore_errors=True)
-        if created:
-            subprocess.run(["userdel", "--remove", name], capture_output=True, timeout=60,
-                           check=False)
 
 
 # --- the cluster as tests see it --------------------------------------------------------------
@@ -336,79 +280,6 @@ def read_output(path: Path, timeout: float = 20) -> str:
 
 # --- starting and stopping --------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class ClusterSpec:
-    """What to start: which Slurm installation, how many nodes."""
-
-    name: str                 # ClusterName, and part of the directory name
-    prefix: Path              # the installation: PREFIX/bin/srun, PREFIX/sbin/slurmctld
-    node_count: int = 1       # 1: one node named after the host; more: n1..nN
-    oci_runtime: str = "runc"
-    #: on a hybrid cgroup host, unmount the cgroup2 hierarchy in the nodes' mount namespaces
-    #: (crun 1.8 refuses hybrid layouts whose cgroup2 part has controllers enabled)
-    legacy_cgroups: bool = False
-    #: the cluster's plugstack.conf (SPANK plugins, e.g. pyxis's line); empty by default
-    plugstack: str = ""
-    #: directories put first on the daemons' PATH (pyxis runs enroot from slurmd's PATH)
-    daemon_path: tuple[str, ...] = ()
-    #: give each slurmd's mount namespace a /dev/fuse of mode 0666 (a device node of its own
-    #: bind-mounted over the host's, which is 0600 on some hosts): FUSE for job users
-    #: (squashfuse, fuse-overlayfs) without changing the host
-    user_fuse: bool = False
-
-    @property
-    def bin_dir(self) -> Path:
-        return self.prefix / "bin"
-
-    @property
-    def sbin_dir(self) -> Path:
-        return self.prefix / "sbin"
-
-
-def debian_spec() -> ClusterSpec:
-    return ClusterSpec(name="ocistage2205", prefix=DEBIAN_SLURM, node_count=1)
-
-
-def built_spec(release: str = "24.05") -> ClusterSpec:
-    """A three-node cluster of a release .ci/build-slurm.sh builds (24.05 or 26.05)."""
-    _version, default, variable = BUILT_RELEASES[release]
-    prefix = Path(os.environ.get(variable, str(default)))
-    return ClusterSpec(name="ocistage" + release.replace(".", ""), prefix=prefix, node_count=3,
-                       legacy_cgroups=True)
-
-
-def check_spec(spec: ClusterSpec) -> str | None:
-    """Why spec cannot be started here, or None."""
-    if os.getuid() != 0:
-        return "starting a Slurm cluster needs root (slurmd runs jobs as their users)"
-    for binary in ("munged", "munge", "unshare", "runuser"):
-        if shutil.which(binary) is None:
-            return f"{binary} not found on PATH (Debian: munge, util-linux)"
-    for path in (spec.sbin_dir / "slurmctld", spec.sbin_dir / "slurmd", spec.bin_dir / "srun"):
-        if not os.access(path, os.X_OK):
-            if spec.prefix == DEBIAN_SLURM:
-                return f"{path} is missing (Debian: apt-get install slurm-wlm slurm-client)"
-            built = {str(prefix): (version, variable)
-                     for version, prefix, variable in BUILT_RELEASES.values()}
-            version, variable = built.get(str(spec.prefix), ("24.05.8", "OCISTAGE_SLURM_PREFIX"))
-            return (f"{path} is missing: build Slurm {version} with `.ci/build-slurm.sh "
-                    f"{version}` (as .ci/run does; set {variable} for another prefix)")
-    return None
-
-
-def _hybrid_cgroup2() -> bool:
-    """Whether this host mounts cgroup v1 controllers plus a cgroup2 hierarchy (hybrid)."""
-    try:
-        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return False
-    for line in mounts:
-        fields = line.split()
-        if len(fields) > 4 and fields[4] == HYBRID_CGROUP2:
-            return " - cgroup2 " in line
-    return False
-
-
 def _daemon_preexec() -> None:
     """Dies with the session (``die_with_parent``) and dumps no core: slurmd raises its soft
     core limit to the hard one, and a crashing slurmstepd, its child, would write ``core``
@@ -460,75 +331,6 @@ def _version(spec: ClusterSpec) -> str:
     if match is None:
         raise ClusterError(f"slurmctld -V printed {result.stdout!r} {result.stderr!r}")
     return match.group(1)
-
-
-def _slurm_conf(spec: ClusterSpec, base: Path, host: str, nodes: Sequence[str],
-                ports: Mapping[str, int]) -> str:
-    mem = max(1, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20 // 4)
-    cpus = os.cpu_count() or 1
-    lines = [
-        f"# private test cluster {spec.name} (pytest_ocistage/slurm.py)",
-        f"ClusterName={spec.name}",
-        f"SlurmctldHost={host}(127.0.0.1)",
-        f"SlurmctldPort={free_port()}",
-        "SlurmUser=root",
-        "SlurmdUser=root",
-        "AuthType=auth/munge",
-        "CredType=cred/munge",
-        f"AuthInfo=socket={base / 'munge-socket' / 'munge.socket'}",
-        "MpiDefault=none",
-        "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
-        "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_Core",
-        "SchedulerType=sched/backfill",
-        "ReturnToService=2",
-        f"PlugStackConfig={base / 'etc' / 'plugstack.conf'}",
-        f"StateSaveLocation={base / 'state'}",
-        f"SlurmdSpoolDir={base / 'spool' / '%n'}",
-        f"SlurmctldPidFile={base / 'run' / 'slurmctld.pid'}",
-        f"SlurmdPidFile={base / 'run' / 'slurmd-%n.pid'}",
-        f"SlurmctldLogFile={base / 'log' / 'slurmctld.log'}",
-        f"SlurmdLogFile={base / 'log' / 'slurmd-%n.log'}",
-        "SlurmctldDebug=info",
-        "SlurmdDebug=info",
-        "InactiveLimit=0",
-        "KillWait=5",
-        "MinJobAge=30",
-        "Waittime=0",
-    ]
-    for node in nodes:
-        lines.append(f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 "
-                     f"Port={ports[node]} CPUs={cpus} RealMemory={mem} State=UNKNOWN")
-    lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
-    return "\n".join(lines) + "\n"
-
-
-def _oci_conf(spec: ClusterSpec, base: Path, version: str, ocistage: Sequence[str],
-              env: Mapping[str, str]) -> str:
-    """``ocistage runtime oci-conf`` for this cluster, checked by ``--check``."""
-    major_minor = ".".join(version.split(".")[:2])
-    result = subprocess.run(
-        [*ocistage, "runtime", "oci-conf", "--runtime", spec.oci_runtime, "--slurm-version",
-         major_minor, "--root", str(base / "oci-root" / f"%u-{spec.oci_runtime}")],
-        capture_output=True, text=True, timeout=60, env=dict(env), check=False,
-        stdin=subprocess.DEVNULL)
-    if result.returncode != 0:
-        raise ClusterError(f"ocistage runtime oci-conf failed: {result.stderr}")
-    text = result.stdout
-    if (tuple(int(part) for part in major_minor.split(".")) >= (23, 2)
-            and not re.search(r"(?im)^\s*SrunPath\s*=", text)):
-        text += f"SrunPath={spec.bin_dir / 'srun'}\n"
-    draft = base / "etc" / "oci.conf.draft"
-    draft.write_text(text)
-    check = subprocess.run([*ocistage, "runtime", "oci-conf", "--check", str(draft),
-                            "--slurm-version", major_minor], capture_output=True, text=True,
-                           timeout=60, env=dict(env), check=False, stdin=subprocess.DEVNULL)
-    draft.unlink()
-    if check.returncode != 0:
-        raise ClusterError(f"ocistage runtime oci-conf --check rejects its own oci.conf:\n"
-                           f"{check.stdout}{check.stderr}")
-    return text
 
 
 def _wait_for_munge(socket_path: Path, process: subprocess.Popen[bytes], log: Path) -> None:
@@ -633,10 +435,10 @@ def running_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[Slur
         _wait_for_munge(munge_socket, munged, munge_log)
 
         ports = {node: free_port() for node in nodes}
-        conf.write_text(_slurm_conf(spec, base, host, nodes, ports))
+        conf.write_text(slurm_conf(spec, base, host, nodes, ports))
         (base / "etc" / "mpi.conf").write_text("")
         (base / "etc" / "plugstack.conf").write_text(spec.plugstack)
-        cluster.oci_conf.write_text(_oci_conf(spec, base, version, ocistage, daemon_env))
+        cluster.oci_conf.write_text(oci_conf(spec, base, version, ocistage, daemon_env))
         for path in base.joinpath("etc").iterdir():
             path.chmod(0o644)
 
@@ -645,7 +447,7 @@ def running_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[Slur
                                 str(conf)], base / "log" / "slurmctld.out", daemon_env)
             stack.callback(stop_process, slurmctld)
             slurmds = []
-            hide = HYBRID_CGROUP2 if spec.legacy_cgroups and _hybrid_cgroup2() else ""
+            hide = HYBRID_CGROUP2 if spec.legacy_cgroups and hybrid_cgroup2() else ""
             for node in nodes:
                 slurmd = _start(_slurmd_argv(spec, cluster, node, hide),
                                 base / "log" / f"slurmd-{node}.out", daemon_env)

@@ -2,7 +2,7 @@
 
 Two kinds of config pass through here: the ones ocistage builds from an image config
 (:mod:`ocistage.bundler.runtime_config`) and the ones Docker/Podman hand to ``scrun``, which
-``ocistage scrun stage-in`` rewrites before Slurm runs them (:mod:`ocistage.runtimes.scrun`).
+``ocistage scrun stage-in`` rewrites before Slurm runs them (:mod:`ocistage.runtimes.scrun_config`).
 Whatever made it, a config runs rootless only if:
 
 - it has a user namespace mapping the process user to the caller

@@ -1,17 +1,20 @@
-"""scrun stage hooks: the ``scrun.lua`` template and the ``ocistage scrun stage-in/out`` work.
+"""Stages an engine's bundle for Slurm and removes it again: ``ocistage scrun stage-in/out``.
 
 Slurm's ``scrun`` (the OCI runtime that rootless Docker/Podman call) hands the hooks in
-``/etc/slurm/scrun.lua`` the bundle the engine made: a ``config.json`` whose ``root.path``
-points at the engine's rootfs. The generated Lua calls ``ocistage scrun stage-in``, which
+``/etc/slurm/scrun.lua`` (:mod:`ocistage.runtimes.scrun_lua` renders it) the bundle the engine
+made: a ``config.json`` whose ``root.path`` points at the engine's rootfs. The generated Lua
+calls ``ocistage scrun stage-in``, which resolves the request once, before anything is staged
+(:func:`_place`), then
 
-1. stages that rootfs content-addressed (``ocistage.stagers.directory.stage_directory``: unchanged
+1. stages that rootfs content-addressed (``ocistage.stagers.directory.stage_tree``: unchanged
    files are not copied again) to ``STAGE_DIR/<uid>/<id>/rootfs`` (or ``STAGE_DIR-<uid>/<id>``
-   when STAGE_DIR is not one every user can trust, :func:`user_stage_dir`), leased to the
-   Slurm job;
-2. writes ``<id>/config.json`` beside it, rewritten for Slurm: ``root.path`` is the staged
-   rootfs, the user namespace maps the container user to the job user, the job environment is
-   merged, and what cannot work on a compute node is dropped (``cgroupsPath``, resources,
-   prestart hooks, a network namespace, bind mounts of missing sources);
+   when STAGE_DIR is not one every user can trust: :mod:`ocistage.runtimes.scrun_stagedir`),
+   leased to the Slurm job;
+2. writes ``<id>/config.json`` beside it, rewritten for Slurm
+   (:mod:`ocistage.runtimes.scrun_config`): ``root.path`` is the staged rootfs, the user
+   namespace maps the container user to the job user, the job environment is merged, and what
+   cannot work on a compute node is dropped (``cgroupsPath``, resources, prestart hooks, a
+   network namespace, bind mounts of missing sources);
 3. prints one JSON line that the Lua reads back (cjson) to call ``slurm.set_bundle_path`` and
    ``slurm.set_root_path``.
 
@@ -20,438 +23,34 @@ points at the engine's rootfs. The generated Lua calls ``ocistage scrun stage-in
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import shutil
-import stat
-import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from ocistage.cache.errors import ForeignFile, UntrustedPath
-from ocistage.cache.fsops import (
-    PARENT_MODE,
-    check_path_trusted,
-    remove_tree,
-    sticky_of_ours,
-    trust_problem,
-    walk_trusted,
-)
+from ocistage.cache.errors import ForeignFile
+from ocistage.cache.fsops import remove_tree
 from ocistage.cache.leases import Holder
 from ocistage.cache.readback import read_own
 from ocistage.cache.store import write_file_atomic
 from ocistage.cache.userdirs import host_id, host_root_mapped
 from ocistage.errors import OcistageError, UsageError
 from ocistage.runtimes.errors import ScrunError
-from ocistage.runtimes.idmap import detect_root_placeholder
-from ocistage.runtimes.rootless import RootlessIds, make_rootless
-from ocistage.runtimes.slurm import SlurmVersion
+from ocistage.runtimes.scrun_config import (
+    MAX_CONFIG_BYTES,
+    read_config,
+    rewrite_config,
+    source_rootfs,
+)
+from ocistage.runtimes.scrun_lua import StageTo
+from ocistage.runtimes.scrun_stagedir import bundle_dir
 
-StageTo = Literal["shared", "node-local"]
 MARKER = ".ocistage-scrun.json"
-MAX_CONFIG_BYTES = 4 << 20
+ROOTFS = "rootfs"  # the staged rootfs: BUNDLE/rootfs
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-# -- the Lua -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ScrunLuaOptions:
-    ocistage: Sequence[str] = ("ocistage",)   # argv prefix that runs ocistage on the nodes
-    stage_to: StageTo = "shared"
-    stage_dir: str = "/tmp/ocistage-scrun"
-    cache: str | None = None                  # None: each user's default cache
-    sbatch: str | None = None                 # queues each bundle's cleanup job; None: none
-    slurm_json: bool = False                  # Slurm >= 26.05: slurm.from_json, no lua-cjson
-
-
-def lua_string(text: str) -> str:
-    """``text`` as a Lua string literal (every byte outside printable ASCII escaped).
-
-    Lua strings are bytes: a non-UTF-8 name (a ``surrogateescape`` str, as Python decodes
-    argv) is written as the bytes it stands for; a string that stands for no bytes at all (a
-    lone surrogate of no such escape) is refused.
-    """
-    try:
-        data = text.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError as exc:
-        raise UsageError(f"{text!r} is not text that stands for bytes",
-                         "pass the value as the bytes it is (a path, a command)") from exc
-    out = []
-    for byte in data:
-        char = chr(byte)
-        if char in '"\\' or byte < 0x20 or byte >= 0x7F:
-            out.append(f"\\{byte:03d}")
-        else:
-            out.append(char)
-    return '"' + "".join(out) + '"'
-
-
-_LUA_TEMPLATE = r"""-- scrun.lua: Slurm scrun stage hooks generated by `ocistage runtime scrun-lua`.
---
--- stage-in stages the rootfs that Docker/Podman handed over into STAGE_DIR (content-addressed:
--- unchanged files are not copied again), rewrites config.json for Slurm and leases the staged
--- bundle to the job; stage-out removes it. Both run `ocistage scrun ...` (in the allocation
--- for node-local staging), which prints one JSON line that is read back here.
-@JSON@
-
-local OCISTAGE = {@OCISTAGE@}
-local STAGE_TO = @STAGE_TO@
-local STAGE_DIR = @STAGE_DIR@
-local CACHE = @CACHE@
--- the sbatch that queues each staged bundle's cleanup job (after the job, whatever ends it)
-local SBATCH = @SBATCH@
-
-local function quote(text)
-	return "'" .. (string.gsub(tostring(text), "'", "'\\''")) .. "'"
-end
-
-local function command_line(args)
-	local words = {}
-	for _, word in ipairs(OCISTAGE) do
-		words[#words + 1] = quote(word)
-	end
-	for _, word in ipairs(args) do
-		words[#words + 1] = quote(word)
-	end
-	if CACHE ~= nil then
-		words[#words + 1] = "--cache"
-		words[#words + 1] = quote(CACHE)
-	end
-	return table.concat(words, " ") .. " 2>&1"
-end
-
--- Why stage-in failed, for the `scrun create` the engine waits on. scrun loads this file in
--- `create`, which then forks the anchor; the anchor runs the hooks and hands `create` its pid
--- whatever stage-in returns, so `create` exits 0 and the engine learns nothing (its runtime
--- log stays empty, the anchor's log goes to the container's output). So: at load time a file
--- shared by both processes is opened (and its name removed at once); a failing stage-in
--- writes the reason there before the anchor hands over its pid, and `create`, closing its Lua
--- state after that, finds it and exits 1 with the reason on its stderr (conmon hands that to
--- Podman) and in the engine's --log file (containerd reads Docker's log.json).
-local function own_pid()
-	local file = io.open("/proc/self/stat", "r")
-	if file == nil then
-		return nil
-	end
-	local line = file:read("*l")
-	file:close()
-	return tonumber(string.match(line or "", "^%d+"))
-end
-
-local function shared_file()
-	if _VERSION == "Lua 5.1" then
-		return nil -- its os.tmpname only names a file (tmpnam); from 5.2 mkstemp makes it
-	end
-	local ok, name = pcall(os.tmpname)
-	if not ok then
-		return nil
-	end
-	local file = io.open(name, "r+")
-	os.remove(name)
-	return file
-end
-
-local function json_string(text)
-	return '"' .. (string.gsub(text, '[%c"\\]', function(char)
-		return string.format("\\u%04x", string.byte(char))
-	end)) .. '"'
-end
-
--- the --log file and --log-format this process was given (global options: before `create`)
-local function runtime_log()
-	local file = io.open("/proc/self/cmdline", "rb")
-	if file == nil then
-		return nil
-	end
-	local cmdline = file:read("*a") or ""
-	file:close()
-	local args = {}
-	for word in string.gmatch(cmdline, "([^\0]*)\0") do
-		args[#args + 1] = word
-	end
-	local log, format = nil, nil
-	local i = 2
-	while i <= #args and args[i] ~= "create" do
-		local word = args[i]
-		if word == "--log" or word == "--log-format" then
-			if word == "--log" then log = args[i + 1] else format = args[i + 1] end
-			i = i + 1
-		elseif string.sub(word, 1, 6) == "--log=" then
-			log = string.sub(word, 7)
-		elseif string.sub(word, 1, 13) == "--log-format=" then
-			format = string.sub(word, 14)
-		end
-		i = i + 1
-	end
-	return log, format
-end
-
-local function tell_create(why)
-	io.stderr:write("scrun.lua: container not created: " .. why .. "\n")
-	local path, format = runtime_log()
-	if path ~= nil and path ~= "" then
-		local log = io.open(path, "a")
-		if log ~= nil then
-			if format == "json" then
-				log:write('{"level":"error","msg":' .. json_string(why) .. ',"time":"'
-					.. os.date("!%Y-%m-%dT%H:%M:%SZ") .. '"}\n')
-			else
-				log:write("scrun.lua: container not created: " .. why .. "\n")
-			end
-			log:close()
-		end
-	end
-	os.exit(1)
-end
-
-local CREATE = setmetatable({pid = own_pid(), file = shared_file(), hooked = false}, {
-	__gc = function(create)
-		if create.file == nil then
-			return
-		end
-		local why = create.file:seek("set", 0) and create.file:read("*a") or ""
-		create.file:close()
-		-- only in the `create` that loaded this file, when the hook ran elsewhere
-		if why ~= "" and not create.hooked and own_pid() == create.pid then
-			tell_create(why)
-		end
-	end,
-})
-
--- stage-in's outcome for `create`: the reason it failed, or nil (the file is closed, so that
--- srun and the container do not inherit it)
-local function report_stage_in(why)
-	CREATE.hooked = true
-	local file = CREATE.file
-	if file == nil then
-		return
-	end
-	if why ~= nil then
-		file:seek("set", 0)
-		file:write(why)
-		file:flush()
-	else
-		file:close()
-		CREATE.file = nil
-	end
-end
-
--- a failed command says why, in scrun's log (its stderr, which the engine keeps as the
--- container's output: `podman logs`, `docker logs`); returns the reason
-local function failed(what, rc, output)
-	local why = string.format("ocistage scrun %s failed (exit %s): %s", what,
-		tostring(math.floor(tonumber(rc) or -1)), (string.gsub(output, "%s+$", "")))
-	if rc == 126 or rc == 127 then
-		why = why .. " [scrun.lua runs `" .. table.concat(OCISTAGE, " ") .. "`, which this "
-			.. "host cannot execute: regenerate scrun.lua with `ocistage runtime scrun-lua "
-			.. "--ocistage /absolute/path/of/ocistage`]"
-	end
-	for line in string.gmatch(why, "[^\n]+") do
-		slurm.log_error("scrun.lua: " .. line)
-	end
-	return why
-end
-
--- run `ocistage ARGS...` where the bundle must land; returns the decoded JSON result, or nil
--- and why not.
--- The result line (a JSON object naming the bundle) is what says it worked: scrun's SIGCHLD
--- handler sometimes reaps the command's child first, and then scrun reports an exit status
--- read from a status waitpid never filled ("waitpid: No child processes") although the
--- command ran to its end.
-local function ocistage(args)
-	local command = command_line(args)
-	local rc, output
-	if STAGE_TO == "node-local" then
-		rc, output = slurm.remote_command(command)
-	else
-		rc, output = slurm.allocator_command(command)
-	end
-	output = output or ""
-	local last = nil
-	for line in string.gmatch(output, "[^\n]+") do
-		if string.sub(line, 1, 1) == "{" then
-			last = line
-		end
-	end
-	local ok, result = false, nil
-	if last ~= nil then
-		ok, result = pcall(json.decode, last)
-	end
-	if not ok or type(result) ~= "table" or type(result.bundle) ~= "string" then
-		return nil, failed(args[2], rc, output)
-	end
-	if rc ~= 0 then
-		-- debug, not info: scrun's log is the user's terminal (podman run, docker run), and
-		-- this happens about 1 run in 8 to a command that did its work
-		slurm.log_debug(string.format("ocistage %s printed its result but scrun reports "
-			.. "rc=%s (its child was reaped elsewhere): taken as success", args[2],
-			tostring(rc)))
-	end
-	return result
-end
-
-local function write_private(path, text)
-	local file, err = io.open(path, "w")
-	if file == nil then
-		return false, err
-	end
-	file:write(text)
-	file:close()
-	return true
-end
-
-function slurm_scrun_stage_in(id, bundle, spool_dir, config_file, job_id, user_id,
-		group_id, job_env)
-	local env_file = spool_dir .. "/ocistage-job-env.json"
-	local ok, err = write_private(env_file, json.encode(job_env or {}))
-	if not ok then
-		local why = "scrun.lua: cannot write " .. env_file .. ": " .. tostring(err)
-		slurm.log_error(why)
-		report_stage_in(why)
-		return slurm.ERROR
-	end
-	local args = {"scrun", "stage-in", "--id", id, "--bundle", bundle,
-		"--config", config_file, "--job-id", tostring(math.floor(job_id)),
-		"--uid", tostring(math.floor(user_id)), "--gid", tostring(math.floor(group_id)),
-		"--env-file", env_file, "--stage-to", STAGE_TO, "--stage-dir", STAGE_DIR}
-	if SBATCH ~= nil then
-		args[#args + 1] = "--sbatch"
-		args[#args + 1] = SBATCH
-	end
-	local result, why = ocistage(args)
-	os.remove(env_file)
-	report_stage_in(why)
-	if result == nil then
-		return slurm.ERROR
-	end
-	slurm.log_verbose(string.format("ocistage staged %s: %d files, %d copied, %d unchanged",
-		result.bundle, result.files, result.copied, result.unchanged))
-	if type(result.cleanup_error) == "string" then
-		slurm.log_error("ocistage could not queue the cleanup job of " .. result.bundle
-			.. " (stage-out or `ocistage cache gc` removes it): " .. result.cleanup_error)
-	end
-	slurm.set_bundle_path(result.bundle)
-	slurm.set_root_path(result.root_path)
-	return slurm.SUCCESS
-end
-
-function slurm_scrun_stage_out(id, bundle, orig_bundle, root_path, orig_root_path,
-		spool_dir, config_file, jobid, user_id, group_id)
-	if bundle == orig_bundle then
-		-- stage-in did not run (or failed): nothing of ours to remove
-		return slurm.SUCCESS
-	end
-	local result = ocistage({"scrun", "stage-out", "--bundle", bundle,
-		"--root-path", root_path})
-	if result == nil then
-		return slurm.ERROR
-	end
-	return slurm.SUCCESS
-end
-
-slurm.log_debug("ocistage scrun.lua loaded (stage to " .. STAGE_TO .. " " .. STAGE_DIR .. ")")
-return slurm.SUCCESS
-"""
-
-
-#: Slurm 26.05's Lua has slurm.from_json/slurm.to_json (src/lua/slurm_lua.c): no lua-cjson
-SLURM_JSON = "local json = {decode = slurm.from_json, encode = slurm.to_json}"
-SLURM_JSON_SINCE = SlurmVersion(26, 5)
-
-
-def hook_ocistage(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """The argv prefix that runs this ocistage from scrun's hooks, absolute: this interpreter
-    with ``-P -m ocistage`` (:func:`ocistage.runtimes.submit.this_ocistage`).
-
-    The hooks run with the environment scrun got from the engine (Podman's conmon passes
-    ``PATH=/usr/local/sbin:...:/bin`` and little else), so nothing may depend on the caller's
-    ``PATH`` or ``PYTHONPATH``: when this ocistage was imported through ``PYTHONPATH`` (a
-    checkout), ``env PYTHONPATH=<that directory>`` comes first.
-    """
-    from ocistage.runtimes.submit import this_ocistage
-
-    command = tuple(this_ocistage())
-    if not os.path.isabs(command[0]):
-        raise UsageError(f"this Python's path {command[0]!r} is not absolute",
-                         "pass --ocistage PATH (the ocistage command on the nodes)")
-    env = os.environ if environ is None else environ
-    root = Path(sys.modules["ocistage"].__file__ or "/").parent.parent
-    entries = [Path(entry).absolute() for entry in env.get("PYTHONPATH", "").split(":")
-               if entry]
-    if root.absolute() in entries:
-        return ("/usr/bin/env", f"PYTHONPATH={root.absolute()}", *command)
-    return command
-
-
-#: scrun.lua's STAGE_DIR unless the admin names one, by --stage-to: a node-local one outside
-#: /tmp and /dev/shm, which Slurm 25.11's NamespaceType=namespace/tmpfs makes private to each
-#: job (the next job would not see what stage-in staged); /tmp for shared, where the admin is
-#: expected to name a directory every node sees
-DEFAULT_STAGE_DIRS = {"shared": "/tmp/ocistage-scrun", "node-local": "/var/tmp/ocistage-scrun"}
-
-
-def default_stage_dir(stage_to: str) -> str:
-    """:data:`DEFAULT_STAGE_DIRS` of ``stage_to``."""
-    return DEFAULT_STAGE_DIRS.get(stage_to, DEFAULT_STAGE_DIRS["shared"])
-
-
-def scrun_lua_options(*, ocistage: str | None, stage_to: str, stage_dir: str,
-                      cache: str | None, sbatch: str | None, find_sbatch: bool,
-                      version: SlurmVersion | None = None) -> ScrunLuaOptions:
-    """Options from what a user typed; ``ocistage`` None: :func:`hook_ocistage`;
-    ``find_sbatch``: take the sbatch on PATH when ``sbatch`` is not given (scrun runs the
-    hooks with the engine's PATH, so absolute paths are written)."""
-    if stage_to not in ("shared", "node-local"):
-        raise UsageError(f"unknown --stage-to {stage_to!r}", "choose shared or node-local")
-    if ocistage is not None and not ocistage.startswith("/"):
-        raise UsageError(f"--ocistage must be an absolute path, not {ocistage!r}",
-                         "scrun runs the hooks with the engine's PATH (Podman's conmon: "
-                         "/usr/local/sbin:...:/bin), not yours")
-    if sbatch is None and find_sbatch:
-        found = shutil.which("sbatch")
-        if found is None:
-            raise UsageError("sbatch not found on PATH: it queues each staged bundle's "
-                             "cleanup job", "pass --sbatch PATH, or --no-cleanup-job")
-        sbatch = os.path.abspath(found)
-    return ScrunLuaOptions(ocistage=(ocistage,) if ocistage else hook_ocistage(),
-                           stage_to="shared" if stage_to == "shared" else "node-local",
-                           stage_dir=stage_dir, cache=cache, sbatch=sbatch,
-                           slurm_json=version is not None and version >= SLURM_JSON_SINCE)
-
-
-def render_scrun_lua(options: ScrunLuaOptions) -> str:
-    if options.stage_to not in ("shared", "node-local"):
-        raise UsageError(f"unknown stage target kind {options.stage_to!r}",
-                         "choose shared or node-local")
-    if not options.stage_dir.startswith("/"):
-        raise UsageError(f"--stage-dir must be absolute, not {options.stage_dir!r}",
-                         "the hooks run on other hosts, in other directories")
-    if not options.ocistage:
-        raise UsageError("the ocistage command is empty",
-                         "pass --ocistage PATH (the ocistage command on the nodes)")
-    if options.sbatch is not None and not options.sbatch.startswith("/"):
-        raise UsageError(f"--sbatch must be an absolute path, not {options.sbatch!r}",
-                         "scrun runs the hooks without a PATH")
-    replacements = {
-        "@OCISTAGE@": ", ".join(lua_string(word) for word in options.ocistage),
-        "@STAGE_TO@": lua_string(options.stage_to),
-        "@STAGE_DIR@": lua_string(options.stage_dir),
-        "@CACHE@": lua_string(options.cache) if options.cache else "nil",
-        "@SBATCH@": lua_string(options.sbatch) if options.sbatch else "nil",
-        "@JSON@": SLURM_JSON if options.slurm_json else 'local json = require("cjson")',
-    }
-    # one pass: a value holding another marker (a path with @CACHE@ in it) stays a value
-    return _MARKER.sub(lambda match: replacements[match.group(0)], _LUA_TEMPLATE)
-
-
-_MARKER = re.compile(r"@(?:OCISTAGE|STAGE_TO|STAGE_DIR|CACHE|SBATCH|JSON)@")
 
 
 # -- stage-in ----------------------------------------------------------------------------------
@@ -464,8 +63,8 @@ class StageInRequest:
     config_file: Path                 # its config.json (scrun passes it separately)
     stage_dir: Path                   # STAGE_DIR: bundles go to STAGE_DIR/<uid>/ (user_stage_dir)
     job_id: str | None = None
-    uid: int = field(default_factory=os.getuid)
-    gid: int = field(default_factory=os.getgid)
+    uid: int | None = None            # the job user (as scrun sees it); None: the caller
+    gid: int | None = None
     job_env: Sequence[str] = ()
     link: bool = False                # share inodes (hardlink/pool) and mount the root read-only
     # the sbatch that queues the cleanup job (runtimes/scrun_cleanup.py); None: no cleanup job
@@ -550,214 +149,26 @@ def check_container_id(container_id: str) -> str:
     return container_id
 
 
-def read_config(path: Path) -> dict[str, Any]:
-    """A bundle's config.json (size-capped; must be a JSON object with root.path)."""
-    try:
-        with path.open("rb") as file:
-            data = file.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise ScrunError(f"cannot read {path}: {exc.strerror}") from exc
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ScrunError(f"{path} is larger than {MAX_CONFIG_BYTES} bytes")
-    try:
-        config = json.loads(data)
-    except ValueError as exc:
-        raise ScrunError(f"{path} is not JSON: {exc}") from exc
-    if not isinstance(config, dict):
-        raise ScrunError(f"{path} is not a JSON object")
-    root = config.get("root")
-    if not isinstance(root, dict) or not isinstance(root.get("path"), str) or not root["path"]:
-        raise ScrunError(f"{path} has no root.path")
-    return config
-
-
-def source_rootfs(bundle: Path, config: Mapping[str, Any]) -> Path:
-    """The engine's rootfs: ``root.path``, relative to the bundle unless absolute."""
-    path = Path(config["root"]["path"])
-    rootfs = path if path.is_absolute() else bundle / path
-    if not rootfs.is_dir():
-        raise ScrunError(f"the bundle's rootfs {rootfs} is not a directory")
-    return rootfs
-
-
-def read_job_env(path: Path | None) -> list[str]:
-    """The job environment scrun.lua wrote (a JSON list of ``NAME=value``, or an object)."""
-    if path is None:
-        return []
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ScrunError(f"cannot read the job environment {path}: {exc}") from exc
-    if isinstance(data, dict):  # cjson encodes an empty Lua table as {}
-        return [f"{k}={v}" for k, v in data.items() if isinstance(v, str)]
-    if not isinstance(data, list):
-        raise ScrunError(f"{path}: the job environment is not a list")
-    return [item for item in data if isinstance(item, str) and "=" in item]
-
-
-def merge_env(container_env: Sequence[str], job_env: Sequence[str]) -> list[str]:
-    """The container's variables first; then the job's that the container does not set.
-
-    ``SLURM_*`` variables always come from the job (the step must see its own job).
-    """
-    merged: dict[str, str] = {}
-    for item in container_env:
-        name, _, value = item.partition("=")
-        merged[name] = value
-    for item in job_env:
-        name, _, value = item.partition("=")
-        if not _ENV_NAME_RE.match(name):
-            continue
-        if name.startswith("SLURM_") or name not in merged:
-            merged[name] = value
-    return [f"{name}={value}" for name, value in merged.items()]
-
-
-def rewrite_config(config: Mapping[str, Any], *, root_path: Path, uid: int, gid: int,
-                   job_env: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
-    """``config`` adjusted for running under Slurm as ``uid:gid``; returns it and what was
-    dropped or changed (one description per item).
-
-    The rootless rules are :func:`ocistage.runtimes.rootless.make_rootless`'s, the same as for the
-    bundles ocistage makes; here only what is particular to an engine's config handed to scrun.
-    """
-    result: dict[str, Any] = json.loads(json.dumps(config))
-    dropped: list[str] = []
-    result["root"]["path"] = str(root_path)
-    process = result.setdefault("process", {})
-    user = process.setdefault("user", {})
-    if uid != 0:
-        _run_as_container_root(user, dropped)
-    process["env"] = merge_env([e for e in process.get("env", []) if isinstance(e, str)],
-                               job_env)
-    _drop_engine_hooks(result, dropped)
-    result["mounts"] = _mounts_with_sources(result.get("mounts", []), dropped)
-    # root may map container 0 to the overflow id; anyone else runs as container 0 (above)
-    placeholder = detect_root_placeholder(uid, gid) if uid == 0 else None
-    result, changed = make_rootless(result, RootlessIds(uid, gid, placeholder))
-    return result, dropped + changed
-
-
-def _run_as_container_root(user: dict[str, Any], dropped: list[str]) -> None:
-    """An unprivileged job user can map only itself, and runc 1.1 needs container 0 mapped:
-    the process runs as container root (which is the job user outside)."""
-    if (int(user.get("uid", 0)), int(user.get("gid", 0))) != (0, 0):
-        dropped.append(f"process.user {user.get('uid', 0)}:{user.get('gid', 0)} (runs as 0:0, "
-                       "the job user outside)")
-        user["uid"], user["gid"] = 0, 0
-
-
-def _drop_engine_hooks(result: dict[str, Any], dropped: list[str]) -> None:
-    """The engine's seccomp profile and its prestart and createRuntime hooks (its own
-    programs, which do not run on a compute node)."""
-    linux = result.setdefault("linux", {})
-    if linux.pop("seccomp", None) is not None:
-        dropped.append("linux.seccomp")
-    hooks = result.get("hooks")
-    if isinstance(hooks, dict):
-        for key in ("prestart", "createRuntime"):
-            if hooks.pop(key, None) is not None:
-                dropped.append(f"hooks.{key}")
-
-
-def _is_bind(mount: Any) -> bool:
-    return isinstance(mount, dict) and (mount.get("type") == "bind" or "bind" in
-                                        mount.get("options", []) or
-                                        "rbind" in mount.get("options", []))
-
-
-def _mounts_with_sources(mounts: Sequence[Any], dropped: list[str]) -> list[Any]:
-    """``mounts`` without the bind mounts whose source does not exist here (the engine's
-    ``resolv.conf``, ...)."""
-    kept = []
-    for mount in mounts:
-        source = mount.get("source", "") if isinstance(mount, dict) else ""
-        if _is_bind(mount) and isinstance(source, str) and not os.path.exists(source):
-            dropped.append(f"mount {mount.get('destination')} (source {source} missing)")
-            continue
-        kept.append(mount)
-    return kept
-
-
 def _marker_path(bundle: Path) -> Path:
     return bundle / MARKER
 
 
-def user_stage_dir(stage_dir: Path, uid: int) -> Path:
-    """The directory of ``uid``'s bundles, made if needed (:func:`private_dir`).
+@dataclass(frozen=True)
+class _Placement:
+    """A request resolved once, before anything is staged: what goes where, for whom, and
+    the config.json that goes beside it."""
 
-    STAGE_DIR is shared by every user of the node (``/tmp/ocistage-scrun``), so who makes it
-    first must not decide for the others (docs/trust.md, "STAGE_DIR"): root makes it root's
-    and sticky (1777, like ``/tmp``); every user's bundles go to ``STAGE_DIR/<uid>`` when it
-    is such a directory, or the caller's own, or root's holding ``<uid>`` already. Anybody
-    else's STAGE_DIR (a co-tenant who made it first, 0755 or 0777), or none when the caller
-    is not root, is never used: the bundles go to ``STAGE_DIR-<uid>`` beside it instead.
-    """
-    if os.geteuid() == 0:
-        _make_shared_stage_dir(stage_dir)
-    if _holds_user_dirs(stage_dir, uid):
-        return private_dir(stage_dir / str(uid))
-    return private_dir(stage_dir.with_name(f"{stage_dir.name}-{uid}"))
+    rootfs: Path                 # the engine's rootfs: what is staged
+    bundle: Path                 # STAGE_DIR/<uid>/<id>, made and checked (scrun_stagedir)
+    holder: Holder               # the lease's holder: the Slurm job, or this process
+    config: dict[str, Any]       # the engine's config rewritten for Slurm
+    dropped: tuple[str, ...]     # what the rewrite dropped or changed
 
 
-def _make_shared_stage_dir(stage_dir: Path) -> None:
-    """Root only: a missing STAGE_DIR made root's and sticky, as ``/tmp`` (its parent checked
-    first, :func:`check_path_trusted`); an existing one is left as it is."""
-    if os.path.lexists(stage_dir):
-        return
-    check_path_trusted(stage_dir.parent, "scrun stage directory", make=PARENT_MODE,
-                       shared=True)
-    try:
-        os.mkdir(stage_dir, 0o700)
-    except FileExistsError:
-        return  # made meanwhile: judged by _holds_user_dirs like any existing one
-    except OSError as exc:
-        raise ScrunError(f"cannot create {stage_dir}: {exc.strerror}") from exc
-    os.chmod(stage_dir, 0o1777)  # in a checked parent: nobody but root can swap it
-
-
-def _holds_user_dirs(stage_dir: Path, uid: int) -> bool:
-    """Whether ``STAGE_DIR/<uid>`` is where the caller's bundles go: STAGE_DIR (every
-    directory above it checked) is root's sticky one, or the caller's own, or root's already
-    holding ``<uid>`` (a site that made the users' directories)."""
-    try:
-        st = walk_trusted(stage_dir, "scrun stage directory")
-    except (FileNotFoundError, UntrustedPath):
-        return False  # anything wrong above STAGE_DIR is found again beside it
-    except OSError as exc:
-        raise ScrunError(f"cannot examine {stage_dir}: {exc.strerror}") from exc
-    if sticky_of_ours(st) and st.st_uid == 0:
-        return True
-    if trust_problem(st) is not None:
-        return False
-    return st.st_uid == os.geteuid() or os.path.lexists(stage_dir / str(uid))
-
-
-def private_dir(path: Path) -> Path:
-    """Create ``path`` (mode 0700) if needed and make sure it is a directory of ours.
-
-    Every directory above it is checked (:func:`ocistage.cache.fsops.walk_trusted`): in a
-    sticky STAGE_DIR (or ``/tmp``) another user could have made ``path`` first (or a symlink
-    there) to receive or swap our files, and in a directory another user can write they could
-    swap it after we made it.
-    """
-    try:
-        st = walk_trusted(path, "scrun stage directory", make=0o700, follow=False)
-    except OSError as exc:
-        raise ScrunError(f"cannot create {path}: {exc.strerror}") from exc
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise ScrunError(f"{path} is not a private directory of uid {os.getuid()}",
-                         "remove it (someone else made it) or choose another --stage-dir")
-    return path
-
-
-def stage_in(request: StageInRequest, *, cache_root: Path, jobs: int = 8) -> StageInResult:
-    """Stage the engine's bundle for Slurm (see the module docstring)."""
-    from ocistage.stagers.directory import stage_directory  # imported late: a sibling package's API
-
+def _place(request: StageInRequest) -> _Placement:
+    """Check ``request`` and resolve it (see :class:`_Placement`)."""
     container_id = check_container_id(request.container_id)
     uid, gid = job_ids(request.uid, request.gid)  # an unprivileged caller's own, or refused
-    request = replace(request, uid=uid, gid=gid)
     if not host_root_mapped():
         raise ScrunError(
             "stage-in runs in a user namespace without the host's root (rootless Podman's, "
@@ -765,39 +176,44 @@ def stage_in(request: StageInRequest, *, cache_root: Path, jobs: int = 8) -> Sta
             "there, so no directory can be trusted",
             "generate scrun.lua with `--stage-to node-local`: its hooks run through srun, "
             "outside the engine's namespace (docs/slurm.md, \"Rootless Podman\")")
-    config = read_config(request.config_file)
-    rootfs = source_rootfs(request.bundle, config)
-    user_dir = user_stage_dir(request.stage_dir, request.uid)
+    engine_config = read_config(request.config_file)
+    rootfs = source_rootfs(request.bundle, engine_config)
+    # made and checked once (every directory above it the caller's or root's): nobody but the
+    # caller and root can swap what slurmstepd runs. The rootfs goes to BUNDLE/rootfs:
+    # slurmstepd 22.05 runs <bundle>/rootfs whatever root.path says (and the stager's pool
+    # and scratch dirs then live inside the bundle)
+    bundle = bundle_dir(request.stage_dir, uid, container_id)
+    config, dropped = rewrite_config(engine_config, root_path=bundle / ROOTFS, uid=uid,
+                                     gid=gid, job_env=request.job_env)
     holder = Holder.slurm_job(request.job_id) if request.job_id else Holder.this_process()
+    return _Placement(rootfs, bundle, holder, config, tuple(dropped))
+
+
+def stage_in(request: StageInRequest, *, cache_root: Path, jobs: int = 8) -> StageInResult:
+    """Stage the engine's bundle for Slurm (see the module docstring)."""
+    from ocistage.stagers.directory import stage_tree  # imported late: a sibling package's API
+
+    place = _place(request)
     # link=False: the container gets its own writable files (a shared inode would let it
     # write through into the engine's rootfs or other bundles); link=True shares them, and
     # the root is then mounted read-only
-    # the rootfs goes to BUNDLE/rootfs: slurmstepd 22.05 runs <bundle>/rootfs whatever
-    # root.path says (and the stager's pool and scratch dirs then live inside the bundle)
-    bundle = user_dir / container_id
-    with contextlib.suppress(FileExistsError):
-        bundle.mkdir(mode=0o700)
-    staged = stage_directory(rootfs, bundle, cache_root=cache_root, name="rootfs",
-                             holder=holder, link=None if request.link else False, jobs=jobs)
+    staged = stage_tree(place.rootfs, place.bundle, cache_root=cache_root, name=ROOTFS,
+                        holder=place.holder, link=None if request.link else False, jobs=jobs)
     root_path = Path(staged.path)
-    new_config, dropped = rewrite_config(config, root_path=root_path, uid=request.uid,
-                                         gid=request.gid, job_env=request.job_env)
     if staged.method != "copy":
-        new_config["root"]["readonly"] = True
-    cleanup_id, cleanup_error = _queue_cleanup(request, bundle, cache_root)
-    write_file_atomic(_marker_path(bundle), json.dumps(
+        place.config["root"]["readonly"] = True
+    cleanup_id, cleanup_error = _queue_cleanup(request, place.bundle, cache_root)
+    write_file_atomic(_marker_path(place.bundle), json.dumps(
         {"root_path": str(root_path), "lease_id": staged.lease_id,
          "job_id": request.job_id, "cleanup_job_id": cleanup_id,
          "sbatch": request.sbatch}).encode(), mode=0o600)
-    config_path = bundle / "config.json"
-    write_file_atomic(config_path, json.dumps(new_config, indent=2).encode(), mode=0o644)
-    # what slurmstepd runs: nobody but the caller and root may be able to swap it
-    check_path_trusted(bundle, "staged bundle", follow=False)
-    return StageInResult(bundle=bundle, root_path=root_path, config=config_path,
+    config_path = place.bundle / "config.json"
+    write_file_atomic(config_path, json.dumps(place.config, indent=2).encode(), mode=0o644)
+    return StageInResult(bundle=place.bundle, root_path=root_path, config=config_path,
                          files=staged.files, copied=staged.copied, linked=staged.linked,
                          unchanged=staged.unchanged, bytes_copied=staged.bytes_copied,
                          lease_id=staged.lease_id, method=staged.method,
-                         dropped=tuple(dropped), cleanup_job_id=cleanup_id,
+                         dropped=place.dropped, cleanup_job_id=cleanup_id,
                          cleanup_error=cleanup_error)
 
 
@@ -840,7 +256,7 @@ def stage_out(bundle: Path, *, cache_root: Path) -> bool:
                          "not removing it") from exc
     except (OSError, ValueError, KeyError, TypeError, ForeignFile) as exc:
         raise ScrunError(f"unreadable stage-in marker {marker}: {exc}") from exc
-    if root_path != bundle / "rootfs":
+    if root_path != bundle / ROOTFS:
         raise ScrunError(f"stage-in marker of {bundle} names {root_path}, not the rootfs "
                          "inside its bundle (outside its bundle); not removing it")
     job_id = record.get("job_id")

@@ -59,8 +59,9 @@ def queue_cleanup(bundle: Path, *, job_id: str, cache_root: Path, sbatch_program
                   node: str | None, environ: Mapping[str, str] | None = None) -> str:
     """Queue the cleanup job of ``bundle``; returns its id. Raises :class:`SlurmError`."""
     environ = os.environ if environ is None else environ
-    return sbatch(cleanup_job_options(job_id, node=node, environ=environ), container=None,
-                  wrap=wrap_command(stage_out_command(bundle, cache_root)),
+    command = stage_out_command(bundle, cache_root)
+    options = cleanup_job_options(job_id, node=node, environ=environ)
+    return sbatch(options, container=None, wrap=wrap_command(command),
                   env=submit_env(environ), program=sbatch_program)
 
 

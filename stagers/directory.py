@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,7 +70,7 @@ from ocistage.stagers.target import (
 )
 from ocistage.stagers.transaction import Staging
 
-__all__ = ["StageResult", "stage_directory"]
+__all__ = ["StageResult", "stage_directory", "stage_tree"]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,27 @@ def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | Non
     image where FUSE works and unpacks it elsewhere, True insists on mounting, False unpacks.
     ``image_progress``: told (files done, files) while a squashfs image is built.
     """
+    if format != "squashfs":
+        return stage_tree(source, to, cache_root=cache_root, name=name, holder=holder,
+                          link=link, jobs=jobs, source_label=source_label)
+    with _staging(source, to, cache_root, name, holder) as (staging, source):
+        return stage_squashfs(staging, source, source_label or os.fspath(source),
+                              mount_image=squashfs_mount, jobs=jobs, progress=image_progress)
+
+
+def stage_tree(source: Path, to: Path, *, cache_root: Path, name: str | None = None,
+               holder: Holder | None = None, link: bool | None = None, jobs: int = 8,
+               source_label: str | None = None) -> StageResult:
+    """:func:`stage_directory` in the directory format alone, without the squashfs strategy
+    (what scrun's stage-in calls for an engine's rootfs)."""
+    with _staging(source, to, cache_root, name, holder) as (staging, source):
+        return _stage_tree(staging, source, source_label or os.fspath(source), link, jobs)
+
+
+@contextmanager
+def _staging(source: Path, to: Path, cache_root: Path, name: str | None,
+             holder: Holder | None) -> Iterator[tuple[Staging, Path]]:
+    """The staging of ``source`` (made absolute, a directory outside ``to``) at ``to/name``."""
     source = Path(os.path.abspath(source))
     if not source.is_dir():
         raise StageError(f"{source} is not a directory", "stage a bundle directory or a REF")
@@ -97,15 +120,11 @@ def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | Non
     if os.path.commonpath([real_source, real_to]) == real_source:
         raise StageUsageError(f"the target {to} is inside the source {source}",
                               "stage to a directory outside the tree being staged")
-    label = source_label or os.fspath(source)
     record_bundle_use(source, cache_root)
     with cyclic_gc_paused(), Staging(to, name, cache_root=cache_root,
                                      holder=holder or default_holder(),
                                      what=os.fspath(source)) as staging:
-        if format == "squashfs":
-            return stage_squashfs(staging, source, label, mount_image=squashfs_mount,
-                                  jobs=jobs, progress=image_progress)
-        return _stage_tree(staging, source, label, link, jobs)
+        yield staging, source
 
 
 # -- the directory strategy: fill a scratch tree by hardlink, pool or copy ---------------------

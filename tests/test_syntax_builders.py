@@ -38,8 +38,8 @@ from ocistage.runtimes.oci_conf import (
     lint_oci_conf_file,
     render_oci_conf,
 )
-from ocistage.runtimes.scrun import ScrunLuaOptions, lua_string, render_scrun_lua
 from ocistage.runtimes.scrun_cleanup import cleanup_job_options, stage_out_command
+from ocistage.runtimes.scrun_lua import ScrunLuaOptions, lua_string, render_scrun_lua
 from ocistage.runtimes.slurm import SlurmVersion, sbatch_argv, srun_argv
 from ocistage.runtimes.submit import (
     check_command,

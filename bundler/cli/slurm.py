@@ -141,7 +141,7 @@ def runtime_scrun_lua(
 ) -> None:
     """Print a scrun.lua whose stage hooks call `ocistage scrun ...`."""
     from ocistage.runtimes.oci_conf import per_job_dir
-    from ocistage.runtimes.scrun import default_stage_dir, render_scrun_lua, scrun_lua_options
+    from ocistage.runtimes.scrun_lua import default_stage_dir, render_scrun_lua, scrun_lua_options
 
     version = _slurm_version(slurm_version)
     if stage_dir is None:
@@ -213,11 +213,11 @@ def scrun_stage_in(
     opts: CommonOptions,
 ) -> None:
     """Stage-in entry point called by scrun.lua; prints one JSON line."""
-    from ocistage.runtimes.scrun import StageInRequest, job_ids, read_job_env, stage_in
+    from ocistage.runtimes.scrun import StageInRequest, stage_in
+    from ocistage.runtimes.scrun_config import read_job_env
 
     # node-local: the cleanup job must run on this node (srun sets SLURMD_NODENAME)
     node = os.environ.get("SLURMD_NODENAME") if stage_to == "node-local" else None
-    uid, gid = job_ids(uid, gid)
     request = StageInRequest(
         container_id=container_id, bundle=bundle.absolute(),
         config_file=(config or bundle / "config.json").absolute(),

@@ -21,14 +21,16 @@ import pytest
 from pytest_ocistage import components
 from pytest_ocistage.components import Registry, require_binary
 from pytest_ocistage.faultproxy import Fault, FaultProxy, running_fault_proxy
-from pytest_ocistage.images import (
+from pytest_ocistage.fixturelayers import (
     ESCAPING_LINK_TARGET,
     LONG_NAME,
+    XATTR_NAME,
+    XATTR_VALUE,
+)
+from pytest_ocistage.images import (
     MEDIA_INDEX,
     MEDIA_MANIFEST,
     OS_RELEASE_NAME,
-    XATTR_NAME,
-    XATTR_VALUE,
     FixtureLayouts,
     ImageRef,
     cache_key,

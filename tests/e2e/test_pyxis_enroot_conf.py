@@ -33,8 +33,10 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ocistage.clusterspec import built_spec
+from pytest_ocistage.jobuser import JobUser
 from pytest_ocistage.runner import ocistage_command
-from pytest_ocistage.slurm import JobUser, SlurmCluster, built_spec, session_cluster
+from pytest_ocistage.slurm import SlurmCluster, session_cluster
 from tests.e2e import test_pyxis_importer as pyxis_tests
 
 # the pyxis test module's fixtures: the built enroot and pyxis, the importer's venv, the

@@ -28,10 +28,12 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ocistage.clusterspec import built_spec
 from pytest_ocistage.components import Registry
 from pytest_ocistage.images import FixtureLayouts, PushSpec, push_all
+from pytest_ocistage.jobuser import JobUser
 from pytest_ocistage.runner import ocistage_command
-from pytest_ocistage.slurm import JobUser, SlurmCluster, built_spec, session_cluster, unavailable
+from pytest_ocistage.slurm import SlurmCluster, session_cluster, unavailable
 
 # the trust oracle's signed images, keys and lookaside (the admission test at the end)
 from tests.e2e.test_trust_oracle import REJECT, World, signed_by, world  # noqa: F401

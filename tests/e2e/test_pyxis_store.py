@@ -26,8 +26,8 @@ from pytest_ocistage.components import Registry
 from pytest_ocistage.faultproxy import Fault, FaultProxy
 from pytest_ocistage.imagebuild import File
 from pytest_ocistage.images import ImageRef
+from pytest_ocistage.jobuser import JobUser
 from pytest_ocistage.plugin import ImageFactory
-from pytest_ocistage.slurm import JobUser
 from tests.e2e.conftest import OcistageRunner
 from tests.procs import descendants_named, running
 

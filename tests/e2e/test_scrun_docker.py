@@ -31,7 +31,8 @@ import pytest
 from ocistage.runtimes.engines import docker_run_flags
 from pytest_ocistage.components import require_binary
 from pytest_ocistage.images import ImageRef
-from pytest_ocistage.slurm import JobUser, SlurmCluster
+from pytest_ocistage.jobuser import JobUser
+from pytest_ocistage.slurm import SlurmCluster
 from tests.e2e.conftest import OcistageRunner
 from tests.e2e.test_scrun_user import (
     RootlessEngine,

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from ocistage.cache.leases import all_leases
-from ocistage.runtimes.scrun import ScrunLuaOptions, render_scrun_lua
+from ocistage.runtimes.scrun_lua import ScrunLuaOptions, render_scrun_lua
 from pytest_ocistage.components import require_binary
 from pytest_ocistage.images import OS_RELEASE_NAME, ImageRef
 from pytest_ocistage.slurm import SlurmCluster

@@ -32,7 +32,8 @@ import pytest
 from ocistage.cache.leases import all_leases
 from pytest_ocistage.components import require_binary
 from pytest_ocistage.images import OS_RELEASE_NAME, ImageRef
-from pytest_ocistage.slurm import JobUser, SlurmCluster
+from pytest_ocistage.jobuser import JobUser
+from pytest_ocistage.slurm import SlurmCluster
 from tests.e2e.conftest import OcistageRunner
 
 pytestmark = pytest.mark.timeout(900)

@@ -31,7 +31,7 @@ import pytest
 
 from pytest_ocistage.components import component_unavailable, require_binary
 from pytest_ocistage.imagebuild import build_image, busybox_layer
-from pytest_ocistage.slurm import JobUser, job_user_account
+from pytest_ocistage.jobuser import JobUser, job_user_account
 from tests.plugin.checkout import REPO, checkout_copy
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0,

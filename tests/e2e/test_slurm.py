@@ -26,7 +26,8 @@ from ocistage.stagers.markers import hold
 from ocistage.stagers.retired import retired_versions
 from pytest_ocistage.imagebuild import File, build_image, busybox_layer
 from pytest_ocistage.images import OS_RELEASE_NAME, ImageRef
-from pytest_ocistage.slurm import JobUser, SlurmCluster, read_output
+from pytest_ocistage.jobuser import JobUser
+from pytest_ocistage.slurm import SlurmCluster, read_output
 from tests.e2e.conftest import OcistageRunner
 
 # the trust oracle's signed images, keys and lookaside (the submit admission test)

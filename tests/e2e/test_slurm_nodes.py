@@ -32,7 +32,8 @@ from ocistage.cache.store import Store
 from ocistage.runtimes.oci_conf import RUNTIMES
 from pytest_ocistage.components import Registry, http_status, require_binary, running_registry
 from pytest_ocistage.images import OS_RELEASE_NAME, FixtureLayouts, ImageRef, PushSpec, push
-from pytest_ocistage.slurm import JobUser, SlurmCluster
+from pytest_ocistage.jobuser import JobUser
+from pytest_ocistage.slurm import SlurmCluster
 from tests.e2e.conftest import OcistageRunner
 
 pytestmark = pytest.mark.timeout(600)

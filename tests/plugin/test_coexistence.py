@@ -82,7 +82,8 @@ def test_the_wheel_adds_only_the_two_import_names(wheel: Path) -> None:
     assert tops == {"ocistage", "pytest_ocistage"}
     for module in ("ocistage/bundler/cli/app.py", "ocistage/cache/store.py",
                    "ocistage/stagers/directory.py", "ocistage/runtimes/scrun.py",
-                       "ocistage/errors.py", "ocistage/bundler/flows/bundle.py",
+                   "ocistage/runtimes/scrun.lua.in",
+                   "ocistage/errors.py", "ocistage/bundler/flows/bundle.py",
                    "ocistage/bundler/image/schemas/image-manifest.json",
                    "ocistage/__main__.py", "ocistage/py.typed"):
         assert module in names, module

@@ -21,21 +21,17 @@ from ocistage.runtimes.engines import (
     docker_daemon_json,
     podman_containers_conf,
 )
-from ocistage.runtimes.scrun import (
-    MARKER,
-    ScrunError,
+from ocistage.runtimes.errors import ScrunError
+from ocistage.runtimes.scrun import MARKER, StageInRequest, stage_in, stage_out
+from ocistage.runtimes.scrun_config import merge_env, rewrite_config
+from ocistage.runtimes.scrun_lua import (
     ScrunLuaOptions,
-    StageInRequest,
     hook_ocistage,
     lua_string,
-    merge_env,
-    private_dir,
     render_scrun_lua,
-    rewrite_config,
     scrun_lua_options,
-    stage_in,
-    stage_out,
 )
+from ocistage.runtimes.scrun_stagedir import private_dir
 from pytest_ocistage.components import require_binary
 from tests.runtimes.scrun_bundle import ENGINE_FILE, make_engine_bundle, minimal_runtime_config
 

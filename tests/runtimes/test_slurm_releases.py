@@ -19,7 +19,7 @@ from ocistage.runtimes.oci_conf import (
     per_job_dir,
     render_oci_conf,
 )
-from ocistage.runtimes.scrun import SLURM_JSON, render_scrun_lua, scrun_lua_options
+from ocistage.runtimes.scrun_lua import SLURM_JSON, render_scrun_lua, scrun_lua_options
 from ocistage.runtimes.slurm import SlurmVersion
 from pytest_ocistage.runner import OcistageRunner
 
