@@ -73,7 +73,6 @@ from ocistage.cache.evict import (
     take_out,
 )
 from ocistage.cache.footprint import Footprint, measure
-from ocistage.cache.fsops import OWNER_SUFFIX, owner_file
 from ocistage.cache.inventory import (
     Blob,
     Bundle,
@@ -100,6 +99,7 @@ from ocistage.cache.leases import (
 )
 from ocistage.cache.locks import FileLock, owner_is_dead
 from ocistage.cache.notice import Kind, Notice
+from ocistage.cache.owneddirs import OWNER_SUFFIX, owner_file
 from ocistage.cache.pyxisimages import SquashfsImage, list_images
 from ocistage.cache.sizes import count, format_size
 from ocistage.cache.snapshots import SnapshotInfo, list_snapshots, snapshot_dir

@@ -33,7 +33,6 @@ from ocistage.cache import reserve, usage
 from ocistage.cache.bundleinfo import read_bundle_info
 from ocistage.cache.digest import Digest
 from ocistage.cache.evict import evicted_in
-from ocistage.cache.fsops import path_stats
 from ocistage.cache.leases import (
     JobStates,
     Lease,
@@ -47,6 +46,7 @@ from ocistage.cache.refnames import INDEX_MEDIA_TYPE, REF_NAME, is_alias, platfo
 from ocistage.cache.sizes import format_age, format_size
 from ocistage.cache.snapshots import SnapshotInfo, chain_ids, list_snapshots
 from ocistage.cache.store import BUNDLES, QUARANTINE, SNAPSHOTS, Store, scratch_target
+from ocistage.cache.treewalk import path_stats
 from ocistage.errors import OcistageError
 
 if TYPE_CHECKING:
@@ -271,7 +271,7 @@ def tree_size(path: Path, seen: set[tuple[int, int]] | None = None,
     Pass one ``seen`` set to several calls to count inodes shared between trees once overall.
     ``linked`` collects the bytes on disk of each inode counted here that has more than one
     link (what another tree may share). The walk goes through descriptors
-    (:func:`ocistage.cache.fsops.path_stats`): any depth, any path length.
+    (:func:`ocistage.cache.treewalk.path_stats`): any depth, any path length.
     """
     seen = set() if seen is None else seen
     logical = disk = files = 0

@@ -55,14 +55,17 @@ from pathlib import Path
 from ocistage.cache import snapshotfiles
 from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.digest import Digest
+from ocistage.cache.dirfds import open_parent
 from ocistage.cache.errors import ForeignFile, StoreError
 from ocistage.cache.evict import Left, take_out
 from ocistage.cache.fdio import write_new_file
-from ocistage.cache.fsops import make_private, open_parent, remove_tree, walk_dirs
 from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.notice import Kind, Notice
+from ocistage.cache.privatedirs import make_private
 from ocistage.cache.privileges import strip_privileges, stripped_warning
 from ocistage.cache.store import SNAPSHOTS, Store, _translate_oserror, fsync_dir
+from ocistage.cache.treeremoval import remove_tree
+from ocistage.cache.treewalk import walk_dirs
 from ocistage.errors import OcistageError
 
 METADATA = "snapshot.json"
@@ -389,7 +392,8 @@ _PATH_MARGIN = 512  # for the destination's own path, which may be longer than t
 
 def _scan(source: Path) -> _Dir:
     """Every directory under ``source`` with its non-directory entries: an fd-based walk
-    (:func:`ocistage.cache.fsops.walk_dirs`: any depth and path length, never following a link)."""
+    (:func:`ocistage.cache.treewalk.walk_dirs`: any depth and path length, never following a
+    link)."""
     parent_fd, name = open_parent(source)
     nodes: dict[str, _Dir] = {}
     order: list[_Dir] = []

@@ -39,6 +39,8 @@ from typing import Any, BinaryIO
 
 from ocistage.cache import reserve
 from ocistage.cache.digest import Digest
+from ocistage.cache.dirfds import DIR_FOLLOW
+from ocistage.cache.dirtrust import check_trusted_dir, owned_by_caller
 from ocistage.cache.errors import ForeignFile, StoreError, UntrustedPath
 from ocistage.cache.evict import (
     evicted_in,
@@ -48,22 +50,14 @@ from ocistage.cache.evict import (
     remove_in_cache,
 )
 from ocistage.cache.fdio import process_umask
-from ocistage.cache.fsops import (
-    DIR_FOLLOW,
-    OWNER_SUFFIX,
-    PRIVATE_DIR_MODE,
-    check_trusted_dir,
-    drop_owned_dir,
-    make_owned_dir,
-    owned_by_caller,
-    release_owned_dir,
-    remove_tree,
-)
 from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.locks import FileLock, Owner, owner_is_dead
 from ocistage.cache.notice import Kind, Notice
+from ocistage.cache.owneddirs import OWNER_SUFFIX, drop_owned_dir, make_owned_dir, release_owned_dir
+from ocistage.cache.privatedirs import PRIVATE_DIR_MODE
 from ocistage.cache.readback import open_own
 from ocistage.cache.refnames import INDEX_MEDIA_TYPE, record, record_name, rename
+from ocistage.cache.treeremoval import remove_tree
 from ocistage.errors import IntegrityError
 
 OCI_LAYOUT_VERSION = "1.0.0"

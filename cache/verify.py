@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ocistage.cache.digest import Digest, hash_file
+from ocistage.cache.dirtrust import user_name
 from ocistage.cache.errors import StoreError
-from ocistage.cache.fsops import user_name
 from ocistage.cache.inventory import (
     Blob,
     Bundle,

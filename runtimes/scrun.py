@@ -32,18 +32,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from ocistage.cache.ancestors import PARENT_MODE, check_path_trusted, walk_trusted
+from ocistage.cache.dirtrust import sticky_of_ours, trust_problem
 from ocistage.cache.errors import ForeignFile, UntrustedPath
-from ocistage.cache.fsops import (
-    PARENT_MODE,
-    check_path_trusted,
-    remove_tree,
-    sticky_of_ours,
-    trust_problem,
-    walk_trusted,
-)
 from ocistage.cache.leases import Holder
 from ocistage.cache.readback import read_own
 from ocistage.cache.store import write_file_atomic
+from ocistage.cache.treeremoval import remove_tree
 from ocistage.cache.userdirs import host_id, host_root_mapped
 from ocistage.errors import OcistageError, UsageError
 from ocistage.runtimes.errors import ScrunError
@@ -736,7 +731,7 @@ def _holds_user_dirs(stage_dir: Path, uid: int) -> bool:
 def private_dir(path: Path) -> Path:
     """Create ``path`` (mode 0700) if needed and make sure it is a directory of ours.
 
-    Every directory above it is checked (:func:`ocistage.cache.fsops.walk_trusted`): in a
+    Every directory above it is checked (:func:`ocistage.cache.ancestors.walk_trusted`): in a
     sticky STAGE_DIR (or ``/tmp``) another user could have made ``path`` first (or a symlink
     there) to receive or swap our files, and in a directory another user can write they could
     swap it after we made it.
