@@ -69,6 +69,7 @@ from ocistage.bundler.registry.credentials import (
 )
 from ocistage.bundler.settings import DEFAULT, Settings
 from ocistage.cache import leases
+from ocistage.cache.atomicwrite import fsync_dir, write_file_atomic
 from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.errors import LockTimeout, StoreError
 from ocistage.cache.jsondoc import read_document
@@ -82,7 +83,7 @@ from ocistage.cache.pyxisimages import (
     squashfs_target,
     touch,
 )
-from ocistage.cache.store import Store, fsync_dir, write_file_atomic
+from ocistage.cache.store import Store
 from ocistage.cache.userdirs import home_dir, owned_by_caller
 from ocistage.stagers.errors import PseudoNameError, ToolFailed
 from ocistage.stagers.mksquashfs import compressors_listed as compressors_listed

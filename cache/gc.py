@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ocistage.cache import pyxisimages, reserve, targetlayout, usage
+from ocistage.cache.builddirs import scratch_is_dead
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import LockTimeout, StoreError
 from ocistage.cache.evict import (
@@ -103,7 +104,7 @@ from ocistage.cache.owneddirs import OWNER_SUFFIX, owner_file
 from ocistage.cache.pyxisimages import SquashfsImage, list_images
 from ocistage.cache.sizes import count, format_size
 from ocistage.cache.snapshots import SnapshotInfo, list_snapshots, snapshot_dir
-from ocistage.cache.store import QUARANTINE, Store, scratch_is_dead
+from ocistage.cache.store import QUARANTINE, Store
 from ocistage.cache.sweep import Removal, RemovalKind, Sweep
 from ocistage.errors import NotFound
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ocistage.cache import reserve, usage
+from ocistage.cache.builddirs import scratch_target
 from ocistage.cache.bundleinfo import read_bundle_info
 from ocistage.cache.digest import Digest
 from ocistage.cache.evict import evicted_in
@@ -45,7 +46,7 @@ from ocistage.cache.pyxisimages import images_dir, list_images
 from ocistage.cache.refnames import INDEX_MEDIA_TYPE, REF_NAME, is_alias, platform_path, record_name
 from ocistage.cache.sizes import format_age, format_size
 from ocistage.cache.snapshots import SnapshotInfo, chain_ids, list_snapshots
-from ocistage.cache.store import BUNDLES, QUARANTINE, SNAPSHOTS, Store, scratch_target
+from ocistage.cache.store import BUNDLES, QUARANTINE, SNAPSHOTS, Store
 from ocistage.cache.treewalk import path_stats
 from ocistage.errors import OcistageError
 

@@ -53,17 +53,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ocistage.cache import snapshotfiles
+from ocistage.cache.atomicwrite import fsync_dir
 from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.digest import Digest
 from ocistage.cache.dirfds import open_parent
-from ocistage.cache.errors import ForeignFile, StoreError
+from ocistage.cache.errors import ForeignFile, StoreError, translate_oserror
 from ocistage.cache.evict import Left, take_out
 from ocistage.cache.fdio import write_new_file
 from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.privatedirs import make_private
 from ocistage.cache.privileges import strip_privileges, stripped_warning
-from ocistage.cache.store import SNAPSHOTS, Store, _translate_oserror, fsync_dir
+from ocistage.cache.store import SNAPSHOTS, Store
 from ocistage.cache.treeremoval import remove_tree
 from ocistage.cache.treewalk import walk_dirs
 from ocistage.errors import OcistageError
@@ -187,7 +188,7 @@ def strip_for_group(store: Store, rootfs: Path) -> tuple[Notice, ...]:
     try:
         stripped = strip_privileges(rootfs)
     except OSError as exc:
-        raise _translate_oserror(exc, f"stripping set-id bits in {rootfs}") from exc
+        raise translate_oserror(exc, f"stripping set-id bits in {rootfs}") from exc
     return stripped_warning(stripped, "the cache is group-shared")
 
 
@@ -263,7 +264,7 @@ def publish_snapshot(store: Store, scratch: Path, chain_id: Digest,
             return final / "rootfs"
         fsync_dir(final.parent)
     except OSError as exc:
-        raise _translate_oserror(exc, f"publishing snapshot {chain_id.short}") from exc
+        raise translate_oserror(exc, f"publishing snapshot {chain_id.short}") from exc
     return final / "rootfs"
 
 
@@ -346,14 +347,14 @@ def _clone_tree(flags: list[str], source: Path, dest: Path, parts: int | None) -
         for rel in plan.dirs:  # parents first; writable until their entries are in
             os.mkdir(dest / rel if rel else dest, 0o700)
     except OSError as exc:
-        raise _translate_oserror(exc, f"copying {source} to {dest}") from exc
+        raise translate_oserror(exc, f"copying {source} to {dest}") from exc
     _cp_parallel([[*flags, "--parents", "-t", str(dest), "--", *group]
                   for group in plan.groups], source, dest)
     try:
         for rel in reversed(plan.dirs):  # children first: a parent's mode may forbid entering
             _copy_dir_attributes(source / rel if rel else source, dest / rel if rel else dest)
     except OSError as exc:
-        raise _translate_oserror(exc, f"copying {source} to {dest}") from exc
+        raise translate_oserror(exc, f"copying {source} to {dest}") from exc
 
 
 # -- splitting a clone -----------------------------------------------------------------------

@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ocistage.cache.ancestors import PARENT_MODE, check_path_trusted, walk_trusted
+from ocistage.cache.atomicwrite import write_file_atomic
 from ocistage.cache.dirtrust import sticky_of_ours, trust_problem
 from ocistage.cache.errors import ForeignFile, UntrustedPath
 from ocistage.cache.leases import Holder
 from ocistage.cache.readback import read_own
-from ocistage.cache.store import write_file_atomic
 from ocistage.cache.treeremoval import remove_tree
 from ocistage.cache.userdirs import host_id, host_root_mapped
 from ocistage.errors import OcistageError, UsageError

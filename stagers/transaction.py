@@ -38,11 +38,11 @@ from types import TracebackType
 
 from ocistage.cache import leases, targetlayout
 from ocistage.cache.ancestors import walk_trusted
+from ocistage.cache.atomicwrite import fsync_dir
 from ocistage.cache.errors import LockTimeout, StoreError, UntrustedPath
 from ocistage.cache.leases import Holder, Lease
 from ocistage.cache.locks import FileLock
 from ocistage.cache.privatedirs import PRIVATE_DIR_MODE, make_private
-from ocistage.cache.store import fsync_dir
 from ocistage.cache.targetlayout import image_path, sweep_pool
 from ocistage.stagers import retired
 from ocistage.stagers.errors import StageError, StageUsageError

@@ -76,6 +76,8 @@ from ocistage.bundler.runtime_config import (
     write_runtime_config,
 )
 from ocistage.cache import usage
+from ocistage.cache.atomicwrite import fsync_dir
+from ocistage.cache.builddirs import remove_dead_scratch, scratch_name
 from ocistage.cache.bundleinfo import SHARED_ROOT_ANNOTATION, write_bundle_info
 from ocistage.cache.digest import Digest
 from ocistage.cache.dirtrust import check_shared_parent
@@ -85,7 +87,7 @@ from ocistage.cache.leases import InUse
 from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.privatedirs import PRIVATE_DIR_MODE, make_private
 from ocistage.cache.sizes import count
-from ocistage.cache.store import Store, fsync_dir, remove_dead_scratch, scratch_name
+from ocistage.cache.store import Store
 from ocistage.cache.treeremoval import remove_tree
 from ocistage.errors import OcistageError, UsageError
 

@@ -28,7 +28,7 @@ HEAVY = frozenset({
     "ocistage.bundler.follower", "ocistage.bundler.rootfs", "ocistage.bundler.unpack.apply",
     "ocistage.bundler.unpack.tarstream",
     "ocistage.bundler.inspect", "ocistage.cache.gc", "ocistage.cache.inventory",
-    "ocistage.cache.verify", "ocistage.cache.store",
+    "ocistage.cache.verify", "ocistage.cache.store", "ocistage.cache.ingest",
     "ocistage.stagers.directory", "ocistage.stagers.remote", "ocistage.runtimes.scrun",
     "ocistage.runtimes.submit",
     "pytest", "pytest_ocistage",  # the test plugin: never loaded by a command line

@@ -22,9 +22,11 @@ import pytest
 from ocistage.bundler.flows import bundle as bundle_module
 from ocistage.bundler.flows.bundle import BundleResult
 from ocistage.cache import usage
+from ocistage.cache.builddirs import scratch_name
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import StoreError
 from ocistage.cache.gc import GcOptions, GcReport, collect, enforce_budget, remove_ref
+from ocistage.cache.ingest import Ingest
 from ocistage.cache.inventory import (
     bundle_scratch_dirs,
     disk_usage,
@@ -46,7 +48,7 @@ from ocistage.cache.leases import (
 from ocistage.cache.locks import FileLock
 from ocistage.cache.notice import Kind
 from ocistage.cache.snapshots import chain_ids, list_snapshots
-from ocistage.cache.store import Ingest, Store, quarantine, scratch_name
+from ocistage.cache.store import Store, quarantine
 from ocistage.cache.verify import verify
 from ocistage.errors import NotFound
 from tests.cache.gclock import gc_lock_held
