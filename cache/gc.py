@@ -84,8 +84,6 @@ from ocistage.cache.inventory import (
     list_bundles,
     read_refs,
     ref_last_used,
-    snapshot_target,
-    tree_size,
 )
 from ocistage.cache.leases import (
     GC_LOCK,
@@ -106,6 +104,7 @@ from ocistage.cache.sizes import count, format_size
 from ocistage.cache.snapshots import SnapshotInfo, list_snapshots, snapshot_dir
 from ocistage.cache.store import QUARANTINE, Store
 from ocistage.cache.sweep import Removal, RemovalKind, Sweep
+from ocistage.cache.treesize import tree_size
 from ocistage.errors import NotFound
 
 if TYPE_CHECKING:
@@ -484,7 +483,7 @@ class _Plan:
     def live_snapshots(self) -> set[Digest]:
         chains = {c for ref in self.kept_refs() for c in ref.chain_ids}
         return {s.chain_id for s in self.snapshots
-                if snapshot_target(s) in self.protected
+                if s.target in self.protected
                 or (s.chain_id not in self.evicted_snapshots and s.chain_id in chains)}
 
     def settle(self) -> None:
@@ -541,7 +540,7 @@ def _evict(plan: _Plan, store: Store, options: GcOptions, now: float) -> list[st
         too_big = options.max_size is not None and plan.size() > options.max_size
         if not (too_old or too_big):
             continue
-        target = snapshot_target(item) if isinstance(item, SnapshotInfo) else item.target
+        target = item.target
         if target in plan.protected:
             protected.append(target)
         else:

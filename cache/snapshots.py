@@ -89,6 +89,7 @@ def chain_ids(diff_ids: Sequence[Digest]) -> list[Digest]:
 
 
 def lease_target(chain_id: Digest) -> str:
+    """The lease target of the snapshot of ``chain_id``: the only place that spells it."""
     return f"snapshot:{chain_id}"
 
 
@@ -106,6 +107,11 @@ class SnapshotInfo:
     @property
     def rootfs(self) -> Path:
         return self.path / "rootfs"
+
+    @property
+    def target(self) -> str:
+        """The lease target that protects this snapshot (:func:`lease_target`)."""
+        return lease_target(self.chain_id)
 
 
 def snapshot_dir(store: Store, chain_id: Digest) -> Path:
