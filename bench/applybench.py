@@ -153,7 +153,7 @@ def compare_bundles(trees: list[Path], files: int, size: int, reps: int,
     from bench.bundle import Workspace, ocistage_bundle, run_floor, running_registry
     from bench.images import cache_root, push
     from bench.synthetic import SynthSpec, build_synthetic
-    from ocistage.cache.fsops import remove_tree
+    from ocistage.cache.treeremoval import remove_tree
 
     image = build_synthetic(SynthSpec(files, size), ("gzip",))["gzip"]
     root = cache_root()

@@ -54,7 +54,7 @@ from typing import Any
 from bench.floor import FloorLayer, run_layers, zstd_window
 from bench.images import MB, BuiltImage, build_all, cache_root, push
 from bench.synthetic import SynthSpec, build_synthetic
-from ocistage.cache.fsops import remove_tree
+from ocistage.cache.treeremoval import remove_tree
 
 RESULTS = Path(__file__).parent / "results"
 COLD_RUNS = frozenset({"ocistage", "skopeo+umoci", "ch-image", "podman", "floor",

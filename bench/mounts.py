@@ -33,7 +33,7 @@ from typing import Any
 
 from bench.bundle import RESULTS, ocistage_env, ocistage_script, run_timed
 from bench.images import SPECS, build_all, cache_root
-from ocistage.cache.fsops import remove_tree
+from ocistage.cache.treeremoval import remove_tree
 
 READ = 'tar -C "$1" -cf - . | cat > /dev/null'
 

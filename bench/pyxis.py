@@ -43,7 +43,7 @@ from typing import Any
 from bench.bundle import RESULTS, Sample, Workspace, run_alternating, run_timed, running_registry
 from bench.images import MB, BuiltImage, cache_root
 from bench.synthetic import SynthSpec, build_synthetic
-from ocistage.cache.fsops import remove_tree
+from ocistage.cache.treeremoval import remove_tree
 
 CASES = ("enroot cold", "enroot warm", "get cold", "get warm", "get warm always")
 

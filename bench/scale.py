@@ -60,7 +60,7 @@ from bench.images import MB, BuiltImage, cache_root, push
 from bench.plotting import pyplot
 from bench.stage import touch_one_percent
 from bench.synthetic import SynthSpec, build_synthetic
-from ocistage.cache.fsops import remove_tree
+from ocistage.cache.treeremoval import remove_tree
 
 GB = 1024 * MB
 TOOLS = ("ocistage", "floor", "floor-nv", "skopeo+umoci", "podman")

@@ -63,8 +63,8 @@ from bench.bundle import ocistage_script
 from bench.images import cache_root
 from bench.plotting import pyplot
 from ocistage.cache import leases
-from ocistage.cache.fsops import remove_tree
 from ocistage.cache.leases import Holder
+from ocistage.cache.treeremoval import remove_tree
 from ocistage.stagers.directory import stage_directory
 
 RESULTS = Path(__file__).parent / "results"

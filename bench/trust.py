@@ -34,7 +34,7 @@ from bench.bundle import RESULTS, Sample, Workspace, run_alternating, run_timed,
 from bench.images import MB, cache_root
 from bench.synthetic import SynthSpec, build_synthetic
 from ocistage.bundler.trust.gpg import clean_home
-from ocistage.cache.fsops import remove_tree
+from ocistage.cache.treeremoval import remove_tree
 
 CASES = ("accept missing", "signed missing", "accept always", "signed always")
 

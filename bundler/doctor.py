@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ocistage.bundler.errors import MissingForCore
-from ocistage.cache.fsops import check_path_trusted, trust_problem
+from ocistage.cache.ancestors import check_path_trusted
+from ocistage.cache.dirtrust import trust_problem
 from ocistage.cache.sizes import format_size
 from ocistage.errors import OcistageError
 
@@ -446,7 +447,7 @@ def check_stage_target(target: str | None, origin: str,
 def judge_stage_dir(path: Path) -> Check:
     """A stage target directory as ``stage`` judges it (every directory on the way trusted,
     the target the caller's or root's or a sticky one), without making anything."""
-    from ocistage.cache.fsops import ANCESTOR_HINT
+    from ocistage.cache.ancestors import ANCESTOR_HINT
 
     place = existing_ancestor(path)
     try:

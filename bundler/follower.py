@@ -22,7 +22,8 @@ from ocistage.bundler.image.manifest import Descriptor, ImageConfig
 from ocistage.bundler.pull import PulledImage, PullRun, run_pull
 from ocistage.bundler.registry.types import BlobSink
 from ocistage.cache.digest import Digest
-from ocistage.cache.store import Ingest, Store
+from ocistage.cache.ingest import Ingest
+from ocistage.cache.store import Store
 from ocistage.errors import OcistageError
 
 CHUNK = 1 << 20

@@ -51,10 +51,11 @@ from ocistage.bundler.sources import ImageProvider, OciLayoutProvider, open_prov
 from ocistage.bundler.trust.files import TrustConfig
 from ocistage.cache import usage
 from ocistage.cache.digest import Digest
+from ocistage.cache.ingest import Ingest
 from ocistage.cache.leases import InUse
 from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.sizes import count, format_size
-from ocistage.cache.store import Ingest, Store
+from ocistage.cache.store import Store
 from ocistage.errors import IntegrityError, Interrupted, OcistageError
 
 if TYPE_CHECKING:

@@ -69,6 +69,7 @@ from ocistage.bundler.registry.credentials import (
 )
 from ocistage.bundler.settings import DEFAULT, Settings
 from ocistage.cache import leases
+from ocistage.cache.atomicwrite import fsync_dir, write_file_atomic
 from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.errors import LockTimeout, StoreError
 from ocistage.cache.jsondoc import read_document
@@ -82,7 +83,7 @@ from ocistage.cache.pyxisimages import (
     squashfs_target,
     touch,
 )
-from ocistage.cache.store import Store, fsync_dir, write_file_atomic
+from ocistage.cache.store import Store
 from ocistage.cache.userdirs import home_dir, owned_by_caller
 from ocistage.stagers.errors import PseudoNameError, ToolFailed
 from ocistage.stagers.mksquashfs import compressors_listed as compressors_listed
@@ -456,7 +457,7 @@ def images_directory(store: Store, *parts: str) -> Path:
     group, and the setgid bit is inherited), and checked against the trust rule as they are
     (docs/trust.md): the caller's or root's and not writable by others, or, in a group-shared
     store, a setgid directory of the caller's group. Never a symlink."""
-    from ocistage.cache.fsops import check_trusted_dir
+    from ocistage.cache.dirtrust import check_trusted_dir
 
     directory = store.root / IMAGE_DIR
     for part in ("", *parts):
@@ -567,7 +568,7 @@ def readable_store(root: Path, *parts: str) -> bool:
     ``parts`` below it); each directory must pass the trust rule (docs/trust.md), else
     :class:`~ocistage.cache.errors.UntrustedPath`. A store the site has not filled yet has
     none, as a store the site has not made: nothing to read there."""
-    from ocistage.cache.fsops import check_trusted_dir
+    from ocistage.cache.dirtrust import check_trusted_dir
 
     if not os.path.exists(root):
         return False

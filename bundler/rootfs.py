@@ -32,8 +32,9 @@ from ocistage.bundler.image.manifest import Descriptor
 from ocistage.bundler.unpack.layerchain import AppliedLayers, apply_layers
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import StoreError
-from ocistage.cache.fsops import hardlinks_work, reflinks_work, release_owned_dir, remove_tree
 from ocistage.cache.leases import InUse
+from ocistage.cache.linkprobes import hardlinks_work, reflinks_work
+from ocistage.cache.owneddirs import release_owned_dir
 from ocistage.cache.snapshots import METADATA as SNAPSHOT_METADATA
 from ocistage.cache.snapshots import (
     SnapshotUnreadable,
@@ -47,6 +48,7 @@ from ocistage.cache.snapshots import (
     strip_for_group,
 )
 from ocistage.cache.store import Store
+from ocistage.cache.treeremoval import remove_tree
 from ocistage.cache.unpackbudget import UnpackBudget, default_unpack_limit
 from ocistage.errors import OcistageError
 

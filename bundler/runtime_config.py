@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from ocistage.bundler.image.errors import SchemaError
+from ocistage.cache.atomicwrite import fsync_dir
 from ocistage.cache.errors import StoreError
-from ocistage.cache.store import fsync_dir
 from ocistage.errors import UsageError
 from ocistage.runtimes.idmap import RootPlaceholder, detect_root_placeholder
 from ocistage.runtimes.rootless import SYSFS_BIND, RootlessIds, make_rootless

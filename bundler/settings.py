@@ -356,7 +356,7 @@ def _config_problem(info: os.stat_result) -> str | None:
     nobody else (group write only by the owner's user-private group)."""
     if not stat.S_ISREG(info.st_mode):
         return "it is not a regular file"
-    from ocistage.cache.fsops import trust_problem  # only where a config file exists
+    from ocistage.cache.dirtrust import trust_problem
 
     problem = trust_problem(os.stat_result((stat.S_IFDIR | stat.S_IMODE(info.st_mode),
                                             *tuple(info)[1:])))

@@ -2,7 +2,7 @@
 
 Every source is an :class:`ImageProvider`: it resolves its reference to a top-level manifest or
 index (bytes plus digest), fetches further manifests by digest, and streams blobs into a sink
-(a :class:`ocistage.cache.store.Ingest`) that verifies them before they are published. `pull.py`
+(a :class:`ocistage.cache.ingest.Ingest`) that verifies them before they are published. `pull.py`
 holds the policy (platform selection, parallelism, what to store); providers only move bytes.
 
 ``docker-archive:`` files (``docker save``) have no OCI manifest: the provider synthesises one

@@ -1,7 +1,10 @@
 """Errors of the cache: the store cannot be read or written, a path fails the trust rule, a
-lock is held too long (the hierarchy: :mod:`ocistage.errors`)."""
+lock is held too long (the hierarchy: :mod:`ocistage.errors`); an ``OSError`` becomes one in
+:func:`translate_oserror`."""
 
 from __future__ import annotations
+
+import errno
 
 from ocistage.errors import OcistageError
 
@@ -28,3 +31,19 @@ class ForeignFile(UntrustedPath):
 
 class LockTimeout(StoreError):
     default_hint = "another ocistage process is working on the same item; retry later"
+
+
+#: the hint of an error that finds the cache changed by someone who may write it
+TAMPERED_HINT = ("someone with write access to the cache changed it; run `ocistage cache "
+                 "verify` and check who else can write the cache directory")
+
+
+def translate_oserror(exc: OSError, what: str) -> StoreError:
+    """The one translation of an ``OSError`` met while ``what`` into a :class:`StoreError`
+    (no space left, permission denied, anything else)."""
+    if exc.errno == errno.ENOSPC:
+        return StoreError(f"no space left on device while {what}",
+                          "free space in the cache filesystem or run `ocistage cache gc`")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return StoreError(f"permission denied while {what}: {exc.filename or ''}".rstrip(": "))
+    return StoreError(f"{what} failed: {exc.strerror or exc}")

@@ -29,8 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ocistage.cache.dirfds import open_parent
+from ocistage.cache.dirtrust import user_name
 from ocistage.cache.errors import StoreError
-from ocistage.cache.fsops import open_parent, remove_at, user_name
+from ocistage.cache.treeremoval import remove_at
 
 #: the prefix of a tree taken out of its place, removed by its owner or root
 EVICTED_PREFIX = ".evicted-"

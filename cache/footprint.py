@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ocistage.cache.inventory import tree_size
+from ocistage.cache.treesize import tree_size
 
 # an inode: its number on the cache's own device (most), (device, number) elsewhere
 Inode = int | tuple[int, int]

@@ -68,10 +68,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
+from ocistage.cache.atomicwrite import write_file_atomic
 from ocistage.cache.errors import ForeignFile, StoreError
 from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.locks import Owner, is_foreign, lock_owner, owner_is_dead
-from ocistage.cache.store import write_file_atomic
 from ocistage.errors import UsageError
 
 #: a lease file is a few hundred bytes

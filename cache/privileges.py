@@ -1,7 +1,7 @@
 """The privileges an image's files carry on the host: setuid and setgid bits, file capabilities.
 
 An image is hostile until proven otherwise. Where its tree is kept in a directory only its
-owner may enter (:data:`ocistage.cache.fsops.PRIVATE_DIR_MODE`: bundles, snapshots of a
+owner may enter (:data:`ocistage.cache.privatedirs.PRIVATE_DIR_MODE`: bundles, snapshots of a
 private cache, staged versions, the stage pool), its files keep the image's modes and
 ``security.capability`` xattrs, so the container sees them as the image says. Where other
 users may reach the tree (a group-shared cache, docs/trust.md; a squashfs image unpacked for
@@ -15,8 +15,9 @@ import os
 import stat
 from pathlib import Path
 
-from ocistage.cache.fsops import chmod_path_fd, open_parent, walk_dir_fds
+from ocistage.cache.dirfds import chmod_path_fd, open_parent
 from ocistage.cache.notice import Kind, Notice
+from ocistage.cache.treewalk import walk_dir_fds
 
 #: the mode bits that make a file run with its owner's or group's ids
 SETID_BITS = stat.S_ISUID | stat.S_ISGID

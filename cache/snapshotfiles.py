@@ -26,7 +26,7 @@ can write the cache, who can change the snapshot itself anyway (docs/trust.md).
 
 The record: a header line, then per entry ``relative path NUL fields NUL``, the fields
 ``mode uid gid inode size mtime_ns`` in decimal (size and mtime 0 for a directory), in the
-order of :func:`ocistage.cache.fsops.walk_entries`: both sides of a check are streamed.
+order of :func:`ocistage.cache.treewalk.walk_entries`: both sides of a check are streamed.
 """
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from ocistage.cache.dirfds import open_parent
 from ocistage.cache.errors import StoreError
 from ocistage.cache.evict import evict
-from ocistage.cache.fsops import open_parent, walk_entries
 from ocistage.cache.store import BUNDLES, Store, quarantine
+from ocistage.cache.treewalk import walk_entries
 
 FILES = "snapshot.files"
 HEADER = b"ocistage snapshot files 1\n"

@@ -53,16 +53,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ocistage.cache import snapshotfiles
+from ocistage.cache.atomicwrite import fsync_dir
 from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import ForeignFile, StoreError
+from ocistage.cache.dirfds import open_parent
+from ocistage.cache.errors import ForeignFile, StoreError, translate_oserror
 from ocistage.cache.evict import Left, take_out
 from ocistage.cache.fdio import write_new_file
-from ocistage.cache.fsops import make_private, open_parent, remove_tree, walk_dirs
 from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.notice import Kind, Notice
+from ocistage.cache.privatedirs import make_private
 from ocistage.cache.privileges import strip_privileges, stripped_warning
-from ocistage.cache.store import SNAPSHOTS, Store, _translate_oserror, fsync_dir
+from ocistage.cache.store import SNAPSHOTS, Store
+from ocistage.cache.treeremoval import remove_tree
+from ocistage.cache.treewalk import walk_dirs
 from ocistage.errors import OcistageError
 
 METADATA = "snapshot.json"
@@ -85,6 +89,7 @@ def chain_ids(diff_ids: Sequence[Digest]) -> list[Digest]:
 
 
 def lease_target(chain_id: Digest) -> str:
+    """The lease target of the snapshot of ``chain_id``: the only place that spells it."""
     return f"snapshot:{chain_id}"
 
 
@@ -102,6 +107,11 @@ class SnapshotInfo:
     @property
     def rootfs(self) -> Path:
         return self.path / "rootfs"
+
+    @property
+    def target(self) -> str:
+        """The lease target that protects this snapshot (:func:`lease_target`)."""
+        return lease_target(self.chain_id)
 
 
 def snapshot_dir(store: Store, chain_id: Digest) -> Path:
@@ -184,7 +194,7 @@ def strip_for_group(store: Store, rootfs: Path) -> tuple[Notice, ...]:
     try:
         stripped = strip_privileges(rootfs)
     except OSError as exc:
-        raise _translate_oserror(exc, f"stripping set-id bits in {rootfs}") from exc
+        raise translate_oserror(exc, f"stripping set-id bits in {rootfs}") from exc
     return stripped_warning(stripped, "the cache is group-shared")
 
 
@@ -260,7 +270,7 @@ def publish_snapshot(store: Store, scratch: Path, chain_id: Digest,
             return final / "rootfs"
         fsync_dir(final.parent)
     except OSError as exc:
-        raise _translate_oserror(exc, f"publishing snapshot {chain_id.short}") from exc
+        raise translate_oserror(exc, f"publishing snapshot {chain_id.short}") from exc
     return final / "rootfs"
 
 
@@ -343,14 +353,14 @@ def _clone_tree(flags: list[str], source: Path, dest: Path, parts: int | None) -
         for rel in plan.dirs:  # parents first; writable until their entries are in
             os.mkdir(dest / rel if rel else dest, 0o700)
     except OSError as exc:
-        raise _translate_oserror(exc, f"copying {source} to {dest}") from exc
+        raise translate_oserror(exc, f"copying {source} to {dest}") from exc
     _cp_parallel([[*flags, "--parents", "-t", str(dest), "--", *group]
                   for group in plan.groups], source, dest)
     try:
         for rel in reversed(plan.dirs):  # children first: a parent's mode may forbid entering
             _copy_dir_attributes(source / rel if rel else source, dest / rel if rel else dest)
     except OSError as exc:
-        raise _translate_oserror(exc, f"copying {source} to {dest}") from exc
+        raise translate_oserror(exc, f"copying {source} to {dest}") from exc
 
 
 # -- splitting a clone -----------------------------------------------------------------------
@@ -389,7 +399,8 @@ _PATH_MARGIN = 512  # for the destination's own path, which may be longer than t
 
 def _scan(source: Path) -> _Dir:
     """Every directory under ``source`` with its non-directory entries: an fd-based walk
-    (:func:`ocistage.cache.fsops.walk_dirs`: any depth and path length, never following a link)."""
+    (:func:`ocistage.cache.treewalk.walk_dirs`: any depth and path length, never following a
+    link)."""
     parent_fd, name = open_parent(source)
     nodes: dict[str, _Dir] = {}
     order: list[_Dir] = []

@@ -10,7 +10,7 @@ Layout (``CACHE`` is ``--cache``, ``$OCISTAGE_CACHE`` or ``$XDG_CACHE_HOME/ocist
     tmp/<owner>-<random>/      scratch of a running process; removed when its owner is dead
     bundles/<key>/             cached bundles (ocistage.bundler.flows.bundle);
     .<key>.ocistage-<host>-<pid>-<r>
-                               is one being built (see :func:`scratch_name`)
+                               is one being built (:func:`ocistage.cache.builddirs.scratch_name`)
     used/, leases/             last use (ocistage.cache.usage) and leases (ocistage.cache.leases)
     quarantine/                corrupt entries moved aside (:func:`quarantine`)
 
@@ -26,20 +26,19 @@ import contextlib
 import errno
 import json
 import os
-import re
 import socket
 import stat
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from ocistage.cache import reserve
+from ocistage.cache.atomicwrite import dead_writer_temp, write_file_atomic
 from ocistage.cache.digest import Digest
-from ocistage.cache.errors import ForeignFile, StoreError, UntrustedPath
+from ocistage.cache.dirtrust import check_trusted_dir, owned_by_caller
+from ocistage.cache.errors import TAMPERED_HINT, ForeignFile, StoreError, translate_oserror
 from ocistage.cache.evict import (
     evicted_in,
     may_remove,
@@ -48,70 +47,21 @@ from ocistage.cache.evict import (
     remove_in_cache,
 )
 from ocistage.cache.fdio import process_umask
-from ocistage.cache.fsops import (
-    DIR_FOLLOW,
-    OWNER_SUFFIX,
-    PRIVATE_DIR_MODE,
-    check_trusted_dir,
-    drop_owned_dir,
-    make_owned_dir,
-    owned_by_caller,
-    release_owned_dir,
-    remove_tree,
-)
+from ocistage.cache.ingest import Ingest, open_ingest
 from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.locks import FileLock, Owner, owner_is_dead
 from ocistage.cache.notice import Kind, Notice
+from ocistage.cache.owneddirs import OWNER_SUFFIX, drop_owned_dir, make_owned_dir, release_owned_dir
+from ocistage.cache.privatedirs import PRIVATE_DIR_MODE
 from ocistage.cache.readback import open_own
 from ocistage.cache.refnames import INDEX_MEDIA_TYPE, record, record_name, rename
 from ocistage.errors import IntegrityError
 
 OCI_LAYOUT_VERSION = "1.0.0"
-CHUNK = 1 << 20
 INDEX_LIMIT = 16 << 20  # the cache's own index.json: ~40 000 refs (source layouts: 4 MiB)
 QUARANTINE = "quarantine"
 BUNDLES = "bundles"
 SNAPSHOTS = "snapshots"
-
-
-def _translate_oserror(exc: OSError, what: str) -> StoreError:
-    if exc.errno == errno.ENOSPC:
-        return StoreError(f"no space left on device while {what}",
-                          "free space in the cache filesystem or run `ocistage cache gc`")
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return StoreError(f"permission denied while {what}: {exc.filename or ''}".rstrip(": "))
-    return StoreError(f"{what} failed: {exc.strerror or exc}")
-
-
-_TEMP_RE = re.compile(r"^\..*\.ocistage@(?P<host>[A-Za-z0-9.-]*)-(?P<pid>\d+)-[^/]*\.tmp$")
-
-
-def _temp_tag() -> str:
-    return "ocistage@" + re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())
-
-
-def dead_writer_temp(name: str) -> bool:
-    """Whether ``name`` is a temp file of :func:`write_file_atomic` whose writer ran on this
-    host and has exited (a cache shared between nodes keeps other hosts' temp files; a reused
-    pid keeps one until that process exits too)."""
-    match = _TEMP_RE.match(name)
-    if match is None or f"ocistage@{match.group('host')}" != _temp_tag():
-        return False
-    try:
-        os.kill(int(match.group("pid")), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, DIR_FOLLOW)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def quarantine(store: Store, path: Path, label: str) -> Path:
@@ -135,88 +85,6 @@ def quarantine(store: Store, path: Path, label: str) -> Path:
     return destination
 
 
-def write_file_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write ``data`` to ``path`` through a temp file in the same directory, fsync and rename."""
-    # the writer's host and pid in the name let clean_leftovers() drop a dead writer's temp
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_temp_tag()}-{os.getpid()}-",
-                               suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, mode)
-        os.rename(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
-
-
-@dataclass
-class Ingest:
-    """One blob being written into the store; resumable across processes and crashes."""
-
-    digest: Digest
-    size: int | None
-    partial: Path
-    final: Path
-    _file: BinaryIO
-    _hasher: Any = field(repr=False)
-    _offset: int = 0
-
-    @property
-    def offset(self) -> int:
-        return self._offset
-
-    def write(self, chunk: bytes) -> None:
-        if self.size is not None and self._offset + len(chunk) > self.size:
-            raise IntegrityError(
-                f"blob {self.digest} is larger than its declared size {self.size}")
-        try:
-            self._file.write(chunk)
-        except OSError as exc:
-            raise _translate_oserror(exc, f"writing blob {self.digest.short}") from exc
-        self._hasher.update(chunk)
-        self._offset += len(chunk)
-
-    def close(self) -> None:
-        self._file.close()
-
-    def restart(self) -> None:
-        self._file.seek(0)
-        self._file.truncate()
-        self._hasher = self.digest.hasher()
-        self._offset = 0
-
-    def commit(self) -> Path:
-        """Verify size and digest, make the blob durable and publish it by rename."""
-        if self.size is not None and self._offset != self.size:
-            raise IntegrityError(
-                f"blob {self.digest} has {self._offset} bytes, expected {self.size}")
-        actual = self._hasher.hexdigest()
-        if actual != self.digest.hex:
-            self.restart()
-            raise IntegrityError(
-                f"blob {self.digest} has digest {self.digest.algorithm}:{actual}")
-        try:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            os.fchmod(self._file.fileno(), 0o444)
-            os.rename(self.partial, self.final)
-            ours = os.fstat(self._file.fileno())
-            published = os.lstat(self.final)
-            if (published.st_dev, published.st_ino) != (ours.st_dev, ours.st_ino):
-                # the name was swapped under us (a group-writable ingest/): not our bytes
-                _remove_planted(self.final)
-                raise IntegrityError(f"the download of blob {self.digest} was replaced by "
-                                     f"another file while being published", _TAMPERED_HINT)
-            fsync_dir(self.final.parent)
-        except OSError as exc:
-            raise _translate_oserror(exc, f"publishing blob {self.digest.short}") from exc
-        return self.final
-
 
 def _without(manifests: list[dict[str, Any]], match: Callable[[dict[str, Any]], bool]
              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -236,46 +104,6 @@ def _renamed(manifests: list[dict[str, Any]], names: set[str]
         if document is not None:
             documents.append(document)
     return manifests, documents
-
-
-_TAMPERED_HINT = ("someone with write access to the cache changed it; run `ocistage cache "
-                  "verify` and check who else can write the cache directory")
-_PARTIAL_FLAGS = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def _open_own_partial(partial: Path) -> int:
-    """An fd of ``partial`` that is a regular file of this user, else of a new empty one."""
-    for _ in range(3):
-        try:
-            fd = os.open(partial, _PARTIAL_FLAGS | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            pass
-        else:
-            return fd
-        try:
-            fd = os.open(partial, _PARTIAL_FLAGS)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            if exc.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EACCES):
-                raise
-        else:
-            info = os.fstat(fd)
-            if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
-                return fd
-            os.close(fd)
-        _remove_planted(partial)
-    raise OSError(errno.EEXIST, "keeps being replaced by someone else", str(partial))
-
-
-def _remove_planted(path: Path) -> None:
-    """Unlink what someone else put at ``path`` (an empty directory at most)."""
-    try:
-        os.unlink(path)
-    except IsADirectoryError:
-        os.rmdir(path)
-    except FileNotFoundError:
-        pass
 
 
 class Store:
@@ -315,7 +143,7 @@ class Store:
                         write_file_atomic(index, self._render_index([]))
             reserve.ensure(self.root)  # room for GC on a filesystem pulls will fill
         except OSError as exc:
-            raise _translate_oserror(exc, f"creating the cache at {self.root}") from exc
+            raise translate_oserror(exc, f"creating the cache at {self.root}") from exc
         self.clean_leftovers()
 
     def _make_root(self) -> None:
@@ -362,15 +190,15 @@ class Store:
             fd, _ = open_own(path, owners="anyone")  # never waits on a FIFO planted there
         except ForeignFile as exc:
             raise IntegrityError(f"blob {digest} in the cache is not a regular file",
-                                 _TAMPERED_HINT) from exc
+                                 TAMPERED_HINT) from exc
         except FileNotFoundError as exc:
             raise StoreError(f"blob {digest} is not in the cache",
                              "pull the image again (`ocistage pull REF`)") from exc
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise IntegrityError(f"blob {digest} in the cache is a symbolic link",
-                                     _TAMPERED_HINT) from exc
-            raise _translate_oserror(exc, f"opening blob {digest.short}") from exc
+                                     TAMPERED_HINT) from exc
+            raise translate_oserror(exc, f"opening blob {digest.short}") from exc
         return os.fdopen(fd, "rb")
 
     def read_blob(self, digest: Digest, limit: int = 4 << 20) -> bytes:
@@ -383,7 +211,7 @@ class Store:
             raise StoreError(f"blob {digest} is larger than {limit} bytes")
         if Digest.of_bytes(data, digest.algorithm) != digest:
             raise IntegrityError(f"blob {digest} in the cache does not match its digest "
-                                 f"(changed since it was stored)", _TAMPERED_HINT)
+                                 f"(changed since it was stored)", TAMPERED_HINT)
         return data
 
     def put_blob(self, data: bytes, digest: Digest | None = None) -> Digest:
@@ -398,7 +226,7 @@ class Store:
         try:
             write_file_atomic(final, data, mode=0o444)
         except OSError as exc:
-            raise _translate_oserror(exc, f"writing blob {actual.short}") from exc
+            raise translate_oserror(exc, f"writing blob {actual.short}") from exc
         return actual
 
     @contextlib.contextmanager
@@ -424,38 +252,13 @@ class Store:
             if final.exists():  # published between our check and taking the lock
                 yield None
                 return
-            ingest = self._open_partial(digest, size, final)
+            ingest = open_ingest(self.ingest_dir, digest, size, final)
             try:
                 yield ingest
             finally:
                 ingest.close()
         finally:
             lock.release()
-
-    def _open_partial(self, digest: Digest, size: int | None, final: Path) -> Ingest:
-        """The partial download, to append to: ours to resume, or a new one.
-
-        Anything else at its name (a symbolic link, another user's file or a directory,
-        planted in a group-writable ``ingest/``) is removed and replaced, never written
-        through: the caller holds the blob's lock, so no live download of ours is there.
-        """
-        partial = self.ingest_dir / f"{digest.hex}.partial"
-        try:
-            fd = _open_own_partial(partial)
-        except OSError as exc:
-            raise _translate_oserror(exc, f"opening {partial}") from exc
-        file = os.fdopen(fd, "a+b")
-        hasher = digest.hasher()
-        file.seek(0)
-        offset = 0
-        # resume: re-hash what a previous (crashed or interrupted) attempt left
-        while chunk := file.read(CHUNK):
-            hasher.update(chunk)
-            offset += len(chunk)
-        ingest = Ingest(digest, size, partial, final, file, hasher, offset)
-        if size is not None and offset > size:
-            ingest.restart()
-        return ingest
 
     # -- index.json (refs) -------------------------------------------------------------------
 
@@ -507,7 +310,7 @@ class Store:
         try:
             write_file_atomic(self.root / "index.json", self._render_index(manifests))
         except OSError as exc:
-            raise _translate_oserror(exc, "updating index.json") from exc
+            raise translate_oserror(exc, "updating index.json") from exc
 
     def lookup(self, name: str) -> list[dict[str, Any]]:
         """The records of ref ``name``: one per cached platform."""
@@ -543,7 +346,7 @@ class Store:
         try:
             make_owned_dir(path, PRIVATE_DIR_MODE)
         except OSError as exc:
-            raise _translate_oserror(exc, "creating a temporary directory in the cache") from exc
+            raise translate_oserror(exc, "creating a temporary directory in the cache") from exc
         return path
 
     def remove_temp_dir(self, path: Path) -> None:
@@ -622,70 +425,3 @@ class Store:
 
 def hostname() -> str:
     return socket.gethostname()
-
-
-# -- scratch directories beside a destination (bundles being built) ------------------------------
-
-_SCRATCH_RE = re.compile(
-    r"^\.(?P<name>.+)\.ocistage-(?:(?P<host>.+)-)?(?P<pid>\d+)-(?P<rand>[0-9a-f]{8})$")
-#: a scratch dir of another host is assumed dead once it has not changed for this long
-SCRATCH_STALE_SECONDS = 24 * 3600.0
-
-
-def scratch_name(name: str) -> str:
-    """The name of a scratch directory, beside ``name``, that this process builds ``name`` in."""
-    return f".{name}.ocistage-{socket.gethostname()}-{os.getpid()}-{os.urandom(4).hex()}"
-
-
-def scratch_target(path: Path) -> str | None:
-    """The name a scratch directory is building, or None if ``path`` is no scratch dir."""
-    match = _SCRATCH_RE.match(path.name)
-    return match.group("name") if match else None
-
-
-def scratch_is_dead(path: Path, now: float | None = None) -> bool:
-    """Whether the process building scratch dir ``path`` is known to be gone.
-
-    On this host: its pid does not exist. Another host (or an old name without a host): the
-    directory has not changed for :data:`SCRATCH_STALE_SECONDS`.
-    """
-    match = _SCRATCH_RE.match(path.name)
-    if match is None:
-        return False
-    if match.group("host") == socket.gethostname():
-        try:
-            os.kill(int(match.group("pid")), 0)
-        except ProcessLookupError:
-            return True
-        except (PermissionError, OverflowError):
-            return False
-        return False
-    try:
-        age = (time.time() if now is None else now) - os.lstat(path).st_mtime
-    except FileNotFoundError:
-        return False
-    return age > SCRATCH_STALE_SECONDS
-
-
-def remove_dead_scratch(parent: Path, name: str | None = None) -> list[Path]:
-    """Remove scratch dirs in ``parent`` (those building ``name``, or all) of dead builders.
-
-    Only scratch dirs the caller owns are candidates: in a directory others can write (a
-    sticky ``/tmp``), a name that looks like ours may have been planted by anybody.
-    """
-    removed: list[Path] = []
-    prefix = "." if name is None else f".{name}.ocistage-"
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(parent) as it:
-        candidates = [Path(e.path) for e in it if e.name.startswith(prefix)]
-    for path in candidates:
-        try:
-            mine = owned_by_caller(os.lstat(path))
-        except FileNotFoundError:
-            continue
-        if mine and scratch_target(path) is not None and scratch_is_dead(path):
-            try:
-                remove_tree(path)
-            except UntrustedPath:
-                continue  # others' entries inside are left, and so is the directory
-            removed.append(path)
-    return removed

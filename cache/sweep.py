@@ -10,6 +10,9 @@ are one short function per area (dead leases, leftovers, orphans, LRU eviction, 
   and what it could not remove and left to whom (:class:`~ocistage.cache.evict.Left`: another
   member's tree in a group-shared cache, evicted by rename only).
 
+:func:`take_out_tree` takes a tree out of the cache (:func:`ocistage.cache.evict.take_out`) in
+such a pass: charged and reported when the caller may remove it, left to its owner if not.
+
 An action that raises leaves no record and no charge: a file that is gone by the time it is
 removed (``FileNotFoundError``, which the caller suppresses) was removed by someone else.
 """
@@ -18,10 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Generic, Literal, TypeVar
 
-from ocistage.cache.evict import Left
+from ocistage.cache.evict import Left, may_remove, owner_of, take_out
 from ocistage.cache.footprint import Footprint
 
 RemovalKind = Literal["ref", "blob", "bundle", "snapshot", "staged", "lease", "scratch",
@@ -93,3 +97,26 @@ class Sweep(Generic[R]):
             self.run(action, otherwise)
         freed = self.charge(paths) if size is None else size
         return self.report(Removal(kind, name, freed, reason))
+
+
+def take_out_tree(sweep: Sweep[Removal], kind: RemovalKind, name: str, reason: str,
+                  path: Path) -> None:
+    """Remove the tree at ``path`` (:func:`ocistage.cache.evict.take_out`): renamed aside
+    beside it, then deleted if the caller may (its owner, or root). What stays evicted for its
+    owner is left (reported, not charged: its blocks are still on the disk); a dry run
+    predicts that by the tree's owner."""
+    owner = owner_of(path)
+    if owner is None:
+        return
+    if not may_remove(owner):  # evicted by rename only: nothing freed yet
+        sweep.run(partial(take_out, kind, name, path))
+        verb = "would be evicted" if sweep.dry_run else "evicted"
+        sweep.leave(Left(kind, name, owner, f"{reason}; {verb} by rename, for its owner's "
+                         f"next command (or root's `cache gc`) to remove"))
+        return
+    left = sweep.run(partial(take_out, kind, name, path))
+    size = sweep.charge((path,))
+    if left is not None:  # ours, but holding what we may not remove: the rest stays
+        sweep.leave(Left(left.kind, left.name, left.owner_uid, f"{reason}; {left.reason}"))
+        return
+    sweep.report(Removal(kind, name, size, reason))

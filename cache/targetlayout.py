@@ -34,7 +34,7 @@ Names starting with ``.ocistage`` are reserved: no bundle may be staged under on
 
 Removal never follows a symlink: ``NAME`` is opened with ``O_NOFOLLOW`` relative to its
 parent, a squashfs mount (a different ``st_dev`` than the parent's) is unmounted first, and
-a directory is removed through descriptors (:mod:`ocistage.cache.fsops`).
+a directory is removed through descriptors (:mod:`ocistage.cache.treeremoval`).
 
 A removal that is interrupted (killed, a busy unmount) must leave something ``unstage`` and
 ``cache gc`` recognise: before anything is removed, the outer marker is written with
@@ -56,9 +56,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ocistage.cache.dirfds import DIR_FOLLOW, DIR_READ
+from ocistage.cache.dirtrust import trust_problem
 from ocistage.cache.errors import ForeignFile, StoreError
-from ocistage.cache.fsops import DIR_FOLLOW, DIR_READ, remove_at, remove_opened, trust_problem
 from ocistage.cache.readback import read_own
+from ocistage.cache.treeremoval import remove_at, remove_opened
 
 RESERVED_PREFIX = ".ocistage"
 MARKER_NAME = ".ocistage-staged.json"

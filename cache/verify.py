@@ -35,16 +35,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ocistage.cache.digest import Digest, hash_file
+from ocistage.cache.dirtrust import user_name
 from ocistage.cache.errors import StoreError
-from ocistage.cache.fsops import user_name
-from ocistage.cache.inventory import (
-    Blob,
-    Bundle,
-    Ref,
-    list_blobs,
-    list_bundles,
-    read_refs,
-)
+from ocistage.cache.inventory import Blob, Bundle, Ref, list_blobs, list_bundles, read_refs
 from ocistage.cache.readback import open_own
 from ocistage.cache.sizes import count, format_size
 from ocistage.cache.snapshotfiles import check, linked_bundles

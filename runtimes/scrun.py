@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ocistage.cache.atomicwrite import write_file_atomic
 from ocistage.cache.errors import ForeignFile
-from ocistage.cache.fsops import remove_tree
 from ocistage.cache.leases import Holder
 from ocistage.cache.readback import read_own
-from ocistage.cache.store import write_file_atomic
+from ocistage.cache.treeremoval import remove_tree
 from ocistage.cache.userdirs import host_id, host_root_mapped
 from ocistage.errors import OcistageError, UsageError
 from ocistage.runtimes.errors import ScrunError

@@ -2,7 +2,7 @@
 
 STAGE_DIR is shared by every user of the node, so who makes it first must not decide for the
 others (docs/trust.md, "STAGE_DIR"); each directory is made and checked here, once, through
-:func:`ocistage.cache.fsops.walk_trusted`.
+:func:`ocistage.cache.ancestors.walk_trusted`.
 """
 
 from __future__ import annotations
@@ -11,14 +11,9 @@ import os
 import stat
 from pathlib import Path
 
+from ocistage.cache.ancestors import PARENT_MODE, check_path_trusted, walk_trusted
+from ocistage.cache.dirtrust import sticky_of_ours, trust_problem
 from ocistage.cache.errors import UntrustedPath
-from ocistage.cache.fsops import (
-    PARENT_MODE,
-    check_path_trusted,
-    sticky_of_ours,
-    trust_problem,
-    walk_trusted,
-)
 from ocistage.runtimes.errors import ScrunError
 
 
@@ -82,7 +77,7 @@ def _holds_user_dirs(stage_dir: Path, uid: int) -> bool:
 def private_dir(path: Path) -> Path:
     """Create ``path`` (mode 0700) if needed and make sure it is a directory of ours.
 
-    Every directory above it is checked (:func:`ocistage.cache.fsops.walk_trusted`): in a
+    Every directory above it is checked (:func:`ocistage.cache.ancestors.walk_trusted`): in a
     sticky STAGE_DIR (or ``/tmp``) another user could have made ``path`` first (or a symlink
     there) to receive or swap our files, and in a directory another user can write they could
     swap it after we made it.

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ocistage.cache.fsops import check_path_trusted
+from ocistage.cache.ancestors import check_path_trusted
 from ocistage.cache.leases import Holder
 from ocistage.errors import OcistageError, UsageError
 from ocistage.runtimes.bundle_command import resolve_command
@@ -256,7 +256,7 @@ def held_job_options(options: Sequence[str]) -> list[str]:
 
 def check_handed_over(staged: Path) -> None:
     """The staged bundle Slurm runs, and every directory above it, can be changed by nobody
-    but the caller and root (:func:`ocistage.cache.fsops.check_path_trusted`)."""
+    but the caller and root (:func:`ocistage.cache.ancestors.check_path_trusted`)."""
     check_path_trusted(staged, "staged bundle", follow=False)
 
 

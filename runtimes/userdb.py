@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from ocistage.cache.fsops import DIR_PATH
+from ocistage.cache.dirfds import DIR_PATH
 from ocistage.runtimes.errors import UserResolutionError
 
 MAX_ID = 2**32 - 2  # uint32 without the (uid_t)-1 sentinel

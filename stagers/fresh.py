@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from ocistage.cache.fsops import DIR_FOLLOW
+from ocistage.cache.dirfds import DIR_FOLLOW
 from ocistage.stagers import xattrs
 from ocistage.stagers.builder import FORK_MIN_FILES, Builder, Outcome
 from ocistage.stagers.errors import StageError

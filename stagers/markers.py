@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ocistage.cache import leases, usage
-from ocistage.cache.fsops import DIR_FOLLOW, DIR_READ, trust_problem
+from ocistage.cache.dirfds import DIR_FOLLOW, DIR_READ
+from ocistage.cache.dirtrust import trust_problem
 from ocistage.cache.leases import Holder, Lease, StagedPlace
 from ocistage.cache.targetlayout import image_name, outer_marker_name, read_json_at
 from ocistage.stagers.filemanifest import MARKER_NAME

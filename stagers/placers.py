@@ -29,8 +29,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ocistage.cache.dirfds import DIR_FOLLOW, DIR_READ, identity
 from ocistage.cache.fdio import process_umask
-from ocistage.cache.fsops import DIR_FOLLOW, DIR_READ, identity, link_refused
+from ocistage.cache.linkprobes import link_refused
 from ocistage.stagers.copy import Copier
 from ocistage.stagers.filemanifest import Entry, hash_file
 from ocistage.stagers.pool import Pool, pool_key

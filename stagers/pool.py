@@ -26,12 +26,10 @@ from pathlib import Path
 
 import xxhash
 
+from ocistage.cache.dirfds import identity
 from ocistage.cache.fdio import created_exactly, write_all
-from ocistage.cache.fsops import (
-    identity,
-    link_refused,
-    make_private,
-)
+from ocistage.cache.linkprobes import link_refused
+from ocistage.cache.privatedirs import make_private
 from ocistage.cache.targetlayout import POOL_TEMP_SUFFIX, pool_name, shared_target
 from ocistage.stagers import xattrs
 from ocistage.stagers.copy import Copier, link_fd
@@ -75,7 +73,7 @@ class Pool:
         """Create the pool and its 256 fan-out directories once, instead of checking per
         file; the pool must be trusted (docs/trust.md: the caller's or root's, not writable
         by others), or another user could have planted its entries. It is owner-only
-        (:data:`ocistage.cache.fsops.PRIVATE_DIR_MODE`; one made before is made so): its
+        (:data:`ocistage.cache.privatedirs.PRIVATE_DIR_MODE`; one made before is made so): its
         entries are the staged images' files, setuid ones and those with file capabilities
         among them, which no other user may reach."""
         self.root.parent.mkdir(mode=0o755, parents=True, exist_ok=True)

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ocistage.cache.fsops import DIR_FOLLOW, remove_tree
+from ocistage.cache.dirfds import DIR_FOLLOW
 from ocistage.cache.leases import Holder, Lease
 from ocistage.cache.targetlayout import IMAGE_SUFFIX, image_path, outer_marker_name
+from ocistage.cache.treeremoval import remove_tree
 from ocistage.stagers.errors import StageError
 from ocistage.stagers.filemanifest import MANIFEST_NAME, fill_hashes, load_manifest, scan
 from ocistage.stagers.markers import Marker, write_at

@@ -2,12 +2,12 @@
 
 A re-stage publishes a complete new version and then removes the old one: one ``unlink`` per
 file (20k files: ~0.07 s on tmpfs in one process). The removal is done through descriptors by
-:mod:`ocistage.cache.fsops` (no symlink is ever followed, also not one swapped in meanwhile); here
-the
-tree is split into disjoint subtrees, each removed by ``ocistage.cache.fsops.remove_at`` relative to
-the descriptor of its parent, in one forked worker per CPU (as the build in
-:mod:`ocistage.stagers.parallel`). What is left — files near the top and the emptied directories —
-is removed by ``remove_opened`` of the root, which checks that the name still is that directory.
+:mod:`ocistage.cache.treeremoval` (no symlink is ever followed, also not one swapped in
+meanwhile); here the tree is split into disjoint subtrees, each removed by
+``ocistage.cache.treeremoval.remove_at`` relative to the descriptor of its parent, in one
+forked worker per CPU (as the build in :mod:`ocistage.stagers.parallel`). What is left — files
+near the top and the emptied directories — is removed by ``remove_opened`` of the root, which
+checks that the name still is that directory.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from ocistage.cache.fsops import open_dir, open_parent, remove_at, remove_opened, remove_tree
+from ocistage.cache.dirfds import open_dir, open_parent
+from ocistage.cache.treeremoval import remove_at, remove_opened, remove_tree
 from ocistage.stagers.parallel import map_parts
 
 #: subtrees to split into per worker process (contiguous batches of about equal count)
@@ -24,8 +25,8 @@ MAX_DEPTH = 4
 
 
 def remove_in_workers(path: str | os.PathLike[str], processes: int) -> None:
-    """:func:`ocistage.cache.fsops.remove_tree` of ``path``, its subtrees removed in ``processes``
-    forked workers. Missing is fine; a symlink at ``path`` is only unlinked."""
+    """:func:`ocistage.cache.treeremoval.remove_tree` of ``path``, its subtrees removed in
+    ``processes`` forked workers. Missing is fine; a symlink at ``path`` is only unlinked."""
     if processes <= 1:
         remove_tree(path)
         return

@@ -35,9 +35,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from ocistage.cache import leases, targetlayout
-from ocistage.cache.fsops import DIR_FOLLOW, remove_tree, trust_problem
+from ocistage.cache.dirfds import DIR_FOLLOW
+from ocistage.cache.dirtrust import trust_problem
 from ocistage.cache.leases import Holder, Lease, StagedPlace
 from ocistage.cache.targetlayout import RETIRED_PREFIX
+from ocistage.cache.treeremoval import remove_tree
 from ocistage.errors import OcistageError
 from ocistage.stagers.markers import (
     live_leases,
@@ -82,8 +84,8 @@ def retire(replaced: Path, final: Path, cache_root: Path, holders: Iterable[Hold
 
 def retired_versions(to: Path, name: str) -> list[Path]:
     """The retired versions of ``name`` in ``to``: directories of that name's pattern that
-    are ours (:func:`ocistage.cache.fsops.trust_problem`). In a sticky target a co-tenant can plant
-    anything under such a name (a directory of theirs, a symlink): that is not ours to sweep,
+    are ours (:func:`ocistage.cache.dirtrust.trust_problem`). In a sticky target a co-tenant can
+    plant anything under such a name (a directory of theirs, a symlink): that is not ours to sweep,
     and failing on it would let them stop every stage of ``name``."""
     pattern = re.compile(re.escape(RETIRED_PREFIX + name) + r"\.[0-9a-f]{10}")
     try:

@@ -27,7 +27,7 @@ from typing import Any
 
 from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.errors import StoreError
-from ocistage.cache.fsops import PRIVATE_DIR_MODE
+from ocistage.cache.privatedirs import PRIVATE_DIR_MODE
 from ocistage.cache.privileges import strip_privileges
 from ocistage.cache.targetlayout import image_path
 from ocistage.cache.targetlayout import unmount as unmount

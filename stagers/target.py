@@ -24,21 +24,15 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
+from ocistage.cache.ancestors import check_path_trusted
 from ocistage.cache.bundleinfo import SHARED_ROOT_ANNOTATION
+from ocistage.cache.dirfds import DIR_READ, identity
+from ocistage.cache.dirtrust import trust_problem
 from ocistage.cache.errors import LockTimeout, StoreError, UntrustedPath
-from ocistage.cache.fsops import (
-    DIR_READ,
-    OWNER_SUFFIX,
-    PRIVATE_DIR_MODE,
-    check_path_trusted,
-    drop_owned_dir,
-    hardlinks_work,
-    identity,
-    make_owned_dir,
-    remove_tree,
-    trust_problem,
-)
+from ocistage.cache.linkprobes import hardlinks_work
 from ocistage.cache.locks import FileLock
+from ocistage.cache.owneddirs import OWNER_SUFFIX, drop_owned_dir, make_owned_dir
+from ocistage.cache.privatedirs import PRIVATE_DIR_MODE
 from ocistage.cache.targetlayout import (
     RESERVED_PREFIX,
     outer_marker_name,
@@ -46,6 +40,7 @@ from ocistage.cache.targetlayout import (
     shared_target,
     tmp_name,
 )
+from ocistage.cache.treeremoval import remove_tree
 from ocistage.errors import UsageError
 from ocistage.stagers.errors import StageError, StageUsageError
 
@@ -171,7 +166,7 @@ def target_is_shared(to: Path) -> bool:
 def own_dir(to: Path, name: str, what: str, mode: int = PRIVATE_DIR_MODE) -> int:
     """``TO/name`` made (one ``mkdir`` with ``mode``) if missing, opened without following a
     link or waiting on a FIFO, and checked to be a directory of the caller (or root) that
-    others cannot write (:func:`ocistage.cache.fsops.trust_problem`); returns the opened
+    others cannot write (:func:`ocistage.cache.dirtrust.trust_problem`); returns the opened
     directory. In a shared target a co-tenant may have made the name first, as anything:
     that is an :class:`UntrustedPath` naming them, with a hint, and nothing of theirs is
     used or touched."""
@@ -212,7 +207,7 @@ def _check_target(to: Path) -> str:
 def tmp_dir(to: Path) -> Path:
     """The caller's scratch dir in ``TO`` (:func:`ocistage.cache.targetlayout.tmp_name`), made if
     needed; ``TO`` and it must be trusted (docs/trust.md): every directory above ``TO``
-    (:func:`ocistage.cache.fsops.walk_trusted`), ``TO`` owned by the caller or root and not
+    (:func:`ocistage.cache.ancestors.walk_trusted`), ``TO`` owned by the caller or root and not
     writable by others, or a sticky directory like ``/tmp`` (shared: the scratch dir is
     ``.ocistage-tmp-<uid>``, and must be the caller's, :func:`own_dir`)."""
     name = _check_target(to)

@@ -37,11 +37,12 @@ from pathlib import Path
 from types import TracebackType
 
 from ocistage.cache import leases, targetlayout
+from ocistage.cache.ancestors import walk_trusted
+from ocistage.cache.atomicwrite import fsync_dir
 from ocistage.cache.errors import LockTimeout, StoreError, UntrustedPath
-from ocistage.cache.fsops import PRIVATE_DIR_MODE, make_private, walk_trusted
 from ocistage.cache.leases import Holder, Lease
 from ocistage.cache.locks import FileLock
-from ocistage.cache.store import fsync_dir
+from ocistage.cache.privatedirs import PRIVATE_DIR_MODE, make_private
 from ocistage.cache.targetlayout import image_path, sweep_pool
 from ocistage.stagers import retired
 from ocistage.stagers.errors import StageError, StageUsageError
@@ -77,7 +78,7 @@ log = logging.getLogger(__name__)
 
 def make_target(to: Path) -> Path:
     """``to`` made absolute and created if missing, every directory above it checked first
-    (:func:`ocistage.cache.fsops.walk_trusted`, :class:`UntrustedPath`); a StageError if it
+    (:func:`ocistage.cache.ancestors.walk_trusted`, :class:`UntrustedPath`); a StageError if it
     is not a directory. Whether ``to`` itself is trusted is checked by
     :func:`ocistage.stagers.target.tmp_dir`."""
     to = Path(os.path.abspath(to))
@@ -288,7 +289,7 @@ class Staging:
         previous version, which is then removed (in ``processes`` workers), or retired while
         :meth:`users` may run on it. True if a previous version was replaced.
 
-        ``tree`` is made owner-only (:data:`ocistage.cache.fsops.PRIVATE_DIR_MODE`), and so
+        ``tree`` is made owner-only (:data:`ocistage.cache.privatedirs.PRIVATE_DIR_MODE`), and so
         stays when it is retired: no other user of the host may reach the image's setuid/setgid
         files and file capabilities through it (docs/trust.md). Its ``rootfs/`` keeps the
         image's mode, which a non-root container user needs."""

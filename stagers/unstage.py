@@ -3,9 +3,9 @@
 Only a directory carrying an ocistage marker (``.ocistage-staged.json``) is removed. The path's
 last component is opened with ``O_NOFOLLOW`` (the target holding it may be reached through a
 symlink the user chose, as with ``stage --to``): a symlink there is refused, never followed, and
-the removal itself works through directory descriptors (:mod:`ocistage.cache.fsops`), so a symlink
-swapped in at any level while it runs cannot redirect it outside the bundle. A squashfs mount is
-unmounted first and its image (named in the marker, beside the path) removed.
+the removal itself works through directory descriptors (:mod:`ocistage.cache.treeremoval`), so a
+symlink swapped in at any level while it runs cannot redirect it outside the bundle. A squashfs
+mount is unmounted first and its image (named in the marker, beside the path) removed.
 
 Leases: with a ``holder`` (the CLI passes the Slurm job inside a job, or ``--pin``), only that
 holder's leases on the path are released, and the bundle is kept while another live lease still
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ocistage.cache import leases, reserve, targetlayout
-from ocistage.cache.fsops import DIR_FOLLOW, DIR_READ
+from ocistage.cache.dirfds import DIR_FOLLOW, DIR_READ
 from ocistage.cache.leases import Holder, Lease, StagedPlace
 from ocistage.stagers import retired
 from ocistage.stagers.errors import StageError

@@ -40,7 +40,7 @@ DryRunOpt = Annotated[bool, typer.Option(
 @with_options("cache", "json")
 def cache_ls(opts: CommonOptions) -> None:
     """List cached images and bundles with sizes, last use and leases."""
-    from ocistage.cache.inventory import listing
+    from ocistage.cache.listing import listing
 
     opts.emit(listing(opts.store()), rich=True)
 
@@ -51,7 +51,7 @@ def cache_ls(opts: CommonOptions) -> None:
 @with_options("cache", "json")
 def cache_du(opts: CommonOptions) -> None:
     """Show the cache's logical size (without dedup) and its size on disk."""
-    from ocistage.cache.inventory import disk_usage
+    from ocistage.cache.diskusage import disk_usage
 
     opts.emit(disk_usage(opts.store()), rich=True)
 

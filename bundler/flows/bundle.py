@@ -76,15 +76,19 @@ from ocistage.bundler.runtime_config import (
     write_runtime_config,
 )
 from ocistage.cache import usage
+from ocistage.cache.atomicwrite import fsync_dir
+from ocistage.cache.builddirs import remove_dead_scratch, scratch_name
 from ocistage.cache.bundleinfo import SHARED_ROOT_ANNOTATION, write_bundle_info
 from ocistage.cache.digest import Digest
+from ocistage.cache.dirtrust import check_shared_parent
 from ocistage.cache.errors import StoreError
-from ocistage.cache.fsops import PRIVATE_DIR_MODE, check_shared_parent, make_private, remove_tree
 from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.leases import InUse
 from ocistage.cache.notice import Kind, Notice
+from ocistage.cache.privatedirs import PRIVATE_DIR_MODE, make_private
 from ocistage.cache.sizes import count
-from ocistage.cache.store import Store, fsync_dir, remove_dead_scratch, scratch_name
+from ocistage.cache.store import Store
+from ocistage.cache.treeremoval import remove_tree
 from ocistage.errors import OcistageError, UsageError
 
 if TYPE_CHECKING:

@@ -18,9 +18,10 @@ import json
 from pathlib import Path
 
 from ocistage.bundler.trust.lookaside import SIGNATURE_LIMIT, SIGNATURES_LIMIT
+from ocistage.cache.atomicwrite import write_file_atomic
 from ocistage.cache.digest import Digest
 from ocistage.cache.readback import read_own
-from ocistage.cache.store import Store, write_file_atomic
+from ocistage.cache.store import Store
 from ocistage.errors import OcistageError
 
 DIRECTORY = "signatures"

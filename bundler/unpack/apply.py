@@ -34,9 +34,10 @@ from ocistage.bundler.unpack.tarstream import (
     small_member_data,
     tarinfo_class,
 )
+from ocistage.cache.dirfds import DIR_READ, chmod_path_fd, chown_path_fd
 from ocistage.cache.fdio import created_exactly, process_umask, write_all
-from ocistage.cache.fsops import DIR_READ, chmod_path_fd, chown_path_fd, remove_at
 from ocistage.cache.notice import Kind, Notice
+from ocistage.cache.treeremoval import remove_at
 from ocistage.cache.unpackbudget import ENTRY_CHARGE, UnpackBudget
 from ocistage.errors import LayerError, OcistageError
 

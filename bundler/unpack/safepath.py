@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from ocistage.cache.fsops import DIR_PATH, DIR_READ
+from ocistage.cache.dirfds import DIR_PATH, DIR_READ
 from ocistage.errors import LayerError
 
 MAX_SYMLINK_HOPS = 40

@@ -20,7 +20,7 @@ from ocistage.bundler.follower import BlobFollower, StreamRestarted
 from ocistage.bundler.image.reference import parse_reference
 from ocistage.bundler.runtime_config import ConfigOptions
 from ocistage.cache.digest import Digest
-from ocistage.cache.fsops import reflinks_work
+from ocistage.cache.linkprobes import reflinks_work
 from ocistage.cache.snapshots import (
     chain_ids,
     find_snapshot,

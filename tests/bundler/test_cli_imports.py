@@ -28,7 +28,9 @@ HEAVY = frozenset({
     "ocistage.bundler.follower", "ocistage.bundler.rootfs", "ocistage.bundler.unpack.apply",
     "ocistage.bundler.unpack.tarstream",
     "ocistage.bundler.inspect", "ocistage.cache.gc", "ocistage.cache.inventory",
-    "ocistage.cache.verify", "ocistage.cache.store",
+    "ocistage.cache.listing", "ocistage.cache.diskusage", "ocistage.cache.gcplan",
+    "ocistage.cache.leftovers", "ocistage.cache.leaseexpiry",
+    "ocistage.cache.verify", "ocistage.cache.store", "ocistage.cache.ingest",
     "ocistage.stagers.directory", "ocistage.stagers.remote", "ocistage.runtimes.scrun",
     "ocistage.runtimes.submit",
     "pytest", "pytest_ocistage",  # the test plugin: never loaded by a command line
@@ -104,7 +106,7 @@ def test_runtime_commands_load_no_library_module(tmp_path: Path) -> None:
 
 def test_cache_ls_loads_neither_schemas_nor_stagers(tmp_path: Path) -> None:
     loaded = _modules_after(["cache", "ls"], tmp_path)
-    assert "ocistage.cache.inventory" in loaded
+    assert "ocistage.cache.listing" in loaded
     assert sorted({"jsonschema", "ocistage.bundler.image.schema", "ocistage.bundler.flows.bundle",
                    "ocistage.stagers.directory",
                    "rich.progress"} & loaded) == []

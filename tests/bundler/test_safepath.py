@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ocistage.bundler.unpack.safepath import MAX_SYMLINK_HOPS, SafeRoot, join_link, normalize
-from ocistage.cache.fsops import remove_at
+from ocistage.cache.treeremoval import remove_at
 from ocistage.errors import LayerError
 
 

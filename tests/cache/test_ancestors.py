@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from ocistage.cache.ancestors import MAX_SYMLINKS, check_path_trusted, walk_trusted
 from ocistage.cache.errors import StoreError, UntrustedPath
-from ocistage.cache.fsops import MAX_SYMLINKS, check_path_trusted, walk_trusted
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,

@@ -22,17 +22,13 @@ import pytest
 from ocistage.bundler.flows import bundle as bundle_module
 from ocistage.bundler.flows.bundle import BundleResult
 from ocistage.cache import usage
+from ocistage.cache.builddirs import scratch_name
 from ocistage.cache.digest import Digest
+from ocistage.cache.diskusage import disk_usage
 from ocistage.cache.errors import StoreError
 from ocistage.cache.gc import GcOptions, GcReport, collect, enforce_budget, remove_ref
-from ocistage.cache.inventory import (
-    bundle_scratch_dirs,
-    disk_usage,
-    list_blobs,
-    list_bundles,
-    listing,
-    read_refs,
-)
+from ocistage.cache.ingest import Ingest
+from ocistage.cache.inventory import bundle_scratch_dirs, list_blobs, list_bundles, read_refs
 from ocistage.cache.leases import (
     GC_LOCK,
     Holder,
@@ -43,10 +39,11 @@ from ocistage.cache.leases import (
     gc_running,
     release,
 )
+from ocistage.cache.listing import listing
 from ocistage.cache.locks import FileLock
 from ocistage.cache.notice import Kind
-from ocistage.cache.snapshots import chain_ids, list_snapshots
-from ocistage.cache.store import Ingest, Store, quarantine, scratch_name
+from ocistage.cache.snapshots import chain_ids, lease_target, list_snapshots
+from ocistage.cache.store import Store, quarantine
 from ocistage.cache.verify import verify
 from ocistage.errors import NotFound
 from tests.cache.gclock import gc_lock_held
@@ -162,7 +159,7 @@ def test_snapshots_live_while_a_cached_image_starts_with_their_layers(store: Sto
     # bundle files are hard links to snapshot files: on disk they count with the snapshot
     assert usage_before.bundles.disk < usage_before.bundles.logical
     assert run_gc(store).removed == ()
-    pin = acquire(store.root, f"snapshot:{chain_a}", Holder.pin("building"))
+    pin = acquire(store.root, lease_target(chain_a), Holder.pin("building"))
     report = remove_ref(store, a.image.name, job_states=no_jobs)
     assert removed(report, "snapshot") == set() and removed(report, "bundle") == {a.path.name}
     assert {s.chain_id for s in list_snapshots(store)} == {chain_a, chain_b}

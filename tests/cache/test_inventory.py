@@ -21,17 +21,12 @@ from ocistage.bundler.runtime_config import ConfigOptions
 from ocistage.cache import usage
 from ocistage.cache.bundleinfo import BUNDLE_INFO, read_bundle_info
 from ocistage.cache.digest import Digest
-from ocistage.cache.inventory import (
-    disk_usage,
-    list_blobs,
-    listing,
-    reachable,
-    read_refs,
-    tree_shares,
-    tree_size,
-)
+from ocistage.cache.diskusage import disk_usage
+from ocistage.cache.inventory import list_blobs, reachable, read_refs
 from ocistage.cache.leases import Holder, acquire
+from ocistage.cache.listing import listing
 from ocistage.cache.store import Store
+from ocistage.cache.treesize import tree_shares, tree_size
 from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
 
 BASE = os.urandom(64 << 10)  # incompressible, so sizes are predictable

@@ -1,6 +1,6 @@
 """ocistage.cache.privileges: strip_privileges takes setuid/setgid bits and file capabilities
 from every regular file of a tree (any depth, hard links, no symlink followed), removes device
-nodes when asked, and counts what it took; fsops.make_private closes a directory of ours."""
+nodes when asked, and counts what it took; privatedirs.make_private closes a directory of ours."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.cache.fsops import make_private
 from ocistage.cache.notice import Kind
+from ocistage.cache.privatedirs import make_private
 from ocistage.cache.privileges import CAPABILITY_XATTR, strip_privileges, stripped_warning
 
 #: vfs_cap_data revision 2, effective, permitted = cap_dac_read_search

@@ -22,8 +22,9 @@ from ocistage.bundler.pyxis_import import (
 )
 from ocistage.bundler.pyxis_import import parse_enroot_uri as uri
 from ocistage.cache import leases, pyxisimages, usage
+from ocistage.cache.diskusage import disk_usage
 from ocistage.cache.gc import GcOptions, GcReport, collect
-from ocistage.cache.inventory import disk_usage, listing
+from ocistage.cache.listing import listing
 from ocistage.cache.locks import Owner
 from ocistage.cache.store import Store
 from tests.cache.test_gc import dead_pid_holder, du, removed

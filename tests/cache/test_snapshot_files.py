@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from ocistage.cache import snapshotfiles
+from ocistage.cache.dirfds import open_parent
 from ocistage.cache.errors import StoreError
-from ocistage.cache.fsops import open_parent, walk_entries
 from ocistage.cache.snapshots import (
     find_snapshot,
     link_tree,
@@ -26,6 +26,7 @@ from ocistage.cache.snapshots import (
     snapshot_dir,
 )
 from ocistage.cache.store import Store
+from ocistage.cache.treewalk import walk_entries
 from ocistage.cache.verify import verify
 from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
 from tests.cache.test_inventory import BASE, bundle_ref, image_ref

@@ -240,9 +240,9 @@ def test_split_tree_scans_deeper_and_longer_than_path_max(tmp_path: Path) -> Non
 
 
 def test_the_reflink_probe_leaves_nothing_behind(tmp_path: Path) -> None:
-    """ocistage.cache.fsops.reflinks_work tries a real FICLONE between two probe files and removes
-    both; ext4 and tmpfs say no, btrfs/XFS yes; a directory it cannot write in is a no."""
-    from ocistage.cache.fsops import reflinks_work
+    """ocistage.cache.linkprobes.reflinks_work tries a real FICLONE between two probe files and
+    removes both; ext4 and tmpfs say no, btrfs/XFS yes; a directory it cannot write in is a no."""
+    from ocistage.cache.linkprobes import reflinks_work
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from ocistage.cache.atomicwrite import _temp_tag
 from ocistage.cache.digest import Digest
 from ocistage.cache.errors import StoreError, UntrustedPath
-from ocistage.cache.store import Store, _temp_tag
+from ocistage.cache.store import Store
 from ocistage.errors import IntegrityError
 
 
@@ -262,10 +263,10 @@ def test_temp_files_of_dead_writers_are_removed(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import os
         from pathlib import Path
-        import ocistage.cache.store as store
+        import ocistage.cache.atomicwrite as atomicwrite
         # die between writing the temp file and renaming it
-        store.os.rename = lambda *a: os._exit(9)
-        store.write_file_atomic(Path({str(tmp_path / "leases" / "x.json")!r}), b"{{}}")
+        atomicwrite.os.rename = lambda *a: os._exit(9)
+        atomicwrite.write_file_atomic(Path({str(tmp_path / "leases" / "x.json")!r}), b"{{}}")
     """)
     (tmp_path / "leases").mkdir()
     subprocess.run([sys.executable, "-c", script], check=False)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ocistage.bundler.flows.bundle import BundleResult, make_bundle
 from ocistage.bundler.image.reference import parse_reference
-from ocistage.cache.fsops import reflinks_work
+from ocistage.cache.linkprobes import reflinks_work
 from ocistage.cache.snapshots import list_snapshots
 from ocistage.cache.store import Store
 from ocistage.errors import IntegrityError, LayerError

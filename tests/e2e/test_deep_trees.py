@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.cache.fsops import path_stats
+from ocistage.cache.treewalk import path_stats
 from tests.bundler.tarbuilder import (
     DEFAULT_MOUNT_POINTS,
     build_tar,

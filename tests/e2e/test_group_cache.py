@@ -65,7 +65,7 @@ def test_a_members_gc_killed_halfway_wedges_nobody(members: GroupCache, layered:
     script.write_text(PAUSING_CLI)
     script.chmod(0o644)
     flag = g.b.home / "paused"
-    gc = g.start(g.b, "ocistage.cache.fsops", "_Removal.rmdir", str(flag), "after:3",
+    gc = g.start(g.b, "ocistage.cache.treeremoval", "_Removal.rmdir", str(flag), "after:3",
                  "cache", "gc", "--max-size", "0",
                  program=(sys.executable, str(script)))
     wait_for(lambda: flag.exists() or gc.poll() is not None, "B's gc to pause")

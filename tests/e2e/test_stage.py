@@ -17,7 +17,7 @@ import pytest
 
 from ocistage.cache import leases
 from ocistage.cache.bundleinfo import SHARED_ROOT_ANNOTATION
-from ocistage.cache.fsops import remove_tree
+from ocistage.cache.treeremoval import remove_tree
 from ocistage.stagers.filemanifest import MARKER_NAME
 from pytest_ocistage.bundles import BundleRun, run_bundle
 from pytest_ocistage.components import require_binary

@@ -59,6 +59,6 @@ def other_fs() -> Iterator[Path]:
     path = base / f"ocistage-test-{uuid.uuid4().hex[:10]}"
     path.mkdir()
     yield path
-    from ocistage.cache.fsops import remove_tree
+    from ocistage.cache.treeremoval import remove_tree
 
     remove_tree(path)

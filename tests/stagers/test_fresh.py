@@ -17,8 +17,8 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ocistage.cache.fsops import remove_tree
 from ocistage.cache.leases import Holder
+from ocistage.cache.treeremoval import remove_tree
 from ocistage.stagers import builder as builder_module
 from ocistage.stagers import fresh
 from ocistage.stagers.directory import stage_directory

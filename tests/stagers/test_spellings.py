@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from ocistage.cache import leases
-from ocistage.cache.fsops import remove_tree
 from ocistage.cache.gc import collect
 from ocistage.cache.leases import Holder
 from ocistage.cache.store import Store
 from ocistage.cache.targetlayout import MARKER_NAME
+from ocistage.cache.treeremoval import remove_tree
 from ocistage.stagers.directory import StageResult, stage_directory
 from ocistage.stagers.markers import Marker, hold
 from ocistage.stagers.retired import retired_versions

@@ -16,8 +16,8 @@ import pytest
 
 from ocistage.cache import leases
 from ocistage.cache import targetlayout as staged_module
-from ocistage.cache.fsops import remove_opened, remove_tree
 from ocistage.cache.leases import Holder
+from ocistage.cache.treeremoval import remove_opened, remove_tree
 from ocistage.errors import OcistageError
 from ocistage.stagers.directory import stage_directory
 from ocistage.stagers.filemanifest import MARKER_NAME
@@ -181,7 +181,7 @@ def test_an_unprivileged_owner_removes_mode_000_directories(open_dir: Path,
     for path in [tmp_path / "userdir", *(tmp_path / "userdir").rglob("*")]:
         os.lchown(path, 65534, 65534)
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r}); "
-            "from ocistage.cache.fsops import remove_tree; "
+            "from ocistage.cache.treeremoval import remove_tree; "
             f"remove_tree({str(staged)!r})")
     result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                              sys.executable, "-c", code], capture_output=True, text=True,

@@ -1,6 +1,6 @@
-"""The file-system primitives: removal and walks through descriptors, iterative, indifferent to
-depth and PATH_MAX, never following a link (also one swapped in between two steps), and
-touching only the caller's entries where others can write."""
+"""Removal through descriptors: iterative, indifferent to depth and PATH_MAX, never following a
+link (also one swapped in between two steps), and touching only the caller's entries where
+others can write."""
 
 from __future__ import annotations
 
@@ -15,15 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.cache import fsops
+from ocistage.cache import treeremoval, treewalk
 from ocistage.cache.errors import StoreError, UntrustedPath
-from ocistage.cache.fsops import (
-    make_owned_dir,
-    owner_file,
-    path_stats,
-    remove_at,
-    remove_tree,
-)
+from ocistage.cache.treeremoval import remove_at, remove_tree
+from ocistage.cache.treewalk import path_stats
 from tests.cache.deeptree import make_chain
 
 NOBODY = 65534
@@ -102,16 +97,16 @@ def victim_tree(tmp_path: Path) -> tuple[Path, Path]:
 def test_a_directory_swapped_for_a_link_before_it_is_opened_is_only_unlinked(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tree, outside = victim_tree(tmp_path)
-    real: Callable[..., object] = fsops._open_child
+    real: Callable[..., object] = treeremoval._open_child
     swapped: list[str] = []
 
-    def racing(parent: fsops._Frame, name: str) -> object:
+    def racing(parent: treewalk.Frame, name: str) -> object:
         if name == "a" and not swapped:
             swap_for_link(parent.fd, name, outside)
             swapped.append(name)
         return real(parent, name)
 
-    monkeypatch.setattr(fsops, "_open_child", racing)
+    monkeypatch.setattr(treeremoval, "_open_child", racing)
     remove_tree(tree)
     assert swapped == ["a"]
     assert not tree.exists()
@@ -122,16 +117,16 @@ def test_a_directory_swapped_for_a_link_before_it_is_opened_is_only_unlinked(
 def test_a_directory_swapped_for_a_link_before_its_rmdir_is_left_alone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tree, outside = victim_tree(tmp_path)
-    real = fsops._Removal.rmdir
+    real = treeremoval._Removal.rmdir
     swapped: list[str] = []
 
-    def racing(self: fsops._Removal, parent_fd: int, top: fsops._Frame) -> None:
+    def racing(self: treeremoval._Removal, parent_fd: int, top: treewalk.Frame) -> None:
         if top.name == "sub" and not swapped:
             swap_for_link(parent_fd, "sub", outside)
             swapped.append(top.name)
         real(self, parent_fd, top)
 
-    monkeypatch.setattr(fsops._Removal, "rmdir", racing)
+    monkeypatch.setattr(treeremoval._Removal, "rmdir", racing)
     with pytest.raises(OSError):  # tree/a still holds what was swapped in: not removed
         remove_tree(tree)
     assert swapped == ["sub"]
@@ -146,12 +141,12 @@ def test_a_deep_directory_moved_elsewhere_during_the_walk_stops_it(
     directory was moved meanwhile, ``..`` is somewhere else, and the walk stops there."""
     tree = tmp_path / "tree"
     tree.mkdir()
-    make_chain(tree, fsops.MAX_OPEN_DIRS + 10, 2)
+    make_chain(tree, treewalk.MAX_OPEN_DIRS + 10, 2)
     (tmp_path / "keep").write_text("k")
-    real = fsops._Walk.pop
+    real = treewalk.Walk.pop
     moved: list[str] = []
 
-    def racing(self: fsops._Walk) -> tuple[fsops._Frame, int]:
+    def racing(self: treewalk.Walk) -> tuple[treewalk.Frame, int]:
         top = self.stack[-1]
         if not moved and self.stack[-2].fd < 0:  # its parent must be re-opened
             parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=top.fd)
@@ -162,7 +157,7 @@ def test_a_deep_directory_moved_elsewhere_during_the_walk_stops_it(
             moved.append(top.name)
         return real(self)
 
-    monkeypatch.setattr(fsops._Walk, "pop", racing)
+    monkeypatch.setattr(treewalk.Walk, "pop", racing)
     with pytest.raises(StoreError, match="moved while"):
         remove_tree(tree)
     assert moved
@@ -172,7 +167,7 @@ def test_a_deep_directory_moved_elsewhere_during_the_walk_stops_it(
 @pytest.fixture
 def open_base() -> Iterator[Path]:
     """A directory other users can reach (pytest's tmp_path is private to its owner)."""
-    path = Path(tempfile.mkdtemp(prefix="ocistage-fsops-"))
+    path = Path(tempfile.mkdtemp(prefix="ocistage-treeremoval-"))
     path.chmod(0o755)
     yield path
     shutil.rmtree(path)  # holds another user's entries, which remove_tree leaves
@@ -214,17 +209,6 @@ def test_other_owners_inside_a_private_tree_go_with_it(tmp_path: Path) -> None:
     assert not tree.exists()
 
 
-def test_owned_dirs_carry_an_owner_file_until_released_or_dropped(tmp_path: Path) -> None:
-    kept = make_owned_dir(tmp_path / "kept")
-    assert owner_file(kept).read_text().startswith("{")
-    fsops.release_owned_dir(kept)
-    assert kept.is_dir() and not owner_file(kept).exists()
-    dropped = make_owned_dir(tmp_path / "dropped")
-    (dropped / "f").write_text("x")
-    fsops.drop_owned_dir(dropped)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
-
-
 def test_remove_at_refuses_nothing_in_a_private_directory(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
@@ -234,48 +218,6 @@ def test_remove_at_refuses_nothing_in_a_private_directory(tmp_path: Path) -> Non
     finally:
         os.close(fd)
     assert list(tmp_path.iterdir()) == []
-
-
-def test_trusted_directories_are_the_callers_or_roots_and_not_writable_by_others(
-        tmp_path: Path) -> None:
-    fine = tmp_path / "fine"
-    fine.mkdir(mode=0o755)
-    fsops.check_trusted_dir(fine, "test directory")
-    loose = tmp_path / "loose"
-    loose.mkdir()
-    loose.chmod(0o777)
-    with pytest.raises(UntrustedPath, match=f"refusing test directory {loose}: it is "
-                                            f"writable by every user"):
-        fsops.check_trusted_dir(loose, "test directory")
-    sticky = tmp_path / "sticky"
-    sticky.mkdir()
-    sticky.chmod(0o1777)
-    fsops.check_shared_parent(sticky, "target")  # like /tmp: usable as a parent
-    with pytest.raises(UntrustedPath):
-        fsops.check_trusted_dir(sticky, "pool")  # never for ocistage's own directories
-    (tmp_path / "link").symlink_to(fine)
-    with pytest.raises(UntrustedPath, match="symbolic link"):
-        fsops.check_trusted_dir(tmp_path / "link", "pool")
-    fsops.check_trusted_dir(tmp_path / "link", "target", follow=True)  # the user's choice
-
-
-@needs_root
-def test_a_directory_of_another_user_is_refused_unless_group_shared(tmp_path: Path) -> None:
-    theirs = tmp_path / "theirs"
-    theirs.mkdir(mode=0o755)
-    os.chown(theirs, NOBODY, NOBODY)
-    with pytest.raises(UntrustedPath, match=r"owned by nobody \(uid 65534\), not by you"):
-        fsops.check_trusted_dir(theirs, "cache")
-    group = tmp_path / "group"
-    group.mkdir()
-    os.chown(group, NOBODY, os.getegid())
-    group.chmod(0o2775)  # setgid, group-writable, of the caller's group
-    fsops.check_trusted_dir(group, "cache", group_shared=True)
-    with pytest.raises(UntrustedPath):
-        fsops.check_trusted_dir(group, "pool")
-    group.chmod(0o775)  # not marked as group-shared
-    with pytest.raises(UntrustedPath):
-        fsops.check_trusted_dir(group, "cache", group_shared=True)
 
 
 @needs_root
@@ -289,7 +231,7 @@ def test_an_unreadable_directory_of_another_user_is_reported_not_opened(
     repo = Path(__file__).resolve().parents[2]
     code = (f"import sys; sys.path.insert(0, {str(repo)!r}); "
             "from ocistage.cache.errors import UntrustedPath\n"
-            "from ocistage.cache.fsops import remove_tree\n"
+            "from ocistage.cache.treeremoval import remove_tree\n"
             "try:\n"
             f"    remove_tree({str(shared / 'roots')!r})\n"
             "except UntrustedPath as exc:\n"
@@ -300,37 +242,3 @@ def test_an_unreadable_directory_of_another_user_is_reported_not_opened(
     assert result.returncode == 0, result.stderr
     assert "roots (owner uid 0)" in result.stdout
     assert (shared / "roots" / "f").read_text() == "x"
-
-
-@pytest.mark.parametrize(("depth", "name_length"), [(400, 8), (17, 250), (1500, 1)])
-def test_walk_dirs_lists_deep_and_long_trees_parents_first(tmp_path: Path, depth: int,
-                                                           name_length: int) -> None:
-    tree = tmp_path / "tree"
-    tree.mkdir()
-    make_chain(tree, depth, name_length)
-    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        listed = list(fsops.walk_dirs(fd, "tree"))
-    finally:
-        os.close(fd)
-    assert len(listed) == depth + 1
-    seen = {""}
-    for rel, dirs, others in listed:
-        assert rel.rpartition("/")[0] in seen or rel == ""  # its parent came first
-        seen.add(rel)
-        assert others == ["f"] or (not dirs and others == [])
-    longest = sum(len(f"d{level}".ljust(name_length, "x")) + 1 for level in range(depth)) - 1
-    assert max(len(rel) for rel, _, _ in listed) == longest
-    remove_tree(tree)  # pytest's own clean-up of old temporary dirs recurses per level
-
-
-def test_walk_dirs_lists_a_link_to_a_directory_without_entering_it(tmp_path: Path) -> None:
-    (tmp_path / "outside" / "secret").mkdir(parents=True)
-    (tmp_path / "tree" / "sub").mkdir(parents=True)
-    (tmp_path / "tree" / "sub" / "escape").symlink_to(tmp_path / "outside")
-    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        listed = list(fsops.walk_dirs(fd, "tree"))
-    finally:
-        os.close(fd)
-    assert listed == [("", ["sub"], []), ("sub", [], ["escape"])]
