@@ -1,6 +1,6 @@
 """The squashfs images of ``ocistage-pyxis-importer`` in a store, as ``cache ls|du|gc`` see them.
 
-The importer (``ocistage.bundler.pyxis_import``) publishes each image as
+The importer (``ocistage.bundler.pyxis``) publishes each image as
 ``STORE/pyxis/<key>.sqsh`` with its record ``<key>.json`` beside it (source, manifest, ...),
 builds it under ``<key>.lock``, notes what references resolved to in ``pyxis/refs/`` and records
 each use in ``STORE/used/squashfs-<key>`` (:mod:`ocistage.cache.usage`). A job holds an image

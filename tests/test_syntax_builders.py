@@ -6,7 +6,7 @@ tomllib, json) or by a model of Slurm's (its oci.conf parser and pattern expansi
 option order) -- or the value is refused with the project's typed error.
 
 The other builders of that list are tested beside their code: mksquashfs pseudo definitions
-(bundler/pyxis_import.py, stagers/), enroot's files and the completion output.
+(bundler/pyxis/mksquashfs.py, stagers/), enroot's files and the completion output.
 """
 
 from __future__ import annotations

@@ -43,7 +43,8 @@ def _error(message: str, hint: str | None) -> None:
 
 
 def _get(uri: str) -> int:
-    from ocistage.bundler.pyxis_import import JobStep, get
+    from ocistage.bundler.pyxis.get import get
+    from ocistage.bundler.pyxis.jobstep import JobStep
     from ocistage.bundler.settings import load_settings
 
     settings = load_settings()
@@ -54,12 +55,12 @@ def _get(uri: str) -> int:
 
 
 def _release() -> int:
-    from ocistage.bundler.pyxis_import import JobStep, release_step
+    from ocistage.bundler.pyxis.jobstep import JobStep
     from ocistage.bundler.settings import load_settings
 
     settings = load_settings()
     roots = [settings.cache] + ([settings.pyxis_store] if settings.pyxis_store else [])
-    release_step([root.absolute() for root in roots], JobStep.from_environment(os.environ))
+    JobStep.from_environment(os.environ).release([root.absolute() for root in roots])
     return 0
 
 

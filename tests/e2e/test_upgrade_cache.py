@@ -75,7 +75,7 @@ def test_a_cache_staged_bundle_and_pyxis_store_of_the_previous_code_are_used_as_
                     f"docker://{plain_registry.host}/upgrade/app:1"], check=True, timeout=120)
     uri = f"docker://{plain_registry.host}#upgrade/app:1"
     old, new = _env(tmp_path, str(old_tree)), _env(tmp_path, None)
-    cli, importer = "ocistage.bundler.cli.app", "ocistage.bundler.cli.pyxis"
+    cli, importer = "ocistage.bundler.cli.app", "ocistage.bundler.pyxis.main"
     # the old code really is the old tree's
     where = subprocess.run([sys.executable, "-c", "import ocistage; print(ocistage.__file__)"],
                            capture_output=True, text=True, env=old, cwd="/", check=True)

@@ -1,0 +1,46 @@
+"""What each reference resolved to, noted in a store's ``pyxis/refs/``: the warm get's way
+to an image without the registry."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+from ocistage.bundler.image.reference import RegistryReference
+from ocistage.bundler.pyxis.imagestore import IMAGE_FORMAT, ImageStore, present
+from ocistage.cache.jsondoc import read_document
+from ocistage.cache.pyxisimages import IMAGE_DIR, REFS_DIR, image_path_at
+from ocistage.cache.store import write_file_atomic
+
+
+def record_name(reference: RegistryReference) -> str:
+    """The file name of what ``reference`` resolved to on this host's architecture."""
+    text = f"{IMAGE_FORMAT}\n{reference}\n{os.uname().machine}"
+    return hashlib.sha256(text.encode()).hexdigest() + ".json"
+
+
+def remember(images: ImageStore, reference: RegistryReference, key: str,
+             manifest: str) -> None:
+    """Note that ``reference`` is image ``key`` (read by :func:`recall`)."""
+    directory = images.directory(REFS_DIR)
+    data = json.dumps({"reference": str(reference), "key": key, "manifest": manifest,
+                       "resolved": time.time()}, sort_keys=True).encode()
+    write_file_atomic(directory / record_name(reference), data)
+
+
+def recall(root: Path, reference: RegistryReference) -> tuple[str, str] | None:
+    """The image key and manifest ``reference`` last resolved to in the store at ``root``,
+    if that image is there (an unreadable record is no record)."""
+    path = root / IMAGE_DIR / REFS_DIR / record_name(reference)
+    try:
+        data = json.loads(read_document(path, 64 << 10))
+        key, manifest = str(data["key"]), str(data["manifest"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not re.fullmatch(r"[0-9a-f]{64}", key) or not present(image_path_at(root, key)):
+        return None
+    return key, manifest
