@@ -44,6 +44,14 @@ def record_path_at(root: Path, key: str) -> Path:
     return images_dir(root) / f"{key}{RECORD_SUFFIX}"
 
 
+def is_image(path: Path) -> bool:
+    """Whether an image is at ``path``: a regular file, never a symlink (nothing planted)."""
+    try:
+        return os.path.isfile(path) and not os.path.islink(path)
+    except OSError:
+        return False
+
+
 def squashfs_target(key: str) -> str:
     """The lease target of image ``key``."""
     return f"squashfs:{key}"

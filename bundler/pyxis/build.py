@@ -1,46 +1,30 @@
-"""Make an image from the cache: the image's rootfs (the cached bundle), the files enroot
-writes into it, mksquashfs in a scratch directory of the store, then publish it."""
+"""Make an image: the rootfs of the image's cached bundle, the files enroot writes into it,
+mksquashfs in a scratch directory of the store, then publish it."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ocistage.bundler.errors import PyxisImportError
 from ocistage.bundler.image.reference import RegistryReference
+from ocistage.bundler.pyxis.cachesource import LeasedCache
 from ocistage.bundler.pyxis.enroot_files import enroot_files
-from ocistage.bundler.pyxis.imagestore import IMAGE_FORMAT, ImageStore
+from ocistage.bundler.pyxis.imagekey import IMAGE_FORMAT
+from ocistage.bundler.pyxis.imagestore import ImageStore
 from ocistage.bundler.pyxis.mksquashfs import Mksquashfs, mksquashfs_argv, run_mksquashfs
 from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.errors import StoreError
-from ocistage.cache.leases import InUse
 from ocistage.cache.pyxisimages import IMAGE_SUFFIX
-from ocistage.cache.store import Store
 from ocistage.stagers.errors import PseudoNameError
 
-if TYPE_CHECKING:
-    from ocistage.bundler.pull import PullOptions
 
-
-def build(reference: RegistryReference, cache: Store, images: ImageStore, key: str,
-          options: PullOptions, mksquashfs: Mksquashfs, manifest: str, in_use: InUse) -> Path:
-    """Make image ``key`` of ``reference`` (pulled already: from the cache) and publish it.
-    The cached bundle is leased (``in_use``, the caller's) until mksquashfs has read it:
-    another member's gc of a group-shared cache would otherwise evict it from under mksquashfs
-    (the endurance test)."""
-    from ocistage.bundler.flows.bundle import make_bundle
-
-    bundle = make_bundle(reference, cache, in_use=in_use,
-                         pull_options=dataclasses.replace(options, policy="missing"))
-    if str(bundle.image.manifest.digest) != manifest:
-        raise PyxisImportError(f"{reference} changed while it was imported "
-                               f"({manifest} became {bundle.image.manifest.digest})",
-                               "run the job again")
-    config = json.loads(cache.read_blob(bundle.image.config_digest))
-    files, workdir = enroot_files(config if isinstance(config, dict) else {}, str(reference))
+def build(reference: RegistryReference, source: LeasedCache, images: ImageStore, key: str,
+          mksquashfs: Mksquashfs, manifest: str) -> Path:
+    """Make image ``key`` of ``reference`` (pulled already into ``source``, as ``manifest``)
+    and publish it in ``images``."""
+    bundle, config = source.bundle(reference, manifest)
+    files, workdir = enroot_files(config, str(reference))
     store = images.store
     scratch = store.temp_dir("pyxis")
     try:

@@ -1,7 +1,9 @@
 """``importer get URI``: the image's squashfs, made once per store, leased to the job step.
 
-The settings are read once, here at the entry (:class:`Places`, :func:`effective_policy`,
-:func:`pull_options`); every step after takes only what it needs:
+The settings are read once, here at the entry (:func:`get`), into one owner per concern: the
+store the user only reads (``SiteStore``) and the one images are made in (``ImageStore``), the
+cache with its pull options (``CacheSource``), the pull policy; the job step (``JobStep``)
+comes from the caller. Nothing past the entry sees the settings. Then:
 
 0. with the pull policy ``missing`` (the importer's default) or ``never``, use what the
    reference resolved to before if that image is in a store (a note in ``STORE/pyxis/refs/``;
@@ -28,20 +30,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ocistage.bundler.errors import PyxisImportError
 from ocistage.bundler.image.reference import RegistryReference
 from ocistage.bundler.pyxis.build import build
+from ocistage.bundler.pyxis.cachesource import CacheSource
 from ocistage.bundler.pyxis.credentials import EnrootCredentials
-from ocistage.bundler.pyxis.imagestore import ImageStore, image_key, present
+from ocistage.bundler.pyxis.imagekey import image_key
+from ocistage.bundler.pyxis.imagestore import ImageStore
 from ocistage.bundler.pyxis.jobstep import JobStep
 from ocistage.bundler.pyxis.mksquashfs import Mksquashfs
-from ocistage.bundler.pyxis.refnotes import recall, remember
-from ocistage.bundler.pyxis.sitestore import readable_store, site_image
+from ocistage.bundler.pyxis.sitestore import SiteStore
 from ocistage.bundler.pyxis.uri import parse_enroot_uri
 from ocistage.bundler.settings import DEFAULT, Settings
-from ocistage.cache.leases import InUse
-from ocistage.cache.pyxisimages import REFS_DIR, image_path_at
-from ocistage.cache.store import Store
 
 if TYPE_CHECKING:
     from ocistage.bundler.pull import PullOptions
@@ -54,25 +53,6 @@ class GetResult:
     built: bool              # this call made the image
     manifest: str
     key: str
-
-
-@dataclass(frozen=True)
-class Places:
-    """Where a get pulls, and looks for and makes images."""
-
-    cache: Path              # the cache images are pulled into
-    own: Path                # the store images are made in: the site's if writable, else cache
-    site: Path | None        # a site store this user only reads (filled by the site)
-
-    @classmethod
-    def of(cls, settings: Settings) -> Places:
-        """The site's ``pyxis_store`` if set and this user may write there, else the user's
-        cache (a store that does not exist is the site's to make, with the mode it wants:
-        docs/pyxis.md); a site store this user cannot write is only read."""
-        shared = settings.pyxis_store
-        if shared is not None and os.access(shared, os.W_OK):
-            return cls(settings.cache, shared, None)
-        return cls(settings.cache, settings.cache, shared)
 
 
 def effective_policy(settings: Settings) -> str:
@@ -93,81 +73,56 @@ def pull_options(settings: Settings, credentials: CredentialStore, policy: str) 
 
 def get(uri: str, settings: Settings, step: JobStep,
         environ: Mapping[str, str] | None = None) -> GetResult:
-    """``importer get URI``: the image's squashfs, made once, leased to ``step``."""
+    """``importer get URI``: the image's squashfs, made once, leased to ``step``.
+
+    Images go to the site's ``pyxis_store`` if set and this user may write there, else to the
+    user's cache; a site store this user cannot write is only read (a store that does not
+    exist is the site's to make, with the mode it wants: docs/pyxis.md)."""
     from ocistage.bundler.trust.files import policy_applies
 
     parsed = parse_enroot_uri(uri)
-    places = Places.of(settings)
+    shared = settings.pyxis_store
+    writable = shared is not None and os.access(shared, os.W_OK)
+    site = SiteStore(shared) if shared is not None and not writable else None
+    images = ImageStore(shared if shared is not None and writable else settings.cache)
     policy = effective_policy(settings)
     # an image policy decides in the pull, also for an image made before: no recall then
     if policy != "always" and not policy_applies(settings.trust_config()):
-        found = recalled(parsed.reference, places, step)
+        found = recalled(parsed.reference, site, images, step)
         if found is not None:
             return found
     options = pull_options(settings, EnrootCredentials(parsed.user, environ), policy)
-    return fetched(parsed.reference, places, options, step)
+    return fetched(parsed.reference, CacheSource(settings.cache, options), site, images, step)
 
 
-def recalled(reference: RegistryReference, places: Places, step: JobStep) -> GetResult | None:
+def recalled(reference: RegistryReference, site: SiteStore | None, images: ImageStore,
+             step: JobStep) -> GetResult | None:
     """The image a reference resolved to before, leased to ``step``; None if there is none.
     No network and no registry client: the warm get."""
-    site = places.site
-    if site is not None and readable_store(site, REFS_DIR):
-        found = recall(site, reference)
-        if found is not None and site_image(site, found[0]) is not None:
-            return GetResult(image_path_at(site, found[0]), False, found[1], found[0])
-    images = ImageStore.open(places.own)
-    images.directory(REFS_DIR)  # notes and images: only from trusted directories
-    found = recall(images.root, reference)
+    made = site.recalled(reference) if site is not None else None
+    if made is not None:
+        path, noted = made
+        return GetResult(path, False, noted.manifest, noted.key)
+    found = images.recalled(reference, step)
     if found is None:
         return None
-    step.hold(images.root, found[0])
-    final = images.path(found[0])
-    if not present(final):
-        return None
-    images.touch(found[0])
-    return GetResult(final, False, found[1], found[0])
+    return GetResult(images.path(found.key), False, found.manifest, found.key)
 
 
-def fetched(reference: RegistryReference, places: Places, options: PullOptions,
-            step: JobStep) -> GetResult:
-    """The image of ``reference`` as the registry has it now (pulled through the cache),
-    from the site store, else made in the user's store if it is not there."""
-    cache = Store.open(places.cache)
-    # one lease from the pull to mksquashfs's last read: another member's gc of a group-shared
-    # cache evicted the image's blobs between the two (the endurance test)
-    with InUse(cache.root) as in_use:
-        manifest = pull_manifest(reference, cache, options, in_use)
+def fetched(reference: RegistryReference, source: CacheSource, site: SiteStore | None,
+            images: ImageStore, step: JobStep) -> GetResult:
+    """The image of ``reference`` as the registry has it now (pulled into ``source``): the
+    site store's, else the one in ``images``, made there if it is missing."""
+    with source.leased() as cache:
+        manifest = cache.pull(reference)
         mksquashfs = Mksquashfs.on_this_node()
         key = image_key(manifest, mksquashfs.compressor)
-        shared = site_image(places.site, key) if places.site is not None else None
+        shared = site.image(key) if site is not None else None
         if shared is not None:
             return GetResult(shared, False, manifest, key)
-        images = ImageStore.open(places.own)
-        final, built = images.provide(key, step, lambda: build(
-            reference, cache, images, key, options, mksquashfs, manifest, in_use))
-    remember(images, reference, key, manifest)
+        with images.building(key, step) as slot:
+            if slot.missing:
+                build(reference, cache, images, key, mksquashfs, manifest)
+    images.remember(reference, key, manifest)
     images.touch(key)
-    return GetResult(final, built, manifest, key)
-
-
-def pull_manifest(reference: RegistryReference, cache: Store, options: PullOptions,
-                  in_use: InUse | None = None) -> str:
-    """Pull ``reference`` into ``cache`` as ``ocistage pull`` does (no cache budget: a GC
-    during a job's start would only slow it), under the caller's lease ``in_use`` if given;
-    the manifest digest. A refusal of the policy ``never`` says how to change it where pyxis
-    users can (no ``--pull`` here)."""
-    from ocistage.bundler.errors import SourceError
-    from ocistage.bundler.pull import pull
-
-    try:
-        pulled = pull(reference, cache, dataclasses.replace(options, max_size=None),
-                      in_use=in_use)
-    except SourceError as exc:
-        if options.policy != "never":
-            raise
-        raise PyxisImportError(
-            f"{exc.message}, and the pull policy is never",
-            "pull it first (`ocistage pull` with the job's cache), or unset OCISTAGE_PULL "
-            "(or `pull` in the config file): the importer's default is missing") from exc
-    return str(pulled.manifest.digest)
+    return GetResult(slot.path, slot.missing, manifest, key)

@@ -4,52 +4,45 @@ key, built once under the key's lock and published by one ``rename()``."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import functools
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ocistage.bundler.image.reference import RegistryReference
 from ocistage.bundler.pyxis.jobstep import JobStep
+from ocistage.bundler.pyxis.refnotes import Noted, recall, remember
 from ocistage.cache.errors import LockTimeout, StoreError
 from ocistage.cache.locks import FileLock
-from ocistage.cache.pyxisimages import IMAGE_DIR, image_path_at, touch
+from ocistage.cache.pyxisimages import IMAGE_DIR, REFS_DIR, image_path_at, is_image, touch
 from ocistage.cache.store import Store, fsync_dir
 
-#: bump when what goes into an image changes (the files of enroot_files, mksquashfs options)
-IMAGE_FORMAT = 2
 #: how long a get waits for another process building the same image
 BUILD_WAIT = 3 * 3600.0
 
 
-def image_key(manifest_digest: str, compressor: str) -> str:
-    """The key of an image: its manifest (one per platform), format and compressor."""
-    shape = {"format": IMAGE_FORMAT, "manifest": manifest_digest, "compressor": compressor}
-    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
+@dataclass
+class Slot:
+    """An image asked for: its path, and whether the asker is to build it (it holds the key's
+    lock then)."""
+
+    path: Path
+    missing: bool
 
 
-def present(path: Path) -> bool:
-    """Whether an image (a regular file, never a link) is at ``path``."""
-    try:
-        return os.path.isfile(path) and not os.path.islink(path)
-    except OSError:
-        return False
-
-
+@dataclass(frozen=True)
 class ImageStore:
-    """The images of one store this user writes (the cache, or the site's ``pyxis_store``)."""
+    """The images of the store at ``root``, which this user writes (the cache, or the site's
+    ``pyxis_store``); the store is opened (made) when first used."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    root: Path
 
-    @classmethod
-    def open(cls, root: Path) -> ImageStore:
-        return cls(Store.open(root))
-
-    @property
-    def root(self) -> Path:
-        return self.store.root
+    @functools.cached_property
+    def store(self) -> Store:
+        return Store.open(self.root)
 
     def path(self, key: str) -> Path:
         return image_path_at(self.store.root, key)
@@ -86,6 +79,23 @@ class ImageStore:
         finally:
             lock.release()
 
+    @contextlib.contextmanager
+    def building(self, key: str, step: JobStep) -> Iterator[Slot]:
+        """Image ``key``, leased to ``step``: a slot that says whether it is missing. Then the
+        block builds and publishes it, under the key's lock, so that of all the processes
+        asking at once one builds and the others wait and find it made."""
+        step.hold(self.store.root, key)
+        self.directory()  # an image is looked for only in a trusted directory
+        final = self.path(key)
+        if is_image(final):
+            yield Slot(final, missing=False)
+            return
+        with self.build_lock(key):
+            slot = Slot(final, missing=not is_image(final))  # built by whoever held the lock
+            yield slot
+        if not is_image(final):
+            raise StoreError(f"image {key[:12]} was built but is not at {final}")
+
     def publish(self, built: Path, key: str, record: Mapping[str, Any]) -> Path:
         """Move the finished image ``built`` to its key's path with its record beside it."""
         final = self.path(key)
@@ -98,23 +108,22 @@ class ImageStore:
         fsync_dir(final.parent)
         return final
 
-    def provide(self, key: str, step: JobStep,
-                make: Callable[[], object]) -> tuple[Path, bool]:
-        """Image ``key``, leased to ``step``; ``make()`` builds and publishes it when it is
-        missing, under the key's lock, so that of all the processes asking at once one builds
-        and the others wait and reuse it. Returns the path and whether this call built it."""
-        step.hold(self.store.root, key)
-        self.directory()  # an image is looked for only in a trusted directory
-        final = self.path(key)
-        if present(final):
-            return final, False
-        with self.build_lock(key):
-            if present(final):  # built by whoever held the lock before us
-                return final, False
-            make()
-        if not present(final):
-            raise StoreError(f"image {key[:12]} was built but is not at {final}")
-        return final, True
+    def remember(self, reference: RegistryReference, key: str, manifest: str) -> None:
+        """Note that ``reference`` is image ``key`` (:mod:`~ocistage.bundler.pyxis.refnotes`)."""
+        remember(self.directory(REFS_DIR), reference, key, manifest)
+
+    def recalled(self, reference: RegistryReference, step: JobStep) -> Noted | None:
+        """What ``reference`` resolved to before, if its image is here, leased to ``step``
+        (and its use recorded)."""
+        self.directory(REFS_DIR)  # notes and images: only from trusted directories
+        found = recall(self.store.root, reference)
+        if found is None:
+            return None
+        step.hold(self.store.root, found.key)
+        if not is_image(self.path(found.key)):
+            return None
+        self.touch(found.key)
+        return found
 
     def touch(self, key: str) -> None:
         """Record a use of image ``key`` now."""

@@ -9,12 +9,20 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from ocistage.bundler.image.reference import RegistryReference
-from ocistage.bundler.pyxis.imagestore import IMAGE_FORMAT, ImageStore, present
+from ocistage.bundler.pyxis.imagekey import IMAGE_FORMAT
 from ocistage.cache.jsondoc import read_document
-from ocistage.cache.pyxisimages import IMAGE_DIR, REFS_DIR, image_path_at
+from ocistage.cache.pyxisimages import IMAGE_DIR, REFS_DIR, image_path_at, is_image
 from ocistage.cache.store import write_file_atomic
+
+
+class Noted(NamedTuple):
+    """What a reference resolved to: an image's key and the manifest it was made from."""
+
+    key: str
+    manifest: str
 
 
 def record_name(reference: RegistryReference) -> str:
@@ -23,24 +31,23 @@ def record_name(reference: RegistryReference) -> str:
     return hashlib.sha256(text.encode()).hexdigest() + ".json"
 
 
-def remember(images: ImageStore, reference: RegistryReference, key: str,
-             manifest: str) -> None:
-    """Note that ``reference`` is image ``key`` (read by :func:`recall`)."""
-    directory = images.directory(REFS_DIR)
+def remember(directory: Path, reference: RegistryReference, key: str, manifest: str) -> None:
+    """Note in ``directory`` (a store's trusted ``pyxis/refs``) that ``reference`` is image
+    ``key`` (read by :func:`recall`)."""
     data = json.dumps({"reference": str(reference), "key": key, "manifest": manifest,
                        "resolved": time.time()}, sort_keys=True).encode()
     write_file_atomic(directory / record_name(reference), data)
 
 
-def recall(root: Path, reference: RegistryReference) -> tuple[str, str] | None:
-    """The image key and manifest ``reference`` last resolved to in the store at ``root``,
-    if that image is there (an unreadable record is no record)."""
+def recall(root: Path, reference: RegistryReference) -> Noted | None:
+    """What ``reference`` last resolved to in the store at ``root``, if that image is there
+    (an unreadable record is no record)."""
     path = root / IMAGE_DIR / REFS_DIR / record_name(reference)
     try:
         data = json.loads(read_document(path, 64 << 10))
         key, manifest = str(data["key"]), str(data["manifest"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if not re.fullmatch(r"[0-9a-f]{64}", key) or not present(image_path_at(root, key)):
+    if not re.fullmatch(r"[0-9a-f]{64}", key) or not is_image(image_path_at(root, key)):
         return None
-    return key, manifest
+    return Noted(key, manifest)

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,11 +21,12 @@ from ocistage.bundler.errors import PyxisImportError
 from ocistage.bundler.image.errors import InvalidReference
 from ocistage.bundler.pyxis.credentials import EnrootCredentials, parse_netrc
 from ocistage.bundler.pyxis.enroot_files import enroot_files
-from ocistage.bundler.pyxis.imagestore import ImageStore, image_key
+from ocistage.bundler.pyxis.imagekey import image_key
+from ocistage.bundler.pyxis.imagestore import ImageStore
 from ocistage.bundler.pyxis.jobstep import JobStep
 from ocistage.bundler.pyxis.main import importer_hint, run
 from ocistage.bundler.pyxis.mksquashfs import mksquashfs_argv, mksquashfs_error
-from ocistage.bundler.pyxis.refnotes import recall, remember
+from ocistage.bundler.pyxis.refnotes import recall
 from ocistage.bundler.pyxis.uri import parse_enroot_uri
 from ocistage.cache import leases
 from ocistage.cache.store import Store
@@ -408,6 +410,15 @@ def test_job_steps() -> None:
     assert odd.step_id == "none"
 
 
+def _provide(store: Store, key: str, step: JobStep,
+             make: Callable[[], object]) -> tuple[Path, bool]:
+    """Image ``key`` as the importer's get asks for it: built by ``make`` if it is missing."""
+    with ImageStore(store.root).building(key, step) as slot:
+        if slot.missing:
+            make()
+    return slot.path, slot.missing
+
+
 def _fake_build(store: Store, key: str, counter: Path) -> None:
     with counter.open("a") as out:
         out.write("build\n")
@@ -415,14 +426,14 @@ def _fake_build(store: Store, key: str, counter: Path) -> None:
     scratch = store.temp_dir("pyxis")
     image = scratch / "img"
     image.write_bytes(b"squashfs " + key.encode())
-    ImageStore(store).publish(image, key, {"test": True})
+    ImageStore(store.root).publish(image, key, {"test": True})
     store.remove_temp_dir(scratch)
 
 
 def _ask(root: str, key: str, job: str, counter: str, results: str) -> None:
     store = Store.open(root)
     step = JobStep(job, "0")
-    path, built = ImageStore(store).provide(key, step,
+    path, built = _provide(store, key, step,
                           lambda: _fake_build(store, key, Path(counter)))
     with open(results, "a") as out:
         out.write(f"{path} {built}\n")
@@ -444,9 +455,9 @@ def test_many_processes_asking_at_once_build_once(tmp_path: Path) -> None:
     assert counter.read_text() == "build\n"
     lines = results.read_text().splitlines()
     assert sorted(line.split()[1] for line in lines) == ["False", "False", "False", "True"]
-    assert {line.split()[0] for line in lines} == {str(ImageStore(store).path(key))}
-    assert ImageStore(store).path(key).read_bytes() == b"squashfs " + key.encode()
-    record = ImageStore(store).path(key).with_suffix(".json")
+    assert {line.split()[0] for line in lines} == {str(ImageStore(store.root).path(key))}
+    assert ImageStore(store.root).path(key).read_bytes() == b"squashfs " + key.encode()
+    record = ImageStore(store.root).path(key).with_suffix(".json")
     assert json.loads(record.read_text()) == {"test": True}
     held = leases.leases_on(store.root, f"squashfs:{key}")
     assert sorted(lease.holder.job_id or "" for lease in held) == ["100", "101", "102", "103"]
@@ -465,10 +476,10 @@ def test_a_failed_build_leaves_nothing_and_the_next_builds(tmp_path: Path) -> No
         raise PyxisImportError("mksquashfs failed: No space left on device")
 
     with pytest.raises(PyxisImportError):
-        ImageStore(store).provide(key, step, failing)
-    assert not ImageStore(store).path(key).exists()
+        _provide(store, key, step, failing)
+    assert not ImageStore(store.root).path(key).exists()
     assert [p.name for p in (store.root / "pyxis").iterdir()] == []  # no lock, no image
-    path, built = ImageStore(store).provide(key, step,
+    path, built = _provide(store, key, step,
                           lambda: _fake_build(store, key, tmp_path / "count"))
     assert built and path.is_file()
 
@@ -478,7 +489,7 @@ def test_release_is_idempotent_and_only_the_steps(tmp_path: Path) -> None:
     key = image_key("sha256:" + "d" * 64, "zstd")
     counter = tmp_path / "count"
     for job, step_id in (("9", "0"), ("9", "1"), ("10", "0")):
-        ImageStore(store).provide(key, JobStep(job, step_id),
+        _provide(store, key, JobStep(job, step_id),
                                   lambda: _fake_build(store, key, counter))
     assert JobStep("9", "0").release([store.root]) == 1
     assert JobStep("9", "0").release([store.root]) == 0
@@ -491,9 +502,9 @@ def test_recall_needs_the_image(tmp_path: Path) -> None:
     store = Store.open(tmp_path / "cache")
     reference = parse_enroot_uri("docker://reg.io#img:1").reference
     key = image_key("sha256:" + "e" * 64, "zstd")
-    remember(ImageStore(store), reference, key, "sha256:" + "e" * 64)
+    ImageStore(store.root).remember(reference, key, "sha256:" + "e" * 64)
     assert recall(store.root, reference) is None  # no image at the key
-    ImageStore(store).provide(key, JobStep("1", "0"),
+    _provide(store, key, JobStep("1", "0"),
                               lambda: _fake_build(store, key, tmp_path / "n"))
     assert recall(store.root, reference) == (key, "sha256:" + "e" * 64)
     other = parse_enroot_uri("docker://reg.io#img:2").reference

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.bundler.pyxis.imagestore import ImageStore, image_key
+from ocistage.bundler.pyxis.imagekey import image_key
+from ocistage.bundler.pyxis.imagestore import ImageStore
 from ocistage.bundler.pyxis.jobstep import JobStep
-from ocistage.bundler.pyxis.refnotes import remember
 from ocistage.bundler.pyxis.uri import parse_enroot_uri as uri
 from ocistage.cache import leases, pyxisimages, usage
 from ocistage.cache.gc import GcOptions, GcReport, collect
@@ -39,9 +39,9 @@ def make_image(store: Store, name: str, used: float) -> str:
     built = scratch / "img"
     built.write_bytes(os.urandom(SIZE))
     (store.root / "pyxis").mkdir(exist_ok=True)
-    ImageStore(store).publish(built, key, {"source": f"reg.io/{name}:1", "manifest": manifest})
+    ImageStore(store.root).publish(built, key, {"source": f"reg.io/{name}:1", "manifest": manifest})
     store.remove_temp_dir(scratch)
-    remember(ImageStore(store), uri(f"docker://reg.io#{name}:1").reference, key, manifest)
+    ImageStore(store.root).remember(uri(f"docker://reg.io#{name}:1").reference, key, manifest)
     assert pyxisimages.touch(store.root, key)
     usage_file = usage.usage_path(store.root, "squashfs", key)
     os.utime(usage_file, (used, used))
@@ -78,7 +78,7 @@ def test_older_than_evicts_unleased_images_with_everything_of_theirs(store: Stor
     report = gc(store, older_than=86400.0)
     assert removed(report, "squashfs") == {old}
     assert keys(store) == {new}
-    assert not ImageStore(store).path(old).exists()
+    assert not ImageStore(store.root).path(old).exists()
     gone = set(before) - set(pyxis_files(store))
     assert gone == {f"{old}.sqsh", f"{old}.json",
                     *(name for name, key in notes.items() if key == old)}
