@@ -24,7 +24,7 @@ from ocistage.bundler.pyxis.enroot_files import enroot_files
 from ocistage.bundler.pyxis.imagekey import image_key
 from ocistage.bundler.pyxis.imagestore import ImageStore
 from ocistage.bundler.pyxis.jobstep import JobStep
-from ocistage.bundler.pyxis.main import importer_hint, run
+from ocistage.bundler.pyxis.main import VOICE, run
 from ocistage.bundler.pyxis.mksquashfs import mksquashfs_argv, mksquashfs_error
 from ocistage.bundler.pyxis.refnotes import recall
 from ocistage.bundler.pyxis.uri import parse_enroot_uri
@@ -542,7 +542,7 @@ def test_hints_name_settings_not_options() -> None:
 
     for error in (RegistryUnreachable("x"), RateLimited("x")):
         assert error.hint is not None and "--" in error.hint
-        assert "--" not in importer_hint(error.hint), error.hint
+        assert "--" not in (VOICE.hint(error.hint) or ""), error.hint
 
 
 @pytest.mark.parametrize("uri", [
