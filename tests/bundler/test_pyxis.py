@@ -555,3 +555,13 @@ def test_errors_name_the_uri_the_user_typed(uri: str) -> None:
     with pytest.raises(InvalidReference) as caught:
         parse_enroot_uri(uri)
     assert repr(uri) in caught.value.message and "localhost" not in caught.value.message
+
+
+def test_the_importer_reaches_leases_only_through_cache_leases() -> None:
+    """Issue 36: the importer read ``STORE/leases`` itself to release a step's leases; its
+    leases are taken and dropped by ocistage.cache.leases alone."""
+    package = Path(__file__).resolve().parents[2] / "bundler" / "pyxis"
+    for module in sorted(package.glob("*.py")):
+        text = module.read_text()
+        assert '"leases"' not in text and "'leases'" not in text, module.name
+        assert "scandir" not in text, module.name
