@@ -101,7 +101,7 @@ MAN_DIR ?= $(HOME)/.local/share/man/man1
 MAN_PYTHON ?= $(VENV_BIN)/python
 man:
 	$(MAN_PYTHON) -m ocistage.bundler.cli.manpage -o "$(MAN_DIR)/ocistage.1"
-	$(MAN_PYTHON) -m ocistage.bundler.cli.manpage --importer -o "$(MAN_DIR)/ocistage-pyxis-importer.1"
+	$(MAN_PYTHON) -m ocistage.bundler.pyxis.manpage -o "$(MAN_DIR)/ocistage-pyxis-importer.1"
 	@echo "wrote $(MAN_DIR)/ocistage.1 and ocistage-pyxis-importer.1: man ocistage, man ocistage-pyxis-importer"
 
 # the wheel and sdist a site installs (`pip install dist/ocistage-*.whl`), built offline with the

@@ -64,7 +64,7 @@ def importer_argv() -> list[str]:
     beside = Path(sys.executable).parent / "ocistage-pyxis-importer"
     if beside.is_file():
         return [str(beside)]
-    return [sys.executable, "-m", "ocistage.bundler.cli.pyxis"]
+    return [sys.executable, "-m", "ocistage.bundler.pyxis.main"]
 
 
 def push_v2s2(image: BuiltImage, registry: str) -> str:

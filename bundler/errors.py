@@ -18,7 +18,7 @@ class DestinationError(OcistageError):
 
 
 class PyxisImportError(OcistageError):
-    """ocistage-pyxis-importer could not make or hand over an image (bundler/pyxis_import.py)."""
+    """ocistage-pyxis-importer could not make or hand over an image (bundler/pyxis/)."""
 
 
 class MissingForCore(OcistageError):

@@ -176,7 +176,7 @@ def _write(cache_root: Path, lease: Lease) -> None:
 
 def record(cache_root: Path, lease: Lease) -> None:
     """Write ``lease`` as it is (a caller that names its leases itself, to find them again:
-    ocistage.bundler.pyxis_import); an existing lease of that id is replaced."""
+    ocistage.bundler.pyxis); an existing lease of that id is replaced."""
     check_target(lease.target)
     if not lease.id or "/" in lease.id or lease.id.startswith("."):
         raise UsageError(f"invalid lease id {lease.id!r}")
@@ -201,6 +201,18 @@ def release(cache_root: Path, lease_id: str) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def release_named(cache_root: Path, prefix: str) -> int:
+    """Drop every lease whose id starts with ``prefix`` (those a caller named with
+    :func:`record`); how many. A cache without leases has none to drop."""
+    if not prefix or "/" in prefix or prefix.startswith("."):
+        raise UsageError(f"invalid lease id prefix {prefix!r}")
+    with contextlib.suppress(FileNotFoundError):
+        names = [entry.name for entry in os.scandir(cache_root / "leases")]
+        return sum(release(cache_root, name.removesuffix(".json")) for name in names
+                   if name.startswith(prefix) and name.endswith(".json"))
+    return 0
 
 
 def all_leases(cache_root: Path) -> list[Lease]:

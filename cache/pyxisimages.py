@@ -1,6 +1,6 @@
 """The squashfs images of ``ocistage-pyxis-importer`` in a store, as ``cache ls|du|gc`` see them.
 
-The importer (``ocistage.bundler.pyxis_import``) publishes each image as
+The importer (``ocistage.bundler.pyxis``) publishes each image as
 ``STORE/pyxis/<key>.sqsh`` with its record ``<key>.json`` beside it (source, manifest, ...),
 builds it under ``<key>.lock``, notes what references resolved to in ``pyxis/refs/`` and records
 each use in ``STORE/used/squashfs-<key>`` (:mod:`ocistage.cache.usage`). A job holds an image
@@ -42,6 +42,14 @@ def image_path_at(root: Path, key: str) -> Path:
 
 def record_path_at(root: Path, key: str) -> Path:
     return images_dir(root) / f"{key}{RECORD_SUFFIX}"
+
+
+def is_image(path: Path) -> bool:
+    """Whether an image is at ``path``: a regular file, never a symlink (nothing planted)."""
+    try:
+        return os.path.isfile(path) and not os.path.islink(path)
+    except OSError:
+        return False
 
 
 def squashfs_target(key: str) -> str:

@@ -39,13 +39,7 @@ from ocistage.cache.atomicwrite import dead_writer_temp, write_file_atomic
 from ocistage.cache.digest import Digest
 from ocistage.cache.dirtrust import check_trusted_dir, owned_by_caller
 from ocistage.cache.errors import TAMPERED_HINT, ForeignFile, StoreError, translate_oserror
-from ocistage.cache.evict import (
-    evicted_in,
-    may_remove,
-    owner_of,
-    remove_evicted,
-    remove_in_cache,
-)
+from ocistage.cache.evict import evicted_in, may_remove, owner_of, remove_evicted, remove_in_cache
 from ocistage.cache.fdio import process_umask
 from ocistage.cache.ingest import Ingest, open_ingest
 from ocistage.cache.jsondoc import parse_json, read_document

@@ -200,7 +200,7 @@ install_file() {  # DEST MODE COMMAND...: COMMAND's stdout becomes DEST
 }
 
 install_file "$prefix/${mans[0]}" 0644 "$new/bin/python" -m ocistage.bundler.cli.manpage
-install_file "$prefix/${mans[1]}" 0644 "$new/bin/python" -m ocistage.bundler.cli.manpage --importer
+install_file "$prefix/${mans[1]}" 0644 "$new/bin/python" -m ocistage.bundler.pyxis.manpage
 # typer prints the script for the shell it is given (without one it guesses from the parent)
 install_file "$prefix/$completion" 0644 "$new/bin/ocistage" --show-completion bash
 

@@ -4,8 +4,9 @@ The layers, bottom to top: the error base and the result protocol (``ocistage.er
 ``ocistage.results``); ``cache``; ``stagers``; ``runtimes``; inside ``bundler`` the image
 model (``bundler.image``), then the registry client (``bundler.registry``) and the layer
 unpacker (``bundler.unpack``), then image trust (``bundler.trust``), then bundler's own
-modules (pull, bundle, stage, submit), then the command line (``bundler.cli``) and the
-``ocistage`` package itself (``python -m ocistage``). A module imports its own layer or the
+modules (pull, bundle, stage, submit), then the command line (``bundler.cli``), pyxis's
+importer (``bundler.pyxis``: a program of its own, which uses the command line's lean modules)
+and the ``ocistage`` package itself (``python -m ocistage``). A module imports its own layer or the
 ones below it, never one above; the pytest plugin sits beside the product and may use any of
 it. Every import is checked, also those made inside functions (the CLI's lazy ones), and every
 name is spelt ``ocistage.``: the repository's top-level folders are no import names of their
@@ -36,6 +37,7 @@ LAYERS = (
     "ocistage.bundler.trust",
     "ocistage.bundler",
     "ocistage.bundler.cli",
+    "ocistage.bundler.pyxis",
     "ocistage",
     "pytest_ocistage",
 )

@@ -6,7 +6,7 @@ tomllib, json) or by a model of Slurm's (its oci.conf parser and pattern expansi
 option order) -- or the value is refused with the project's typed error.
 
 The other builders of that list are tested beside their code: mksquashfs pseudo definitions
-(bundler/pyxis_import.py, stagers/), enroot's files and the completion output.
+(bundler/pyxis/mksquashfs.py, stagers/), enroot's files and the completion output.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ocistage.bundler.cli.manpage import _section
+from ocistage.bundler.cli.manpage import section
 from ocistage.errors import OcistageError, UsageError
 from ocistage.runtimes.engines import conmon_path, docker_daemon_json, podman_containers_conf
 from ocistage.runtimes.oci_conf import (
@@ -535,11 +535,11 @@ def _groff_lines(page: str) -> list[str]:
 @example(lines=["one\x85two"])  # two lines of one
 @example(lines=["a\x1bb"])  # groff dropped the ESC without a word
 def test_man_page_shows_help_text_lines_as_they_are(lines: list[str]) -> None:
-    """A help text in ocistage(1) (``_roff``, rendered by groff): the same lines, each as it
+    """A help text in ocistage(1) (``roff``, rendered by groff): the same lines, each as it
     is -- no request, escape or font change out of a dot, quote or backslash; or refused."""
     text = "\n".join(["first", *lines, "last"])
     try:
-        page = '.TH T 1\n' + _section("BODY", text)
+        page = '.TH T 1\n' + section("BODY", text)
     except UsageError as exc:
         _refused_cleanly(exc)
         return

@@ -12,7 +12,6 @@ closed stdout ends a command quietly with 141, as SIGPIPE ends ``ls`` (docs/cli.
 
 from __future__ import annotations
 
-import errno
 import gc
 import os
 import signal
@@ -25,10 +24,17 @@ from typing import Annotated, Any
 import typer
 
 from ocistage.bundler.cli import bashcompletion
-from ocistage.bundler.cli.commands import ClosedStdout, LazyGroup, PipeError, stdout_closed
+from ocistage.bundler.cli.commands import LazyGroup
 from ocistage.bundler.cli.common import shown, stderr
+from ocistage.bundler.cli.failure import (
+    CLOSED_STDOUT,
+    INTERRUPTED,
+    Failure,
+    Voice,
+    failure,
+    stdout_closed,
+)
 from ocistage.bundler.cli.memory import limit_malloc_arenas
-from ocistage.errors import OcistageError
 
 
 def _version(value: bool) -> None:
@@ -71,12 +77,6 @@ def render_error(message: str, hint: str | None) -> None:
         stderr.print(f"[dim]hint:[/dim] {shown(hint)}")
 
 
-def _os_error_text(error: OSError) -> str:
-    text = error.strerror or str(error)
-    names = [n for n in (error.filename, error.filename2) if n is not None]
-    return f"{text}: {' -> '.join(map(str, names))}" if names else text
-
-
 def _wants_traceback(argv: Sequence[str]) -> bool:
     options = argv[:list(argv).index("--")] if "--" in argv else argv
     return any(arg in ("-v", "--verbose") for arg in options)
@@ -88,23 +88,21 @@ _CLICK_ERROR: type[Exception] = next(
     cls for cls in typer.BadParameter.__mro__ if cls.__name__ == "ClickException")
 
 
-#: the exit status when stdout's reader went away (``ocistage cache ls | head -1``): that of a
-#: command killed by SIGPIPE as ``ls`` is, 128 + 13, what bash's ``pipefail`` reports for it
-CLOSED_STDOUT = 141
-
 INTERRUPTED_HINT = ("nothing half-done is left in place (partial downloads are kept); run the "
                     "command again to finish it")
+#: how ``ocistage`` says what :mod:`ocistage.bundler.cli.failure` renders
+VOICE = Voice(interrupted=INTERRUPTED_HINT, os_error="rerun with -v for details",
+              internal="this is a bug in ocistage; rerun with -v and report the traceback",
+              quiet_when_stdout_closes=True)
 
 
 def run(argv: Sequence[str]) -> int:
     """Run the command line ``argv`` (without the program name); return the exit status.
 
-    The one place where exceptions become what the user sees: an :class:`OcistageError` is
-    its message and hint (exit 1, 2 for usage errors), an ``OSError`` its strerror and path
-    (exit 1), anything else an internal error (exit 1); the traceback only with ``-v``.
+    The one place where exceptions become what the user sees, as
+    :func:`~ocistage.bundler.cli.failure.failure` says them (the traceback only with ``-v``).
     A mistake on the command line itself (typer/click's usage errors) is rendered the same
-    way: its message, and the command's usage as the hint (exit 2). A closed stdout ends the
-    command quietly with :data:`CLOSED_STDOUT`; Ctrl-C is ``error: interrupted``, exit 130.
+    way: its message, and the command's usage as the hint (exit 2).
     """
     try:
         code = app(args=list(argv), prog_name="ocistage", standalone_mode=False)
@@ -113,42 +111,23 @@ def run(argv: Sequence[str]) -> int:
         code = done.code
         if code == 1 and stdout_closed():  # click's end for EPIPE outside a command
             return _quit_closed_stdout()
-    except KeyboardInterrupt:
-        code = 130
-    except ClosedStdout:
-        return _quit_closed_stdout()
-    except BrokenPipeError:
-        if not stdout_closed():
-            return _render_exception(argv, BrokenPipeError(errno.EPIPE, "Broken pipe"))
-        return _quit_closed_stdout()
-    except PipeError as error:
-        return _render_exception(argv, error.error)
     except _CLICK_ERROR as error:
         return _render_usage_error(error, argv)
-    except Exception as error:  # the boundary: no traceback unless asked
-        return _render_exception(argv, error)
-    if code == 130:
-        render_error("interrupted", INTERRUPTED_HINT)
+    except (Exception, KeyboardInterrupt) as error:  # the boundary: no traceback unless asked
+        return _end(failure(error, VOICE), argv)
+    if code == INTERRUPTED:
+        return _end(failure(KeyboardInterrupt(), VOICE), argv)
     return code if isinstance(code, int) else (0 if code is None else 1)
 
 
-def _render_exception(argv: Sequence[str], error: Exception) -> int:
-    """``error`` as one ``error:`` line and a hint (the traceback with ``-v``); its exit
-    status."""
-    if type(error).__name__ == "Abort":  # click's: end of input at a prompt
-        render_error("aborted", None)
-        return 1
-    if _wants_traceback(argv):
-        traceback.print_exception(error)
-    if isinstance(error, OcistageError):
-        render_error(error.message, error.hint)
-        return error.exit_code
-    if isinstance(error, OSError):
-        render_error(_os_error_text(error), "rerun with -v for details")
-        return 1
-    render_error(f"internal error: {type(error).__name__}: {error}",
-                 "this is a bug in ocistage; rerun with -v and report the traceback")
-    return 1
+def _end(said: Failure, argv: Sequence[str]) -> int:
+    """Say ``said`` (its cause's traceback first, with ``-v``); its exit status."""
+    if said.quiet:
+        return _quit_closed_stdout()
+    if said.cause is not None and _wants_traceback(argv):
+        traceback.print_exception(said.cause)
+    render_error(said.message, said.hint)
+    return said.code
 
 
 def _quit_closed_stdout() -> int:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import errno
 import importlib
-import select
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
+
+from ocistage.bundler.cli.failure import ClosedStdout, PipeError, stdout_closed
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -87,32 +87,6 @@ def load_command(name: str) -> Any:
     command = typer.main.get_group(app) if entry.group else typer.main.get_command(app)
     command.name = name
     return command
-
-
-class ClosedStdout(Exception):
-    """stdout was closed by its reader (``ocistage cache ls | head -1``): the command stops."""
-
-
-class PipeError(Exception):
-    """A broken pipe other than stdout's (a child's), carried past click, which would end the
-    command silently with exit 1 on any ``EPIPE``: the CLI's boundary shows ``error``."""
-
-    def __init__(self, error: OSError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def stdout_closed() -> bool:
-    """Whether the reader of stdout has gone (a pipe without readers polls ``POLLERR``)."""
-    stream = sys.__stdout__
-    try:
-        if stream is None:
-            return False
-        poller = select.poll()
-        poller.register(stream.fileno(), select.POLLOUT)
-        return any(events & select.POLLERR for _fd, events in poller.poll(0))
-    except (OSError, ValueError):
-        return False
 
 
 class FullSummaryGroup(TyperGroup):

@@ -21,7 +21,6 @@ import inspect
 import json
 import logging
 import os
-import re
 import sys
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
+
+from ocistage.bundler.cli.printable import sanitize
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -75,7 +76,7 @@ def _console_class(base: type[Console]) -> type[Console]:
 
     class ClosingConsole(base):  # type: ignore[valid-type,misc]
         def on_broken_pipe(self) -> None:
-            from ocistage.bundler.cli.commands import ClosedStdout
+            from ocistage.bundler.cli.failure import ClosedStdout
 
             self.quiet = True
             raise ClosedStdout
@@ -412,21 +413,6 @@ def download_progress(quiet: bool) -> Iterator[PullProgress | None]:
 
 
 # -- rendering ---------------------------------------------------------------------------------
-
-# C0 controls but newline and tab, DEL, C1 controls, and the bidirectional overrides and
-# isolates that reorder what a terminal shows
-_UNPRINTABLE_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
-def sanitize(text: str) -> str:
-    r"""``text`` with control characters written out (``\x1b``), safe to print on a terminal.
-
-    Registry error messages, image config values and names from images reach the user's
-    terminal; an escape sequence in them must not move the cursor, set the title or hide text.
-    """
-    return _UNPRINTABLE_RE.sub(lambda m: (f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
-                                          else f"\\u{ord(m.group()):04x}"), text)
-
 
 def shown(text: object) -> str:
     """``text`` ready for a rich ``print``: control characters written out, markup escaped."""

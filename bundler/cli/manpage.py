@@ -1,6 +1,5 @@
-"""``ocistage(1)``: the manual page, made from the commands' own ``--help`` (``make man``),
-and ``ocistage-pyxis-importer(1)``, the page of pyxis's importer (its usage line is the
-importer's own).
+"""``ocistage(1)``: the manual page, made from the commands' own ``--help`` (``make man``).
+The roff writing here serves ``ocistage-pyxis-importer(1)`` too (ocistage.bundler.pyxis.manpage).
 
 Nothing here is written twice: the page is ``ocistage --help`` and every command's and
 sub-command's ``--help`` (usage, description, options, examples) as click formats them at 80
@@ -14,7 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,10 @@ ENVIRONMENT = (
 )
 
 
+#: a page of a version on a date
+Renderer = Callable[[str, datetime.date], str]
+
+
 def commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
     """Every command below ``command`` (a click group), depth first, in ``--help``'s order,
     with the words that name it: ``("cache", "gc")``."""
@@ -62,7 +65,7 @@ def help_text(command: Any, words: tuple[str, ...]) -> str:
     return str(command.get_help(ctx))
 
 
-def _roff(text: str) -> str:
+def roff(text: str) -> str:
     """``text`` as lines roff shows as they are (in a ``.nf`` block): each backslash as
     ``\\e``, a line that would be a request (``.`` or ``'`` first) behind ``\\&``; lines are
     split at newlines only. A character roff cannot show (a control character other than a
@@ -77,8 +80,14 @@ def _roff(text: str) -> str:
     return "\n".join("\\&" + line if line.startswith((".", "'")) else line for line in lines)
 
 
-def _section(title: str, body: str) -> str:
-    return f".SH {title}\n.nf\n{_roff(body)}\n.fi\n"
+def section(title: str, body: str) -> str:
+    return f".SH {title}\n.nf\n{roff(body)}\n.fi\n"
+
+
+def table(title: str, rows: tuple[tuple[str, str], ...]) -> str:
+    """A section of ``.TP`` paragraphs: each name in bold, its text below."""
+    return f".SH {title}\n" + "".join(f".TP\n.B {roff(name)}\n{roff(text)}\n"
+                                       for name, text in rows)
 
 
 def render(version: str, date: datetime.date) -> str:
@@ -92,15 +101,15 @@ def render(version: str, date: datetime.date) -> str:
              "Slurm jobs run\n",
              ".SH SYNOPSIS\n.B ocistage\n[\\fB\\-\\-version\\fR] [\\fB\\-h\\fR] "
              "\\fICOMMAND\\fR [\\fIOPTIONS\\fR] [\\fIARGS\\fR]...\n",
-             _section("DESCRIPTION", help_text(root, ())),
+             section("DESCRIPTION", help_text(root, ())),
              ".SH COMMANDS\n"]
     for words, command in commands(root):
         parts.append(f".SS ocistage {' '.join(words)}\n.nf\n"
-                     f"{_roff(help_text(command, words))}\n.fi\n")
+                     f"{roff(help_text(command, words))}\n.fi\n")
     parts.append(".SH EXIT STATUS\n" + "".join(
-        f".TP\n.B {code}\n{_roff(text)}\n" for code, text in EXIT_STATUS))
+        f".TP\n.B {code}\n{roff(text)}\n" for code, text in EXIT_STATUS))
     parts.append(".SH ENVIRONMENT\n" + "".join(
-        f".TP\n.B {name}\n{_roff(text)}\n" for name, text in ENVIRONMENT))
+        f".TP\n.B {name}\n{roff(text)}\n" for name, text in ENVIRONMENT))
     parts.append(".SH FILES\n.TP\n.B /etc/ocistage/config.toml\nthe site's settings\n"
                  ".TP\n.B ~/.config/ocistage/config.toml\nthe user's settings, over the "
                  "site's (ocistage config show)\n")
@@ -109,90 +118,15 @@ def render(version: str, date: datetime.date) -> str:
     return "".join(parts)
 
 
-#: ocistage-pyxis-importer(1): what pyxis runs and what the importer reads (docs/pyxis.md)
-IMPORTER_DESCRIPTION = """\
-pyxis (NVIDIA's SPANK plugin behind srun --container-image) runs it as the job user
-when the site's plugstack.conf names it (importer=PATH). For an image named the way
-enroot names it, get prints the path of a squashfs image made from ocistage's cache
-(pulled once per cache, one image per manifest digest, shared by every job, rank and
-node that uses the cache), held for the job step until release. pyxis passes no
-options: everything comes from the job's environment and the config files.
-"""
-IMPORTER_COMMANDS = (
-    ("get docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]",
-     "print the squashfs image's path (pulled and made if it is not there), held for this "
-     "job step (SLURM_JOB_ID, SLURM_STEP_ID)"),
-    ("release", "end this job step's hold on its images (they stay until cache gc)"),
-)
-IMPORTER_ENVIRONMENT = (
-    ("OCISTAGE_CACHE", "the cache the image is pulled into (else cache in a config file, "
-                       "else ~/.cache/ocistage)"),
-    ("OCISTAGE_PYXIS_STORE", "the site's store of squashfs images (pyxis_store), used when "
-                             "the user may write it or the site filled it"),
-    ("OCISTAGE_PULL", "always, missing (the importer's default) or never"),
-    ("OCISTAGE_INSECURE_REGISTRIES", "registries reached over plain HTTP or unverified TLS, "
-                                     "comma-separated"),
-    ("OCISTAGE_CA_FILE", "an extra CA bundle (PEM) for HTTPS registries"),
-    ("OCISTAGE_CONFIG", "the user's config file [default: ~/.config/ocistage/config.toml]"),
-    ("ENROOT_CONFIG_PATH", "where enroot's .credentials (netrc) is read [default: "
-                           "~/.config/enroot]"),
-    ("REGISTRY_AUTH_FILE, DOCKER_CONFIG", "credential files, as for ocistage pull"),
-    ("SLURM_JOB_ID, SLURM_STEP_ID", "the job step holding the image (set by Slurm)"),
-)
-IMPORTER_EXIT_STATUS = (
-    ("0", "success: get printed the image's path"),
-    ("1", "an operational error (registry, digest, disk, permissions): one error: and one "
-          "hint: line on stderr, which pyxis shows"),
-    ("2", "a command line pyxis would not give"),
-    ("130", "interrupted (SIGTERM of a cancelled step, SIGHUP, Ctrl-C)"),
-)
-
-
-def _table(title: str, rows: tuple[tuple[str, str], ...]) -> str:
-    return f".SH {title}\n" + "".join(f".TP\n.B {_roff(name)}\n{_roff(text)}\n"
-                                       for name, text in rows)
-
-
-def render_importer(version: str, date: datetime.date) -> str:
-    """ocistage-pyxis-importer(1): NAME, SYNOPSIS, DESCRIPTION, COMMANDS, ENVIRONMENT, FILES,
-    EXIT STATUS, SEE ALSO."""
-    from ocistage.bundler.cli.pyxis import USAGE
-
-    return "".join([
-        f'.TH OCISTAGE-PYXIS-IMPORTER 1 "{date.isoformat()}" "ocistage {version}" '
-        '"User Commands"\n',
-        ".SH NAME\nocistage-pyxis-importer \\- pyxis's image importer: squashfs images from "
-        "ocistage's cache\n",
-        _section("SYNOPSIS", "\n".join(line.strip()
-                                         for line in USAGE.replace("usage: ", "", 1).splitlines())),
-        _section("DESCRIPTION", IMPORTER_DESCRIPTION),
-        ".SH PLUGSTACK\n.nf\n" + _roff(
-            "required /usr/lib/slurm/spank_pyxis.so "
-            "importer=/opt/ocistage/venv/bin/ocistage-pyxis-importer use_squashfuse=1") +
-        "\n.fi\nThe importer and its venv must be readable and executable by every user; "
-        "slurmd's PATH must hold mksquashfs and enroot's bin/.\n",
-        _table("COMMANDS", IMPORTER_COMMANDS),
-        _table("ENVIRONMENT", IMPORTER_ENVIRONMENT),
-        ".SH FILES\n.TP\n.B /etc/ocistage/config.toml\nthe site's settings (pyxis_store, "
-        "registries, mirrors)\n.TP\n.B ~/.config/ocistage/config.toml\nthe user's settings, "
-        "over the site's\n",
-        _table("EXIT STATUS", IMPORTER_EXIT_STATUS),
-        ".SH SEE ALSO\n.BR ocistage (1),\n.BR enroot (1),\n.BR srun (1),\n"
-        ".BR spank (8)\n"])
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ocistage.bundler.cli.manpage",
-                                     description="Print (or write) the ocistage(1) page, or "
-                                                 "ocistage-pyxis-importer(1) with --importer.")
+def main(argv: list[str] | None = None, render_page: Renderer | None = None,
+         prog: str = "python -m ocistage.bundler.cli.manpage") -> int:
+    """Print (or write, ``-o FILE``) the page ``render_page`` makes, ocistage(1) by default."""
+    parser = argparse.ArgumentParser(prog=prog, description="Print (or write) the manual page.")
     parser.add_argument("-o", "--output", type=Path, help="write the page to this file")
-    parser.add_argument("--importer", action="store_true",
-                        help="the page of ocistage-pyxis-importer instead")
     args = parser.parse_args(argv)
     from ocistage import __version__
 
-    render_page = render_importer if args.importer else render
-    page = render_page(__version__, datetime.date.today())
+    page = (render_page or render)(__version__, datetime.date.today())
     if args.output is None:
         sys.stdout.write(page)
     else:

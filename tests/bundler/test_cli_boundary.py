@@ -18,7 +18,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from ocistage.bundler.cli.common import CliRenderer, sanitize, summarize_warnings
+from ocistage.bundler.cli.common import CliRenderer, summarize_warnings
+from ocistage.bundler.cli.printable import sanitize
 from ocistage.cache.notice import Kind, Notice
 from tests.bundler.clirun import Cli, cli
 from tests.bundler.tarbuilder import build_tar, chardev, directory, file, write_oci_layout

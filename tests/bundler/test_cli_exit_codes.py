@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.bundler.cli.app import CLOSED_STDOUT
+from ocistage.bundler.cli.failure import CLOSED_STDOUT
 from tests.bundler.clirun import Cli, cli
 from tests.stagers.conftest import make_tree
 

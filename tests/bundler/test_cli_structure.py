@@ -49,15 +49,9 @@ def test_commands_take_the_shared_options_as_one_group() -> None:
             assert used == [], (name, used)
 
 
-#: programs of their own beside the typer CLI: ocistage-pyxis-importer has no options (pyxis's
-#: importer= contract: settings from the environment and config files only) and stays free of
-#: typer for its warm `get` (docs/pyxis.md)
-OWN_PROGRAMS = {"pyxis.py"}
-
-
 def test_settings_are_built_one_way() -> None:
     for name, text in _modules().items():
-        if name != "common.py" and name not in OWN_PROGRAMS:
+        if name != "common.py":
             assert "load_settings(" not in text, name
             assert "setup_logging(" not in text, name  # with_options does, for --verbose
     common = _modules()["common.py"]

@@ -37,7 +37,7 @@ from ocistage.bundler.doctor import (
 from ocistage.bundler.registry.errors import AuthenticationError, RegistryUnreachable
 from ocistage.errors import UsageError
 from ocistage.runtimes.slurm import SlurmVersion
-from tests.bundler.test_pyxis_import import MKSQUASHFS_HELP
+from tests.bundler.test_pyxis import MKSQUASHFS_HELP
 
 USER = 1000
 

@@ -56,7 +56,7 @@ def test_man_reads_it(page: Path) -> None:
 def test_make_man_writes_the_importers_page(page: Path) -> None:
     """Issue 38: ocistage-pyxis-importer, which pyxis runs for every user, has a page of its
     own, which man reads without a warning, and ocistage(1) points to it."""
-    from ocistage.bundler.cli.pyxis import USAGE
+    from ocistage.bundler.pyxis.main import USAGE
 
     importer = page.parent / "ocistage-pyxis-importer.1"
     text = importer.read_text()

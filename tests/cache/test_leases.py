@@ -24,7 +24,9 @@ from ocistage.cache.leases import (
     is_live,
     leases_on,
     leases_on_place,
+    record,
     release,
+    release_named,
     same_place,
     staged_groups,
     staged_identity,
@@ -40,6 +42,19 @@ def test_acquire_list_release(tmp_path: Path) -> None:
     assert release(tmp_path, lease.id)
     assert not release(tmp_path, lease.id)
     assert all_leases(tmp_path) == []
+
+
+def test_leases_named_by_their_caller_are_released_by_prefix(tmp_path: Path) -> None:
+    assert release_named(tmp_path / "absent", "job-1.") == 0
+    for lease_id in ("job-1.0-a", "job-1.0-b", "job-1.1-a", "job-10.0-a"):
+        record(tmp_path, Lease(lease_id, "squashfs:k", Holder.pin("p"), 1.0))
+    other = acquire(tmp_path, "bundle:abc", Holder.pin("keep"))
+    assert release_named(tmp_path, "job-1.0-") == 2
+    assert release_named(tmp_path, "job-1.0-") == 0
+    assert sorted(lease.id for lease in all_leases(tmp_path)) == sorted(
+        ["job-1.1-a", "job-10.0-a", other.id])
+    with pytest.raises(UsageError):
+        release_named(tmp_path, "../x")
 
 
 @pytest.mark.parametrize("target", ["bundle", "nope:x", "bundle:", "staged:relative/path"])

@@ -11,16 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.bundler.pyxis_import import (
-    JobStep,
-    hold,
-    image_key,
-    image_path,
-    publish,
-    release_step,
-    remember,
-)
-from ocistage.bundler.pyxis_import import parse_enroot_uri as uri
+from ocistage.bundler.pyxis.imagekey import image_key
+from ocistage.bundler.pyxis.imagestore import ImageStore
+from ocistage.bundler.pyxis.jobstep import JobStep
+from ocistage.bundler.pyxis.uri import parse_enroot_uri as uri
 from ocistage.cache import leases, pyxisimages, usage
 from ocistage.cache.diskusage import disk_usage
 from ocistage.cache.gc import GcOptions, GcReport, collect
@@ -46,9 +40,9 @@ def make_image(store: Store, name: str, used: float) -> str:
     built = scratch / "img"
     built.write_bytes(os.urandom(SIZE))
     (store.root / "pyxis").mkdir(exist_ok=True)
-    publish(store, built, key, {"source": f"reg.io/{name}:1", "manifest": manifest})
+    ImageStore(store.root).publish(built, key, {"source": f"reg.io/{name}:1", "manifest": manifest})
     store.remove_temp_dir(scratch)
-    remember(store, uri(f"docker://reg.io#{name}:1").reference, key, manifest)
+    ImageStore(store.root).remember(uri(f"docker://reg.io#{name}:1").reference, key, manifest)
     assert pyxisimages.touch(store.root, key)
     usage_file = usage.usage_path(store.root, "squashfs", key)
     os.utime(usage_file, (used, used))
@@ -85,7 +79,7 @@ def test_older_than_evicts_unleased_images_with_everything_of_theirs(store: Stor
     report = gc(store, older_than=86400.0)
     assert removed(report, "squashfs") == {old}
     assert keys(store) == {new}
-    assert not image_path(store, old).exists()
+    assert not ImageStore(store.root).path(old).exists()
     gone = set(before) - set(pyxis_files(store))
     assert gone == {f"{old}.sqsh", f"{old}.json",
                     *(name for name, key in notes.items() if key == old)}
@@ -122,7 +116,7 @@ def test_a_live_process_lease_keeps_an_image_a_dead_one_does_not(store: Store) -
 
 def test_a_running_job_keeps_its_image_until_it_ends(store: Store) -> None:
     key = make_image(store, "job", time.time() - 30 * 86400)
-    hold(store, key, JobStep("42", "0"))
+    JobStep("42", "0").hold(store.root, key)
     report = gc(store, jobs={"42": "RUNNING"}, older_than=0.0)
     assert keys(store) == {key} and report.protected == (f"squashfs:{key}",)
     report = gc(store, jobs={"42": "COMPLETED"}, older_than=0.0)
@@ -133,9 +127,9 @@ def test_a_running_job_keeps_its_image_until_it_ends(store: Store) -> None:
 def test_a_released_step_frees_the_image(store: Store) -> None:
     key = make_image(store, "rel", time.time() - 30 * 86400)
     step = JobStep(None, "none")  # outside a job: a pin, live until released
-    hold(store, key, step)
+    step.hold(store.root, key)
     assert gc(store, older_than=0.0).protected == (f"squashfs:{key}",)
-    assert release_step([store.root], step) == 1
+    assert step.release([store.root]) == 1
     assert removed(gc(store, older_than=0.0), "squashfs") == {key}
 
 
@@ -171,7 +165,7 @@ def test_strays_and_dead_build_locks_go(store: Store) -> None:
 
 def test_ls_and_du_show_images_and_their_leases(store: Store) -> None:
     key = make_image(store, "shown", time.time() - 10)
-    hold(store, key, JobStep("7", "1"))
+    JobStep("7", "1").hold(store.root, key)
     rows = listing(store, job_states=lambda ids: {"7": "RUNNING"}).squashfs
     assert [(r.key, r.source) for r in rows] == [(key, "reg.io/shown:1")]
     assert [lease.holder for lease in rows[0].leases] == ["job 7"] and rows[0].leases[0].live

@@ -19,12 +19,7 @@ import pytest
 from ocistage.cache import snapshotfiles
 from ocistage.cache.dirfds import open_parent
 from ocistage.cache.errors import StoreError
-from ocistage.cache.snapshots import (
-    find_snapshot,
-    link_tree,
-    list_snapshots,
-    snapshot_dir,
-)
+from ocistage.cache.snapshots import find_snapshot, link_tree, list_snapshots, snapshot_dir
 from ocistage.cache.store import Store
 from ocistage.cache.treewalk import walk_entries
 from ocistage.cache.verify import verify

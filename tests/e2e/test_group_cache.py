@@ -112,7 +112,7 @@ def test_the_importer_of_a_member_leaves_anothers_snapshot_alone(
     store.mkdir(mode=0o700)
     os.chown(store, g.b.uid, g.b.gid)
     uri = f"docker://{image.registry.host}#{image.repository}:{image.tag}"
-    got = g.run(g.b, "get", uri, program=(sys.executable, "-m", "ocistage.bundler.cli.pyxis"),
+    got = g.run(g.b, "get", uri, program=(sys.executable, "-m", "ocistage.bundler.pyxis.main"),
                 env={"OCISTAGE_PYXIS_STORE": str(store)})
     assert Path(got.stdout.strip()).parent == store / "pyxis"
     assert "changed" not in got.stderr

@@ -51,7 +51,7 @@ def enroot_uri(image: ImageRef, host: str | None = None) -> str:
 def importer(ocistage: OcistageRunner, *args: str, env: dict[str, str] | None = None,
              timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``ocistage-pyxis-importer ARGS`` as pyxis runs it (stdin closed), this checkout's."""
-    return subprocess.run([sys.executable, "-m", "ocistage.bundler.cli.pyxis", *args],
+    return subprocess.run([sys.executable, "-m", "ocistage.bundler.pyxis.main", *args],
                           env=ocistage.environment(env), cwd=ocistage.cwd, timeout=timeout,
                           capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
 
@@ -281,7 +281,7 @@ def as_member(members: Members, uid: int, *args: str, pull: str | None = None,
            "HOME": str(home), "OCISTAGE_CACHE": str(home / "cache"),
            "OCISTAGE_PYXIS_STORE": str(store), "XDG_CONFIG_HOME": str(home / ".config"),
            "NO_PROXY": "127.0.0.1,localhost", **({"OCISTAGE_PULL": pull} if pull else {})}
-    module = "ocistage" if args[0] == "cache" else "ocistage.bundler.cli.pyxis"
+    module = "ocistage" if args[0] == "cache" else "ocistage.bundler.pyxis.main"
     return subprocess.run(
         ["setpriv", f"--reuid={uid}", f"--regid={gid}", f"--groups={GROUP}",
          "sh", "-c", f'umask {umask}; exec "$@"', "sh", sys.executable, "-m", module, *args],
@@ -419,7 +419,7 @@ def building_mksquashfs(importer_pid: int) -> int | None:
 
 
 def start_get(ocistage: OcistageRunner, uri: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "ocistage.bundler.cli.pyxis", "get", uri],
+    return subprocess.Popen([sys.executable, "-m", "ocistage.bundler.pyxis.main", "get", uri],
                             env=ocistage.environment(), cwd=ocistage.cwd, text=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)

@@ -75,7 +75,9 @@ def test_a_cache_staged_bundle_and_pyxis_store_of_the_previous_code_are_used_as_
                     f"docker://{plain_registry.host}/upgrade/app:1"], check=True, timeout=120)
     uri = f"docker://{plain_registry.host}#upgrade/app:1"
     old, new = _env(tmp_path, str(old_tree)), _env(tmp_path, None)
-    cli, importer = "ocistage.bundler.cli.app", "ocistage.bundler.cli.pyxis"
+    cli = "ocistage.bundler.cli.app"
+    # the importer's module as each tree names it (its console script stays the same)
+    old_importer, importer = "ocistage.bundler.cli.pyxis", "ocistage.bundler.pyxis.main"
     # the old code really is the old tree's
     where = subprocess.run([sys.executable, "-c", "import ocistage; print(ocistage.__file__)"],
                            capture_output=True, text=True, env=old, cwd="/", check=True)
@@ -84,8 +86,8 @@ def test_a_cache_staged_bundle_and_pyxis_store_of_the_previous_code_are_used_as_
     made = json.loads(_run(old, cli, "bundle", "--json", layout_ref).stdout)
     staged = json.loads(_run(old, cli, "stage", "--json", made["path"], "--to",
                              str(tmp_path / "target"), "--name", "app").stdout)
-    image = _run(old, importer, "get", uri).stdout.strip()
-    _run(old, importer, "release")
+    image = _run(old, old_importer, "get", uri).stdout.strip()
+    _run(old, old_importer, "release")
 
     # the new code: the same bundle, nothing restaged, the same squashfs image, all verified
     again = json.loads(_run(new, cli, "bundle", "--json", "--pull", "never", layout_ref).stdout)

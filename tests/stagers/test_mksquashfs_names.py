@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ocistage.bundler.pyxis_import import enroot_files, mksquashfs_argv
+from ocistage.bundler.pyxis.enroot_files import enroot_files
+from ocistage.bundler.pyxis.mksquashfs import mksquashfs_argv
 from ocistage.stagers.errors import PseudoNameError
 from ocistage.stagers.mksquashfs import NAME_MAX, pseudo_dir, pseudo_file, pseudo_name
 from ocistage.stagers.squashfs import build_image
@@ -51,7 +52,7 @@ def test_an_images_workdir_runs_no_command_on_the_host(tmp_path: Path, form: str
     rootfs = tmp_path / "rootfs"
     (rootfs / "etc").mkdir(parents=True)
     workdir_in = form.format(canary=canary)
-    # enroot's files refuse some of these WorkingDirs themselves (bundler/enroot_files.py);
+    # enroot's files refuse some of these WorkingDirs themselves (bundler/pyxis/enroot_files.py);
     # the pseudo definitions must carry every one whatever the layer above lets through
     written, _ = _files(tmp_path, {"config": {}})
     image = tmp_path / "image.sqsh"

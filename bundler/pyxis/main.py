@@ -15,35 +15,28 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ocistage.bundler.cli.failure import Failure, Voice, failure, write_failure
+
 USAGE = ("usage: ocistage-pyxis-importer get docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]\n"
          "       ocistage-pyxis-importer release\n")
 
 
-#: what the library's hints tell ``ocistage`` users to pass, said the importer's way: pyxis
-#: gives it no options, only the job's environment and the config files
-_OPTIONS = (("pass --insecure-registry HOST:PORT",
-             "add HOST:PORT to $OCISTAGE_INSECURE_REGISTRIES or set insecure = true under "
-             "[registries.\"HOST:PORT\"] in the config file"),
-            ("configure a mirror (--mirror)", "configure a mirror in the config file"))
-
-
-def importer_hint(hint: str) -> str:
-    """``hint`` with the command-line options it names replaced by their settings."""
-    for option, setting in _OPTIONS:
-        hint = hint.replace(option, setting)
-    return hint
-
-
-def _error(message: str, hint: str | None) -> None:
-    from ocistage.bundler.cli.common import sanitize
-
-    sys.stderr.write(f"error: {sanitize(message)}\n")
-    if hint:
-        sys.stderr.write(f"hint: {sanitize(importer_hint(hint))}\n")
+#: how the importer says what :mod:`ocistage.bundler.cli.failure` renders: the options the
+#: library's hints tell ``ocistage`` users to pass, said the importer's way (pyxis gives it no
+#: options, only the job's environment and the config files)
+VOICE = Voice(
+    interrupted="the partial downloads are kept; the next get resumes them",
+    os_error=None,
+    internal="this is a bug in ocistage; please report it",
+    instead=(("pass --insecure-registry HOST:PORT",
+              "add HOST:PORT to $OCISTAGE_INSECURE_REGISTRIES or set insecure = true under "
+              "[registries.\"HOST:PORT\"] in the config file"),
+             ("configure a mirror (--mirror)", "configure a mirror in the config file")))
 
 
 def _get(uri: str) -> int:
-    from ocistage.bundler.pyxis_import import JobStep, get
+    from ocistage.bundler.pyxis.get import get
+    from ocistage.bundler.pyxis.jobstep import JobStep
     from ocistage.bundler.settings import load_settings
 
     settings = load_settings()
@@ -54,20 +47,18 @@ def _get(uri: str) -> int:
 
 
 def _release() -> int:
-    from ocistage.bundler.pyxis_import import JobStep, release_step
+    from ocistage.bundler.pyxis.jobstep import JobStep
     from ocistage.bundler.settings import load_settings
 
     settings = load_settings()
     roots = [settings.cache] + ([settings.pyxis_store] if settings.pyxis_store else [])
-    release_step([root.absolute() for root in roots], JobStep.from_environment(os.environ))
+    JobStep.from_environment(os.environ).release([root.absolute() for root in roots])
     return 0
 
 
 def run(argv: Sequence[str]) -> int:
     """Run one command; every error becomes an ``error:`` and a ``hint:`` line (exit 1, 2
-    for a wrong command line)."""
-    from ocistage.errors import OcistageError
-
+    for a wrong command line, 130 interrupted: :func:`~ocistage.bundler.cli.failure.failure`)."""
     if list(argv) in (["-h"], ["--help"]):
         sys.stdout.write(USAGE)
         return 0
@@ -76,24 +67,15 @@ def run(argv: Sequence[str]) -> int:
     elif list(argv) == ["release"]:
         command = None
     else:
-        _error(f"unknown command line: {' '.join(argv) or '(none)'}", USAGE.strip())
+        write_failure(Failure(f"unknown command line: {' '.join(argv) or '(none)'}",
+                              USAGE.strip(), 2))
         return 2
     try:
         return _get(command) if command is not None else _release()
-    except OcistageError as error:
-        _error(error.message, error.hint)
-        return error.exit_code
-    except KeyboardInterrupt:
-        _error("interrupted", "the partial downloads are kept; the next get resumes them")
-        return 130
-    except OSError as error:
-        names = [str(n) for n in (error.filename, error.filename2) if n is not None]
-        _error(f"{error.strerror or error}{': ' + ' -> '.join(names) if names else ''}", None)
-        return 1
-    except Exception as error:  # the boundary: pyxis shows stderr, never a traceback
-        _error(f"internal error: {type(error).__name__}: {error}",
-               "this is a bug in ocistage; please report it")
-        return 1
+    except (Exception, KeyboardInterrupt) as error:  # pyxis shows stderr, never a traceback
+        said = failure(error, VOICE)
+        write_failure(said)
+        return said.code
 
 
 def main() -> None:

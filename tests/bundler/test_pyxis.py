@@ -1,4 +1,4 @@
-"""ocistage-pyxis-importer's library (bundler/pyxis_import.py): enroot's image URIs and
+"""ocistage-pyxis-importer's library (bundler/pyxis/): enroot's image URIs and
 credentials, the files enroot writes into a rootfs, the mksquashfs command, and the store:
 leases per job step, one build for many processes asking at once."""
 
@@ -10,35 +10,27 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ocistage.bundler.cli.pyxis import importer_hint, run
 from ocistage.bundler.errors import PyxisImportError
 from ocistage.bundler.image.errors import InvalidReference
-from ocistage.bundler.pyxis_import import (
-    EnrootCredentials,
-    JobStep,
-    compressors_listed,
-    enroot_files,
-    image_key,
-    image_path,
-    mksquashfs_argv,
-    mksquashfs_error,
-    parse_enroot_uri,
-    parse_netrc,
-    provide,
-    publish,
-    recall,
-    release_step,
-    remember,
-)
+from ocistage.bundler.pyxis.credentials import EnrootCredentials, parse_netrc
+from ocistage.bundler.pyxis.enroot_files import enroot_files
+from ocistage.bundler.pyxis.imagekey import image_key
+from ocistage.bundler.pyxis.imagestore import ImageStore
+from ocistage.bundler.pyxis.jobstep import JobStep
+from ocistage.bundler.pyxis.main import VOICE, run
+from ocistage.bundler.pyxis.mksquashfs import mksquashfs_argv, mksquashfs_error
+from ocistage.bundler.pyxis.refnotes import recall
+from ocistage.bundler.pyxis.uri import parse_enroot_uri
 from ocistage.cache import leases
 from ocistage.cache.store import Store
-from ocistage.stagers.mksquashfs import pseudo_dir, pseudo_file
+from ocistage.stagers.mksquashfs import compressors_listed, pseudo_dir, pseudo_file
 from tests.deadline import deadline
 
 
@@ -418,6 +410,15 @@ def test_job_steps() -> None:
     assert odd.step_id == "none"
 
 
+def _provide(store: Store, key: str, step: JobStep,
+             make: Callable[[], object]) -> tuple[Path, bool]:
+    """Image ``key`` as the importer's get asks for it: built by ``make`` if it is missing."""
+    with ImageStore(store.root).building(key, step) as slot:
+        if slot.missing:
+            make()
+    return slot.path, slot.missing
+
+
 def _fake_build(store: Store, key: str, counter: Path) -> None:
     with counter.open("a") as out:
         out.write("build\n")
@@ -425,14 +426,14 @@ def _fake_build(store: Store, key: str, counter: Path) -> None:
     scratch = store.temp_dir("pyxis")
     image = scratch / "img"
     image.write_bytes(b"squashfs " + key.encode())
-    publish(store, image, key, {"test": True})
+    ImageStore(store.root).publish(image, key, {"test": True})
     store.remove_temp_dir(scratch)
 
 
 def _ask(root: str, key: str, job: str, counter: str, results: str) -> None:
     store = Store.open(root)
     step = JobStep(job, "0")
-    path, built = provide(store, key, step,
+    path, built = _provide(store, key, step,
                           lambda: _fake_build(store, key, Path(counter)))
     with open(results, "a") as out:
         out.write(f"{path} {built}\n")
@@ -454,9 +455,10 @@ def test_many_processes_asking_at_once_build_once(tmp_path: Path) -> None:
     assert counter.read_text() == "build\n"
     lines = results.read_text().splitlines()
     assert sorted(line.split()[1] for line in lines) == ["False", "False", "False", "True"]
-    assert {line.split()[0] for line in lines} == {str(image_path(store, key))}
-    assert image_path(store, key).read_bytes() == b"squashfs " + key.encode()
-    assert json.loads(image_path(store, key).with_suffix(".json").read_text()) == {"test": True}
+    assert {line.split()[0] for line in lines} == {str(ImageStore(store.root).path(key))}
+    assert ImageStore(store.root).path(key).read_bytes() == b"squashfs " + key.encode()
+    record = ImageStore(store.root).path(key).with_suffix(".json")
+    assert json.loads(record.read_text()) == {"test": True}
     held = leases.leases_on(store.root, f"squashfs:{key}")
     assert sorted(lease.holder.job_id or "" for lease in held) == ["100", "101", "102", "103"]
     assert not list((store.root / "tmp").iterdir())
@@ -474,10 +476,10 @@ def test_a_failed_build_leaves_nothing_and_the_next_builds(tmp_path: Path) -> No
         raise PyxisImportError("mksquashfs failed: No space left on device")
 
     with pytest.raises(PyxisImportError):
-        provide(store, key, step, failing)
-    assert not image_path(store, key).exists()
+        _provide(store, key, step, failing)
+    assert not ImageStore(store.root).path(key).exists()
     assert [p.name for p in (store.root / "pyxis").iterdir()] == []  # no lock, no image
-    path, built = provide(store, key, step,
+    path, built = _provide(store, key, step,
                           lambda: _fake_build(store, key, tmp_path / "count"))
     assert built and path.is_file()
 
@@ -487,10 +489,11 @@ def test_release_is_idempotent_and_only_the_steps(tmp_path: Path) -> None:
     key = image_key("sha256:" + "d" * 64, "zstd")
     counter = tmp_path / "count"
     for job, step_id in (("9", "0"), ("9", "1"), ("10", "0")):
-        provide(store, key, JobStep(job, step_id), lambda: _fake_build(store, key, counter))
-    assert release_step([store.root], JobStep("9", "0")) == 1
-    assert release_step([store.root], JobStep("9", "0")) == 0
-    assert release_step([tmp_path / "absent"], JobStep("9", "0")) == 0
+        _provide(store, key, JobStep(job, step_id),
+                                  lambda: _fake_build(store, key, counter))
+    assert JobStep("9", "0").release([store.root]) == 1
+    assert JobStep("9", "0").release([store.root]) == 0
+    assert JobStep("9", "0").release([tmp_path / "absent"]) == 0
     left = sorted(lease.id for lease in leases.all_leases(store.root))
     assert [lease_id.split("-")[1] for lease_id in left] == ["10.0", "9.1"]
 
@@ -499,9 +502,10 @@ def test_recall_needs_the_image(tmp_path: Path) -> None:
     store = Store.open(tmp_path / "cache")
     reference = parse_enroot_uri("docker://reg.io#img:1").reference
     key = image_key("sha256:" + "e" * 64, "zstd")
-    remember(store, reference, key, "sha256:" + "e" * 64)
+    ImageStore(store.root).remember(reference, key, "sha256:" + "e" * 64)
     assert recall(store.root, reference) is None  # no image at the key
-    provide(store, key, JobStep("1", "0"), lambda: _fake_build(store, key, tmp_path / "n"))
+    _provide(store, key, JobStep("1", "0"),
+                              lambda: _fake_build(store, key, tmp_path / "n"))
     assert recall(store.root, reference) == (key, "sha256:" + "e" * 64)
     other = parse_enroot_uri("docker://reg.io#img:2").reference
     assert recall(store.root, other) is None
@@ -538,7 +542,7 @@ def test_hints_name_settings_not_options() -> None:
 
     for error in (RegistryUnreachable("x"), RateLimited("x")):
         assert error.hint is not None and "--" in error.hint
-        assert "--" not in importer_hint(error.hint), error.hint
+        assert "--" not in (VOICE.hint(error.hint) or ""), error.hint
 
 
 @pytest.mark.parametrize("uri", [
@@ -551,3 +555,13 @@ def test_errors_name_the_uri_the_user_typed(uri: str) -> None:
     with pytest.raises(InvalidReference) as caught:
         parse_enroot_uri(uri)
     assert repr(uri) in caught.value.message and "localhost" not in caught.value.message
+
+
+def test_the_importer_reaches_leases_only_through_cache_leases() -> None:
+    """Issue 36: the importer read ``STORE/leases`` itself to release a step's leases; its
+    leases are taken and dropped by ocistage.cache.leases alone."""
+    package = Path(__file__).resolve().parents[2] / "bundler" / "pyxis"
+    for module in sorted(package.glob("*.py")):
+        text = module.read_text()
+        assert '"leases"' not in text and "'leases'" not in text, module.name
+        assert "scandir" not in text, module.name

@@ -1,0 +1,84 @@
+"""The cache a get pulls an image into and takes its rootfs from, under one lease from the pull
+until mksquashfs has read the rootfs.
+
+The lease: another member's gc of a group-shared cache evicted the image's blobs between the
+pull and the build, and could evict the cached bundle from under mksquashfs (the endurance
+test).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ocistage.bundler.errors import PyxisImportError
+from ocistage.bundler.image.reference import RegistryReference
+from ocistage.cache.leases import InUse
+from ocistage.cache.store import Store
+
+if TYPE_CHECKING:
+    from ocistage.bundler.flows.bundle import BundleResult
+    from ocistage.bundler.pull import PullOptions
+
+
+@dataclass(frozen=True)
+class CacheSource:
+    """The cache at ``root``, pulled into with ``options`` (the settings' pull options)."""
+
+    root: Path
+    options: PullOptions
+
+    @contextlib.contextmanager
+    def leased(self) -> Iterator[LeasedCache]:
+        """The cache, opened, under one lease of this process until the block ends."""
+        cache = Store.open(self.root)
+        with InUse(cache.root) as in_use:
+            yield LeasedCache(cache, self.options, in_use)
+
+
+@dataclass(frozen=True)
+class LeasedCache:
+    """The cache (``store``) while ``in_use`` holds what a get pulls and bundles from it."""
+
+    store: Store
+    options: PullOptions
+    in_use: InUse
+
+    def pull(self, reference: RegistryReference) -> str:
+        """Pull ``reference`` as ``ocistage pull`` does (no cache budget: a GC during a job's
+        start would only slow it); the manifest digest. A refusal of the policy ``never``
+        says how to change it where pyxis users can (no ``--pull`` here)."""
+        from ocistage.bundler.errors import SourceError
+        from ocistage.bundler.pull import pull
+
+        try:
+            pulled = pull(reference, self.store,
+                          dataclasses.replace(self.options, max_size=None), in_use=self.in_use)
+        except SourceError as exc:
+            if self.options.policy != "never":
+                raise
+            raise PyxisImportError(
+                f"{exc.message}, and the pull policy is never",
+                "pull it first (`ocistage pull` with the job's cache), or unset OCISTAGE_PULL "
+                "(or `pull` in the config file): the importer's default is missing") from exc
+        return str(pulled.manifest.digest)
+
+    def bundle(self, reference: RegistryReference,
+               manifest: str) -> tuple[BundleResult, dict[str, Any]]:
+        """The cached bundle of ``reference`` (pulled already, as ``manifest``) and its image
+        config, leased until the block of :meth:`CacheSource.leased` ends."""
+        from ocistage.bundler.flows.bundle import make_bundle
+
+        bundle = make_bundle(reference, self.store, in_use=self.in_use,
+                             pull_options=dataclasses.replace(self.options, policy="missing"))
+        if str(bundle.image.manifest.digest) != manifest:
+            raise PyxisImportError(f"{reference} changed while it was imported "
+                                   f"({manifest} became {bundle.image.manifest.digest})",
+                                   "run the job again")
+        config = json.loads(self.store.read_blob(bundle.image.config_digest))
+        return bundle, config if isinstance(config, dict) else {}

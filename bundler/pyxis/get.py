@@ -1,0 +1,128 @@
+"""``importer get URI``: the image's squashfs, made once per store, leased to the job step.
+
+The settings are read once, here at the entry (:func:`get`), into one owner per concern: the
+store the user only reads (``SiteStore``) and the one images are made in (``ImageStore``), the
+cache with its pull options (``CacheSource``), the pull policy; the job step (``JobStep``)
+comes from the caller. Nothing past the entry sees the settings. Then:
+
+0. with the pull policy ``missing`` (the importer's default) or ``never``, use what the
+   reference resolved to before if that image is in a store (a note in ``STORE/pyxis/refs/``;
+   no network, no registry client: the warm get, :func:`recalled`);
+1. pull it through the cache as ``ocistage pull`` does (mirrors, the pull policy, site and
+   user config; credentials from the docker/podman auth files and from enroot's own
+   ``.credentials`` netrc);
+2. use the site store's image of the key if the site made it; else take the step's lease on
+   the image of the user's store (``squashfs:<key>``: ``cache gc`` keeps what a live job holds)
+   and build it if it is missing, once for all the ranks and nodes asking at once
+   (:func:`~ocistage.bundler.pyxis.build.build`).
+
+Nothing half-built is ever at a key's path; a failed build leaves only its scratch directory,
+which the next command (or ``cache gc``) removes, and its partial downloads, which the next
+``get`` resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ocistage.bundler.image.reference import RegistryReference
+from ocistage.bundler.pyxis.build import build
+from ocistage.bundler.pyxis.cachesource import CacheSource
+from ocistage.bundler.pyxis.credentials import EnrootCredentials
+from ocistage.bundler.pyxis.imagekey import image_key
+from ocistage.bundler.pyxis.imagestore import ImageStore
+from ocistage.bundler.pyxis.jobstep import JobStep
+from ocistage.bundler.pyxis.mksquashfs import Mksquashfs
+from ocistage.bundler.pyxis.sitestore import SiteStore
+from ocistage.bundler.pyxis.uri import parse_enroot_uri
+from ocistage.bundler.settings import DEFAULT, Settings
+
+if TYPE_CHECKING:
+    from ocistage.bundler.pull import PullOptions
+    from ocistage.bundler.registry.credentials import CredentialStore
+
+
+@dataclass(frozen=True)
+class GetResult:
+    path: Path
+    built: bool              # this call made the image
+    manifest: str
+    key: str
+
+
+def effective_policy(settings: Settings) -> str:
+    """The pull policy of a get: the configured one (``--pull`` has no option here: the
+    environment or a config file), else ``missing``: a reference imported before is used as
+    it was, without asking the registry (docs/pyxis.md)."""
+    return settings.pull if settings.origins.get("pull", DEFAULT) != DEFAULT else "missing"
+
+
+def pull_options(settings: Settings, credentials: CredentialStore, policy: str) -> PullOptions:
+    from ocistage.bundler.pull import PullOptions
+
+    registry = dataclasses.replace(settings.registry_config(), credentials=credentials)
+    return PullOptions(jobs=settings.jobs, registry=registry, max_size=settings.max_size,
+                       policy=policy, unpack_limit=settings.unpack_limit,
+                       trust=settings.trust_config())
+
+
+def get(uri: str, settings: Settings, step: JobStep,
+        environ: Mapping[str, str] | None = None) -> GetResult:
+    """``importer get URI``: the image's squashfs, made once, leased to ``step``.
+
+    Images go to the site's ``pyxis_store`` if set and this user may write there, else to the
+    user's cache; a site store this user cannot write is only read (a store that does not
+    exist is the site's to make, with the mode it wants: docs/pyxis.md)."""
+    from ocistage.bundler.trust.files import policy_applies
+
+    parsed = parse_enroot_uri(uri)
+    shared = settings.pyxis_store
+    writable = shared is not None and os.access(shared, os.W_OK)
+    site = SiteStore(shared) if shared is not None and not writable else None
+    images = ImageStore(shared if shared is not None and writable else settings.cache)
+    policy = effective_policy(settings)
+    # an image policy decides in the pull, also for an image made before: no recall then
+    if policy != "always" and not policy_applies(settings.trust_config()):
+        found = recalled(parsed.reference, site, images, step)
+        if found is not None:
+            return found
+    options = pull_options(settings, EnrootCredentials(parsed.user, environ), policy)
+    return fetched(parsed.reference, CacheSource(settings.cache, options), site, images, step)
+
+
+def recalled(reference: RegistryReference, site: SiteStore | None, images: ImageStore,
+             step: JobStep) -> GetResult | None:
+    """The image a reference resolved to before, leased to ``step``; None if there is none.
+    No network and no registry client: the warm get."""
+    made = site.recalled(reference) if site is not None else None
+    if made is not None:
+        path, noted = made
+        return GetResult(path, False, noted.manifest, noted.key)
+    found = images.recalled(reference, step)
+    if found is None:
+        return None
+    return GetResult(images.path(found.key), False, found.manifest, found.key)
+
+
+def fetched(reference: RegistryReference, source: CacheSource, site: SiteStore | None,
+            images: ImageStore, step: JobStep) -> GetResult:
+    """The image of ``reference`` as the registry has it now (pulled into ``source``): the
+    site store's, else the one in ``images``, made there if it is missing."""
+    with source.leased() as cache:
+        manifest = cache.pull(reference)
+        mksquashfs = Mksquashfs.on_this_node()
+        key = image_key(manifest, mksquashfs.compressor)
+        shared = site.image(key) if site is not None else None
+        if shared is not None:
+            return GetResult(shared, False, manifest, key)
+        with images.building(key, step) as slot:
+            if slot.missing:
+                build(reference, cache, images, key, mksquashfs, manifest)
+    images.remember(reference, key, manifest)
+    images.touch(key)
+    return GetResult(slot.path, slot.missing, manifest, key)

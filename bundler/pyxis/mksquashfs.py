@@ -1,0 +1,144 @@
+"""The mksquashfs command of an importer image: which mksquashfs and compressor, its argv,
+its run and its errors."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shlex
+import shutil
+import stat
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ocistage.bundler.errors import PyxisImportError
+from ocistage.stagers.errors import ToolFailed
+from ocistage.stagers.mksquashfs import (
+    compressors_listed,
+    help_text,
+    pseudo_dir,
+    pseudo_file,
+    pseudo_name,
+    run_tool,
+)
+
+MKSQUASHFS_TIMEOUT = 3 * 3600
+#: compressors in order of preference; enroot's own default (lzo) is missing on RHEL 9
+COMPRESSORS = ("zstd", "gzip")
+#: the levels of the command-line tools' defaults; mksquashfs's own (zstd 15, gzip 9) took 25
+#: and 3 times as long for an image 5% and 2% smaller (bench/README.md, "pyxis")
+COMPRESSION_LEVELS = {"zstd": 3, "gzip": 6}
+
+
+@dataclass(frozen=True)
+class Mksquashfs:
+    """This node's mksquashfs and the compressor it will write images with."""
+
+    path: str
+    compressor: str
+
+    @classmethod
+    def on_this_node(cls) -> Mksquashfs:
+        path = mksquashfs_path()
+        return cls(path, probe_compressor(path))
+
+
+def mksquashfs_path() -> str:
+    """mksquashfs on PATH, else where distributions put it."""
+    path = shutil.which("mksquashfs") or next(
+        (p for p in ("/usr/sbin/mksquashfs", "/usr/bin/mksquashfs", "/sbin/mksquashfs")
+         if os.access(p, os.X_OK)), None)
+    if path is None:
+        raise PyxisImportError("mksquashfs is not installed on this node",
+                               "install squashfs-tools (the package enroot needs too)")
+    return path
+
+
+def probe_compressor(mksquashfs: str) -> str:
+    """The first of :data:`COMPRESSORS` that ``mksquashfs -help`` lists as available."""
+    try:
+        text = help_text(mksquashfs)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise PyxisImportError(f"cannot run {mksquashfs} -help: {exc}") from exc
+    available = compressors_listed(text)
+    for name in COMPRESSORS:
+        if name in available:
+            return name
+    raise PyxisImportError(f"{mksquashfs} offers none of {', '.join(COMPRESSORS)} "
+                           f"(it lists {', '.join(available) or 'no compressor'})",
+                           "install a squashfs-tools built with zstd or gzip")
+
+
+def _pseudo_dirs(rootfs: Path, relative: str) -> list[str]:
+    """Pseudo definitions for the directories of ``relative`` missing from ``rootfs``; none
+    below a component that exists but is no directory (enroot's mkdir would fail there too).
+    Every name is escaped (:func:`~ocistage.stagers.mksquashfs.pseudo_name`): an image's
+    WorkingDir is data, never a definition of its own (issue 39)."""
+    parts = [p for p in relative.split("/") if p and p not in (".", "..")]
+    if not parts:
+        return []
+    pseudo_name(parts)  # refuse what no definition can carry before any path is looked at
+    result = []
+    for depth in range(1, len(parts) + 1):
+        try:
+            st = os.lstat(rootfs.joinpath(*parts[:depth]))
+        except FileNotFoundError:
+            result.append(pseudo_dir(parts[:depth], 0o755, 0, 0))
+            continue
+        except OSError:
+            return result
+        if not stat.S_ISDIR(st.st_mode):  # a file, or a link (not followed out of the rootfs)
+            return result
+    return result
+
+
+def mksquashfs_argv(mksquashfs: str, rootfs: Path, image: Path, files: Mapping[str, Path],
+                    workdir: str, compressor: str, jobs: int) -> list[str]:
+    """The mksquashfs command of an image: ``rootfs`` owned by root (``-all-root``, as enroot
+    makes it), without what is under /dev, with ``files`` (path inside -> file) replacing the
+    image's own and ``workdir`` made. Raises
+    :class:`~ocistage.stagers.errors.PseudoNameError` for a ``workdir`` no image can hold."""
+    level = COMPRESSION_LEVELS.get(compressor)
+    argv = [mksquashfs, os.fspath(rootfs), os.fspath(image), "-comp", compressor,
+            *(["-Xcompression-level", str(level)] if level is not None else []),
+            "-noappend", "-no-progress", "-quiet", "-no-recovery", "-all-root",
+            "-processors", str(max(1, jobs))]
+    pseudo: list[str] = []
+    for inside in sorted(files):
+        parent = inside.rpartition("/")[0]
+        pseudo += [p for p in _pseudo_dirs(rootfs, parent) if p not in pseudo]
+    pseudo += [p for p in _pseudo_dirs(rootfs, workdir) if p not in pseudo]
+    pseudo += [pseudo_file(inside.split("/"), 0o644, 0, 0,
+                           f"cat {shlex.quote(os.fspath(files[inside]))}")
+               for inside in sorted(files)]
+    for definition in pseudo:
+        argv += ["-p", definition]
+    # -e takes the rest of the command line
+    argv += ["-wildcards", "-e", "dev/*", *sorted(files)]
+    return argv
+
+
+def run_mksquashfs(argv: Sequence[str], store: Path) -> None:
+    """Run mksquashfs (writing into ``store``) as every mksquashfs is run
+    (:func:`ocistage.stagers.mksquashfs.run_tool`: killed with this process, however it
+    ends); its failure said the importer's way (:func:`mksquashfs_error`)."""
+    try:
+        run_tool(argv, "mksquashfs", timeout=MKSQUASHFS_TIMEOUT, output=Path(argv[2]))
+    except ToolFailed as exc:
+        if exc.status is None:
+            raise PyxisImportError(exc.message, exc.hint) from exc
+        said = exc.said + ((os.strerror(errno.ENOSPC),) if exc.no_space else ())
+        raise mksquashfs_error("\n".join(said), exc.status, store) from exc
+
+
+def mksquashfs_error(output: str, status: int, store: Path) -> PyxisImportError:
+    """The error of a failed mksquashfs: its last line, or that ``store`` is full."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    if any(os.strerror(errno.ENOSPC) in line for line in lines):
+        return PyxisImportError(f"no space left on the filesystem of {store} for the image",
+                                "free space there, or point pyxis_store (docs/pyxis.md) at a "
+                                "larger filesystem")
+    return PyxisImportError(f"mksquashfs failed: {lines[-1] if lines else f'exit {status}'}",
+                            f"check the free space of {store} (docs/pyxis.md)")
