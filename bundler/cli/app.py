@@ -1,14 +1,15 @@
 """The ``ocistage`` command line: the top-level group and the boundary where errors are shown.
 
 This is the only module that imports all four packages (through the command modules). The
-commands live in ``cli_image`` (pull, inspect, bundle), ``cli_stage``, ``cli_slurm``,
-``cli_cache`` and ``cli_config``; :mod:`ocistage.bundler.cli.commands` lists them, and a command's
-module is imported only when that command runs. :func:`run` is the one boundary between the
-library and the user: errors from the library arrive as :class:`ocistage.errors.OcistageError`
-and are rendered as one ``error:`` line plus a ``hint:`` line (exit 1, or 2 for usage
-errors); any other exception is one line too; tracebacks are shown only with ``-v``. A
-closed stdout ends a command quietly with 141, as SIGPIPE ends ``ls`` (docs/cli.md).
-"""
+commands live in the modules of this package (``image``: pull, inspect, bundle; ``stage``,
+``slurm``, ``cache``, ``config``, ``doctor``, ``trust``); :mod:`ocistage.bundler.cli.commands`
+lists them, and a command's module is imported only when that command runs. :func:`run` is the
+boundary between the library and the user of ``ocistage`` (``ocistage-pyxis-importer`` has its
+own, :func:`ocistage.bundler.cli.pyxis.run`): errors from the library arrive as
+:class:`ocistage.errors.OcistageError` and are rendered as one ``error:`` line plus a ``hint:``
+line (exit 1, or 2 for usage errors); any other exception is one line too; tracebacks are
+shown only with ``-v``. A closed stdout ends a command quietly with 141, as SIGPIPE ends ``ls``
+(docs/cli.md)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,9 @@ The schemas in ``bundler/image/schemas/`` are written for ocistage from image-sp
 Docker v2 schema 2 manifest and manifest list, and runtime-spec v1.2 (Linux). They are package data,
 loaded with :mod:`importlib.resources` (never from the network) and compiled once per kind.
 
-``validate(document, kind)`` returns nothing or raises :class:`ocistage.bundler.image.errors.SchemaError`
-naming the JSON path of the most relevant problem, e.g.
+``validate(document, kind)`` returns nothing or raises
+:class:`ocistage.bundler.image.errors.SchemaError` naming the JSON path of the most relevant
+problem, e.g.
 ``runtime-config: $.linux.namespaces[0].type: 'net' is not one of 'mount', 'pid', ...``.
 """
 
