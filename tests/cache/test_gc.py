@@ -49,7 +49,7 @@ from ocistage.cache.snapshots import chain_ids, list_snapshots
 from ocistage.cache.store import Ingest, Store, quarantine, scratch_name
 from ocistage.cache.verify import verify
 from ocistage.errors import NotFound
-from tests.cache.gclock import gc_lock_held
+from tests.cache.gclock import GcChecks, gc_lock_held
 from tests.cache.test_inventory import BASE, bundle_ref, image_ref, pull_ref, set_last_use
 from tests.cache.test_refnames import NAMES, PLATFORMS, manifest
 from tests.cache.test_refnames import check as check_names
@@ -266,7 +266,12 @@ def test_slurm_job_leases_last_while_the_job_runs(store: Store, tmp_path: Path) 
     assert all_leases(store.root) == []
 
 
-def test_in_use_waits_for_a_running_gc(store: Store, tmp_path: Path) -> None:
+def test_in_use_waits_for_a_running_gc(store: Store, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """protect() writes its lease first, then waits while the GC runs, and returns once the GC
+    has ended: seen as the lease on disk, the waiter finding the GC running again and again,
+    and protect() returning only after the lock was released (the last check found none)."""
+    checks = GcChecks(monkeypatch)
     with gc_lock_held(store.root) as release:
         assert gc_running(store.root)
         done = threading.Event()
@@ -278,12 +283,13 @@ def test_in_use_waits_for_a_running_gc(store: Store, tmp_path: Path) -> None:
 
         thread = threading.Thread(target=protect)
         thread.start()
-        time.sleep(1.0)
-        assert not done.is_set()  # the lease is written, but we wait for the GC
+        checks.wait_until_waiting()
+        assert not done.is_set()
         assert [lease.targets for lease in all_leases(store.root)] == [("image:x",)]
         release()
+        assert done.wait(10), "protect() did not return within 10 s of the GC's end"
         thread.join(timeout=10)
-        assert done.is_set()
+        assert checks.answers[-1] is False
         in_use.protect(["image:x", "blob:sha256:" + "a" * 64])
         assert [lease.targets for lease in all_leases(store.root)] == [
             ("image:x", "blob:sha256:" + "a" * 64)]
