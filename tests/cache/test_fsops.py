@@ -99,19 +99,30 @@ def victim_tree(tmp_path: Path) -> tuple[Path, Path]:
     return tree, outside
 
 
+def before_first_call(monkeypatch: pytest.MonkeyPatch, function: str, name: str,
+                      attack: Callable[[int], None]) -> list[str]:
+    """Run ``attack(dir_fd)`` just before the first ``os.<function>(name, ..., dir_fd=...)``:
+    an attacker winning the race at that system call, whichever code of ours makes it.
+    Returns a list that holds ``name`` once the attack has run."""
+    real: Callable[..., object] = getattr(os, function)
+    attacked: list[str] = []
+
+    def racing(path: object, *args: object, **kwargs: object) -> object:
+        dir_fd = kwargs.get("dir_fd")
+        if not attacked and path == name and isinstance(dir_fd, int):
+            attacked.append(name)
+            attack(dir_fd)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, function, racing)
+    return attacked
+
+
 def test_a_directory_swapped_for_a_link_before_it_is_opened_is_only_unlinked(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tree, outside = victim_tree(tmp_path)
-    real: Callable[..., object] = fsops._open_child
-    swapped: list[str] = []
-
-    def racing(parent: fsops._Frame, name: str) -> object:
-        if name == "a" and not swapped:
-            swap_for_link(parent.fd, name, outside)
-            swapped.append(name)
-        return real(parent, name)
-
-    monkeypatch.setattr(fsops, "_open_child", racing)
+    swapped = before_first_call(monkeypatch, "open", "a",
+                                lambda parent_fd: swap_for_link(parent_fd, "a", outside))
     remove_tree(tree)
     assert swapped == ["a"]
     assert not tree.exists()
@@ -122,16 +133,8 @@ def test_a_directory_swapped_for_a_link_before_it_is_opened_is_only_unlinked(
 def test_a_directory_swapped_for_a_link_before_its_rmdir_is_left_alone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tree, outside = victim_tree(tmp_path)
-    real = fsops._Removal.rmdir
-    swapped: list[str] = []
-
-    def racing(self: fsops._Removal, parent_fd: int, top: fsops._Frame) -> None:
-        if top.name == "sub" and not swapped:
-            swap_for_link(parent_fd, "sub", outside)
-            swapped.append(top.name)
-        real(self, parent_fd, top)
-
-    monkeypatch.setattr(fsops._Removal, "rmdir", racing)
+    swapped = before_first_call(monkeypatch, "rmdir", "sub",
+                                lambda parent_fd: swap_for_link(parent_fd, "sub", outside))
     with pytest.raises(OSError):  # tree/a still holds what was swapped in: not removed
         remove_tree(tree)
     assert swapped == ["sub"]
@@ -148,21 +151,20 @@ def test_a_deep_directory_moved_elsewhere_during_the_walk_stops_it(
     tree.mkdir()
     make_chain(tree, fsops.MAX_OPEN_DIRS + 10, 2)
     (tmp_path / "keep").write_text("k")
-    real = fsops._Walk.pop
-    moved: list[str] = []
+    real_open = os.open
 
-    def racing(self: fsops._Walk) -> tuple[fsops._Frame, int]:
-        top = self.stack[-1]
-        if not moved and self.stack[-2].fd < 0:  # its parent must be re-opened
-            parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=top.fd)
-            try:
-                os.rename(top.name, tmp_path / "elsewhere", src_dir_fd=parent)
-            finally:
-                os.close(parent)
-            moved.append(top.name)
-        return real(self)
+    def move_away(dir_fd: int) -> None:
+        """Move the directory the walk is about to leave through ``..`` out of the tree."""
+        parent = real_open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=dir_fd)
+        try:
+            inode = os.fstat(dir_fd).st_ino
+            name = next(e.name for e in os.scandir(parent)
+                        if e.is_dir(follow_symlinks=False) and e.inode() == inode)
+            os.rename(name, tmp_path / "elsewhere", src_dir_fd=parent)
+        finally:
+            os.close(parent)
 
-    monkeypatch.setattr(fsops._Walk, "pop", racing)
+    moved = before_first_call(monkeypatch, "open", "..", move_away)
     with pytest.raises(StoreError, match="moved while"):
         remove_tree(tree)
     assert moved

@@ -4,8 +4,6 @@ run completes (and that verifies clean)."""
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import json
 import os
 import socket
@@ -516,22 +514,27 @@ def crash_once(monkeypatch: pytest.MonkeyPatch, owner: object, name: str,
     monkeypatch.setattr(owner, name, patched)
 
 
-def _layer_applier() -> object:
-    """The module whose ``apply_layer`` name the bundle code calls."""
-    for name in ("ocistage.bundler.unpack.layerchain", "ocistage.bundler.rootfs",
-                 "ocistage.bundler.flows.bundle"):
-        with contextlib.suppress(ImportError):
-            module = importlib.import_module(name)
-            if hasattr(module, "apply_layer"):
-                return module
-    raise AssertionError("no module applies layers")
+def crash_creating(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Make the first ``os.open`` that creates a file called ``name`` raise Crash: the process
+    dies while that file is being unpacked, whichever module unpacks it."""
+    original = os.open
+    crashed = {"done": False}
+
+    def patched(path: object, flags: int, *args: object, **kwargs: object) -> int:
+        if (not crashed["done"] and flags & os.O_CREAT
+                and os.path.basename(os.fsdecode(path)) == name):  # type: ignore[arg-type]
+            crashed["done"] = True
+            raise Crash(f"creating {name}")
+        return original(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", patched)
 
 
 CRASH_POINTS = {
     "mid-blob-write": (Ingest, "write", 0),
     "blob-commit": (Ingest, "commit", 1),
     "before-tag": (Store, "tag", 0),
-    "second-layer-extraction": (_layer_applier(), "apply_layer", 1),
+    "second-layer-extraction": (os, "open", -1),  # creating a.bin, the 2nd layer's file
     "config-written": (bundle_module, "write_bundle_info", 0),
     "bundle-publish-rename": (bundle_module, "fsync_dir", 0),
 }
@@ -543,7 +546,10 @@ def test_a_crash_in_bundle_leaves_a_cache_the_next_run_completes(
     ref = image_ref(tmp_path / "src", "a", os.urandom(300_000))
     owner, name, after = CRASH_POINTS[point]
     with monkeypatch.context() as patch:
-        crash_once(patch, owner, name, after)
+        if after < 0:
+            crash_creating(patch, "a.bin")
+        else:
+            crash_once(patch, owner, name, after)
         with pytest.raises(Crash):
             bundle_ref(store, ref)
     assert all_leases(store.root) == []  # the lease of the crashed command ended
