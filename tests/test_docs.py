@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("ocistage", "cache", "stagers", "runtimes", "bundler")
 DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
@@ -174,3 +176,15 @@ def test_every_environment_variable_is_documented() -> None:
     assert "OCISTAGE_REQUIRE_E2E" in plugin
     testing = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
     assert {n for n in plugin if not re.search(rf"\b{n}\b", testing)} == set()
+
+
+@pytest.mark.parametrize("doc, limit", [("docs/performance.md", 400), ("bench/README.md", 200)])
+def test_performance_docs_stay_references(doc: str, limit: int) -> None:
+    """Goals, method and current results (docs/performance.md) and how to run the benchmarks
+    (bench/README.md), not lab notes: past rounds go to docs/history/performance-log.md, which
+    both link."""
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    lines = text.count("\n")
+    assert lines <= limit, f"{doc} has {lines} lines: move past runs to docs/history/"
+    assert "history/performance-log.md" in text
+    assert (ROOT / "docs" / "history" / "performance-log.md").is_file()

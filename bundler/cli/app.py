@@ -235,7 +235,7 @@ def main() -> None:
     # ~370 modules a command imported; frozen, they are not traced again. Objects are still
     # released and atexit handlers run (logging, temporary directories' finalizers); only what
     # is in a reference cycle is left to the process's end, and no command leaves work to such
-    # an object's finalizer. docs/performance.md, "Issue 29: the last round".
+    # an object's finalizer. docs/history/performance-log.md, "Issue 29: the last round".
     gc.freeze()
     sys.exit(code)
 
