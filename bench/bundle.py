@@ -538,8 +538,8 @@ def goal_lines(result: dict[str, Any]) -> list[str]:
     if "link after DEST" in m:
         applied = m["link after DEST"]["detail"].get("layers_applied")
         # 0 where the writable DEST's copy could be a reflink; elsewhere a cold DEST is
-        # unpacked in place, keeping no snapshot, by choice (docs/performance.md, "Writable
-        # DEST"): the --link bundle after it unpacks again
+        # unpacked in place, keeping no snapshot, by choice (docs/history/performance-log.md,
+        # "Writable DEST"): the --link bundle after it unpacks again
         lines.append(f"link after DEST: layers unpacked again {applied} (0 where DEST's "
                      "copy is a reflink; elsewhere no snapshot is kept, by choice)")
     return lines

@@ -1,4 +1,6 @@
-"""Following blobs while they download: :class:`PullThread` runs ``pull()`` in a thread that
+"""Following blobs while they download, so that layers are unpacked as they arrive.
+
+:class:`PullThread` runs ``pull()`` in a thread that
 reports its progress to a :class:`BlobFollower`, and readers (the layer unpacking of
 :mod:`ocistage.bundler.unpack.layerchain`) read a blob's growing file as it is written, or the
 stored blob once

@@ -1,4 +1,6 @@
-"""Writing to file descriptors and creating files: ``os.write`` may write less than it was
+"""Writing to file descriptors, creating files with their final mode, and reflinks.
+
+``os.write`` may write less than it was
 given, and a file can only be created with its final mode when the umask keeps that mode;
 cloning one file's extents into another (reflink)."""
 

@@ -1,6 +1,8 @@
-"""What GC keeps and what eviction takes: the cache as one GC sees it (:class:`Plan`), what stays
-live (leases, kept refs and what they reach), and the least recently used chosen for eviction
-(:func:`choose_evictions`) until the cache fits its budget."""
+"""What GC keeps and what eviction takes.
+
+The cache as one GC sees it (:class:`Plan`), what stays live (leases, kept refs and what they
+reach), and the least recently used chosen for eviction (:func:`choose_evictions`) until the
+cache fits its budget."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""What the cache holds: refs and the blobs they reach, blobs, bundles, and their last use (read by
-``cache ls``/``du``, gc and verify; the tables are :mod:`ocistage.cache.listing` and
-:mod:`ocistage.cache.diskusage`, the sizes of a tree :mod:`ocistage.cache.treesize`).
+"""What the cache holds: refs and the blobs they reach, blobs, bundles, and their last use.
+
+Read by ``cache ls``/``du``, gc and verify; the tables are :mod:`ocistage.cache.listing` and
+:mod:`ocistage.cache.diskusage`, the sizes of a tree :mod:`ocistage.cache.treesize`.
 
 Everything here reads; nothing changes the cache except :func:`write_bundle_info`, which
 ``ocistage.bundler.flows.bundle`` calls on a bundle's scratch directory before publishing it.

@@ -1,6 +1,7 @@
-"""Writes the hand-written tar layers of the fixture images (every header deterministic): the
-``busybox`` image's ``/home/app`` layer and the three layers of ``multilayer``, which exercise
-every layer rule (pytest_ocistage/images.py)."""
+"""Writes the hand-written tar layers of the fixture images, every header deterministic.
+
+The ``busybox`` image's ``/home/app`` layer and the three layers of ``multilayer``, which
+exercise every layer rule (pytest_ocistage/images.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Building one version of a staged tree in its scratch directory: directories, symlinks and
+"""Building one version of a staged tree in its scratch directory.
+
+Directories, symlinks and
 fifos first, then every regular file by the staging method's placer
 (:mod:`ocistage.stagers.placers`: hardlink from the source, via the target's pool, or an
 independent copy; unchanged files of the previous version carried over), then the times and

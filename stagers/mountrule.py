@@ -1,5 +1,7 @@
 """Which mounts of a bundle's ``config.json`` need a mount point in the rootfs itself, and of
-which kind: the one rule for :mod:`ocistage.bundler.rootfsmounts` (made in a rootfs being built)
+which kind.
+
+The one rule for :mod:`ocistage.bundler.rootfsmounts` (made in a rootfs being built)
 and :mod:`ocistage.stagers.squashfs` (added to a read-only image).
 
 A mount whose destination lies below an earlier mount's is made by the runtime inside that

@@ -1,6 +1,7 @@
-"""Telling a URL that bundles are stored at (fsspec's ``file://``, ``sftp://``, ``s3://`` ...)
-from a directory or an image reference, without loading the remote machinery
-(:mod:`ocistage.stagers.remote`) for the directories that most stages are."""
+"""Telling a URL that bundles are stored at from a directory or an image reference.
+
+URLs are fsspec's (``file://``, ``sftp://``, ``s3://`` ...); telling them apart does not load
+the remote machinery (:mod:`ocistage.stagers.remote`) for the directories most stages are."""
 
 from __future__ import annotations
 

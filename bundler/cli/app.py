@@ -1,14 +1,16 @@
 """The ``ocistage`` command line: the top-level group and the boundary where errors are shown.
 
 This is the only module that imports all four packages (through the command modules). The
-commands live in ``cli_image`` (pull, inspect, bundle), ``cli_stage``, ``cli_slurm``,
-``cli_cache`` and ``cli_config``; :mod:`ocistage.bundler.cli.commands` lists them, and a command's
-module is imported only when that command runs. :func:`run` is the one boundary between the
-library and the user: errors from the library arrive as :class:`ocistage.errors.OcistageError`
-and are rendered as one ``error:`` line plus a ``hint:`` line (exit 1, or 2 for usage
-errors); any other exception is one line too; tracebacks are shown only with ``-v``. A
-closed stdout ends a command quietly with 141, as SIGPIPE ends ``ls`` (docs/cli.md).
-"""
+commands live in the modules of this package (``image``: pull, inspect, bundle; ``stage``,
+``slurm``, ``cache``, ``config``, ``doctor``, ``trust``); :mod:`ocistage.bundler.cli.commands`
+lists them, and a command's module is imported only when that command runs. :func:`run` is the
+boundary between the library and the user of ``ocistage`` (``ocistage-pyxis-importer`` has its
+own, :func:`ocistage.bundler.pyxis.main.run`; both render by one rule,
+:func:`ocistage.bundler.cli.failure.failure`): errors from the library arrive as
+:class:`ocistage.errors.OcistageError` and are rendered as one ``error:`` line plus a ``hint:``
+line (exit 1, or 2 for usage errors); any other exception is one line too; tracebacks are
+shown only with ``-v``. A closed stdout ends a command quietly with 141, as SIGPIPE ends ``ls``
+(docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -213,7 +215,7 @@ def main() -> None:
     # ~370 modules a command imported; frozen, they are not traced again. Objects are still
     # released and atexit handlers run (logging, temporary directories' finalizers); only what
     # is in a reference cycle is left to the process's end, and no command leaves work to such
-    # an object's finalizer. docs/performance.md, "Issue 29: the last round".
+    # an object's finalizer. docs/history/performance-log.md, "Issue 29: the last round".
     gc.freeze()
     sys.exit(code)
 

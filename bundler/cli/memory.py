@@ -5,9 +5,9 @@ CPU, and an arena's freed pages are not all handed back. A cold bundle runs down
 a decompression thread and the apply thread, each allocating 1 MiB buffers: on the 10 GB /
 300k-file zstd image (`--long=27`, goal: the 128 MiB window + 100 MB) the peak RSS was 232 MiB
 with glibc's default, 220-226 MiB with two arenas and 211 MiB with one, in times within the
-disk's noise (53-60 s; docs/performance.md, "Issue 29: the last round"). The threads allocate
-while they hold the GIL, so they seldom wait for the one arena's lock; Python's own small
-objects do not come from it.
+disk's noise (53-60 s; docs/history/performance-log.md, "Issue 29: the last round"). The
+threads allocate while they hold the GIL, so they seldom wait for the one arena's lock;
+Python's own small objects do not come from it.
 
 The limit must be set before the first thread allocates (glibc fixes the arena count the first
 time it needs a new arena), so the command lines call :func:`limit_malloc_arenas` first thing.

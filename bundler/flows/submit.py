@@ -1,14 +1,13 @@
-"""``submit_image()``: the library call behind ``ocistage submit`` — a REF is bundled into the
-cache (:func:`bundle_for_submit`, :func:`ocistage.bundler.flows.bundle.make_bundle`), then staged
-where
-the job runs and handed to Slurm (:func:`submit_bundle`)
-(:func:`ocistage.runtimes.submit.submit`: held ``sbatch --container``, its lease, the ``afterany``
-cleanup job; or ``srun --container``).
+"""``submit_image()``: the library call behind ``ocistage submit``: bundle a REF, then submit it.
 
-This module is why ``bundler`` imports ``runtimes`` (docs/architecture.md), as
-``bundler/flows/stage.py`` imports ``stagers``: a REF must become a bundle before it can be
-submitted, and ``runtimes`` knows nothing of registries. No other bundler module does.
-"""
+The REF is bundled into the cache (:func:`bundle_for_submit`,
+:func:`ocistage.bundler.flows.bundle.make_bundle`), then staged where the job runs and handed to
+Slurm by :func:`submit_bundle` (:func:`ocistage.runtimes.submit.submit`: a held
+``sbatch --container``, its lease, the ``afterany`` cleanup job; or ``srun --container``).
+
+``runtimes`` knows nothing of registries: a REF must become a bundle before it can be
+submitted, so the bundling happens here, above both (docs/architecture.md, "Layers"), as
+``bundler/flows/stage.py`` bundles a REF before ``stagers`` stage it."""
 
 from __future__ import annotations
 

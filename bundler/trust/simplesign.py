@@ -1,5 +1,7 @@
 """The payload of a "simple signing" signature (the atomic container signature), read as
-strictly as containers/image reads it: ``critical`` and ``optional`` and nothing else,
+strictly as containers/image reads it.
+
+``critical`` and ``optional`` and nothing else,
 ``critical`` exactly ``type``, ``image`` (``docker-manifest-digest``) and ``identity``
 (``docker-reference``), no key twice."""
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
+from ocistage.cache import leases
 from ocistage.cache.leases import GC_LOCK
 
 
@@ -41,3 +45,31 @@ def gc_lock_held(cache_root: Path) -> Iterator[Callable[[], None]]:
     finally:
         holder.kill()
         holder.wait()
+
+
+class GcChecks:
+    """Every answer of :func:`ocistage.cache.leases.gc_running` in this process, in order, so a
+    test can wait (with a deadline) for something to have *found* a GC running and to be
+    waiting for it, instead of sleeping and seeing that nothing happened yet."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.answers: list[bool] = []
+        self._changed = threading.Condition()
+        real = leases.gc_running
+
+        def gc_running(cache_root: Path) -> bool:
+            answer = real(cache_root)
+            with self._changed:
+                self.answers.append(answer)
+                self._changed.notify_all()
+            return answer
+
+        monkeypatch.setattr(leases, "gc_running", gc_running)
+
+    def wait_until_waiting(self, checks: int = 2, timeout: float = 10.0) -> None:
+        """Return once ``checks`` checks found the GC running (whoever waits for it polls);
+        fail after ``timeout`` seconds."""
+        with self._changed:
+            assert self._changed.wait_for(lambda: self.answers.count(True) >= checks, timeout), (
+                f"nothing found the GC running {checks} times within {timeout} s: "
+                f"{self.answers}")

@@ -4,8 +4,6 @@ run completes (and that verifies clean)."""
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import json
 import os
 import socket
@@ -46,7 +44,7 @@ from ocistage.cache.snapshots import chain_ids, lease_target, list_snapshots
 from ocistage.cache.store import Store, quarantine
 from ocistage.cache.verify import verify
 from ocistage.errors import NotFound
-from tests.cache.gclock import gc_lock_held
+from tests.cache.gclock import GcChecks, gc_lock_held
 from tests.cache.test_inventory import BASE, bundle_ref, image_ref, pull_ref, set_last_use
 from tests.cache.test_refnames import NAMES, PLATFORMS, manifest
 from tests.cache.test_refnames import check as check_names
@@ -263,7 +261,12 @@ def test_slurm_job_leases_last_while_the_job_runs(store: Store, tmp_path: Path) 
     assert all_leases(store.root) == []
 
 
-def test_in_use_waits_for_a_running_gc(store: Store, tmp_path: Path) -> None:
+def test_in_use_waits_for_a_running_gc(store: Store, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """protect() writes its lease first, then waits while the GC runs, and returns once the GC
+    has ended: seen as the lease on disk, the waiter finding the GC running again and again,
+    and protect() returning only after the lock was released (the last check found none)."""
+    checks = GcChecks(monkeypatch)
     with gc_lock_held(store.root) as release:
         assert gc_running(store.root)
         done = threading.Event()
@@ -275,12 +278,13 @@ def test_in_use_waits_for_a_running_gc(store: Store, tmp_path: Path) -> None:
 
         thread = threading.Thread(target=protect)
         thread.start()
-        time.sleep(1.0)
-        assert not done.is_set()  # the lease is written, but we wait for the GC
+        checks.wait_until_waiting()
+        assert not done.is_set()
         assert [lease.targets for lease in all_leases(store.root)] == [("image:x",)]
         release()
+        assert done.wait(10), "protect() did not return within 10 s of the GC's end"
         thread.join(timeout=10)
-        assert done.is_set()
+        assert checks.answers[-1] is False
         in_use.protect(["image:x", "blob:sha256:" + "a" * 64])
         assert [lease.targets for lease in all_leases(store.root)] == [
             ("image:x", "blob:sha256:" + "a" * 64)]
@@ -507,22 +511,27 @@ def crash_once(monkeypatch: pytest.MonkeyPatch, owner: object, name: str,
     monkeypatch.setattr(owner, name, patched)
 
 
-def _layer_applier() -> object:
-    """The module whose ``apply_layer`` name the bundle code calls."""
-    for name in ("ocistage.bundler.unpack.layerchain", "ocistage.bundler.rootfs",
-                 "ocistage.bundler.flows.bundle"):
-        with contextlib.suppress(ImportError):
-            module = importlib.import_module(name)
-            if hasattr(module, "apply_layer"):
-                return module
-    raise AssertionError("no module applies layers")
+def crash_creating(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Make the first ``os.open`` that creates a file called ``name`` raise Crash: the process
+    dies while that file is being unpacked, whichever module unpacks it."""
+    original = os.open
+    crashed = {"done": False}
+
+    def patched(path: object, flags: int, *args: object, **kwargs: object) -> int:
+        if (not crashed["done"] and flags & os.O_CREAT
+                and os.path.basename(os.fsdecode(path)) == name):  # type: ignore[arg-type]
+            crashed["done"] = True
+            raise Crash(f"creating {name}")
+        return original(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", patched)
 
 
 CRASH_POINTS = {
     "mid-blob-write": (Ingest, "write", 0),
     "blob-commit": (Ingest, "commit", 1),
     "before-tag": (Store, "tag", 0),
-    "second-layer-extraction": (_layer_applier(), "apply_layer", 1),
+    "second-layer-extraction": (os, "open", -1),  # creating a.bin, the 2nd layer's file
     "config-written": (bundle_module, "write_bundle_info", 0),
     "bundle-publish-rename": (bundle_module, "fsync_dir", 0),
 }
@@ -534,7 +543,10 @@ def test_a_crash_in_bundle_leaves_a_cache_the_next_run_completes(
     ref = image_ref(tmp_path / "src", "a", os.urandom(300_000))
     owner, name, after = CRASH_POINTS[point]
     with monkeypatch.context() as patch:
-        crash_once(patch, owner, name, after)
+        if after < 0:
+            crash_creating(patch, "a.bin")
+        else:
+            crash_once(patch, owner, name, after)
         with pytest.raises(Crash):
             bundle_ref(store, ref)
     assert all_leases(store.root) == []  # the lease of the crashed command ended

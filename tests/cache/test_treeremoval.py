@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.cache import treeremoval, treewalk
+from ocistage.cache import treewalk
 from ocistage.cache.errors import StoreError, UntrustedPath
 from ocistage.cache.treeremoval import remove_at, remove_tree
 from ocistage.cache.treewalk import path_stats
@@ -94,19 +94,30 @@ def victim_tree(tmp_path: Path) -> tuple[Path, Path]:
     return tree, outside
 
 
+def before_first_call(monkeypatch: pytest.MonkeyPatch, function: str, name: str,
+                      attack: Callable[[int], None]) -> list[str]:
+    """Run ``attack(dir_fd)`` just before the first ``os.<function>(name, ..., dir_fd=...)``:
+    an attacker winning the race at that system call, whichever code of ours makes it.
+    Returns a list that holds ``name`` once the attack has run."""
+    real: Callable[..., object] = getattr(os, function)
+    attacked: list[str] = []
+
+    def racing(path: object, *args: object, **kwargs: object) -> object:
+        dir_fd = kwargs.get("dir_fd")
+        if not attacked and path == name and isinstance(dir_fd, int):
+            attacked.append(name)
+            attack(dir_fd)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, function, racing)
+    return attacked
+
+
 def test_a_directory_swapped_for_a_link_before_it_is_opened_is_only_unlinked(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tree, outside = victim_tree(tmp_path)
-    real: Callable[..., object] = treeremoval._open_child
-    swapped: list[str] = []
-
-    def racing(parent: treewalk.Frame, name: str) -> object:
-        if name == "a" and not swapped:
-            swap_for_link(parent.fd, name, outside)
-            swapped.append(name)
-        return real(parent, name)
-
-    monkeypatch.setattr(treeremoval, "_open_child", racing)
+    swapped = before_first_call(monkeypatch, "open", "a",
+                                lambda parent_fd: swap_for_link(parent_fd, "a", outside))
     remove_tree(tree)
     assert swapped == ["a"]
     assert not tree.exists()
@@ -117,16 +128,8 @@ def test_a_directory_swapped_for_a_link_before_it_is_opened_is_only_unlinked(
 def test_a_directory_swapped_for_a_link_before_its_rmdir_is_left_alone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tree, outside = victim_tree(tmp_path)
-    real = treeremoval._Removal.rmdir
-    swapped: list[str] = []
-
-    def racing(self: treeremoval._Removal, parent_fd: int, top: treewalk.Frame) -> None:
-        if top.name == "sub" and not swapped:
-            swap_for_link(parent_fd, "sub", outside)
-            swapped.append(top.name)
-        real(self, parent_fd, top)
-
-    monkeypatch.setattr(treeremoval._Removal, "rmdir", racing)
+    swapped = before_first_call(monkeypatch, "rmdir", "sub",
+                                lambda parent_fd: swap_for_link(parent_fd, "sub", outside))
     with pytest.raises(OSError):  # tree/a still holds what was swapped in: not removed
         remove_tree(tree)
     assert swapped == ["sub"]
@@ -143,21 +146,20 @@ def test_a_deep_directory_moved_elsewhere_during_the_walk_stops_it(
     tree.mkdir()
     make_chain(tree, treewalk.MAX_OPEN_DIRS + 10, 2)
     (tmp_path / "keep").write_text("k")
-    real = treewalk.Walk.pop
-    moved: list[str] = []
+    real_open = os.open
 
-    def racing(self: treewalk.Walk) -> tuple[treewalk.Frame, int]:
-        top = self.stack[-1]
-        if not moved and self.stack[-2].fd < 0:  # its parent must be re-opened
-            parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=top.fd)
-            try:
-                os.rename(top.name, tmp_path / "elsewhere", src_dir_fd=parent)
-            finally:
-                os.close(parent)
-            moved.append(top.name)
-        return real(self)
+    def move_away(dir_fd: int) -> None:
+        """Move the directory the walk is about to leave through ``..`` out of the tree."""
+        parent = real_open("..", os.O_RDONLY | os.O_DIRECTORY, dir_fd=dir_fd)
+        try:
+            inode = os.fstat(dir_fd).st_ino
+            name = next(e.name for e in os.scandir(parent)
+                        if e.is_dir(follow_symlinks=False) and e.inode() == inode)
+            os.rename(name, tmp_path / "elsewhere", src_dir_fd=parent)
+        finally:
+            os.close(parent)
 
-    monkeypatch.setattr(treewalk.Walk, "pop", racing)
+    moved = before_first_call(monkeypatch, "open", "..", move_away)
     with pytest.raises(StoreError, match="moved while"):
         remove_tree(tree)
     assert moved

@@ -169,6 +169,16 @@ def blackhole() -> Iterator[str]:
         server.close()
 
 
+def _syn_sent_to(port: int) -> bool:
+    """Whether a TCP connect to 127.0.0.1:``port`` is waiting for its SYN's answer (state
+    SYN_SENT in /proc/net/tcp: the connect() a blackhole keeps hanging)."""
+    wanted = f"0100007F:{port:04X}"
+    with open("/proc/net/tcp") as table:
+        next(table)
+        return any(fields[2] == wanted and fields[3] == "02"
+                   for fields in (line.split() for line in table))
+
+
 @pytest.mark.parametrize("command", ["pull", "bundle"])
 def test_ctrl_c_while_a_download_is_still_connecting_ends_the_run(
         images: dict[str, ImageRef], ocistage: OcistageRunner, fault_proxy: FaultProxy,
@@ -183,12 +193,13 @@ def test_ctrl_c_while_a_download_is_still_connecting_ends_the_run(
     argv = [command, image.via(fault_proxy.host)]
     if command == "bundle":
         argv.append(str(tmp_path / "bundle"))
+    port = int(blackhole.rsplit(":", 1)[1])
+
     def connecting(child: subprocess.Popen[str]) -> None:
         deadline = time.monotonic() + 60
-        while fault_proxy.count(rf"/blobs/{layer}") == 0:  # redirected: now connecting
+        while not _syn_sent_to(port):  # redirected, and now waiting in connect()
             assert child.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
-        time.sleep(0.5)
 
     # well inside the 30 s connect timeout: before, the run waited for it
     code, stderr = _interrupted_run(ocistage, argv, connecting, timeout=10)

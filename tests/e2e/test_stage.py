@@ -137,9 +137,18 @@ def test_a_restaged_squashfs_mount_stays_readable_to_a_running_container(
     ocistage("bundle", images["busybox"].ref, str(bundle), check=True)
     version = bundle / "rootfs" / "etc" / "version"
     version.write_text("one\n")
+    # the container says when it has read /etc/version once and waits to be told to read it
+    # again, through a directory of the test's bind-mounted at /signal
+    signal_dir = tmp_path / "signal"
+    signal_dir.mkdir()
     config = json.loads((bundle / "config.json").read_text())
-    config["process"]["args"] = ["/bin/sh", "-c",
-                                 "cat /etc/version; sleep 6; cat /etc/version; ls /bin/sh"]
+    config["process"]["args"] = [
+        "/bin/sh", "-c",
+        "cat /etc/version; touch /signal/read; n=0; "
+        "while [ ! -e /signal/again ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n+1)); done; "
+        "cat /etc/version; ls /bin/sh"]
+    config["mounts"].append({"destination": "/signal", "type": "bind",
+                             "source": str(signal_dir), "options": ["rbind", "rw"]})
     (bundle / "config.json").write_text(json.dumps(config))
     target = tmp_path / "target"
     staged = Path(str(stage(ocistage, str(bundle), "--to", str(target), "--format", "squashfs",
@@ -149,13 +158,19 @@ def test_a_restaged_squashfs_mount_stays_readable_to_a_running_container(
         runner = threading.Thread(
             target=lambda: runs.append(run_bundle(staged, tmp_path / "runc")))
         runner.start()
-        time.sleep(3)  # the container has started and read /etc/version once
+        deadline = time.monotonic() + 60
+        while not (signal_dir / "read").exists():  # it has read /etc/version once
+            assert runner.is_alive(), runs
+            assert time.monotonic() < deadline, "the container never read /etc/version"
+            time.sleep(0.05)
         replacement = version.with_name("version.new")
         replacement.write_text("two\n")
         os.replace(replacement, version)
         again = stage(ocistage, str(bundle), "--to", str(target), "--format", "squashfs",
                       "--mount")
         assert again["method"] == "squashfs-mount"
+        assert runner.is_alive()  # still running on the image it started with
+        (signal_dir / "again").touch()
         runner.join(timeout=120)
         [run] = runs
         assert run.returncode == 0, run.stderr
@@ -355,8 +370,10 @@ def test_sigterm_and_sighup_stop_a_stage_and_its_mksquashfs_like_ctrl_c(
             process.wait()
     assert process.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
-    time.sleep(0.5)
-    assert [pid for pid in children if running(pid)] == []
+    deadline = time.monotonic() + 10  # mksquashfs ends with the stage, not long after it
+    while left := [pid for pid in children if running(pid)]:
+        assert time.monotonic() < deadline, f"mksquashfs {left} still runs 10 s after the stage"
+        time.sleep(0.02)
     leftovers = [p.name for p in target.iterdir()] if target.exists() else []
     assert [name for name in leftovers if not name.startswith(".ocistage")] == [], leftovers
     again = ocistage("stage", str(tree), "--to", str(target), "--name", "x",

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,8 +15,6 @@ from ocistage.runtimes.oci_conf import (
     RUNTIMES,
     OciConfOptions,
     default_root,
-    known_keys,
-    known_tokens,
     lint_oci_conf,
     lint_oci_conf_file,
     oci_conf_options,
@@ -81,15 +83,112 @@ def test_lint_file_reads_a_file_and_refuses_what_is_not_an_oci_conf(tmp_path: Pa
         lint_oci_conf_file(big, V24)
 
 
-def test_runc_run_template_matches_slurms_documented_shape() -> None:
-    entries, _ = parse_oci_conf(render_oci_conf(OciConfOptions(runtime="runc", version=V22)))
-    root = "/run/user/$(id -u)/ocistage-runc"
-    assert entries["RunTimeRun"][1] == (
-        f"runc --rootless=true --root={root} run %n.%u.%j.%s.%t -b %b")
-    assert entries["RunTimeQuery"][1].startswith(
-        f"runc --rootless=true --root={root} state %n.%u.%j.%s.%t 2>/dev/null || printf ")
-    assert entries["RunTimeKill"][1].endswith("kill -a %n.%u.%j.%s.%t")
-    assert entries["RunTimeDelete"][1].endswith("delete --force %n.%u.%j.%s.%t")
+#: what slurmstepd puts for each token (Slurm's oci.conf(5)): node, user, uid, job, step,
+#: task, the bundle and its rootfs; "%%" is a "%"
+NODE, USER, JOB, STEP, TASK, BUNDLE = "node7", "alice", "4242", "3", "5", "/srv/staged/b"
+
+
+def expand_like_slurmstepd(value: str) -> str:
+    """An oci.conf value as slurmstepd runs it: Slurm's parser drops the backslash of each
+    escape (parse_config.c), then each %X token is replaced (the % of an unknown X is fatal
+    to slurmstepd, so the linter's job; here it fails the test)."""
+    value = re.sub(r"\\(.)", r"\1", value)
+    tokens = {"%": "%", "n": NODE, "u": USER, "U": str(os.getuid()), "j": JOB, "s": STEP,
+              "t": TASK, "b": BUNDLE, "r": f"{BUNDLE}/rootfs", "@": "/bin/true"}
+    return re.sub(r"%(.)", lambda m: tokens[m.group(1)], value)
+
+
+#: a runtime for the test: records its argv (a line, each argument ended by \\x1f) and, for
+#: "state", answers as a runtime does for a running container, or fails as one does for a
+#: container that is gone; "run" ends with the container's status, $FAKE_STATUS
+FAKE_RUNTIME = """#!/bin/sh
+{ for arg in "$@"; do printf '%s\037' "$arg"; done; echo; } >> "$FAKE_LOG"
+for arg in "$@"; do
+    if [ "$arg" = state ]; then
+        [ "$FAKE_GONE" = 1 ] && { echo 'container does not exist' >&2; exit 1; }
+        echo '{"ociVersion":"1.0.2","id":"x","status":"running","pid":1}'; exit 0
+    fi
+done
+exit "${FAKE_STATUS:-0}"
+"""
+
+
+def run_line(value: str, runtime: str, tmp_path: Path,
+             **env: str) -> tuple[subprocess.CompletedProcess[str], list[list[str]]]:
+    """Run one oci.conf value as slurmstepd does (``/bin/sh -c``, as the job user) with the
+    fake runtime first on PATH; its result and the argv each runtime call got."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / runtime).write_text(FAKE_RUNTIME)
+    (bin_dir / runtime).chmod(0o755)
+    log = tmp_path / f"calls-{len(list(tmp_path.glob('calls-*')))}.log"
+    result = subprocess.run(
+        ["/bin/sh", "-c", expand_like_slurmstepd(value)], capture_output=True, text=True,
+        timeout=30, env={"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_LOG": str(log), **env})
+    lines = log.read_text().splitlines() if log.exists() else []
+    calls = [line.split("\x1f")[:-1] for line in lines]
+    return result, calls
+
+
+def option(argv: list[str], *names: str) -> str | None:
+    """The value of ``--name=V``, ``--name V`` or ``-n V`` in ``argv``."""
+    for n, arg in enumerate(argv):
+        for name in names:
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+            if arg == name and n + 1 < len(argv):
+                return argv[n + 1]
+    return None
+
+
+@pytest.mark.parametrize("version", [V22, V24, SlurmVersion(26, 5)], ids=str)
+@pytest.mark.parametrize("runtime", ["runc", "crun", "nvidia-container-runtime"])
+def test_each_runtime_line_does_what_slurmstepd_needs(runtime: str, version: SlurmVersion,
+                                                      tmp_path: Path) -> None:
+    """Each RunTime* line, expanded and run as slurmstepd runs it, against a runtime with
+    runc's command line (Slurm's containers guide: run mode, then query, kill and delete of
+    one container id per task)."""
+    entries, problems = parse_oci_conf(render_oci_conf(OciConfOptions(runtime=runtime,
+                                                                       version=version)))
+    assert problems == []
+    calls = {}
+    for key in ("RunTimeRun", "RunTimeQuery", "RunTimeKill", "RunTimeDelete"):
+        result, argvs = run_line(entries[key][1], runtime, tmp_path, FAKE_STATUS="7")
+        [calls[key]] = argvs  # each line calls the runtime exactly once
+        if key == "RunTimeRun":  # the task's status is the container's
+            assert result.returncode == 7, result.stderr
+    ids = set()
+    for key, argv in calls.items():
+        # rootless, with a state directory of the job user's own (not /tmp: other users)
+        assert "--rootless=true" in argv or option(argv, "--rootless") == "true", (key, argv)
+        root = option(argv, "--root")
+        assert root is not None and f"/{os.getuid()}/" in root + "/", (key, argv)
+        # the container id: the argument after the subcommand's options, the same in every
+        # line, and naming node, user, job, step and task, so two tasks never share one
+        ids.add(next(arg for arg in argv if NODE in arg))
+    [container_id] = ids
+    assert {NODE, USER, JOB, STEP, TASK} <= set(re.split(r"[.:_-]", container_id))
+    run, kill, delete, query = (calls[k] for k in ("RunTimeRun", "RunTimeKill",
+                                                   "RunTimeDelete", "RunTimeQuery"))
+    assert "run" in run and option(run, "-b", "--bundle") == BUNDLE
+    assert "create" not in run and "start" not in run
+    assert "kill" in kill and ("-a" in kill or "--all" in kill)  # every process of it
+    assert "delete" in delete and ("--force" in delete or "-f" in delete)
+    assert "state" in query
+
+
+@pytest.mark.parametrize("runtime", ["runc", "crun", "nvidia-container-runtime", "apptainer"])
+def test_the_query_answers_json_even_for_a_container_that_is_gone(runtime: str,
+                                                                  tmp_path: Path) -> None:
+    """slurmstepd parses RunTimeQuery's output as the runtime's JSON state, also after the
+    container exited: a running container's state passes through, a gone one is "stopped"
+    (and the line succeeds)."""
+    entries, _ = parse_oci_conf(render_oci_conf(OciConfOptions(runtime=runtime, version=V24)))
+    running, _ = run_line(entries["RunTimeQuery"][1], runtime, tmp_path)
+    assert running.returncode == 0 and json.loads(running.stdout)["status"] == "running"
+    gone, calls = run_line(entries["RunTimeQuery"][1], runtime, tmp_path, FAKE_GONE="1")
+    assert calls and gone.returncode == 0, gone.stderr
+    assert json.loads(gone.stdout) == {"status": "stopped"}
 
 
 def test_state_directory_is_per_user_with_the_token_the_version_knows() -> None:
@@ -97,7 +196,6 @@ def test_state_directory_is_per_user_with_the_token_the_version_knows() -> None:
     assert default_root("crun", V23) == "/run/user/%U/ocistage-crun"
     text = render_oci_conf(OciConfOptions(runtime="crun", version=V24))
     assert "--root=/run/user/%U/ocistage-crun" in text
-    assert "run --bundle %b %n.%u.%j.%s.%t" in text
 
 
 def test_srun_path_is_written_where_slurm_knows_it() -> None:
@@ -139,42 +237,60 @@ def test_lint_reports_unknown_keys_and_tokens_per_version() -> None:
                         "(fatal to slurmstepd)", "line 5: unknown key Foo for Slurm 24.05"]
 
 
-#: per release, from SchedMD's tags: keys from oci_config.c's options[] (read_oci_conf.c in
-#: 22.05), tokens from the cases of slurmstepd's _generate_pattern()
-KEYS_22_05 = {"ContainerPath", "CreateEnvFile", "RunTimeCreate", "RunTimeDelete", "RunTimeKill",
-              "RunTimeQuery", "RunTimeRun", "RunTimeStart"}
-KEYS_23_02 = KEYS_22_05 | {"DebugFlags", "DisableCleanup", "DisableHooks", "EnvExclude",
-                           "FileDebug", "IgnoreFileConfigJson", "MountSpoolDir",
-                           "RunTimeEnvExclude", "SrunArgs", "SrunPath", "StdIODebug",
-                           "SyslogDebug"}
-RELEASES = [  # (release, keys, tokens)
-    ("22.05", KEYS_22_05, "%@bejnrstu"),
-    ("23.02", KEYS_23_02, "%@bejmnprstuU"),
-    ("23.11", KEYS_23_02, "%@bejmnprstuU"),
-    ("24.05", KEYS_23_02, "%@bejmnprstuU"),
-    ("24.11", KEYS_23_02, "%@bejmnprstuU"),
-    ("25.05", KEYS_23_02, "%@bejmnprstuU"),
-    ("25.11", KEYS_23_02, "%@bejmnprstuU"),
-    ("26.05", KEYS_23_02, "%@bejmnprstuUZ"),
-]
+RELEASES = ["22.05", "23.02", "23.11", "24.05", "24.11", "25.05", "25.11", "26.05"]
 RUN_BASE = 'RunTimeQuery="q"\nRunTimeKill="k"\nRunTimeDelete="d"\n'
+#: the run-mode examples of Slurm's containers guide (22.05; reference/ in the shared docs)
+GUIDE_RUN_MODE = {
+    "runc": ('RunTimeQuery="runc --rootless=true --root=/tmp/ state %n.%u.%j.%s.%t"\n'
+             'RunTimeKill="runc --rootless=true --root=/tmp/ kill -a %n.%u.%j.%s.%t"\n'
+             'RunTimeDelete="runc --rootless=true --root=/tmp/ delete --force %n.%u.%j.%s.%t"\n'
+             'RunTimeRun="runc --rootless=true --root=/tmp/ run %n.%u.%j.%s.%t -b %b"\n'),
+    "crun": ('RunTimeQuery="crun --rootless=true --root=/tmp/ state %n.%u.%j.%s.%t"\n'
+             'RunTimeKill="crun --rootless=true --root=/tmp/ kill -a %n.%u.%j.%s.%t"\n'
+             'RunTimeDelete="crun --rootless=true --root=/tmp/ delete --force %n.%u.%j.%s.%t"\n'
+             'RunTimeRun="crun --rootless=true --root=/tmp/ run --bundle %b %n.%u.%j.%s.%t"\n'),
+}
 
 
-@pytest.mark.parametrize(("release", "keys", "tokens"), RELEASES)
-def test_keys_and_tokens_per_release(release: str, keys: set[str], tokens: str) -> None:
+def kill_with(token: str) -> str:
+    return ('RunTimeQuery="q"\nRunTimeDelete="d"\nCreateEnvFile=true\n'
+            f'RunTimeKill="x %{token} y"\nRunTimeRun="r"\n')
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("runtime", sorted(GUIDE_RUN_MODE))
+def test_the_guides_run_mode_examples_pass_on_every_release(runtime: str, release: str) -> None:
+    assert lint_oci_conf(GUIDE_RUN_MODE[runtime], SlurmVersion.parse(release)) == []
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_what_came_after_22_05_is_fatal_there_only(release: str) -> None:
+    """Slurm 23.02 added the %U (uid) and %m (spool dir) tokens and the keys scrun and
+    ocistage's templates use (SrunPath, SrunArgs, RunTimeEnvExclude, ...); 26.05 added %Z."""
     version = SlurmVersion.parse(release)
-    assert known_keys(version) == keys
-    assert known_tokens(version) == set(tokens)
-    # every token the release knows passes the linter, every other letter is fatal
-    for char in "%@bejmnprstuUZxqA":
-        text = ('RunTimeQuery="q"\nRunTimeDelete="d"\nCreateEnvFile=true\n'
-                f'RunTimeKill="x %{char} y"\nRunTimeRun="r"\n')
-        problems = [str(p) for p in lint_oci_conf(text, version)]
-        if char in tokens:
-            assert problems == [], (release, char)
-        else:
-            assert problems == [f"line 4: RunTimeKill: unknown pattern token %{char} for "
-                                f"Slurm {release} (fatal to slurmstepd)"], (release, char)
+    old = version < SlurmVersion(23, 2)
+    for token in "Um":
+        assert (lint_oci_conf(kill_with(token), version) != []) == old, (release, token)
+    for key in ("SrunPath=/usr/bin/srun", "SrunArgs=--overlap", 'RunTimeEnvExclude="^X="',
+                "DisableHooks=nvidia", "MountSpoolDir=/run/slurm-spool"):
+        problems = [str(p) for p in lint_oci_conf(RUN_BASE + 'RunTimeRun="r"\n' + key, version)]
+        assert bool(problems) == old, (release, key, problems)
+        if old:
+            assert problems == [f"line 5: unknown key {key.split('=')[0]} for Slurm 22.05 "
+                                "(added in Slurm 23.02)"]
+    z = lint_oci_conf(kill_with("Z"), version)
+    assert (z == []) == (version >= SlurmVersion(26, 5)), release
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_documented_tokens_pass_and_any_other_letter_is_fatal(release: str) -> None:
+    version = SlurmVersion.parse(release)
+    for token in "%@bejnrstu":  # oci.conf(5) of every release since 22.05
+        assert lint_oci_conf(kill_with(token), version) == [], (release, token)
+    for token in "xqAz":
+        assert [str(p) for p in lint_oci_conf(kill_with(token), version)] == [
+            f"line 4: RunTimeKill: unknown pattern token %{token} for Slurm {release} "
+            "(fatal to slurmstepd)"], (release, token)
 
 
 def test_z_token_is_fatal_before_26_05() -> None:

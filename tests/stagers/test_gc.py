@@ -9,7 +9,6 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from ocistage.stagers.remote import push_tree, stage_from_url
 from ocistage.stagers.target import StageResult
 from ocistage.stagers.unstage import unstage
 from pytest_ocistage.components import require_binary
-from tests.cache.gclock import gc_lock_held
+from tests.cache.gclock import GcChecks, gc_lock_held
 from tests.stagers.conftest import make_tree
 
 DEAD_JOB = Holder.slurm_job("424242")
@@ -134,9 +133,14 @@ def test_gc_removes_a_dead_pool_bundle_and_sweeps_what_only_it_used(
         [".ocistage-pool", "live", "user-file"])
 
 
-def test_a_stager_waits_for_a_running_gc_before_looking(tree: Path, tmp_path: Path) -> None:
+def test_a_stager_waits_for_a_running_gc_before_looking(tree: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage records its lease, then waits while a GC runs, and stages once it has ended:
+    seen as the lease on disk and no bundle while the stager finds the GC running again and
+    again, and the bundle staged within a deadline of the GC's end."""
     cache = tmp_path / "cache"
     Store.open(cache)
+    checks = GcChecks(monkeypatch)
     with gc_lock_held(cache) as release:
         done = threading.Event()
 
@@ -146,14 +150,16 @@ def test_a_stager_waits_for_a_running_gc_before_looking(tree: Path, tmp_path: Pa
 
         thread = threading.Thread(target=stage)
         thread.start()
-        time.sleep(1.0)
-        assert not done.is_set()  # the lease is recorded, the stager waits for the GC
+        checks.wait_until_waiting()
+        assert not done.is_set()
         assert not (tmp_path / "t" / "bundle").exists()
         assert [lease.target for lease in leases.all_leases(cache)] == [
             f"staged:{tmp_path / 't' / 'bundle'}"]
         release()
+        assert done.wait(30), "the stage did not finish within 30 s of the GC's end"
         thread.join(timeout=30)
-        assert done.is_set() and (tmp_path / "t" / "bundle" / "config.json").exists()
+        assert checks.answers[-1] is False
+        assert (tmp_path / "t" / "bundle" / "config.json").exists()
 
 
 def test_staging_a_cached_bundle_records_its_use(tmp_path: Path) -> None:

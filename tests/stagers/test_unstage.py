@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -111,34 +112,50 @@ def test_a_dir_swapped_for_a_symlink_mid_removal_is_not_followed(
 
 def test_racing_symlink_swaps_inside_the_tree_never_escape(tmp_path: Path,
                                                            canary: Path) -> None:
+    """An attacker renames the tree's directories and puts symlinks to a canary in their place
+    while it is removed: nothing outside is touched, and the tree is removed: by the racing
+    removal, or, where a directory gained an entry after it was emptied (ENOTEMPTY, the only
+    way to lose the race), by a second removal once the swapper has stopped."""
+    swaps = 0
     for round_ in range(20):
         staged = tmp_path / f"staged{round_}"
         for n in range(30):
             (staged / f"d{n}" / "x").mkdir(parents=True)
             (staged / f"d{n}" / "x" / "f").write_text("x")
-        stop = threading.Event()
+        stop, started = threading.Event(), threading.Event()
+        done: list[int] = []
 
-        def swapper(root: Path = staged, stop: threading.Event = stop) -> None:
-            n = 0
-            while not stop.is_set():
+        def swapper(root: Path = staged, stop: threading.Event = stop,
+                    started: threading.Event = started, done: list[int] = done) -> None:
+            n = swapped = 0
+            while not stop.is_set() and n < 500:  # bounded: each swap adds two entries
                 victim = root / f"d{n % 30}"
                 try:
                     os.rename(victim, root / f"gone{n}")
                     os.symlink(canary, victim)
-                except OSError:
-                    pass
+                    swapped += 1
+                except FileNotFoundError:
+                    pass  # the removal got there first: the race this test is about
+                started.set()
                 n += 1
+            done.append(swapped)
 
         thread = threading.Thread(target=swapper)
         thread.start()
+        assert started.wait(10)
         try:
             remove_tree(staged)
-        except OSError:
-            pass  # losing a race is allowed; escaping is not
+        except OSError as error:
+            assert error.errno == errno.ENOTEMPTY, error
         finally:
             stop.set()
             thread.join()
+        swaps += done[0]
         _intact(canary)
+        remove_tree(staged)  # calm now: must succeed, following none of the symlinks
+        assert not os.path.lexists(staged)
+        _intact(canary)
+    assert swaps > 0, "the swapper never swapped: no race was run"
 
 
 def test_only_the_holders_lease_is_released_while_others_hold(tree: Path,
