@@ -61,7 +61,6 @@ from ocistage.stagers.target import (
     Format,
     Method,
     StageResult,
-    check_name,
     choose_method,
     source_identity,
     write_private,
@@ -91,7 +90,6 @@ def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | Non
     source = Path(os.path.abspath(source))
     if not source.is_dir():
         raise StageError(f"{source} is not a directory", "stage a bundle directory or a REF")
-    name = check_name(name or source.name)
     to = Path(os.path.abspath(to))
     real_source, real_to = os.path.realpath(source), os.path.realpath(to)
     if os.path.commonpath([real_source, real_to]) == real_source:
@@ -99,7 +97,7 @@ def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | Non
                               "stage to a directory outside the tree being staged")
     label = source_label or os.fspath(source)
     record_bundle_use(source, cache_root)
-    with cyclic_gc_paused(), Staging(to, name, cache_root=cache_root,
+    with cyclic_gc_paused(), Staging(to, name or source.name, cache_root=cache_root,
                                      holder=holder or default_holder(),
                                      what=os.fspath(source)) as staging:
         if format == "squashfs":
@@ -124,7 +122,7 @@ def _stage_tree(staging: Staging, source: Path, label: str, link: bool | None,
                 jobs: int) -> StageResult:
     staging.refuse_foreign("dir")
     identity = source_identity(source, staging.cache_root)
-    method = choose_method(source, staging.to, link, sealed=bool(identity))
+    method = choose_method(source, staging.to, staging.tmp, link, sealed=bool(identity))
     marker = staging.marker
     same = marker if marker is not None and marker.method == method else None
     # unchanged? a sealed source by its identity, anything else by one stat walk — whose

@@ -134,12 +134,20 @@ class Staging:
         self._scratches: list[Path] = []
         self._pool: Pool | None = None
         self._lock: FileLock | None = None
+        self._tmp: Path | None = None
         self._users: list[Holder] | None = None
 
     @property
     def lease(self) -> Lease:
         assert self._lease is not None, "use Staging as a context manager"
         return self._lease
+
+    @property
+    def tmp(self) -> Path:
+        """The caller's scratch dir of ``TO``: the directory of ``NAME``'s lock, checked once
+        when the lock was taken (:func:`ocistage.stagers.target.take_name_lock`)."""
+        assert self._tmp is not None, "use Staging as a context manager"
+        return self._tmp
 
     # -- the sequence -----------------------------------------------------------------------
 
@@ -153,9 +161,10 @@ class Staging:
                 raise
             raise StageError(exc.message, _not_writable_hint(self.to)) from exc
         self._lock = lock
+        self._tmp = lock.path.parent  # checked with the lock (take_name_lock)
         try:
             self._lease, self._taken = claim(self.cache_root, self.final, self.holder)
-            clean_leftovers(self.to, self.name)
+            clean_leftovers(self.tmp, self.name)
             retired.sweep(self.to, self.name, self.cache_root)  # of jobs that have ended
             finish_removal(self.final, self.cache_root)
             self.marker = read_marker(self.final)
@@ -210,7 +219,7 @@ class Staging:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
-            remove_tmp_dir(self.to)
+            remove_tmp_dir(self.tmp)
 
     def _error(self, exc: OSError) -> StageError:
         return staging_error(exc, f"staging {self.what} to {self.final} failed", self.to)
@@ -264,7 +273,7 @@ class Staging:
 
     def scratch(self) -> Path:
         """A new private scratch dir beside ``TO/NAME``; removed when the staging ends."""
-        scratch = new_scratch(self.to, self.name)
+        scratch = new_scratch(self.tmp, self.name)
         self._scratches.append(scratch)
         return scratch
 
