@@ -97,13 +97,14 @@ def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | Non
                               "stage to a directory outside the tree being staged")
     label = source_label or os.fspath(source)
     record_bundle_use(source, cache_root)
+    identity = source_identity(source, cache_root)  # "": not sealed
     with cyclic_gc_paused(), Staging(to, name or source.name, cache_root=cache_root,
                                      holder=holder or default_holder(),
                                      what=os.fspath(source)) as staging:
         if format == "squashfs":
             return stage_squashfs(staging, source, label, mount_image=squashfs_mount,
                                   jobs=jobs, progress=image_progress)
-        return _stage_tree(staging, source, label, link, jobs)
+        return _stage_tree(staging, source, label, identity, link, jobs)
 
 
 # -- the directory strategy: fill a scratch tree by hardlink, pool or copy ---------------------
@@ -118,10 +119,11 @@ class _Compared:
     tree: str                    # stat digest of the source
 
 
-def _stage_tree(staging: Staging, source: Path, label: str, link: bool | None,
-                jobs: int) -> StageResult:
+def _stage_tree(staging: Staging, source: Path, label: str, identity: str,
+                link: bool | None, jobs: int) -> StageResult:
+    """Stage the tree ``source`` (``identity``: :func:`source_identity`, "" if it is not
+    sealed) unless it is unchanged."""
     staging.refuse_foreign("dir")
-    identity = source_identity(source, staging.cache_root)
     method = choose_method(source, staging.to, staging.tmp, link, sealed=bool(identity))
     marker = staging.marker
     same = marker if marker is not None and marker.method == method else None
