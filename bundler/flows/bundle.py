@@ -202,6 +202,8 @@ def make_bundle(
         run = PullRun(source, store, dataclasses.replace(pull_options, max_size=None),
                       progress or NO_PROGRESS, in_use=lease)
         result = _make_bundle(run, lease, request)
+        if request.dest is None:  # a bundle in the cache, made or reused: its last use
+            usage.touch(store.root, "bundle", result.path.name)
         if pull_options.max_size is not None:
             # only with a budget: ocistage.cache.gc and ocistage.cache.inventory are not needed
             # otherwise
@@ -239,13 +241,12 @@ def _make_bundle(run: PullRun, in_use: InUse, request: _Request) -> BundleResult
         raise
 
 
-def _reused(puller: PullThread, store: Store, key: str, dest: Path) -> BundleResult:
-    """The cached bundle ``key`` already at ``dest``, once the pull is done."""
+def _reused(puller: PullThread, store: Store, dest: Path) -> BundleResult:
+    """The cached bundle already at ``dest``, once the pull is done."""
     image = puller.result()
     if not store.group_shared:
         with contextlib.suppress(OSError):
             make_private(dest)  # one made before bundles were kept private
-    usage.touch(store.root, "bundle", key)
     return BundleResult(dest, image, reused=True, warnings=image.warnings)
 
 
@@ -260,7 +261,7 @@ def _build(puller: PullThread, run: PullRun, in_use: InUse,
         in_use.protect([f"bundle:{key}"])
         dest = store.root / "bundles" / key
         if (dest / "config.json").is_file():
-            return _reused(puller, store, key, dest)
+            return _reused(puller, store, dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
         link = True
     else:
@@ -293,14 +294,12 @@ def _build(puller: PullThread, run: PullRun, in_use: InUse,
         applied = dataclasses.replace(applied, warnings=applied.warnings + notices)
         if not _publish(scratch, dest, key, mode):
             assert key is not None  # only a cached bundle is taken from another process
-            return _reused(puller, store, key, dest)
+            return _reused(puller, store, dest)
     except BaseException:
         if scratch is not None:
             with contextlib.suppress(OSError):
                 remove_tree(scratch)
         raise
-    if key is not None:
-        usage.touch(store.root, "bundle", key)
     return BundleResult(dest, image, reused=False, warnings=image.warnings + applied.warnings,
                         layers_applied=applied.layers, snapshot=snapshot)
 
