@@ -270,6 +270,7 @@ def _build(puller: PullThread, run: PullRun, in_use: InUse,
         check_shared_parent(dest.parent, "destination directory", group_shared=True)
         _check_destination(dest)
     scratch = None
+    published = False
     try:
         scratch = _scratch_beside(dest, key is not None)
         # the unpacking modules only now: a cached bundle found above never needs them
@@ -292,14 +293,14 @@ def _build(puller: PullThread, run: PullRun, in_use: InUse,
         shared = key is not None and not owners
         mode = store.tree_dir_mode() if shared else PRIVATE_DIR_MODE
         applied = dataclasses.replace(applied, warnings=applied.warnings + notices)
-        if not _publish(scratch, dest, key, mode):
-            assert key is not None  # only a cached bundle is taken from another process
-            return _reused(puller, store, dest)
-    except BaseException:
-        if scratch is not None:
+        published = _publish(scratch, dest, key, mode)
+    finally:
+        if scratch is not None and not published:  # failed, or another process was first
             with contextlib.suppress(OSError):
                 remove_tree(scratch)
-        raise
+    if not published:
+        assert key is not None  # only a cached bundle is taken from another process
+        return _reused(puller, store, dest)
     return BundleResult(dest, image, reused=False, warnings=image.warnings + applied.warnings,
                         layers_applied=applied.layers, snapshot=snapshot)
 
@@ -357,7 +358,7 @@ def _write_config(scratch: Path, raw_config: bytes, options: ConfigOptions,
 
 def _publish(scratch: Path, dest: Path, key: str | None, mode: int) -> bool:
     """Rename ``scratch`` (made ``mode`` first) to ``dest``; False: the cached bundle ``key``
-    was published there by another process first (``scratch`` is removed)."""
+    was published there by another process first (``scratch`` is left to the caller)."""
     os.chmod(scratch, mode)
     try:
         # replaces an empty directory the user made for us, atomically; a filled one is
@@ -366,9 +367,7 @@ def _publish(scratch: Path, dest: Path, key: str | None, mode: int) -> bool:
         os.rename(scratch, dest)
     except OSError as exc:
         if key is not None and (dest / "config.json").is_file():
-            # another process published the same cached bundle first; use theirs
-            remove_tree(scratch)
-            return False
+            return False  # another process published the same cached bundle first: theirs
         if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
             raise UsageError(f"{dest} was filled or replaced by another process while "
                              f"this bundle was made; nothing was written to it",
