@@ -63,7 +63,6 @@ from ocistage.stagers.target import (
     Format,
     Method,
     StageResult,
-    check_name,
     choose_method,
     source_identity,
     write_private,
@@ -93,7 +92,7 @@ def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | Non
     if format != "squashfs":
         return stage_tree(source, to, cache_root=cache_root, name=name, holder=holder,
                           link=link, jobs=jobs, source_label=source_label)
-    with _staging(source, to, cache_root, name, holder) as (staging, source):
+    with _staging(source, to, cache_root, name, holder) as (staging, source, _identity):
         return stage_squashfs(staging, source, source_label or os.fspath(source),
                               mount_image=squashfs_mount, jobs=jobs, progress=image_progress)
 
@@ -103,28 +102,30 @@ def stage_tree(source: Path, to: Path, *, cache_root: Path, name: str | None = N
                source_label: str | None = None) -> StageResult:
     """:func:`stage_directory` in the directory format alone, without the squashfs strategy
     (what scrun's stage-in calls for an engine's rootfs)."""
-    with _staging(source, to, cache_root, name, holder) as (staging, source):
-        return _stage_tree(staging, source, source_label or os.fspath(source), link, jobs)
+    with _staging(source, to, cache_root, name, holder) as (staging, source, identity):
+        return _stage_tree(staging, source, source_label or os.fspath(source), identity, link,
+                           jobs)
 
 
 @contextmanager
 def _staging(source: Path, to: Path, cache_root: Path, name: str | None,
-             holder: Holder | None) -> Iterator[tuple[Staging, Path]]:
-    """The staging of ``source`` (made absolute, a directory outside ``to``) at ``to/name``."""
+             holder: Holder | None) -> Iterator[tuple[Staging, Path, str]]:
+    """The staging of ``source`` (made absolute, a directory outside ``to``) at ``to/name``,
+    and the source's sealed identity (:func:`source_identity`, "" if it is not sealed)."""
     source = Path(os.path.abspath(source))
     if not source.is_dir():
         raise StageError(f"{source} is not a directory", "stage a bundle directory or a REF")
-    name = check_name(name or source.name)
     to = Path(os.path.abspath(to))
     real_source, real_to = os.path.realpath(source), os.path.realpath(to)
     if os.path.commonpath([real_source, real_to]) == real_source:
         raise StageUsageError(f"the target {to} is inside the source {source}",
                               "stage to a directory outside the tree being staged")
     record_bundle_use(source, cache_root)
-    with cyclic_gc_paused(), Staging(to, name, cache_root=cache_root,
+    identity = source_identity(source, cache_root)  # "": not sealed
+    with cyclic_gc_paused(), Staging(to, name or source.name, cache_root=cache_root,
                                      holder=holder or default_holder(),
                                      what=os.fspath(source)) as staging:
-        yield staging, source
+        yield staging, source, identity
 
 
 # -- the directory strategy: fill a scratch tree by hardlink, pool or copy ---------------------
@@ -139,11 +140,12 @@ class _Compared:
     tree: str                    # stat digest of the source
 
 
-def _stage_tree(staging: Staging, source: Path, label: str, link: bool | None,
-                jobs: int) -> StageResult:
+def _stage_tree(staging: Staging, source: Path, label: str, identity: str,
+                link: bool | None, jobs: int) -> StageResult:
+    """Stage the tree ``source`` (``identity``: :func:`source_identity`, "" if it is not
+    sealed) unless it is unchanged."""
     staging.refuse_foreign("dir")
-    identity = source_identity(source, staging.cache_root)
-    method = choose_method(source, staging.to, link, sealed=bool(identity))
+    method = choose_method(source, staging.to, staging.tmp, link, sealed=bool(identity))
     marker = staging.marker
     same = marker if marker is not None and marker.method == method else None
     # unchanged? a sealed source by its identity, anything else by one stat walk — whose

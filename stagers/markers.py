@@ -188,16 +188,28 @@ def staged_leases(cache_root: Path, path: Path) -> list[Lease]:
 
 def hold(cache_root: Path, path: Path, holder: Holder) -> Lease:
     """This holder's lease on staged ``path``: an existing one is reused, else one is taken."""
-    return claim(cache_root, path, holder)[0]
+    return claim(cache_root, path, holder).lease
 
 
-def claim(cache_root: Path, path: Path, holder: Holder) -> tuple[Lease, bool]:
+@dataclass(frozen=True)
+class Claim:
+    """A holder's lease on a staged path, as :func:`claim` got it: what every later step of
+    the staging that asks about the path's holders (:func:`release_if_unused`,
+    :func:`ocistage.stagers.retired.users`, :func:`ocistage.stagers.retired.retire`) needs."""
+
+    cache_root: Path     # the cache the leases are kept in
+    path: Path           # the staged path, TO/NAME
+    lease: Lease
+    taken: bool          # taken now: released again if nothing naming it is published
+
+
+def claim(cache_root: Path, path: Path, holder: Holder) -> Claim:
     """Hold staged ``path`` (see :func:`hold`; a lease of the holder is reused only if its
     path leads to ``path``), then wait until no ``cache gc`` runs.
 
     Call it *before* looking at what is staged at ``path``: a GC that started earlier may be
     removing it (all its other leases dead); once it has finished, either it saw this lease or
-    the path is gone. Returns the lease and whether it was taken now (release it if staging
+    the path is gone. The claim says whether the lease was taken now (release it if staging
     fails before anything was published).
     """
     place = StagedPlace.of(path)
@@ -207,25 +219,27 @@ def claim(cache_root: Path, path: Path, holder: Holder) -> tuple[Lease, bool]:
         # could never reach this one)
         if same_holder(lease.holder, holder) and place.reached_by(lease):
             leases.wait_for_gc(cache_root)
-            return lease, False
+            return Claim(cache_root, path, lease, taken=False)
     lease = place.acquire(cache_root, holder)
     leases.wait_for_gc(cache_root)
-    return lease, True
+    return Claim(cache_root, path, lease, taken=True)
 
 
-def release_if_unused(cache_root: Path, path: Path, lease: Lease, taken: bool) -> None:
-    """After a failed staging: drop ``lease`` if :func:`claim` took it for this staging and
-    what is staged at ``path`` (if anything) is not marked with it, by its own marker or by
-    the outer marker beside it (:func:`ocistage.cache.targetlayout.outer_marker_name`)."""
-    if not taken:
+def release_if_unused(claim: Claim) -> None:
+    """After a failed staging: drop the claim's lease if :func:`claim` took it for this
+    staging and what is staged at its path (if anything) is not marked with it, by its own
+    marker or by the outer marker beside it
+    (:func:`ocistage.cache.targetlayout.outer_marker_name`)."""
+    if not claim.taken:
         return
+    path, lease = claim.path, claim.lease
     marker = read_marker(path)
     if marker is not None and marker.id == lease.id:
         return
     outer = marker_of(_read_beside(path, outer_marker_name(path.name)))
     if outer is not None and outer.id == lease.id:
         return
-    leases.release(cache_root, lease.id)
+    leases.release(claim.cache_root, lease.id)
 
 
 def _read_beside(path: Path, name: str) -> dict[str, object] | None:

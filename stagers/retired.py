@@ -42,6 +42,7 @@ from ocistage.cache.targetlayout import RETIRED_PREFIX
 from ocistage.cache.treeremoval import remove_tree
 from ocistage.errors import OcistageError
 from ocistage.stagers.markers import (
+    Claim,
     live_leases,
     marker_of,
     release_leases,
@@ -57,20 +58,22 @@ def retired_path(to: Path, name: str) -> Path:
     return to / f"{RETIRED_PREFIX}{name}.{uuid.uuid4().hex[:10]}"
 
 
-def users(cache_root: Path, final: Path, own: Lease, own_is_new: bool) -> list[Lease]:
-    """The live leases on ``final`` whose holders may run on its current version: Slurm jobs
-    and processes, not pins; this staging's own lease only if it held ``final`` before."""
-    found = [lease for lease in staged_leases(cache_root, final)
-             if lease.holder.kind != "pin" and not (own_is_new and lease.id == own.id)]
+def users(claim: Claim) -> list[Lease]:
+    """The live leases on the claimed path whose holders may run on its current version: Slurm
+    jobs and processes, not pins; this staging's own lease only if it held the path before."""
+    own = claim.lease
+    found = [lease for lease in staged_leases(claim.cache_root, claim.path)
+             if lease.holder.kind != "pin" and not (claim.taken and lease.id == own.id)]
     return live_leases(found)
 
 
-def retire(replaced: Path, final: Path, cache_root: Path, holders: Iterable[Holder]) -> Path:
-    """Move the replaced version ``replaced`` of ``final`` aside, held by ``holders``; returns
-    where it now is (see the module docstring)."""
+def retire(replaced: Path, claim: Claim, holders: Iterable[Holder]) -> Path:
+    """Move the replaced version ``replaced`` of the claimed path aside, held by ``holders``;
+    returns where it now is (see the module docstring)."""
+    final = claim.path
     aside = retired_path(final.parent, final.name)
     place = StagedPlace.of(aside)
-    taken = [place.acquire(cache_root, holder) for holder in holders]
+    taken = [place.acquire(claim.cache_root, holder) for holder in holders]
     os.rename(replaced, aside)
     fd = os.open(aside, DIR_FOLLOW)
     try:

@@ -204,20 +204,16 @@ def _check_target(to: Path) -> str:
     return tmp_name(target_is_shared(to))
 
 
-def tmp_dir(to: Path) -> Path:
-    """The caller's scratch dir in ``TO`` (:func:`ocistage.cache.targetlayout.tmp_name`), made if
-    needed; ``TO`` and it must be trusted (docs/trust.md): every directory above ``TO``
+def take_name_lock(to: Path, name: str, timeout: float = LOCK_TIMEOUT) -> FileLock:
+    """Take ``NAME``'s lock in the caller's scratch dir of ``TO``, waiting up to ``timeout``
+    seconds for another stager of ``NAME``. The scratch dir
+    (:func:`ocistage.cache.targetlayout.tmp_name`) is made if needed; ``TO`` and it must be
+    trusted (docs/trust.md): every directory above ``TO``
     (:func:`ocistage.cache.ancestors.walk_trusted`), ``TO`` owned by the caller or root and not
     writable by others, or a sticky directory like ``/tmp`` (shared: the scratch dir is
-    ``.ocistage-tmp-<uid>``, and must be the caller's, :func:`own_dir`)."""
-    name = _check_target(to)
-    os.close(own_dir(to, name, "staging scratch directory"))
-    return to / name
-
-
-def take_name_lock(to: Path, name: str, timeout: float = LOCK_TIMEOUT) -> FileLock:
-    """Take ``NAME``'s lock in the caller's scratch dir of ``TO`` (:func:`tmp_dir`), waiting
-    up to ``timeout`` seconds for another stager of ``NAME``.
+    ``.ocistage-tmp-<uid>``, and must be the caller's, :func:`own_dir`). This is the one check
+    of them: the lock's directory (``lock.path.parent``) stays the checked one while the lock
+    is held, and is where the stager's scratch dirs go (:func:`new_scratch`).
 
     The scratch dir is removed by the last stager that leaves it empty
     (:func:`remove_tmp_dir`), and in a shared target another user could then make its name:
@@ -257,26 +253,26 @@ def in_checked_dir(fd: int, entry: str, path: Path) -> bool:
         return False
 
 
-def remove_tmp_dir(to: Path) -> None:
-    """Remove the caller's scratch dir of ``TO`` if it is empty (the last stager using it has
-    ended); never one that is not a directory of the caller's, never through a link, and
-    never waiting (issue 34). A stager entering it at the same time makes it again
+def remove_tmp_dir(tmp: Path) -> None:
+    """Remove the caller's scratch dir ``tmp`` of a target if it is empty (the last stager
+    using it has ended); never one that is not a directory of the caller's, never through a
+    link, and never waiting (issue 34). A stager entering it at the same time makes it again
     (:func:`take_name_lock`)."""
     with contextlib.suppress(OSError):
-        name = tmp_name(target_is_shared(to))
-        fd = os.open(to / name, DIR_READ | os.O_NONBLOCK)
+        fd = os.open(tmp, DIR_READ | os.O_NONBLOCK)
         try:
             st = os.fstat(fd)
             if st.st_uid != os.geteuid() or os.listdir(fd):
                 return
-            if identity(os.lstat(to / name)) == identity(st):
-                os.rmdir(to / name)  # fails if a stager has made an entry since
+            if identity(os.lstat(tmp)) == identity(st):
+                os.rmdir(tmp)  # fails if a stager has made an entry since
         finally:
             os.close(fd)
 
 
-def clean_leftovers(to: Path, name: str) -> None:
-    """Remove the scratch dirs that earlier stagers of ``name`` left (killed, crashed).
+def clean_leftovers(tmp: Path, name: str) -> None:
+    """Remove the scratch dirs that earlier stagers of ``name`` left (killed, crashed) in the
+    caller's scratch dir ``tmp`` of the target.
 
     Call it holding ``name``'s lock: no live stager of ``name`` can own a scratch dir then
     (a lock is only broken when its owner is dead or stopped heart-beating), so their owners'
@@ -284,7 +280,6 @@ def clean_leftovers(to: Path, name: str) -> None:
     filesystem a builder on another node would look dead after a minute. Scratch dirs of other
     names are left to their own stagers.
     """
-    tmp = to / tmp_name(target_is_shared(to))
     pattern = re.compile(
         rf"{re.escape(name)}\.\d+-[0-9a-f]{{10}}(\.old|{re.escape(OWNER_SUFFIX)})?")
     try:
@@ -296,8 +291,10 @@ def clean_leftovers(to: Path, name: str) -> None:
             remove_tree(tmp / entry)
 
 
-def new_scratch(to: Path, name: str) -> Path:
-    return make_owned_dir(tmp_dir(to) / f"{name}.{os.getpid()}-{uuid.uuid4().hex[:10]}")
+def new_scratch(tmp: Path, name: str) -> Path:
+    """A new private scratch dir for ``name`` in the caller's checked scratch dir ``tmp`` of
+    the target (the directory of ``name``'s lock, :func:`take_name_lock`)."""
+    return make_owned_dir(tmp / f"{name}.{os.getpid()}-{uuid.uuid4().hex[:10]}")
 
 
 def drop_scratch(scratch: Path) -> None:
@@ -324,18 +321,20 @@ def source_identity(source: Path, cache_root: Path) -> str:
             f"{config.st_ino}:{config.st_mtime_ns}:{config.st_size}")
 
 
-def choose_method(source: Path, to: Path, link: bool | None, sealed: bool) -> Method:
+def choose_method(source: Path, to: Path, tmp: Path, link: bool | None,
+                  sealed: bool) -> Method:
     """How ``source`` is staged into ``to``. Only a *sealed* source (a bundle in the cache,
     :func:`source_identity`, whose files nobody writes) may share inodes with a staged tree:
     any other tree (a ``bundle REF DEST``, a directory of the user's) is writable, and a
     hardlink would let a write there change the staged copy; it goes through the target's
     pool (our own read-only copies) or is copied. (Whether links work is tried only for a
-    sealed source: the trial links a file of the source, which moves its ctime.)"""
+    sealed source: the trial links a file of the source, which moves its ctime, into ``tmp``,
+    the caller's checked scratch dir of ``to``.)"""
     if link is False:
         return Method.COPY
     if link is None and not sealed:
         return Method.POOL
-    same = hardlinks_between(source, to)
+    same = hardlinks_between(source, tmp)
     if link is True and not same:
         raise StageError(f"cannot hardlink: {source} and {to} are on different filesystems "
                          f"or mount points", "drop --link to copy through the target's pool "
@@ -348,10 +347,10 @@ def choose_method(source: Path, to: Path, link: bool | None, sealed: bool) -> Me
     return Method.HARDLINK if same and sealed else Method.POOL
 
 
-def hardlinks_between(source: Path, to: Path) -> bool:
-    """Whether files of the tree ``source`` can be hard-linked into ``to``: a regular file at
-    its top (``config.json`` first) is linked into the caller's scratch dir of ``TO``
-    (:func:`tmp_dir`) for real, since two
+def hardlinks_between(source: Path, tmp: Path) -> bool:
+    """Whether files of the tree ``source`` can be hard-linked into a target: a regular file at
+    its top (``config.json`` first) is linked into the caller's scratch dir ``tmp`` of the
+    target (:func:`take_name_lock`) for real, since two
     mount points of one filesystem (bind mounts, per-job tmpfs namespaces) share ``st_dev``
     but refuse links with EXDEV. A tree without such a file compares ``st_dev``."""
     candidates = [source / "config.json"]
@@ -360,8 +359,8 @@ def hardlinks_between(source: Path, to: Path) -> bool:
     for candidate in candidates:
         with contextlib.suppress(OSError):
             if stat.S_ISREG(os.lstat(candidate).st_mode):
-                return hardlinks_work(candidate, tmp_dir(to))
-    return os.stat(source).st_dev == os.stat(to).st_dev
+                return hardlinks_work(candidate, tmp)
+    return os.stat(source).st_dev == os.stat(tmp).st_dev
 
 
 

@@ -48,6 +48,7 @@ from ocistage.stagers import retired
 from ocistage.stagers.errors import StageError, StageUsageError
 from ocistage.stagers.filemanifest import MANIFEST_NAME, Manifest, load_manifest
 from ocistage.stagers.markers import (
+    Claim,
     Marker,
     claim,
     live_leases,
@@ -126,21 +127,29 @@ class Staging:
         self.name = check_name(name)
         self.to = make_target(to)
         self.final = self.to / self.name
-        self.cache_root = cache_root
-        self.holder = holder
+        self._cache_root = cache_root
+        self._holder = holder
         self.what = what              # the source, for messages
         self.marker: Marker | None = None
-        self._lease: Lease | None = None
-        self._taken = False
+        self._claim: Claim | None = None
         self._scratches: list[Path] = []
         self._pool: Pool | None = None
         self._lock: FileLock | None = None
+        self._tmp: Path | None = None
         self._users: list[Holder] | None = None
 
     @property
     def lease(self) -> Lease:
-        assert self._lease is not None, "use Staging as a context manager"
-        return self._lease
+        """The holder's lease on ``TO/NAME`` (:func:`ocistage.stagers.markers.claim`)."""
+        assert self._claim is not None, "use Staging as a context manager"
+        return self._claim.lease
+
+    @property
+    def tmp(self) -> Path:
+        """The caller's scratch dir of ``TO``: the directory of ``NAME``'s lock, checked once
+        when the lock was taken (:func:`ocistage.stagers.target.take_name_lock`)."""
+        assert self._tmp is not None, "use Staging as a context manager"
+        return self._tmp
 
     # -- the sequence -----------------------------------------------------------------------
 
@@ -154,11 +163,12 @@ class Staging:
                 raise
             raise StageError(exc.message, _not_writable_hint(self.to)) from exc
         self._lock = lock
+        self._tmp = lock.path.parent  # checked with the lock (take_name_lock)
         try:
-            self._lease, self._taken = claim(self.cache_root, self.final, self.holder)
-            clean_leftovers(self.to, self.name)
-            retired.sweep(self.to, self.name, self.cache_root)  # of jobs that have ended
-            finish_removal(self.final, self.cache_root)
+            self._claim = claim(self._cache_root, self.final, self._holder)
+            clean_leftovers(self.tmp, self.name)
+            retired.sweep(self.to, self.name, self._cache_root)  # of jobs that have ended
+            finish_removal(self.final, self._cache_root)
             self.marker = read_marker(self.final)
         except OSError as exc:
             self._undo()
@@ -189,9 +199,9 @@ class Staging:
             for scratch in self._scratches:
                 with contextlib.suppress(OSError):
                     drop_scratch(scratch)
-            if self._lease is not None:
+            if self._claim is not None:
                 with contextlib.suppress(OSError):
-                    release_if_unused(self.cache_root, self.final, self._lease, self._taken)
+                    release_if_unused(self._claim)
             if self._pool is not None:
                 with contextlib.suppress(OSError):
                     sweep_pool(self.to)
@@ -211,7 +221,7 @@ class Staging:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
-            remove_tmp_dir(self.to)
+            remove_tmp_dir(self.tmp)
 
     def _error(self, exc: OSError) -> StageError:
         return staging_error(exc, f"staging {self.what} to {self.final} failed", self.to)
@@ -265,7 +275,7 @@ class Staging:
 
     def scratch(self) -> Path:
         """A new private scratch dir beside ``TO/NAME``; removed when the staging ends."""
-        scratch = new_scratch(self.to, self.name)
+        scratch = new_scratch(self.tmp, self.name)
         self._scratches.append(scratch)
         return scratch
 
@@ -280,8 +290,8 @@ class Staging:
         (:mod:`ocistage.stagers.retired`):
         live Slurm jobs and processes holding it, asked once per staging."""
         if self._users is None:
-            self._users = [lease.holder for lease in retired.users(
-                self.cache_root, self.final, self.lease, self._taken)]
+            assert self._claim is not None, "use Staging as a context manager"
+            self._users = [lease.holder for lease in retired.users(self._claim)]
         return self._users
 
     def publish(self, tree: Path, processes: int = 1) -> bool:
@@ -301,7 +311,8 @@ class Staging:
             return False
         if users:
             try:
-                retired.retire(replaced, self.final, self.cache_root, users)
+                assert self._claim is not None
+                retired.retire(replaced, self._claim, users)
             except BaseException:
                 self._keep(replaced)
                 raise

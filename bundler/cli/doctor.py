@@ -32,7 +32,9 @@ def doctor_command(
 
     Exit 1 if the core commands (pull, bundle, stage, cache) lack something.
     """
-    from ocistage.bundler.doctor import DoctorOptions, core_problem, diagnose, registry_to_check
+    from ocistage.bundler.doctor.diagnose import DoctorOptions, diagnose
+    from ocistage.bundler.doctor.registry import registry_to_check
+    from ocistage.bundler.doctor.report import core_problem
 
     options = DoctorOptions(stage_to=to, registry=registry_to_check(ref, registry))
     report = diagnose(opts.settings, options)

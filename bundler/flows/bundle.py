@@ -206,6 +206,8 @@ def make_bundle(
         run = PullRun(source, store, dataclasses.replace(pull_options, max_size=None),
                       progress or NO_PROGRESS, in_use=lease)
         result = _make_bundle(run, lease, request)
+        if request.dest is None:  # a bundle in the cache, made or reused: its last use
+            usage.touch(store.root, "bundle", result.path.name)
         if pull_options.max_size is not None:
             # only with a budget: ocistage.cache.gc and ocistage.cache.inventory are not needed
             # otherwise
@@ -243,13 +245,12 @@ def _make_bundle(run: PullRun, in_use: InUse, request: _Request) -> BundleResult
         raise
 
 
-def _reused(puller: PullThread, store: Store, key: str, dest: Path) -> BundleResult:
-    """The cached bundle ``key`` already at ``dest``, once the pull is done."""
+def _reused(puller: PullThread, store: Store, dest: Path) -> BundleResult:
+    """The cached bundle already at ``dest``, once the pull is done."""
     image = puller.result()
     if not store.group_shared:
         with contextlib.suppress(OSError):
             make_private(dest)  # one made before bundles were kept private
-    usage.touch(store.root, "bundle", key)
     return BundleResult(dest, image, reused=True, warnings=image.warnings)
 
 
@@ -264,7 +265,7 @@ def _build(puller: PullThread, run: PullRun, in_use: InUse,
         in_use.protect([f"bundle:{key}"])
         dest = store.root / "bundles" / key
         if (dest / "config.json").is_file():
-            return _reused(puller, store, key, dest)
+            return _reused(puller, store, dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
         link = True
     else:
@@ -273,6 +274,7 @@ def _build(puller: PullThread, run: PullRun, in_use: InUse,
         check_shared_parent(dest.parent, "destination directory", group_shared=True)
         _check_destination(dest)
     scratch = None
+    published = False
     try:
         scratch = _scratch_beside(dest, key is not None)
         # the unpacking modules only now: a cached bundle found above never needs them
@@ -295,16 +297,14 @@ def _build(puller: PullThread, run: PullRun, in_use: InUse,
         shared = key is not None and not owners
         mode = store.tree_dir_mode() if shared else PRIVATE_DIR_MODE
         applied = dataclasses.replace(applied, warnings=applied.warnings + notices)
-        if not _publish(scratch, dest, key, mode):
-            assert key is not None  # only a cached bundle is taken from another process
-            return _reused(puller, store, key, dest)
-    except BaseException:
-        if scratch is not None:
+        published = _publish(scratch, dest, key, mode)
+    finally:
+        if scratch is not None and not published:  # failed, or another process was first
             with contextlib.suppress(OSError):
                 remove_tree(scratch)
-        raise
-    if key is not None:
-        usage.touch(store.root, "bundle", key)
+    if not published:
+        assert key is not None  # only a cached bundle is taken from another process
+        return _reused(puller, store, dest)
     return BundleResult(dest, image, reused=False, warnings=image.warnings + applied.warnings,
                         layers_applied=applied.layers, snapshot=snapshot)
 
@@ -362,7 +362,7 @@ def _write_config(scratch: Path, raw_config: bytes, options: ConfigOptions,
 
 def _publish(scratch: Path, dest: Path, key: str | None, mode: int) -> bool:
     """Rename ``scratch`` (made ``mode`` first) to ``dest``; False: the cached bundle ``key``
-    was published there by another process first (``scratch`` is removed)."""
+    was published there by another process first (``scratch`` is left to the caller)."""
     os.chmod(scratch, mode)
     try:
         # replaces an empty directory the user made for us, atomically; a filled one is
@@ -371,9 +371,7 @@ def _publish(scratch: Path, dest: Path, key: str | None, mode: int) -> bool:
         os.rename(scratch, dest)
     except OSError as exc:
         if key is not None and (dest / "config.json").is_file():
-            # another process published the same cached bundle first; use theirs
-            remove_tree(scratch)
-            return False
+            return False  # another process published the same cached bundle first: theirs
         if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
             raise UsageError(f"{dest} was filled or replaced by another process while "
                              f"this bundle was made; nothing was written to it",

@@ -13,23 +13,20 @@ restarts the sink; give up after ``max_retries`` interruptions. The sink verifie
 
 from __future__ import annotations
 
-import email.utils
 import logging
 import random
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from enum import Enum
 from typing import TypeVar
 from urllib.parse import urljoin, urlsplit
 
 import requests
 
-from ocistage.bundler.image.errors import InvalidReference, UnsupportedManifest
+from ocistage.bundler.image.errors import UnsupportedManifest
 from ocistage.bundler.registry.auth import RETRYABLE_STATUS, Authenticator, TokenCache
 from ocistage.bundler.registry.cafile import check_ca_file
 from ocistage.bundler.registry.credentials import Credentials, CredentialStore
@@ -38,6 +35,18 @@ from ocistage.bundler.registry.errors import (
     RateLimited,
     RegistryError,
     RegistryUnreachable,
+)
+from ocistage.bundler.registry.names import (
+    base_urls,
+    pull_scope,
+    validate_reference,
+    validate_repository,
+)
+from ocistage.bundler.registry.responses import (
+    content_range,
+    error_detail,
+    media_type_of,
+    parse_retry_after,
 )
 from ocistage.bundler.registry.transport import (
     BodyInterrupted,
@@ -52,7 +61,6 @@ from ocistage.bundler.registry.types import BlobSink as BlobSink
 from ocistage.bundler.registry.types import FetchedManifest as FetchedManifest
 from ocistage.bundler.registry.types import RegistryConfig as RegistryConfig
 from ocistage.cache.digest import Digest
-from ocistage.cache.jsondoc import parse_json
 from ocistage.errors import IntegrityError, NotFound, UsageError
 
 log = logging.getLogger(__name__)
@@ -60,20 +68,12 @@ log = logging.getLogger(__name__)
 notices = logging.getLogger("ocistage.retry")
 
 MANIFEST_LIMIT = 4 << 20
-ERROR_BODY_LIMIT = 64 << 10
 MAX_REDIRECTS = 10
-DOCKER_HUB = "docker.io"
-DOCKER_HUB_API = "registry-1.docker.io"
 SCHEMA1_MEDIA_TYPES = frozenset({
     "application/vnd.docker.distribution.manifest.v1+json",
     "application/vnd.docker.distribution.manifest.v1+prettyjws",
 })
-_GENERIC_TYPES = frozenset({"", "application/json", "text/plain", "application/octet-stream"})
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
-_REPOSITORY_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
-_TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-_CONTENT_RANGE_RE = re.compile(r"^bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)$")
 
 T = TypeVar("T")
 
@@ -112,111 +112,6 @@ class _BlobDownload:
     started: float       # retry_time counts from here: the first try, or the last progress
     attempts: int = 0
     progressed_to: int = 0
-
-
-def validate_repository(repository: str) -> None:
-    if not _REPOSITORY_RE.match(repository) or len(repository) > 255:
-        raise InvalidReference(f"invalid repository name {repository!r}")
-
-
-def _validate_reference(reference: str) -> Digest | None:
-    """The digest if ``reference`` is one; raises for a malformed tag."""
-    if ":" in reference:
-        return Digest.parse(reference)
-    if not _TAG_RE.match(reference):
-        raise InvalidReference(f"invalid tag {reference!r}")
-    return None
-
-
-def _api_host(registry: str) -> str:
-    return DOCKER_HUB_API if registry in (DOCKER_HUB, "index.docker.io") else registry
-
-
-def _scope(repository: str) -> str:
-    return f"repository:{repository}:pull"
-
-
-def base_urls(location: str, tls: TlsPolicy) -> tuple[str, list[str]]:
-    """``host[:port]`` and the base URLs to try for a registry or mirror, in order.
-
-    A URL with a scheme is used as is. A bare ``host[:port]`` is HTTPS; an insecure host
-    (listed, or loopback by default) is tried with unverified HTTPS first, then plain HTTP.
-    ``docker.io`` means its API host ``registry-1.docker.io``.
-    """
-    location = location.rstrip("/")
-    if "://" in location:
-        parts = urlsplit(location)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise InvalidReference(f"invalid mirror URL {location!r}",
-                                   "mirrors look like https://host[:port]")
-        return parts.netloc, [location]
-    name = _api_host(location)
-    if tls.is_insecure(name):
-        return name, [f"https://{name}", f"http://{name}"]
-    return name, [f"https://{name}"]
-
-
-def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP date)."""
-    if value is None:
-        return None
-    text = value.strip()
-    if text.isdigit():
-        return float(text)
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
-
-
-def _error_detail(transport: Transport, response: requests.Response) -> str:
-    """``CODE: message`` entries of a distribution error body, or the HTTP reason."""
-    try:
-        body = transport.read_body(response, ERROR_BODY_LIMIT)
-    except RegistryUnreachable:
-        body = None
-    try:
-        errors = parse_json(body or b"").get("errors")
-        parts = [f"{e.get('code', 'UNKNOWN')}: {e.get('message', '')}".rstrip(": ")
-                 for e in errors if isinstance(e, dict)]
-        if parts:
-            return "; ".join(parts)
-    except (ValueError, AttributeError, TypeError):
-        pass
-    return f"HTTP {response.status_code} {response.reason or ''}".rstrip()
-
-
-def _media_type(response: requests.Response, data: bytes) -> str:
-    declared = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
-    if declared not in _GENERIC_TYPES:
-        return declared
-    try:
-        document = parse_json(data)
-    except ValueError:
-        return declared
-    if not isinstance(document, dict):
-        return declared
-    media_type = document.get("mediaType")
-    if isinstance(media_type, str) and media_type:
-        return media_type
-    if document.get("schemaVersion") == 1:
-        return "application/vnd.docker.distribution.manifest.v1+json"
-    if "manifests" in document:
-        return "application/vnd.oci.image.index.v1+json"
-    return "application/vnd.oci.image.manifest.v1+json"
-
-
-def _content_range(response: requests.Response) -> tuple[int | None, int | None]:
-    """(first byte, total size) from ``Content-Range``; None where absent or ``*``."""
-    match = _CONTENT_RANGE_RE.match(response.headers.get("Content-Range", "").strip())
-    if match is None:
-        return None, None
-    start = int(match.group(1)) if match.group(1) is not None else None
-    total = int(match.group(3)) if match.group(3) != "*" else None
-    return start, total
 
 
 class RegistryClient:
@@ -285,7 +180,7 @@ class RegistryClient:
                      accept: Sequence[str]) -> FetchedManifest:
         """A manifest or index by tag or digest, verified, at most 4 MiB."""
         validate_repository(repository)
-        wanted = _validate_reference(reference)
+        wanted = validate_reference(reference)
         what = f"{repository}@{reference}" if wanted else f"{repository}:{reference}"
         headers = {"Accept": ", ".join(accept)} if accept else {}
         path = f"/v2/{repository}/manifests/{reference}"
@@ -294,7 +189,7 @@ class RegistryClient:
             tries = 0
             started = self._clock()
             while True:
-                response = self._request(endpoint, path, headers, _scope(repository))
+                response = self._request(endpoint, path, headers, pull_scope(repository))
                 with self._closing(response):
                     if response.status_code != 200:
                         self._raise_for_status(endpoint.name, response, what)
@@ -320,7 +215,7 @@ class RegistryClient:
 
         def attempt(endpoint: _Endpoint) -> None:
             def open_(headers: Mapping[str, str]) -> requests.Response:
-                return self._request(endpoint, path, headers, _scope(repository))
+                return self._request(endpoint, path, headers, pull_scope(repository))
             self._download(state, open_, endpoint.name, endpoint.retries, progress)
 
         try:
@@ -393,7 +288,7 @@ class RegistryClient:
                 delay = (min(retry_after, self._config.backoff_max) if retry_after is not None
                          else self._backoff(attempt))
                 if not self._may_retry(attempt, retries, started, delay):
-                    detail = _error_detail(self._transport, response)
+                    detail = error_detail(self._transport, response)
                     tries = f"{attempt + 1} attempt{'s' if attempt else ''}"
                     if status == 429:
                         raise RateLimited(f"{name} is rate-limiting requests (429: {detail}); "
@@ -476,7 +371,7 @@ class RegistryClient:
 
     def _raise_for_status(self, name: str, response: requests.Response, what: str) -> None:
         status = response.status_code
-        detail = _error_detail(self._transport, response)
+        detail = error_detail(self._transport, response)
         if status == 404:
             raise NotFound(f"{what} not found on {name} ({detail})")
         if status in (401, 403):
@@ -493,7 +388,7 @@ class RegistryClient:
         if data is None:
             raise RegistryError(f"manifest {what} on {endpoint.name} is larger than "
                                 f"{MANIFEST_LIMIT >> 20} MiB", hint="this is not a manifest")
-        media_type = _media_type(response, data)
+        media_type = media_type_of(response, data)
         if media_type in SCHEMA1_MEDIA_TYPES:
             raise UnsupportedManifest(
                 f"{what} uses the deprecated Docker schema 1 manifest format ({media_type})",
@@ -569,13 +464,13 @@ class RegistryClient:
         use); raises for an error status."""
         status = response.status_code
         if status == 416:
-            _, total = _content_range(response)
+            _, total = content_range(response)
             if offset > 0 and (offset == state.size or total == offset):
                 return _Answer.COMPLETE
             state.sink.restart()
             return f"{name} refused the range {offset}-"
         if status == 206:
-            start, _ = _content_range(response)
+            start, _ = content_range(response)
             if start != offset:
                 log.debug("%s: resume answer starts at %s, not %d; restarting", name, start,
                           offset)

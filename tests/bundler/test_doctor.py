@@ -1,4 +1,4 @@
-"""``ocistage doctor``'s checks (bundler/doctor.py), each with fake inputs: the text of a file,
+"""``ocistage doctor``'s checks (bundler/doctor/), each with fake inputs: the text of a file,
 a command's output, a ``stat`` result."""
 
 from __future__ import annotations
@@ -9,30 +9,23 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.bundler import doctor
-from ocistage.bundler.doctor import (
-    Check,
-    DoctorReport,
-    FuseFacts,
-    Status,
-    check_cache,
-    check_config,
-    check_crun,
-    check_mksquashfs,
+from ocistage.bundler.doctor.namespaces import check_runtime_dir, check_subuid, check_userns
+from ocistage.bundler.doctor.places import check_cache, check_stage_target, judge_stage_dir
+from ocistage.bundler.doctor.registry import check_registry, registry_to_check
+from ocistage.bundler.doctor.report import Check, DoctorReport, Status
+from ocistage.bundler.doctor.runtimes import check_crun, check_runc, parse_version
+from ocistage.bundler.doctor.settings import check_ca_file, check_config
+from ocistage.bundler.doctor.slurm import (
     check_oci_conf,
     check_oci_conf_location,
-    check_registry,
-    check_runc,
-    check_runtime_dir,
     check_slurm,
-    check_squashfuse,
-    check_stage_target,
-    check_subuid,
-    check_userns,
-    judge_stage_dir,
-    parse_version,
-    registry_to_check,
     slurm_conf_location,
+)
+from ocistage.bundler.doctor.squashfs import (
+    FuseFacts,
+    check_fuse,
+    check_mksquashfs,
+    check_squashfuse,
 )
 from ocistage.bundler.registry.errors import AuthenticationError, RegistryUnreachable
 from ocistage.errors import UsageError
@@ -147,7 +140,7 @@ FUSE = _stat(stat.S_IFCHR | 0o666, uid=0)
     (FuseFacts(FUSE, True, False, None), 0, Status.OK, "usable"),  # root needs neither
 ])
 def test_fuse(facts: FuseFacts, uid: int, status: Status, said: str) -> None:
-    check = doctor.check_fuse(facts, uid)
+    check = check_fuse(facts, uid)
     assert check.status is status and said in check.detail, check
 
 
@@ -242,11 +235,11 @@ def test_config_check() -> None:
 def test_ca_file_check(tmp_path: Path) -> None:
     from tests.bundler.fakeregistry import self_signed_cert
 
-    assert doctor.check_ca_file(None, "default") is None
+    assert check_ca_file(None, "default") is None
     cert = self_signed_cert(tmp_path)[0]
-    good = doctor.check_ca_file(cert, "option --ca-file")
+    good = check_ca_file(cert, "option --ca-file")
     assert good is not None and good.status is Status.OK and "1 CA certificate" in good.detail
-    bad = doctor.check_ca_file(str(tmp_path / "none.pem"), "environment OCISTAGE_CA_FILE")
+    bad = check_ca_file(str(tmp_path / "none.pem"), "environment OCISTAGE_CA_FILE")
     assert bad is not None and bad.status is Status.MISSING and bad.core
     assert "(environment OCISTAGE_CA_FILE)" in bad.detail
 

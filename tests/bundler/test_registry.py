@@ -15,15 +15,11 @@ from pathlib import Path
 import pytest
 
 from ocistage.bundler.image.errors import InvalidReference, UnsupportedManifest
-from ocistage.bundler.registry.client import (
-    MANIFEST_LIMIT,
-    RegistryClient,
-    RegistryConfig,
-    base_urls,
-    parse_retry_after,
-)
+from ocistage.bundler.registry.client import MANIFEST_LIMIT, RegistryClient, RegistryConfig
 from ocistage.bundler.registry.credentials import CredentialStore
 from ocistage.bundler.registry.errors import RateLimited, RegistryError, RegistryUnreachable
+from ocistage.bundler.registry.names import base_urls
+from ocistage.bundler.registry.responses import parse_retry_after
 from ocistage.bundler.registry.transport import TlsPolicy
 from ocistage.cache.digest import Digest
 from ocistage.cache.store import Store
