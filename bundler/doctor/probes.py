@@ -1,6 +1,7 @@
-"""The probes that gather what the doctor's checks judge: a small file's text, a command's
-output, free space, the nearest existing directory, a user's name; each gives None (or a
-fallback) where the host does not answer."""
+"""The probes that gather what the doctor's checks judge.
+
+A small file's text, a command's output, free space, the nearest existing directory, a user's
+name; each gives None (or a fallback) where the host does not answer."""
 
 from __future__ import annotations
 

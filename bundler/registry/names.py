@@ -1,6 +1,7 @@
-"""The names a registry request is built from: repository names and tags checked as the
-distribution API spells them, a registry's API host, a pull's token scope and the base URLs
-of a registry or mirror."""
+"""The names a registry request is built from.
+
+Repository names and tags checked as the distribution API spells them, a registry's API host,
+a pull's token scope and the base URLs of a registry or mirror."""
 
 from __future__ import annotations
 
