@@ -81,7 +81,7 @@ def make_target(to: Path) -> Path:
     """``to`` made absolute and created if missing, every directory above it checked first
     (:func:`ocistage.cache.ancestors.walk_trusted`, :class:`UntrustedPath`); a StageError if it
     is not a directory. Whether ``to`` itself is trusted is checked by
-    :func:`ocistage.stagers.target.tmp_dir`."""
+    :func:`ocistage.stagers.target.take_name_lock`."""
     to = Path(os.path.abspath(to))
     try:
         st = walk_trusted(to, "stage target", make=0o755)
