@@ -56,6 +56,7 @@ import pytest
 from pytest_ocistage.bundles import BundleRun
 from pytest_ocistage.bundles import run_bundle as run_bundle_in
 from pytest_ocistage.components import (
+    NEEDS_ROOT_REASON,
     REQUIRE_ENV,
     Registry,
     SigningKey,
@@ -64,6 +65,7 @@ from pytest_ocistage.components import (
     make_signing_key,
     make_tls,
     require_binary,
+    running_as_root,
     running_registry,
 )
 from pytest_ocistage.faultproxy import FaultProxy, running_fault_proxy
@@ -95,9 +97,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "needs_root(why): the test needs root (why says for what); run as another "
+        "user it is skipped with one reason, never failed, also under OCISTAGE_REQUIRE_E2E=1")
     if config.getoption("ocistage_require", default=False):
         config.stash[_SAVED_REQUIRE] = os.environ.get(REQUIRE_ENV)
         os.environ[REQUIRE_ENV] = "1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``needs_root`` are skipped, before any fixture runs, when not root."""
+    if running_as_root():
+        return
+    skip = pytest.mark.skip(reason=NEEDS_ROOT_REASON)
+    for item in items:
+        if item.get_closest_marker("needs_root") is not None:
+            item.add_marker(skip)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -87,10 +87,11 @@ import pytest
 
 from ocistage.runtimes.slurm import parse_scontrol_record
 from pytest_ocistage.components import (
+    component_unavailable,
     die_with_parent,
-    e2e_required,
     free_port,
     require_binary,
+    require_root,
     stop_process,
 )
 
@@ -117,13 +118,6 @@ class ClusterError(RuntimeError):
     """A test cluster could not be started."""
 
 
-def unavailable(reason: str) -> None:
-    """Skip the test with reason, or fail it under ``OCISTAGE_REQUIRE_E2E=1``."""
-    if e2e_required():
-        pytest.fail(reason, pytrace=False)
-    pytest.skip(reason)
-
-
 # --- job users --------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -146,8 +140,7 @@ def job_user_account(name: str = TEST_USER) -> Iterator[JobUser]:
     A user that exists already is used and left alone; one created here is removed (with its
     home and ``/run/user/UID``) on exit.
     """
-    if os.getuid() != 0:
-        pytest.skip("creating an unprivileged test user needs root")
+    require_root()  # creating an unprivileged test user
     require_binary("useradd")
     require_binary("userdel")
     require_binary("runuser")
@@ -688,13 +681,13 @@ def _stop_slurmds(slurmds: Sequence[subprocess.Popen[bytes]]) -> None:
 @contextmanager
 def session_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[SlurmCluster]:
     """:func:`running_cluster`, or skip (fail under OCISTAGE_REQUIRE_E2E=1) with the reason."""
+    require_root()  # slurmd runs jobs as their users
     problem = check_spec(spec)
     if problem is not None:
-        unavailable(f"no Slurm {spec.name} cluster: {problem}")
+        component_unavailable(f"no Slurm {spec.name} cluster: {problem}")
     with ExitStack() as stack:
         try:
             cluster = stack.enter_context(running_cluster(spec, ocistage))
         except ClusterError as exc:
-            unavailable(f"Slurm cluster {spec.name} did not start:\n{exc}")
-            raise  # unreachable: unavailable() skips or fails
+            component_unavailable(f"Slurm cluster {spec.name} did not start:\n{exc}")
         yield cluster

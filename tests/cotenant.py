@@ -20,11 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ocistage.components import require_binary
+
 NOBODY = 65534
 
 #: the tests that need a second user: root (to become it) and setpriv
-second_user = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                                 reason="a second user needs root and setpriv")
+second_user = pytest.mark.needs_root("a second user needs root and setpriv")
 
 
 def as_nobody(*argv: str) -> None:
@@ -113,8 +114,7 @@ def created_user() -> Iterator[User]:
     """A new unprivileged user (``useradd``, no home, a group of its own), removed with its
     group afterwards (``userdel``)."""
     for tool in ("useradd", "userdel"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is missing")
+        require_binary(tool)
     name = f"ocst{uuid.uuid4().hex[:8]}"
     _retried(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name])
     try:
