@@ -23,7 +23,8 @@ Per test:
 - ``ocistage_cache``: a private cache directory (``OCISTAGE_CACHE`` of the runner)
 - ``ocistage``: an :class:`~pytest_ocistage.runner.OcistageRunner` with a private HOME and
   config: ``ocistage("bundle", ref, "--json").json``
-- ``run_bundle(bundle, runtime="runc")``: run a bundle under rootless runc or crun
+- ``run_bundle(bundle, runtime=None)``: run a bundle under rootless runc or crun (None: the
+  first that can run it for this user)
 - ``fault_proxy``: a :class:`~pytest_ocistage.faultproxy.FaultProxy` in front of
   ``oci_registry``; ``make_fault_proxy(registry)`` puts one in front of any registry
 
@@ -271,11 +272,13 @@ def ocistage(tmp_path: Path, ocistage_cache: Path) -> OcistageRunner:
 
 @pytest.fixture
 def run_bundle(tmp_path: Path) -> Callable[..., BundleRun]:
-    """``run_bundle(bundle, runtime="runc", timeout=120)``: run a bundle under rootless runc
-    or crun; returns its exit code, stdout and stderr."""
-    def run(bundle: str | os.PathLike[str], runtime: str = "runc",
+    """``run_bundle(bundle, runtime=None, timeout=120)``: run a bundle under rootless runc or
+    crun (None: runc, or crun where runc cannot run it for this user, pytest_ocistage/
+    bundles.py); returns its exit code, stdout and stderr, and the runtime that ran it."""
+    def run(bundle: str | os.PathLike[str], runtime: str | None = None,
             timeout: float = 120) -> BundleRun:
-        return run_bundle_in(Path(bundle), tmp_path / f"{runtime}-state", runtime, timeout)
+        return run_bundle_in(Path(bundle), tmp_path / f"{runtime or 'runtime'}-state", runtime,
+                             timeout)
 
     return run
 
