@@ -28,6 +28,19 @@ NOBODY = 65534
 second_user = pytest.mark.needs_root("a second user needs root and setpriv")
 
 
+def require_python_for(uid: int = NOBODY, module: str = "ocistage") -> None:
+    """Skip when uid cannot run this interpreter with ``module`` on this checkout: a venv or a
+    checkout below a directory only root enters (CI's clone under a 0700 /root). For root's
+    tests that run Python as another user; that user's own run covers the rest."""
+    usable = subprocess.run([require_binary("setpriv"), f"--reuid={uid}", f"--regid={uid}",
+                             "--clear-groups", sys.executable, "-c", f"import {module}"],
+                            cwd="/", capture_output=True, text=True, check=False, timeout=60)
+    if usable.returncode != 0:
+        pytest.skip(f"uid {uid} cannot run this interpreter ({sys.executable}) with {module} "
+                    f"on this checkout (below a directory only root enters?): "
+                    f"{usable.stderr.strip()[-200:]}")
+
+
 def as_nobody(*argv: str) -> None:
     """Run ``argv`` as ``nobody`` (no supplementary groups), from ``/``."""
     subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",

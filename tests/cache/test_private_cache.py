@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from pytest_ocistage.components import require_binary, require_root
+from tests.cotenant import require_python_for
 
 NOBODY = 65534
 OPEN = ("import sys; from ocistage.cache.store import Store; "
@@ -27,13 +28,8 @@ def _as_user() -> list[str]:
     if os.geteuid() != 0:
         return []
     require_binary("setpriv")
-    prefix = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-    usable = subprocess.run([*prefix, sys.executable, "-c", "import ocistage"], cwd="/",
-                            capture_output=True, check=False, timeout=60)
-    if usable.returncode != 0:
-        pytest.skip(f"uid {NOBODY} cannot run this interpreter ({sys.executable}) with "
-                    "ocistage on this checkout (it lies below a directory only root enters)")
-    return prefix
+    require_python_for(NOBODY)
+    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
 
 
 @pytest.fixture

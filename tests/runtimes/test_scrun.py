@@ -37,6 +37,7 @@ from ocistage.runtimes.scrun import (
     stage_out,
 )
 from pytest_ocistage.components import require_binary, running_as_root
+from tests.cotenant import require_python_for
 from tests.runtimes.scrun_bundle import ENGINE_FILE, make_engine_bundle, minimal_runtime_config
 
 HARNESS = Path(__file__).with_name("scrun_harness.lua")
@@ -348,6 +349,7 @@ def test_stage_in_ids_and_home_are_the_hosts_inside_a_user_namespace() -> None:
     """Rootless Podman runs scrun and the hooks in its user namespace, as uid 0 there: the
     job user and the user's home are those of the id outside, not root's."""
     unshare = require_binary("unshare")
+    require_python_for(65534)
     code = ("import json; from pathlib import Path; "
             "from ocistage.runtimes.scrun import StageInRequest, ScrunError, job_ids, stage_in; "
             "from ocistage.cache.userdirs import home_dir\n"

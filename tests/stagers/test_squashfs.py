@@ -21,6 +21,7 @@ from ocistage.stagers.filemanifest import MARKER_NAME, fill_hashes, scan
 from ocistage.stagers.markers import Marker
 from ocistage.stagers.unstage import unstage
 from pytest_ocistage.components import require_binary, require_root
+from tests.cotenant import require_python_for
 from tests.stagers.conftest import require_fuse_mount
 
 REPO = Path(__file__).resolve().parents[2]
@@ -210,12 +211,7 @@ def test_a_user_unpacks_an_image_with_device_nodes(tmp_path: Path) -> None:
     out now, so the image unpacks (as a second user, setpriv)."""
     require_binary("unsquashfs")
     require_root()  # needs root and setpriv to run as a second user
-    usable = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                             sys.executable, "-c", "import xxhash, ocistage.stagers.squashfs"],
-                            capture_output=True, text=True, cwd=REPO, check=False)
-    if usable.returncode != 0:
-        pytest.skip(f"uid 65534 cannot run this interpreter ({sys.executable}) on this "
-                    f"checkout (a venv under /root?): {usable.stderr.strip()[-200:]}")
+    require_python_for(65534, "xxhash, ocistage.stagers.squashfs")
     image = _hostile_image(tmp_path)
     work = Path(tempfile.mkdtemp(prefix="ocistage-user-unpack-"))
     try:
