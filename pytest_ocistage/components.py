@@ -389,13 +389,16 @@ DEBIAN_PACKAGES = {
     "docker-registry": "docker-registry", "skopeo": "skopeo", "umoci": "umoci", "runc": "runc",
     "crun": "crun", "openssl": "openssl", "htpasswd": "apache2-utils",
     "busybox": "busybox-static", "mksquashfs": "squashfs-tools",
-    "unsquashfs": "squashfs-tools", "squashfuse": "squashfuse", "lua5.3": "lua5.3",
+    "unsquashfs": "squashfs-tools", "squashfuse": "squashfuse", "squashfuse_ll": "squashfuse",
+    "fusermount3": "fuse3", "lua5.3": "lua5.3",
     "rsync": "rsync", "zstd": "zstd", "curl": "curl", "jq": "jq", "newuidmap": "uidmap",
     "sinfo": "slurm-client", "srun": "slurm-client", "sbatch": "slurm-client",
     "scontrol": "slurm-client", "squeue": "slurm-client", "slurmctld": "slurmctld",
     "slurmd": "slurmd", "munged": "munge", "podman": "podman", "setpriv": "util-linux",
     "runuser": "util-linux", "useradd": "passwd", "gpg": "gnupg", "gpgconf": "gnupg",
-    "gpgv": "gpgv",
+    "gpgv": "gpgv", "groupadd": "passwd", "groupdel": "passwd", "userdel": "passwd",
+    "man": "man-db", "make": "make", "tar": "tar", "bash": "bash", "chattr": "e2fsprogs",
+    "git": "git", "gzip": "gzip", "sha256sum": "coreutils", "tee": "coreutils",
 }
 REQUIRE_ENV = "OCISTAGE_REQUIRE_E2E"
 
@@ -411,6 +414,25 @@ def component_unavailable(reason: str) -> NoReturn:
     if e2e_required():
         pytest.fail(f"{reason} ({REQUIRE_ENV}=1: required)", pytrace=False)
     pytest.skip(reason)
+
+
+#: the one reason every test marked ``needs_root`` is skipped with when not run as root
+NEEDS_ROOT_REASON = "needs root (marked needs_root): root-only tests run when pytest runs as root"
+
+
+def running_as_root() -> bool:
+    """Whether this process is root (effective uid 0): the one test of the tests' identity."""
+    return os.geteuid() == 0
+
+
+def require_root() -> None:
+    """Skip the test when not root, always with :data:`NEEDS_ROOT_REASON`.
+
+    Never a failure, not even under OCISTAGE_REQUIRE_E2E=1: a user's run (a developer's
+    ``make test``, CI's run as a created user) skips what only root can do, while root's run
+    includes it. Use the ``needs_root`` marker on a test; this function is for fixtures."""
+    if not running_as_root():
+        pytest.skip(NEEDS_ROOT_REASON)
 
 
 def require_binary(name: str, package: str | None = None) -> str:

@@ -12,9 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
-from pytest_ocistage.components import require_binary
+from pytest_ocistage.components import require_binary, require_root
 
 TEST_USER = "ocistage-slurm"
 
@@ -39,8 +37,7 @@ def job_user_account(name: str = TEST_USER) -> Iterator[JobUser]:
     A user that exists already is used and left alone; one created here is removed (with its
     home and ``/run/user/UID``) on exit.
     """
-    if os.getuid() != 0:
-        pytest.skip("creating an unprivileged test user needs root")
+    require_root()  # creating an unprivileged test user
     require_binary("useradd")
     require_binary("userdel")
     require_binary("runuser")

@@ -23,7 +23,8 @@ Per test:
 - ``ocistage_cache``: a private cache directory (``OCISTAGE_CACHE`` of the runner)
 - ``ocistage``: an :class:`~pytest_ocistage.runner.OcistageRunner` with a private HOME and
   config: ``ocistage("bundle", ref, "--json").json``
-- ``run_bundle(bundle, runtime="runc")``: run a bundle under rootless runc or crun
+- ``run_bundle(bundle, runtime=None)``: run a bundle under rootless runc or crun (None: the
+  first that can run it for this user)
 - ``fault_proxy``: a :class:`~pytest_ocistage.faultproxy.FaultProxy` in front of
   ``oci_registry``; ``make_fault_proxy(registry)`` puts one in front of any registry
 
@@ -57,6 +58,7 @@ from pytest_ocistage.bundles import BundleRun
 from pytest_ocistage.bundles import run_bundle as run_bundle_in
 from pytest_ocistage.clusterspec import built_spec, debian_spec
 from pytest_ocistage.components import (
+    NEEDS_ROOT_REASON,
     REQUIRE_ENV,
     Registry,
     SigningKey,
@@ -65,6 +67,7 @@ from pytest_ocistage.components import (
     make_signing_key,
     make_tls,
     require_binary,
+    running_as_root,
     running_registry,
 )
 from pytest_ocistage.faultproxy import FaultProxy, running_fault_proxy
@@ -90,9 +93,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "needs_root(why): the test needs root (why says for what); run as another "
+        "user it is skipped with one reason, never failed, also under OCISTAGE_REQUIRE_E2E=1")
     if config.getoption("ocistage_require", default=False):
         config.stash[_SAVED_REQUIRE] = os.environ.get(REQUIRE_ENV)
         os.environ[REQUIRE_ENV] = "1"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``needs_root`` are skipped, before any fixture runs, when not root."""
+    if running_as_root():
+        return
+    skip = pytest.mark.skip(reason=NEEDS_ROOT_REASON)
+    for item in items:
+        if item.get_closest_marker("needs_root") is not None:
+            item.add_marker(skip)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -251,11 +267,13 @@ def ocistage(tmp_path: Path, ocistage_cache: Path) -> OcistageRunner:
 
 @pytest.fixture
 def run_bundle(tmp_path: Path) -> Callable[..., BundleRun]:
-    """``run_bundle(bundle, runtime="runc", timeout=120)``: run a bundle under rootless runc
-    or crun; returns its exit code, stdout and stderr."""
-    def run(bundle: str | os.PathLike[str], runtime: str = "runc",
+    """``run_bundle(bundle, runtime=None, timeout=120)``: run a bundle under rootless runc or
+    crun (None: runc, or crun where runc cannot run it for this user, pytest_ocistage/
+    bundles.py); returns its exit code, stdout and stderr, and the runtime that ran it."""
+    def run(bundle: str | os.PathLike[str], runtime: str | None = None,
             timeout: float = 120) -> BundleRun:
-        return run_bundle_in(Path(bundle), tmp_path / f"{runtime}-state", runtime, timeout)
+        return run_bundle_in(Path(bundle), tmp_path / f"{runtime or 'runtime'}-state", runtime,
+                             timeout)
 
     return run
 

@@ -98,9 +98,10 @@ from pytest_ocistage.clusterspec import (
     hybrid_cgroup2,
 )
 from pytest_ocistage.components import (
+    component_unavailable,
     die_with_parent,
-    e2e_required,
     free_port,
+    require_root,
     stop_process,
 )
 from pytest_ocistage.jobuser import JobUser
@@ -111,11 +112,6 @@ START_TIMEOUT = 90.0
 STOP_TIMEOUT = 15.0
 
 
-def unavailable(reason: str) -> None:
-    """Skip the test with reason, or fail it under ``OCISTAGE_REQUIRE_E2E=1``."""
-    if e2e_required():
-        pytest.fail(reason, pytrace=False)
-    pytest.skip(reason)
 
 
 # --- the cluster as tests see it --------------------------------------------------------------
@@ -490,13 +486,13 @@ def _stop_slurmds(slurmds: Sequence[subprocess.Popen[bytes]]) -> None:
 @contextmanager
 def session_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[SlurmCluster]:
     """:func:`running_cluster`, or skip (fail under OCISTAGE_REQUIRE_E2E=1) with the reason."""
+    require_root()  # slurmd runs jobs as their users
     problem = check_spec(spec)
     if problem is not None:
-        unavailable(f"no Slurm {spec.name} cluster: {problem}")
+        component_unavailable(f"no Slurm {spec.name} cluster: {problem}")
     with ExitStack() as stack:
         try:
             cluster = stack.enter_context(running_cluster(spec, ocistage))
         except ClusterError as exc:
-            unavailable(f"Slurm cluster {spec.name} did not start:\n{exc}")
-            raise  # unreachable: unavailable() skips or fails
+            component_unavailable(f"Slurm cluster {spec.name} did not start:\n{exc}")
         yield cluster

@@ -20,11 +20,25 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ocistage.components import require_binary
+
 NOBODY = 65534
 
 #: the tests that need a second user: root (to become it) and setpriv
-second_user = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                                 reason="a second user needs root and setpriv")
+second_user = pytest.mark.needs_root("a second user needs root and setpriv")
+
+
+def require_python_for(uid: int = NOBODY, module: str = "ocistage") -> None:
+    """Skip when uid cannot run this interpreter with ``module`` on this checkout: a venv or a
+    checkout below a directory only root enters (CI's clone under a 0700 /root). For root's
+    tests that run Python as another user; that user's own run covers the rest."""
+    usable = subprocess.run([require_binary("setpriv"), f"--reuid={uid}", f"--regid={uid}",
+                             "--clear-groups", sys.executable, "-c", f"import {module}"],
+                            cwd="/", capture_output=True, text=True, check=False, timeout=60)
+    if usable.returncode != 0:
+        pytest.skip(f"uid {uid} cannot run this interpreter ({sys.executable}) with {module} "
+                    f"on this checkout (below a directory only root enters?): "
+                    f"{usable.stderr.strip()[-200:]}")
 
 
 def as_nobody(*argv: str) -> None:
@@ -113,8 +127,7 @@ def created_user() -> Iterator[User]:
     """A new unprivileged user (``useradd``, no home, a group of its own), removed with its
     group afterwards (``userdel``)."""
     for tool in ("useradd", "userdel"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is missing")
+        require_binary(tool)
     name = f"ocst{uuid.uuid4().hex[:8]}"
     _retried(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name])
     try:

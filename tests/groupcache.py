@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from pytest_ocistage.components import require_binary, require_root
+
 OCISTAGE = Path(sys.executable).parent / "ocistage"
 
 
@@ -108,11 +110,9 @@ def _add_user(name: str, group: str) -> Member:
 def group_cache_members() -> Iterator[GroupCache]:
     """Two members of a group (made here, removed after) and root's 2775 cache of it, in a
     directory under /tmp every member reaches (removed after)."""
-    if os.geteuid() != 0:
-        pytest.skip("members made with useradd need root")
+    require_root()  # members made with useradd need root
     for tool in ("setpriv", "useradd", "userdel", "groupadd", "groupdel"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"members need {tool}")
+        require_binary(tool)
     if OCISTAGE.stat().st_mode & 0o005 != 0o005:
         pytest.skip(f"{OCISTAGE} is not usable by other users")
     tag = f"ocgc{os.getpid() % 100000}"

@@ -3,14 +3,12 @@ atomic floor of ``bench stage`` (bench/bundle.py, bench/stage.py); nothing is ti
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from bench.bundle import goal_lines
 from bench.stage import LinkDest, render, summarise
+from pytest_ocistage.components import require_binary
 
 
 def _result(medians: dict[str, float]) -> dict[str, object]:
@@ -44,8 +42,8 @@ def test_the_atomic_floor_is_summarised_against_in_place_rsync() -> None:
     assert "cli/rsync 2.40 (goal <= 2.0) MISSED" in table
 
 
-@pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync is not installed")
 def test_the_link_dest_peer_keeps_one_complete_tree_and_no_floor_copy(tmp_path: Path) -> None:
+    require_binary("rsync")
     src = tmp_path / "src"
     (src / "d").mkdir(parents=True)
     (src / "d" / "f").write_text("one")

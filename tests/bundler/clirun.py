@@ -50,7 +50,8 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(settings, "SITE_CONFIG", root / "site.toml")
     monkeypatch.setenv("HOME", str(root))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(root / ".config"))
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(root / "run"))
+    (root / "run").mkdir(mode=0o700)  # a login session's /run/user/UID: ocistage bundle, run by
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(root / "run"))  # a user, warns without one
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.chdir(root)
     yield Cli(capsys, root)

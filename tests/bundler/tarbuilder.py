@@ -14,6 +14,8 @@ from pathlib import Path
 
 import zstandard
 
+from tests.owned import read_own_bytes
+
 MTIME = 1_000_000
 
 
@@ -161,7 +163,7 @@ def snapshot(root: Path, *, mtimes: bool = True, dir_mtimes: bool = True,
             mode = stat.S_IMODE(info.st_mode)
             content: object = None
             if stat.S_ISREG(kind):
-                content = hashlib.sha256(full.read_bytes()).hexdigest()
+                content = hashlib.sha256(read_own_bytes(full)).hexdigest()
                 if info.st_nlink > 1:
                     inodes.setdefault(info.st_ino, []).append(rel)
             elif stat.S_ISLNK(kind):

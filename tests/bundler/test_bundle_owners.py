@@ -7,7 +7,6 @@ the bundle under root runc."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import stat
 from pathlib import Path
 
@@ -33,7 +32,7 @@ UPPER = build_tar([file("srv/report", b"r2", mode=0o640, uid=1235, gid=51),
 RUN = ConfigOptions(args=["/bin/true"])
 OWNED = dataclasses.replace(RUN, rootless=False)
 
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the image's owners need root")
+root_only = pytest.mark.needs_root("the image's owners need root")
 
 
 def image(tmp_path: Path) -> str:

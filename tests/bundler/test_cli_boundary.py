@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from ocistage.bundler.cli.common import CliRenderer, summarize_warnings
 from ocistage.bundler.cli.printable import sanitize
 from ocistage.cache.notice import Kind, Notice
+from pytest_ocistage.components import require_binary
 from tests.bundler.clirun import Cli, cli
 from tests.bundler.tarbuilder import build_tar, chardev, directory, file, write_oci_layout
 
@@ -258,8 +259,7 @@ def _ocistage_script() -> str:
 
 
 def test_bash_completion_completes_commands_and_options(tmp_path: Path) -> None:
-    if shutil.which("bash") is None:
-        pytest.skip("bash is not installed")
+    require_binary("bash")
     script = _ocistage_script()
     env = {**os.environ, "PATH": f"{Path(script).parent}:{os.environ['PATH']}",
            "HOME": str(tmp_path)}

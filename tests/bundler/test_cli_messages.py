@@ -6,13 +6,13 @@ from __future__ import annotations
 import contextlib
 import io
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
 from ocistage.cache.errors import StoreError
 from ocistage.cache.sizes import count
+from pytest_ocistage.components import require_binary
 from tests.bundler.clirun import Cli, cli
 from tests.bundler.tarbuilder import build_tar, directory, file, write_oci_layout
 from tests.stagers.conftest import make_tree
@@ -115,8 +115,8 @@ def test_gpus_without_the_hook_here_warn(cli: Cli, ref: str,
 
 def test_a_squashfs_image_built_without_a_terminal_says_when_it_starts_and_ends(
         cli: Cli) -> None:
-    if shutil.which("mksquashfs") is None or shutil.which("unsquashfs") is None:
-        pytest.skip("squashfs-tools are not installed")
+    require_binary("mksquashfs")
+    require_binary("unsquashfs")
     tree = str(make_tree(cli.root / "tree"))
     target = str(cli.root / "target")
     outcome = cli("stage", tree, "--to", target, "--format", "squashfs", "--unpack")

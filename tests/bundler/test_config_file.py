@@ -14,6 +14,7 @@ from ocistage.bundler import settings as settings_module
 from ocistage.bundler.settings import KEYS, REGISTRY_KEYS, load_settings
 from ocistage.cache.notice import Kind
 from ocistage.errors import UsageError
+from pytest_ocistage.components import running_as_root
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
@@ -213,14 +214,20 @@ def test_a_fifo_config_is_refused_without_waiting(files: tuple[Path, Path]) -> N
 
 
 def test_a_config_others_can_write_is_refused_as_ssh_does(files: tuple[Path, Path]) -> None:
-    import os
 
     _site, user = files
     user.write_text("jobs = 3\n")
     user.chmod(0o666)
     error = _one_line_error(files)
     assert "writable by every user" in error.message and "chmod go-w" in (error.hint or "")
-    user.chmod(0o644)
+
+
+@pytest.mark.needs_root("a config file of another user's")
+def test_a_config_of_another_user_is_refused(files: tuple[Path, Path]) -> None:
+    import os
+
+    _site, user = files
+    user.write_text("jobs = 3\n")
     os.chown(user, 65534, 65534)
     assert "owned by" in _one_line_error(files).message
     os.chown(user, os.getuid(), os.getgid())
@@ -236,13 +243,16 @@ def test_another_users_home_is_not_where_my_settings_are(
 
     from ocistage.cache.userdirs import home_dir, xdg_dir
 
-    foreign = tmp_path / "foreign-home"
-    foreign.mkdir()
-    os.chown(foreign, 65534, 65534)
+    # for a user, root's directories are another user's
+    foreign, foreign_config = Path("/"), Path("/etc")
+    if running_as_root():
+        foreign = tmp_path / "foreign-home"
+        foreign_config = foreign / ".config"
+        foreign_config.mkdir(parents=True)
+        os.chown(foreign, 65534, 65534)
+        os.chown(foreign_config, 65534, 65534)
     monkeypatch.setenv("HOME", str(foreign))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(foreign / ".config"))
-    os.makedirs(foreign / ".config", exist_ok=True)
-    os.chown(foreign / ".config", 65534, 65534)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(foreign_config))
     mine = Path(pwd.getpwuid(os.getuid()).pw_dir)
     assert home_dir() == mine
     assert xdg_dir("XDG_CONFIG_HOME", ".config") == mine / ".config"

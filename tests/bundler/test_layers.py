@@ -3,7 +3,6 @@ from __future__ import annotations
 import io
 import itertools
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from ocistage.bundler.unpack.apply import ApplyReport, apply_layer
 from ocistage.bundler.unpack.decompress import open_layer_stream
 from ocistage.cache.notice import Kind
 from ocistage.errors import LayerError
+from pytest_ocistage.components import require_binary, require_root, running_as_root
 from tests.bundler.tarbuilder import (
     MTIME,
     Entry,
@@ -35,6 +35,7 @@ from tests.bundler.tarbuilder import (
     whiteout,
     write_oci_layout,
 )
+from tests.owned import read_own_bytes
 
 
 def apply(rootfs: Path, entries: list[Entry], **kw: bool) -> ApplyReport:
@@ -98,7 +99,7 @@ def test_file_modes_do_not_depend_on_the_umask(rootfs: Path, umask: int) -> None
         os.umask(old)
     assert {mode: mode_of(rootfs / f"f{mode:04o}") for mode in modes} == \
         {mode: mode for mode in modes}
-    assert all((rootfs / f"f{mode:04o}").read_bytes() == b"data" for mode in modes)
+    assert all(read_own_bytes(rootfs / f"f{mode:04o}") == b"data" for mode in modes)
 
 
 def test_big_file_is_streamed_intact(rootfs: Path) -> None:
@@ -155,7 +156,7 @@ def test_rootless_devices_become_empty_files(rootfs: Path) -> None:
     assert {w.kind for w in report.warnings} == {Kind.DEVICE_NODE}
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="creating device nodes and chown need root")
+@pytest.mark.needs_root("creating device nodes and chown need root")
 def test_privileged_mode_makes_devices_and_owners(rootfs: Path) -> None:
     apply(rootfs, [
         chardev("dev/null", 1, 3, 0o666),
@@ -196,9 +197,8 @@ print("deleted")
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                    reason="needs root and setpriv to switch to an unprivileged user")
 def test_rootless_as_an_unprivileged_user() -> None:
+    """Run by root, as nobody (setpriv); run by a user, as that user."""
     layers = [[directory("locked", 0o000), file("locked/f", b"x", 0o000), directory("ro", 0o555),
                file("ro/g", b"g", 0o444), chardev("dev/null")],
               [file("locked/new", b"n"), whiteout("locked/f"), opaque("ro"), file("ro/h", b"h"),
@@ -211,16 +211,19 @@ def test_rootless_as_an_unprivileged_user() -> None:
         for index, entries in enumerate(layers):
             paths.append(work / f"layer{index}.tar")
             paths[-1].write_bytes(build_tar(entries))
-        os.chown(work, 65534, 65534)
-        for parent in [*work.parents, repo, *repo.parents]:
-            if parent.stat().st_mode & 0o001 == 0:
-                pytest.skip(f"{parent} is not searchable by other users")
+        as_user: list[str] = []
+        if running_as_root():
+            os.chown(work, 65534, 65534)
+            for parent in [*work.parents, repo, *repo.parents]:
+                if parent.stat().st_mode & 0o001 == 0:
+                    pytest.skip(f"{parent} is not searchable by other users")
+            as_user = [require_binary("setpriv"), "--reuid", "65534", "--regid", "65534",
+                       "--clear-groups"]
         result = subprocess.run(
-            ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
-             sys.executable, "-c", UNPRIVILEGED_SCRIPT, str(work), *map(str, paths)],
+            [*as_user, sys.executable, "-c", UNPRIVILEGED_SCRIPT, str(work), *map(str, paths)],
             capture_output=True, text=True, cwd=work, env={"PYTHONPATH": str(repo)},
             timeout=60)
-    if "ModuleNotFoundError" in result.stderr or "can't open file" in result.stderr:
+    if as_user and ("ModuleNotFoundError" in result.stderr or "can't open file" in result.stderr):
         pytest.skip(f"python cannot run as an unprivileged user here: {result.stderr[-200:]}")
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["0o700", "0o4755", "deleted"]
@@ -443,18 +446,10 @@ UMOCI_LAYERS = [
 ]
 
 
-def _umoci_required() -> bool:
-    return os.environ.get("OCISTAGE_REQUIRE_E2E") == "1"
-
-
 @pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["none", "gzip", "zstd"])
 def test_same_tree_as_umoci_unpack_rootless(tmp_path: Path, kind: str) -> None:
-    umoci = shutil.which("umoci")
-    if umoci is None:
-        if _umoci_required():
-            pytest.fail("umoci is required (OCISTAGE_REQUIRE_E2E=1) but not installed")
-        pytest.skip("umoci is not installed")
+    umoci = require_binary("umoci")
     layers = [build_tar(entries) for entries in UMOCI_LAYERS]
     if kind == "zstd":
         version = subprocess.run([umoci, "--version"], capture_output=True, text=True).stdout
@@ -484,8 +479,7 @@ def open_fds() -> set[int]:
 
 @pytest.fixture
 def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+    require_root()  # mounting a tmpfs needs root
     mountpoint = tmp_path / "tiny"
     mountpoint.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mountpoint)],

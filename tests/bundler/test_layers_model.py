@@ -36,6 +36,7 @@ from tests.bundler.tarbuilder import (
     symlink,
     whiteout,
 )
+from tests.owned import read_own_bytes
 
 P = tuple[str, ...]
 
@@ -224,7 +225,7 @@ def real_snapshot(root: Path) -> tuple[dict[str, tuple[str, str, int]], set[froz
             elif stat.S_ISFIFO(info.st_mode):
                 nodes[name] = ("fifo", "", mode)
             else:
-                nodes[name] = ("file", full.read_text(), mode)
+                nodes[name] = ("file", read_own_bytes(full).decode(), mode)
             groups.setdefault(info.st_ino, set()).add(name)
     return nodes, {frozenset(g) for g in groups.values() if len(g) > 1}
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,14 +12,14 @@ import typer
 
 from ocistage.bundler.cli.app import app
 from ocistage.bundler.cli.manpage import commands, help_text
+from pytest_ocistage.components import require_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("make") is None:
-        pytest.skip("make is not installed")
+    require_binary("make")
     man_dir = tmp_path_factory.mktemp("man") / "man1"
     subprocess.run(["make", "-s", "-C", str(ROOT), "man", f"MAN_DIR={man_dir}",
                     f"MAN_PYTHON={sys.executable}"], check=True, capture_output=True,
@@ -44,8 +43,7 @@ def test_make_man_lists_every_command_with_its_help(page: Path) -> None:
 
 
 def test_man_reads_it(page: Path) -> None:
-    if shutil.which("man") is None:
-        pytest.skip("man is not installed")
+    require_binary("man")
     shown = subprocess.run(["man", "--warnings", "-l", str(page)], capture_output=True,
                            text=True, timeout=60, check=True,
                            env={**os.environ, "MANWIDTH": "100", "MANPAGER": "cat"})
@@ -62,8 +60,7 @@ def test_make_man_writes_the_importers_page(page: Path) -> None:
     text = importer.read_text()
     assert text.startswith(".TH OCISTAGE-PYXIS-IMPORTER 1 ")
     assert ".BR ocistage-pyxis-importer (1)" in page.read_text()
-    if shutil.which("man") is None:
-        pytest.skip("man is not installed")
+    require_binary("man")
     shown = subprocess.run(["man", "--warnings", "-l", str(importer)], capture_output=True,
                            text=True, timeout=60, check=True,
                            env={**os.environ, "MANWIDTH": "200", "MANPAGER": "cat"})

@@ -31,6 +31,7 @@ from ocistage.bundler.pyxis.uri import parse_enroot_uri
 from ocistage.cache import leases
 from ocistage.cache.store import Store
 from ocistage.stagers.mksquashfs import compressors_listed, pseudo_dir, pseudo_file
+from pytest_ocistage.components import require_binary
 from tests.deadline import deadline
 
 
@@ -201,9 +202,7 @@ def test_enroot_files_of_an_empty_config_run_a_shell() -> None:
 
 def test_rc_runs_as_enroot_runs_it(tmp_path: Path) -> None:
     """The generated /etc/rc, run by bash as enroot runs it, execs what the image says."""
-    bash = shutil.which("bash")
-    if bash is None:
-        pytest.skip("no bash")
+    bash = require_binary("bash")
     config = {"config": {"Entrypoint": ["printf", "[%s]"], "Cmd": ["a b", "it's", "x\ty"],
                          "WorkingDir": str(tmp_path / "wd")}}
     rc = tmp_path / "rc"
@@ -374,9 +373,9 @@ def test_mksquashfs_argv_excludes_last_and_adds_missing_dirs(tmp_path: Path) -> 
     assert not any(a.startswith("\\s\\r\\v") for a in under_file)
 
 
-@pytest.mark.skipif(shutil.which("mksquashfs") is None or shutil.which("unsquashfs") is None,
-                    reason="squashfs-tools not installed")
 def test_mksquashfs_argv_builds_the_image(tmp_path: Path) -> None:
+    require_binary("mksquashfs")
+    require_binary("unsquashfs")
     rootfs = tmp_path / "rootfs"
     (rootfs / "etc").mkdir(parents=True)
     (rootfs / "dev").mkdir()

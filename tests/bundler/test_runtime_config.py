@@ -33,7 +33,7 @@ from ocistage.errors import UsageError
 from ocistage.runtimes.errors import UserResolutionError
 from ocistage.runtimes.idmap import RootPlaceholder
 from pytest_ocistage.bundles import hybrid_cgroup_prefix
-from pytest_ocistage.components import require_binary
+from pytest_ocistage.components import require_binary, require_root
 
 PASSWD = "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/app:/bin/sh\n"
 GROUP = "root:x:0:\napp:x:1000:\nvideo:x:44:app\n"
@@ -614,8 +614,7 @@ def test_readonly_rootfs_refuses_writes_and_binds_are_visible(bundles: Bundles,
 @pytest.mark.e2e
 @pytest.mark.parametrize("runtime", ["runc", "crun"])
 def test_not_rootless_runs_without_user_namespace(bundles: Bundles, runtime: str) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("--no-rootless bundles need a privileged runtime")
+    require_root()  # --no-rootless bundles need a privileged runtime
     bundle, _ = bundles.make(caller(rootless=False, args=["sh", "-c", REPORT]), User="app")
     out = lines(bundles.run(runtime, bundle, rootless=False))
     assert out[:2] == ["1000", "1000"]
@@ -627,8 +626,7 @@ def _nobody_options(args: Sequence[str], **changes: Any) -> ConfigOptions:
 
 @pytest.mark.e2e
 def test_unprivileged_caller_crun_image_user(bundles: Bundles) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to switch to an unprivileged user (we are already one)")
+    require_root()  # needs root to switch to an unprivileged user (we are already one)
     require_binary("setpriv")
     bundle, _ = bundles.make(_nobody_options(["sh", "-c", "id -u; cat /proc/self/uid_map"]),
                              User="app")
@@ -639,8 +637,7 @@ def test_unprivileged_caller_crun_image_user(bundles: Bundles) -> None:
 
 @pytest.mark.e2e
 def test_unprivileged_caller_runc_map_root(bundles: Bundles) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to switch to an unprivileged user (we are already one)")
+    require_root()  # needs root to switch to an unprivileged user (we are already one)
     require_binary("setpriv")
     bundle, _ = bundles.make(_nobody_options(["sh", "-c", "id -u; cat /proc/self/uid_map"],
                                              map_root=True, readonly=True), User="app")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from ocistage.cache.unpackbudget import (
     default_unpack_limit,
 )
 from ocistage.errors import LayerError
+from pytest_ocistage.components import require_binary
 from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
 
 SIZE = 256 << 20
@@ -40,8 +40,7 @@ FORMATS = {
 
 
 def sparse_layer(tmp_path: Path, fmt: str) -> bytes:
-    if shutil.which("tar") is None:
-        pytest.skip("GNU tar makes the sparse layers")
+    require_binary("tar")  # GNU tar makes the sparse layers
     work = tmp_path / f"make-{fmt}"
     work.mkdir()
     big = work / "big"

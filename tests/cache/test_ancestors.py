@@ -5,7 +5,6 @@ through descriptors from ``/``."""
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,7 @@ from ocistage.cache.ancestors import MAX_SYMLINKS, check_path_trusted, walk_trus
 from ocistage.cache.errors import StoreError, UntrustedPath
 
 NOBODY = 65534
-needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                                reason="a second user needs root and setpriv")
+needs_root = pytest.mark.needs_root("a second user needs root and setpriv")
 
 
 def _dir(path: Path, mode: int, uid: int | None = None) -> Path:
@@ -48,6 +46,10 @@ def test_an_ancestor_others_can_write_is_refused_and_nothing_made_in_it(
         check_path_trusted(loose / "new" / "deeper", "stage target", make=0o755)
     assert not (loose / "new").exists()
     assert caught.value.hint is not None and "every directory" in caught.value.hint
+
+
+@pytest.mark.needs_root("chown to a group the caller is not in")
+def test_an_ancestor_a_group_can_write_is_refused(tmp_path: Path) -> None:
     group = _dir(tmp_path / "group", 0o775)
     os.chown(group, -1, 12345)  # a group that is nobody's user-private group
     (group / "x").mkdir()

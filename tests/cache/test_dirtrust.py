@@ -5,7 +5,6 @@ group."""
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,6 @@ from ocistage.cache.dirtrust import check_shared_parent, check_trusted_dir
 from ocistage.cache.errors import UntrustedPath
 
 NOBODY = 65534
-needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                                reason="a second user needs root and setpriv")
 
 
 def test_trusted_directories_are_the_callers_or_roots_and_not_writable_by_others(
@@ -41,7 +38,7 @@ def test_trusted_directories_are_the_callers_or_roots_and_not_writable_by_others
     check_trusted_dir(tmp_path / "link", "target", follow=True)  # the user's choice
 
 
-@needs_root
+@pytest.mark.needs_root  # chown to another user
 def test_a_directory_of_another_user_is_refused_unless_group_shared(tmp_path: Path) -> None:
     theirs = tmp_path / "theirs"
     theirs.mkdir(mode=0o755)

@@ -20,7 +20,7 @@ from ocistage.cache.locks import FileLock
 from ocistage.cache.store import Store
 from tests.soak import tmpfs
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+pytestmark = pytest.mark.needs_root("mounting a small tmpfs needs root")
 
 
 @pytest.fixture

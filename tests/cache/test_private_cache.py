@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ocistage.components import require_binary, require_root
+from tests.cotenant import require_python_for
+
 NOBODY = 65534
 OPEN = ("import sys; from ocistage.cache.store import Store; "
         "[print('warning:', n, file=sys.stderr) for n in Store.open(sys.argv[1]).notices]")
@@ -24,15 +27,9 @@ def _as_user() -> list[str]:
     """The prefix that runs a command as an ordinary user: nobody for root, else nothing."""
     if os.geteuid() != 0:
         return []
-    if shutil.which("setpriv") is None:
-        pytest.skip("running as an ordinary user needs setpriv (util-linux)")
-    prefix = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-    usable = subprocess.run([*prefix, sys.executable, "-c", "import ocistage"], cwd="/",
-                            capture_output=True, check=False, timeout=60)
-    if usable.returncode != 0:
-        pytest.skip(f"uid {NOBODY} cannot run this interpreter ({sys.executable}) with "
-                    "ocistage on this checkout (it lies below a directory only root enters)")
-    return prefix
+    require_binary("setpriv")
+    require_python_for(NOBODY)
+    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
 
 
 @pytest.fixture
@@ -83,8 +80,7 @@ def test_a_group_shared_cache_keeps_its_mode(home: Path) -> None:
 
 
 def test_roots_cache_keeps_the_mode_its_maker_gave_it(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("a root-owned cache is the site's: only root makes one")
+    require_root()  # a root-owned cache is the site's: only root makes one
     from ocistage.cache.store import Store
 
     cache = tmp_path / "site"

@@ -17,7 +17,7 @@ from ocistage.cache.privileges import CAPABILITY_XATTR, strip_privileges, stripp
 
 #: vfs_cap_data revision 2, effective, permitted = cap_dac_read_search
 CAP = bytes([1, 0, 0, 2, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="setting file capabilities needs root")
+needs_root = pytest.mark.needs_root("setting file capabilities needs root")
 
 
 def _file(path: Path, mode: int) -> Path:

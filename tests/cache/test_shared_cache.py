@@ -27,6 +27,7 @@ from ocistage.cache.leases import Holder
 from ocistage.cache.locks import Owner, owner_is_dead
 from ocistage.cache.store import Store
 from ocistage.errors import IntegrityError
+from pytest_ocistage.components import require_root
 from tests.bundler.tarbuilder import build_tar, directory, file, write_oci_layout
 from tests.deadline import deadline
 from tests.groupcache import GroupCache, group_cache_members
@@ -46,8 +47,7 @@ def as_nobody(*argv: str, input: str | None = None) -> None:
 def shared() -> Iterator[Path]:
     """A directory nobody can reach, holding a group-shared cache (setgid, group-writable
     directories of the caller's group) that nobody, a member of that group, may write."""
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv to act as a second user")
+    require_root()  # needs root and setpriv to act as a second user
     base = Path(tempfile.mkdtemp(prefix="ocistage-shared-", dir="/tmp"))
     try:
         base.chmod(0o755)

@@ -34,7 +34,10 @@ def test_open_creates_an_oci_layout(tmp_path: Path) -> None:
     assert store.read_index() == []
 
 
-@pytest.mark.parametrize("depth", [0, 1], ids=["root", "blobs"])
+@pytest.mark.parametrize("depth", [
+    # a user's own loose cache root is made private instead (tests/cache/test_private_cache.py)
+    pytest.param(0, id="root", marks=pytest.mark.needs_root("root keeps its cache's mode")),
+    pytest.param(1, id="blobs")])
 def test_nothing_is_made_in_a_cache_directory_others_can_write(tmp_path: Path,
                                                               depth: int) -> None:
     """A cache root (or its blobs/) that another user could write is refused before ocistage

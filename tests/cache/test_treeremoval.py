@@ -22,8 +22,7 @@ from ocistage.cache.treewalk import path_stats
 from tests.cache.deeptree import make_chain
 
 NOBODY = 65534
-needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                                reason="a second user needs root and setpriv")
+needs_root = pytest.mark.needs_root("a second user needs root and setpriv")
 
 
 def as_nobody(*argv: str) -> None:

@@ -21,8 +21,7 @@ from pytest_ocistage.imagebuild import BuiltImage, Dir, File, build_image, busyb
 from pytest_ocistage.runner import OcistageRunner
 from tests.bundler.tarbuilder import add_mount_points, snapshot
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0,
-                                reason="owners from the image need root (chown)")
+pytestmark = pytest.mark.needs_root("owners from the image need root (chown)")
 
 APP = 1000
 Owners = dict[str, tuple[int, int, int, int]]  # path -> (type, mode, uid, gid)

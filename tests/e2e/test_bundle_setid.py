@@ -50,9 +50,7 @@ print(json.dumps({path: [code(lambda: os.stat(path)), code(lambda: read(path)),
                          code(lambda: run(path))] for path in sys.argv[1:]}))
 """
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("setpriv") is None or not os.path.exists("/usr/bin/id"),
-    reason="needs root and setpriv to act as other users")
+pytestmark = pytest.mark.needs_root("needs root and setpriv to act as other users")
 
 
 def as_user(uid: int, *argv: str, gid: int | None = None) -> list[str]:

@@ -21,9 +21,7 @@ from pytest_ocistage.runner import ocistage_command
 
 NOBODY = 65534
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("setpriv") is None,
-    reason="needs root to act as another user (setpriv)")
+pytestmark = pytest.mark.needs_root("needs root to act as another user (setpriv)")
 
 
 @pytest.fixture

@@ -225,7 +225,9 @@ def test_gc_never_removes_a_leased_bundle_that_runc_runs(
         images: dict[str, ImageRef], ocistage: OcistageRunner, runc_root: Path,
         holder_kind: str) -> None:
     image = images["busybox"]
-    made = bundle_json(ocistage, image.ref, "--cmd", "echo started; exec sleep 300")
+    # --map-root: runc 1.1 runs an image user other than root for root alone (bundles.py)
+    made = bundle_json(ocistage, image.ref, "--map-root", "--cmd",
+                       "echo started; exec sleep 300")
     bundle = Path(str(made["path"]))
     container = f"ocistage-gc-{uuid.uuid4().hex[:8]}"
     runc = subprocess.Popen(["runc", "--rootless=true", "--root", str(runc_root), "run",

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ocistage.components import Registry
+from pytest_ocistage.components import Registry, require_root
 from pytest_ocistage.slurm import SlurmCluster
 from tests.e2e.conftest import OcistageRunner
 
@@ -46,8 +46,7 @@ def _hybrid_controllers() -> str:
 
 def test_doctor_as_root(ocistage: OcistageRunner, plain_registry: Registry,
                         tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("the root view of the host")
+    require_root()  # the root view of the host
     target = tmp_path / "staged"
     result = ocistage("doctor", "--json", "--to", str(target), "--registry",
                       plain_registry.host)
@@ -121,8 +120,7 @@ def _as_nobody(ocistage: OcistageRunner, home: Path, *args: str,
                           timeout=120, check=False, stdin=subprocess.DEVNULL)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                    reason="needs root and setpriv to act as another user")
+@pytest.mark.needs_root("needs root and setpriv to act as another user")
 def test_doctor_as_a_user(ocistage: OcistageRunner, plain_registry: Registry,
                           nobody_home: Path) -> None:
     result = _as_nobody(ocistage, nobody_home, "--json", "--to", str(nobody_home / "staged"),

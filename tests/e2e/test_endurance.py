@@ -63,8 +63,7 @@ MAX_OPS = 2000           # per member: bounds the loop whatever the clock does
 
 pytestmark = [
     pytest.mark.e2e, pytest.mark.timeout(int(SOAK_SECONDS) + 600),
-    pytest.mark.skipif(os.geteuid() != 0, reason="the endurance test creates users and mounts "
-                       "a tmpfs: it needs root")]
+    pytest.mark.needs_root("the endurance test creates users and mounts a tmpfs")]
 
 #: The failures a command may end with during the soak (not after it): the filesystem is
 #: meant to fill up, and every command then fails cleanly with ENOSPC's message. Nothing

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,9 +16,7 @@ import pytest
 from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
 from tests.e2e.conftest import OcistageRunner
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("mount") is None,
-    reason="bind mounts in a private mount namespace need root, unshare and mount")
+pytestmark = pytest.mark.needs_root("bind mounts in a private mount namespace")
 
 
 def in_mount_namespace(ocistage: OcistageRunner, script: str) -> subprocess.CompletedProcess[str]:

@@ -8,9 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-import pytest
-
-from pytest_ocistage.components import e2e_required, require_binary
+from pytest_ocistage.components import component_unavailable, require_binary
 
 REPO = Path(__file__).resolve().parents[2]
 DEBIAN_PYTHON = Path("/usr/bin/python3")
@@ -28,10 +26,8 @@ def externally_managed() -> bool:
 def test_make_venv_installs_into_a_venv_of_debians_python(tmp_path: Path) -> None:
     require_binary("make")
     if not DEBIAN_PYTHON.exists() or not externally_managed():
-        reason = "needs Debian's externally managed /usr/bin/python3 (PEP 668)"
-        if e2e_required():
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+        component_unavailable("needs Debian's externally managed /usr/bin/python3 (PEP 668): "
+                              "apt-get install python3")
     env = {k: v for k, v in os.environ.items()
            if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "MAKEFLAGS", "MAKELEVEL")}
     env["PATH"] = STOCK_PATH  # no pyenv shim, no venv: python3 is Debian's

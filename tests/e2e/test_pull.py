@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ocistage.components import Registry, require_binary
+from pytest_ocistage.components import Registry, component_unavailable, require_binary, require_root
 from pytest_ocistage.faultproxy import Fault, FaultProxy
 from pytest_ocistage.images import ImageRef, host_architecture
 from tests.e2e.conftest import (
@@ -409,16 +409,13 @@ def test_kill_9_during_pull_then_rerun_completes(images: dict[str, ImageRef],
 
 def test_disk_full_leaves_no_partial_blob(images: dict[str, ImageRef], ocistage: OcistageRunner,
                                           tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
+    require_root()  # mounting a small tmpfs needs root
     small = tmp_path / "small"
     small.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(small)],
                              capture_output=True)
     if mounted.returncode != 0:
-        if os.environ.get("OCISTAGE_REQUIRE_E2E") == "1":
-            pytest.fail(f"cannot mount a tmpfs: {mounted.stderr.decode()}")
-        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.decode()}")
+        component_unavailable(f"cannot mount a tmpfs: {mounted.stderr.decode()}")
     try:
         image = images["busybox"]
         result = ocistage("pull", image.ref, env={"OCISTAGE_CACHE": str(small / "cache")})

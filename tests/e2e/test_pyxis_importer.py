@@ -29,11 +29,11 @@ from pathlib import Path
 import pytest
 
 from pytest_ocistage.clusterspec import built_spec
-from pytest_ocistage.components import Registry
+from pytest_ocistage.components import Registry, component_unavailable, require_root
 from pytest_ocistage.images import FixtureLayouts, PushSpec, push_all
 from pytest_ocistage.jobuser import JobUser
 from pytest_ocistage.runner import ocistage_command
-from pytest_ocistage.slurm import SlurmCluster, session_cluster, unavailable
+from pytest_ocistage.slurm import SlurmCluster, session_cluster
 
 # the trust oracle's signed images, keys and lookaside (the admission test at the end)
 from tests.e2e.test_trust_oracle import REJECT, World, signed_by, world  # noqa: F401
@@ -48,8 +48,7 @@ SYSTEM_PYTHON = Path("/usr/bin/python3")
 @pytest.fixture(scope="module")
 def enroot_pyxis() -> Path:
     """The prefix with enroot/ and pyxis/ (built now if this machine has none yet)."""
-    if os.getuid() != 0:
-        unavailable("the pyxis tests start a Slurm cluster and need root")
+    require_root()  # the pyxis tests start a Slurm cluster and need root
     configured = os.environ.get("OCISTAGE_ENROOT_PYXIS_PREFIX")
     if configured:
         return Path(configured)
@@ -57,7 +56,7 @@ def enroot_pyxis() -> Path:
                             capture_output=True, text=True, timeout=1800, check=False,
                             stdin=subprocess.DEVNULL)
     if result.returncode != 0:
-        unavailable(f"enroot and pyxis could not be built by {BUILD_SCRIPT}:\n"
+        component_unavailable(f"enroot and pyxis could not be built by {BUILD_SCRIPT}:\n"
                     f"{result.stderr[-2000:]}")
     return Path(result.stdout.strip().splitlines()[-1])
 
@@ -66,7 +65,7 @@ def enroot_pyxis() -> Path:
 def importer() -> Iterator[Path]:
     """The installed ``ocistage-pyxis-importer`` in a venv every user can run."""
     if not SYSTEM_PYTHON.is_file():
-        unavailable(f"{SYSTEM_PYTHON} is missing: the job user's venv is made with it")
+        component_unavailable(f"{SYSTEM_PYTHON} is missing: the job user's venv is made with it")
     base = Path(tempfile.mkdtemp(prefix="ocistage-pyxis-venv-", dir="/tmp"))
     try:
         base.chmod(0o755)
@@ -113,7 +112,7 @@ def tools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     base.chmod(0o755)
     real = shutil.which("mksquashfs")
     if real is None:
-        unavailable("mksquashfs is not installed (squashfs-tools)")
+        component_unavailable("mksquashfs is not installed (squashfs-tools)")
     log = base / "builds.log"
     log.touch()
     log.chmod(0o666)

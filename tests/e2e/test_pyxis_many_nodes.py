@@ -71,11 +71,10 @@ def counting_mksquashfs(tmp_path: Path) -> Path:
     return tools
 
 
+@pytest.mark.needs_root  # each node is a UTS namespace with its own host name
 def test_sixteen_nodes_at_once_ask_the_registry_once_and_build_once(
         ocistage: OcistageRunner, oci_image: ImageFactory, oci_registry: Registry,
         fault_proxy: FaultProxy, counting_mksquashfs: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root: each node is a UTS namespace with its own host name")
     require_binary("unshare", "util-linux")
     script = Path(sys.executable).with_name("ocistage-pyxis-importer")
     if not script.is_file():

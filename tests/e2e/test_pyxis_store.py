@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ocistage.components import Registry
+from pytest_ocistage.components import Registry, require_root
 from pytest_ocistage.faultproxy import Fault, FaultProxy
 from pytest_ocistage.imagebuild import File
 from pytest_ocistage.images import ImageRef
@@ -188,8 +188,7 @@ def test_pull_never_refuses_an_image_not_in_the_cache(ocistage: OcistageRunner,
 @contextlib.contextmanager
 def small_filesystem(path: Path, size: str) -> Iterator[Path]:
     """A tmpfs of ``size`` at ``path`` (root only); unmounted at the end."""
-    if os.getuid() != 0:
-        pytest.skip("mounting a small filesystem needs root")
+    require_root()  # mounting a small filesystem needs root
     path.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
                    check=True, timeout=30)
@@ -251,8 +250,7 @@ class Members:
 def group_store(slurm_job_user: JobUser) -> Iterator[Members]:
     """``BASE/store``: root's, setgid, group-writable by GROUP (``chgrp proj; chmod g+ws``),
     in a directory every user reaches; each member's own home (and cache) beside it."""
-    if os.getuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("two users need root and setpriv")
+    require_root()  # two users need root and setpriv
     base = Path(tempfile.mkdtemp(prefix="ocistage-pyxis-group-", dir="/tmp"))
     members = Members(base / "store", slurm_job_user)
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from ocistage.runtimes.engines import podman_containers_conf
-from pytest_ocistage.components import require_binary
+from pytest_ocistage.components import require_binary, require_root
 from pytest_ocistage.images import FixtureLayouts
 from tests.e2e.conftest import OcistageRunner
 
@@ -98,8 +98,7 @@ def layouts(fixture_layouts_built: FixtureLayouts) -> FixtureLayouts:
 def test_podman_config_after_stage_in_runs_under_rootless_runc_as_root(
         request: pytest.FixtureRequest, tmp_path: Path, layouts: FixtureLayouts,
         ocistage: OcistageRunner) -> None:
-    if os.getuid() != 0:
-        pytest.skip("podman with a private storage and runc as the job user 0: run as root")
+    require_root()  # podman with a private storage and runc as the job user 0: run as root
     captured = _podman_bundle(request, tmp_path, layouts, "echo from-podman; id -u; exit 3")
     config = json.loads((captured / "config.json").read_text())
     kinds = [ns["type"] for ns in config["linux"]["namespaces"]]
@@ -120,8 +119,7 @@ def test_podman_config_after_stage_in_runs_under_rootless_runc_as_root(
 def test_podman_config_after_stage_in_runs_under_rootless_runc_as_a_job_user(
         request: pytest.FixtureRequest, tmp_path: Path, layouts: FixtureLayouts,
         ocistage: OcistageRunner) -> None:
-    if os.getuid() != 0:
-        pytest.skip("needs root to switch to the unprivileged job user")
+    require_root()  # needs root to switch to the unprivileged job user
     # the job user's side: scrun (and so stage-in and runc) run as that user, who must reach
     # the engine's bundle (pytest's own temp dirs are private to root)
     tmp_path = Path(tempfile.mkdtemp(prefix="ocistage-scrun-", dir="/tmp"))

@@ -34,9 +34,7 @@ from pytest_ocistage.imagebuild import build_image, busybox_layer
 from pytest_ocistage.jobuser import JobUser, job_user_account
 from tests.plugin.checkout import REPO, checkout_copy
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0,
-                                reason="a site install is tested as root (it runs for a "
-                                       "created user, made with useradd)")
+needs_root = pytest.mark.needs_root("a site install for a created user (useradd)")
 SCRIPT = REPO / "scripts" / "site-install.sh"
 
 SITE_USER = "ocistage-site"

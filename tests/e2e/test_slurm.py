@@ -24,6 +24,7 @@ from ocistage.cache.store import Store
 from ocistage.stagers.directory import stage_directory
 from ocistage.stagers.markers import hold
 from ocistage.stagers.retired import retired_versions
+from pytest_ocistage.components import require_binary
 from pytest_ocistage.imagebuild import File, build_image, busybox_layer
 from pytest_ocistage.images import OS_RELEASE_NAME, ImageRef
 from pytest_ocistage.jobuser import JobUser
@@ -145,9 +146,7 @@ def test_a_restage_keeps_the_version_a_running_job_reads(
 def test_srun_container_runs_a_root_image(
         slurm_cluster: SlurmCluster, ocistage: OcistageRunner, images: dict[str, ImageRef],
         shared_dir: Path) -> None:
-    umoci = shutil.which("umoci")
-    if umoci is None:
-        pytest.skip("umoci is needed to make a root variant of the fixture image")
+    umoci = require_binary("umoci")  # makes a root variant of the fixture image
     layout = shared_dir / "layout"
     shutil.copytree(images["busybox"].layout, layout, symlinks=True)
     subprocess.run([umoci, "config", "--image", f"{layout}:{images['busybox'].layout_tag}",

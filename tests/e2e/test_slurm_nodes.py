@@ -46,9 +46,7 @@ PROBE = ('echo "node=$SLURMD_NODENAME uid=$(id -u) gid=$(id -g) cwd=$(pwd) '
 def user_variants(images: dict[str, ImageRef],
                   tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """oci: references of the busybox fixture with ``User`` set to 0:0 and to 1000:1000."""
-    umoci = shutil.which("umoci")
-    if umoci is None:
-        pytest.skip("umoci is needed to make user variants of the fixture image")
+    umoci = require_binary("umoci")  # makes user variants of the fixture image
     base = images["busybox"]
     layout = tmp_path_factory.mktemp("user-variants") / "layout"
     shutil.copytree(base.layout, layout, symlinks=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ocistage.components import require_binary
+from pytest_ocistage.components import require_binary, require_root
 from pytest_ocistage.runner import ocistage_command
 
 # the oracle module's fixture (signed images, keys, lookaside)
@@ -42,8 +42,7 @@ ACCEPT_ALL = json.dumps({"default": [{"type": "insecureAcceptAnything"}]})
 def site(world: World) -> Iterator[Path]:  # noqa: F811
     """A world-readable base: the site's policy, key, registries.d and lookaside; the /etc
     overlay's upper and work directories; nobody's HOME with an accept-anything policy."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root: a private mount namespace, then setpriv to nobody")
+    require_root()  # needs root: a private mount namespace, then setpriv to nobody
     for tool in ("unshare", "setpriv", "mount"):
         require_binary(tool, "util-linux" if tool != "mount" else "mount")
     base = Path(tempfile.mkdtemp(prefix="ocistage-trust-site-", dir="/tmp"))

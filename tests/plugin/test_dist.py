@@ -4,7 +4,6 @@ nothing on the machine, and never from a stale ``build/``."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ocistage.components import require_binary
 from tests.plugin.checkout import checkout_copy
 
 
@@ -24,8 +24,7 @@ def _make(source: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("make") is None:
-        pytest.skip("make is not installed")
+    require_binary("make")
     if not (Path(sys.prefix) / "ocistage-installed.stamp").is_file():
         pytest.skip("the tests do not run in a venv made by `make venv`")
     return checkout_copy(tmp_path_factory.mktemp("dist") / "ocistage")

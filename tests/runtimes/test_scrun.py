@@ -32,7 +32,8 @@ from ocistage.runtimes.scrun_lua import (
     scrun_lua_options,
 )
 from ocistage.runtimes.scrun_stagedir import private_dir
-from pytest_ocistage.components import require_binary
+from pytest_ocistage.components import require_binary, running_as_root
+from tests.cotenant import require_python_for
 from tests.runtimes.scrun_bundle import ENGINE_FILE, make_engine_bundle, minimal_runtime_config
 
 HARNESS = Path(__file__).with_name("scrun_harness.lua")
@@ -153,6 +154,15 @@ def test_engine_snippets_parse() -> None:
 # -- stage-in/out in Python --------------------------------------------------------------------
 
 
+def users_stage_dir(stage_dir: Path) -> Path:
+    """Where stage-in puts the caller's bundles when STAGE_DIR did not exist (user_stage_dir):
+    root makes it shared and sticky and uses ``STAGE_DIR/<uid>``; a user never makes the
+    shared one and uses ``STAGE_DIR-<uid>`` beside it."""
+    if running_as_root():
+        return stage_dir / str(os.getuid())
+    return stage_dir.with_name(f"{stage_dir.name}-{os.getuid()}")
+
+
 def test_stage_in_then_again_is_incremental_and_stage_out_removes(tmp_path: Path) -> None:
     bundle, _rootfs_path = make_engine_bundle(tmp_path, _rootfs(tmp_path / "src"),
                                               minimal_runtime_config())
@@ -163,7 +173,7 @@ def test_stage_in_then_again_is_incremental_and_stage_out_removes(tmp_path: Path
                              job_env=["SLURM_JOB_ID=4242"])
     first = stage_in(request, cache_root=cache)
     assert first.files == 7 and first.copied == 7 and first.method == "copy"
-    assert first.bundle == tmp_path / "stage" / str(os.getuid()) / "c1"
+    assert first.bundle == users_stage_dir(tmp_path / "stage") / "c1"
     assert (first.root_path / "etc" / "os-release").read_text() == 'NAME="scrun test"\n'
     config = json.loads(first.config.read_text())
     assert config["root"] == {"path": str(first.root_path), "readonly": False}
@@ -238,9 +248,9 @@ def test_generated_lua_stages_in_and_out_through_ocistage(tmp_path: Path, stage_
     state = _lua(script, "stage-in", "c1", str(bundle), str(spool), str(bundle / "config.json"),
                  "77", str(os.getuid()), str(os.getgid()), env, reaped=reaped)
     assert state["load_rc"] == 0 and state["rc"] == 0
-    staged = tmp_path / "stage" / str(os.getuid()) / "c1"
+    staged = users_stage_dir(tmp_path / "stage") / "c1"
     assert state["bundle_path"] == str(staged)
-    assert state["root_path"] == str(tmp_path / "stage" / str(os.getuid()) / "c1" / "rootfs")
+    assert state["root_path"] == str(staged / "rootfs")
     kind = "allocator" if stage_to == "shared" else "remote"
     assert [call["kind"] for call in state["calls"]] == [kind]
     assert not (spool / "ocistage-job-env.json").exists()  # removed after use
@@ -330,11 +340,12 @@ def test_this_ocistage_from_scrun_lua_runs() -> None:
     assert "stage-in" in result.stdout
 
 
-@pytest.mark.skipif(os.getuid() != 0, reason="maps an unprivileged user in a user namespace")
+@pytest.mark.needs_root("maps an unprivileged user in a user namespace")
 def test_stage_in_ids_and_home_are_the_hosts_inside_a_user_namespace() -> None:
     """Rootless Podman runs scrun and the hooks in its user namespace, as uid 0 there: the
     job user and the user's home are those of the id outside, not root's."""
     unshare = require_binary("unshare")
+    require_python_for(65534)
     code = ("import json; from pathlib import Path; "
             "from ocistage.runtimes.scrun import StageInRequest, ScrunError, job_ids, stage_in; "
             "from ocistage.cache.userdirs import home_dir\n"

@@ -23,8 +23,7 @@ NOBODY = 65534
 OTHER = 65533  # a second unprivileged user; no passwd entry is needed
 OCISTAGE = (sys.executable, "-c", "from ocistage.bundler.cli.app import main; main()")
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
-                                reason="other users need root and setpriv")
+pytestmark = pytest.mark.needs_root("other users need root and setpriv")
 
 
 def _as(uid: int, *argv: str, check: bool = True,

@@ -9,12 +9,20 @@ from pathlib import Path
 
 import pytest
 
+from pytest_ocistage.components import require_binary, require_root, running_as_root
+
+#: the mode of the tree's ``secret``, a file no one but its owner may read. Root's tests make it
+#: 000 (root reads it anyway); a user cannot read a 000 file of its own, and ocistage refuses a
+#: source its caller cannot read ("the source files must be readable by you"), so for a user it
+#: is 0400: still unreadable to everyone else, and staged with that mode
+SECRET_MODE = 0o000 if running_as_root() else 0o400
+
 CONFIG = b'{"ociVersion": "1.0.2", "root": {"path": "rootfs", "readonly": false}}\n'
 
 
 def make_tree(root: Path, files: int = 40, seed: int = 0) -> Path:
     """A bundle-shaped tree: config.json, rootfs with dirs, files, symlinks, a hardlink, a
-    fifo, a read-only directory and a mode-000 file."""
+    fifo, a read-only directory and a file only its owner may read (:data:`SECRET_MODE`)."""
     rootfs = root / "rootfs"
     (rootfs / "bin").mkdir(parents=True)
     (rootfs / "etc").mkdir()
@@ -27,11 +35,25 @@ def make_tree(root: Path, files: int = 40, seed: int = 0) -> Path:
     os.link(rootfs / "bin" / "f1", rootfs / "etc" / "hardlink")
     os.mkfifo(rootfs / "etc" / "fifo")
     (rootfs / "secret").write_text("nobody may read me\n")
-    (rootfs / "secret").chmod(0)
+    (rootfs / "secret").chmod(SECRET_MODE)
     (rootfs / "ro").mkdir()
     (rootfs / "ro" / "inside").write_text("x\n")
     (rootfs / "ro").chmod(0o555)
     return root
+
+
+def require_fuse_mount(*tools: str) -> None:
+    """What a squashfuse mount needs, or skip: squashfuse, mksquashfs and ``tools`` (Debian
+    packages: skip, or fail under OCISTAGE_REQUIRE_E2E=1), and for a user fusermount and a
+    ``/dev/fuse`` it may open. Where that device is root's alone (0600, as on some build
+    hosts; Debian makes it 0666), only root can mount: the test needs root there."""
+    for tool in ("squashfuse", "mksquashfs", *tools):
+        require_binary(tool)
+    if running_as_root():
+        return
+    require_binary("fusermount3")
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        require_root()
 
 
 @pytest.fixture

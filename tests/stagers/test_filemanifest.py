@@ -17,6 +17,7 @@ from ocistage.stagers.filemanifest import (
     scan,
     unchanged,
 )
+from tests.stagers.conftest import SECRET_MODE
 
 
 def test_scan_lists_every_entry_without_following_links(tree: Path) -> None:
@@ -25,7 +26,7 @@ def test_scan_lists_every_entry_without_following_links(tree: Path) -> None:
     assert entries["rootfs/etc/escape"].target == "/etc/shadow"
     assert entries["rootfs/etc/fifo"].type == "fifo"
     assert entries["rootfs/ro"].type == "dir" and entries["rootfs/ro"].mode == 0o555
-    assert entries["rootfs/secret"].mode == 0
+    assert entries["rootfs/secret"].mode == SECRET_MODE
     assert entries["rootfs/bin/f1"].ino == entries["rootfs/etc/hardlink"].ino
     # parents come before children
     order = [e.path for e in scan(tree)]

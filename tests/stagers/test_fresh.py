@@ -32,7 +32,7 @@ from ocistage.stagers.filemanifest import (
     walk_digest,
 )
 from ocistage.stagers.markers import Marker
-from tests.stagers.conftest import make_tree
+from tests.stagers.conftest import SECRET_MODE, make_tree
 
 NAMES = st.sampled_from(["a", "b", "B", "a.b", "a-b", "_", "z", "10", "9", ".hidden",
                          ".ocistage-manifest.json", "config.json"])
@@ -168,7 +168,7 @@ def test_a_first_stage_into_a_used_pool_copies_only_new_contents(
 def test_modes_survive_any_umask(tmp_path: Path, other_fs: Path, umask: int) -> None:
     source = tmp_path / "src"
     source.mkdir()
-    modes = [0o644, 0o755, 0o600, 0o444, 0o4755, 0o2755, 0o1777, 0o000]
+    modes = [0o644, 0o755, 0o600, 0o444, 0o4755, 0o2755, 0o1777, SECRET_MODE]  # 000 for root
     for n, mode in enumerate(modes):
         path = source / f"f{n}"
         path.write_bytes(f"content {n}\n".encode())

@@ -5,7 +5,6 @@ never looks at a staged path while a GC runs."""
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import threading
@@ -22,9 +21,8 @@ from ocistage.stagers.errors import StageError
 from ocistage.stagers.remote import push_tree, stage_from_url
 from ocistage.stagers.target import StageResult
 from ocistage.stagers.unstage import unstage
-from pytest_ocistage.components import require_binary
 from tests.cache.gclock import GcChecks, gc_lock_held
-from tests.stagers.conftest import make_tree
+from tests.stagers.conftest import make_tree, require_fuse_mount
 
 DEAD_JOB = Holder.slurm_job("424242")
 
@@ -43,10 +41,7 @@ def staged_removed(report: GcReport) -> set[str]:
 
 
 def require_mount() -> None:
-    require_binary("mksquashfs")
-    if not (shutil.which("squashfuse") and os.path.exists("/dev/fuse")
-            and (os.geteuid() == 0 or shutil.which("fusermount3") or shutil.which("fusermount"))):
-        pytest.skip("squashfuse cannot mount here (needs /dev/fuse and fusermount or root)")
+    require_fuse_mount()
 
 
 def test_gc_unmounts_and_removes_a_mounted_image_of_a_dead_job(tree: Path,

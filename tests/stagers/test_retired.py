@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from ocistage.stagers.markers import Marker, hold
 from ocistage.stagers.retired import retired_versions
 from ocistage.stagers.target import MAX_NAME
 from ocistage.stagers.unstage import unstage
+from pytest_ocistage.components import require_binary, require_root
 from tests.bundler.clirun import Cli, cli
 
 __all__ = ["cli"]  # the fixture
@@ -192,9 +192,8 @@ def test_a_retired_version_that_cannot_be_removed_does_not_stop_staging(
     """A file in a retired version that may not be removed (immutable here; a file a job made
     that is not ours, on a cluster): the next stage of the name still works, the version and
     its leases stay, and a later sweep removes it once it can."""
-    chattr = shutil.which("chattr")
-    if chattr is None or os.geteuid() != 0:
-        pytest.skip("needs chattr and root")
+    require_root()  # an immutable file (chattr +i)
+    chattr = require_binary("chattr", "e2fsprogs")
     to = tmp_path / "to"
     _staged, cache, aside = _retired_once(tmp_path, to, runner)
     stuck = aside / "rootfs" / "stuck"

@@ -11,7 +11,7 @@ import pytest
 
 from ocistage.stagers.errors import ToolFailed
 from ocistage.stagers.mksquashfs import run_tool
-from pytest_ocistage.components import require_binary
+from pytest_ocistage.components import require_binary, require_root
 
 
 def test_a_failing_tool_is_its_last_line_and_status() -> None:
@@ -56,8 +56,7 @@ def test_mksquashfs_progress_is_reported(tmp_path: Path) -> None:
 def test_mksquashfs_out_of_space_says_so(tmp_path: Path) -> None:
     """mksquashfs 4.5 says only 'FATAL ERROR: Failed to write to output filesystem' when the
     filesystem it writes to is full (seen in the endurance test): the error says no space."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
+    require_root()  # mounting a small tmpfs needs root
     from tests.cache.test_full_filesystem import fill
     from tests.soak import tmpfs
 

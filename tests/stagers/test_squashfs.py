@@ -20,7 +20,9 @@ from ocistage.stagers.directory import stage_directory
 from ocistage.stagers.filemanifest import MARKER_NAME, fill_hashes, scan
 from ocistage.stagers.markers import Marker
 from ocistage.stagers.unstage import unstage
-from pytest_ocistage.components import require_binary
+from pytest_ocistage.components import require_binary, require_root
+from tests.cotenant import require_python_for
+from tests.stagers.conftest import require_fuse_mount
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,12 +31,6 @@ def _view(root: Path) -> dict[str, tuple[object, ...]]:
     entries, _ = fill_hashes(root, scan(root), None, jobs=1)
     return {e.path: (e.type, e.mode, e.hash, e.target) for e in entries
             if e.path != "config.json"}
-
-
-def _can_mount() -> bool:
-    return (shutil.which("squashfuse") is not None and os.path.exists("/dev/fuse")
-            and (os.geteuid() == 0 or shutil.which("fusermount3") is not None
-                 or shutil.which("fusermount") is not None))
 
 
 def test_unpacked_image_reproduces_the_tree(tree: Path, tmp_path: Path) -> None:
@@ -63,9 +59,7 @@ def test_unpacked_image_reproduces_the_tree(tree: Path, tmp_path: Path) -> None:
 
 
 def test_mounted_image_is_the_tree_and_unstage_unmounts(tree: Path, tmp_path: Path) -> None:
-    require_binary("mksquashfs")
-    if not _can_mount():
-        pytest.skip("squashfuse cannot mount here (needs /dev/fuse and fusermount or root)")
+    require_fuse_mount()
     cache = tmp_path / "cache"
     result = stage_directory(tree, tmp_path / "t", cache_root=cache, format="squashfs",
                              squashfs_mount=True)
@@ -200,8 +194,7 @@ def test_a_hostile_image_unpacks_without_devices_or_setuid(tmp_path: Path) -> No
 
 def test_unpacking_everything_is_for_root_who_asks(tmp_path: Path) -> None:
     require_binary("unsquashfs")
-    if os.geteuid() != 0:
-        pytest.skip("only root may unpack device nodes")
+    require_root()  # only root may unpack device nodes
     from ocistage.stagers.squashfs import unpack
 
     image = _hostile_image(tmp_path)
@@ -217,14 +210,8 @@ def test_a_user_unpacks_an_image_with_device_nodes(tmp_path: Path) -> None:
     """unsquashfs run by a user failed on the device nodes it may not create; they are left
     out now, so the image unpacks (as a second user, setpriv)."""
     require_binary("unsquashfs")
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv to run as a second user")
-    usable = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                             sys.executable, "-c", "import xxhash, ocistage.stagers.squashfs"],
-                            capture_output=True, text=True, cwd=REPO, check=False)
-    if usable.returncode != 0:
-        pytest.skip(f"uid 65534 cannot run this interpreter ({sys.executable}) on this "
-                    f"checkout (a venv under /root?): {usable.stderr.strip()[-200:]}")
+    require_root()  # needs root and setpriv to run as a second user
+    require_python_for(65534, "xxhash, ocistage.stagers.squashfs")
     image = _hostile_image(tmp_path)
     work = Path(tempfile.mkdtemp(prefix="ocistage-user-unpack-"))
     try:

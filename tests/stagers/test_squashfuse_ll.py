@@ -12,16 +12,14 @@ from pathlib import Path
 import pytest
 
 from ocistage.stagers.squashfs import mount
+from tests.stagers.conftest import require_fuse_mount
 
 REAL = {name: shutil.which(name) for name in ("squashfuse_ll", "squashfuse", "mksquashfs")}
 
 
 @pytest.fixture
 def image(tmp_path: Path) -> Path:
-    fusermount = shutil.which("fusermount3") or shutil.which("fusermount")
-    if not all(REAL.values()) or not os.path.exists("/dev/fuse") or (
-            os.geteuid() != 0 and not fusermount):
-        pytest.skip("needs squashfuse, squashfuse_ll, mksquashfs and a usable FUSE")
+    require_fuse_mount("squashfuse_ll")
     tree = tmp_path / "tree"
     (tree / "etc").mkdir(parents=True)
     (tree / "etc" / "hello").write_text("hello\n")

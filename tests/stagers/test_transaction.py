@@ -17,7 +17,7 @@ from ocistage.stagers.directory import stage_directory
 from ocistage.stagers.errors import StageError
 from ocistage.stagers.remote import push_tree, stage_from_url
 from ocistage.stagers.transaction import Staging
-from pytest_ocistage.components import require_binary
+from pytest_ocistage.components import require_binary, require_root
 
 
 def _pin() -> Holder:
@@ -80,8 +80,7 @@ def test_a_target_that_is_a_file_is_named_as_such(tree: Path, tmp_path: Path) ->
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs (root only), unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
+    require_root()  # mounting a small tmpfs needs root
     mountpoint = tmp_path / f"small-{uuid.uuid4().hex[:6]}"
     mountpoint.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", os.fspath(mountpoint)],

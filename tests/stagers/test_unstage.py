@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from ocistage.errors import OcistageError
 from ocistage.stagers.directory import stage_directory
 from ocistage.stagers.filemanifest import MARKER_NAME
 from ocistage.stagers.unstage import unstage
+from pytest_ocistage.components import require_root
 
 
 @pytest.fixture
@@ -55,16 +55,16 @@ def _hostile(root: Path, canary: Path) -> None:
 
 
 def test_unstage_removes_hostile_staged_trees(tree: Path, tmp_path: Path, canary: Path) -> None:
-    _hostile(tree, canary)
     cache = tmp_path / "cache"
     result = stage_directory(tree, tmp_path / "target", cache_root=cache, link=False)
-    assert result.path.is_dir()
+    _hostile(result.path, canary)  # what a job may do to its writable copy (no user's stager
+    assert result.path.is_dir()  # reads a source with a mode-000 directory, root's does)
     assert leases.leases_on(cache, f"staged:{result.path}")
     assert unstage(result.path, cache_root=cache) is True
     assert not os.path.lexists(result.path)
     assert leases.leases_on(cache, f"staged:{result.path}") == []
     _intact(canary)
-    assert tree.is_dir() and (tree / "rootfs" / "locked").is_dir()  # the source stays
+    assert tree.is_dir() and (tree / "rootfs" / "ro").is_dir()  # the source stays
 
 
 def test_unstage_refuses_a_symlink_in_place_of_the_staged_dir(
@@ -184,8 +184,7 @@ def open_dir() -> Iterator[Path]:
 
 def test_an_unprivileged_owner_removes_mode_000_directories(open_dir: Path,
                                                             canary: Path) -> None:
-    if os.getuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv to run the removal as another user")
+    require_root()  # needs root and setpriv to run the removal as another user
     tmp_path = open_dir
     staged = tmp_path / "userdir" / "staged"
     (staged / "a" / "b").mkdir(parents=True)

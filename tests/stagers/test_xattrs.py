@@ -16,6 +16,7 @@ from ocistage.cache.leases import Holder
 from ocistage.stagers import xattrs
 from ocistage.stagers.directory import StageResult, stage_directory
 from ocistage.stagers.filemanifest import MANIFEST_NAME, MARKER_NAME, load_manifest
+from pytest_ocistage.components import require_root
 
 CAP_NET_RAW = bytes.fromhex("0100000200200000000000000000000000000000")  # VFS_CAP v2, +ep
 
@@ -103,8 +104,7 @@ def test_refused_xattrs_are_skipped_with_one_warning(xtree: Path, tmp_path: Path
 
 def test_file_capabilities_are_copied_where_permitted(tree: Path, tmp_path: Path,
                                                       other_fs: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("setting security.capability needs root")
+    require_root()  # setting security.capability needs root
     binary = tree / "rootfs" / "bin" / "f7"
     os.setxattr(binary, "security.capability", CAP_NET_RAW)
     result = _stage(tree, other_fs, tmp_path / "cache", link=False)
