@@ -629,7 +629,9 @@ def slurm_checks() -> list[Check]:
     except OcistageError as exc:
         problems = [exc.message]
     checks.append(check_oci_conf(path, problems, version))
-    return checks
+    from ocistage.bundler.runtime_state_check import check_runtime_state
+    state = check_runtime_state(path, os.geteuid()) if problems is not None else None
+    return checks + ([state] if state is not None else [])
 
 
 def settings_checks(load: Callable[[], Settings],
