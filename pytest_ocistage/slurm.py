@@ -17,9 +17,9 @@ that job users reach it) is written, and nothing is left running:
   ``plugstack.conf`` (empty, or ``ClusterSpec.plugstack``: pyxis for
   tests/e2e/test_pyxis_importer.py, whose spec also puts enroot first on the daemons' PATH and
   gives each slurmd a 0666 ``/dev/fuse`` of its own, ``user_fuse``) and ``oci.conf`` written
-  by ``ocistage runtime oci-conf --runtime runc`` (root directory ``oci-root/%u-runc``, plus
-  ``SrunPath`` from 23.02 on: scrun runs srun through ``sh`` with the job's environment, which
-  has no PATH);
+  by ``ocistage runtime oci-conf --runtime runc`` (its default runtime root: the step's spool
+  directory, ``%m``, ``%b`` on 22.05; plus ``SrunPath`` from 23.02 on: scrun runs srun
+  through ``sh`` with the job's environment, which has no PATH);
 - ``munge/``: a private munged (own key, seed, pid and log; socket ``munge-socket/munge.socket``,
   given to Slurm as ``AuthInfo=socket=...``);
 - ``state/``, ``spool/<node>/``, ``log/`` (``slurmctld.log``, ``slurmd-<node>.log``,
@@ -140,8 +140,10 @@ class JobUser:
 
 
 @contextmanager
-def job_user_account(name: str = TEST_USER) -> Iterator[JobUser]:
-    """An unprivileged user with a home and a ``/run/user/UID`` (as logind would make).
+def job_user_account(name: str = TEST_USER, *, login_session: bool = True) -> Iterator[JobUser]:
+    """An unprivileged user with a home and a ``/run/user/UID`` (as logind would make), or,
+    with ``login_session=False``, without one (a job user on a node it never logged in to:
+    the test is skipped if that user has a ``/run/user/UID`` here).
 
     A user that exists already is used and left alone; one created here is removed (with its
     home and ``/run/user/UID``) on exit.
@@ -161,9 +163,17 @@ def job_user_account(name: str = TEST_USER) -> Iterator[JobUser]:
         created = True
     run_dir = Path("/run/user") / str(entry.pw_uid)
     made_run_dir = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    os.chown(run_dir, entry.pw_uid, entry.pw_gid)
-    run_dir.chmod(0o700)
+    if not login_session:
+        made_run_dir = False
+        if run_dir.exists():
+            if created:
+                subprocess.run(["userdel", "--remove", name], capture_output=True, timeout=60,
+                               check=False)
+            pytest.skip(f"{name} has a {run_dir}: not a user without a login session")
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        os.chown(run_dir, entry.pw_uid, entry.pw_gid)
+        run_dir.chmod(0o700)
     try:
         yield JobUser(entry.pw_name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
     finally:
@@ -510,7 +520,7 @@ def _oci_conf(spec: ClusterSpec, base: Path, version: str, ocistage: Sequence[st
     major_minor = ".".join(version.split(".")[:2])
     result = subprocess.run(
         [*ocistage, "runtime", "oci-conf", "--runtime", spec.oci_runtime, "--slurm-version",
-         major_minor, "--root", str(base / "oci-root" / f"%u-{spec.oci_runtime}")],
+         major_minor],
         capture_output=True, text=True, timeout=60, env=dict(env), check=False,
         stdin=subprocess.DEVNULL)
     if result.returncode != 0:
@@ -600,7 +610,7 @@ def running_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[Slur
         base.chmod(0o755)
         for sub, mode in (("etc", 0o755), ("munge", 0o700), ("munge-socket", 0o755),
                           ("state", 0o700), ("spool", 0o755), ("log", 0o755), ("run", 0o755),
-                          ("nodes", 0o755), ("local", 0o755), ("oci-root", 0o1777)):
+                          ("nodes", 0o755), ("local", 0o755)):
             (base / sub).mkdir(mode=mode)
             (base / sub).chmod(mode)
         node_dirs = {}
