@@ -1,8 +1,9 @@
 """Issue 34 item 3: ``srun --mpi=pmix -N3 --container`` run by a created (ordinary) user on the
 26.05 cluster, through the generated crun oci.conf (runtime state in the step's spool directory)
-with ``ContainerPath`` at one path on every node, a root-owned directory per node (as
-``SlurmdSpoolDir`` is on a real cluster). Hard timeouts; nodes left COMPLETING or DRAINED by
-a failed step are freed in teardown."""
+and a ``--map-self`` bundle (the ranks run as the user's own uid/gid inside: PMIx checks the
+ids a client reports), with ``ContainerPath`` at one path on every node, a root-owned
+directory per node (as ``SlurmdSpoolDir`` is on a real cluster). Hard timeouts; nodes left
+COMPLETING or DRAINED by a failed step are freed in teardown."""
 
 from __future__ import annotations
 
@@ -98,27 +99,19 @@ def test_srun_mpi_pmix_n3_container_as_an_ordinary_user(
         slurm_26_05: SlurmCluster, slurm_job_user: JobUser, shared_dir: Path,
         mpi_image: str, container_path: str) -> None:  # noqa: F811
     user = slurm_job_user
-    bundle = make_bundle(parse_reference(mpi_image), Store.open(shared_dir / "cache"),
-                         shared_dir / "bundle",
-                         config_options=ConfigOptions(host_uid=user.uid, host_gid=user.gid,
-                                                      map_root=True)).path
-    subprocess.run(["chown", "-R", f"{user.uid}:{user.gid}", str(bundle)], check=True,
-                   timeout=120)
     if shutil.which("crun") is None:
         pytest.skip("crun is not installed: runc 1.1 needs container uid 0 mapped, which makes "
                     "the ranks' PMIx credential 0/0 (runtimes/pmix_ids.py)")
-    # the ranks must run as the job user's own uid/gid inside the container: PMIx's native
-    # security (ptl/tcp) checks the uid/gid the client reports (geteuid() in the container)
-    # against the job's; ocistage bundles map the caller to the image user (or to root with
-    # --map-root), so the mapping is made the identity here (what ocistage does not make yet)
-    config_path = bundle / "config.json"
-    config = json.loads(config_path.read_text())
-    assert pmix_credential_problem(config) is not None  # --map-root: the ranks say uid 0
-    config["linux"]["uidMappings"] = [{"containerID": user.uid, "hostID": user.uid, "size": 1}]
-    config["linux"]["gidMappings"] = [{"containerID": user.gid, "hostID": user.gid, "size": 1}]
-    config["process"]["user"] = {"uid": user.uid, "gid": user.gid}
+    # the ranks run as the job user's own uid/gid inside the container (--map-self): PMIx's
+    # native security (ptl/tcp) checks the uid/gid the client reports against the job's
+    options = ConfigOptions(host_uid=user.uid, host_gid=user.gid, map_self=True,
+                            root_placeholder=None)
+    bundle = make_bundle(parse_reference(mpi_image), Store.open(shared_dir / "cache"),
+                         shared_dir / "bundle", config_options=options).path
+    subprocess.run(["chown", "-R", f"{user.uid}:{user.gid}", str(bundle)], check=True,
+                   timeout=120)
+    config = json.loads((bundle / "config.json").read_text())
     assert pmix_credential_problem(config) is None
-    config_path.write_text(json.dumps(config))
     text = subprocess.run([sys.executable, "-m", "ocistage", "runtime", "oci-conf", "--runtime",
                            "crun", "--slurm-version", "26.05"], capture_output=True, text=True,
                           check=True, timeout=60).stdout
