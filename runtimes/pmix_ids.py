@@ -15,8 +15,10 @@ refuses (it needs container uid 0 mapped) and crun (or runc >= 1.2) runs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from ocistage.cache.notice import Kind, Notice
 
 HINT = ("run the ranks as your own uid/gid inside the container (an identity user-namespace "
         "mapping, no --map-root) with crun or runc >= 1.2")
@@ -61,3 +63,27 @@ def pmix_credential_problem(config: Mapping[str, Any]) -> str | None:
                     f"{host}: Slurm's PMIx server (srun --mpi=pmix) refuses its ranks, which "
                     f"report {inside} (MPI_Init: 'OPAL ERROR: Unreachable')")
     return None
+
+
+def asks_for_pmix(options: Sequence[str]) -> bool:
+    """Whether sbatch/srun ``options`` ask for ``--mpi=pmix`` (any pmix version)."""
+    for index, option in enumerate(options):
+        value = None
+        if option.startswith("--mpi="):
+            value = option[len("--mpi="):]
+        elif option == "--mpi" and index + 1 < len(options):
+            value = options[index + 1]
+        if value is not None and value.startswith("pmix"):
+            return True
+    return False
+
+
+def mpi_notices(config: Mapping[str, Any], options: Sequence[str]) -> tuple[Notice, ...]:
+    """A warning for ``submit ... --mpi=pmix`` when the bundle's ranks would be refused by
+    Slurm's PMIx server (:func:`pmix_credential_problem`), before the job meets it."""
+    if not asks_for_pmix(options):
+        return ()
+    problem = pmix_credential_problem(config)
+    if problem is None:
+        return ()
+    return (Notice(Kind.RUNTIME, f"{problem}; {HINT} (`ocistage bundle --map-self`)"),)

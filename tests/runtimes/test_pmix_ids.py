@@ -32,3 +32,15 @@ def test_identity_mapping_and_no_user_namespace_pass() -> None:
     config["linux"]["namespaces"] = [{"type": "mount"}]
     assert pmix_credential_problem(config) is None  # root's bundle: 0 is 0
     assert pmix_credential_problem({"process": "x"}) is None
+
+
+def test_submit_with_mpi_pmix_warns_before_the_job() -> None:
+    from ocistage.runtimes.pmix_ids import asks_for_pmix, mpi_notices
+
+    assert asks_for_pmix(["-N3", "--mpi=pmix_v4"]) and asks_for_pmix(["--mpi", "pmix"])
+    assert not asks_for_pmix(["--mpi=none", "-N3"])
+    mapped_root = _config(0, 0, 1002, 1002, 0, 0)
+    [notice] = mpi_notices(mapped_root, ["--mpi=pmix"])
+    assert "--map-self" in str(notice)
+    assert mpi_notices(mapped_root, ["-N3"]) == ()
+    assert mpi_notices(_config(1002, 1002, 1002, 1002, 1002, 1002), ["--mpi=pmix"]) == ()
