@@ -5,6 +5,7 @@ slurmstepd makes for the job user and removes after the step: nothing is left be
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from ocistage.runtimes.oci_conf import lint_oci_conf
 from ocistage.runtimes.slurm import SlurmVersion
 from pytest_ocistage.imagebuild import build_image, busybox_layer
 from pytest_ocistage.slurm import JobUser, SlurmCluster, job_user_account
+from tests.e2e.conftest import OcistageRunner
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -34,12 +36,16 @@ def sessionless_user() -> Iterator[JobUser]:
 
 
 def test_user_without_login_session_runs_a_container_through_the_generated_oci_conf(
-        slurm_cluster: SlurmCluster, sessionless_user: JobUser, shared_dir: Path) -> None:
+        slurm_cluster: SlurmCluster, sessionless_user: JobUser, shared_dir: Path,
+        ocistage: OcistageRunner) -> None:
     user = sessionless_user
     assert not Path(f"/run/user/{user.uid}").exists()
     conf = slurm_cluster.oci_conf.read_text()  # `ocistage runtime oci-conf`, as generated
     assert "/run/user" not in conf
     assert lint_oci_conf(conf, SlurmVersion.parse(slurm_cluster.version)) == []
+    report = json.loads(ocistage("doctor", "--json", env=slurm_cluster.env).stdout)
+    [state] = [check for check in report["checks"] if check["name"] == "runtime_state"]
+    assert state["status"] == "ok", state
     image = build_image(shared_dir / "layout", [busybox_layer()], cmd=["/bin/sh"])
     bundle = make_bundle(parse_reference(image.ref), Store.open(shared_dir / "cache"),
                          shared_dir / "bundle",
