@@ -116,6 +116,9 @@ class ConfigOptions:
     hostname: str | None = None
     gpus: str | None = None  # None | "all" | "0,1" (indices or GPU UUIDs)
     map_root: bool = False  # rootless: run as container root (runc 1.1 needs uid 0 mapped)
+    #: rootless: run as the caller's own uid/gid inside (an identity mapping): what Slurm's
+    #: PMIx server accepts from an MPI rank (runtimes/pmix_ids.py); crun or runc >= 1.2
+    map_self: bool = False
     host_uid: int = field(default_factory=os.getuid)
     host_gid: int = field(default_factory=os.getgid)
     # host ids for container 0 when the image user is not root (runc 1.1 needs 0 mapped)
@@ -188,8 +191,14 @@ def _effective_user(user: ResolvedUser, options: ConfigOptions) -> ResolvedUser:
     caller can map only its own uid: with ``map_root`` the caller becomes root in the container
     (keeping the image user's HOME), which works with every runtime.
     """
+    if options.rootless and options.map_root and options.map_self:
+        raise UsageError("--map-root and --map-self exclude each other",
+                         "--map-self for MPI ranks (srun --mpi=pmix), else --map-root")
     if options.rootless and options.map_root:
         return ResolvedUser(uid=0, gid=0, additional_gids=(), username=None, home=user.home)
+    if options.rootless and options.map_self:
+        return ResolvedUser(uid=options.host_uid, gid=options.host_gid, additional_gids=(),
+                            username=None, home=user.home)
     return user
 
 

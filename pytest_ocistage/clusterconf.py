@@ -61,7 +61,7 @@ def oci_conf(spec: ClusterSpec, base: Path, version: str, ocistage: Sequence[str
     major_minor = ".".join(version.split(".")[:2])
     result = subprocess.run(
         [*ocistage, "runtime", "oci-conf", "--runtime", spec.oci_runtime, "--slurm-version",
-         major_minor, "--root", str(base / "oci-root" / f"%u-{spec.oci_runtime}")],
+         major_minor],
         capture_output=True, text=True, timeout=60, env=dict(env), check=False,
         stdin=subprocess.DEVNULL)
     if result.returncode != 0:

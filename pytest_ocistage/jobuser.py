@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from pytest_ocistage.components import require_binary, require_root
 
 TEST_USER = "ocistage-slurm"
@@ -31,8 +33,10 @@ class JobUser:
 
 
 @contextmanager
-def job_user_account(name: str = TEST_USER) -> Iterator[JobUser]:
-    """An unprivileged user with a home and a ``/run/user/UID`` (as logind would make).
+def job_user_account(name: str = TEST_USER, *, login_session: bool = True) -> Iterator[JobUser]:
+    """An unprivileged user with a home and a ``/run/user/UID`` (as logind would make), or,
+    with ``login_session=False``, without one (a job user on a node it never logged in to:
+    the test is skipped if that user has a ``/run/user/UID`` here).
 
     A user that exists already is used and left alone; one created here is removed (with its
     home and ``/run/user/UID``) on exit.
@@ -51,9 +55,17 @@ def job_user_account(name: str = TEST_USER) -> Iterator[JobUser]:
         created = True
     run_dir = Path("/run/user") / str(entry.pw_uid)
     made_run_dir = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    os.chown(run_dir, entry.pw_uid, entry.pw_gid)
-    run_dir.chmod(0o700)
+    if not login_session:
+        made_run_dir = False
+        if run_dir.exists():
+            if created:
+                subprocess.run(["userdel", "--remove", name], capture_output=True, timeout=60,
+                               check=False)
+            pytest.skip(f"{name} has a {run_dir}: not a user without a login session")
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        os.chown(run_dir, entry.pw_uid, entry.pw_gid)
+        run_dir.chmod(0o700)
     try:
         yield JobUser(entry.pw_name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
     finally:

@@ -21,9 +21,9 @@ that job users reach it) is written, and nothing is left running:
   ``plugstack.conf`` (empty, or ``ClusterSpec.plugstack``: pyxis for
   tests/e2e/test_pyxis_importer.py, whose spec also puts enroot first on the daemons' PATH and
   gives each slurmd a 0666 ``/dev/fuse`` of its own, ``user_fuse``) and ``oci.conf`` written
-  by ``ocistage runtime oci-conf --runtime runc`` (root directory ``oci-root/%u-runc``, plus
-  ``SrunPath`` from 23.02 on: scrun runs srun through ``sh`` with the job's environment, which
-  has no PATH);
+  by ``ocistage runtime oci-conf --runtime runc`` (its default runtime root: the step's spool
+  directory, ``%m``, ``%b`` on 22.05; plus ``SrunPath`` from 23.02 on: scrun runs srun
+  through ``sh`` with the job's environment, which has no PATH);
 - ``munge/``: a private munged (own key, seed, pid and log; socket ``munge-socket/munge.socket``,
   given to Slurm as ``AuthInfo=socket=...``);
 - ``state/``, ``spool/<node>/``, ``log/`` (``slurmctld.log``, ``slurmd-<node>.log``,
@@ -398,7 +398,7 @@ def running_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[Slur
         base.chmod(0o755)
         for sub, mode in (("etc", 0o755), ("munge", 0o700), ("munge-socket", 0o755),
                           ("state", 0o700), ("spool", 0o755), ("log", 0o755), ("run", 0o755),
-                          ("nodes", 0o755), ("local", 0o755), ("oci-root", 0o1777)):
+                          ("nodes", 0o755), ("local", 0o755)):
             (base / sub).mkdir(mode=mode)
             (base / sub).chmod(mode)
         node_dirs = {}

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ocistage.errors import UsageError
+from ocistage.runtimes.runtime_state import root_problems, spool_root
 from ocistage.runtimes.slurm import SlurmVersion
 
 RUNTIMES = ("runc", "crun", "nvidia-container-runtime", "apptainer", "enroot")
@@ -84,14 +85,14 @@ def known_tokens(version: SlurmVersion) -> frozenset[str]:
 
 
 def default_root(runtime: str, version: SlurmVersion) -> str:
-    """The runtime's state directory: private to the job user, in its ``/run/user/<uid>``.
-
-    Slurm 22.05 has no ``%U`` (it is fatal there), but slurmstepd runs the commands with
-    ``/bin/sh -c``, so the shell supplies the uid. ``/run/user/<uid>`` is made by
-    systemd-logind for users with a session; elsewhere pass ``--root``.
+    """The runtime's state directory: the step's own spool directory, which slurmstepd makes
+    for each step and job user (:mod:`ocistage.runtimes.runtime_state`): ``%m`` from 23.02,
+    ``%b`` on 22.05 (which has no ``%m`` and always runs the bundle it writes there). Not
+    ``/run/user/UID``: systemd-logind makes it only for users with a login session on the
+    node, which job users usually lack. ``runtime`` is not part of it: one step, one runtime.
     """
-    user = "%U" if "U" in known_tokens(version) else "$(id -u)"
-    return f"/run/user/{user}/ocistage-{runtime}"
+    del runtime
+    return spool_root(version)
 
 
 @dataclass(frozen=True)
@@ -336,6 +337,7 @@ def lint_oci_conf(text: str, version: SlurmVersion) -> list[Problem]:
     problems.extend(_runtime_problems(entries))
     problems.extend(_value_problems(entries, version))
     problems.extend(_release_problems(entries, version))
+    problems.extend(Problem(line, message) for line, message in root_problems(entries))
     return sorted(problems, key=lambda p: (p.line, p.message))
 
 

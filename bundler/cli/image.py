@@ -105,6 +105,9 @@ def bundle_command(
     map_root: Annotated[bool, typer.Option(
         "--map-root", help="Rootless: run as root inside the container instead of the image "
                            "user.")] = False,
+    map_self: Annotated[bool, typer.Option(
+        "--map-self", help="Rootless: run as your own uid/gid inside the container (MPI ranks "
+                           "under srun --mpi=pmix need it; crun or runc >= 1.2).")] = False,
     link: Annotated[bool, typer.Option(
         "--link", help="Make DEST from the cache's snapshot by hard links: fast, shares files "
                        "with the cache, so the root filesystem is read-only (a copy where "
@@ -135,7 +138,7 @@ def bundle_command(
     config_options = ConfigOptions(
         rootless=rootless, args=cmd or None, entrypoint=entrypoint or None, env=env or (),
         mounts=mount or (), readonly=readonly, hostname=hostname, gpus=gpus,
-        map_root=map_root)
+        map_root=map_root, map_self=map_self)
     with opts.progress() as progress:
         result = make_bundle(source, store, dest, pull_options=options,
                              config_options=config_options, progress=progress, link=link,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ocistage.bundler.doctor.probes import command_output
 from ocistage.bundler.doctor.report import Check, missing, ok, warn
+from ocistage.bundler.doctor.runtimestate import check_runtime_state
 from ocistage.errors import OcistageError
 
 if TYPE_CHECKING:
@@ -101,4 +102,5 @@ def slurm_checks() -> list[Check]:
     except OcistageError as exc:
         problems = [exc.message]
     checks.append(check_oci_conf(path, problems, version))
-    return checks
+    state = check_runtime_state(path, os.geteuid()) if problems is not None else None
+    return checks + ([state] if state is not None else [])

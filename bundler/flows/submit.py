@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 from ocistage.errors import UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ocistage.bundler.flows.bundle import BundleResult
     from ocistage.bundler.image.reference import ImageSource
     from ocistage.bundler.pull import PullOptions, PullProgress
@@ -80,21 +82,25 @@ def bundle_for_submit(source: ImageSource, options: SubmitOptions, *, store: Sto
         bundle = make_bundle(source, store, pull_options=pull_options, in_use=in_use,
                              config_options=ConfigOptions(map_root=map_root, env=overrides),
                              progress=progress)
-    return dataclasses.replace(bundle, warnings=(*bundle.warnings, *slurm_notices(bundle.path)))
+    return dataclasses.replace(bundle, warnings=(*bundle.warnings,
+                                                 *slurm_notices(bundle.path, options.options)))
 
 
-def slurm_notices(bundle: Path) -> tuple[Notice, ...]:
+def slurm_notices(bundle: Path, options: Sequence[str] = ()) -> tuple[Notice, ...]:
     """What keeps Slurm's runc from running ``bundle`` for the caller (the check ``bundle``
     makes for runc run here, :func:`ocistage.runtimes.userrun.slurm_run_notices`)."""
     from ocistage.cache.jsondoc import parse_json, read_document
     from ocistage.errors import OcistageError
+    from ocistage.runtimes.pmix_ids import mpi_notices
     from ocistage.runtimes.userrun import slurm_run_notices
 
     try:
         config = parse_json(read_document(bundle / "config.json", owners="ours"))
     except (OSError, ValueError, OcistageError):
         return ()
-    return slurm_run_notices(config) if isinstance(config, dict) else ()
+    if not isinstance(config, dict):
+        return ()
+    return (*slurm_run_notices(config), *mpi_notices(config, options))
 
 
 def submit_bundle(bundle: BundleResult, options: SubmitOptions, *, store: Store) -> Submitted:

@@ -126,8 +126,7 @@ def test_every_installed_runtimes_oci_conf_runs_a_job(
         pytest.skip(f"{runtime} is not installed here (not packaged in Debian 12)")
     bundle = shared_dir / "bundle"
     ocistage("bundle", images["busybox"].ref, str(bundle), check=True)
-    root = slurm_nodes.base / "oci-root" / f"%u-{runtime}"
-    text = ocistage("runtime", "oci-conf", "--runtime", runtime, "--root", str(root),
+    text = ocistage("runtime", "oci-conf", "--runtime", runtime,  # state: the spool dir
                     env=slurm_nodes.env, check=True).stdout
     conf = shared_dir / "oci.conf"
     conf.write_text(text)

@@ -29,8 +29,7 @@ def test_oci_conf_generates_and_checks(tmp_path: Path) -> None:
     result = ocistage("runtime", "oci-conf", "--runtime", "nvidia", "--mode", "run",
                       "--slurm-version", "23.02")
     assert result.returncode == 0, result.stderr
-    assert 'RunTimeRun="nvidia-container-runtime --rootless=true --root=/run/user/%U/' \
-           in result.stdout
+    assert 'RunTimeRun="nvidia-container-runtime --rootless=true --root=%m ' in result.stdout
     srun = shutil.which("srun", path="/usr/bin:/bin:/usr/sbin:/sbin")
     assert (f'SrunPath="{srun}"' in result.stdout.splitlines()) == (srun is not None)
     conf = tmp_path / "oci.conf"
@@ -40,7 +39,7 @@ def test_oci_conf_generates_and_checks(tmp_path: Path) -> None:
     checked = ocistage("runtime", "oci-conf", "--check", str(conf), "--slurm-version", "22.05")
     assert checked.returncode == 1
     lines = checked.stdout.splitlines()
-    # four commands with %U, RunTimeEnvExclude (and SrunPath)
+    # four commands with %m (the runtime root), RunTimeEnvExclude (and SrunPath)
     assert len(lines) == 5 + (srun is not None)
     assert all(line.startswith(f"{conf}: line ") for line in lines)
 
