@@ -112,6 +112,10 @@ def is_foreign(path: Path) -> bool:
     return False
 
 
+#: how often a waiting :meth:`FileLock.acquire` judges whether the holder is gone
+JUDGE_EVERY = 2.0
+
+
 def owner_is_dead(path: Path, stale_after: float = STALE_AFTER_SECONDS) -> bool:
     """Whether the owner recorded in lock or owner file ``path`` is known to be gone (never
     for something that is not a lock file of ours: it is not ours to judge, or remove)."""
@@ -183,8 +187,18 @@ class FileLock:
         return False
 
     def acquire(self, timeout: float | None = None, poll: float = 0.2) -> None:
+        """Take the lock, waiting up to ``timeout`` seconds (None: for ever). While another
+        process holds it, each ``poll`` costs one ``lstat`` (has it been released?); whether
+        its holder is gone is judged every :data:`JUDGE_EVERY` seconds only: a waiter waits,
+        it does not spin (sixteen nodes asking the importer for one image)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.try_acquire():
+        judged = -JUDGE_EVERY
+        while True:
+            now = time.monotonic()
+            if now - judged >= JUDGE_EVERY or not os.path.lexists(self.path):
+                judged = now
+                if self.try_acquire():
+                    return
             if deadline is not None and time.monotonic() > deadline:
                 raise LockTimeout(f"timed out waiting for lock {self.path}")
             time.sleep(poll)

@@ -39,7 +39,7 @@ from ocistage.bundler.pyxis.imagestore import ImageStore
 from ocistage.bundler.pyxis.jobstep import JobStep
 from ocistage.bundler.pyxis.mksquashfs import Mksquashfs
 from ocistage.bundler.pyxis.sitestore import SiteStore
-from ocistage.bundler.pyxis.uri import parse_enroot_uri
+from ocistage.bundler.pyxis.uri import EnrootUri, parse_enroot_uri
 from ocistage.bundler.settings import DEFAULT, Settings
 
 if TYPE_CHECKING:
@@ -87,12 +87,28 @@ def get(uri: str, settings: Settings, step: JobStep,
     images = ImageStore(shared if shared is not None and writable else settings.cache)
     policy = effective_policy(settings)
     # an image policy decides in the pull, also for an image made before: no recall then
-    if policy != "always" and not policy_applies(settings.trust_config()):
+    if policy == "always" or policy_applies(settings.trust_config()):
+        return fetched(parsed.reference, cache_source(settings, parsed, policy, environ),
+                       site, images, step)
+    found = recalled(parsed.reference, site, images, step)
+    if found is not None:
+        return found
+    # the first of the nodes asking at once asks the registry and makes the image; the
+    # others wait for it and then recall its note, asking the registry nothing
+    with images.resolving(parsed.reference):
         found = recalled(parsed.reference, site, images, step)
         if found is not None:
             return found
-    options = pull_options(settings, EnrootCredentials(parsed.user, environ), policy)
-    return fetched(parsed.reference, CacheSource(settings.cache, options), site, images, step)
+        return fetched(parsed.reference, cache_source(settings, parsed, policy, environ),
+                       site, images, step)
+
+
+def cache_source(settings: Settings, parsed: EnrootUri, policy: str,
+                 environ: Mapping[str, str] | None) -> CacheSource:
+    """The cache the image is pulled into, with the pull's options: the settings', the
+    pull policy and enroot's credentials for the URI's user."""
+    return CacheSource(settings.cache, pull_options(
+        settings, EnrootCredentials(parsed.user, environ), policy))
 
 
 def recalled(reference: RegistryReference, site: SiteStore | None, images: ImageStore,

@@ -14,7 +14,7 @@ from typing import Any
 
 from ocistage.bundler.image.reference import RegistryReference
 from ocistage.bundler.pyxis.jobstep import JobStep
-from ocistage.bundler.pyxis.refnotes import Noted, recall, remember
+from ocistage.bundler.pyxis.refnotes import Noted, recall, record_name, remember
 from ocistage.cache.atomicwrite import fsync_dir
 from ocistage.cache.errors import LockTimeout, StoreError
 from ocistage.cache.locks import FileLock
@@ -69,16 +69,20 @@ class ImageStore:
     @contextlib.contextmanager
     def build_lock(self, key: str, wait: float = BUILD_WAIT) -> Iterator[None]:
         """The lock of building image ``key`` (one build; the others wait for it)."""
-        lock = FileLock(self.directory() / f"{key}.lock")
-        try:
-            lock.acquire(timeout=wait, poll=0.5)
-        except LockTimeout as exc:
-            raise LockTimeout(f"another process has been building image {key[:12]} for "
-                              f"{int(wait)} s", "retry the job later") from exc
-        try:
+        with _held(FileLock(self.directory() / f"{key}.lock"), wait,
+                   f"another process has been building image {key[:12]} for {int(wait)} s"):
             yield
-        finally:
-            lock.release()
+
+    @contextlib.contextmanager
+    def resolving(self, reference: RegistryReference,
+                  wait: float = BUILD_WAIT) -> Iterator[None]:
+        """The lock of asking the registry what ``reference`` is and making its image: of all
+        the nodes of a job asking at once, one asks (one manifest request per tag) and the
+        others wait, then find its note (:meth:`recalled`) and ask nothing."""
+        name = record_name(reference).removesuffix(".json") + ".lock"
+        with _held(FileLock(self.directory(REFS_DIR) / name), wait,
+                   f"another process has been importing {reference} for {int(wait)} s"):
+            yield
 
     @contextlib.contextmanager
     def building(self, key: str, step: JobStep) -> Iterator[Slot]:
@@ -129,3 +133,17 @@ class ImageStore:
     def touch(self, key: str) -> None:
         """Record a use of image ``key`` now."""
         touch(self.store.root, key)
+
+
+@contextlib.contextmanager
+def _held(lock: FileLock, wait: float, waited: str) -> Iterator[None]:
+    """``lock`` held for the block, waited for up to ``wait`` seconds (polled twice a second:
+    a waiter costs next to no CPU); ``waited`` says what took too long."""
+    try:
+        lock.acquire(timeout=wait, poll=0.5)
+    except LockTimeout as exc:
+        raise LockTimeout(waited, "retry the job later") from exc
+    try:
+        yield
+    finally:
+        lock.release()

@@ -29,7 +29,9 @@ from tests.e2e.conftest import OcistageRunner
 pytestmark = pytest.mark.e2e
 
 NODES = 16
-LAYER = 24 << 20  # two incompressible layers: the build is real work next to a start-up
+#: a layer of many small files and one large incompressible one: the build (unpacking, the
+#: squashfs) is real work next to a process's start-up, as an image's is
+SMALL_FILES, LARGE = 20_000, 24 << 20
 
 
 def _cpu(rusage: object) -> float:
@@ -66,7 +68,7 @@ def counting_mksquashfs(tmp_path: Path) -> Path:
     tools.mkdir()
     wrapper = tools / "mksquashfs"
     wrapper.write_text(f'#!/bin/sh\ncase "$2" in ""|-*) ;; *) echo "$2" >> {tools}/builds.log;; '
-                       f'esac\nexec {real} "$@"\n')
+                       f'esac\nsleep "${{SLOW_BUILD:-0}}"\nexec {real} "$@"\n')
     wrapper.chmod(0o755)
     return tools
 
@@ -79,8 +81,10 @@ def test_sixteen_nodes_at_once_ask_the_registry_once_and_build_once(
     script = Path(sys.executable).with_name("ocistage-pyxis-importer")
     if not script.is_file():
         pytest.skip(f"{script.name} is not installed beside {sys.executable}")
-    image = oci_image([{"a/blob": File(os.urandom(LAYER))}, {"b/blob": File(os.urandom(LAYER))}],
-                      cmd=["/a/blob"]).push(oci_registry, "pyxis/many", "1")
+    small = {f"usr/share/d{n % 100}/f{n}": os.urandom(64).hex() * (n % 32 + 1)
+             for n in range(SMALL_FILES)}
+    image = oci_image([small, {"b/blob": File(os.urandom(LARGE))}],
+                      cmd=["/b/blob"]).push(oci_registry, "pyxis/many", "1")
     uri = f"docker://{fault_proxy.host}#{image.repository}:1"
     env = ocistage.environment({"PATH": f"{counting_mksquashfs}:{os.environ['PATH']}"})
     fault_proxy.clear()

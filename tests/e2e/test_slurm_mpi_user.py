@@ -24,7 +24,8 @@ from ocistage.cache.store import Store
 from ocistage.runtimes.oci_conf import lint_oci_conf
 from ocistage.runtimes.pmix_ids import pmix_credential_problem
 from ocistage.runtimes.slurm import SlurmVersion
-from pytest_ocistage.slurm import JobUser, SlurmCluster
+from pytest_ocistage.jobuser import JobUser
+from pytest_ocistage.slurm import SlurmCluster
 from tests.e2e.test_slurm_mpi import mpi_image  # noqa: F401  (the module's image fixture)
 
 pytestmark = pytest.mark.timeout(900)

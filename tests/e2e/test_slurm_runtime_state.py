@@ -20,7 +20,8 @@ from ocistage.cache.store import Store
 from ocistage.runtimes.oci_conf import lint_oci_conf
 from ocistage.runtimes.slurm import SlurmVersion
 from pytest_ocistage.imagebuild import build_image, busybox_layer
-from pytest_ocistage.slurm import JobUser, SlurmCluster, job_user_account
+from pytest_ocistage.jobuser import JobUser, job_user_account
+from pytest_ocistage.slurm import SlurmCluster
 from tests.e2e.conftest import OcistageRunner
 
 pytestmark = pytest.mark.timeout(600)
