@@ -1,5 +1,6 @@
-"""Make an image: the rootfs of the image's cached bundle, the files enroot writes into it,
-mksquashfs in a scratch directory of the store, then publish it."""
+"""Make an image: the image's rootfs in a scratch directory of the cache (removed once read),
+the files enroot writes into it, mksquashfs in a scratch directory of the store, then publish
+it."""
 
 from __future__ import annotations
 
@@ -23,7 +24,18 @@ def build(reference: RegistryReference, source: LeasedCache, images: ImageStore,
           mksquashfs: Mksquashfs, manifest: str) -> Path:
     """Make image ``key`` of ``reference`` (pulled already into ``source``, as ``manifest``)
     and publish it in ``images``."""
-    bundle, config = source.bundle(reference, manifest)
+    work = source.store.temp_dir("pyxis-rootfs")
+    try:
+        return _build(reference, source, images, key, mksquashfs, manifest, work)
+    finally:
+        source.store.remove_temp_dir(work)
+
+
+def _build(reference: RegistryReference, source: LeasedCache, images: ImageStore, key: str,
+           mksquashfs: Mksquashfs, manifest: str, work: Path) -> Path:
+    """:func:`build` with the image's rootfs made in ``work`` (a scratch dir of the cache,
+    removed by the caller once mksquashfs has read it)."""
+    bundle, config = source.bundle(reference, manifest, work / "bundle")
     files, workdir = enroot_files(config, str(reference))
     store = images.store
     scratch = store.temp_dir("pyxis")

@@ -68,13 +68,18 @@ class LeasedCache:
                 "(or `pull` in the config file): the importer's default is missing") from exc
         return str(pulled.manifest.digest)
 
-    def bundle(self, reference: RegistryReference,
-               manifest: str) -> tuple[BundleResult, dict[str, Any]]:
-        """The cached bundle of ``reference`` (pulled already, as ``manifest``) and its image
-        config, leased until the block of :meth:`CacheSource.leased` ends."""
+    def bundle(self, reference: RegistryReference, manifest: str,
+               dest: Path) -> tuple[BundleResult, dict[str, Any]]:
+        """A bundle of ``reference`` (pulled already, as ``manifest``) made at ``dest``, a
+        scratch path of the caller's, and its image config.
+
+        Not the cached bundle: what a squashfs is built from is not kept once it is built
+        (an image costs its blobs and its squashfs, docs/pyxis.md). The layers are unpacked
+        straight into ``dest``, or copied from the image's snapshot where ``ocistage bundle``
+        in this cache keeps one (which stays)."""
         from ocistage.bundler.flows.bundle import make_bundle
 
-        bundle = make_bundle(reference, self.store, in_use=self.in_use,
+        bundle = make_bundle(reference, self.store, dest, in_use=self.in_use,
                              pull_options=dataclasses.replace(self.options, policy="missing"))
         if str(bundle.image.manifest.digest) != manifest:
             raise PyxisImportError(f"{reference} changed while it was imported "

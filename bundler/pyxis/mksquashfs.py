@@ -27,9 +27,13 @@ from ocistage.stagers.mksquashfs import (
 MKSQUASHFS_TIMEOUT = 3 * 3600
 #: compressors in order of preference; enroot's own default (lzo) is missing on RHEL 9
 COMPRESSORS = ("zstd", "gzip")
-#: the levels of the command-line tools' defaults; mksquashfs's own (zstd 15, gzip 9) took 25
-#: and 3 times as long for an image 5% and 2% smaller (bench/README.md, "pyxis")
-COMPRESSION_LEVELS = {"zstd": 3, "gzip": 6}
+#: zstd 6: an image costs its blobs and its squashfs, at most twice its compressed size
+#: (docs/pyxis.md); at zstd's own default, 3, the squashfs of Debian's Python library came to
+#: 1.07 of its gzip layer, at 6 to 0.99 (binaries: 1.04 and 0.98), for about twice
+#: mksquashfs's CPU time, a small part of a cold get; mksquashfs's own default, 15, took 25
+#: times as long for an image 5% smaller (docs/history/performance-log.md, "pyxis"). The level
+#: is not part of an image's key: images made at another level stay valid.
+COMPRESSION_LEVELS = {"zstd": 6, "gzip": 6}
 
 
 @dataclass(frozen=True)
