@@ -120,13 +120,21 @@ class BundleResult:
         out.line(str(self.path))
 
 
+#: options of :class:`ConfigOptions` added after caches existed (tests/e2e/test_upgrade_cache.py)
+KEYED_WHEN_SET = ("map_self",)
+
+
 def _bundle_key(manifest_digest: Digest, options: ConfigOptions, owners: bool = False) -> str:
     """The cache key of a bundle: manifest digest plus every option that changes the result,
     and whether its files have the image's owners (``rootless`` alone does not say it: a
     ``--no-rootless`` bundle of a user who is not root has the caller's; and such a bundle
     made by root before its owners were restored must not be served as one that has them)."""
+    fields = asdict(options)
+    for name in KEYED_WHEN_SET:  # options added later: keyed only when set, so that the
+        if not fields[name]:     # bundles of every cache made before stay what they were
+            del fields[name]
     shape: dict[str, object] = {"format": BUNDLE_FORMAT, "manifest": str(manifest_digest),
-                                "options": asdict(options)}
+                                "options": fields}
     if owners:  # absent otherwise: the keys of every other bundle stay what they were
         shape["owners"] = "image"
     return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()

@@ -102,3 +102,21 @@ def test_who_gets_the_images_owners() -> None:
     assert owned is False
     assert [notice.kind for notice in notices] == [Kind.OWNERS]
     assert "--no-rootless" in notices[0].text and "root" in notices[0].text
+
+
+def test_an_option_added_later_keys_a_bundle_only_when_set() -> None:
+    """A cache made before ``--map-self`` existed keeps its bundles: the key of a bundle
+    without it is the key that code computed (its fields, no ``map_self``); with it, another."""
+    import dataclasses
+    import hashlib
+    import json
+
+    from ocistage.bundler.flows.bundle import BUNDLE_FORMAT
+
+    digest = Digest("sha256", "b" * 64)
+    before = {k: v for k, v in dataclasses.asdict(RUN).items() if k != "map_self"}
+    old = hashlib.sha256(json.dumps({"format": BUNDLE_FORMAT, "manifest": str(digest),
+                                     "options": before}, sort_keys=True,
+                                    default=str).encode()).hexdigest()
+    assert _bundle_key(digest, RUN) == old
+    assert _bundle_key(digest, dataclasses.replace(RUN, map_self=True)) != old
