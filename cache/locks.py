@@ -203,6 +203,23 @@ class FileLock:
                 raise LockTimeout(f"timed out waiting for lock {self.path}")
             time.sleep(poll)
 
+    def wait_released(self, timeout: float | None = None, poll: float = 0.2) -> None:
+        """Wait until nobody holds the lock (its file gone, or its holder gone), without
+        taking it: one ``lstat`` a ``poll``, the holder judged every :data:`JUDGE_EVERY`
+        seconds. For waiters that only need what the holder makes: they all go on at once
+        when it is done, instead of taking the lock one after another."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        judged = time.monotonic()
+        while os.path.lexists(self.path):
+            now = time.monotonic()
+            if now - judged >= JUDGE_EVERY:
+                judged = now
+                if owner_is_dead(self.path, self.stale_after):
+                    return
+            if deadline is not None and now > deadline:
+                raise LockTimeout(f"timed out waiting for lock {self.path}")
+            time.sleep(poll)
+
     def held(self) -> bool:
         try:
             return _read_small(self.path)[0] == self._token

@@ -94,13 +94,17 @@ def get(uri: str, settings: Settings, step: JobStep,
     if found is not None:
         return found
     # the first of the nodes asking at once asks the registry and makes the image; the
-    # others wait for it and then recall its note, asking the registry nothing
-    with images.resolving(parsed.reference):
-        found = recalled(parsed.reference, site, images, step)
-        if found is not None:
-            return found
-        return fetched(parsed.reference, cache_source(settings, parsed, policy, environ),
-                       site, images, step)
+    # others wait until it is done and recall its note, asking the registry nothing (and if
+    # it failed, the next takes its place)
+    while True:
+        with images.resolving(parsed.reference) as first:
+            found = recalled(parsed.reference, site, images, step)
+            if found is not None:
+                return found
+            if first:
+                return fetched(parsed.reference,
+                               cache_source(settings, parsed, policy, environ), site, images,
+                               step)
 
 
 def cache_source(settings: Settings, parsed: EnrootUri, policy: str,

@@ -75,14 +75,25 @@ class ImageStore:
 
     @contextlib.contextmanager
     def resolving(self, reference: RegistryReference,
-                  wait: float = BUILD_WAIT) -> Iterator[None]:
+                  wait: float = BUILD_WAIT) -> Iterator[bool]:
         """The lock of asking the registry what ``reference`` is and making its image: of all
-        the nodes of a job asking at once, one asks (one manifest request per tag) and the
-        others wait, then find its note (:meth:`recalled`) and ask nothing."""
+        the nodes of a job asking at once, one asks (one manifest request per tag). True for
+        the block of the one that took it; False, once that one is done, for the others, which
+        waited without taking it and then find its note (:meth:`recalled`) and ask nothing."""
         name = record_name(reference).removesuffix(".json") + ".lock"
-        with _held(FileLock(self.directory(REFS_DIR) / name), wait,
-                   f"another process has been importing {reference} for {int(wait)} s"):
-            yield
+        lock = FileLock(self.directory(REFS_DIR) / name)
+        if lock.try_acquire():
+            try:
+                yield True
+            finally:
+                lock.release()
+            return
+        try:
+            lock.wait_released(timeout=wait, poll=0.2)
+        except LockTimeout as exc:
+            raise LockTimeout(f"another process has been importing {reference} for "
+                              f"{int(wait)} s", "retry the job later") from exc
+        yield False
 
     @contextlib.contextmanager
     def building(self, key: str, step: JobStep) -> Iterator[Slot]:
