@@ -45,6 +45,10 @@ def main(argv: list[str]) -> int:
         from bench.slurm import main as slurm_main
 
         return slurm_main(argv[1:])
+    if argv and argv[0] == "squashfs":
+        from bench.squashfs import main as squashfs_main
+
+        return squashfs_main(argv[1:])
     if argv and argv[0] == "metaops":
         from bench.metaops import main as metaops_main
 
