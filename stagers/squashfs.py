@@ -45,6 +45,7 @@ from ocistage.stagers.filemanifest import (
 )
 from ocistage.stagers.markers import Marker
 from ocistage.stagers.mksquashfs import (
+    BLOCK_SIZE,
     ImageProgress,
     pseudo_dir,
     pseudo_file,
@@ -125,19 +126,18 @@ def _missing_along(rootfs: Path, root: str, parts: tuple[str, ...], kind: str,
     return missing
 
 
-#: mksquashfs's compression and block size for staged images, chosen by measured build, size
-#: and read times (docs/squashfs-parameters.md, ``python -m bench squashfs``): zstd at level 3
-#: built 5-20x faster than mksquashfs's default level 15 for images 8-13% larger, and 128 KiB
-#: blocks read 100k small files up to twice as fast as 1 MiB ones (a small file's read
-#: decompresses its whole fragment block). Readers take both from the image's superblock, so
-#: images made with other parameters stay valid, and an unchanged source is not rebuilt.
+#: mksquashfs's compression for staged images, chosen by measured build, size and read times
+#: (docs/squashfs-parameters.md, ``python -m bench squashfs``): zstd at level 3 built 5-20x
+#: faster than mksquashfs's default level 15 for images 8-13% larger (the importer's level
+#: too); the block size is :data:`~ocistage.stagers.mksquashfs.BLOCK_SIZE`. Readers take both
+#: from the image's superblock, so images made with other parameters stay valid, and an
+#: unchanged source is not rebuilt.
 COMPRESSION = ("-comp", "zstd", "-Xcompression-level", "3")
-BLOCK_SIZE = "128K"
 
 
 def build_image(source: Path, image: Path, extra: Path | None = None, jobs: int = 2,
                 progress: ImageProgress | None = None, root_mode: int | None = None) -> None:
-    """Make ``image`` from ``source`` (zstd, :data:`COMPRESSION`, :data:`BLOCK_SIZE`); the files
+    """Make ``image`` from ``source`` (:data:`COMPRESSION`, 128 KiB blocks); the files
     in ``extra`` replace top-level ones.
 
     ``image`` must not exist. Ownership is stored as found (a rootless bundle is the user's).
