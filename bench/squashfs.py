@@ -19,7 +19,9 @@ levels, ``lz4``, ``gzip`` (what ``mksquashfs -help`` lists) — and for each ima
 - ``read2 s``   the same with two parallel readers (``xargs -P2``)
 - ``start s``   ``bin/python3 -c pass`` from a fresh mount: a process started from the image
 
-The page cache is dropped (root: ``/proc/sys/vm/drop_caches``) before each mount, so the image
+Every image of a tree is built first; then each repetition reads every image once, in an
+order reversed between repetitions, so a change of load hits them alike. The page cache is
+dropped (root: ``/proc/sys/vm/drop_caches``) before each mount, so the image
 is read from the disk as on a node that has just been given it; without root, or with
 ``--keep-page-cache`` (the readers' CPU cost alone), the image is read from memory and the
 table says so. Raw samples: ``bench/results/squashfs-<UTC>.json``.
@@ -245,16 +247,22 @@ def run(small_files: int, large_files: int, large_mb: int, reps: int,
     try:
         for name in trees:
             tree = made[name]()
+            built: list[tuple[Row, Path]] = []
             for block in blocks:
                 for label, options in chosen:
                     image = work / f"{name}-{block}-{label}.sqfs"
-                    row = Row(name, block, label, build(tree, image, block, options),
-                              image.stat().st_size)
-                    for _ in range(max(1, reps)):
-                        measure(row, image, work / "mnt", dropped)
-                    rows.append(row)
-                    print("  " + render([row], dropped).splitlines()[2], flush=True)
-                    image.unlink()
+                    built.append((Row(name, block, label, build(tree, image, block, options),
+                                      image.stat().st_size), image))
+            # reads side by side: every image once per repetition, the order reversed
+            # between repetitions (A B C, C B A), so load changes hit them alike
+            for rep in range(max(1, reps)):
+                for row, image in built if rep % 2 == 0 else reversed(built):
+                    measure(row, image, work / "mnt", dropped)
+                    print(f"  rep {rep + 1}: " + render([row], dropped).splitlines()[2],
+                          flush=True)
+            rows += [row for row, _ in built]
+            for _, image in built:
+                image.unlink()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"rows": [asdict(r) for r in rows], "page_cache_dropped": dropped,
