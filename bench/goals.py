@@ -8,7 +8,8 @@ measured by the harness that owns it:
   and ``bundle`` (tag re-resolved) vs ``ocistage --version``; peak RSS of the cold bundle
   (:mod:`bench.bundle`, the bench image ``single`` and ``zstd``; ``--quick``: a synthetic
   1k-file, 20 MB image);
-- a writable DEST from the cached snapshot vs ``cp -a`` (:mod:`bench.bundle`, the synthetic
+- a writable DEST from the cached snapshot vs ``cp -a``, on the bench cache's filesystem and on
+  tmpfs (:mod:`bench.bundle`, the synthetic
   1 GB / 30k-file image; ``--quick``: the quick image);
 - re-stages of a 100k-file tree on tmpfs (:mod:`bench.stage`; ``--quick``: 10k files):
   unchanged vs ``rsync -a``, 1% changed vs ``cp -al`` and vs ``cp -al`` + ``rm -rf``;
@@ -153,9 +154,15 @@ def bundle_goals(image_name: str, zstd_name: str | None, dest_image: str, reps: 
             say(f"bundle {image_name}: cold, warm, peers ({reps} repetitions)")
             main = b.bench_image(images[image_name], registry.host, reps, work, can_drop, refs,
                                  frozenset(runs))
-            say(f"bundle {dest_image}: writable DEST vs cp -a")
+            say(f"bundle {dest_image}: writable DEST vs cp -a (ext4, then tmpfs)")
             dest = b.bench_image(images[dest_image], registry.host, reps, work, can_drop, refs,
                                  frozenset({"DEST from snap", "cp -a"}))
+            shm = b.Workspace(Path("/dev/shm") / f"ocistage-goals-{os.getpid()}")
+            try:  # DESIGN.md: this machine's ext4 is disk-bound; compare on tmpfs too
+                dest_tmpfs = b.bench_image(images[dest_image], registry.host, reps, shm,
+                                           can_drop, refs, frozenset({"DEST from snap", "cp -a"}))
+            finally:
+                remove_tree(shm.root)
             zstd = None
             if zstd_name:
                 say(f"bundle {zstd_name}: peak RSS of a cold bundle")
@@ -163,7 +170,8 @@ def bundle_goals(image_name: str, zstd_name: str | None, dest_image: str, reps: 
                                      frozenset({"ocistage"}))
         finally:
             remove_tree(work.root)
-    raw["bundle"] = {"page_cache_dropped": can_drop, "main": main, "dest": dest, "zstd": zstd}
+    raw["bundle"] = {"page_cache_dropped": can_drop, "main": main, "dest": dest,
+                     "dest_tmpfs": dest_tmpfs, "zstd": zstd}
     m = main["medians"]
     info = main["image"]
     small = info["uncompressed"] < 300 * MB and info["entries"] < 10_000
@@ -193,10 +201,11 @@ def bundle_goals(image_name: str, zstd_name: str | None, dest_image: str, reps: 
              ratio(_seconds(m, "warm cached"), version),
              f"{_s(_seconds(m, 'warm cached'))} / {_s(version)}"),
     ]
-    d = dest["medians"]
-    goals.append(Goal(f"writable DEST from snapshot / cp -a ({dest_image})", 1.2, "<=",
-                      ratio(_seconds(d, "DEST from snap"), _seconds(d, "cp -a")),
-                      f"{_s(_seconds(d, 'DEST from snap'))} / {_s(_seconds(d, 'cp -a'))}"))
+    for where_, result in (("ext4", dest), ("tmpfs", dest_tmpfs)):
+        d = result["medians"]
+        goals.append(Goal(f"writable DEST from snapshot / cp -a ({dest_image}, {where_})", 1.2,
+                          "<=", ratio(_seconds(d, "DEST from snap"), _seconds(d, "cp -a")),
+                          f"{_s(_seconds(d, 'DEST from snap'))} / {_s(_seconds(d, 'cp -a'))}"))
     rss = m.get("ocistage", {}).get("max_rss_kib")
     goals.append(Goal(f"peak RSS, cold bundle, gzip ({image_name})", 150, "<",
                       None if rss is None else rss / 1024, unit="MB"))
