@@ -1,7 +1,11 @@
-"""``python -m bench [bundle|stage|slurm] [options]``: the benchmarks of ocistage (see
-bench/README.md).
+"""``python -m bench [goals|bundle|stage|slurm|...] [options]``: the benchmarks of ocistage
+(see bench/README.md).
 
-``bundle`` (the default) compares cold/warm ``ocistage bundle`` with ``skopeo copy`` +
+``goals`` (the default: ``python -m bench`` alone, or ``python -m bench --quick``) runs every
+goal of DESIGN.md's Performance section this machine can measure and prints one table of
+them (``bench/goals.py``); ``squashfs`` measures mksquashfs block sizes and compressors
+(``bench/squashfs.py``). ``bundle`` (the default before ``goals``; still the one options
+without a subcommand go to) compares cold/warm ``ocistage bundle`` with ``skopeo copy`` +
 ``umoci unpack --rootless``, podman and the floor (``curl | tee blob | tee >(sha256sum) |
 gzip -dc | tee >(sha256sum) | tar -x``, bench/floor.py); ``stage`` runs
 ``bench/stage.py`` (staging vs ``rsync -a`` and, for re-stages, ``rsync --link-dest`` plus
@@ -41,10 +45,18 @@ def compile_ocistage() -> None:
 
 def main(argv: list[str]) -> int:
     compile_ocistage()
+    if not argv or argv[0] == "goals" or argv == ["--quick"]:
+        from bench.goals import main as goals_main
+
+        return goals_main(argv[1:] if argv and argv[0] == "goals" else argv)
     if argv and argv[0] == "slurm":
         from bench.slurm import main as slurm_main
 
         return slurm_main(argv[1:])
+    if argv and argv[0] == "squashfs":
+        from bench.squashfs import main as squashfs_main
+
+        return squashfs_main(argv[1:])
     if argv and argv[0] == "metaops":
         from bench.metaops import main as metaops_main
 

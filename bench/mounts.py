@@ -81,9 +81,10 @@ def staged_image(image_name: str, work: Path) -> Path:
     (work / "home").mkdir(parents=True, exist_ok=True)
     bundle = work / "bundle"
     subprocess.run([ocistage_script(), "bundle", "-q", f"oci:{built.layout}:{built.name}",
-                    str(bundle)], check=True, env=env)
+                    str(bundle)], check=True, env=env, stdout=subprocess.DEVNULL)
     subprocess.run([ocistage_script(), "stage", "-q", str(bundle), "--to", str(work / "to"),
-                    "--format", "squashfs", "--name", "image"], check=True, env=env)
+                    "--format", "squashfs", "--name", "image"], check=True, env=env,
+                   stdout=subprocess.DEVNULL)
     staged = work / "to" / "image"
     if os.path.ismount(staged):
         take_down(staged)
@@ -108,12 +109,9 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench mounts", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=5, help="reads per mount [5]")
-    parser.add_argument("--image", default="single", choices=sorted(SPECS))
-    args = parser.parse_args(argv)
+def measure(image_name: str, reps: int, report: bool = True) -> dict[str, Any]:
+    """Read the staged squashfs of ``image_name`` ``reps`` times through each way of mounting
+    it here; the result document (:func:`render` prints it)."""
     mounts: dict[str, Callable[[Path, Path], None]] = {
         name: fuse_mount(name) for name in ("squashfuse_ll", "squashfuse") if shutil.which(name)}
     if os.geteuid() == 0:
@@ -122,13 +120,14 @@ def main(argv: list[str]) -> int:
     load = os.getloadavg()
     samples: dict[str, list[float]] = {name: [] for name in mounts}
     try:
-        image = staged_image(args.image, work)
-        for rep in range(max(1, args.reps)):
+        image = staged_image(image_name, work)
+        for rep in range(max(1, reps)):
             order = list(mounts) if rep % 2 == 0 else list(reversed(mounts))
             for name in order:
                 samples[name].append(read_through(name, mounts[name], image,
                                                   work / f"mnt-{name}"))
-                print(f"  {name}: {samples[name][-1]:.2f} s", flush=True)
+                if report:
+                    print(f"  {name}: {samples[name][-1]:.2f} s", flush=True)
         entries = sum(len(dirs) + len(files) for _, dirs, files in os.walk(work / "bundle"))
         image_bytes = image.stat().st_size
     finally:
@@ -137,12 +136,21 @@ def main(argv: list[str]) -> int:
                        capture_output=True)
         remove_tree(work)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    result = {"when": stamp, "image": args.image, "image_bytes": image_bytes,
-              "entries": entries, "reps": args.reps, "cpus": os.cpu_count(),
-              "load_before": load, "load_after": os.getloadavg(), "samples": samples,
-              "summary": _summary(samples)}
+    return {"when": stamp, "image": image_name, "image_bytes": image_bytes,
+            "entries": entries, "reps": reps, "cpus": os.cpu_count(),
+            "load_before": load, "load_after": os.getloadavg(), "samples": samples,
+            "summary": _summary(samples)}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench mounts", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=5, help="reads per mount [5]")
+    parser.add_argument("--image", default="single", choices=sorted(SPECS))
+    args = parser.parse_args(argv)
+    result = measure(args.image, args.reps)
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"mounts-{stamp}.json"
+    out = RESULTS / f"mounts-{result['when']}.json"
     out.write_text(json.dumps(result, indent=2))
     print(render(result))
     print(f"bench: raw samples in {out}")

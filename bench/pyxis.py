@@ -165,20 +165,12 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench pyxis", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=3, help="repetitions per case [3]")
-    parser.add_argument("--files", type=int, default=10_000, help="files in the image [10000]")
-    parser.add_argument("--megabytes", type=int, default=200, help="bytes of files, MB [200]")
-    args = parser.parse_args(argv)
-    enroot = enroot_bin()
-    missing = [t for t in ("docker-registry", "skopeo", "mksquashfs") if not shutil.which(t)]
-    if enroot is None or missing:
-        print(f"bench: missing {', '.join(missing or ['enroot'])} "
-              "(enroot: .ci/build-enroot-pyxis.sh, or $OCISTAGE_ENROOT_PREFIX)", file=sys.stderr)
-        return 1
-    image = build_synthetic(SynthSpec(args.files, args.megabytes * MB), ("gzip",))["gzip"]
+def measure(files: int, megabytes: int, reps: int, enroot: Path,
+            report: bool = True) -> dict[str, Any]:
+    """Every case of the module docstring, ``reps`` times, on a synthetic image of ``files``
+    files and ``megabytes`` MB; the result document (:func:`render` prints it), with the
+    bytes the importer's cache holds after one cold ``get`` (``importer_cache_bytes``)."""
+    image = build_synthetic(SynthSpec(files, megabytes * MB), ("gzip",))["gzip"]
     root = cache_root()
     load = os.getloadavg()
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -188,19 +180,56 @@ def main(argv: list[str]) -> int:
         warm = root / f"pyxis-warm-{os.getpid()}"
         try:
             prepare_warm(uri, enroot, warm)
+            cache_bytes = disk_bytes(warm / "importer" / "cache")
             samples = run_alternating(image.name, runners(uri, enroot, work, warm),
-                                      max(1, args.reps), work, cold=lambda _name: False,
-                                      report=True)
+                                      max(1, reps), work, cold=lambda _name: False,
+                                      report=report)
         finally:
             remove_tree(work.root)
             remove_tree(warm)
-    result = {"when": stamp, "reps": args.reps, "cpus": os.cpu_count(),
-              "load_before": load, "load_after": os.getloadavg(), "page_cache_dropped": False,
-              "image": {k: v for k, v in asdict(image).items() if k != "layout"},
-              "samples": {n: [asdict(s) for s in v] for n, v in samples.items()},
-              "medians": {n: _median(v) for n, v in samples.items()}}
+    return {"when": stamp, "reps": reps, "cpus": os.cpu_count(),
+            "load_before": load, "load_after": os.getloadavg(), "page_cache_dropped": False,
+            "image": {k: v for k, v in asdict(image).items() if k != "layout"},
+            "importer_cache_bytes": cache_bytes,
+            "samples": {n: [asdict(s) for s in v] for n, v in samples.items()},
+            "medians": {n: _median(v) for n, v in samples.items()}}
+
+
+def disk_bytes(root: Path) -> int:
+    """Bytes of disk the files under ``root`` use (``du``'s count: each inode once)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for top, _dirs, names in os.walk(root):
+        for name in names:
+            st = os.lstat(os.path.join(top, name))
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
+def missing_tools() -> list[str]:
+    """What this harness needs and the host lacks (enroot: as :func:`enroot_bin` finds it)."""
+    missing = [t for t in ("docker-registry", "skopeo", "mksquashfs") if not shutil.which(t)]
+    return missing + (["enroot"] if enroot_bin() is None else [])
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench pyxis", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=3, help="repetitions per case [3]")
+    parser.add_argument("--files", type=int, default=10_000, help="files in the image [10000]")
+    parser.add_argument("--megabytes", type=int, default=200, help="bytes of files, MB [200]")
+    args = parser.parse_args(argv)
+    enroot = enroot_bin()
+    missing = missing_tools()
+    if enroot is None or missing:
+        print(f"bench: missing {', '.join(missing)} "
+              "(enroot: .ci/build-enroot-pyxis.sh, or $OCISTAGE_ENROOT_PREFIX)", file=sys.stderr)
+        return 1
+    result = measure(args.files, args.megabytes, args.reps, enroot)
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"pyxis-{stamp}.json"
+    out = RESULTS / f"pyxis-{result['when']}.json"
     out.write_text(json.dumps(result, indent=2, default=str))
     print(render(result))
     print(f"bench: raw samples in {out}")

@@ -178,14 +178,15 @@ class LinkDest:
     def first(self) -> None:
         rsync(self.src, self.current)
 
-    def restage(self) -> tuple[float, float, float]:
+    def restage(self) -> tuple[float, float, float, float]:
         """(seconds of the rsync, seconds of removing the replaced tree, seconds of the
-        contract's floor: ``cp -al`` of the current tree and ``rm -rf`` of that copy)."""
+        contract's floor: ``cp -al`` of the current tree and ``rm -rf`` of that copy, seconds
+        of that ``cp -al`` alone)."""
         self.turn += 1
         farm = self.base.with_name(f"{self.base.name}-farm")
-        floor = timed(partial(subprocess.run, ["cp", "-al", str(self.current), str(farm)],
-                              check=True, stdin=subprocess.DEVNULL))
-        floor += timed(partial(subprocess.run, ["rm", "-rf", str(farm)], check=True,
+        cpal = timed(partial(subprocess.run, ["cp", "-al", str(self.current), str(farm)],
+                             check=True, stdin=subprocess.DEVNULL))
+        floor = cpal + timed(partial(subprocess.run, ["rm", "-rf", str(farm)], check=True,
                                stdin=subprocess.DEVNULL))
         new = self.base.with_name(f"{self.base.name}-{self.turn}")
         copy = timed(partial(subprocess.run, [
@@ -194,7 +195,7 @@ class LinkDest:
         removal = timed(partial(subprocess.run, ["rm", "-rf", str(self.current)], check=True,
                                 stdin=subprocess.DEVNULL))
         self.current = new
-        return copy, removal, floor
+        return copy, removal, floor, cpal
 
 
 def run_case(tree: Path, target: Path, cache: Path, reps: int,
@@ -204,9 +205,11 @@ def run_case(tree: Path, target: Path, cache: Path, reps: int,
     ``cache`` is the cache the bundle was made in (so a cache bundle is recognised as sealed,
     as with ``ocistage stage REF``); the bench's leases in it are dropped afterwards.
     ``linkdest`` samples are the rsync alone; ``linkdest_rm`` the rsync plus the removal;
-    ``linkfarm`` the atomic contract's floor (``cp -al`` + ``rm -rf``, :meth:`LinkDest.restage`).
+    ``linkfarm`` the atomic contract's floor (``cp -al`` + ``rm -rf``, :meth:`LinkDest.restage`),
+    ``cpal`` its ``cp -al`` alone.
     """
-    tools = [*TOOLS, "linkdest_rm", "linkfarm"] if with_linkdest else ["lib", "cli", "rsync"]
+    tools = ([*TOOLS, "linkdest_rm", "linkfarm", "cpal"] if with_linkdest
+             else ["lib", "cli", "rsync"])
     samples: dict[str, dict[str, list[float]]] = {
         case: {tool: [] for tool in tools} for case in ("first", "nochange", "changed")}
     for rep in range(reps):
@@ -250,10 +253,11 @@ def _repetition(tree: Path, target: Path, cache: Path, rep: int, order: list[str
             touch_one_percent(changeable, rep)
         for tool in order:
             if tool == "linkdest":
-                copy, removal, floor = peer.restage()
+                copy, removal, floor, cpal = peer.restage()
                 samples[case]["linkdest"].append(copy)
                 samples[case]["linkdest_rm"].append(copy + removal)
                 samples[case]["linkfarm"].append(floor)
+                samples[case]["cpal"].append(cpal)
             else:
                 samples[case][tool].append(timed(actions[tool]))
     for dest in (*dests.values(), peer.current):

@@ -50,8 +50,9 @@ def test_the_link_dest_peer_keeps_one_complete_tree_and_no_floor_copy(tmp_path: 
     peer = LinkDest(src, tmp_path / "peer")
     peer.first()
     (src / "d" / "f").write_text("two, longer")  # another size: rsync sees it
-    copy, removal, floor = peer.restage()
-    assert min(copy, removal, floor) >= 0
+    copy, removal, floor, cpal = peer.restage()
+    assert min(copy, removal, floor, cpal) >= 0
+    assert cpal <= floor
     assert sorted(p.name for p in tmp_path.iterdir()) == ["peer-1", "src"]
     assert (tmp_path / "peer-1" / "d" / "f").read_text() == "two, longer"
     subprocess.run(["rm", "-rf", str(tmp_path / "peer-1")], check=True)

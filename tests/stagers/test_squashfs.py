@@ -174,6 +174,24 @@ def _special_files(root: Path) -> list[str]:
     return sorted(found)
 
 
+def test_images_are_built_with_the_measured_block_size_and_compressor(tmp_path: Path) -> None:
+    # docs/squashfs-parameters.md: zstd level 3 and 128 KiB blocks, set explicitly rather than
+    # left to mksquashfs's defaults (level 15, and a block size a release may change)
+    require_binary("mksquashfs")
+    require_binary("unsquashfs")
+    from ocistage.stagers.squashfs import build_image
+
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "f").write_bytes(b"x" * 300_000)
+    build_image(source, tmp_path / "img.sqfs")
+    said = subprocess.run(["unsquashfs", "-s", str(tmp_path / "img.sqfs")], check=True,
+                          capture_output=True, text=True).stdout
+    assert "Compression zstd" in said
+    assert "compression-level 3" in said
+    assert "Block size 131072" in said
+
+
 def test_a_hostile_image_unpacks_without_devices_or_setuid(tmp_path: Path) -> None:
     """13.3: `stage URL.sqfs --unpack` ran unsquashfs as is: as root it made device nodes and
     setuid-root files from the image."""
