@@ -16,6 +16,7 @@ from pathlib import Path
 from ocistage.bundler.errors import PyxisImportError
 from ocistage.stagers.errors import ToolFailed
 from ocistage.stagers.mksquashfs import (
+    BLOCK_SIZE,
     compressors_listed,
     help_text,
     pseudo_dir,
@@ -107,7 +108,7 @@ def mksquashfs_argv(mksquashfs: str, rootfs: Path, image: Path, files: Mapping[s
     level = COMPRESSION_LEVELS.get(compressor)
     argv = [mksquashfs, os.fspath(rootfs), os.fspath(image), "-comp", compressor,
             *(["-Xcompression-level", str(level)] if level is not None else []),
-            "-noappend", "-no-progress", "-quiet", "-no-recovery", "-all-root",
+            "-b", BLOCK_SIZE, "-noappend", "-no-progress", "-quiet", "-no-recovery", "-all-root",
             "-processors", str(max(1, jobs))]
     pseudo: list[str] = []
     for inside in sorted(files):
