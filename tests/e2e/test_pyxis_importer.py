@@ -16,7 +16,6 @@ importer give the same ``env``, ``pwd``, ``id`` and default command under ``enro
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import subprocess
@@ -36,7 +35,7 @@ from pytest_ocistage.runner import ocistage_command
 from pytest_ocistage.slurm import SlurmCluster, session_cluster
 
 # the trust oracle's signed images, keys and lookaside (the admission test at the end)
-from tests.e2e.test_trust_oracle import REJECT, World, signed_by, world  # noqa: F401
+from tests.e2e.test_trust_oracle import World, trust_files, world  # noqa: F401
 
 pytestmark = pytest.mark.e2e
 
@@ -304,17 +303,8 @@ def test_srun_container_image_runs_only_what_the_users_policy_admits(
     is built; the refusal reaches srun as the importer's error."""
     home = job_dirs["user"]
     trust = home / "trust"
-    shutil.copytree(world.lookaside, trust / "lookaside")
-    shutil.copy(world.good_key, trust / "good.gpg")
-    (trust / "registries.d").mkdir()
-    (trust / "registries.d" / "mine.yaml").write_text(
-        f"default-docker:\n  lookaside: file://{trust / 'lookaside'}\n")
-    repo = f"{world.registry.host}/{world.namespace}"
-    (trust / "policy.json").write_text(json.dumps({
-        "default": [REJECT], "transports": {"docker": {repo: [
-            signed_by(world, keyPath=str(trust / "good.gpg"))]}}}))
-    (trust / "config.toml").write_text(f'policy = "{trust / "policy.json"}"\n'
-                                       f'registries_d = "{trust / "registries.d"}"\n')
+    policy, registries_d = trust_files(world, trust)
+    (trust / "config.toml").write_text(f'policy = "{policy}"\nregistries_d = "{registries_d}"\n')
     for path in [trust, *trust.rglob("*")]:
         os.chown(path, slurm_job_user.uid, slurm_job_user.gid)
     export = _export(home, slurm_job_user.uid) + f",OCISTAGE_CONFIG={trust / 'config.toml'}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -194,6 +195,22 @@ def world(images: dict[str, ImageRef], tmp_path_factory: pytest.TempPathFactory,
         with _served(lookaside) as url:
             w.http = url
             yield w
+
+
+def trust_files(world: World, directory: Path) -> tuple[Path, Path]:
+    """In ``directory`` (made): a copy of the lookaside, the site's key, a registries.d that
+    names that copy, and a policy that rejects everything but the world's namespace signed by
+    that key; (the policy file, the registries.d directory)."""
+    shutil.copytree(world.lookaside, directory / "lookaside")
+    shutil.copy(world.good_key, directory / "good.gpg")
+    (directory / "registries.d").mkdir()
+    (directory / "registries.d" / "site.yaml").write_text(
+        f"default-docker:\n  lookaside: file://{directory / 'lookaside'}\n")
+    repo = f"{world.registry.host}/{world.namespace}"
+    (directory / "policy.json").write_text(json.dumps({
+        "default": [REJECT], "transports": {"docker": {repo: [
+            signed_by(world, keyPath=str(directory / "good.gpg"))]}}}))
+    return directory / "policy.json", directory / "registries.d"
 
 
 def signed_by(world: World, identity: dict[str, str] | None = None,

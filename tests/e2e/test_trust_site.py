@@ -26,9 +26,8 @@ from pytest_ocistage.runner import ocistage_command
 
 # the oracle module's fixture (signed images, keys, lookaside)
 from tests.e2e.test_trust_oracle import (
-    REJECT,
     World,
-    signed_by,
+    trust_files,
     world,  # noqa: F401
 )
 
@@ -49,15 +48,7 @@ def site(world: World) -> Iterator[Path]:  # noqa: F811
     try:
         base.chmod(0o755)
         site = base / "site"
-        shutil.copytree(world.lookaside, site / "lookaside")
-        shutil.copy(world.good_key, site / "good.gpg")
-        (site / "registries.d").mkdir()
-        (site / "registries.d" / "site.yaml").write_text(
-            f"default-docker:\n  lookaside: file://{site / 'lookaside'}\n")
-        repo = f"{world.registry.host}/{world.namespace}"
-        (site / "policy.json").write_text(json.dumps({
-            "default": [REJECT], "transports": {"docker": {repo: [
-                signed_by(world, keyPath=str(site / "good.gpg"))]}}}))
+        trust_files(world, site)
         upper = base / "etc-upper" / "ocistage"
         upper.mkdir(parents=True)
         (upper / "config.toml").write_text(
