@@ -45,6 +45,10 @@ class ClusterSpec:
     #: bind-mounted over the host's, which is 0600 on some hosts): FUSE for job users
     #: (squashfuse, fuse-overlayfs) without changing the host
     user_fuse: bool = False
+    #: the text of ``/etc/ocistage/config.toml`` (ocistage's site config) as the nodes see it:
+    #: each slurmd's mount namespace gets an overlay of /etc holding it, so a site setting
+    #: (``policy_mandatory``) binds the jobs without the host's /etc being written; "": none
+    site_config: str = ""
 
     @property
     def bin_dir(self) -> Path:

@@ -460,17 +460,26 @@ def running_cluster(spec: ClusterSpec, ocistage: Sequence[str]) -> Iterator[Slur
 def _slurmd_argv(spec: ClusterSpec, cluster: SlurmCluster, node: str, hide: str) -> list[str]:
     """slurmd of ``node`` in a mount namespace of its own: node_local is its directory, and
     only there; ``hide`` (a hybrid host's cgroup2 mount) is unmounted there; with
-    ``spec.user_fuse`` a 0666 /dev/fuse of its own is bind-mounted over the host's."""
+    ``spec.user_fuse`` a 0666 /dev/fuse of its own is bind-mounted over the host's; with
+    ``spec.site_config`` its /etc is an overlay holding that ``ocistage/config.toml``."""
     fuse = ""
     if spec.user_fuse:
         fuse = str(cluster.base / "fuse" / node)
         Path(fuse).mkdir(parents=True, mode=0o755)
+    etc = ""
+    if spec.site_config:  # an overlay of /etc per node (an upper directory is one mount's)
+        etc = str(cluster.base / "etc-overlay" / node)
+        (Path(etc) / "upper" / "ocistage").mkdir(parents=True, mode=0o755)
+        (Path(etc) / "work").mkdir(mode=0o755)
+        (Path(etc) / "upper" / "ocistage" / "config.toml").write_text(spec.site_config)
     return ["unshare", "--mount", "--propagation", "private", "sh", "-ec",
             'mount --bind "$1" "$2"; if [ -n "$3" ]; then umount -l "$3"; fi; '
             'if [ -n "$4" ]; then mount -t tmpfs -o mode=0755 fuse "$4"; '
             'mknod -m 0666 "$4/fuse" c 10 229; mount --bind "$4/fuse" /dev/fuse; fi; '
-            'shift 4; exec "$@"', "slurmd-" + node,
-            str(cluster.node_dir(node)), str(cluster.node_local), hide, fuse,
+            'if [ -n "$5" ]; then mount -t overlay overlay '
+            '-o "lowerdir=/etc,upperdir=$5/upper,workdir=$5/work" /etc; fi; '
+            'shift 5; exec "$@"', "slurmd-" + node,
+            str(cluster.node_dir(node)), str(cluster.node_local), hide, fuse, etc,
             str(spec.sbin_dir / "slurmd"), "-D", "-c", "-f", str(cluster.slurm_conf), "-N", node]
 
 

@@ -16,6 +16,7 @@ importer give the same ``env``, ``pwd``, ``id`` and default command under ``enro
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -323,3 +324,65 @@ def test_srun_container_image_runs_only_what_the_users_policy_admits(
     assert admitted.returncode == 0, admitted.stdout + admitted.stderr + _logs(pyxis_cluster)
     assert admitted.stdout.split() == [str(slurm_job_user.uid)]
     assert len(list((home / "cache" / "pyxis").glob("*.sqsh"))) == 1
+
+
+@pytest.fixture(scope="module")
+def site_trust(world: World) -> Iterator[Path]:  # noqa: F811
+    """The site's trust files (policy, key, registries.d, lookaside), readable by job users."""
+    base = Path(tempfile.mkdtemp(prefix="ocistage-pyxis-site-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        trust_files(world, base / "site")
+        for path in [base, *base.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        yield base / "site"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pyxis_site_cluster(enroot_pyxis: Path, importer: Path, tools: Path,
+                       site_trust: Path) -> Iterator[SlurmCluster]:
+    """The pyxis cluster, its nodes' site config making the site's image policy mandatory."""
+    spec = dataclasses.replace(
+        built_spec(), name="pyxis2405site",
+        plugstack=(f"required {enroot_pyxis / 'pyxis' / 'spank_pyxis.so'} "
+                   f"importer={importer} use_squashfuse=1\n"),
+        daemon_path=(str(tools), str(enroot_pyxis / "enroot" / "bin")), user_fuse=True,
+        site_config=(f'policy_mandatory = true\npolicy = "{site_trust / "policy.json"}"\n'
+                     f'registries_d = "{site_trust / "registries.d"}"\n'))
+    with session_cluster(spec, ocistage_command()) as cluster:
+        yield cluster
+
+
+def test_a_mandatory_site_policy_binds_srun_container_image_for_a_user(
+        pyxis_site_cluster: SlurmCluster, world: World, site_trust: Path,  # noqa: F811
+        job_dirs: dict[str, Path], slurm_job_user: JobUser) -> None:
+    """DESIGN.md, "Image trust": with ``policy_mandatory`` in the nodes' site config, an
+    ordinary user whose own policy file and config accept anything gets the unsigned image
+    refused by the site's policy (and told that theirs is ignored) and the signed one run."""
+    home = job_dirs["user"]
+    accept = json.dumps({"default": [{"type": "insecureAcceptAnything"}]})
+    (home / ".config" / "containers").mkdir(parents=True)
+    (home / ".config" / "containers" / "policy.json").write_text(accept)
+    (home / "accept.json").write_text(accept)
+    (home / "config.toml").write_text(f'policy = "{home / "accept.json"}"\n')
+    for path in [*home.rglob("*")]:
+        os.chown(path, slurm_job_user.uid, slurm_job_user.gid)
+    export = _export(home, slurm_job_user.uid) + f",OCISTAGE_CONFIG={home / 'config.toml'}"
+
+    def srun(ref: str) -> subprocess.CompletedProcess[str]:
+        return pyxis_site_cluster.srun(
+            "-N1", export, f"--container-image={ref.replace('/', '#', 1)}", "id", "-u",
+            user=slurm_job_user, cwd=Path("/tmp"), timeout=600)
+
+    refused = srun(world.ref("unsigned:1"))
+    assert refused.returncode != 0, refused.stdout + refused.stderr
+    assert (f"{world.ref('unsigned:1')} is rejected by the policy {site_trust / 'policy.json'}"
+            in refused.stderr), refused.stderr + _logs(pyxis_site_cluster)
+    assert "is ignored: the site makes its image policy mandatory" in refused.stderr
+    assert not list((home / "cache" / "pyxis").glob("*.sqsh"))
+    admitted = srun(world.ref("signed:1"))
+    assert admitted.returncode == 0, (admitted.stdout + admitted.stderr
+                                      + _logs(pyxis_site_cluster))
+    assert admitted.stdout.split() == [str(slurm_job_user.uid)]
