@@ -210,16 +210,21 @@ def submit(bundle: Path, options: SubmitOptions, *, cache_root: Path) -> SubmitR
     link = False if options.copy else None
     if options.srun:
         # srun makes its job as it starts: the staged bundle is held by this process until
-        # srun returns, then gc may collect it
+        # srun returns, then removed (kept only for another live lease: the same bundle staged
+        # by another submit meanwhile), as the afterany job removes a batch job's
+        holder = Holder.this_process()
         staged = stage_directory(bundle, options.stage_to, cache_root=cache_root, name=name,
-                                 holder=Holder.this_process(), link=link)
-        check_handed_over(Path(staged.path))
-        argv = srun_argv(options.options, container=Path(staged.path), command=command)
+                                 holder=holder, link=link)
         try:
-            exit_code = subprocess.run(argv, check=False,
-                                       env=job_environ(bundle, options.image_env)).returncode
-        except OSError as exc:
-            raise SlurmError(f"cannot run srun: {exc.strerror}") from exc
+            check_handed_over(Path(staged.path))
+            argv = srun_argv(options.options, container=Path(staged.path), command=command)
+            try:
+                exit_code = subprocess.run(argv, check=False,
+                                           env=job_environ(bundle, options.image_env)).returncode
+            except OSError as exc:
+                raise SlurmError(f"cannot run srun: {exc.strerror}") from exc
+        finally:
+            _unstage_as(Path(staged.path), holder, cache_root)
         return SubmitResult(None, Path(staged.path), staged.lease_id, exit_code)
     # submit held, stage under the job's own lease, submit the cleanup job, then release: the
     # staged bundle's marker names the job's lease, the cleanup job releases it
@@ -303,10 +308,17 @@ def unstage_command(ocistage: Sequence[str], staged: Path, job_id: str,
 
 
 def _unstage(staged: Path, job_id: str, cache_root: Path) -> None:
+    _unstage_as(staged, Holder.slurm_job(job_id), cache_root)
+
+
+def _unstage_as(staged: Path, holder: Holder, cache_root: Path) -> None:
+    """Drop ``holder``'s lease of ``staged`` and remove it unless another live lease holds
+    it; best effort: the error in flight (or the job's own status) wins, and what is left is
+    gc's."""
     from ocistage.stagers.unstage import unstage  # a sibling package's API
 
-    with contextlib.suppress(OcistageError, OSError):  # best effort: the error in flight wins
-        unstage(staged, cache_root=cache_root, holder=Holder.slurm_job(job_id))
+    with contextlib.suppress(OcistageError, OSError):
+        unstage(staged, cache_root=cache_root, holder=holder)
 
 
 def _unique() -> str:

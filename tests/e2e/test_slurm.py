@@ -232,6 +232,8 @@ def test_submit_srun_blocks_and_passes_the_exit_status(
     values = _probe(result.stdout)
     assert values["NAME"] == OS_RELEASE_NAME
     assert values["uid"] == "1000 gid=1000"
+    # the step is over: its staged bundle is removed, not left for a gc (issue 34)
+    assert [p.name for p in stage_to.iterdir() if not p.name.startswith(".")] == []
 
 
 def test_submit_srun_says_its_warnings_before_the_job_runs(
