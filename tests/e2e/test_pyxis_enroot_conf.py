@@ -22,7 +22,6 @@ test (the library stays the built one); the built prefix is not changed.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shutil
@@ -33,7 +32,6 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ocistage.clusterspec import built_spec
 from pytest_ocistage.jobuser import JobUser
 from pytest_ocistage.runner import ocistage_command
 from pytest_ocistage.slurm import SlurmCluster, session_cluster
@@ -80,13 +78,10 @@ def site_enroot(request: pytest.FixtureRequest, enroot_pyxis: Path) -> Iterator[
 @pytest.fixture(scope="module")
 def conf_cluster(enroot_pyxis: Path, importer: Path, tools: Path,
                  site_enroot: Path) -> Iterator[SlurmCluster]:
-    spec = dataclasses.replace(
-        built_spec(), name="pyxisconf" + ("s" if "RUNTIME" in
-                                          (site_enroot / "etc/enroot/enroot.conf").read_text()
-                                          else "d"),
-        plugstack=(f"required {enroot_pyxis / 'pyxis' / 'spank_pyxis.so'} "
-                   f"importer={importer} use_squashfuse=1\n"),
-        daemon_path=(str(tools), str(site_enroot / "bin")), user_fuse=True)
+    name = "pyxisconf" + ("s" if "RUNTIME" in
+                          (site_enroot / "etc/enroot/enroot.conf").read_text() else "d")
+    spec = pyxis_tests.pyxis_spec(name, enroot_pyxis, importer, tools,
+                                  enroot_bin=site_enroot / "bin")
     with session_cluster(spec, ocistage_command()) as cluster:
         yield cluster
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ocistage.clusterspec import built_spec
+from pytest_ocistage.clusterspec import ClusterSpec, built_spec
 from pytest_ocistage.components import Registry, component_unavailable, require_root
 from pytest_ocistage.images import FixtureLayouts, PushSpec, push_all
 from pytest_ocistage.jobuser import JobUser
@@ -138,13 +138,22 @@ def pushed(oci_registry: Registry, fixture_layouts_built: FixtureLayouts,
 
 @pytest.fixture(scope="module")
 def pyxis_cluster(enroot_pyxis: Path, importer: Path, tools: Path) -> Iterator[SlurmCluster]:
-    spec = dataclasses.replace(
-        built_spec(), name="pyxis2405",
+    with session_cluster(pyxis_spec("pyxis2405", enroot_pyxis, importer, tools),
+                         ocistage_command()) as cluster:
+        yield cluster
+
+
+def pyxis_spec(name: str, enroot_pyxis: Path, importer: Path, tools: Path, *,
+               enroot_bin: Path | None = None, site_config: str = "") -> ClusterSpec:
+    """The built 24.05 cluster with pyxis loaded (``importer=``, ``use_squashfuse=1``),
+    ``tools`` and enroot's bin (``enroot_bin``, else the built one's) first on the daemons'
+    PATH, a 0666 /dev/fuse for job users, and ``site_config`` as the nodes' site config."""
+    return dataclasses.replace(
+        built_spec(), name=name,
         plugstack=(f"required {enroot_pyxis / 'pyxis' / 'spank_pyxis.so'} "
                    f"importer={importer} use_squashfuse=1\n"),
-        daemon_path=(str(tools), str(enroot_pyxis / "enroot" / "bin")), user_fuse=True)
-    with session_cluster(spec, ocistage_command()) as cluster:
-        yield cluster
+        daemon_path=(str(tools), str(enroot_bin or enroot_pyxis / "enroot" / "bin")),
+        user_fuse=True, site_config=site_config)
 
 
 @pytest.fixture
@@ -344,13 +353,9 @@ def site_trust(world: World) -> Iterator[Path]:  # noqa: F811
 def pyxis_site_cluster(enroot_pyxis: Path, importer: Path, tools: Path,
                        site_trust: Path) -> Iterator[SlurmCluster]:
     """The pyxis cluster, its nodes' site config making the site's image policy mandatory."""
-    spec = dataclasses.replace(
-        built_spec(), name="pyxis2405site",
-        plugstack=(f"required {enroot_pyxis / 'pyxis' / 'spank_pyxis.so'} "
-                   f"importer={importer} use_squashfuse=1\n"),
-        daemon_path=(str(tools), str(enroot_pyxis / "enroot" / "bin")), user_fuse=True,
-        site_config=(f'policy_mandatory = true\npolicy = "{site_trust / "policy.json"}"\n'
-                     f'registries_d = "{site_trust / "registries.d"}"\n'))
+    spec = pyxis_spec("pyxis2405site", enroot_pyxis, importer, tools, site_config=(
+        f'policy_mandatory = true\npolicy = "{site_trust / "policy.json"}"\n'
+        f'registries_d = "{site_trust / "registries.d"}"\n'))
     with session_cluster(spec, ocistage_command()) as cluster:
         yield cluster
 
