@@ -128,15 +128,23 @@ def run_timed(argv: list[str], env: dict[str, str] | None = None,
     return float(measured[0]), int(measured[1]), out.decode()
 
 
-def drop_page_cache() -> bool:
-    """Drop the page cache if we are allowed to (root, not in a restricted sandbox), then
-    load the tools' own code again: cold runs measure cold image data, not cold programs (the
-    Python interpreter and its modules would otherwise pay ~1 s that Go binaries do not)."""
+def drop_kernel_caches() -> bool:
+    """Write back and drop the page cache, dentries and inodes, if we are allowed to (root,
+    not in a restricted sandbox); whether it was done."""
     try:
         os.sync()
         with open("/proc/sys/vm/drop_caches", "w") as control:
             control.write("3\n")
     except OSError:
+        return False
+    return True
+
+
+def drop_page_cache() -> bool:
+    """:func:`drop_kernel_caches`, then load the tools' own code again: cold runs measure cold
+    image data, not cold programs (the Python interpreter and its modules would otherwise pay
+    ~1 s that Go binaries do not)."""
+    if not drop_kernel_caches():
         return False
     for argv in ([ocistage_script(), "bundle", "--help"], ["skopeo", "--version"],
                  ["umoci", "--version"], ["curl", "--version"], ["tar", "--version"],

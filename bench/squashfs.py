@@ -44,6 +44,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.bundle import drop_kernel_caches
 from bench.images import cache_root
 from ocistage.stagers.mksquashfs import compressors_listed, help_text
 
@@ -151,16 +152,6 @@ def make_large(root: Path, count: int, megabytes: int) -> Path:
     return tree
 
 
-def drop_page_cache() -> bool:
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as control:
-            control.write("3\n")
-    except OSError:
-        return False
-    return True
-
-
 def timed(argv: list[str]) -> float:
     start = time.perf_counter()
     subprocess.run(argv, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
@@ -205,11 +196,11 @@ def build(tree: Path, image: Path, block: str, options: tuple[str, ...]) -> floa
 def measure(row: Row, image: Path, mnt: Path, drop: bool) -> None:
     for readers, into in ((1, row.read1_s), (2, row.read2_s)):
         if drop:
-            drop_page_cache()
+            drop_kernel_caches()
         with Mounted(image, mnt) as where:
             into.append(timed(["sh", "-c", READ, "sh", str(where), str(readers)]))
     if drop:
-        drop_page_cache()
+        drop_kernel_caches()
     with Mounted(image, mnt) as where:
         row.start_s.append(timed([str(where / "bin" / "python3"), "-S", "-c", "pass"]))
 
@@ -241,7 +232,7 @@ def run(small_files: int, large_files: int, large_mb: int, reps: int,
             "large": lambda: make_large(root, large_files, large_mb)}
     chosen = [(label, opts) for label, opts in available()
               if compressors is None or label in compressors]
-    dropped = drop and drop_page_cache()
+    dropped = drop and drop_kernel_caches()
     rows: list[Row] = []
     work = Path(tempfile.mkdtemp(prefix="sqfs-bench-", dir=root))
     try:
