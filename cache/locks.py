@@ -187,21 +187,16 @@ class FileLock:
         return False
 
     def acquire(self, timeout: float | None = None, poll: float = 0.2) -> None:
-        """Take the lock, waiting up to ``timeout`` seconds (None: for ever). While another
-        process holds it, each ``poll`` costs one ``lstat`` (has it been released?); whether
-        its holder is gone is judged every :data:`JUDGE_EVERY` seconds only: a waiter waits,
-        it does not spin (sixteen nodes asking the importer for one image)."""
+        """Take the lock, waiting up to ``timeout`` seconds (None: for ever): tried at once
+        (a dead holder's lock broken), then again each time :meth:`wait_released` says it
+        is free, so a waiter waits, it does not spin (sixteen nodes asking the importer for
+        one image)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        judged = -JUDGE_EVERY
-        while True:
-            now = time.monotonic()
-            if now - judged >= JUDGE_EVERY or not os.path.lexists(self.path):
-                judged = now
-                if self.try_acquire():
-                    return
-            if deadline is not None and time.monotonic() > deadline:
+        while not self.try_acquire():
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
                 raise LockTimeout(f"timed out waiting for lock {self.path}")
-            time.sleep(poll)
+            self.wait_released(remaining, poll)
 
     def wait_released(self, timeout: float | None = None, poll: float = 0.2) -> None:
         """Wait until nobody holds the lock (its file gone, or its holder gone), without
