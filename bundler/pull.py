@@ -456,7 +456,13 @@ def run_pull(run: PullRun, provider_factory: Callable[[ImageSource, RegistryConf
     run.canceller.register(provider)
     try:
         try:
-            image = _pull(run, Fetcher(provider, store, run.progress), wanted, lease)
+            try:
+                image = _pull(run, Fetcher(provider, store, run.progress), wanted, lease)
+            except _CachedCopyGone:
+                provider.close()
+                provider = _source_after_gc(run, provider_factory)
+                run.canceller.register(provider)
+                image = _pull(run, Fetcher(provider, store, run.progress), wanted, lease)
         except KeyboardInterrupt:
             raise interrupted(store) from None
         usage.touch(store.root, "image", image.manifest.digest.hex)
@@ -474,6 +480,23 @@ def run_pull(run: PullRun, provider_factory: Callable[[ImageSource, RegistryConf
             lease.release()
 
 
+class _CachedCopyGone(Exception):
+    """The cache's copy of the image, found complete, lost a blob to a ``cache gc`` that had
+    read the leases before this pull's lease was recorded (the lease protects only from then
+    on, so the pull looks again once it is recorded and that GC is done)."""
+
+
+def _source_after_gc(run: PullRun, provider_factory: Callable[[ImageSource, RegistryConfig],
+                                                              ImageProvider]) -> ImageProvider:
+    """Where the image comes from once a GC took the cached copy: its source, as if it had
+    never been cached, unless the pull policy is ``never``."""
+    if run.options.policy == "never":
+        raise SourceError(f"{run.source} is no longer in the cache: a `cache gc` removed it "
+                          "while this command started",
+                          "pull it again (ocistage pull), or use --pull missing")
+    return provider_factory(run.source, run.options.registry)
+
+
 def _pull(run: PullRun, fetcher: Fetcher, wanted: Platform, in_use: InUse) -> PulledImage:
     source, store, provider = run.source, run.store, fetcher.provider
     recorded = recorded_digests(store, ref_name(source))
@@ -486,6 +509,8 @@ def _pull(run: PullRun, fetcher: Fetcher, wanted: Platform, in_use: InUse) -> Pu
     if resolved.index_fetched is not None:
         used.append(resolved.index_fetched.digest)
     in_use.protect([f"image:{ref_name(source)}", *(f"blob:{d}" for d in used)])
+    if isinstance(provider, CachedImage) and not all(store.has_blob(d) for d in used):
+        raise _CachedCopyGone  # another member's gc took it before the lease counted
     fetcher.fetch(config_descriptor, "config")
     config = parse_image_config(store.read_blob(config_descriptor.digest),
                                 validated=resolved.manifest_fetched.digest in recorded)

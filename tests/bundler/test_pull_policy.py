@@ -5,6 +5,7 @@ factory that fails proves that the source was not asked."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ from ocistage.bundler.registry.client import RegistryConfig
 from ocistage.bundler.runtime_config import ConfigOptions
 from ocistage.bundler.settings import load_settings
 from ocistage.bundler.sources import ImageProvider, open_provider
+from ocistage.cache.gc import GcOptions, collect
+from ocistage.cache.leases import InUse
 from ocistage.cache.store import Store
 from ocistage.errors import UsageError
 from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
@@ -87,6 +90,54 @@ def test_missing_asks_the_source_when_the_cache_lacks_a_blob(
     assert again.fetched_bytes == first.layers[1].size
     with pytest.raises(SourceError, match="not in the cache"):
         store.blob_path(first.layers[0].digest).unlink()
+        pull(source, store, options("never"), provider_factory=never_asked)
+
+
+def gc_before_the_lease(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run a real ``cache gc`` of everything unprotected (another member's) just before the
+    pull's lease is written: the order in which a GC that read the leases first sees it."""
+    real = InUse.protect
+
+    def protect(self: InUse, targets: Iterable[str]) -> None:
+        if not self.targets:
+            collect(store, GcOptions(max_size=0))
+        real(self, targets)
+
+    monkeypatch.setattr(InUse, "protect", protect)
+
+
+@pytest.mark.parametrize("with_bundle", [False, True])
+def test_a_cached_copy_that_a_gc_takes_before_the_lease_is_pulled_again(
+        tmp_path: Path, source: ImageSource, monkeypatch: pytest.MonkeyPatch,
+        with_bundle: bool) -> None:
+    """The endurance test's failure: a get found the image complete in a group cache, a gc
+    removed it before the get's lease counted, and the get failed with 'blob ... is missing'
+    instead of fetching it again."""
+    store = Store.open(tmp_path / "cache")
+    first = pull(source, store, options("always"))
+    assert cached_image(source, store, AMD64) is not None
+    gc_before_the_lease(store, monkeypatch)
+    calls: list[str] = []
+    if with_bundle:
+        result = make_bundle(source, store, tmp_path / "bundle",
+                             pull_options=options("missing"),
+                             config_options=ConfigOptions(args=["/bin/true"]))
+        assert (result.path / "rootfs" / "etc" / "more").read_bytes() == b"more"
+        assert result.image.manifest.digest == first.manifest.digest
+    else:
+        again = pull(source, store, options("missing"), provider_factory=counting(calls))
+        assert again.manifest.digest == first.manifest.digest
+        assert again.fetched_bytes > sum(layer.size for layer in first.layers)
+        assert calls == [str(source)]
+    assert cached_image(source, store, AMD64) is not None
+
+
+def test_never_says_a_gc_took_the_cached_copy(tmp_path: Path, source: ImageSource,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    store = Store.open(tmp_path / "cache")
+    pull(source, store, options("always"))
+    gc_before_the_lease(store, monkeypatch)
+    with pytest.raises(SourceError, match="a `cache gc` removed it"):
         pull(source, store, options("never"), provider_factory=never_asked)
 
 
