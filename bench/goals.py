@@ -139,7 +139,7 @@ def bundle_goals(image_name: str, zstd_name: str | None, dest_image: str, reps: 
                  raw: dict[str, Any]) -> list[Goal]:
     from bench import bundle as b
     from bench.images import cache_root, push
-    from ocistage.cache.fsops import remove_tree
+    from ocistage.cache.treeremoval import remove_tree
 
     runs = {"ocistage", "skopeo+umoci", "floor", "podman", "warm cached",
             "warm --pull missing", "--version"}
@@ -221,7 +221,7 @@ def bundle_goals(image_name: str, zstd_name: str | None, dest_image: str, reps: 
 def stage_goals(files: int, megabytes: int, reps: int, raw: dict[str, Any]) -> list[Goal]:
     from bench import stage as s
     from bench.images import cache_root
-    from ocistage.cache.fsops import remove_tree
+    from ocistage.cache.treeremoval import remove_tree
 
     if shutil.which("rsync") is None:
         why = "rsync is not installed"
@@ -316,7 +316,7 @@ def pyxis_goals(files: int, megabytes: int, reps: int, raw: dict[str, Any]) -> l
     try:
         version = statistics.median(run_version(work).seconds for _ in range(max(3, reps)))
     finally:
-        from ocistage.cache.fsops import remove_tree
+        from ocistage.cache.treeremoval import remove_tree
 
         remove_tree(work.root)
     raw["pyxis"] = {**result, "version_s": version}
