@@ -70,12 +70,20 @@ def make_sandbox(base: Path) -> Sandbox:
     return Sandbox(base, rootfs, canary)
 
 
+def passwd_state() -> object:
+    """/etc/passwd as a layer could change it: its mode, owner and link count, and whether it
+    is still a passwd file. Not its size or time: a concurrent ``useradd`` (another test, a
+    co-tenant) rewrites it by rename, which a hostile layer cannot do (its writes would leave
+    a payload of a few bytes, or a second link)."""
+    passwd = Path("/etc/passwd")
+    st = passwd.lstat()
+    return (st.st_mode, st.st_uid, st.st_nlink, passwd.read_bytes().startswith(b"root:"))
+
+
 def host_state(box: Sandbox) -> object:
-    passwd = Path("/etc/passwd").lstat()
     outside = sorted(p.name for p in box.base.iterdir())
     base = box.base.lstat()
-    return (full_snapshot(box.canary), outside, (base.st_mode, base.st_uid),
-            (passwd.st_mode, passwd.st_nlink, passwd.st_mtime_ns, passwd.st_size))
+    return (full_snapshot(box.canary), outside, (base.st_mode, base.st_uid), passwd_state())
 
 
 def run_layers(box: Sandbox, layers: list[list[Entry]]) -> LayerError | None:
