@@ -4,7 +4,9 @@ unpacked straight into it while the layers download.
 The snapshot (:mod:`ocistage.cache.snapshots`) is found in the cache, or built first on the longest
 cached prefix of the image's layers (an image sharing base layers with a cached one only
 unpacks its new layers). The rootfs is then a hard-linked clone of it (``link``: new
-directories, shared file inodes) or an independent copy (``cp -a --reflink=auto``). A writable
+directories, shared file inodes) or an independent copy (``cp -a --reflink=auto``, with the
+image's modes of the files the snapshot keeps owner-readable: :mod:`ocistage.cache.snapshotmodes`,
+so a user copies a ``000`` file of its own without a race on the shared snapshot). A writable
 bundle whose snapshot is not cached, where a copy from the cache would be no reflink, is
 unpacked straight into the scratch directory and no snapshot is kept (``keep_snapshot``
 forces one): :func:`_copy_from_snapshot` says why.
@@ -35,6 +37,7 @@ from ocistage.cache.errors import StoreError
 from ocistage.cache.leases import InUse
 from ocistage.cache.linkprobes import hardlinks_work, reflinks_work
 from ocistage.cache.owneddirs import release_owned_dir
+from ocistage.cache.snapshotmodes import keep_owner_readable, read_modes, restore_modes
 from ocistage.cache.snapshots import METADATA as SNAPSHOT_METADATA
 from ocistage.cache.snapshots import (
     SnapshotUnreadable,
@@ -102,7 +105,10 @@ def make_rootfs(job: RootfsJob, scratch: Path, *, link: bool,
         # another mount point of the same filesystem refuses links (EXDEV): copy then
         link = link and hardlinks_work(snapshot.parent / SNAPSHOT_METADATA, scratch)
         try:
-            (link_tree if link else copy_tree)(snapshot, rootfs)
+            if link:
+                link_tree(snapshot, rootfs)
+            else:
+                _copy_snapshot(snapshot, rootfs)
         except StoreError:
             # cp cannot clone every tree (a path longer than PATH_MAX): the verified
             # layers are unpacked again, through descriptors, straight into the bundle
@@ -154,6 +160,13 @@ def _unpack(job: RootfsJob, rootfs: Path, *, first: int = 1,
                             rootless=rootless)
 
 
+def _copy_snapshot(snapshot: Path, rootfs: Path) -> None:
+    """``rootfs`` a private copy of ``snapshot`` with the image's modes: the files kept
+    owner-readable in the snapshot get theirs back (:mod:`ocistage.cache.snapshotmodes`)."""
+    copy_tree(snapshot, rootfs)
+    restore_modes(rootfs, read_modes(snapshot.parent) or ())
+
+
 def _copy_from_snapshot(complete: bool, store: Store, scratch: Path) -> bool:
     """Whether a writable bundle (in ``scratch``) is copied from the image's snapshot rather
     than unpacked from the blobs: when the snapshot of all its layers is cached
@@ -199,8 +212,10 @@ def _snapshot(job: RootfsJob, base: Path | None, cached: int) -> tuple[Path, App
         job.downloads.result()  # every blob verified before the snapshot is published
         stripped = strip_for_group(store, work / "rootfs")
         applied = dataclasses.replace(applied, warnings=inherited + applied.warnings + stripped)
+        modes = keep_owner_readable(work / "rootfs", base, unreadable=applied.unreadable > 0,
+                                    links=applied.links > 0)
         published = publish_snapshot(store, work, chain[-1], job.diff_ids, applied.entries,
-                                     applied.warnings)
+                                     applied.warnings, modes)
     except BaseException:
         with contextlib.suppress(OSError):
             store.remove_temp_dir(work)

@@ -9,6 +9,8 @@ one-layer image the ChainID *is* the layer's diff_id. Layout::
     snapshots/<hex>/rootfs/          the tree, read-only by convention (nothing writes into it)
     snapshots/<hex>/snapshot.json    chain id, diff_ids, entry count, host and boot that made it
     snapshots/<hex>/snapshot.files   per entry: mode, owner, inode, size, mtime (snapshotfiles)
+    snapshots/<hex>/snapshot.modes   the image's mode of each file kept owner-readable
+                                     (snapshotmodes)
 
 Invariants:
 
@@ -52,7 +54,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ocistage.cache import snapshotfiles
+from ocistage.cache import snapshotfiles, snapshotmodes
 from ocistage.cache.atomicwrite import fsync_dir
 from ocistage.cache.cpus import usable_cpus
 from ocistage.cache.digest import Digest
@@ -240,11 +242,15 @@ def _legacy_notice(text: str) -> Notice:
 
 def publish_snapshot(store: Store, scratch: Path, chain_id: Digest,
                      diff_ids: Sequence[Digest], entries: int,
-                     warnings: Sequence[Notice] = ()) -> Path:
+                     warnings: Sequence[Notice] = (),
+                     modes: Sequence[snapshotmodes.Mode] | None = None) -> Path:
     """Publish ``scratch`` (holding ``rootfs/``) as snapshot ``chain_id``; return its rootfs.
 
     ``warnings`` (what unpacking it said) are kept with it for :func:`snapshot_warnings`: the
-    first :data:`MAX_KEPT_WARNINGS`, each text cut to :data:`MAX_WARNING_CHARS`.
+    first :data:`MAX_KEPT_WARNINGS`, each text cut to :data:`MAX_WARNING_CHARS`. ``modes``:
+    the image's modes of the files made owner-readable
+    (:func:`ocistage.cache.snapshotmodes.keep_owner_readable`), kept for the copies of it;
+    None: no record (the tree holds the image's modes as they are).
 
     If another process published the same snapshot first, ``scratch`` is removed and theirs
     is used: both were built from the same verified layers.
@@ -257,6 +263,8 @@ def publish_snapshot(store: Store, scratch: Path, chain_id: Digest,
                 "warnings": [warning.to_json(MAX_WARNING_CHARS)
                              for warning in warnings[:MAX_KEPT_WARNINGS]]}
     try:
+        if modes is not None:
+            snapshotmodes.write_modes(scratch, modes)
         snapshotfiles.write_record(scratch)
         write_new_file(scratch / METADATA, (json.dumps(metadata, indent=2) + "\n").encode())
         os.chmod(scratch, store.tree_dir_mode())

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -185,20 +186,48 @@ def squashfuse_tools() -> list[str]:
     return [path for path in map(shutil.which, SQUASHFUSE) if path is not None]
 
 
+#: what ``--mount`` says when it cannot mount, beside what to fix
+_OR_UNPACK = "or stage without --mount (the image is unpacked instead)"
+
+
+def mount_problem() -> tuple[str, str] | None:
+    """Why the caller cannot mount an image here (message, hint), or None: squashfuse
+    installed, ``/dev/fuse`` open to it, and fusermount for an unprivileged user (``ocistage
+    doctor`` says the same)."""
+    if not squashfuse_tools():
+        return "squashfuse is not installed", f"install squashfuse, {_OR_UNPACK}"
+    try:
+        device = os.stat("/dev/fuse")
+    except OSError:
+        return "there is no /dev/fuse", f"as root: modprobe fuse; {_OR_UNPACK}"
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        return (f"/dev/fuse ({stat.filemode(device.st_mode)}, uid {device.st_uid}) is not open "
+                f"to you", f"ask an admin to make it 0666 (as root: chmod 666 /dev/fuse; "
+                f"Debian's default), {_OR_UNPACK}")
+    if os.geteuid() != 0 and not (shutil.which("fusermount3") or shutil.which("fusermount")):
+        return ("there is no fusermount3 or fusermount, which FUSE needs for a user",
+                f"install fuse3, {_OR_UNPACK}")
+    return None
+
+
 def can_mount() -> bool:
-    """Whether the caller can mount an image here: squashfuse installed, ``/dev/fuse`` open to
-    it, and fusermount for an unprivileged user."""
-    if not squashfuse_tools() or not os.access("/dev/fuse", os.R_OK | os.W_OK):
-        return False
-    return os.geteuid() == 0 or bool(shutil.which("fusermount3") or shutil.which("fusermount"))
+    """Whether the caller can mount an image here (:func:`mount_problem`)."""
+    return mount_problem() is None
 
 
 def mount(image: Path, mountpoint: Path) -> bool:
     """Mount ``image`` at the empty directory ``mountpoint`` with squashfuse_ll, else
     squashfuse; False if FUSE is not usable here (:func:`can_mount`) or the mount fails."""
-    if not can_mount():
-        return False
+    return _mount(image, mountpoint) is None
+
+
+def _mount(image: Path, mountpoint: Path) -> tuple[str, str] | None:
+    """:func:`mount`; None when mounted, else why not (message, hint)."""
+    problem = mount_problem()
+    if problem is not None:
+        return problem
     tools = squashfuse_tools()
+    said = ""
     # The container's processes run under other (mapped) uids than the mounting user, so
     # the mount must allow other users; default_permissions makes the kernel check the
     # image's modes and owners as on a directory bundle. An unprivileged user may lack
@@ -209,8 +238,10 @@ def mount(image: Path, mountpoint: Path) -> bool:
                                     capture_output=True, text=True, timeout=60,
                                     stdin=subprocess.DEVNULL, check=False)
             if result.returncode == 0 and os.path.ismount(mountpoint):
-                return True
-    return False
+                return None
+            lines = result.stderr.strip().splitlines()
+            said = f"{os.path.basename(tool)}: {lines[-1] if lines else 'failed'}"
+    return f"the mount failed ({said[:300]})", f"see `ocistage doctor`, {_OR_UNPACK}"
 
 
 #: a device node in ``unsquashfs -lln``:
@@ -356,20 +387,22 @@ def install_image(staging: Staging, built: Path, label: str,
     image = image_path(final)
     _take_down(final)
     placed = mount_image is True or (mount_image is None and can_mount())
+    problem: tuple[str, str] | None = None
     if placed:
         os.rename(built, image)
         made = not os.path.isdir(final)
         if made:  # the mount point, made only to mount on
             os.mkdir(final, PRIVATE_DIR_MODE)
-        if mount(image, final):
+        problem = _mount(image, final)
+        if problem is None:
             return "squashfs-mount"
         if made:  # an empty NAME/ without a marker would be no stage unstage could remove
             with contextlib.suppress(OSError):
                 os.rmdir(final)
     try:
         if mount_image is True:
-            raise StageError(f"cannot mount {image} with squashfuse",
-                             "install squashfuse and fuse3, or let ocistage unpack it")
+            message, hint = problem or ("FUSE is not usable here", _OR_UNPACK)
+            raise StageError(f"cannot mount {image}: {message}", hint)
         unpacked = built.parent / "bundle"
         unpack(image if placed else built, unpacked)
         # the marker inside the image says how it was meant to be used; record what was done

@@ -100,8 +100,9 @@ def _not_a_directory(to: Path) -> StageError:
                            "missing) or a URL")
 
 
-def staging_error(exc: OSError, what: str, to: Path) -> StageError:
-    """One StageError for ``exc`` met while doing ``what`` on the target ``to``."""
+def staging_error(exc: OSError, what: str, to: Path, source: str | None = None) -> StageError:
+    """One StageError for ``exc`` met while doing ``what`` on the target ``to``; a file of
+    ``source`` it may not read is the caller's, not the target's."""
     if exc.errno in _FULL:
         return StageError(f"{what}: no space left on the filesystem of {to}",
                           "free space there or stage elsewhere (--to); nothing partial "
@@ -109,6 +110,10 @@ def staging_error(exc: OSError, what: str, to: Path) -> StageError:
     detail = exc.strerror or str(exc)
     if exc.filename:
         detail += f" ({exc.filename})"
+    if (exc.errno == errno.EACCES and source is not None and isinstance(exc.filename, str)
+            and exc.filename.startswith(source.rstrip("/") + "/")):
+        return StageError(f"{what}: cannot read {exc.filename}: {exc.strerror}",
+                          "the source files must be readable by you")
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return StageError(f"{what}: {detail}", _not_writable_hint(to))
     return StageError(f"{what}: {detail}")
@@ -224,7 +229,8 @@ class Staging:
             remove_tmp_dir(self.tmp)
 
     def _error(self, exc: OSError) -> StageError:
-        return staging_error(exc, f"staging {self.what} to {self.final} failed", self.to)
+        return staging_error(exc, f"staging {self.what} to {self.final} failed", self.to,
+                             self.what)
 
     # -- what is staged ---------------------------------------------------------------------
 

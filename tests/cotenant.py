@@ -135,3 +135,34 @@ def created_user() -> Iterator[User]:
         yield User(name, entry.pw_uid, entry.pw_gid)
     finally:
         _retried(["userdel", name])
+
+
+@contextmanager
+def ordinary_user() -> Iterator[User]:
+    """An ordinary user who runs this environment's ``ocistage``: one made for the test
+    (:func:`created_user`) when pytest runs as root, else the caller, so a user's story is
+    tested as a user in root's run and in a user's run alike."""
+    if os.geteuid() != 0:
+        entry = pwd.getpwuid(os.geteuid())
+        yield User(entry.pw_name, entry.pw_uid, os.getegid())
+        return
+    with created_user() as made:
+        require_python_for(made.uid)
+        yield made
+
+
+@contextmanager
+def reachable_directory(tmp_path: Path) -> Iterator[Path]:
+    """A directory :func:`ordinary_user` reaches (for homes, sources, targets): ``tmp_path``
+    for the caller, a 0755 one in /tmp under root (root's tmp_path is root's alone), removed
+    after."""
+    if os.geteuid() != 0:
+        yield tmp_path
+        return
+    base = Path(tempfile.mkdtemp(prefix="ocistage-user-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        yield base
+    finally:
+        subprocess.run(["rm", "-rf", "--", str(base)], check=True, timeout=120)
+

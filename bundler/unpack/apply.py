@@ -58,6 +58,8 @@ class ApplyReport:
     entries: int = 0
     bytes_written: int = 0
     warnings: list[Notice] = field(default_factory=list)
+    unreadable: int = 0   # files made that their owner may not read (no u+r)
+    links: int = 0        # hard links made
 
 
 def apply_layer(stream: BinaryIO, rootfs: Path, *, rootless: bool = True,
@@ -292,6 +294,8 @@ class _Applier:
             os.fchown(fd, member.uid, member.gid)
         if not mode_set:
             os.fchmod(fd, stat.S_IMODE(member.mode))
+        if not member.mode & stat.S_IRUSR:
+            self.report.unreadable += 1
         if member.pax_headers:
             xattrs = member_xattrs(member)
             if xattrs:
@@ -351,6 +355,7 @@ class _Applier:
                                 follow_symlinks=False)
                     except FileNotFoundError:
                         raise missing from None
+                self.report.links += 1
             finally:
                 os.close(source_fd)
         finally:

@@ -119,6 +119,8 @@ class AppliedLayers:
     layers: int
     entries: int
     warnings: tuple[Notice, ...]
+    unreadable: int = 0   # files made that their owner may not read (ApplyReport)
+    links: int = 0        # hard links made
 
 
 def apply_layers(open_blob: Callable[[Digest], BinaryIO], layers: Sequence[Descriptor],
@@ -132,7 +134,7 @@ def apply_layers(open_blob: Callable[[Digest], BinaryIO], layers: Sequence[Descr
     (:func:`ocistage.bundler.unpack.apply.apply_layer`).
     """
     warnings: list[Notice] = []
-    entries = count = 0
+    entries = count = unreadable = links = 0
     for n, (layer, diff_id) in enumerate(zip(layers, diff_ids, strict=True), start=first):
         if on_layer is not None:
             on_layer(n, layer)
@@ -154,6 +156,8 @@ def apply_layers(open_blob: Callable[[Digest], BinaryIO], layers: Sequence[Descr
                 f"layer {n} ({layer.digest.short}) unpacks to sha256:{actual}, but the image "
                 f"config says its diff_id is {diff_id}")
         entries += report.entries
+        unreadable += report.unreadable
+        links += report.links
         count += 1
         warnings.extend(warning.in_layer(n) for warning in report.warnings)
-    return AppliedLayers(count, entries, tuple(warnings))
+    return AppliedLayers(count, entries, tuple(warnings), unreadable, links)

@@ -213,6 +213,14 @@ def with_mount_points(nodes: dict[str, Node]) -> dict[str, Node]:
     return {name: made for name in DEFAULT_MOUNT_POINTS} | nodes
 
 
+def owner_readable(nodes: dict[str, Node]) -> dict[str, Node]:
+    """:func:`snapshot` ``nodes`` of an image's tree (a writable bundle's) as a tree sharing
+    the inodes of the cache's snapshot shows them (a cached bundle, ``--link``): regular files
+    their owner may not read have the owner's read bit there (cache/snapshotmodes.py)."""
+    return {name: (node[0], int(str(node[1])) | stat.S_IRUSR, *node[2:])
+            if node[0] == stat.S_IFREG else node for name, node in nodes.items()}
+
+
 def full_snapshot(root: Path) -> dict[str, Node]:
     """Like :func:`snapshot` but including ``root`` itself; for canary trees."""
     info = root.lstat()

@@ -500,3 +500,18 @@ def test_a_full_filesystem_is_a_layer_error_with_a_hint(tiny_tmpfs: Path) -> Non
     assert "No space left on device" in str(raised.value)
     assert "free some space" in (raised.value.hint or "")
     assert open_fds() == before
+
+
+def test_the_report_counts_files_their_owner_may_not_read_and_hard_links(
+        tmp_path: Path) -> None:
+    """What cache/snapshotmodes.py needs to know to skip its walk of a new snapshot."""
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    report = apply_layer(io.BytesIO(build_tar([
+        file("shadow", b"s", 0o000), file("wronly", b"w", 0o200), file("plain", b"p"),
+        chardev("null", mode=0o000), hardlink("again", "shadow"), fifo("fifo", 0o000)])),
+        rootfs)
+    assert (report.unreadable, report.links) == (3, 1)  # shadow, wronly, the placeholder
+    plain = apply_layer(io.BytesIO(build_tar([file("other", b"o"), fifo("f2", 0o000)])),
+                        rootfs)
+    assert (plain.unreadable, plain.links) == (0, 0)

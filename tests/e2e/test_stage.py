@@ -26,6 +26,7 @@ from pytest_ocistage.slurm import SlurmCluster
 from tests.e2e.conftest import OcistageRunner
 from tests.e2e.terminal import run_on_terminal
 from tests.procs import descendants_named, running
+from tests.stagers.conftest import require_fuse_mount
 
 GREETING = "hello from busybox"
 
@@ -106,10 +107,7 @@ def test_squashfs_staged_bundle_runs(images: dict[str, ImageRef], ocistage: Ocis
     require_binary("mksquashfs")
     require_binary("unsquashfs")
     if mount == "--mount":
-        require_binary("squashfuse")
-        if os.geteuid() != 0 and not any(
-                os.path.exists(f"/usr/bin/{t}") for t in ("fusermount3", "fusermount")):
-            pytest.skip("squashfuse needs fusermount for an unprivileged user")
+        require_fuse_mount()  # a user needs a /dev/fuse open to them (0600 here: root's)
     target = tmp_path / "target"
     doc = stage(ocistage, images["busybox"].ref, "--to", str(target), "--format", "squashfs",
                 mount)
@@ -131,8 +129,7 @@ def test_a_restaged_squashfs_mount_stays_readable_to_a_running_container(
     """A mounted squashfs bundle is re-staged while a container runs on it: its mount is busy,
     so it is detached lazily (it used to fail "cannot unmount"); the container goes on
     reading the image it started with, and NAME mounts the new one."""
-    for binary in ("mksquashfs", "squashfuse"):
-        require_binary(binary)
+    require_fuse_mount()
     bundle = tmp_path / "bundle"
     ocistage("bundle", images["busybox"].ref, str(bundle), check=True)
     version = bundle / "rootfs" / "etc" / "version"
@@ -222,11 +219,7 @@ def test_cache_gc_unmounts_and_removes_a_squashfs_mount_of_an_ended_job(
         images: dict[str, ImageRef], ocistage: OcistageRunner, tmp_path: Path,
         slurm_22_05: SlurmCluster) -> None:
     """gc asks the test cluster's squeue, which no longer knows the job."""
-    require_binary("mksquashfs")
-    require_binary("squashfuse")
-    if os.geteuid() != 0 and not any(
-            os.path.exists(f"/usr/bin/{t}") for t in ("fusermount3", "fusermount")):
-        pytest.skip("squashfuse needs fusermount for an unprivileged user")
+    require_fuse_mount()
     target = tmp_path / "target"
     staged = _staged_by_dead_job(ocistage, images["busybox"].ref, "--to", str(target),
                                  "--format", "squashfs", "--mount")
