@@ -3,8 +3,9 @@
 Each case applies its layers to ``rootfs/`` inside a temporary directory that also holds a
 canary tree beside it; symlinks in the layers point at the canary by relative and by absolute
 host paths. The canary is snapshotted before and after: names, types, modes, contents, link
-targets, mtimes and link counts must be identical (``/etc/passwd``: see :func:`passwd_state`). The layer must either
-extract with everything inside the rootfs (checked per case) or fail with a LayerError.
+targets, mtimes and link counts must be identical (``/etc/passwd``: see :func:`passwd_state`).
+The layer must either extract with everything inside the rootfs (checked per case) or fail
+with a LayerError.
 """
 
 from __future__ import annotations
