@@ -33,7 +33,8 @@ shared store, ``OCISTAGE_CACHE`` in a /tmp directory every node sees, as a site'
 Reported: the median wall time of each srun as this host saw it, N3 cold / N1 cold (the goal:
 at most 1.3), the mksquashfs builds and registry requests (manifest GETs, blob GETs) per step,
 and the importer's share: the median of its longest ``get`` on a node of the step (wall) and of
-the CPU time of all its commands in the step (every node's ``get`` and ``release``). The page
+the CPU time of all its commands in the step (every node's ``get`` and ``release``); then
+where the steps' time went, phase by phase (:func:`phases`). The page
 cache is not dropped (the machine is shared). Raw runs go to
 ``bench/results/pyxisnodes-<UTC>.json``.
 """
@@ -267,6 +268,43 @@ def summary(runs: list[Run]) -> list[dict[str, Any]]:
     return rows
 
 
+PHASES = ("to get", "gets", "builder", "waiter lag", "pyxis", "releases", "release")
+
+
+def phases(run: Run) -> dict[str, float] | None:
+    """Where a container step's time went, from the importer's log (seconds): srun's start to
+    the first ``get`` (srun, slurmd, pyxis); the ``get``s, first start to last end, the
+    builder's (the ``get`` of the most CPU) and how long after it the last waiter ended; the
+    last ``get``'s end to the first ``release`` (pyxis: mount, ``enroot start``, the command,
+    teardown); the ``release``s, first start to last end, and one's mean. None without both."""
+    gets = [i for i in run.imports if i[1] == "get"]
+    releases = [i for i in run.imports if i[1] == "release"]
+    if not gets or not releases:
+        return None
+    builder = max(gets, key=lambda i: i[4])
+    last_get = max(i[3] for i in gets)
+    first_release = min(i[2] for i in releases)
+    return {"to get": min(i[2] for i in gets), "gets": last_get - min(i[2] for i in gets),
+            "builder": builder[3] - builder[2], "waiter lag": last_get - builder[3],
+            "pyxis": first_release - last_get,
+            "releases": max(i[3] for i in releases) - first_release,
+            "release": statistics.mean(i[3] - i[2] for i in releases)}
+
+
+def render_phases(runs: list[Run]) -> str:
+    """Medians of :func:`phases` per image, user and case, over the good runs."""
+    lines = [f"{'image':10} {'user':5} {'case':9} " + " ".join(f"{p:>10}" for p in PHASES)]
+    keys = sorted({(r.image, r.user, r.case) for r in runs if r.imports},
+                  key=lambda k: (IMAGES.index(k[0]), USERS.index(k[1]), CASES.index(k[2])))
+    for image, user, case in keys:
+        found = [p for r in runs if r.ok and (r.image, r.user, r.case) == (image, user, case)
+                 for p in [phases(r)] if p is not None]
+        if found:
+            lines.append(f"{image:10} {user:5} {case:9} " + " ".join(
+                f"{_median([p[name] for p in found]):10.2f}" for name in PHASES))
+    return "\n".join(lines)
+
+
 def ratios(rows: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
     """N3 cold / N1 cold per (image, user)."""
     seconds = {(r["image"], r["user"], r["case"]): r["seconds"] for r in rows}
@@ -360,13 +398,16 @@ def main(argv: list[str]) -> int:
         except ClusterError as exc:
             print(f"bench pyxisnodes: {exc}", file=sys.stderr)
             return 2
-    rows = summary([Run(**{**run, "imports": [tuple(i) for i in run["imports"]]})
-                    for run in result["runs"]])
+    runs = [Run(**{**run, "imports": [tuple(i) for i in run["imports"]]})
+            for run in result["runs"]]
+    rows = summary(runs)
     result["summary"] = rows
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"pyxisnodes-{result['when']}.json"
     out.write_text(json.dumps(result, indent=2))
     print(render(rows))
+    print("phases, medians in seconds (bench/pyxisnodes.py, phases()):")
+    print(render_phases(runs))
     loads = result["loads"]
     print(f"load (1 min) during the run: {min(x[0] for x in loads):.1f} to "
           f"{max(x[0] for x in loads):.1f} on {result['cpus']} CPUs")

@@ -6,7 +6,16 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from bench.pyxisnodes import Run, cpu_seconds, ratios, render, summary, timing_importer
+from bench.pyxisnodes import (
+    Run,
+    cpu_seconds,
+    phases,
+    ratios,
+    render,
+    render_phases,
+    summary,
+    timing_importer,
+)
 
 
 def _run(case: str, seconds: float, ok: bool = True, rep: int = 0) -> Run:
@@ -52,3 +61,17 @@ def test_the_timing_wrapper_passes_the_output_and_the_exit_code_and_logs(tmp_pat
         node, command, start, end, user, system = log.read_text().split()
     assert (node, command) == ("n2", "get") and float(end) >= float(start)
     assert cpu_seconds(user, system) >= 0
+
+
+def test_the_phases_split_a_step_at_the_importers_commands() -> None:
+    run = Run("busybox", "root", "N3 cold", 0, 2.0, True, imports=[
+        ("n1", "get", 0.05, 0.85, 0.4), ("n2", "get", 0.06, 0.95, 0.08),
+        ("n3", "get", 0.05, 0.90, 0.08), ("-", "release", 1.30, 1.50, 0.05),
+        ("-", "release", 1.40, 1.70, 0.05)])
+    found = phases(run)
+    assert found is not None
+    expected = {"to get": 0.05, "gets": 0.90, "builder": 0.80, "waiter lag": 0.10,
+                "pyxis": 0.35, "releases": 0.40, "release": 0.25}
+    assert {k: round(v, 6) for k, v in found.items()} == expected
+    assert phases(Run("none", "root", "N1 plain", 0, 0.1, True)) is None
+    assert "busybox    root  N3 cold" in render_phases([run])
