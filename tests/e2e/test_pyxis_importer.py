@@ -5,7 +5,8 @@ enroot and pyxis come from ``.ci/build-enroot-pyxis.sh`` (built once per machine
 (``required spank_pyxis.so importer=<installed importer> use_squashfuse=1``), whose slurmds
 have enroot's bin on their PATH and a /dev/fuse of mode 0666 in their mount namespace. The
 importer is the console script of this checkout's wheel installed into a venv under /tmp made
-with Debian's /usr/bin/python3, so that the unprivileged job user can run it.
+with Debian's /usr/bin/python3, so that the unprivileged job user can run it. These parts are
+plain functions in pytest_ocistage/pyxiscluster.py, shared with ``python -m bench pyxisnodes``.
 
 A wrapper named ``mksquashfs`` first on slurmd's PATH logs every build, so the test of three
 nodes asking at once can count them. The oracle: the same image imported by ``enroot import``
@@ -15,23 +16,29 @@ importer give the same ``env``, ``pwd``, ``id`` and default command under ``enro
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
 import subprocess
-import sys
-import sysconfig
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from pytest_ocistage.clusterspec import ClusterSpec, built_spec
+from pytest_ocistage.clusterspec import ClusterError
 from pytest_ocistage.components import Registry, component_unavailable, require_root
 from pytest_ocistage.images import FixtureLayouts, PushSpec, push_all
 from pytest_ocistage.jobuser import JobUser
+from pytest_ocistage.pyxiscluster import (
+    SYSTEM_PYTHON,
+    enroot_pyxis_prefix,
+    installed_importer,
+    job_export,
+    logging_mksquashfs,
+    mksquashfs_builds,
+    pyxis_spec,
+)
 from pytest_ocistage.runner import ocistage_command
 from pytest_ocistage.slurm import SlurmCluster, session_cluster
 
@@ -40,25 +47,15 @@ from tests.e2e.test_trust_oracle import World, trust_files, world  # noqa: F401
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD_SCRIPT = REPO / ".ci" / "build-enroot-pyxis.sh"
-SYSTEM_PYTHON = Path("/usr/bin/python3")
-
 
 @pytest.fixture(scope="module")
 def enroot_pyxis() -> Path:
     """The prefix with enroot/ and pyxis/ (built now if this machine has none yet)."""
     require_root()  # the pyxis tests start a Slurm cluster and need root
-    configured = os.environ.get("OCISTAGE_ENROOT_PYXIS_PREFIX")
-    if configured:
-        return Path(configured)
-    result = subprocess.run(["bash", str(BUILD_SCRIPT), str(built_spec().prefix)],
-                            capture_output=True, text=True, timeout=1800, check=False,
-                            stdin=subprocess.DEVNULL)
-    if result.returncode != 0:
-        component_unavailable(f"enroot and pyxis could not be built by {BUILD_SCRIPT}:\n"
-                    f"{result.stderr[-2000:]}")
-    return Path(result.stdout.strip().splitlines()[-1])
+    try:
+        return enroot_pyxis_prefix()
+    except ClusterError as exc:
+        component_unavailable(str(exc))
 
 
 @pytest.fixture(scope="module")
@@ -66,62 +63,18 @@ def importer() -> Iterator[Path]:
     """The installed ``ocistage-pyxis-importer`` in a venv every user can run."""
     if not SYSTEM_PYTHON.is_file():
         component_unavailable(f"{SYSTEM_PYTHON} is missing: the job user's venv is made with it")
-    base = Path(tempfile.mkdtemp(prefix="ocistage-pyxis-venv-", dir="/tmp"))
-    try:
-        base.chmod(0o755)
-        wheel_dir = base / "wheel"
-        # from a copy without build leftovers: a stale build/ or *.egg-info of the checkout
-        # can give a wheel without the newest entry points
-        source = base / "src"
-        shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(
-            ".git", "build", "*.egg-info", ".venv", "__pycache__", "state", "dist"))
-        # a checkout on PYTHONPATH (its ocistage.egg-info) would count as installed
-        clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        built = subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-             "-w", str(wheel_dir), str(source)], capture_output=True, text=True, timeout=600,
-            check=False)
-        assert built.returncode == 0, built.stdout + built.stderr
-        venv = base / "venv"
-        subprocess.run([str(SYSTEM_PYTHON), "-m", "venv", "--without-pip", str(venv)],
-                       check=True, timeout=120)
-        python = venv / "bin" / "python"
-        site = Path(subprocess.run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True, text=True, check=True).stdout.strip())
-        installed = subprocess.run(
-            [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
-             "--no-index", "--ignore-installed", "-q", *map(str, wheel_dir.glob("*.whl"))],
-            capture_output=True, text=True, timeout=300, check=False, env=clean)
-        assert installed.returncode == 0, installed.stdout + installed.stderr
-        # the dependencies from this test environment (world-readable), not its ocistage
-        # (written after the install: pip would take that environment's ocistage for ours)
-        (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-        script = venv / "bin" / "ocistage-pyxis-importer"
-        assert script.is_file()
+    with installed_importer() as script:
         yield script
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def tools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def tools() -> Iterator[Path]:
     """A directory every user reaches, with a ``mksquashfs`` that logs its builds to
     ``builds.log`` and runs the real one."""
-    base = Path(tempfile.mkdtemp(prefix="ocistage-pyxis-tools-", dir="/tmp"))
-    base.chmod(0o755)
-    real = shutil.which("mksquashfs")
-    if real is None:
+    if shutil.which("mksquashfs") is None:
         component_unavailable("mksquashfs is not installed (squashfs-tools)")
-    log = base / "builds.log"
-    log.touch()
-    log.chmod(0o666)
-    wrapper = base / "mksquashfs"
-    wrapper.write_text(f'#!/bin/sh\ncase "$2" in ""|-*) ;; *) echo "$(id -u) $2" >> {log};; '
-                       f'esac\nexec {real} "$@"\n')
-    wrapper.chmod(0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+    with logging_mksquashfs() as base:
+        yield base
 
 
 @pytest.fixture(scope="module")
@@ -143,19 +96,6 @@ def pyxis_cluster(enroot_pyxis: Path, importer: Path, tools: Path) -> Iterator[S
         yield cluster
 
 
-def pyxis_spec(name: str, enroot_pyxis: Path, importer: Path, tools: Path, *,
-               enroot_bin: Path | None = None, site_config: str = "") -> ClusterSpec:
-    """The built 24.05 cluster with pyxis loaded (``importer=``, ``use_squashfuse=1``),
-    ``tools`` and enroot's bin (``enroot_bin``, else the built one's) first on the daemons'
-    PATH, a 0666 /dev/fuse for job users, and ``site_config`` as the nodes' site config."""
-    return dataclasses.replace(
-        built_spec(), name=name,
-        plugstack=(f"required {enroot_pyxis / 'pyxis' / 'spank_pyxis.so'} "
-                   f"importer={importer} use_squashfuse=1\n"),
-        daemon_path=(str(tools), str(enroot_bin or enroot_pyxis / "enroot" / "bin")),
-        user_fuse=True, site_config=site_config)
-
-
 @pytest.fixture
 def job_dirs(slurm_job_user: JobUser) -> Iterator[dict[str, Path]]:
     """Per-test caches: root's and the job user's (XDG dirs enroot uses, the ocistage cache)."""
@@ -170,13 +110,7 @@ def job_dirs(slurm_job_user: JobUser) -> Iterator[dict[str, Path]]:
     shutil.rmtree(base, ignore_errors=True)
 
 
-def _export(home: Path, uid: int) -> str:
-    runtime = Path("/run/user") / str(uid)
-    runtime.mkdir(parents=True, exist_ok=True)
-    os.chown(runtime, uid, -1)
-    runtime.chmod(0o700)
-    return (f"--export=ALL,OCISTAGE_CACHE={home}/cache,XDG_CACHE_HOME={home}/xdg-cache,"
-            f"XDG_DATA_HOME={home}/xdg-data,XDG_RUNTIME_DIR={runtime},HOME={home}")
+_export = job_export
 
 
 def _logs(cluster: SlurmCluster) -> str:
@@ -185,8 +119,7 @@ def _logs(cluster: SlurmCluster) -> str:
                    + "\n" for p in sorted(cluster.log_dir.glob("slurmd-*.log")))
 
 
-def _builds(tools: Path) -> list[str]:
-    return (tools / "builds.log").read_text().splitlines()
+_builds = mksquashfs_builds
 
 
 def _pyxis_leases(cache: Path) -> list[str]:
