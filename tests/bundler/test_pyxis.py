@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from ocistage.bundler.errors import PyxisImportError
@@ -323,6 +323,7 @@ def _structure(files: dict[str, bytes]) -> dict[str, object]:
 def test_hostile_values_are_refused_or_change_no_structure(field: str, value: str) -> None:
     bash = shutil.which("bash")
     assert bash is not None
+    assume(field != "label key" or value != "a")  # the config's own label: one label, not two
     benign, _ = enroot_files(_config(field, _BENIGN[field]), "reg.io/x:1")
     try:
         files, workdir = enroot_files(_config(field, value), "reg.io/x:1")
