@@ -77,7 +77,18 @@ def get(uri: str, settings: Settings, step: JobStep,
 
     Images go to the site's ``pyxis_store`` if set and this user may write there, else to the
     user's cache; a site store this user cannot write is only read (a store that does not
-    exist is the site's to make, with the mode it wants: docs/pyxis.md)."""
+    exist is the site's to make, with the mode it wants: docs/pyxis.md). A get that fails or
+    is interrupted drops the leases it made (:meth:`JobStep.drop_taken`)."""
+    try:
+        return _get(uri, settings, step, environ)
+    except BaseException:  # failed or interrupted: the leases it made protect nothing in use
+        step.drop_taken()
+        raise
+
+
+def _get(uri: str, settings: Settings, step: JobStep,
+         environ: Mapping[str, str] | None) -> GetResult:
+    """:func:`get`, whose caller drops the step's leases this get made if it fails."""
     from ocistage.bundler.trust.files import policy_applies
 
     parsed = parse_enroot_uri(uri)
