@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -69,15 +71,30 @@ def cache_gc(
 ) -> None:
     """Remove orphans and leftovers, then least recently used content; never leased content.
 
+    In the configured pyxis_store, an importer image is retired first (no get hands it out)
+    and removed by a gc an hour later (docs/site.md).
+
     In a group-shared cache, another member's trees are evicted by rename only and reported
     as left to them: their next command (or root's gc) removes them."""
     from ocistage.cache.gc import GcOptions, collect
 
     settings = opts.settings(max_size=max_size)
+    store = opts.store(settings)
+    site = settings.pyxis_store
     options = GcOptions(max_size=settings.max_size,
                         older_than=parse_age(older_than) if older_than else None,
-                        dry_run=dry_run)
-    opts.emit(collect(opts.store(settings), options), rich=True)
+                        dry_run=dry_run,
+                        # its users may only read it and leave no lease (docs/site.md)
+                        retire_images=site is not None and _same_dir(site, store.root))
+    opts.emit(collect(store, options), rich=True)
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` are one directory (whatever their spelling)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 @cache_app.command("rm")
