@@ -71,8 +71,8 @@ def cache_gc(
 ) -> None:
     """Remove orphans and leftovers, then least recently used content; never leased content.
 
-    In the configured pyxis_store, an importer image is retired first (no get hands it out)
-    and removed by a gc an hour later (docs/site.md).
+    In the configured pyxis_store, if only its owner writes it, an importer image is retired
+    first (no get hands it out) and removed by a gc an hour later (docs/site.md).
 
     In a group-shared cache, another member's trees are evicted by rename only and reported
     as left to them: their next command (or root's gc) removes them."""
@@ -84,15 +84,16 @@ def cache_gc(
     options = GcOptions(max_size=settings.max_size,
                         older_than=parse_age(older_than) if older_than else None,
                         dry_run=dry_run,
-                        # its users may only read it and leave no lease (docs/site.md)
-                        retire_images=site is not None and _same_dir(site, store.root))
+                        retire_images=site is not None and _read_only_site(site, store.root))
     opts.emit(collect(store, options), rich=True)
 
 
-def _same_dir(a: Path, b: Path) -> bool:
-    """Whether ``a`` and ``b`` are one directory (whatever their spelling)."""
+def _read_only_site(site: Path, root: Path) -> bool:
+    """Whether the cache at ``root`` is the configured ``pyxis_store`` and only its owner
+    writes it (a site's store): its users only read it and leave no lease, so its gc retires
+    images before it removes them (docs/site.md). A group-shared store's members lease."""
     try:
-        return os.path.samefile(a, b)
+        return os.path.samefile(site, root) and not os.stat(root).st_mode & 0o022
     except OSError:
         return False
 
