@@ -92,6 +92,7 @@ class Settings:
     keep_snapshot: bool = False  # `bundle REF DEST` unpacks into a snapshot kept in the cache
     # where ocistage-pyxis-importer keeps its squashfs images; None: the cache (docs/pyxis.md)
     pyxis_store: Path | None = None
+    pyxis_squashfs_only: bool = False  # the importer drops the layers it squashed (pyxis.md)
     # image trust (docs/trust.md): the policy and registries.d the user chose (None: the
     # containers/image lookup), the site's own, and whether the site's is mandatory
     policy: Path | None = None
@@ -163,6 +164,7 @@ class SettingsReport:
             "loopback_insecure": settings.loopback_insecure,
             "keep_snapshot": settings.keep_snapshot,
             "pyxis_store": str(settings.pyxis_store) if settings.pyxis_store else None,
+            "pyxis_squashfs_only": settings.pyxis_squashfs_only,
             "policy": str(settings.policy) if settings.policy else None,
             "registries_d": str(settings.registries_d) if settings.registries_d else None,
             "policy_mandatory": settings.policy_mandatory,
@@ -243,6 +245,7 @@ KEYS: Mapping[str, tuple[str, Callable[[object], bool]]] = {
     "keep_snapshot": ("true or false", lambda v: isinstance(v, bool)),
     "pyxis_store": ("a non-empty string (a directory)",
                     lambda v: isinstance(v, str) and bool(v)),
+    "pyxis_squashfs_only": ("true or false", lambda v: isinstance(v, bool)),
     "policy": ("a non-empty string (a containers-policy.json file)",
                lambda v: isinstance(v, str) and bool(v)),
     "registries_d": ("a non-empty string (a registries.d directory)",
@@ -422,6 +425,15 @@ def _env(name: str) -> tuple[str, str] | None:
     return (value, f"environment {name}") if value else None
 
 
+def _flag(value: object, variable: str) -> bool:
+    """A config file's boolean, or the variable's 1/true/yes or 0/false/no."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if (word := str(value).strip().lower()) not in ("1", "true", "yes", "0", "false", "no"):
+        raise UsageError(f"${variable} is {value!r}", "set it to 1 (true) or 0 (false)")
+    return word in ("1", "true", "yes")
+
+
 def _option(value: Any, name: str) -> tuple[Any, str] | None:
     return (value, f"option {name}") if value is not None else None
 
@@ -551,8 +563,9 @@ def load_settings(
     keep = pick("keep_snapshot",
                 _option(keep_snapshot, "--keep-snapshot" if keep_snapshot else
                         "--no-keep-snapshot"), layers.get("keep_snapshot"))
-
     pyxis_store = pick("pyxis_store", _env("OCISTAGE_PYXIS_STORE"), layers.get("pyxis_store"))
+    squashfs_only = _flag(pick("pyxis_squashfs_only", _env("OCISTAGE_PYXIS_SQUASHFS_ONLY"),
+                               layers.get("pyxis_squashfs_only")), "OCISTAGE_PYXIS_SQUASHFS_ONLY")
     insecure_hosts, mirror_map = _registries(layers, insecure, mirrors, origins)
     policy_path = pick("policy", _option(policy_file, "--policy"), layers.get("policy"))
     registries_dir = pick("registries_d", _option(registries_d, "--registries.d"),
@@ -575,6 +588,7 @@ def load_settings(
         pull=policy if policy is not None else "always",
         keep_snapshot=bool(keep),
         pyxis_store=Path(expand_user(pyxis_store)) if pyxis_store is not None else None,
+        pyxis_squashfs_only=squashfs_only,
         policy=Path(expand_user(policy_path)) if policy_path is not None else None,
         registries_d=Path(expand_user(registries_dir)) if registries_dir is not None else None,
         policy_mandatory=bool(mandatory),

@@ -79,7 +79,7 @@ from ocistage.cache.leftovers import QUARANTINE_KEEP, list_quarantine, sweep_lef
 from ocistage.cache.locks import FileLock
 from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.pyxisimages import list_images
-from ocistage.cache.sizes import count, format_size
+from ocistage.cache.sizes import count, format_age, format_size
 from ocistage.cache.snapshots import list_snapshots, snapshot_dir
 from ocistage.cache.store import Store
 from ocistage.cache.sweep import Removal, Sweep, take_out_tree
@@ -98,6 +98,9 @@ class GcOptions:
     dry_run: bool = False
     keep: frozenset[str] = frozenset()  # lease targets the caller uses (besides live leases)
     lock_timeout: float | None = 120.0  # wait this long for another GC (None: forever)
+    #: the store is read by users who leave no lease (a site's pyxis_store): an evicted
+    #: importer image is retired first and removed RETIRE_GRACE later (pyxisimages)
+    retire_images: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,8 @@ class GcReport:
 
 # -- removal -----------------------------------------------------------------------------------
 
-def _apply(sweep: Sweep[Removal], plan: Plan, store: Store) -> None:
+def _apply(sweep: Sweep[Removal], plan: Plan, store: Store,
+           retiring: frozenset[str] = frozenset(), now: float = 0.0) -> None:
     """Remove what the plan no longer keeps: refs, bundles, snapshots, blobs, importer images,
     last-use records."""
     for entry in plan.quarantined:
@@ -165,7 +169,7 @@ def _apply(sweep: Sweep[Removal], plan: Plan, store: Store) -> None:
     doomed = _orphan_bundles(sweep, plan, store, live_bundles)
     _orphan_snapshots(sweep, plan, store)
     _orphan_blobs(sweep, plan)
-    _squashfs_images(sweep, plan, store)
+    _squashfs_images(sweep, plan, store, set(retiring), now)
     kept = {"image": {r.digest.hex for r in plan.kept_refs()}, "bundle": live_bundles,
             "squashfs": {i.key for i in plan.images if i.key not in plan.evicted_images}}
     gone = {("bundle", key) for key in doomed} | {("squashfs", k) for k in plan.evicted_images}
@@ -227,14 +231,24 @@ def _orphan_blobs(sweep: Sweep[Removal], plan: Plan) -> None:
                          action=partial(blob.path.unlink, missing_ok=True))
 
 
-def _squashfs_images(sweep: Sweep[Removal], plan: Plan, store: Store) -> None:
-    """Remove the evicted importer images (the image first: a record without one is a stray),
-    then the strays: records and reference notes of gone images, build locks of dead builders."""
+def _squashfs_images(sweep: Sweep[Removal], plan: Plan, store: Store,
+                     retiring: set[str], now: float) -> None:
+    """Retire the images in ``retiring``, remove the evicted ones (the image first: a record
+    without one is a stray), then the strays: records, retirement markers and reference notes
+    of gone images, build locks of dead builders."""
     for image in plan.images:
-        if image.key in plan.evicted_images:
-            sweep.remove("squashfs", image.key, f"least recently used ({image.source or '?'})",
-                         paths=(image.path, image.record),
-                         action=partial(_unlink_all, image.path, image.record))
+        gone = (image.path, image.record, pyxisimages.retired_path_at(store.root, image.key))
+        if image.key in retiring:
+            sweep.remove("squashfs", image.key,
+                         f"least recently used ({image.source or '?'}); retired: no get hands "
+                         f"it out, a gc removes it {format_age(pyxisimages.RETIRE_GRACE)} "
+                         "from now", size=0,
+                         action=partial(pyxisimages.retire, store.root, image.key))
+        elif image.key in plan.evicted_images:
+            reason = (f"retired {format_age(now - image.retired)} ago"
+                      if image.retired is not None else "least recently used")
+            sweep.remove("squashfs", image.key, f"{reason} ({image.source or '?'})",
+                         paths=gone, action=partial(_unlink_all, *gone))
     # a leased key may be published while GC runs (its get waited for no GC: it was leased
     # before GC read the leases): its record and notes are no strays
     held = {t.removeprefix("squashfs:") for t in plan.protected if t.startswith("squashfs:")}
@@ -246,6 +260,24 @@ def _squashfs_images(sweep: Sweep[Removal], plan: Plan, store: Store) -> None:
     for path in pyxisimages.dead_build_locks(store.root):
         sweep.remove("scratch", str(path), "build lock of a dead process", paths=(path,),
                      action=partial(_break_lock, path))
+
+
+def _retirements(plan: Plan, retire: bool, now: float) -> frozenset[str]:
+    """Settle the plan's importer images retired or to retire (docs/site.md): a retired one
+    no lease holds is evicted once its grace has passed and kept until then; with
+    ``retire``, an evicted one not retired yet is kept and retired (returned)."""
+    retiring = set()
+    for image in plan.images:
+        if image.retired is not None:
+            if (now - image.retired >= pyxisimages.RETIRE_GRACE
+                    and image.target not in plan.protected):
+                plan.evicted_images.add(image.key)
+            else:
+                plan.evicted_images.discard(image.key)
+        elif retire and image.key in plan.evicted_images:
+            plan.evicted_images.discard(image.key)
+            retiring.add(image.key)
+    return frozenset(retiring)
 
 
 def _unlink_all(*paths: Path) -> None:
@@ -316,7 +348,8 @@ def _collect(store: Store, options: GcOptions, job_states: JobStates, now: float
     kept: list[str] = []
     if options.max_size is not None or options.older_than is not None:
         kept = choose_evictions(plan, store, options.max_size, options.older_than, now)
-    _apply(sweep, plan, store)
+    retiring = _retirements(plan, options.retire_images, now)
+    _apply(sweep, plan, store, retiring, now)
     return GcReport(removed=tuple(sweep.records), protected=tuple(dict.fromkeys(kept)),
                     size_before=size_before, size_after=plan.size(),
                     max_size=options.max_size, dry_run=options.dry_run,
@@ -324,16 +357,18 @@ def _collect(store: Store, options: GcOptions, job_states: JobStates, now: float
 
 
 def remove_ref(store: Store, name: str, platform: str | None = None, force: bool = False,
-               job_states: JobStates = squeue_states) -> GcReport:
+               job_states: JobStates = squeue_states,
+               lock_timeout: float | None = GcOptions.lock_timeout) -> GcReport:
     """``cache rm``: drop ref ``name`` (one ``platform``, ``os/arch[/variant]``, or all) and
     at once everything only it used, as a GC without eviction does.
 
     A ref that a live lease names is refused unless ``force``; even then, leased blobs and
-    bundles stay until their lease ends (a later GC removes them).
+    bundles stay until their lease ends (a later GC removes them). ``lock_timeout``: how
+    long to wait for a running GC (LockTimeout then).
     """
     with reserve.spent(store.root):
         lock = FileLock(store.root / GC_LOCK, heartbeat=1.0)
-        lock.acquire(timeout=GcOptions().lock_timeout)
+        lock.acquire(timeout=lock_timeout)
         try:
             refs = _refs_named(store, name, platform)
             if not force:

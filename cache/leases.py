@@ -72,6 +72,7 @@ from ocistage.cache.atomicwrite import write_file_atomic
 from ocistage.cache.errors import ForeignFile, StoreError
 from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.locks import Owner, is_foreign, lock_owner, owner_is_dead
+from ocistage.cache.readback import open_own, read_capped
 from ocistage.errors import UsageError
 
 #: a lease file is a few hundred bytes
@@ -183,6 +184,11 @@ def record(cache_root: Path, lease: Lease) -> None:
     _write(cache_root, lease)
 
 
+def exists(cache_root: Path, lease_id: str) -> bool:
+    """Whether a lease of this id is recorded (a name a caller gave it, see :func:`record`)."""
+    return os.path.lexists(cache_root / "leases" / f"{lease_id}.json")
+
+
 def acquire(cache_root: Path, target: str, holder: Holder, identity: str = "") -> Lease:
     """Record a lease on ``target`` for ``holder``; returns it (its id releases it).
     ``identity``: of a staged target, see :class:`StagedPlace`."""
@@ -213,6 +219,36 @@ def release_named(cache_root: Path, prefix: str) -> int:
         return sum(release(cache_root, name.removesuffix(".json")) for name in names
                    if name.startswith(prefix) and name.endswith(".json"))
     return 0
+
+
+def drop_own_dead(cache_root: Path) -> int:
+    """Drop the leases in ``cache_root`` that this user's processes on this host left when they
+    were killed (SIGKILL: no handler ran): a ``pid`` holder on this host that is gone, in a
+    regular file of the caller's own (never another user's, nor root's for a user); how many.
+    Each file is opened once (no symlink followed, no FIFO waited for) and removed only while
+    its name still leads to the file read (a lease rewritten since stays)."""
+    me, host, dropped = os.geteuid(), socket.gethostname(), 0
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError, PermissionError):
+        with os.scandir(cache_root / "leases") as entries:
+            names = [e.name for e in entries if e.name.endswith(".json")
+                     and not e.is_symlink() and e.is_file() and e.stat().st_uid == me]
+        for name in names:
+            path = cache_root / "leases" / name
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError, ForeignFile):
+                fd, st = open_own(path)
+                try:
+                    lease = Lease.from_json(read_capped(fd, MAX_LEASE_BYTES).decode())
+                    holder = lease.holder
+                    if (st.st_uid != me or holder.kind != "pid" or holder.host != host
+                            or holder.pid is None
+                            or Owner(host, holder.pid, holder.start).is_alive() is not False):
+                        continue
+                    if os.lstat(path).st_ino == st.st_ino:  # still the file read
+                        path.unlink()
+                        dropped += 1
+                finally:
+                    os.close(fd)
+    return dropped
 
 
 def all_leases(cache_root: Path) -> list[Lease]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -69,15 +71,31 @@ def cache_gc(
 ) -> None:
     """Remove orphans and leftovers, then least recently used content; never leased content.
 
+    In the configured pyxis_store, if only its owner writes it, an importer image is retired
+    first (no get hands it out) and removed by a gc an hour later (docs/site.md).
+
     In a group-shared cache, another member's trees are evicted by rename only and reported
     as left to them: their next command (or root's gc) removes them."""
     from ocistage.cache.gc import GcOptions, collect
 
     settings = opts.settings(max_size=max_size)
+    store = opts.store(settings)
+    site = settings.pyxis_store
     options = GcOptions(max_size=settings.max_size,
                         older_than=parse_age(older_than) if older_than else None,
-                        dry_run=dry_run)
-    opts.emit(collect(opts.store(settings), options), rich=True)
+                        dry_run=dry_run,
+                        retire_images=site is not None and _read_only_site(site, store.root))
+    opts.emit(collect(store, options), rich=True)
+
+
+def _read_only_site(site: Path, root: Path) -> bool:
+    """Whether the cache at ``root`` is the configured ``pyxis_store`` and only its owner
+    writes it (a site's store): its users only read it and leave no lease, so its gc retires
+    images before it removes them (docs/site.md). A group-shared store's members lease."""
+    try:
+        return os.path.samefile(site, root) and not os.stat(root).st_mode & 0o022
+    except OSError:
+        return False
 
 
 @cache_app.command("rm")

@@ -4,6 +4,10 @@ until mksquashfs has read the rootfs.
 The lease: another member's gc of a group-shared cache evicted the image's blobs between the
 pull and the build, and could evict the cached bundle from under mksquashfs (the endurance
 test).
+
+With ``pyxis_squashfs_only`` (docs/pyxis.md) a get that recorded the reference in the cache
+drops it again once the image is made, and with it the blobs only it used
+(:meth:`CacheSource.drop_pulled`): what others hold stays.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class CacheSource:
 
     root: Path
     options: PullOptions
+    squashfs_only: bool = False   # drop what a get pulled once its image is made
 
     @contextlib.contextmanager
     def leased(self) -> Iterator[LeasedCache]:
@@ -39,6 +44,22 @@ class CacheSource:
         cache = Store.open(self.root)
         with InUse(cache.root) as in_use:
             yield LeasedCache(cache, self.options, in_use)
+
+    def drop_pulled(self, reference: RegistryReference) -> None:
+        """With ``squashfs_only``, drop the reference's record in the cache (made by this get:
+        see :meth:`LeasedCache.recorded`) and the blobs only it used, as ``ocistage cache rm``
+        does: blobs another reference uses or a live lease names (a bundle or pull running)
+        stay, and so does the reference while a lease names it. Best effort, after the lease
+        of the get has ended: an image made is never failed for it (a gc running, a full
+        disk: a later ``cache gc`` finds the blobs orphaned once the ref is gone)."""
+        if not self.squashfs_only:
+            return
+        from ocistage.bundler.pull import ref_name
+        from ocistage.cache.gc import remove_ref
+        from ocistage.errors import OcistageError
+
+        with contextlib.suppress(OcistageError, OSError):
+            remove_ref(Store.open(self.root), ref_name(reference), lock_timeout=10.0)
 
 
 @dataclass(frozen=True)
@@ -48,6 +69,13 @@ class LeasedCache:
     store: Store
     options: PullOptions
     in_use: InUse
+
+    def recorded(self, reference: RegistryReference) -> bool:
+        """Whether the cache records ``reference`` (an ``ocistage pull`` or ``bundle`` of
+        it, or an earlier get that kept it)."""
+        from ocistage.bundler.pull import ref_name
+
+        return bool(self.store.lookup(ref_name(reference)))
 
     def pull(self, reference: RegistryReference) -> str:
         """Pull ``reference`` as ``ocistage pull`` does (no cache budget: a GC during a job's

@@ -15,6 +15,8 @@ comes from the caller. Nothing past the entry sees the settings. Then:
    the image of the user's store (``squashfs:<key>``: ``cache gc`` keeps what a live job holds)
    and build it if it is missing, once for all the ranks and nodes asking at once
    (:func:`~ocistage.bundler.pyxis.build.build`).
+3. with ``pyxis_squashfs_only``, drop from the cache what this get's pull recorded there and
+   the blobs only that used (:meth:`~ocistage.bundler.pyxis.cachesource.CacheSource.drop_pulled`).
 
 Nothing half-built is ever at a key's path; a failed build leaves only its scratch directory,
 which the next command (or ``cache gc``) removes, and its partial downloads, which the next
@@ -77,7 +79,18 @@ def get(uri: str, settings: Settings, step: JobStep,
 
     Images go to the site's ``pyxis_store`` if set and this user may write there, else to the
     user's cache; a site store this user cannot write is only read (a store that does not
-    exist is the site's to make, with the mode it wants: docs/pyxis.md)."""
+    exist is the site's to make, with the mode it wants: docs/pyxis.md). A get that fails or
+    is interrupted drops the leases it made (:meth:`JobStep.drop_taken`)."""
+    try:
+        return _get(uri, settings, step, environ)
+    except BaseException:  # failed or interrupted: the leases it made protect nothing in use
+        step.drop_taken()
+        raise
+
+
+def _get(uri: str, settings: Settings, step: JobStep,
+         environ: Mapping[str, str] | None) -> GetResult:
+    """:func:`get`, whose caller drops the step's leases this get made if it fails."""
     from ocistage.bundler.trust.files import policy_applies
 
     parsed = parse_enroot_uri(uri)
@@ -112,7 +125,7 @@ def cache_source(settings: Settings, parsed: EnrootUri, policy: str,
     """The cache the image is pulled into, with the pull's options: the settings', the
     pull policy and enroot's credentials for the URI's user."""
     return CacheSource(settings.cache, pull_options(
-        settings, EnrootCredentials(parsed.user, environ), policy))
+        settings, EnrootCredentials(parsed.user, environ), policy), settings.pyxis_squashfs_only)
 
 
 def recalled(reference: RegistryReference, site: SiteStore | None, images: ImageStore,
@@ -134,15 +147,21 @@ def fetched(reference: RegistryReference, source: CacheSource, site: SiteStore |
     """The image of ``reference`` as the registry has it now (pulled into ``source``): the
     site store's, else the one in ``images``, made there if it is missing."""
     with source.leased() as cache:
+        recorded = cache.recorded(reference)  # before the pull: then not this get's to drop
         manifest = cache.pull(reference)
         mksquashfs = Mksquashfs.on_this_node()
         key = image_key(manifest, mksquashfs.compressor)
         shared = site.image(key) if site is not None else None
         if shared is not None:
-            return GetResult(shared, False, manifest, key)
-        with images.building(key, step) as slot:
-            if slot.missing:
-                build(reference, cache, images, key, mksquashfs, manifest)
-    images.remember(reference, key, manifest)
-    images.touch(key)
-    return GetResult(slot.path, slot.missing, manifest, key)
+            result = GetResult(shared, False, manifest, key)
+        else:
+            with images.building(key, step) as slot:
+                if slot.missing:
+                    build(reference, cache, images, key, mksquashfs, manifest)
+            result = GetResult(slot.path, slot.missing, manifest, key)
+    if shared is None:
+        images.remember(reference, key, manifest)
+        images.touch(key)
+    if not recorded:
+        source.drop_pulled(reference)  # with pyxis_squashfs_only: the image needs no layers
+    return result

@@ -18,7 +18,14 @@ from ocistage.bundler.pyxis.refnotes import Noted, recall, record_name, remember
 from ocistage.cache.atomicwrite import fsync_dir
 from ocistage.cache.errors import LockTimeout, StoreError
 from ocistage.cache.locks import FileLock
-from ocistage.cache.pyxisimages import IMAGE_DIR, REFS_DIR, image_path_at, is_image, touch
+from ocistage.cache.pyxisimages import (
+    IMAGE_DIR,
+    REFS_DIR,
+    image_path_at,
+    is_image,
+    touch,
+    unretire,
+)
 from ocistage.cache.store import Store
 
 #: how long a get waits for another process building the same image
@@ -102,6 +109,7 @@ class ImageStore:
         asking at once one builds and the others wait and find it made."""
         step.hold(self.store.root, key)
         self.directory()  # an image is looked for only in a trusted directory
+        unretire(self.store.root, key)  # leased now: the gc that retired it keeps it
         final = self.path(key)
         if is_image(final):
             yield Slot(final, missing=False)
@@ -138,6 +146,7 @@ class ImageStore:
         step.hold(self.store.root, found.key)
         if not is_image(self.path(found.key)):
             return None
+        unretire(self.store.root, found.key)  # leased now: the gc that retired it keeps it
         self.touch(found.key)
         return found
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from ocistage.bundler.cli.failure import Failure, Voice, failure, write_failure
 
@@ -40,6 +41,7 @@ def _get(uri: str) -> int:
     from ocistage.bundler.settings import load_settings
 
     settings = load_settings()
+    _drop_dead_leases(settings.cache, settings.pyxis_store)
     result = get(uri, settings, JobStep.from_environment(os.environ))
     sys.stdout.write(f"{result.path}\n")
     sys.stdout.flush()
@@ -51,9 +53,20 @@ def _release() -> int:
     from ocistage.bundler.settings import load_settings
 
     settings = load_settings()
+    _drop_dead_leases(settings.cache, settings.pyxis_store)
     roots = [settings.cache] + ([settings.pyxis_store] if settings.pyxis_store else [])
     JobStep.from_environment(os.environ).release([root.absolute() for root in roots])
     return 0
+
+
+def _drop_dead_leases(*roots: Path | None) -> None:
+    """Drop what importers of this user killed on this host left in the stores
+    (:mod:`~ocistage.bundler.pyxis.leftovers`); never fails a command."""
+    from ocistage.bundler.pyxis.leftovers import drop_leftovers
+
+    for root in roots:
+        if root is not None:
+            drop_leftovers(root.absolute())
 
 
 def run(argv: Sequence[str]) -> int:

@@ -27,13 +27,16 @@ IMPORTER_COMMANDS = (
     ("get docker://[USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]",
      "print the squashfs image's path (pulled and made if it is not there), held for this "
      "job step (SLURM_JOB_ID, SLURM_STEP_ID)"),
-    ("release", "end this job step's hold on its images (they stay until cache gc)"),
+    ("release", "end this job step's hold on its images (they stay until cache gc); like "
+                "get, first drop what this user's killed gets left on this host"),
 )
 IMPORTER_ENVIRONMENT = (
     ("OCISTAGE_CACHE", "the cache the image is pulled into (else cache in a config file, "
                        "else ~/.cache/ocistage)"),
     ("OCISTAGE_PYXIS_STORE", "the site's store of squashfs images (pyxis_store), used when "
                              "the user may write it or the site filled it"),
+    ("OCISTAGE_PYXIS_SQUASHFS_ONLY", "1: drop the layers a get pulled once its squashfs "
+                                     "is made (pyxis_squashfs_only)"),
     ("OCISTAGE_PULL", "always, missing (the importer's default) or never"),
     ("OCISTAGE_INSECURE_REGISTRIES", "registries reached over plain HTTP or unverified TLS, "
                                      "comma-separated"),

@@ -9,13 +9,20 @@ from pathlib import Path
 
 from ocistage.bundler.image.reference import RegistryReference
 from ocistage.bundler.pyxis.refnotes import Noted, recall
-from ocistage.cache.pyxisimages import IMAGE_DIR, REFS_DIR, image_path_at, is_image
+from ocistage.cache.pyxisimages import (
+    IMAGE_DIR,
+    REFS_DIR,
+    image_path_at,
+    is_image,
+    retired_since,
+)
 
 
 @dataclass(frozen=True)
 class SiteStore:
     """The store at ``root``, which this user cannot write. Users leave no lease and no
-    last-use record there (docs/site.md)."""
+    last-use record there; the site's gc retires an image before it removes it, and a retired
+    image is not handed out (docs/site.md)."""
 
     root: Path
 
@@ -38,11 +45,12 @@ class SiteStore:
         return True
 
     def image(self, key: str) -> Path | None:
-        """The image ``key``, if it is there and the store passes the trust rule."""
+        """The image ``key``, if it is there, not retired by the site's gc (which removes it
+        an hour later: docs/site.md) and the store passes the trust rule."""
         if not self.readable():
             return None
         path = image_path_at(self.root, key)
-        return path if is_image(path) else None
+        return path if is_image(path) and retired_since(self.root, key) is None else None
 
     def recalled(self, reference: RegistryReference) -> tuple[Path, Noted] | None:
         """The image ``reference`` resolved to before, if the site made it."""

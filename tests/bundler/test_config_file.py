@@ -127,6 +127,7 @@ def test_origins_say_option_environment_file_or_default(files: tuple[Path, Path]
         "loopback_insecure": "default",
         "keep_snapshot": "default",
         "pyxis_store": "default",
+        "pyxis_squashfs_only": "default",
         "policy": "default",
         "registries_d": "default",
         "policy_mandatory": "default",

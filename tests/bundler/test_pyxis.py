@@ -484,6 +484,17 @@ def test_a_failed_build_leaves_nothing_and_the_next_builds(tmp_path: Path) -> No
     assert built and path.is_file()
 
 
+def test_a_failed_get_drops_the_leases_it_made_and_no_earlier_one(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "cache")
+    made, earlier = (image_key("sha256:" + c * 64, "zstd") for c in "ef")
+    JobStep("3", "0").hold(store.root, earlier)  # an earlier get of the step
+    step = JobStep("3", "0")
+    step.hold(store.root, earlier)
+    step.hold(store.root, made)
+    step.drop_taken()
+    assert [lease.target for lease in leases.all_leases(store.root)] == [f"squashfs:{earlier}"]
+
+
 def test_release_is_idempotent_and_only_the_steps(tmp_path: Path) -> None:
     store = Store.open(tmp_path / "cache")
     key = image_key("sha256:" + "d" * 64, "zstd")

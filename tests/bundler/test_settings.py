@@ -97,3 +97,26 @@ def test_an_insecure_registry_that_is_not_one_is_refused(
     monkeypatch.setenv("OCISTAGE_INSECURE_REGISTRIES", "localhost:5000, [::1]:443,")
     assert load_settings(insecure=["reg.example:65535"]).insecure_registries == {
         "localhost:5000", "[::1]:443", "reg.example:65535"}
+
+
+def test_pyxis_squashfs_only_env_over_user_over_site(config_files: tuple[Path, Path],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    site, user = config_files
+    monkeypatch.delenv("OCISTAGE_PYXIS_SQUASHFS_ONLY", raising=False)
+    assert load_settings().pyxis_squashfs_only is False
+    site.write_text("pyxis_squashfs_only = true\n")
+    chosen = load_settings()
+    assert chosen.pyxis_squashfs_only is True
+    assert chosen.origins["pyxis_squashfs_only"] == f"file {site}"
+    user.write_text("pyxis_squashfs_only = false\n")
+    assert load_settings().pyxis_squashfs_only is False
+    for word, value in (("1", True), ("yes", True), ("TRUE", True), ("0", False), ("no", False)):
+        monkeypatch.setenv("OCISTAGE_PYXIS_SQUASHFS_ONLY", word)
+        assert load_settings().pyxis_squashfs_only is value, word
+    monkeypatch.setenv("OCISTAGE_PYXIS_SQUASHFS_ONLY", "sometimes")
+    with pytest.raises(UsageError, match="OCISTAGE_PYXIS_SQUASHFS_ONLY"):
+        load_settings()
+    monkeypatch.delenv("OCISTAGE_PYXIS_SQUASHFS_ONLY")
+    user.write_text('pyxis_squashfs_only = "yes"\n')
+    with pytest.raises(UsageError, match="pyxis_squashfs_only"):
+        load_settings()

@@ -21,6 +21,7 @@ from ocistage.cache.leases import (
     acquire,
     all_leases,
     dead_leases,
+    drop_own_dead,
     is_live,
     leases_on,
     leases_on_place,
@@ -208,3 +209,50 @@ def test_an_identity_an_earlier_release_recorded_still_counts(tmp_path: Path) ->
     groups = staged_groups(all_leases(tmp_path / "cache"))
     assert [sorted(lease.id for lease in group) for group in groups] == \
         [sorted(["old", new.id])]
+
+
+# -- what killed processes of the caller left (drop_own_dead) ----------------------------------
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_drop_own_dead_drops_only_the_callers_dead_processes_leases(tmp_path: Path) -> None:
+    """A SIGKILLed command's ``pid`` lease stays until someone drops it; the importer's next
+    command drops those of this host's dead processes, and nothing else: a live process's, a
+    pin, a job's, another host's, and no file a name leads to through a symlink, a FIFO never
+    waited for."""
+    host = Holder.this_process().host
+    dead = record_as(tmp_path, "dead", Holder("pid", host=host, pid=_dead_pid(), start="1"))
+    kept = [record_as(tmp_path, "live", Holder.this_process()),
+            record_as(tmp_path, "pin", Holder.pin("keep")),
+            record_as(tmp_path, "job", Holder.slurm_job("7")),
+            record_as(tmp_path, "elsewhere", Holder("pid", host=f"not-{host}", pid=_dead_pid(),
+                                                    start="1"))]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = outside / "x.json"
+    target.write_text((tmp_path / "leases" / f"{dead.id}.json").read_text())
+    (tmp_path / "leases" / "link.json").symlink_to(target)
+    os.mkfifo(tmp_path / "leases" / "fifo.json")
+    assert drop_own_dead(tmp_path) == 1
+    assert sorted(lease.id for lease in all_leases(tmp_path)) == sorted(k.id for k in kept)
+    assert target.exists() and (tmp_path / "leases" / "fifo.json").exists()
+    assert drop_own_dead(tmp_path / "no-such-cache") == 0
+
+
+@pytest.mark.needs_root("another user's lease file is made by chown")
+def test_drop_own_dead_leaves_another_users_lease(tmp_path: Path) -> None:
+    host = Holder.this_process().host
+    record_as(tmp_path, "theirs", Holder("pid", host=host, pid=_dead_pid(), start="1"))
+    os.chown(tmp_path / "leases" / "theirs.json", 65534, 65534)
+    assert drop_own_dead(tmp_path) == 0
+    assert (tmp_path / "leases" / "theirs.json").exists()
+
+
+def record_as(root: Path, name: str, holder: Holder) -> Lease:
+    lease = Lease(id=name, target="bundle:abc", holder=holder, created=1.0)
+    record(root, lease)
+    return lease

@@ -173,3 +173,54 @@ def test_ls_and_du_show_images_and_their_leases(store: Store) -> None:
     part = disk_usage(store).squashfs
     assert part.count == 1 and part.disk >= SIZE and part.logical >= SIZE
     assert part.disk == du(store.root / "pyxis")
+
+
+# -- a store users only read: retired first, removed a grace later (docs/site.md) ---------------
+
+def test_in_a_store_users_only_read_an_evicted_image_is_retired_then_removed(
+        store: Store) -> None:
+    """Users of a site's store leave no lease there: gc removed an image a job had just been
+    handed (between its get and pyxis opening it). Now it is retired, handed out no more,
+    and removed by a gc once RETIRE_GRACE has passed."""
+    from ocistage.bundler.pyxis.sitestore import SiteStore
+
+    now = time.time()
+    key = make_image(store, "site", now - 3 * 86400)
+    site = SiteStore(store.root)
+    assert site.image(key) is not None
+    dry = gc(store, older_than=86400.0, retire_images=True, dry_run=True)
+    assert removed(dry, "squashfs") == {key} and pyxisimages.retired_since(store.root, key) is None
+    report = gc(store, older_than=86400.0, retire_images=True)
+    assert removed(report, "squashfs") == {key}
+    assert [r.size for r in report.removed if r.kind == "squashfs"] == [0]
+    assert "retired" in next(r.reason for r in report.removed if r.kind == "squashfs")
+    assert keys(store) == {key} and ImageStore(store.root).path(key).is_file()
+    assert site.image(key) is None  # no get hands it out any more
+    assert site.recalled(uri("docker://reg.io#site:1").reference) is None
+    assert removed(gc(store, older_than=86400.0, retire_images=True), "squashfs") == set()
+    marker = pyxisimages.retired_path_at(store.root, key)
+    past = now - pyxisimages.RETIRE_GRACE - 1
+    os.utime(marker, (past, past))
+    later = gc(store)  # no eviction asked: a retired image goes once its grace has passed
+    assert removed(later, "squashfs") == {key} and keys(store) == set()
+    assert pyxis_files(store) == []
+    assert later.size_after == du(store.root)
+
+
+def test_a_retired_image_leased_again_by_a_get_of_the_stores_owner_stays(store: Store) -> None:
+    now = time.time()
+    key = make_image(store, "again", now - 3 * 86400)
+    gc(store, older_than=86400.0, retire_images=True)
+    marker = pyxisimages.retired_path_at(store.root, key)
+    past = now - pyxisimages.RETIRE_GRACE - 1
+    os.utime(marker, (past, past))
+    step = JobStep(None, "none")
+    assert ImageStore(store.root).recalled(uri("docker://reg.io#again:1").reference, step)
+    assert not marker.exists()
+    assert removed(gc(store), "squashfs") == set() and keys(store) == {key}
+
+
+def test_without_retire_images_an_evicted_image_goes_at_once(store: Store) -> None:
+    key = make_image(store, "mine", time.time() - 3 * 86400)
+    assert removed(gc(store, older_than=86400.0), "squashfs") == {key}
+    assert keys(store) == set()
