@@ -143,10 +143,11 @@ class GcReport:
         entries = count(len(self.removed), "entry", "entries")
         out.line(f"{verb} {entries}, {format_size(self.freed)}; "
                  f"cache {format_size(self.size_before)} -> {format_size(self.size_after)}")
-        if self.left:
-            owners = sorted({left.owner for left in self.left})
+        evicted = [left for left in self.left if left.kind != "staged"]  # node copies: above
+        if evicted:
+            owners = sorted({left.owner for left in evicted})
             out.line(f"{'would leave' if self.dry_run else 'left'} "
-                     f"{count(len(self.left), 'entry', 'entries')} to "
+                     f"{count(len(evicted), 'entry', 'entries')} to "
                      f"{', '.join(owners)}: their next command (or root's `cache gc`) "
                      f"removes what was evicted")
         if self.over_budget and self.max_size is not None:
@@ -336,7 +337,7 @@ def _collect(store: Store, options: GcOptions, job_states: JobStates, now: float
     sweep: Sweep[Removal] = Sweep(options.dry_run, footprint)
     sweep_leftovers(sweep, store, now)
     leases = all_leases(store.root)
-    live = expire_leases(sweep, store, leases, job_states_of(leases, job_states))
+    live = expire_leases(sweep, store, leases, job_states_of(leases, job_states), now)
     plan = Plan(refs=read_refs(store), blobs=list_blobs(store), bundles=list_bundles(store),
                  snapshots=list_snapshots(store), images=list_images(store.root),
                  protected=live | set(options.keep),

@@ -48,6 +48,12 @@ content: either the GC saw the lease, or it finished before the command looked.
 
 When liveness cannot be decided here (a pid on another host, a job while Slurm's commands are
 missing), the lease counts as live: GC errs on the side of keeping data.
+
+A lease on a *node-local* place (``stage --all-nodes``: one path, a copy on each node) records
+its ``node`` (:func:`ocistage.cache.nodes.this_node`): it is on that node's copy alone. Seen
+from another node it is on no place there (:meth:`StagedPlace.held_by`), and GC groups it with
+its node's leases only (:func:`staged_groups`); what GC does with such a group elsewhere is
+:mod:`ocistage.cache.leaseexpiry`'s. A lease without a node is on the path wherever it is read.
 """
 
 from __future__ import annotations
@@ -72,6 +78,7 @@ from ocistage.cache.atomicwrite import write_file_atomic
 from ocistage.cache.errors import ForeignFile, StoreError
 from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.locks import Owner, is_foreign, lock_owner, owner_is_dead
+from ocistage.cache.nodes import this_node
 from ocistage.cache.readback import open_own, read_capped
 from ocistage.errors import UsageError
 
@@ -130,6 +137,7 @@ class Lease:
     created: float
     also: tuple[str, ...] = field(default=())
     identity: str = ""   # of a staged target: where it is, whatever the spelling (StagedPlace)
+    node: str = ""       # of a node-local staged target: the node whose copy it holds
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -137,8 +145,9 @@ class Lease:
 
     def to_json(self) -> str:
         doc = asdict(self)
-        if not self.identity:
-            del doc["identity"]
+        for key in ("identity", "node"):
+            if not doc[key]:
+                del doc[key]
         return json.dumps(doc, sort_keys=True)
 
     @classmethod
@@ -149,7 +158,8 @@ class Lease:
             raise ValueError("'also' must be a list")
         return cls(id=str(data["id"]), target=str(data["target"]),
                    holder=Holder(**data["holder"]), created=float(data["created"]),
-                   also=tuple(str(t) for t in also), identity=str(data.get("identity", "")))
+                   also=tuple(str(t) for t in also), identity=str(data.get("identity", "")),
+                   node=str(data.get("node", "")))
 
 
 def check_target(target: str) -> str:
@@ -189,11 +199,12 @@ def exists(cache_root: Path, lease_id: str) -> bool:
     return os.path.lexists(cache_root / "leases" / f"{lease_id}.json")
 
 
-def acquire(cache_root: Path, target: str, holder: Holder, identity: str = "") -> Lease:
+def acquire(cache_root: Path, target: str, holder: Holder, identity: str = "",
+            node: str = "") -> Lease:
     """Record a lease on ``target`` for ``holder``; returns it (its id releases it).
-    ``identity``: of a staged target, see :class:`StagedPlace`."""
+    ``identity`` and ``node``: of a staged target, see :class:`StagedPlace`."""
     lease = Lease(id=uuid.uuid4().hex, target=check_target(target), holder=holder,
-                  created=time.time(), identity=identity)
+                  created=time.time(), identity=identity, node=node)
     _write(cache_root, lease)
     return lease
 
@@ -360,27 +371,38 @@ def file_handle(fd: int) -> str:
 @dataclass(frozen=True)
 class StagedPlace:
     """A staged path as spelled (``path``: humans read it, GC removes through it) and where it
-    is (``identity``: :func:`staged_identity`, "" where its directory is gone)."""
+    is (``identity``: :func:`staged_identity`, "" where its directory is gone), seen from node
+    ``here``; ``local``: a node-local copy, whose new leases record ``here``."""
 
     path: Path
     identity: str
+    here: str = ""
+    local: bool = False
 
     @classmethod
-    def of(cls, path: str | os.PathLike[str]) -> StagedPlace:
+    def of(cls, path: str | os.PathLike[str], *, local: bool = False) -> StagedPlace:
         absolute = Path(os.path.abspath(path))
-        return cls(absolute, staged_identity(absolute))
+        return cls(absolute, staged_identity(absolute), this_node(), local)
 
     @property
     def target(self) -> str:
         return f"{STAGED}{self.path}"
 
     def acquire(self, cache_root: Path, holder: Holder) -> Lease:
-        """A new lease of ``holder`` on this place."""
-        return acquire(cache_root, self.target, holder, self.identity)
+        """A new lease of ``holder`` on this place (recording this node if it is local)."""
+        return acquire(cache_root, self.target, holder, self.identity,
+                       self.here if self.local else "")
+
+    def sees(self, lease: Lease) -> bool:
+        """Whether ``lease`` may be on a place of this node: it records no node, or this one."""
+        return not lease.node or lease.node == self.here
 
     def held_by(self, lease: Lease) -> bool:
-        """Whether ``lease`` is on this place: the same path, or the same identity (recorded,
-        :func:`same_place`, or, for a lease that records none, where its path leads now)."""
+        """Whether ``lease`` is on this place: recorded on no other node (:meth:`sees`), and
+        the same path, or the same identity (recorded, :func:`same_place`, or, for a lease
+        that records none, where its path leads now)."""
+        if not self.sees(lease):
+            return False
         if self.target in lease.targets:
             return True
         if not self.identity or not lease.target.startswith(STAGED):
@@ -393,6 +415,8 @@ class StagedPlace:
         """Whether ``lease``'s path is this place's, or leads to it now. (A lease on this
         place spelled by a path that leads elsewhere now, or nowhere, still protects it, but
         can not be removed through.)"""
+        if not self.sees(lease):
+            return False
         if self.target in lease.targets:
             return True
         if not self.identity or not lease.target.startswith(STAGED):
@@ -407,10 +431,13 @@ def leases_on_place(cache_root: Path, place: StagedPlace) -> list[Lease]:
     return [lease for lease in all_leases(cache_root) if place.held_by(lease)]
 
 
-def staged_groups(found: Iterable[Lease]) -> list[list[Lease]]:
-    """The staged leases among ``found`` grouped by place: leases with the same path or the
+def staged_groups(found: Iterable[Lease], here: str | None = None) -> list[list[Lease]]:
+    """The staged leases among ``found`` grouped by place, as node ``here`` (default: this
+    one, :func:`ocistage.cache.nodes.this_node`) sees them: leases with the same path or the
     same identity (recorded, or where the path of a lease that records none leads;
-    :func:`same_place`) are one group, each in the order given."""
+    :func:`same_place`) are one group, each in the order given. A lease recorded on another
+    node is grouped only with that node's leases (its copy is not the one here)."""
+    here = this_node() if here is None else here
     items = [lease for lease in found if lease.target.startswith(STAGED)]
     parent = list(range(len(items)))
 
@@ -424,16 +451,21 @@ def staged_groups(found: Iterable[Lease]) -> list[list[Lease]]:
     coarse: dict[str, list[int]] = {}
     without_handle: list[tuple[int, str]] = []
     for i, lease in enumerate(items):
-        identity = lease.identity or staged_identity(lease.target.removeprefix(STAGED))
+        view = lease.node if lease.node and lease.node != here else ""
+        # another node's path leads elsewhere here: only what that node recorded places it
+        identity = lease.identity or ("" if view else
+                                      staged_identity(lease.target.removeprefix(STAGED)))
         for key in (lease.target, f"id:{identity}" if identity else ""):
+            key = f"{view}\0{key}" if key else ""
             if key and key in first:
                 parent[root(i)] = root(first[key])
             elif key:
                 first[key] = i
         if identity:
-            coarse.setdefault(_coarse(identity), []).append(i)
+            coarse_key = f"{view}\0{_coarse(identity)}"
+            coarse.setdefault(coarse_key, []).append(i)
             if len(_split_identity(identity)[0]) <= 2:
-                without_handle.append((i, _coarse(identity)))
+                without_handle.append((i, coarse_key))
     for i, key in without_handle:  # of an earlier release: one place with each of its inode
         for j in coarse[key]:
             parent[root(j)] = root(i)

@@ -7,6 +7,7 @@ then reach the node through ``srun --jobid`` of a job that is gone, so the bundl
 one-task job ``sbatch --dependency=afterany:JOB`` that runs ``ocistage scrun stage-out`` for
 that bundle once the job has ended in any way, pinned to the node that holds the bundle when
 it is node-local. A stage-out that ran normally cancels it, so the queue is left as it was.
+The job's options are :mod:`ocistage.runtimes.cleanupjob`'s, as for ``stage --all-nodes``.
 
 Queueing is best effort: where it fails (no sbatch, a submit limit), stage-in still succeeds,
 reports why in its result, and stage-out (or ``ocistage cache gc``) remains the way out.
@@ -20,33 +21,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ocistage.errors import OcistageError
+from ocistage.runtimes.cleanupjob import cleanup_job_options, submit_env
 from ocistage.runtimes.slurm import cancel_job, sbatch
-from ocistage.runtimes.submit import cleanup_options, this_ocistage, wrap_command
+from ocistage.runtimes.submit import this_ocistage, wrap_command
 
-#: the job's own placement, as an srun or allocation environment gives it
-_PLACEMENT_ENV = {"SLURM_JOB_PARTITION": "--partition", "SLURM_JOB_ACCOUNT": "--account",
-                  "SLURM_JOB_QOS": "--qos", "SLURM_JOB_RESERVATION": "--reservation"}
-
-
-def submit_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` without what would make sbatch, run inside a job step, inherit the step's
-    shape (``SLURM_NNODES``, ``SBATCH_*``, ...); ``SLURM_CONF`` stays."""
-    return {key: value for key, value in environ.items()
-            if key == "SLURM_CONF" or not key.startswith(("SLURM_", "SBATCH_", "SALLOC_",
-                                                          "SRUN_"))}
-
-
-def cleanup_job_options(job_id: str, *, node: str | None,
-                        environ: Mapping[str, str]) -> list[str]:
-    """sbatch options of the cleanup job: after ``job_id`` whatever its end, in the job's
-    partition/account/qos, on ``node`` (the one holding a node-local bundle) when given."""
-    placement = [f"{option}={environ[name]}" for name, option in _PLACEMENT_ENV.items()
-                 if environ.get(name)]
-    options = cleanup_options(placement, job_id, name="ocistage-scrun-unstage")
-    if node:
-        options.append(f"--nodelist={node}")
-    return options
-
+__all__ = ["cancel_cleanup", "cleanup_job_options", "queue_cleanup", "stage_out_command",
+           "submit_env"]
 
 def stage_out_command(bundle: Path, cache_root: Path,
                       ocistage: Sequence[str] | None = None) -> list[str]:

@@ -20,12 +20,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ocistage.cache.nodes import this_node
 from ocistage.errors import UsageError
 from ocistage.stagers.errors import StageError
 
@@ -50,8 +50,7 @@ def allocation_nodes(environ: Mapping[str, str] | None = None) -> int:
 
 def node_name(environ: Mapping[str, str] | None = None) -> str:
     """This node's Slurm name inside a job step (``SLURMD_NODENAME``), else the host name."""
-    env = os.environ if environ is None else environ
-    return env.get("SLURMD_NODENAME") or socket.gethostname()
+    return this_node(environ)
 
 
 def check_not_in_a_multitask_step(environ: Mapping[str, str] | None = None) -> None:

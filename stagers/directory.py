@@ -80,7 +80,8 @@ def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | Non
                     holder: Holder | None = None, link: bool | None = None, jobs: int = 8,
                     format: Format = "dir", source_label: str | None = None,
                     squashfs_mount: bool | None = None,
-                    image_progress: ImageProgress | None = None) -> StageResult:
+                    image_progress: ImageProgress | None = None,
+                    local: bool = False) -> StageResult:
     """Stage the tree ``source`` at ``to/name`` (see the module docstring); print nothing.
 
     ``link``: None shares inodes where possible (hardlink or pool), False makes independent
@@ -88,28 +89,30 @@ def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | Non
     records as the source (default: the source path). ``squashfs_mount``: None mounts the
     image where FUSE works and unpacks it elsewhere, True insists on mounting, False unpacks.
     ``image_progress``: told (files done, files) while a squashfs image is built.
+    ``local``: ``to`` is this node's own (``stage --all-nodes``): the lease records the node.
     """
     if format != "squashfs":
         return stage_tree(source, to, cache_root=cache_root, name=name, holder=holder,
-                          link=link, jobs=jobs, source_label=source_label)
-    with _staging(source, to, cache_root, name, holder) as (staging, source, _identity):
+                          link=link, jobs=jobs, source_label=source_label, local=local)
+    with _staging(source, to, cache_root, name, holder, local) as (staging, source, _identity):
         return stage_squashfs(staging, source, source_label or os.fspath(source),
                               mount_image=squashfs_mount, jobs=jobs, progress=image_progress)
 
 
 def stage_tree(source: Path, to: Path, *, cache_root: Path, name: str | None = None,
                holder: Holder | None = None, link: bool | None = None, jobs: int = 8,
-               source_label: str | None = None) -> StageResult:
+               source_label: str | None = None, local: bool = False) -> StageResult:
     """:func:`stage_directory` in the directory format alone, without the squashfs strategy
     (what scrun's stage-in calls for an engine's rootfs)."""
-    with _staging(source, to, cache_root, name, holder) as (staging, source, identity):
+    with _staging(source, to, cache_root, name, holder, local) as (staging, source, identity):
         return _stage_tree(staging, source, source_label or os.fspath(source), identity, link,
                            jobs)
 
 
 @contextmanager
 def _staging(source: Path, to: Path, cache_root: Path, name: str | None,
-             holder: Holder | None) -> Iterator[tuple[Staging, Path, str]]:
+             holder: Holder | None, local: bool = False,
+             ) -> Iterator[tuple[Staging, Path, str]]:
     """The staging of ``source`` (made absolute, a directory outside ``to``) at ``to/name``,
     and the source's sealed identity (:func:`source_identity`, "" if it is not sealed)."""
     source = Path(os.path.abspath(source))
@@ -124,7 +127,7 @@ def _staging(source: Path, to: Path, cache_root: Path, name: str | None,
     identity = source_identity(source, cache_root)  # "": not sealed
     with cyclic_gc_paused(), Staging(to, name or source.name, cache_root=cache_root,
                                      holder=holder or default_holder(),
-                                     what=os.fspath(source)) as staging:
+                                     what=os.fspath(source), local=local) as staging:
         yield staging, source, identity
 
 

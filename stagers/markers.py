@@ -201,28 +201,38 @@ class Claim:
     path: Path           # the staged path, TO/NAME
     lease: Lease
     taken: bool          # taken now: released again if nothing naming it is published
+    local: bool = False  # a node-local copy: leases on it record this node
 
 
-def claim(cache_root: Path, path: Path, holder: Holder) -> Claim:
+def claim(cache_root: Path, path: Path, holder: Holder, *, local: bool = False) -> Claim:
     """Hold staged ``path`` (see :func:`hold`; a lease of the holder is reused only if its
-    path leads to ``path``), then wait until no ``cache gc`` runs.
+    path leads to ``path``), then wait until no ``cache gc`` runs. ``local``: ``path`` is
+    this node's own copy (``stage --all-nodes``), and a lease taken records the node
+    (:class:`ocistage.cache.leases.StagedPlace`).
 
     Call it *before* looking at what is staged at ``path``: a GC that started earlier may be
     removing it (all its other leases dead); once it has finished, either it saw this lease or
     the path is gone. The claim says whether the lease was taken now (release it if staging
     fails before anything was published).
     """
-    place = StagedPlace.of(path)
+    place = StagedPlace.of(path, local=local)
     for lease in leases.leases_on_place(cache_root, place):
         # only a lease whose path reaches ``path``: the marker will name it, and GC removes
         # through the paths of a bundle's leases (one spelled by a directory removed since
-        # could never reach this one)
-        if same_holder(lease.holder, holder) and place.reached_by(lease):
+        # could never reach this one); and one recording this node if the copy is local
+        if (same_holder(lease.holder, holder) and place.reached_by(lease)
+                and bool(lease.node) == local):
             leases.wait_for_gc(cache_root)
-            return Claim(cache_root, path, lease, taken=False)
+            return Claim(cache_root, path, lease, taken=False, local=local)
     lease = place.acquire(cache_root, holder)
     leases.wait_for_gc(cache_root)
-    return Claim(cache_root, path, lease, taken=True)
+    return Claim(cache_root, path, lease, taken=True, local=local)
+
+
+def is_node_local(cache_root: Path, path: Path) -> bool:
+    """Whether staged ``path`` is this node's own copy: a lease on it records this node."""
+    place = StagedPlace.of(path)
+    return any(lease.node == place.here for lease in leases.leases_on_place(cache_root, place))
 
 
 def release_if_unused(claim: Claim) -> None:

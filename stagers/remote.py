@@ -154,14 +154,17 @@ def push_tree(source: Path, url: str, name: str, *, format: str, work: Path,
 
 
 def stage_from_url(url: str, to: Path, *, cache_root: Path, name: str | None = None,
-                   holder: Holder, mount_image: bool | None = None) -> StageResult:
-    """Fetch the squashfs image at ``url`` and mount or unpack it at ``to/name``."""
+                   holder: Holder, mount_image: bool | None = None,
+                   local: bool = False) -> StageResult:
+    """Fetch the squashfs image at ``url`` and mount or unpack it at ``to/name`` (``local``:
+    this node's own copy, see :func:`ocistage.stagers.directory.stage_directory`)."""
     base = url.rstrip("/").rsplit("/", 1)[-1]
     if not base.endswith(IMAGE_SUFFIX):
         raise StageError(f"{url} is not a squashfs image (*{IMAGE_SUFFIX})",
                          "fetch tar archives yourself; ocistage stages .sqfs images from URLs")
     name = name or base[: -len(IMAGE_SUFFIX)]
-    with Staging(to, name, cache_root=cache_root, holder=holder, what=url) as staging:
+    with Staging(to, name, cache_root=cache_root, holder=holder, what=url,
+                 local=local) as staging:
         staging.refuse_foreign("squashfs")
         if staging.marker is not None:
             # an image fetched before: URLs carry no cheap change check; unstage to refresh

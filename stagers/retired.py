@@ -72,7 +72,7 @@ def retire(replaced: Path, claim: Claim, holders: Iterable[Holder]) -> Path:
     returns where it now is (see the module docstring)."""
     final = claim.path
     aside = retired_path(final.parent, final.name)
-    place = StagedPlace.of(aside)
+    place = StagedPlace.of(aside, local=claim.local)  # a node's copy: its versions too
     taken = [place.acquire(claim.cache_root, holder) for holder in holders]
     os.rename(replaced, aside)
     fd = os.open(aside, DIR_FOLLOW)

@@ -128,12 +128,13 @@ class Staging:
     """The lock, lease, marker, scratch dirs and publication of one staging of ``to/name``."""
 
     def __init__(self, to: Path, name: str, *, cache_root: Path, holder: Holder,
-                 what: str) -> None:
+                 what: str, local: bool = False) -> None:
         self.name = check_name(name)
         self.to = make_target(to)
         self.final = self.to / self.name
         self._cache_root = cache_root
         self._holder = holder
+        self._local = local           # this node's own copy (--all-nodes): leases record it
         self.what = what              # the source, for messages
         self.marker: Marker | None = None
         self._claim: Claim | None = None
@@ -170,7 +171,7 @@ class Staging:
         self._lock = lock
         self._tmp = lock.path.parent  # checked with the lock (take_name_lock)
         try:
-            self._claim = claim(self._cache_root, self.final, self._holder)
+            self._claim = claim(self._cache_root, self.final, self._holder, local=self._local)
             clean_leftovers(self.tmp, self.name)
             retired.sweep(self.to, self.name, self._cache_root)  # of jobs that have ended
             finish_removal(self.final, self._cache_root)

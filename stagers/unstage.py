@@ -27,6 +27,7 @@ from ocistage.stagers import retired
 from ocistage.stagers.errors import StageError
 from ocistage.stagers.markers import (
     Marker,
+    is_node_local,
     live_leases,
     marker_of,
     release_leases,
@@ -131,7 +132,10 @@ def _unstage_in(parent_fd: int, parent: Path, name: str, path: Path, cache_root:
         # held by this process until the bundle is gone, and named in the outer marker
         # before anything is removed: an unstage killed half-way leaves a bundle (or what an
         # unmount left of it) that the next unstage, or GC once this process is gone, finish
-        removal = StagedPlace.of(path).acquire(cache_root, Holder.this_process())
+        # a node-local copy's removal lease records the node: another node's unstage of its
+        # own copy at the same path must not take it for a holder of that one
+        removal = StagedPlace.of(path, local=is_node_local(cache_root, path)).acquire(
+            cache_root, Holder.this_process())
         targetlayout.mark_removing(bundle, removal.id)
     except BaseException:
         if bundle.fd >= 0:

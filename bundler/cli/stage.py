@@ -71,7 +71,9 @@ def stage_command(
              "[default: the Slurm job inside a job, else the pin stage:USER].")] = None,
     all_nodes: Annotated[bool, typer.Option(
         "--all-nodes", help="Inside a Slurm job: stage on every node of the allocation "
-                            "(srun, one task per node).")] = False,
+                            "(srun, one task per node); each node's copy is removed on that "
+                            "node when the job ends (a cleanup job per node), unless --pin "
+                            "holds it.")] = False,
     link: Annotated[bool | None, typer.Option(
         "--link/--copy",
         help="--link: insist on hardlinks from the source (a bundle in the cache only); "
@@ -83,6 +85,7 @@ def stage_command(
     jobs: Annotated[int, typer.Option(
         "--jobs", "-j", min=1, max=64, help="Parallel file operations.")] = 8,
     json_lines: Annotated[bool, typer.Option("--json-lines", hidden=True)] = False,
+    node_local: Annotated[bool, typer.Option("--node-local", hidden=True)] = False,
     *,
     opts: CommonOptions,
 ) -> None:
@@ -98,7 +101,7 @@ def stage_command(
     with _image_progress(silent or format != "squashfs") as image_progress:
         staged = stage(what, StageOptions(to=settings.stage_target(to), format=format,
                                           name=name, pin=pin, all_nodes=all_nodes, link=link,
-                                          mount=mount, jobs=jobs),
+                                          mount=mount, jobs=jobs, node_local=node_local),
                        store=opts.store(settings),
                        pull_options=lambda: opts.pull_options(settings),
                        progress=lambda: download_progress(silent),

@@ -62,6 +62,7 @@ class StageOptions:
     name: str | None = None       # default: the source directory's name
     pin: str | None = None        # default holder: the Slurm job, else the pin stage:USER
     all_nodes: bool = False
+    node_local: bool = False      # TO is this node's own (a node's stager of --all-nodes)
     link: bool | None = None      # True: only hardlinks; False: independent copies
     mount: bool | None = None     # squashfs: True mount, False unpack, None either
     jobs: int = 8
@@ -132,8 +133,12 @@ def stage(what: str, options: StageOptions, *, store: Store,
         source, label, warnings, name = _resolve(what, store, pull_options, progress, in_use)
         if options.name is None and name is not None:
             options = dataclasses.replace(options, name=name)
-        return Staged(label, _dispatch(source, label, options, store, image_progress),
-                      warnings)
+        outcome = _dispatch(source, label, options, store, image_progress)
+    if isinstance(outcome, list) and options.pin is None:
+        from ocistage.bundler.flows.nodecleanup import queue_node_cleanups
+
+        warnings += queue_node_cleanups(outcome, store.root)
+    return Staged(label, outcome, warnings)
 
 
 def _resolve(what: str, store: Store, pull_options: Callable[[], PullOptions] | None,
@@ -249,14 +254,15 @@ def _dispatch(source: Path | str, label: str, options: StageOptions, store: Stor
         from ocistage.stagers.remote import stage_from_url
 
         return stage_from_url(source, Path(options.to), cache_root=cache_root,
-                              name=options.name, holder=holder, mount_image=options.mount)
+                              name=options.name, holder=holder, mount_image=options.mount,
+                              local=options.node_local)
     from ocistage.stagers.directory import stage_directory
 
     return stage_directory(source, Path(options.to), cache_root=cache_root, name=options.name,
                            holder=holder, link=options.link, jobs=options.jobs,
                            format="squashfs" if options.format == "squashfs" else "dir",
                            source_label=label, squashfs_mount=options.mount,
-                           image_progress=image_progress)
+                           image_progress=image_progress, local=options.node_local)
 
 
 def _node_argv(source: str, options: StageOptions, cache_root: Path) -> list[str]:
@@ -264,7 +270,8 @@ def _node_argv(source: str, options: StageOptions, cache_root: Path) -> list[str
     command = shutil.which("ocistage")
     argv = [command] if command else [sys.executable, "-m", "ocistage.bundler.cli.app"]
     argv += ["stage", source, "--to", options.to, "--cache", os.fspath(cache_root),
-             "--json-lines", "--format", options.format, "--jobs", str(options.jobs)]
+             "--json-lines", "--node-local", "--format", options.format, "--jobs",
+             str(options.jobs)]
     if options.name is not None:
         argv += ["--name", options.name]
     if options.pin is not None:
