@@ -215,7 +215,7 @@ def release(cache_root: Path, lease_id: str) -> bool:
         raise UsageError(f"invalid lease id {lease_id!r}")
     try:
         (cache_root / "leases" / f"{lease_id}.json").unlink()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no such lease, or no such cache here
         return False
     return True
 

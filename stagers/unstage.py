@@ -16,12 +16,14 @@ lease on the path is released. Pool entries no other bundle links to any more ar
 from __future__ import annotations
 
 import os
+import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ocistage.cache import leases, reserve, targetlayout
 from ocistage.cache.dirfds import DIR_FOLLOW, DIR_READ
+from ocistage.cache.errors import StoreError
 from ocistage.cache.leases import Holder, Lease, StagedPlace
 from ocistage.stagers import retired
 from ocistage.stagers.errors import StageError
@@ -132,24 +134,36 @@ def _unstage_in(parent_fd: int, parent: Path, name: str, path: Path, cache_root:
         # held by this process until the bundle is gone, and named in the outer marker
         # before anything is removed: an unstage killed half-way leaves a bundle (or what an
         # unmount left of it) that the next unstage, or GC once this process is gone, finish
-        # a node-local copy's removal lease records the node: another node's unstage of its
-        # own copy at the same path must not take it for a holder of that one
-        removal = StagedPlace.of(path, local=is_node_local(cache_root, path)).acquire(
-            cache_root, Holder.this_process())
-        targetlayout.mark_removing(bundle, removal.id)
+        removal = _removal_lease(cache_root, path)
+        targetlayout.mark_removing(bundle, removal)
     except BaseException:
         if bundle.fd >= 0:
             os.close(bundle.fd)
         raise
     outer = bundle.outer
     earlier = outer.get("id") if outer is not None and targetlayout.removing(outer) else None
-    release_leases(cache_root, path, holder, keep=removal.id)
+    release_leases(cache_root, path, holder, keep=removal)
     targetlayout.take_down(bundle)   # closes fd
     targetlayout.remove_beside(bundle)
-    for lease_id in (earlier, removal.id):  # the removal lease of an unstage cut short too
+    for lease_id in (earlier, removal):  # the removal lease of an unstage cut short too
         if isinstance(lease_id, str):
             leases.release(cache_root, lease_id)
     return True
+
+
+def _removal_lease(cache_root: Path, path: Path) -> str:
+    """The id of this process's lease on ``path`` while it removes it; a node-local copy's
+    records the node, so that another node's unstage of its own copy at the same path does
+    not take it for a holder of that one. Where the cache is not there and cannot be made
+    (not visible on this node: a job's cleanup on a node without it), no lease of that cache
+    can hold the copy either: an id that no lease file has."""
+    place = StagedPlace.of(path, local=is_node_local(cache_root, path))
+    try:
+        return place.acquire(cache_root, Holder.this_process()).id
+    except StoreError:
+        if cache_root.is_dir():
+            raise
+        return uuid.uuid4().hex
 
 
 def _open_bundle(parent_fd: int, parent: Path, name: str,

@@ -1,7 +1,8 @@
 """Nothing left behind by ``ocistage stage --all-nodes`` (issue 34, item 7), on the three-node
 test clusters (``slurm_nodes``: each node's node-local directory is private to its slurmd; the
 host, where the test runs ``cache gc`` as on a login node, sees its own, empty one). Everything
-runs as an ordinary user (``slurm_job_user``: no sudo, no login session on the nodes):
+runs as an ordinary user this module creates (``ocistage-allnodes``: no sudo, removed at the
+end; not the session's ``slurm_job_user``, which other test sessions on the host share):
 
 - an ``sbatch -N3`` job that stages to the node-local directory and ends: every node's copy is
   removed by the job's own cleanup (one afterany job per node), with nobody logged in; a
@@ -19,12 +20,13 @@ import json
 import shlex
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pytest_ocistage.images import ImageRef
-from pytest_ocistage.jobuser import JobUser
+from pytest_ocistage.jobuser import JobUser, job_user_account
 from pytest_ocistage.runner import OcistageRunner
 from pytest_ocistage.slurm import SlurmCluster
 
@@ -75,11 +77,17 @@ class _User:
         return found
 
 
+@pytest.fixture(scope="module")
+def job_user() -> Iterator[JobUser]:
+    with job_user_account("ocistage-allnodes") as user:
+        yield user
+
+
 @pytest.fixture
-def as_user(slurm_nodes: SlurmCluster, slurm_job_user: JobUser, shared_dir: Path) -> _User:
+def as_user(slurm_nodes: SlurmCluster, job_user: JobUser, shared_dir: Path) -> _User:
     base = shared_dir / "user"
     base.mkdir()
-    return _User(slurm_nodes, slurm_job_user, base)
+    return _User(slurm_nodes, job_user, base)
 
 
 def _copies(cluster: SlurmCluster, name: str) -> list[str]:
