@@ -44,6 +44,7 @@ class LeaseRow:
     holder: str
     created: float
     live: bool
+    node: str = ""            # of a node-local copy: the node whose copy it holds
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,9 @@ class Listing:
         if staged:
             out.table(["HOLDER", "SINCE", "LIVE", "PATH"],
                       ([lease.holder, _ago(lease.created), "yes" if lease.live else "no",
-                        lease.target.removeprefix("staged:")] for lease in staged),
+                        lease.target.removeprefix("staged:")
+                        + (f" (on node {lease.node})" if lease.node else "")]
+                       for lease in staged),
                       title="staged bundles")
 
 
@@ -147,7 +150,7 @@ def _lease_text(leases: tuple[LeaseRow, ...]) -> str:
 
 def lease_rows(leases: Iterable[Lease], states: dict[str, str] | None) -> list[LeaseRow]:
     return [LeaseRow(lease.id, ", ".join(lease.targets), lease.holder.describe(),
-                     lease.created, is_live(lease, states)) for lease in leases]
+                     lease.created, is_live(lease, states), lease.node) for lease in leases]
 
 
 def _bundle_rows(bundles: list[Bundle], refs: list[Ref], uses: dict[tuple[str, str], float],

@@ -13,6 +13,11 @@ It runs from the job's own shell (``salloc``, the ``sbatch`` script) or from a o
 Inside a step of several tasks (``srun -N3 ocistage stage --all-nodes``) every task would start
 its own srun over all nodes and resolve the REF again: N x N stagers and N manifest requests,
 so that is refused with a hint.
+
+Each stager is told ``--node-local``: its lease records its node
+(:class:`ocistage.cache.leases.StagedPlace`), so the copies one path names on the nodes do not
+hold each other. Removing them when the job ends is the caller's
+(:mod:`ocistage.bundler.flows.nodecleanup`).
 """
 
 from __future__ import annotations
