@@ -59,8 +59,6 @@ its node's leases only (:func:`staged_groups`); what GC does with such a group e
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 import json
 import os
 import shutil
@@ -76,6 +74,7 @@ from typing import Literal
 
 from ocistage.cache.atomicwrite import write_file_atomic
 from ocistage.cache.errors import ForeignFile, StoreError
+from ocistage.cache.filehandles import file_handle
 from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.locks import Owner, is_foreign, lock_owner, owner_is_dead
 from ocistage.cache.nodes import this_node
@@ -329,43 +328,6 @@ def _coarse(identity: str) -> str:
     """``st_dev:st_ino/NAME`` of an identity (the form without a file handle)."""
     where, name = _split_identity(identity)
     return f"{':'.join(where[:2])}/{name}"
-
-
-_AT_EMPTY_PATH = 0x1000
-_MAX_HANDLE_SZ = 128
-
-
-class _FileHandle(ctypes.Structure):
-    _fields_ = [("handle_bytes", ctypes.c_uint), ("handle_type", ctypes.c_int),
-                ("f_handle", ctypes.c_ubyte * _MAX_HANDLE_SZ)]
-
-
-@functools.cache
-def _name_to_handle_at() -> Callable[..., int] | None:
-    function = getattr(ctypes.CDLL(None, use_errno=True), "name_to_handle_at", None)
-    if function is None:
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(_FileHandle),
-                         ctypes.POINTER(ctypes.c_int), ctypes.c_int]
-    function.restype = ctypes.c_int
-    result: Callable[..., int] = function
-    return result
-
-
-def file_handle(fd: int) -> str:
-    """The file handle of the opened ``fd`` (``name_to_handle_at(2)``), as
-    ``<type>-<hex bytes>``; "" where the filesystem (or libc) has none. It names the inode
-    and its generation: a new directory that gets a removed one's inode number gets another
-    handle."""
-    function = _name_to_handle_at()
-    if function is None:
-        return ""
-    handle = _FileHandle(handle_bytes=_MAX_HANDLE_SZ)
-    mount_id = ctypes.c_int()
-    if function(fd, b"", ctypes.byref(handle), ctypes.byref(mount_id), _AT_EMPTY_PATH) != 0:
-        return ""
-    size = min(handle.handle_bytes, _MAX_HANDLE_SZ)
-    return f"{handle.handle_type:x}-{bytes(handle.f_handle[:size]).hex()}"
 
 
 @dataclass(frozen=True)
