@@ -105,8 +105,13 @@ class Holder:
 
     @classmethod
     def this_process(cls) -> Holder:
-        me = Owner.me()
-        return cls("pid", host=me.host, pid=me.pid, start=me.start)
+        return cls.process(os.getpid())
+
+    @classmethod
+    def process(cls, pid: int) -> Holder:
+        """Process ``pid`` of this host, by its start time (None if it is gone already)."""
+        owner = Owner.of(pid)
+        return cls("pid", host=owner.host, pid=owner.pid, start=owner.start)
 
     @classmethod
     def slurm_job(cls, job_id: str) -> Holder:

@@ -53,7 +53,12 @@ class Owner:
 
     @classmethod
     def me(cls) -> Owner:
-        return cls(socket.gethostname(), os.getpid(), _process_start_time(os.getpid()))
+        return cls.of(os.getpid())
+
+    @classmethod
+    def of(cls, pid: int) -> Owner:
+        """Process ``pid`` of this host (its start time None if it is gone already)."""
+        return cls(socket.gethostname(), pid, _process_start_time(pid))
 
     def to_json(self) -> str:
         return json.dumps({"host": self.host, "pid": self.pid, "start": self.start})

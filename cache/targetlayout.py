@@ -74,6 +74,7 @@ UNMOUNT_TIMEOUT = 60
 TEMP_GRACE = 3600.0   # a named temp file in the pool younger than this may be being written
 MAX_MARKER_BYTES = 1 << 16
 REMOVING = "removing"  # outer marker key: the bundle beside it is being removed
+_NAME_MAX = 255  # bytes of one file name (NAME_MAX)
 
 
 def shared_target(st: os.stat_result) -> bool:
@@ -206,9 +207,9 @@ def mark_removing(bundle: StagedBundle, lease_id: str) -> None:
     while the bundle's own marker is left, as before)."""
     data = json.dumps({**bundle.marker, "id": lease_id, REMOVING: True}).encode()
     name = outer_marker_name(bundle.name)
-    if not _ours_or_absent(bundle.parent_fd, name):
-        return
     temp = f".{name}.{os.getpid()}.tmp"
+    if len(os.fsencode(temp)) > _NAME_MAX or not _ours_or_absent(bundle.parent_fd, name):
+        return  # a retired version of the longest names: no outer marker fits beside it
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o644, dir_fd=bundle.parent_fd)
     try:

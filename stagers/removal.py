@@ -49,6 +49,20 @@ def remove_in_workers(path: str | os.PathLike[str], processes: int) -> None:
         os.close(parent_fd)
 
 
+def remove_subtrees(root_fd: int, processes: int) -> None:
+    """Remove the subdirectories of the directory ``root_fd`` (down to :data:`MAX_DEPTH`) with
+    everything in them, in ``processes`` forked workers: what is left is the directories above
+    them, emptied of directories, and the files in those (a staged tree's marker among them,
+    for its caller to remove last)."""
+    opened: list[int] = []
+    try:
+        subtrees = split(root_fd, processes * SPLIT_PER_PROCESS, opened)
+        map_parts(_remove_part, subtrees, processes)
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
 def split(root_fd: int, want: int, opened: list[int]) -> list[tuple[int, str]]:
     """Disjoint subtrees of the directory ``root_fd`` as (parent descriptor, name): the
     directories of the first level (up to :data:`MAX_DEPTH`) that has at least ``want`` of

@@ -22,6 +22,18 @@ retired version: a pin (``stage:USER`` outside a job) is held until
 ``unstage`` and names no running process, so it would keep every version ever replaced.
 Only the stager's own cache's leases are seen: jobs of other users that run a bundle staged
 by you are not known to it.
+
+A replaced version that no such holder may run on is retired too, and removed by a detached
+remover (:func:`retire_for_removal`, :mod:`ocistage.stagers.remover`) so that the stage returns
+at once: the remover is started first (:mod:`ocistage.stagers.detach`), a lease of the remover
+process (its id starts with :data:`REMOVER_LEASE`) is taken on the retired path, the version
+is renamed there and its marker rewritten to name that lease, and only then is the remover
+told to go. While the remover lives, nobody else touches that version (:func:`sweep` skips
+it; ``cache gc`` sees a live lease). A remover killed at any point (``SIGKILL``, the cgroup
+of a Slurm step) leaves a retired, partly removed version with a dead lease, its marker kept
+to the last (:func:`ocistage.cache.targetlayout.remove`): the next ``stage`` or ``unstage`` of
+``NAME``, ``cache gc``, or :func:`finish_retired` (a job's own cleanup of a node-local target)
+removes the rest.
 """
 
 from __future__ import annotations
@@ -29,6 +41,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import replace
@@ -41,6 +55,7 @@ from ocistage.cache.leases import Holder, Lease, StagedPlace
 from ocistage.cache.targetlayout import RETIRED_PREFIX
 from ocistage.cache.treeremoval import remove_tree
 from ocistage.errors import OcistageError
+from ocistage.stagers import detach
 from ocistage.stagers.markers import (
     Claim,
     live_leases,
@@ -49,8 +64,12 @@ from ocistage.stagers.markers import (
     staged_leases,
     write_at,
 )
+from ocistage.stagers.removal import remove_subtrees
 
 log = logging.getLogger(__name__)
+
+#: the id of a remover's lease on the version it removes starts with this
+REMOVER_LEASE = "remover-"
 
 
 def retired_path(to: Path, name: str) -> Path:
@@ -74,23 +93,59 @@ def retire(replaced: Path, claim: Claim, holders: Iterable[Holder]) -> Path:
     aside = retired_path(final.parent, final.name)
     place = StagedPlace.of(aside, local=claim.local)  # a node's copy: its versions too
     taken = [place.acquire(claim.cache_root, holder) for holder in holders]
+    _move_aside(replaced, aside, taken[0].id if taken else None)
+    return aside
+
+
+def _move_aside(replaced: Path, aside: Path, lease_id: str | None) -> None:
+    """Rename ``replaced`` to ``aside`` and make its marker name ``lease_id``."""
     os.rename(replaced, aside)
     fd = os.open(aside, DIR_FOLLOW)
     try:
         marker = marker_of(targetlayout.read_json_at(fd, targetlayout.MARKER_NAME))
-        if marker is not None and taken:
-            write_at(fd, targetlayout.MARKER_NAME, replace(marker, id=taken[0].id).to_json())
+        if marker is not None and lease_id is not None:
+            write_at(fd, targetlayout.MARKER_NAME, replace(marker, id=lease_id).to_json())
     finally:
         os.close(fd)
-    return aside
 
 
-def retired_versions(to: Path, name: str) -> list[Path]:
-    """The retired versions of ``name`` in ``to``: directories of that name's pattern that
-    are ours (:func:`ocistage.cache.dirtrust.trust_problem`). In a sticky target a co-tenant can
-    plant anything under such a name (a directory of theirs, a symlink): that is not ours to sweep,
-    and failing on it would let them stop every stage of ``name``."""
-    pattern = re.compile(re.escape(RETIRED_PREFIX + name) + r"\.[0-9a-f]{10}")
+def retire_for_removal(replaced: Path, claim: Claim) -> bool:
+    """Retire the replaced version ``replaced`` of the claimed path and hand it to a detached
+    remover (module docstring); False if no remover could be started (nothing was moved: the
+    caller removes it)."""
+    remover = detach.spawn()
+    if remover is None:
+        return False
+    final = claim.path
+    aside = retired_path(final.parent, final.name)
+    try:
+        place = StagedPlace.of(aside)
+        lease = Lease(id=f"{REMOVER_LEASE}{uuid.uuid4().hex}", target=place.target,
+                      holder=remover.holder, created=time.time(), identity=place.identity)
+        leases.record(claim.cache_root, lease)
+        _move_aside(replaced, aside, lease.id)
+    except BaseException:
+        remover.cancel()
+        raise
+    if not remover.go({"cache": str(claim.cache_root), "path": str(aside), "lease": lease.id}):
+        remove_retired(aside, claim.cache_root, lease.id)  # the remover died: do it here
+    return True
+
+
+def is_remover(lease: Lease) -> bool:
+    """Whether ``lease`` is a remover's on the version it removes."""
+    return lease.id.startswith(REMOVER_LEASE)
+
+
+def retired_versions(to: Path, name: str | None) -> list[Path]:
+    """The retired versions of ``name`` (of every name, if None) in ``to``: directories of
+    that name's pattern that are ours (:func:`ocistage.cache.dirtrust.trust_problem`). In a
+    sticky target a co-tenant can plant anything under such a name (a directory of theirs, a
+    symlink): that is not ours to sweep, and failing on it would let them stop every stage of
+    ``name``."""
+    stem = re.escape(RETIRED_PREFIX + name) if name is not None else re.escape(
+        RETIRED_PREFIX) + ".+"
+    pattern = re.compile(stem + r"\.[0-9a-f]{10}")
     try:
         entries = os.listdir(to)
     except OSError:
@@ -100,16 +155,28 @@ def retired_versions(to: Path, name: str) -> list[Path]:
         if not pattern.fullmatch(entry):
             continue
         try:
-            if trust_problem(os.lstat(to / entry)) is None:
-                found.append(to / entry)
+            st = os.lstat(to / entry)
         except FileNotFoundError:
             continue
+        if stat.S_ISDIR(st.st_mode) and trust_problem(st) is None:
+            found.append(to / entry)
     return found
 
 
-def sweep(to: Path, name: str, cache_root: Path, *, holder: Holder | None = None,
+def finish_retired(to: Path, cache_root: Path, name: str | None = None) -> int:
+    """Remove what is left of the retired versions in the target ``to`` (of ``name``, or of
+    every name) that no live lease holds and no live remover is removing: those of a remover
+    killed mid-way, of jobs that have ended. Only the caller's own are looked at; returns how
+    many were removed. What the next ``stage`` and ``unstage`` of a name do, and what a job's
+    own cleanup of a node-local target, which may never see another command, calls."""
+    return sweep(to, name, cache_root)
+
+
+def sweep(to: Path, name: str | None, cache_root: Path, *, holder: Holder | None = None,
           release: bool = False, force: bool = False) -> int:
-    """Remove the retired versions of ``name`` that no live lease holds; returns how many.
+    """Remove the retired versions of ``name`` (every name: None) that no live lease holds;
+    returns how many. One that a live remover is removing is left to it, whatever else is
+    asked (it is going anyway).
 
     ``release``: first release ``holder``'s leases on them (every lease when ``holder`` is
     None), as ``unstage`` does; ``force``: remove them whoever holds them. Pool entries only
@@ -117,6 +184,8 @@ def sweep(to: Path, name: str, cache_root: Path, *, holder: Holder | None = None
     """
     removed = 0
     for path in retired_versions(to, name):
+        if any(is_remover(lease) for lease in live_leases(staged_leases(cache_root, path))):
+            continue
         if force or release:
             remaining = release_leases(cache_root, path, None if force else holder)
         else:
@@ -150,3 +219,21 @@ def _remove(path: Path) -> None:
         targetlayout.take_down(bundle)
     finally:
         os.close(bundle.parent_fd)
+
+
+def remove_retired(path: Path, cache_root: Path, lease_id: str, processes: int = 1) -> None:
+    """Remove the retired version at ``path`` as the holder of lease ``lease_id`` on it (the
+    remover), then every lease on it: the outer marker beside it names that lease first, its
+    subtrees go in ``processes`` forked workers, its marker last
+    (:func:`ocistage.cache.targetlayout.remove`), so a removal killed at any point leaves
+    what ``cache gc`` and :func:`sweep` finish."""
+    bundle = targetlayout.open_staged(path)
+    if bundle is None:  # no marker (a crash between the rename and the marker's rewrite)
+        remove_tree(path)
+    else:
+        if processes > 1 and not bundle.remnant and not bundle.mounted:
+            targetlayout.mark_removing(bundle, lease_id)
+            remove_subtrees(bundle.fd, processes)
+        targetlayout.remove(bundle, lease_id)
+    for lease in staged_leases(cache_root, path):
+        leases.release(cache_root, lease.id)

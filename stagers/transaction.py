@@ -11,8 +11,9 @@ sequence around that is this module's, written once::
         scratch = staging.scratch()          # TO/.ocistage-tmp[-<uid>]/NAME.<pid>-<random>
         ...                                  # the strategy fills it
         staging.publish(scratch)             # rename (or exchange) into TO/NAME; the
-                                             # replaced version is removed, or retired while
-                                             # a job may run on it (ocistage.stagers.retired)
+                                             # replaced version is retired: kept while a job
+                                             # may run on it, else removed by a detached
+                                             # remover (ocistage.stagers.retired)
 
 Entering: make ``TO`` (a file there is refused), take ``NAME``'s lock, claim the holder's lease
 *before* looking at what is staged (a GC that started earlier finishes first), remove the
@@ -303,8 +304,10 @@ class Staging:
 
     def publish(self, tree: Path, processes: int = 1) -> bool:
         """Make ``tree`` (in a scratch dir) ``TO/NAME`` by one rename, or an exchange with the
-        previous version, which is then removed (in ``processes`` workers), or retired while
-        :meth:`users` may run on it. True if a previous version was replaced.
+        previous version, which is then retired: kept while :meth:`users` may run on it, else
+        handed to a detached remover (:func:`ocistage.stagers.retired.retire_for_removal`; where
+        none can be started, removed here in ``processes`` workers). True if a previous
+        version was replaced.
 
         ``tree`` is made owner-only (:data:`ocistage.cache.privatedirs.PRIVATE_DIR_MODE`), and so
         stays when it is retired: no other user of the host may reach the image's setuid/setgid
@@ -316,15 +319,17 @@ class Staging:
         fsync_dir(self.to)
         if replaced is None:
             return False
-        if users:
-            try:
-                assert self._claim is not None
+        assert self._claim is not None
+        try:
+            if users:
                 retired.retire(replaced, self._claim, users)
-            except BaseException:
-                self._keep(replaced)
-                raise
-        else:
-            remove_in_workers(replaced, processes)
+                return True
+            if retired.retire_for_removal(replaced, self._claim):
+                return True
+        except BaseException:
+            self._keep(replaced)
+            raise
+        remove_in_workers(replaced, processes)  # no remover could be started
         return True
 
 

@@ -28,6 +28,7 @@ from ocistage.stagers.filemanifest import (
     scan,
 )
 from ocistage.stagers.markers import Marker
+from tests.removers import settle
 from tests.stagers.conftest import make_tree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,7 +102,8 @@ def test_restaging_is_incremental(tree: Path, tmp_path: Path, other_fs: Path,
     assert (changed.path / "rootfs" / "bin" / "f7").read_bytes() == b"a new version of f7\n"
     assert not (changed.path / "rootfs" / "bin" / "f9").exists()
     assert _tree_view(changed.path) == _tree_view(tree)
-    # the old version is gone, and with it the pool entries only it used
+    # the old version is gone (its remover done), and with it the pool entries only it used
+    settle(cache)
     if changed.method == "pool":
         pooled = {p.name for p in (other_fs / ".ocistage-pool").rglob("*") if p.is_file()}
         assert len(pooled) == len({(v[1], v[2]) for v in _tree_view(tree).values()

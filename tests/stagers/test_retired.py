@@ -34,6 +34,7 @@ from ocistage.stagers.target import MAX_NAME
 from ocistage.stagers.unstage import unstage
 from pytest_ocistage.components import require_binary, require_root
 from tests.bundler.clirun import Cli, cli
+from tests.removers import settle
 
 __all__ = ["cli"]  # the fixture
 
@@ -130,6 +131,7 @@ def test_pins_and_the_stager_itself_do_not_retire(tmp_path: Path) -> None:
     hold(cache, first.path, Holder.pin("another"))
     _write(source / "rootfs" / "etc" / "version", "two\n")
     _stage(source, to, cache, holder=Holder("pid", socket.gethostname(), os.getpid()))
+    settle(cache)  # not kept: removed by its remover
     assert retired_versions(to, "app") == []
 
 
@@ -206,6 +208,7 @@ def test_a_retired_version_that_cannot_be_removed_does_not_stop_staging(
         _write(source / "rootfs" / "etc" / "version", "three\n")
         third = _stage(source, to, cache)
         assert (third.path / "rootfs" / "etc" / "version").read_text() == "three\n"
+        settle(cache)  # the version the third stage replaced: removed by its remover
         assert retired_versions(to, "app") == [aside]
         assert (aside / MARKER_NAME).is_file()  # removed last: gc still knows it
         assert leases.leases_on(cache, f"staged:{aside}") != []

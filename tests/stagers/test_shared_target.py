@@ -29,6 +29,7 @@ from tests.cotenant import (
     second_user,
     sticky_directory,
 )
+from tests.removers import settle_homes
 
 pytestmark = second_user
 
@@ -42,7 +43,10 @@ def shared() -> Iterator[Path]:
     with sticky_directory("ocistage-shared-") as directory:
         homes = directory.parent / "homes"
         homes.mkdir()
-        yield directory
+        try:
+            yield directory
+        finally:
+            settle_homes(homes)  # the removers of replaced versions, before the rmtree
 
 
 @pytest.fixture
@@ -105,6 +109,7 @@ def test_every_user_stages_into_one_sticky_target_one_after_another(
             assert_staged(shared, who, f"app-{who.name}", version)
             assert not [n for n in os.listdir(shared) if n.startswith(".ocistage-tmp")]
     names = [f"app-{who.name}" for who in users]
+    settle_homes(homes(shared))  # the replaced versions are removed by detached removers
     assert sorted(os.listdir(shared)) == own_entries(shared, users, names)
     for who in users:
         pool = shared / f".ocistage-pool-{who.uid}"
@@ -121,6 +126,7 @@ def test_every_user_stages_into_one_sticky_target_one_after_another(
     for who in users:
         gone = who.ocistage(homes(shared), "unstage", str(shared / f"app-{who.name}"))
         assert gone.returncode == 0, gone.stderr
+    settle_homes(homes(shared))
     assert sorted(os.listdir(shared)) == own_entries(shared, users, [])
     assert [p for p in shared.rglob("*") if p.is_file()] == []
 

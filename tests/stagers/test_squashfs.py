@@ -22,6 +22,7 @@ from ocistage.stagers.markers import Marker
 from ocistage.stagers.unstage import unstage
 from pytest_ocistage.components import require_binary, require_root
 from tests.cotenant import require_python_for
+from tests.removers import settle
 from tests.stagers.conftest import require_fuse_mount
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,6 +55,7 @@ def test_unpacked_image_reproduces_the_tree(tree: Path, tmp_path: Path) -> None:
     assert changed.copied == changed.files
     assert (changed.path / "rootfs" / "bin" / "f4").read_text() == "changed\n"
     assert unstage(changed.path, cache_root=cache)
+    settle(cache)  # the remover of the replaced version
     assert sorted(os.listdir(tmp_path / "t")) == []
     assert leases.leases_on(cache, f"staged:{changed.path}") == []
 
