@@ -34,7 +34,9 @@ MAX_LOCK_BYTES = 64 << 10
 
 
 def _process_start_time(pid: int) -> str | None:
-    """The start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    """The start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat); None
+    if it is gone, or has exited and waits to be reaped (a zombie holds nothing: where init
+    does not reap orphans, as in some containers, a killed process stays one)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             data = stat.read()
@@ -42,7 +44,19 @@ def _process_start_time(pid: int) -> str | None:
         return None
     # the command name (field 2) is in parentheses and may contain spaces or parentheses
     fields = data[data.rfind(b")") + 2 :].split()
-    return fields[19].decode() if len(fields) > 19 else None
+    if len(fields) <= 19 or fields[0] == b"Z":
+        return None
+    return fields[19].decode()
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            data = stat.read()
+    except OSError:
+        return False
+    return data[data.rfind(b")") + 2 :].startswith(b"Z")
 
 
 @dataclass(frozen=True)
@@ -81,7 +95,9 @@ class Owner:
             return False
         except PermissionError:
             pass
-        return self.start is None or _process_start_time(self.pid) == self.start
+        if self.start is None:  # recorded without one: alive unless it has exited
+            return not _zombie(self.pid)
+        return _process_start_time(self.pid) == self.start
 
 
 def _read_small(path: Path) -> tuple[str, os.stat_result]:

@@ -139,28 +139,33 @@ def is_remover(lease: Lease) -> bool:
 
 def retired_versions(to: Path, name: str | None) -> list[Path]:
     """The retired versions of ``name`` (of every name, if None) in ``to``: directories of
-    that name's pattern that are ours (:func:`ocistage.cache.dirtrust.trust_problem`). In a
+    that name's pattern that are ours (:func:`ocistage.cache.dirtrust.trust_problem`), and the
+    paths of those whose removal left only the outer marker beside them (a file of ours). In a
     sticky target a co-tenant can plant anything under such a name (a directory of theirs, a
     symlink): that is not ours to sweep, and failing on it would let them stop every stage of
     ``name``."""
     stem = re.escape(RETIRED_PREFIX + name) if name is not None else re.escape(
         RETIRED_PREFIX) + ".+"
     pattern = re.compile(stem + r"\.[0-9a-f]{10}")
+    outer = re.compile(r"\.(" + stem + r"\.[0-9a-f]{10})" + re.escape(targetlayout.MARKER_NAME))
     try:
         entries = os.listdir(to)
     except OSError:
         return []
-    found = []
+    found: dict[str, Path] = {}
     for entry in sorted(entries):
-        if not pattern.fullmatch(entry):
+        beside = outer.fullmatch(entry)
+        if not pattern.fullmatch(entry) and beside is None:
             continue
         try:
             st = os.lstat(to / entry)
         except FileNotFoundError:
             continue
-        if stat.S_ISDIR(st.st_mode) and trust_problem(st) is None:
-            found.append(to / entry)
-    return found
+        if beside is not None and stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+            found.setdefault(beside.group(1), to / beside.group(1))
+        elif beside is None and stat.S_ISDIR(st.st_mode) and trust_problem(st) is None:
+            found[entry] = to / entry
+    return sorted(found.values())
 
 
 def finish_retired(to: Path, cache_root: Path, name: str | None = None) -> int:
@@ -208,15 +213,16 @@ def sweep(to: Path, name: str | None, cache_root: Path, *, holder: Holder | None
 
 
 def _remove(path: Path) -> None:
-    """Remove a retired version, its marker last (:func:`ocistage.cache.targetlayout.take_down`):
-    one that
-    stops half-way stays recognisable to ``cache gc`` and the next sweep."""
+    """Remove a retired version, its marker last (:func:`ocistage.cache.targetlayout.take_down`),
+    then the outer marker beside it, if a remover wrote one: one that stops half-way stays
+    recognisable to ``cache gc`` and the next sweep."""
     bundle = targetlayout.open_staged(path)
     if bundle is None:  # no marker (a crash between the rename and the marker's rewrite)
         remove_tree(path)
         return
     try:
         targetlayout.take_down(bundle)
+        targetlayout.drop_outer_marker(bundle)
     finally:
         os.close(bundle.parent_fd)
 

@@ -89,3 +89,18 @@ def settle_homes(homes: Path, timeout: float = SETTLE_SECONDS) -> None:
     """:func:`settle` the cache of every user's home under ``homes`` (tests/cotenant.py)."""
     caches = [home / "cache" for home in sorted(homes.iterdir()) if (home / "cache").is_dir()]
     reap(lambda: [pid for cache in caches for pid in remover_pids(cache)], timeout)
+
+
+def session_members(sid: int) -> list[int]:
+    """The running processes of session ``sid`` (a remover and its forked workers)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(int(entry))
+    return found
