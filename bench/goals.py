@@ -255,9 +255,9 @@ def stage_goals(files: int, megabytes: int, reps: int, raw: dict[str, Any]) -> l
              ratio(changed["cli"], changed["cpal"]),
              f"{changed['cli']:.3f} / {changed['cpal']:.3f}"),
         Goal(f"re-stage 1% changed, whole work / cp -al + rm -rf ({files // 1000}k)", 1.5,
-             "<=", ratio(changed["cli"], changed["linkfarm"]),
-             f"{changed['cli']:.3f} / {changed['linkfarm']:.3f} (the replaced version is "
-             "removed inside the command: whole work = the command)"),
+             "<=", ratio(changed["cli_whole"], changed["linkfarm"]),
+             f"{changed['cli_whole']:.3f} / {changed['linkfarm']:.3f} (until the detached "
+             "remover has removed the replaced version)"),
     ]
 
 

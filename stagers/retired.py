@@ -1,4 +1,4 @@
-"""Versions replaced while a job may still run on them: kept aside until it has ended.
+"""Replaced versions: retired, kept while a job may still run on them, else handed to a remover.
 
 A re-stage of a changed source publishes the new version of ``TO/NAME`` by an exchange, and
 the replaced version used to be removed at once. But a job that started a container on it
