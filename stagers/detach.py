@@ -39,7 +39,7 @@ class Detached:
         (it could not start Python: then nobody removes what the message names)."""
         data = json.dumps(message).encode()
         try:
-            while data:  # a message is small (paths and lease ids): one write
+            while data:  # a message is small (paths and a lease id): one write
                 data = data[os.write(self.go_fd, data):]
         except OSError:  # EPIPE: no reader any more
             return False

@@ -207,10 +207,10 @@ def _build(staging: Staging, source: Path, label: str, method: Method, identity:
     manifest, files = _write_version(staging, builder.scratch, label, method, identity,
                                      entries, tree)
     processes = min(jobs, usable_cpus()) if files >= FORK_MIN_FILES else 1
-    if staging.publish(builder.scratch, processes) and previous is not None \
-            and previous.method == Method.POOL:
-        pool.release(_released_keys(previous, manifest, before, builder.replaced,
-                                    builder.counts.unchanged))
+    released = (_released_keys(previous, manifest, before, builder.replaced,
+                               builder.counts.unchanged)
+                if previous is not None and previous.method == Method.POOL else None)
+    staging.publish(builder.scratch, processes, released)
     counts = builder.counts
     return StageResult(staging.final, files, counts.copied, counts.linked, counts.unchanged,
                        counts.bytes_copied, staging.lease.id, method.value)

@@ -4,11 +4,12 @@ handed to it on descriptor ``FD``, at the lowest CPU and I/O priority.
 Started by :func:`ocistage.stagers.detach.spawn` (its own session, nice 19, stdio on
 ``/dev/null``); it asks for the idle I/O class itself where the kernel has one. It reads one
 JSON message to the end of ``FD``: ``{"cache": CACHE, "path": RETIRED, "lease": ID}`` — the
-retired version (:data:`ocistage.cache.targetlayout.RETIRED_PREFIX`) and this process's lease on
-it — and removes it with :func:`ocistage.stagers.retired.remove_retired`, its subtrees in a
-forked worker per usable CPU. No message (the stager was killed first), or one that names no
-retired version of this user: nothing is done. Nothing is printed: whatever stops it, the
-next command finishes the version (:mod:`ocistage.stagers.retired`).
+retired version (:data:`ocistage.cache.targetlayout.RETIRED_PREFIX`) and this process's lease
+on it — and removes it with
+:func:`ocistage.stagers.retired.remove_retired`, its subtrees in a forked worker per usable
+CPU. No message (the stager was killed first), or one that does not parse: nothing is done.
+Nothing is printed: whatever stops it, the next command finishes the version
+(:mod:`ocistage.stagers.retired`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import platform
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from ocistage.cache.cpus import usable_cpus
@@ -36,6 +38,16 @@ _IOPRIO_IDLE = 3 << 13
 _LEASE = re.compile(re.escape(REMOVER_LEASE) + r"[0-9a-f]{32}")
 
 
+@dataclass(frozen=True)
+class Message:
+    """The remover's work: the retired version ``path`` and its lease ``lease`` in
+    ``cache``."""
+
+    cache: Path
+    path: Path
+    lease: str
+
+
 def idle_io() -> bool:
     """Put this process in the idle I/O class; False where that cannot be done."""
     number = _IOPRIO_SET.get(platform.machine())
@@ -48,7 +60,7 @@ def idle_io() -> bool:
         return False
 
 
-def read_message(fd: int) -> dict[str, str] | None:
+def read_message(fd: int) -> Message | None:
     """The message on ``fd`` (read to its end), if it is a whole one naming a retired
     version (an absolute path), a cache and a remover's lease."""
     data = b""
@@ -61,15 +73,14 @@ def read_message(fd: int) -> dict[str, str] | None:
         return None
     if not isinstance(message, dict):
         return None
-    fields = {key: message.get(key) for key in ("cache", "path", "lease")}
-    if not all(isinstance(value, str) for value in fields.values()):
+    fields = [message.get(key) for key in ("cache", "path", "lease")]
+    if not all(isinstance(value, str) for value in fields):
         return None
-    path = str(fields["path"])
+    cache, path, lease = (str(value) for value in fields)
     if not (os.path.isabs(path) and os.path.normpath(path) == path
-            and os.path.basename(path).startswith(RETIRED_PREFIX)
-            and _LEASE.fullmatch(str(fields["lease"]))):
+            and os.path.basename(path).startswith(RETIRED_PREFIX) and _LEASE.fullmatch(lease)):
         return None
-    return {key: str(value) for key, value in fields.items()}
+    return Message(Path(cache), Path(path), lease)
 
 
 def main(argv: list[str]) -> int:
@@ -80,8 +91,7 @@ def main(argv: list[str]) -> int:
     if message is None:
         return 0
     try:
-        remove_retired(Path(message["path"]), Path(message["cache"]), message["lease"],
-                       usable_cpus())
+        remove_retired(message.path, message.cache, message.lease, usable_cpus())
     except Exception:
         return 1
     return 0

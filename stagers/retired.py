@@ -109,11 +109,12 @@ def _move_aside(replaced: Path, aside: Path, lease_id: str | None) -> None:
         os.close(fd)
 
 
-def retire_for_removal(replaced: Path, claim: Claim) -> bool:
+def retire_for_removal(replaced: Path, claim: Claim,
+                       remover: detach.Detached | None = None) -> bool:
     """Retire the replaced version ``replaced`` of the claimed path and hand it to a detached
-    remover (module docstring); False if no remover could be started (nothing was moved: the
-    caller removes it)."""
-    remover = detach.spawn()
+    remover (module docstring): ``remover`` if one was started already, else a new one. False
+    if no remover could be started (nothing was moved: the caller removes it)."""
+    remover = remover or detach.spawn()
     if remover is None:
         return False
     final = claim.path
@@ -128,7 +129,7 @@ def retire_for_removal(replaced: Path, claim: Claim) -> bool:
         remover.cancel()
         raise
     if not remover.go({"cache": str(claim.cache_root), "path": str(aside), "lease": lease.id}):
-        remove_retired(aside, claim.cache_root, lease.id)  # the remover died: do it here
+        remove_retired(aside, claim.cache_root, lease.id)  # it died: do it here
     return True
 
 
@@ -230,16 +231,25 @@ def _remove(path: Path) -> None:
 def remove_retired(path: Path, cache_root: Path, lease_id: str, processes: int = 1) -> None:
     """Remove the retired version at ``path`` as the holder of lease ``lease_id`` on it (the
     remover), then every lease on it: the outer marker beside it names that lease first, its
-    subtrees go in ``processes`` forked workers, its marker last
-    (:func:`ocistage.cache.targetlayout.remove`), so a removal killed at any point leaves
-    what ``cache gc`` and :func:`sweep` finish."""
+    subtrees go in ``processes`` forked workers, its marker last (as
+    :func:`ocistage.cache.targetlayout.remove` does), so a removal killed at any point leaves
+    what ``cache gc`` and :func:`sweep` finish. Then the target's pool is swept of entries no
+    bundle links any more (the whole pool: what the stage that replaced the version found only
+    it used is not enough, when other versions of the name are removed or unstaged meanwhile)."""
     bundle = targetlayout.open_staged(path)
     if bundle is None:  # no marker (a crash between the rename and the marker's rewrite)
         remove_tree(path)
     else:
-        if processes > 1 and not bundle.remnant and not bundle.mounted:
-            targetlayout.mark_removing(bundle, lease_id)
-            remove_subtrees(bundle.fd, processes)
-        targetlayout.remove(bundle, lease_id)
+        try:
+            if not bundle.remnant:
+                targetlayout.mark_removing(bundle, lease_id)
+                if processes > 1 and not bundle.mounted:
+                    remove_subtrees(bundle.fd, processes)
+            targetlayout.take_down(bundle)
+            if bundle.marker.get("method") == "pool":
+                targetlayout.sweep_pool(path.parent)
+            targetlayout.drop_outer_marker(bundle)
+        finally:
+            os.close(bundle.parent_fd)
     for lease in staged_leases(cache_root, path):
         leases.release(cache_root, lease.id)

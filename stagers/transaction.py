@@ -45,7 +45,7 @@ from ocistage.cache.leases import Holder, Lease
 from ocistage.cache.locks import FileLock
 from ocistage.cache.privatedirs import PRIVATE_DIR_MODE, make_private
 from ocistage.cache.targetlayout import image_path, sweep_pool
-from ocistage.stagers import retired
+from ocistage.stagers import detach, retired
 from ocistage.stagers.errors import StageError, StageUsageError
 from ocistage.stagers.filemanifest import MANIFEST_NAME, Manifest, load_manifest
 from ocistage.stagers.markers import (
@@ -144,6 +144,7 @@ class Staging:
         self._lock: FileLock | None = None
         self._tmp: Path | None = None
         self._users: list[Holder] | None = None
+        self._remover: detach.Detached | None = None
 
     @property
     def lease(self) -> Lease:
@@ -224,7 +225,11 @@ class Staging:
                     self.final, replaced)
 
     def _release_lock(self) -> None:
-        """Release the lock, then remove the scratch dir if this left it empty."""
+        """Release the lock (and a remover that was not needed), then remove the scratch dir
+        if this left it empty."""
+        if self._remover is not None:
+            self._remover.cancel()
+            self._remover = None
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -282,9 +287,13 @@ class Staging:
     # -- making and publishing a version ----------------------------------------------------
 
     def scratch(self) -> Path:
-        """A new private scratch dir beside ``TO/NAME``; removed when the staging ends."""
+        """A new private scratch dir beside ``TO/NAME``; removed when the staging ends. A new
+        version is about to be built: if it will replace one that nobody runs on, the remover
+        of that one is started now, so that its start-up overlaps the build."""
         scratch = new_scratch(self.tmp, self.name)
         self._scratches.append(scratch)
+        if self._remover is None and self.marker is not None and not self.users():
+            self._remover = detach.spawn()
         return scratch
 
     def use_pool(self) -> None:
@@ -302,12 +311,15 @@ class Staging:
             self._users = [lease.holder for lease in retired.users(self._claim)]
         return self._users
 
-    def publish(self, tree: Path, processes: int = 1) -> bool:
+    def publish(self, tree: Path, processes: int = 1,
+                released: set[str] | None = None) -> bool:
         """Make ``tree`` (in a scratch dir) ``TO/NAME`` by one rename, or an exchange with the
         previous version, which is then retired: kept while :meth:`users` may run on it, else
         handed to a detached remover (:func:`ocistage.stagers.retired.retire_for_removal`; where
-        none can be started, removed here in ``processes`` workers). True if a previous
-        version was replaced.
+        none can be started, removed here in ``processes`` workers). ``released``: pool keys
+        only the previous version may have used, whose entries are removed once no bundle links
+        them (a remover sweeps the whole pool instead). True if a previous version was
+        replaced.
 
         ``tree`` is made owner-only (:data:`ocistage.cache.privatedirs.PRIVATE_DIR_MODE`), and so
         stays when it is retired: no other user of the host may reach the image's setuid/setgid
@@ -320,16 +332,22 @@ class Staging:
         if replaced is None:
             return False
         assert self._claim is not None
+        remover, self._remover = self._remover, None
         try:
             if users:
                 retired.retire(replaced, self._claim, users)
-                return True
-            if retired.retire_for_removal(replaced, self._claim):
+            elif retired.retire_for_removal(replaced, self._claim, remover):
                 return True
         except BaseException:
             self._keep(replaced)
             raise
-        remove_in_workers(replaced, processes)  # no remover could be started
+        finally:
+            if users and remover is not None:
+                remover.cancel()
+        if not users:
+            remove_in_workers(replaced, processes)  # no remover could be started
+        if released:
+            Pool.of_target(self.to).release(released)
         return True
 
 

@@ -7,6 +7,7 @@ signals; every remover a test starts is waited for (tests/removers.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -114,11 +115,20 @@ def test_a_remover_without_a_whole_message_does_nothing(tmp_path: Path) -> None:
     os.close(write)
     assert remover.read_message(read) is None
     os.close(read)
+    lease = "remover-" + "0" * 32
+    read, write = os.pipe()
+    os.write(write, json.dumps({"cache": "/c", "path": "/t/.ocistage-retired-x.0123456789",
+                                "lease": lease}).encode())
+    os.close(write)
+    assert remover.read_message(read) == remover.Message(
+        Path("/c"), Path("/t/.ocistage-retired-x.0123456789"), lease)
+    os.close(read)
     for bad in ({"cache": "/c", "path": "/t/x", "lease": "remover-" + "0" * 32},
+                {"cache": "/c", "path": "/t/../.ocistage-retired-x.0123456789", "lease": lease},
                 {"cache": "/c", "path": "t/.ocistage-retired-x", "lease": "remover-" + "0" * 32},
                 {"cache": "/c", "path": "/t/.ocistage-retired-x.0123456789", "lease": "x"}):
         read, write = os.pipe()
-        os.write(write, str(bad).replace("'", '"').encode())
+        os.write(write, json.dumps(bad).encode())
         os.close(write)
         assert remover.read_message(read) is None, bad
         os.close(read)
