@@ -469,7 +469,8 @@ def goals_of(case: str, summary: dict[str, float]) -> list[str]:
     """This case's goals as ``tool/peer RATIO (goal <= LIMIT) OK|MISSED``."""
     found = []
     for goal_case, tool, peer, limit in GOALS:
-        if goal_case != case or f"{peer}_s" not in summary or not summary[f"{peer}_s"]:
+        if goal_case != case or f"{peer}_s" not in summary or not summary[f"{peer}_s"] \
+                or f"{tool}_s" not in summary:
             continue
         ratio = summary[f"{tool}_s"] / summary[f"{peer}_s"]
         verdict = "OK" if ratio <= limit else "MISSED"

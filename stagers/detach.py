@@ -92,9 +92,8 @@ def _first_child(go_read: int, go_write: int, pid_read: int, pid_write: int) -> 
         os.close(go_write)
         os.close(pid_read)
         remover = os.fork()
-        if remover == 0:
-            os.close(pid_write)  # the caller reads it to its end
-            _exec_remover(go_read)
+        if remover == 0:  # pid_write closes with the exec (O_CLOEXEC): the caller's read
+            _exec_remover(go_read)  # of it ends once the remover is set up and running
         os.write(pid_write, str(remover).encode())
         code = 0
     finally:
