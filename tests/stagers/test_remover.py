@@ -253,6 +253,7 @@ def test_unstage_while_a_remover_runs(restaged: tuple[Path, Path, Path, int]) ->
 def test_two_stages_of_one_name_at_once(tmp_path: Path) -> None:
     to, cache = tmp_path / "to", tmp_path / "c"
     sources = [_tree(tmp_path / f"src{n}", 500, f"{n}\n") for n in range(2)]
+    cache.mkdir(mode=0o700)  # private, as the command makes it (else it says so)
     _stage(sources[0], to, cache)
     env = {**os.environ, "OCISTAGE_CACHE": str(cache)}
     for round_ in range(3):
