@@ -20,8 +20,12 @@ The Slurm clusters (``slurm_22_05``, ``slurm_24_05``, ``slurm_cluster``, ``share
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,6 +44,7 @@ from pytest_ocistage.plugin import BASIC_USER as HTPASSWD_USER
 from pytest_ocistage.plugin import TOKEN_PASSWORD, TOKEN_USER
 from pytest_ocistage.runner import OcistageRunner, ocistage_command
 from pytest_ocistage.tokenissuer import TokenIssuer
+from tests.procs import running
 
 __all__ = ["HTPASSWD_PASSWORD", "HTPASSWD_USER", "TOKEN_PASSWORD", "TOKEN_USER",
            "OcistageRunner", "ocistage_command", "require_binary"]
@@ -136,3 +141,14 @@ def images(fixture_layouts_built: FixtureLayouts, ocistage_session_dir: Path,
         PushSpec("token/private", "busybox", token_registry, "private/busybox"),
     ]
     return push_all(specs, fixture_layouts_built, ocistage_session_dir / "push")
+
+
+@pytest.fixture
+def survivors() -> Iterator[list[int]]:
+    """Pids a test saw; any still running at its end is killed (the test has failed then)."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        if running(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,7 +22,7 @@ from pytest_ocistage.imagebuild import File
 from pytest_ocistage.images import ImageRef
 from pytest_ocistage.plugin import ImageFactory
 from tests.e2e.conftest import OcistageRunner
-from tests.procs import descendants_named, running
+from tests.procs import descendants_named
 
 pytestmark = pytest.mark.e2e
 
@@ -34,17 +34,6 @@ def image(oci_image: ImageFactory, oci_registry: Registry) -> ImageRef:
     built = oci_image({"data/blob": File(os.urandom(PAYLOAD)), "etc/hostname": "x\n"},
                       cmd=["/data/blob"])
     return built.push(oci_registry, "pyxis/interrupted", "1")
-
-
-@pytest.fixture
-def survivors() -> Iterator[list[int]]:
-    """Pids a test saw; any still running at its end is killed (the test has failed then)."""
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        if running(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
 def wait_until(condition: Callable[[], object], what: str, seconds: float = 120.0) -> object:

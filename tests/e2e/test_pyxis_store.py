@@ -387,16 +387,6 @@ def slow(oci_image: ImageFactory, oci_registry: Registry) -> ImageRef:
     return image.push(oci_registry, "pyxis/slow", "1")
 
 
-@pytest.fixture
-def survivors() -> Iterator[list[int]]:
-    """Pids a test saw; any still running at its end is killed (the test has failed then)."""
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        if running(pid):
-            os.kill(pid, signal.SIGKILL)
-
-
 def wait_until(condition: Callable[[], object], what: str, seconds: float = 120.0) -> object:
     """Poll ``condition`` until it is true (returned) or ``seconds`` have passed (failed)."""
     end = time.monotonic() + seconds
