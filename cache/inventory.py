@@ -144,24 +144,49 @@ def read_refs(store: Store) -> list[Ref]:
         name = record_name(entry)
         if name is None:
             continue
-        annotations = entry.get("annotations") or {}
-        try:
-            digest = Digest.parse(str(entry.get("digest", "")))
-        except OcistageError:
+        reach = _reach(store, entry, aliases.get(name))
+        if reach is None:
             continue
-        present, missing = reachable(store, digest)
-        for index_text in (annotations.get(ANNOTATION_INDEX), aliases.get(name)):
-            if index_text:
-                with contextlib.suppress(OcistageError):
-                    index = Digest.parse(str(index_text))
-                    (present if store.has_blob(index) else missing).append(index)
+        digest, present, missing = reach
         refs.append(Ref(name=name,
                         platform=platform_text(entry), digest=digest,
                         media_type=str(entry.get("mediaType", "")),
-                        resolved=annotations.get(ANNOTATION_RESOLVED),
+                        resolved=(entry.get("annotations") or {}).get(ANNOTATION_RESOLVED),
                         blobs=tuple(present), missing=tuple(missing), entry=entry,
                         chain_ids=_chain_ids(store, digest)))
     return refs
+
+
+def reached_blobs(store: Store, entries: list[dict[str, Any]]) -> set[Digest]:
+    """The blobs present that the records among ``entries`` (index.json's) reach, as
+    :func:`read_refs` counts them: with the indexes they were chosen from and those their
+    aliases name."""
+    aliases = _alias_indexes(entries)
+    reached: set[Digest] = set()
+    for entry in entries:
+        name = record_name(entry)
+        reach = _reach(store, entry, aliases.get(name)) if name is not None else None
+        if reach is not None:
+            reached.update(reach[1])
+    return reached
+
+
+def _reach(store: Store, entry: dict[str, Any], alias_index: str | None
+           ) -> tuple[Digest, list[Digest], list[Digest]] | None:
+    """A record's digest and the blobs it reaches (present, missing), the index it was chosen
+    from and ``alias_index`` (the index its alias names) included; None for a bad digest."""
+    try:
+        digest = Digest.parse(str(entry.get("digest", "")))
+    except OcistageError:
+        return None
+    present, missing = reachable(store, digest)
+    annotations = entry.get("annotations") or {}
+    for index_text in (annotations.get(ANNOTATION_INDEX), alias_index):
+        if index_text:
+            with contextlib.suppress(OcistageError):
+                index = Digest.parse(str(index_text))
+                (present if store.has_blob(index) else missing).append(index)
+    return digest, present, missing
 
 
 # -- blobs ---------------------------------------------------------------------------------------
