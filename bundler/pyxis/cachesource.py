@@ -7,7 +7,7 @@ test).
 
 With ``pyxis_squashfs_only`` (docs/pyxis.md) a get that recorded the reference in the cache
 drops it again once the image is made, and with it the blobs only it used
-(:meth:`CacheSource.drop_pulled`): what others hold stays.
+(:meth:`CacheSource.drop_pulled`, :mod:`ocistage.cache.forget`): what others hold stays.
 """
 
 from __future__ import annotations
@@ -47,19 +47,20 @@ class CacheSource:
 
     def drop_pulled(self, reference: RegistryReference) -> None:
         """With ``squashfs_only``, drop the reference's record in the cache (made by this get:
-        see :meth:`LeasedCache.recorded`) and the blobs only it used, as ``ocistage cache rm``
-        does: blobs another reference uses or a live lease names (a bundle or pull running)
-        stay, and so does the reference while a lease names it. Best effort, after the lease
-        of the get has ended: an image made is never failed for it (a gc running, a full
-        disk: a later ``cache gc`` finds the blobs orphaned once the ref is gone)."""
+        see :meth:`LeasedCache.recorded`) and the blobs only it used
+        (:func:`ocistage.cache.forget.forget`): blobs another reference uses or a live lease
+        names (a bundle or pull running) stay, and so does the reference while a lease names
+        it. Best effort, after the lease of the get has ended: an image made is never failed
+        for it (a gc holding the cache over 10 s, a full disk: a later ``cache gc`` finds the
+        blobs orphaned once the ref is gone)."""
         if not self.squashfs_only:
             return
         from ocistage.bundler.pull import ref_name
-        from ocistage.cache.gc import remove_ref
+        from ocistage.cache.forget import forget
         from ocistage.errors import OcistageError
 
         with contextlib.suppress(OcistageError, OSError):
-            remove_ref(Store.open(self.root), ref_name(reference), lock_timeout=10.0)
+            forget(Store.open(self.root), ref_name(reference))
 
 
 @dataclass(frozen=True)
