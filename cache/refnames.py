@@ -18,6 +18,7 @@ renamed at the next change to ``REF``.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from ocistage.cache.digest import Digest
@@ -96,3 +97,24 @@ def rename(manifests: list[Entry], name: str) -> tuple[list[Entry], bytes | None
     alias = {"mediaType": INDEX_MEDIA_TYPE, "digest": str(Digest.of_bytes(document)),
              "size": len(document), "annotations": marks}
     return [*others, *records, alias], document
+
+
+def renamed(manifests: list[Entry], names: set[str]) -> tuple[list[Entry], list[bytes]]:
+    """``manifests`` with the records and alias of each of ``names`` renamed (:func:`rename`),
+    and the index documents the aliases name."""
+    documents: list[bytes] = []
+    for name in sorted(names):
+        manifests, document = rename(manifests, name)
+        if document is not None:
+            documents.append(document)
+    return manifests, documents
+
+
+def untagged(manifests: list[Entry], match: Callable[[Entry], bool]
+             ) -> tuple[list[Entry], list[Entry], list[bytes]]:
+    """``manifests`` without the records ``match`` selects, their names' aliases rewritten
+    (:func:`renamed`); the records removed; the index documents the aliases name."""
+    removed = [m for m in manifests if record_name(m) is not None and match(m)]
+    kept = [m for m in manifests if not any(m is r for r in removed)]
+    kept, documents = renamed(kept, {str(record_name(m)) for m in removed})
+    return kept, removed, documents

@@ -48,7 +48,7 @@ from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.owneddirs import OWNER_SUFFIX, drop_owned_dir, make_owned_dir, release_owned_dir
 from ocistage.cache.privatedirs import PRIVATE_DIR_MODE
 from ocistage.cache.readback import open_own
-from ocistage.cache.refnames import INDEX_MEDIA_TYPE, record, record_name, rename
+from ocistage.cache.refnames import INDEX_MEDIA_TYPE, record, record_name, renamed, untagged
 from ocistage.errors import IntegrityError
 
 OCI_LAYOUT_VERSION = "1.0.0"
@@ -78,26 +78,6 @@ def quarantine(store: Store, path: Path, label: str) -> Path:
         raise StoreError(f"cannot quarantine {path}: {exc.strerror}") from exc
     return destination
 
-
-
-def _without(manifests: list[dict[str, Any]], match: Callable[[dict[str, Any]], bool]
-             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(the entries kept, the records removed) when the records ``match`` selects go."""
-    removed = [m for m in manifests if record_name(m) is not None and match(m)]
-    return [m for m in manifests if not any(m is r for r in removed)], removed
-
-
-def _renamed(manifests: list[dict[str, Any]], names: set[str]
-             ) -> tuple[list[dict[str, Any]], list[bytes]]:
-    """``manifests`` with the records and alias of each of ``names`` renamed
-    (ocistage.cache.refnames),
-    and the index documents the aliases name."""
-    documents: list[bytes] = []
-    for name in sorted(names):
-        manifests, document = rename(manifests, name)
-        if document is not None:
-            documents.append(document)
-    return manifests, documents
 
 
 class Store:
@@ -278,27 +258,26 @@ class Store:
             manifests = [m for m in self.read_index()
                          if not (record_name(m) == name and m.get("platform") == platform)]
             manifests.append(record(name, descriptor))
-            self._write_index(manifests, {name})
+            self._write_index(*renamed(manifests, {name}))
 
     def untag(self, match: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
         """Remove the index.json records for which ``match`` is true; returns them."""
         with FileLock(self.root / "index.json.lock"):
-            kept, removed = _without(self.read_index(), match)
+            manifests, removed, documents = untagged(self.read_index(), match)
             if removed:
-                self._write_index(kept, {str(record_name(m)) for m in removed})
+                self._write_index(manifests, documents)
         return removed
 
     def preview_untag(self, match: Callable[[dict[str, Any]], bool]) -> tuple[int, list[bytes]]:
         """What ``untag(match)`` would write: the size of index.json, and the index documents
         of the aliases it would name (stored as blobs unless they are there)."""
-        kept, removed = _without(self.read_index(), match)
-        manifests, documents = _renamed(kept, {str(record_name(m)) for m in removed})
+        manifests, _removed, documents = untagged(self.read_index(), match)
         return len(self._render_index(manifests)), documents
 
-    def _write_index(self, manifests: list[dict[str, Any]], names: set[str]) -> None:
-        """Publish ``manifests`` with the records and alias of each of ``names`` renamed; an
-        index an alias names is stored first, so the layout never names a missing blob."""
-        manifests, documents = _renamed(manifests, names)
+    def _write_index(self, manifests: list[dict[str, Any]], documents: list[bytes]) -> None:
+        """Publish ``manifests`` (named as :mod:`ocistage.cache.refnames` names them); the
+        index ``documents`` their aliases name are stored first, so the layout never names a
+        missing blob."""
         for document in documents:
             self.put_blob(document)
         try:
