@@ -9,36 +9,28 @@ Holding ``CACHE/gc.lock`` it
 
 1. reads the leases once: a live one naming ``image:<name>`` keeps everything (nothing is
    done), and every blob a live lease names (``blob:<digest>``) stays;
-2. reads what index.json's records reach (:func:`ocistage.cache.inventory.reached_blobs`:
-   manifests or indexes, configs, layers, the indexes they were chosen from and those the
-   aliases name), untags the ref (:meth:`~ocistage.cache.store.Store.untag`: its records of
-   every platform, and its alias), and reads what the records that stay reach;
-3. unlinks the blobs reached before and not after. A blob that cannot be unlinked (another
-   member's, where the cache's directory does not let this user) is left: the next
-   ``cache gc`` removes orphans.
+2. reads index.json once: what the ref's records reach and what the other records reach
+   (:func:`ocistage.cache.inventory.reached_only_by`: manifests or indexes, configs, layers,
+   the indexes they were chosen from and those their aliases name);
+3. untags the ref (:meth:`~ocistage.cache.store.Store.untag`: its records of every
+   platform, and its alias) and unlinks the blobs only it reached that no live lease names.
+   A blob that cannot be unlinked (another member's, where the cache's directory does not
+   let this user) is left: the next ``cache gc`` removes orphans.
 
 A command that starts using content records its lease and then waits for no GC lock to be held
 before it looks (:meth:`~ocistage.cache.leases.InUse.protect`): it was either seen in 1, or it
 looks once the removal is over (and pulls again what is gone). A pull tags only under its
-lease, so a ref tagged after 2 read the index uses only blobs a lease seen in 1 names.
+lease, so a ref tagged after 2 read the index uses only blobs that a lease seen in 1 names.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from pathlib import Path
 
 from ocistage.cache.digest import Digest
-from ocistage.cache.inventory import reached_blobs
-from ocistage.cache.leases import (
-    GC_LOCK,
-    JobStates,
-    all_leases,
-    is_live,
-    job_states_of,
-    squeue_states,
-)
+from ocistage.cache.inventory import reached_only_by
+from ocistage.cache.leases import GC_LOCK, JobStates, live_targets, squeue_states
 from ocistage.cache.locks import FileLock
 from ocistage.cache.refnames import record_name
 from ocistage.cache.store import Store
@@ -61,36 +53,18 @@ def forget(store: Store, name: str, lock_timeout: float | None = 10.0,
     lock = FileLock(store.root / GC_LOCK, heartbeat=1.0)
     lock.acquire(timeout=lock_timeout)
     try:
-        return _forget(store, name, job_states)
+        held = live_targets(store.root, ("image", "blob"), job_states)
+        if f"image:{name}" in held:
+            return Forgotten(leased=True)
+        doomed = reached_only_by(store, store.read_index(), name)
+        untagged = store.untag(lambda entry: record_name(entry) == name)
+        gone = []
+        for digest in sorted(doomed) if untagged else ():
+            if f"blob:{digest}" in held:
+                continue
+            with contextlib.suppress(FileNotFoundError, PermissionError):
+                store.blob_path(digest).unlink()
+                gone.append(digest)
+        return Forgotten(len(untagged), tuple(gone))
     finally:
         lock.release()
-
-
-def _forget(store: Store, name: str, job_states: JobStates) -> Forgotten:
-    """:func:`forget`, its caller holding the GC lock."""
-    held = _leased(store.root, f"image:{name}", job_states)
-    if f"image:{name}" in held:
-        return Forgotten(leased=True)
-    before = reached_blobs(store, store.read_index())
-    untagged = store.untag(lambda entry: record_name(entry) == name)
-    if not untagged:
-        return Forgotten()
-    doomed = before - reached_blobs(store, store.read_index())
-    gone = []
-    for digest in sorted(doomed):
-        if f"blob:{digest}" in held:
-            continue
-        with contextlib.suppress(FileNotFoundError, PermissionError):
-            store.blob_path(digest).unlink()
-            gone.append(digest)
-    return Forgotten(len(untagged), tuple(gone))
-
-
-def _leased(root: Path, image: str, job_states: JobStates) -> set[str]:
-    """The targets a live lease names among ``image`` and blobs (Slurm is asked only about
-    the holders of such leases)."""
-    leases = [lease for lease in all_leases(root)
-              if any(t == image or t.startswith("blob:") for t in lease.targets)]
-    states = job_states_of(leases, job_states)
-    return {t for lease in leases if is_live(lease, states) for t in lease.targets
-            if t == image or t.startswith("blob:")}

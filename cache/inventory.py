@@ -157,18 +157,19 @@ def read_refs(store: Store) -> list[Ref]:
     return refs
 
 
-def reached_blobs(store: Store, entries: list[dict[str, Any]]) -> set[Digest]:
-    """The blobs present that the records among ``entries`` (index.json's) reach, as
-    :func:`read_refs` counts them: with the indexes they were chosen from and those their
-    aliases name."""
+def reached_only_by(store: Store, entries: list[dict[str, Any]], name: str) -> set[Digest]:
+    """The blobs present that the records of ref ``name`` among ``entries`` (index.json's)
+    reach and no other record does, counted as :func:`read_refs` counts them: with the
+    indexes they were chosen from and those their aliases name."""
     aliases = _alias_indexes(entries)
-    reached: set[Digest] = set()
+    mine: set[Digest] = set()
+    others: set[Digest] = set()
     for entry in entries:
-        name = record_name(entry)
-        reach = _reach(store, entry, aliases.get(name)) if name is not None else None
+        ref = record_name(entry)
+        reach = _reach(store, entry, aliases.get(ref)) if ref is not None else None
         if reach is not None:
-            reached.update(reach[1])
-    return reached
+            (mine if ref == name else others).update(reach[1])
+    return mine - others
 
 
 def _reach(store: Store, entry: dict[str, Any], alias_index: str | None
@@ -179,13 +180,15 @@ def _reach(store: Store, entry: dict[str, Any], alias_index: str | None
         digest = Digest.parse(str(entry.get("digest", "")))
     except OcistageError:
         return None
-    present, missing = reachable(store, digest)
     annotations = entry.get("annotations") or {}
+    indexes = []
     for index_text in (annotations.get(ANNOTATION_INDEX), alias_index):
         if index_text:
             with contextlib.suppress(OcistageError):
-                index = Digest.parse(str(index_text))
-                (present if store.has_blob(index) else missing).append(index)
+                indexes.append(Digest.parse(str(index_text)))
+    present, missing = reachable(store, digest)
+    for index in indexes:
+        (present if store.has_blob(index) else missing).append(index)
     return digest, present, missing
 
 

@@ -508,6 +508,18 @@ def dead_leases(cache_root: Path, job_states: JobStates = squeue_states) -> list
     return [lease for lease in leases if not is_live(lease, states)]
 
 
+def live_targets(cache_root: Path, kinds: Iterable[str],
+                 job_states: JobStates = squeue_states) -> set[str]:
+    """The targets of ``kinds`` (``image``, ``blob``, ...) that live leases name, read once
+    (Slurm is asked only about the holders of leases on such targets)."""
+    prefixes = tuple(f"{kind}:" for kind in kinds)
+    leases = [lease for lease in all_leases(cache_root)
+              if any(t.startswith(prefixes) for t in lease.targets)]
+    states = job_states_of(leases, job_states)
+    return {t for lease in leases if is_live(lease, states) for t in lease.targets
+            if t.startswith(prefixes)}
+
+
 def gc_running(cache_root: Path) -> bool:
     """Whether a live ``cache gc`` (other than this process) holds ``CACHE/gc.lock``. A FIFO,
     symlink or outsider's file there is no lock: no GC holds it (and none can take it)."""
