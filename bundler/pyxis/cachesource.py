@@ -32,18 +32,18 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class CacheSource:
-    """The cache at ``root``, pulled into with ``options`` (the settings' pull options)."""
+    """The cache (``store``, opened once for the get), pulled into with ``options`` (the
+    settings' pull options)."""
 
-    root: Path
+    store: Store
     options: PullOptions
     squashfs_only: bool = False   # drop what a get pulled once its image is made
 
     @contextlib.contextmanager
     def leased(self) -> Iterator[LeasedCache]:
         """The cache, opened, under one lease of this process until the block ends."""
-        cache = Store.open(self.root)
-        with InUse(cache.root) as in_use:
-            yield LeasedCache(cache, self.options, in_use)
+        with InUse(self.store.root) as in_use:
+            yield LeasedCache(self.store, self.options, in_use)
 
     def drop_pulled(self, reference: RegistryReference) -> None:
         """With ``squashfs_only``, drop the reference's record in the cache (made by this get:
@@ -60,7 +60,7 @@ class CacheSource:
         from ocistage.errors import OcistageError
 
         with contextlib.suppress(OcistageError, OSError):
-            forget(Store.open(self.root), ref_name(reference))
+            forget(self.store, ref_name(reference))
 
 
 @dataclass(frozen=True)

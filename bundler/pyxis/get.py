@@ -43,6 +43,7 @@ from ocistage.bundler.pyxis.mksquashfs import Mksquashfs
 from ocistage.bundler.pyxis.sitestore import SiteStore
 from ocistage.bundler.pyxis.uri import EnrootUri, parse_enroot_uri
 from ocistage.bundler.settings import DEFAULT, Settings
+from ocistage.cache.store import Store
 
 if TYPE_CHECKING:
     from ocistage.bundler.pull import PullOptions
@@ -122,10 +123,10 @@ def _get(uri: str, settings: Settings, step: JobStep,
 
 def cache_source(settings: Settings, parsed: EnrootUri, policy: str,
                  environ: Mapping[str, str] | None) -> CacheSource:
-    """The cache the image is pulled into, with the pull's options: the settings', the
-    pull policy and enroot's credentials for the URI's user."""
-    return CacheSource(settings.cache, pull_options(
-        settings, EnrootCredentials(parsed.user, environ), policy), settings.pyxis_squashfs_only)
+    """The cache the image is pulled into, opened, with the pull's options: the settings',
+    the pull policy and enroot's credentials for the URI's user."""
+    options = pull_options(settings, EnrootCredentials(parsed.user, environ), policy)
+    return CacheSource(Store.open(settings.cache), options, settings.pyxis_squashfs_only)
 
 
 def recalled(reference: RegistryReference, site: SiteStore | None, images: ImageStore,
