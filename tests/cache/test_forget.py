@@ -15,17 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from ocistage.bundler.pull import PulledImage
+from ocistage.bundler.image.reference import parse_reference
+from ocistage.bundler.pull import PulledImage, ref_name
 from ocistage.cache.digest import Digest
 from ocistage.cache.forget import Forgotten, forget
 from ocistage.cache.inventory import list_blobs, read_refs
 from ocistage.cache.leases import GC_LOCK, Holder, InUse, Lease, acquire, all_leases
 from ocistage.cache.store import Store
 from ocistage.cache.verify import verify
+from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
 from tests.cache.gclock import GcChecks, gc_lock_held
 from tests.cache.test_gc import dead_pid_holder, no_jobs
 from tests.cache.test_inventory import image_ref, pull_ref
 from tests.cache.test_refnames import NAMES, PLATFORMS, manifest
+from tests.groupcache import group_cache_members
 
 
 @pytest.fixture
@@ -186,3 +189,30 @@ def test_a_pull_that_leases_after_forget_read_the_leases_waits_and_pulls_again(
         child.kill()
         child.wait()
     assert verify(store).ok
+
+
+@pytest.mark.needs_root("two members of a group-shared cache are users made here")
+def test_a_member_leaves_the_blobs_it_may_not_unlink_to_the_next_gc(tmp_path: Path) -> None:
+    """In a group-shared cache whose blob directory is sticky (only a blob's owner may
+    unlink it), member B's forget of a ref member A pulled untags it and leaves A's blobs:
+    no error, a cache that verifies clean, and A's next gc removes them as orphans."""
+    with group_cache_members() as g:
+        layout = g.base / "layout"
+        write_oci_layout(layout, [build_tar([file("a.bin", os.urandom(4096))])], tag="t")
+        source = f"oci:{layout}:t"
+        g.run(g.a, "pull", source)
+        (g.cache / "blobs" / "sha256").chmod(0o3775)
+        name = ref_name(parse_reference(source))
+        script = textwrap.dedent(f"""
+            from ocistage.cache.forget import forget
+            from ocistage.cache.store import Store
+            done = forget(Store.open({str(g.cache)!r}), {name!r}, job_states=lambda ids: {{}})
+            print(done.records, len(done.blobs))
+            """)
+        out = g.run(g.b, "-c", script, program=(sys.executable,)).stdout
+        assert out.split() == ["1", "0"]
+        assert '"manifests": []' in (g.cache / "index.json").read_text()
+        assert g.entries("blobs/sha256")  # A's, left
+        g.run(g.a, "cache", "verify")
+        g.gc(g.a)
+        assert g.entries("blobs/sha256") == {}
