@@ -51,8 +51,8 @@ class CacheSource:
         (:func:`ocistage.cache.forget.forget`): blobs another reference uses or a live lease
         names (a bundle or pull running) stay, and so does the reference while a lease names
         it. Best effort, after the lease of the get has ended: an image made is never failed
-        for it (a gc holding the cache over 10 s, a full disk: a later ``cache gc`` finds the
-        blobs orphaned once the ref is gone)."""
+        for it (a gc holding the cache over 10 s, a full disk that takes no new index.json:
+        the ref stays, for a later ``cache gc`` to evict)."""
         if not self.squashfs_only:
             return
         from ocistage.bundler.pull import ref_name
