@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 
@@ -39,3 +40,10 @@ def running(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` of a child a test sends SIGINT, as a terminal's Ctrl-C would reach it: a
+    run started in the background of a shell without job control (CI, ``cmd &`` in a script)
+    inherits SIGINT ignored, and Python then keeps it so."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

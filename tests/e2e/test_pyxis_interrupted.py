@@ -22,7 +22,7 @@ from pytest_ocistage.imagebuild import File
 from pytest_ocistage.images import ImageRef
 from pytest_ocistage.plugin import ImageFactory
 from tests.e2e.conftest import OcistageRunner
-from tests.procs import descendants_named
+from tests.procs import default_sigint, descendants_named
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +54,7 @@ def start_get(ocistage: OcistageRunner, target: str,
     get = subprocess.Popen([sys.executable, "-m", "ocistage.bundler.pyxis.main", "get", target],
                            env=ocistage.environment(), cwd=ocistage.cwd, text=True,
                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE)
+                           stderr=subprocess.PIPE, preexec_fn=default_sigint)
     survivors.append(get.pid)
     return get
 

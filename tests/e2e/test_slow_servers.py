@@ -24,6 +24,7 @@ from pytest_ocistage.faultproxy import Fault, FaultProxy
 from pytest_ocistage.images import ImageRef
 from tests.e2e.conftest import OcistageRunner
 from tests.e2e.test_pull import wait_for_partial
+from tests.procs import default_sigint
 
 ACCEPT = ["application/vnd.oci.image.manifest.v1+json",
           "application/vnd.oci.image.index.v1+json",
@@ -99,22 +100,17 @@ def test_a_retry_is_a_line_on_stderr_unless_quiet(
     assert "note:" not in quiet.stderr and "retrying" not in quiet.stderr
 
 
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _interrupted_run(ocistage: OcistageRunner, argv: list[str],
                      ready: Callable[[subprocess.Popen[str]], None],
                      timeout: float = 30) -> tuple[int, str]:
     """Run ``ocistage ARGV``, wait until ``ready(child)`` returns, press Ctrl-C; the exit
     status and stderr (the child is killed if it has not ended within ``timeout``).
 
-    SIGINT as a terminal gives it: a run started in the background of a shell without job
-    control (CI, `cmd &` in a script) inherits SIGINT ignored, and Python then keeps it so.
+    SIGINT as a terminal gives it (:func:`tests.procs.default_sigint`).
     """
     child = subprocess.Popen([*ocistage.command, *argv], env=ocistage.environment(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True, preexec_fn=_default_sigint)
+                             start_new_session=True, preexec_fn=default_sigint)
     try:
         ready(child)
         os.kill(child.pid, signal.SIGINT)
