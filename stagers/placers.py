@@ -135,13 +135,16 @@ class _Dirs:
     the scratch tree and (opened on first use) in the source; reopened only when the directory
     changes (the files come in walk order). Read as attributes: no call per file."""
 
-    __slots__ = ("_scratch_root", "_source_root", "current", "dest", "source")
+    __slots__ = ("_scratch_root", "_source_root", "current", "dest", "old", "source")
 
     def __init__(self, scratch_root: int, source_root: int) -> None:
         self._scratch_root = scratch_root
         self._source_root = source_root
         self.current: str | None = None
         self.dest = self.source = -1
+        #: the previous version's regular files in this directory, name -> inode
+        #: (:meth:`PoolPlacer._carry_at`)
+        self.old: dict[str, int] = {}
 
     def enter(self, rel_dir: str) -> None:
         self.close()
@@ -348,6 +351,7 @@ class PoolPlacer(_SharedPlacer):
     def _open(self, source: Path) -> None:
         self._source_fd = os.open(source, DIR_FOLLOW)
         self._pool_fd = os.open(self.pool.root, DIR_READ)
+        self._pool_dev = os.fstat(self._pool_fd).st_dev
         self._euid = os.geteuid()  # whose pool entries may be linked (Pool.entry_problem)
 
     def _same(self, entry: Entry) -> bool:
@@ -397,28 +401,47 @@ class PoolPlacer(_SharedPlacer):
         """Link the pool entry of the unchanged ``entry`` (with a hash) through ``dirs`` when
         it passes :meth:`_pool_entry_ok` without being read — a regular file of ours of the
         entry's mode and size, the very inode the previous version linked at its path —
-        with the same two ``lstat`` calls and one ``link()``, in fewer Python steps. False:
-        nothing was linked (any check failed, or a call did): the caller takes
-        :meth:`_place_at`, which checks again and hashes, copies or raises as it does."""
+        with one ``lstat`` and one ``link()`` per file, as ``cp -al``: the previous version's
+        inode at the path is its directory's listing's (:meth:`_old_inodes`, one
+        ``getdents`` per directory), not a second ``lstat``. False: nothing was linked (any
+        check failed, or a call did): the caller takes :meth:`_place_at`, which checks again
+        and hashes, copies or raises as it does."""
         rel_dir, _, name = entry.path.rpartition("/")
         if rel_dir != dirs.current:
             dirs.enter(rel_dir)
+            dirs.old = self._old_inodes(rel_dir)
+        was = dirs.old.get(name)
+        if was is None:
+            return False
         key = pool_key(entry.hash or "", entry.mode, entry.xattrs)
         pooled = f"{key[:2]}/{key}"
-        old = self.old.dir_fd(rel_dir)
         try:
             st = os.stat(pooled, dir_fd=self._pool_fd, follow_symlinks=False)
-            if (old is None or st.st_mode != stat.S_IFREG | entry.mode
+            if (st.st_ino != was or st.st_dev != self._pool_dev
+                    or st.st_mode != stat.S_IFREG | entry.mode
                     or st.st_uid != self._euid or st.st_size != entry.size):
-                return False
-            was = os.stat(name, dir_fd=old, follow_symlinks=False)
-            if was.st_ino != st.st_ino or was.st_dev != st.st_dev:
                 return False
             os.link(pooled, name, src_dir_fd=self._pool_fd, dst_dir_fd=dirs.dest,
                     follow_symlinks=False)
         except OSError:
             return False
         return True
+
+    def _old_inodes(self, rel_dir: str) -> dict[str, int]:
+        """The regular files of the previous version's directory ``rel_dir`` by name, with
+        their inode numbers as its listing gives them (``d_ino``, ``d_type``: no ``lstat``);
+        empty when it has no such directory or the directory is not on the pool's
+        filesystem (an inode number is the pool entry's only on the same one). A listing
+        that does not give true inode numbers (overlayfs across layers) only makes files
+        miss this path: :meth:`_place_at` checks them again."""
+        old = self.old.dir_fd(rel_dir)
+        try:
+            if old is None or os.fstat(old).st_dev != self._pool_dev:
+                return {}
+            with os.scandir(old) as listing:
+                return {e.name: e.inode() for e in listing if e.is_file(follow_symlinks=False)}
+        except OSError:
+            return {}
 
     def _place_at(self, entry: Entry, dirs: _Dirs) -> Outcome:
         if entry.path == CONFIG:  # may be written as a private copy
