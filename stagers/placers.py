@@ -135,16 +135,13 @@ class _Dirs:
     the scratch tree and (opened on first use) in the source; reopened only when the directory
     changes (the files come in walk order). Read as attributes: no call per file."""
 
-    __slots__ = ("_scratch_root", "_source_root", "current", "dest", "old", "source")
+    __slots__ = ("_scratch_root", "_source_root", "current", "dest", "source")
 
     def __init__(self, scratch_root: int, source_root: int) -> None:
         self._scratch_root = scratch_root
         self._source_root = source_root
         self.current: str | None = None
         self.dest = self.source = -1
-        #: the previous version's regular files in this directory, name -> inode
-        #: (:meth:`PoolPlacer._carry_at`)
-        self.old: dict[str, int] = {}
 
     def enter(self, rel_dir: str) -> None:
         self.close()
@@ -383,49 +380,59 @@ class PoolPlacer(_SharedPlacer):
 
     def place_part(self, part: Sequence[Entry]) -> list[Outcome]:
         """:meth:`Placer.place_part`, the files a re-stage carries over unchanged (nearly all
-        of a 1%-changed tree) by :meth:`_carry_at`, in one comprehension; any other file, and
-        one that :meth:`_carry_at` did not link, by :meth:`_place_at`."""
+        of a 1%-changed tree) in one loop of local names: a file whose previous entry has
+        the same content (:meth:`Entry.same_content`) is linked from its pool entry when it
+        passes :meth:`_pool_entry_ok` without being read — a regular file of ours of the
+        entry's mode and size, the very inode the previous version linked at its path —
+        with one ``lstat`` and one ``link()`` per file, as ``cp -al``: the previous
+        version's inode at the path is its directory's listing's (:meth:`_old_inodes`, one
+        ``getdents`` per directory), not a second ``lstat``. Any other file, and one that
+        failed a check or a call here (nothing was linked then), by :meth:`_place_at`, which
+        checks again and hashes, copies or raises as it does."""
         if not self.carry_over:
             return super().place_part(part)
         dirs = _Dirs(self._scratch_fd, self._source_fd)
-        get, carry, place = self.previous.get, self._carry_at, self._place_at
+        get, place, old_inodes = self.previous.get, self._place_at, self._old_inodes
+        pool_fd, pool_dev, euid, regular = self._pool_fd, self._pool_dev, self._euid, stat.S_IFREG
+        lstat, link = os.stat, os.link
+        outcomes: list[Outcome] = []
+        add = outcomes.append
+        current: str | None = None
+        old: dict[str, int] = {}
         try:
-            return [_UNCHANGED if (entry.hash is not None and entry.path != CONFIG
-                                   and (before := get(entry.path)) is not None
-                                   and before.same_content(entry) and carry(entry, dirs))
-                    else place(entry, dirs) for entry in part]
+            for entry in part:
+                path, kind, mode, size, _mtime, _dev, _ino, digest, target, _ctime, xattrs \
+                    = entry
+                before = get(path)
+                if (digest is None or xattrs is None or path == CONFIG or before is None
+                        or before[7] != digest or before[2] != mode or before[10] != xattrs
+                        or before[1] != kind or before[8] != target):
+                    add(place(entry, dirs))
+                    continue
+                rel_dir, _, name = path.rpartition("/")
+                if rel_dir != dirs.current:  # (_place_at may have entered another)
+                    dirs.enter(rel_dir)
+                if rel_dir != current:
+                    current, old = rel_dir, old_inodes(rel_dir)
+                was = old.get(name)
+                key = f"{digest}-{mode:04o}-{xattrs}" if xattrs else f"{digest}-{mode:04o}"
+                pooled = f"{key[:2]}/{key}"  # pool_key()'s entry, inline
+                try:
+                    st = lstat(pooled, dir_fd=pool_fd, follow_symlinks=False)
+                    if (was is None or st.st_ino != was or st.st_dev != pool_dev
+                            or st.st_mode != regular | mode or st.st_uid != euid
+                            or st.st_size != size):
+                        add(place(entry, dirs))
+                        continue
+                    link(pooled, name, src_dir_fd=pool_fd, dst_dir_fd=dirs.dest,
+                         follow_symlinks=False)
+                except OSError:
+                    add(place(entry, dirs))
+                    continue
+                add(_UNCHANGED)
+            return outcomes
         finally:
             dirs.close()
-
-    def _carry_at(self, entry: Entry, dirs: _Dirs) -> bool:
-        """Link the pool entry of the unchanged ``entry`` (with a hash) through ``dirs`` when
-        it passes :meth:`_pool_entry_ok` without being read — a regular file of ours of the
-        entry's mode and size, the very inode the previous version linked at its path —
-        with one ``lstat`` and one ``link()`` per file, as ``cp -al``: the previous version's
-        inode at the path is its directory's listing's (:meth:`_old_inodes`, one
-        ``getdents`` per directory), not a second ``lstat``. False: nothing was linked (any
-        check failed, or a call did): the caller takes :meth:`_place_at`, which checks again
-        and hashes, copies or raises as it does."""
-        rel_dir, _, name = entry.path.rpartition("/")
-        if rel_dir != dirs.current:
-            dirs.enter(rel_dir)
-            dirs.old = self._old_inodes(rel_dir)
-        was = dirs.old.get(name)
-        if was is None:
-            return False
-        key = pool_key(entry.hash or "", entry.mode, entry.xattrs)
-        pooled = f"{key[:2]}/{key}"
-        try:
-            st = os.stat(pooled, dir_fd=self._pool_fd, follow_symlinks=False)
-            if (st.st_ino != was or st.st_dev != self._pool_dev
-                    or st.st_mode != stat.S_IFREG | entry.mode
-                    or st.st_uid != self._euid or st.st_size != entry.size):
-                return False
-            os.link(pooled, name, src_dir_fd=self._pool_fd, dst_dir_fd=dirs.dest,
-                    follow_symlinks=False)
-        except OSError:
-            return False
-        return True
 
     def _old_inodes(self, rel_dir: str) -> dict[str, int]:
         """The regular files of the previous version's directory ``rel_dir`` by name, with
