@@ -381,20 +381,22 @@ class PoolPlacer(_SharedPlacer):
     def place_part(self, part: Sequence[Entry]) -> list[Outcome]:
         """:meth:`Placer.place_part`, the files a re-stage carries over unchanged (nearly all
         of a 1%-changed tree) in one loop of local names: a file whose previous entry has
-        the same content (:meth:`Entry.same_content`) is linked from its pool entry when it
-        passes :meth:`_pool_entry_ok` without being read — a regular file of ours of the
-        entry's mode and size, the very inode the previous version linked at its path —
-        with one ``lstat`` and one ``link()`` per file, as ``cp -al``: the previous
+        the same content (:meth:`Entry.same_content`) is linked from its pool entry without
+        that entry being read when the result passes :meth:`_pool_entry_ok`'s checks — a
+        regular file of ours of the entry's mode and size, the very inode the previous
+        version linked at its path — with one ``link()`` and one ``lstat`` per file, as
+        ``cp -al``. The ``lstat`` is of the link made, in our own scratch dir (what was
+        linked is what is checked: a pool entry swapped meanwhile is seen); the previous
         version's inode at the path is its directory's listing's (:meth:`_old_inodes`, one
         ``getdents`` per directory), not a second ``lstat``. Any other file, and one that
-        failed a check or a call here (nothing was linked then), by :meth:`_place_at`, which
+        failed a check (its link removed again) or a call, by :meth:`_place_at`, which
         checks again and hashes, copies or raises as it does."""
         if not self.carry_over:
             return super().place_part(part)
         dirs = _Dirs(self._scratch_fd, self._source_fd)
         get, place, old_inodes = self.previous.get, self._place_at, self._old_inodes
         pool_fd, pool_dev, euid, regular = self._pool_fd, self._pool_dev, self._euid, stat.S_IFREG
-        lstat, link = os.stat, os.link
+        lstat, link, unlink = os.stat, os.link, os.unlink
         outcomes: list[Outcome] = []
         add = outcomes.append
         current: str | None = None
@@ -415,18 +417,24 @@ class PoolPlacer(_SharedPlacer):
                 if rel_dir != current:
                     current, old = rel_dir, old_inodes(rel_dir)
                 was = old.get(name)
+                if was is None:
+                    add(place(entry, dirs))
+                    continue
                 key = f"{digest}-{mode:04o}-{xattrs}" if xattrs else f"{digest}-{mode:04o}"
                 pooled = f"{key[:2]}/{key}"  # pool_key()'s entry, inline
+                dest = dirs.dest
                 try:
-                    st = lstat(pooled, dir_fd=pool_fd, follow_symlinks=False)
-                    if (was is None or st.st_ino != was or st.st_dev != pool_dev
-                            or st.st_mode != regular | mode or st.st_uid != euid
-                            or st.st_size != size):
-                        add(place(entry, dirs))
-                        continue
-                    link(pooled, name, src_dir_fd=pool_fd, dst_dir_fd=dirs.dest,
+                    link(pooled, name, src_dir_fd=pool_fd, dst_dir_fd=dest,
                          follow_symlinks=False)
-                except OSError:
+                except OSError:  # none, or refused: placed (or copied) as any other
+                    add(place(entry, dirs))
+                    continue
+                # what was linked, seen in our own scratch dir (no one else can swap it)
+                st = lstat(name, dir_fd=dest, follow_symlinks=False)
+                if (st.st_ino != was or st.st_dev != pool_dev
+                        or st.st_mode != regular | mode or st.st_uid != euid
+                        or st.st_size != size):
+                    unlink(name, dir_fd=dest)
                     add(place(entry, dirs))
                     continue
                 add(_UNCHANGED)
