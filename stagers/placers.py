@@ -443,18 +443,19 @@ class PoolPlacer(_SharedPlacer):
             dirs.close()
 
     def _old_inodes(self, rel_dir: str) -> dict[str, int]:
-        """The regular files of the previous version's directory ``rel_dir`` by name, with
-        their inode numbers as its listing gives them (``d_ino``, ``d_type``: no ``lstat``);
-        empty when it has no such directory or the directory is not on the pool's
-        filesystem (an inode number is the pool entry's only on the same one). A listing
-        that does not give true inode numbers (overlayfs across layers) only makes files
-        miss this path: :meth:`_place_at` checks them again."""
+        """The entries of the previous version's directory ``rel_dir`` by name, with their
+        inode numbers as its listing gives them (``d_ino``: no ``lstat``; :meth:`place_part`
+        links a pool entry only if it is that inode, and a regular file); empty when it has
+        no such directory or the directory is not on the pool's filesystem (an inode number
+        is the pool entry's only on the same one). A listing that does not give true inode
+        numbers (overlayfs across layers) only makes files miss this path: :meth:`_place_at`
+        checks them again."""
         old = self.old.dir_fd(rel_dir)
         try:
             if old is None or os.fstat(old).st_dev != self._pool_dev:
                 return {}
             with os.scandir(old) as listing:
-                return {e.name: e.inode() for e in listing if e.is_file(follow_symlinks=False)}
+                return {e.name: e.inode() for e in listing}
         except OSError:
             return {}
 
