@@ -246,7 +246,7 @@ def _write_version(staging: Staging, scratch: Path, label: str, method: Method,
     files = sum(1 for e in entries if e.type == "file")
     manifest = Manifest(tuple(entries), source=identity, method=method.value,
                         readonly_root=method != Method.COPY)
-    write_private(scratch / MANIFEST_NAME, manifest.json_chunks())
+    write_private(scratch / MANIFEST_NAME, manifest.chunks())
     write_private(scratch / MARKER_NAME, staging.new_marker(
         label, method.value, tree=tree, sealed=identity, files=files).to_json())
     return manifest, files

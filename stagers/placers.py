@@ -348,6 +348,7 @@ class PoolPlacer(_SharedPlacer):
     def _open(self, source: Path) -> None:
         self._source_fd = os.open(source, DIR_FOLLOW)
         self._pool_fd = os.open(self.pool.root, DIR_READ)
+        self._pool_dev = os.fstat(self._pool_fd).st_dev
         self._euid = os.geteuid()  # whose pool entries may be linked (Pool.entry_problem)
 
     def _same(self, entry: Entry) -> bool:
@@ -379,46 +380,84 @@ class PoolPlacer(_SharedPlacer):
 
     def place_part(self, part: Sequence[Entry]) -> list[Outcome]:
         """:meth:`Placer.place_part`, the files a re-stage carries over unchanged (nearly all
-        of a 1%-changed tree) by :meth:`_carry_at`, in one comprehension; any other file, and
-        one that :meth:`_carry_at` did not link, by :meth:`_place_at`."""
+        of a 1%-changed tree) in one loop of local names: a file whose previous entry has
+        the same content (:meth:`Entry.same_content`) is linked from its pool entry without
+        that entry being read when the result passes :meth:`_pool_entry_ok`'s checks — a
+        regular file of ours of the entry's mode and size, the very inode the previous
+        version linked at its path — with one ``link()`` and one ``lstat`` per file, as
+        ``cp -al``. The ``lstat`` is of the link made, in our own scratch dir (what was
+        linked is what is checked: a pool entry swapped meanwhile is seen); the previous
+        version's inode at the path is its directory's listing's (:meth:`_old_inodes`, one
+        ``getdents`` per directory), not a second ``lstat``. Any other file, and one that
+        failed a check (its link removed again) or a call, by :meth:`_place_at`, which
+        checks again and hashes, copies or raises as it does."""
         if not self.carry_over:
             return super().place_part(part)
         dirs = _Dirs(self._scratch_fd, self._source_fd)
-        get, carry, place = self.previous.get, self._carry_at, self._place_at
+        get, place, old_inodes = self.previous.get, self._place_at, self._old_inodes
+        pool_fd, pool_dev, euid, regular = self._pool_fd, self._pool_dev, self._euid, stat.S_IFREG
+        lstat, link, unlink = os.stat, os.link, os.unlink
+        outcomes: list[Outcome] = []
+        add = outcomes.append
+        current: str | None = None
+        old: dict[str, int] = {}
         try:
-            return [_UNCHANGED if (entry.hash is not None and entry.path != CONFIG
-                                   and (before := get(entry.path)) is not None
-                                   and before.same_content(entry) and carry(entry, dirs))
-                    else place(entry, dirs) for entry in part]
+            for entry in part:
+                path, kind, mode, size, _mtime, _dev, _ino, digest, target, _ctime, xattrs \
+                    = entry
+                before = get(path)
+                if (digest is None or xattrs is None or path == CONFIG or before is None
+                        or before[7] != digest or before[2] != mode or before[10] != xattrs
+                        or before[1] != kind or before[8] != target):
+                    add(place(entry, dirs))
+                    continue
+                rel_dir, _, name = path.rpartition("/")
+                if rel_dir != dirs.current:  # (_place_at may have entered another)
+                    dirs.enter(rel_dir)
+                if rel_dir != current:
+                    current, old = rel_dir, old_inodes(rel_dir)
+                was = old.get(name)
+                if was is None:
+                    add(place(entry, dirs))
+                    continue
+                key = f"{digest}-{mode:04o}-{xattrs}" if xattrs else f"{digest}-{mode:04o}"
+                pooled = f"{key[:2]}/{key}"  # pool_key()'s entry, inline
+                dest = dirs.dest
+                try:
+                    link(pooled, name, src_dir_fd=pool_fd, dst_dir_fd=dest,
+                         follow_symlinks=False)
+                except OSError:  # none, or refused: placed (or copied) as any other
+                    add(place(entry, dirs))
+                    continue
+                # what was linked, seen in our own scratch dir (no one else can swap it)
+                st = lstat(name, dir_fd=dest, follow_symlinks=False)
+                if (st.st_ino != was or st.st_dev != pool_dev
+                        or st.st_mode != regular | mode or st.st_uid != euid
+                        or st.st_size != size):
+                    unlink(name, dir_fd=dest)
+                    add(place(entry, dirs))
+                    continue
+                add(_UNCHANGED)
+            return outcomes
         finally:
             dirs.close()
 
-    def _carry_at(self, entry: Entry, dirs: _Dirs) -> bool:
-        """Link the pool entry of the unchanged ``entry`` (with a hash) through ``dirs`` when
-        it passes :meth:`_pool_entry_ok` without being read — a regular file of ours of the
-        entry's mode and size, the very inode the previous version linked at its path —
-        with the same two ``lstat`` calls and one ``link()``, in fewer Python steps. False:
-        nothing was linked (any check failed, or a call did): the caller takes
-        :meth:`_place_at`, which checks again and hashes, copies or raises as it does."""
-        rel_dir, _, name = entry.path.rpartition("/")
-        if rel_dir != dirs.current:
-            dirs.enter(rel_dir)
-        key = pool_key(entry.hash or "", entry.mode, entry.xattrs)
-        pooled = f"{key[:2]}/{key}"
+    def _old_inodes(self, rel_dir: str) -> dict[str, int]:
+        """The entries of the previous version's directory ``rel_dir`` by name, with their
+        inode numbers as its listing gives them (``d_ino``: no ``lstat``; :meth:`place_part`
+        links a pool entry only if it is that inode, and a regular file); empty when it has
+        no such directory or the directory is not on the pool's filesystem (an inode number
+        is the pool entry's only on the same one). A listing that does not give true inode
+        numbers (overlayfs across layers) only makes files miss this path: :meth:`_place_at`
+        checks them again."""
         old = self.old.dir_fd(rel_dir)
         try:
-            st = os.stat(pooled, dir_fd=self._pool_fd, follow_symlinks=False)
-            if (old is None or st.st_mode != stat.S_IFREG | entry.mode
-                    or st.st_uid != self._euid or st.st_size != entry.size):
-                return False
-            was = os.stat(name, dir_fd=old, follow_symlinks=False)
-            if was.st_ino != st.st_ino or was.st_dev != st.st_dev:
-                return False
-            os.link(pooled, name, src_dir_fd=self._pool_fd, dst_dir_fd=dirs.dest,
-                    follow_symlinks=False)
+            if old is None or os.fstat(old).st_dev != self._pool_dev:
+                return {}
+            with os.scandir(old) as listing:
+                return {e.name: e.inode() for e in listing}
         except OSError:
-            return False
-        return True
+            return {}
 
     def _place_at(self, entry: Entry, dirs: _Dirs) -> Outcome:
         if entry.path == CONFIG:  # may be written as a private copy

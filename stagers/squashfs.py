@@ -364,7 +364,7 @@ def make_image(source: Path, entries: list[Entry], scratch: Path, image_name: st
     extra.mkdir()
     _readonly_config_file(source, extra)
     manifest = Manifest(tuple(entries), method="squashfs", readonly_root=True)
-    write_private(extra / MANIFEST_NAME, manifest.json_chunks())
+    write_private(extra / MANIFEST_NAME, manifest.chunks())
     (extra / MARKER_NAME).write_bytes(marker.to_json())
     built = scratch / image_name
     build_image(source, built, extra, jobs=min(jobs, usable_cpus()), progress=progress,

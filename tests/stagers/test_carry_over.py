@@ -1,8 +1,9 @@
-"""A re-stage through the pool carries unchanged files over by
-:meth:`ocistage.stagers.placers.PoolPlacer._carry_at` (two ``lstat`` calls and a ``link()``),
-and only when the checks of :meth:`PoolPlacer._pool_entry_ok` hold; whatever was done to the
-pool entries or to the previous version's files meanwhile, the new version holds the source's
-content and modes, and links the pool entry wherever that entry is the verified one."""
+"""A re-stage through the pool carries unchanged files over in
+:meth:`ocistage.stagers.placers.PoolPlacer.place_part` (a ``link()`` and an ``lstat`` of what
+was linked), and only when the checks of :meth:`PoolPlacer._pool_entry_ok` hold; whatever
+was done to the pool entries or to the previous version's files meanwhile, the new version
+holds the source's content and modes, and links the pool entry wherever that entry is the
+verified one."""
 
 from __future__ import annotations
 
@@ -129,3 +130,59 @@ def test_a_re_stage_links_unchanged_files_from_the_pool(tmp_path: Path, other_fs
     for rel, ino in before.items():
         now = os.lstat(to / "x" / rel).st_ino
         assert (now == ino) == (rel != Path("a/f1")), rel
+
+
+SWAPS = ("symlink", "fifo", "other-bytes")
+
+
+def _swap(how: str, pooled: Path, elsewhere: Path) -> None:
+    """Put something else where the pool entry ``pooled`` was, of the same name."""
+    size, mode = pooled.stat().st_size, stat.S_IMODE(pooled.stat().st_mode)
+    pooled.unlink()
+    if how == "symlink":
+        os.symlink(elsewhere, pooled)
+    elif how == "fifo":
+        os.mkfifo(pooled, mode)
+    else:  # other bytes of the same size and mode, another inode
+        pooled.write_bytes(b"x" * size)
+        pooled.chmod(mode)
+
+
+@pytest.mark.parametrize("how", SWAPS)
+def test_a_pool_entry_swapped_as_it_is_linked_is_not_staged(
+        tmp_path: Path, other_fs: Path, forked: None, monkeypatch: pytest.MonkeyPatch,
+        how: str) -> None:
+    """The pool entry of every unchanged file is swapped for a symlink, a FIFO or other
+    bytes just before ``place_part`` links it (after any check made before the link): what
+    was linked is checked in the scratch dir, and the swapped entry is not staged."""
+    monkeypatch.setattr(builder, "usable_cpus", lambda: 2)  # place_part, in forked workers
+    source = _source(tmp_path)
+    to = other_fs / "t"
+    holder = Holder.pin("test")
+    stage_directory(source, to, cache_root=tmp_path / "cache", name="x", holder=holder)
+    pool = to / ".ocistage-pool"
+    real_link = os.link
+    swapped: set[str] = set()
+
+    def swapping_link(src: str, dst: str, *, src_dir_fd: int | None = None,
+                      dst_dir_fd: int | None = None, follow_symlinks: bool = True) -> None:
+        pooled = pool / src
+        if (src_dir_fd is not None and src not in swapped and not os.path.isabs(src)
+                and pooled.parent.parent == pool and pooled.is_file()):
+            swapped.add(src)
+            _swap(how, pooled, source / "a" / "f1")
+        real_link(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd,
+                  follow_symlinks=follow_symlinks)
+
+    (source / "a" / "f1").write_bytes(b"changed\n")
+    monkeypatch.setattr(os, "link", swapping_link)
+    stage_directory(source, to, cache_root=tmp_path / "cache", name="x", holder=holder)
+    monkeypatch.undo()
+
+    files = sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file())
+    for rel in files:
+        staged = to / "x" / rel
+        st_staged, st_source = os.lstat(staged), os.lstat(source / rel)
+        assert stat.S_ISREG(st_staged.st_mode), rel
+        assert stat.S_IMODE(st_staged.st_mode) == stat.S_IMODE(st_source.st_mode), rel
+        assert staged.read_bytes() == (source / rel).read_bytes(), rel

@@ -140,8 +140,8 @@ def test_sealed_cache_bundles_are_not_walked_again(tmp_path: Path) -> None:
     bundle = make_tree(cache / "bundles" / ("ab" * 32))
     first = _stage(bundle, tmp_path / "t", cache)
     assert first.method == "hardlink"
-    manifest = json.loads((first.path / MANIFEST_NAME).read_text())
-    assert manifest["source"].startswith(str(bundle))
+    manifest = load_manifest(first.path / MANIFEST_NAME)
+    assert manifest is not None and manifest.source.startswith(str(bundle))
     again = _stage(bundle, tmp_path / "t", cache)
     assert again.unchanged == first.files and again.copied == again.linked == 0
 

@@ -4,8 +4,11 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ocistage.stagers.filemanifest import (
+    MANIFEST_MAGIC,
     MANIFEST_NAME,
     MANIFEST_VERSION,
     MARKER_NAME,
@@ -156,3 +159,45 @@ def test_entries_of_keeps_hashes_of_files_whose_stat_is_unchanged(tree: Path) ->
     assert read == 1
     assert {e.path: e.hash for e in filled}["rootfs/bin/f2"] == hash_file(
         tree / "rootfs" / "bin" / "f2")
+
+
+_TEXT = st.text(st.characters(blacklist_characters="\0"), max_size=20)
+_INTS = st.integers(min_value=0, max_value=2**64)
+_HEX = st.none() | st.text("0123456789abcdef", min_size=1, max_size=32)
+_ENTRIES = st.builds(
+    Entry, path=_TEXT.filter(bool), type=st.sampled_from(["dir", "file", "symlink", "fifo",
+                                                           "other"]),
+    mode=st.integers(0, 0o7777), size=_INTS, mtime_ns=st.integers(-2**63, 2**63),
+    dev=_INTS, ino=_INTS, hash=_HEX, target=st.none() | _TEXT.filter(bool),
+    ctime_ns=st.integers(-2**63, 2**63), xattrs=st.none() | st.just("") | _HEX)
+
+
+@given(entries=st.lists(_ENTRIES, max_size=30), batch=st.integers(1, 8), source=_TEXT,
+       method=_TEXT, readonly_root=st.booleans())
+def test_the_compact_manifest_reads_back_what_was_written(
+        entries: list[Entry], batch: int, source: str, method: str,
+        readonly_root: bool) -> None:
+    """Any entries (names with newlines, lone surrogates, any text but NUL; no hash, no link
+    target, xattrs unknown or none) read back equal, whatever the pieces it was written in;
+    the JSON manifest of the same entries reads back the same."""
+    manifest = Manifest(tuple(entries), source=source, method=method,
+                        readonly_root=readonly_root)
+    data = b"".join(manifest.chunks(batch))
+    assert data.startswith(MANIFEST_MAGIC)
+    assert Manifest.from_bytes(data) == manifest
+    assert Manifest.from_bytes(b"".join(manifest.json_chunks(batch))) == manifest
+
+
+def test_a_json_manifest_is_still_read_and_a_damaged_compact_one_is_none(
+        tree: Path, tmp_path: Path) -> None:
+    manifest = Manifest(tuple(fill_hashes(tree, scan(tree), None)[0]), source="s",
+                        method="pool", readonly_root=True)
+    path = tmp_path / "m"
+    path.write_bytes(b"".join(manifest.json_chunks()))  # as versions before 2 wrote it
+    assert load_manifest(path) == manifest
+    data = b"".join(manifest.chunks())
+    path.write_bytes(data)
+    assert load_manifest(path) == manifest
+    for damaged in (data[:-1], data[:-40], data + b"x\0", data.replace(b"\0file\0", b"\0f\0")):
+        path.write_bytes(damaged)
+        assert load_manifest(path) is None, damaged[-60:]

@@ -4,7 +4,6 @@ stage gives; modes survive any umask."""
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import tempfile
@@ -139,9 +138,9 @@ def test_forked_and_plain_first_stages_build_the_same_tree(
     monkeypatch.setattr(fresh, "FORK_MIN_FILES", 10**9)
     plain = stage_directory(source, other_fs / "plain", cache_root=tmp_path / "cache",
                             holder=Holder.pin("t"), jobs=2)
-    one, two = (json.loads((r.path / MANIFEST_NAME).read_bytes()) for r in (forked_stage,
-                                                                            plain))
-    assert one["entries"] == two["entries"]
+    one, two = (load_manifest(r.path / MANIFEST_NAME) for r in (forked_stage, plain))
+    assert one is not None and two is not None
+    assert one.entries == two.entries
     assert forked_stage.copied == forked_stage.files - 1  # a source hardlink pair: one copy
     assert plain.copied == plain.files - 1
 

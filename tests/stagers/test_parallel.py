@@ -4,7 +4,6 @@ first stage of thousands of files through them equal to the source."""
 from __future__ import annotations
 
 import errno
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +15,7 @@ import xxhash
 from ocistage.cache.leases import Holder
 from ocistage.stagers import builder as builder_module
 from ocistage.stagers.directory import stage_directory
-from ocistage.stagers.filemanifest import MANIFEST_NAME
+from ocistage.stagers.filemanifest import MANIFEST_NAME, load_manifest
 from ocistage.stagers.parallel import MAX_QUEUE, batches, map_parts, map_queue
 from tests.removers import settle
 
@@ -79,8 +78,9 @@ def test_a_first_stage_of_thousands_of_files_through_forked_workers(
                              holder=Holder.pin("t"), jobs=4)
     assert result.method == "pool" and result.files == 601
     assert result.copied + result.linked == 601 and result.linked > 0  # equal contents pooled
-    manifest = json.loads((result.path / MANIFEST_NAME).read_bytes())
-    for path, kind, mode, _size, _mtime, _dev, _ino, digest, *_rest in manifest["entries"]:
+    manifest = load_manifest(result.path / MANIFEST_NAME)
+    assert manifest is not None
+    for path, kind, mode, _size, _mtime, _dev, _ino, digest, *_rest in manifest.entries:
         if kind != "file":
             continue
         staged = result.path / path
