@@ -1,10 +1,12 @@
 """Failing instead of hanging: a test that guards against a blocking ``open`` (of a FIFO) runs
-the code under :func:`deadline`, whose SIGALRM interrupts the open."""
+the code under :func:`deadline`, whose SIGALRM interrupts the open; a test that waits for a
+condition polls it with :func:`wait_until`."""
 
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
@@ -26,3 +28,13 @@ def deadline(seconds: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def wait_until(condition: Callable[[], object], what: str, seconds: float = 120.0) -> object:
+    """Poll ``condition`` until it is true (returned) or ``seconds`` have passed (failed)."""
+    end = time.monotonic() + seconds
+    while not (value := condition()):
+        if time.monotonic() > end:
+            raise AssertionError(f"{what} after {seconds} s")
+        time.sleep(0.01)
+    return value

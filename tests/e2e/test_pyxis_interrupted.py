@@ -10,8 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from pytest_ocistage.faultproxy import Fault, FaultProxy
 from pytest_ocistage.imagebuild import File
 from pytest_ocistage.images import ImageRef
 from pytest_ocistage.plugin import ImageFactory
+from tests.deadline import wait_until
 from tests.e2e.conftest import OcistageRunner
 from tests.procs import default_sigint, descendants_named
 
@@ -34,15 +33,6 @@ def image(oci_image: ImageFactory, oci_registry: Registry) -> ImageRef:
     built = oci_image({"data/blob": File(os.urandom(PAYLOAD)), "etc/hostname": "x\n"},
                       cmd=["/data/blob"])
     return built.push(oci_registry, "pyxis/interrupted", "1")
-
-
-def wait_until(condition: Callable[[], object], what: str, seconds: float = 120.0) -> object:
-    end = time.monotonic() + seconds
-    while not (value := condition()):
-        if time.monotonic() > end:
-            raise AssertionError(f"{what} after {seconds} s")
-        time.sleep(0.01)
-    return value
 
 
 def uri(image: ImageRef, host: str | None = None) -> str:

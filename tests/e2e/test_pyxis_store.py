@@ -14,8 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from pytest_ocistage.imagebuild import File
 from pytest_ocistage.images import ImageRef
 from pytest_ocistage.jobuser import JobUser
 from pytest_ocistage.plugin import ImageFactory
+from tests.deadline import wait_until
 from tests.e2e.conftest import OcistageRunner
 from tests.procs import descendants_named, running
 
@@ -385,16 +385,6 @@ def slow(oci_image: ImageFactory, oci_registry: Registry) -> ImageRef:
     image = oci_image({"data/blob": File(os.urandom(SLOW_PAYLOAD)), "etc/hostname": "x\n"},
                       cmd=["/data/blob"])
     return image.push(oci_registry, "pyxis/slow", "1")
-
-
-def wait_until(condition: Callable[[], object], what: str, seconds: float = 120.0) -> object:
-    """Poll ``condition`` until it is true (returned) or ``seconds`` have passed (failed)."""
-    end = time.monotonic() + seconds
-    while not (value := condition()):
-        if time.monotonic() > end:
-            raise AssertionError(f"{what} after {seconds} s")
-        time.sleep(0.01)
-    return value
 
 
 def building_mksquashfs(importer_pid: int) -> int | None:
