@@ -380,8 +380,8 @@ class PoolPlacer(_SharedPlacer):
 
     def place_part(self, part: Sequence[Entry]) -> list[Outcome]:
         """:meth:`Placer.place_part`, the files a re-stage carries over unchanged (nearly all
-        of a 1%-changed tree) in one loop of local names: a file whose previous entry has
-        the same content (:meth:`Entry.same_content`) is linked from its pool entry without
+        of a 1%-changed tree) in one loop: a file whose previous entry has the same content
+        (:meth:`Entry.same_content`) is linked from its pool entry (:func:`pool_key`) without
         that entry being read when the result passes :meth:`_pool_entry_ok`'s checks — a
         regular file of ours of the entry's mode and size, the very inode the previous
         version linked at its path — with one ``link()`` and one ``lstat`` per file, as
@@ -403,12 +403,11 @@ class PoolPlacer(_SharedPlacer):
         old: dict[str, int] = {}
         try:
             for entry in part:
-                path, kind, mode, size, _mtime, _dev, _ino, digest, target, _ctime, xattrs \
+                path, _kind, mode, size, _mtime, _dev, _ino, digest, _target, _ctime, xattrs \
                     = entry
                 before = get(path)
-                if (digest is None or xattrs is None or path == CONFIG or before is None
-                        or before[7] != digest or before[2] != mode or before[10] != xattrs
-                        or before[1] != kind or before[8] != target):
+                if (digest is None or path == CONFIG or before is None
+                        or not before.same_content(entry)):
                     add(place(entry, dirs))
                     continue
                 rel_dir, _, name = path.rpartition("/")
@@ -420,8 +419,8 @@ class PoolPlacer(_SharedPlacer):
                 if was is None:
                     add(place(entry, dirs))
                     continue
-                key = f"{digest}-{mode:04o}-{xattrs}" if xattrs else f"{digest}-{mode:04o}"
-                pooled = f"{key[:2]}/{key}"  # pool_key()'s entry, inline
+                key = pool_key(digest, mode, xattrs)
+                pooled = f"{key[:2]}/{key}"
                 dest = dirs.dest
                 try:
                     link(pooled, name, src_dir_fd=pool_fd, dst_dir_fd=dest,
