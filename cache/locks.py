@@ -33,30 +33,32 @@ STALE_AFTER_SECONDS = 60.0
 MAX_LOCK_BYTES = 64 << 10
 
 
-def _process_start_time(pid: int) -> str | None:
-    """The start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat); None
-    if it is gone, or has exited and waits to be reaped (a zombie holds nothing: where init
-    does not reap orphans, as in some containers, a killed process stays one)."""
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command name (the state first), None if
+    ``pid`` is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             data = stat.read()
     except OSError:
         return None
     # the command name (field 2) is in parentheses and may contain spaces or parentheses
-    fields = data[data.rfind(b")") + 2 :].split()
-    if len(fields) <= 19 or fields[0] == b"Z":
+    return data[data.rfind(b")") + 2 :].split()
+
+
+def _process_start_time(pid: int) -> str | None:
+    """The start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat); None
+    if it is gone, or has exited and waits to be reaped (a zombie holds nothing: where init
+    does not reap orphans, as in some containers, a killed process stays one)."""
+    fields = _stat_fields(pid)
+    if fields is None or len(fields) <= 19 or fields[0] == b"Z":
         return None
     return fields[19].decode()
 
 
 def _zombie(pid: int) -> bool:
     """Whether ``pid`` has exited and waits to be reaped."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            data = stat.read()
-    except OSError:
-        return False
-    return data[data.rfind(b")") + 2 :].startswith(b"Z")
+    fields = _stat_fields(pid)
+    return fields is not None and fields[:1] == [b"Z"]
 
 
 @dataclass(frozen=True)
