@@ -255,8 +255,7 @@ def drop_own_dead(cache_root: Path) -> int:
                     lease = Lease.from_json(read_capped(fd, MAX_LEASE_BYTES).decode())
                     holder = lease.holder
                     if (st.st_uid != me or holder.kind != "pid" or holder.host != host
-                            or holder.pid is None
-                            or Owner(host, holder.pid, holder.start).is_alive() is not False):
+                            or holder.pid is None or is_live(lease, None)):
                         continue
                     if os.lstat(path).st_ino == st.st_ino:  # still the file read
                         path.unlink()
