@@ -26,7 +26,7 @@ import stat
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,6 +101,19 @@ def cache_root() -> Path:
         return Path(env)
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(xdg) / "ocistage-bench"
+
+
+def made_once(tree: Path, fill: Callable[[Path], None]) -> Path:
+    """``tree`` as it is, or, the first time, made by ``fill(WORK)`` in ``TREE.tmp`` beside it
+    and renamed into place (a run killed half-way leaves no half tree at ``tree``)."""
+    if tree.is_dir():
+        return tree
+    print(f"bench: making {tree} (once)", flush=True)
+    work = tree.with_name(tree.name + ".tmp")
+    shutil.rmtree(work, ignore_errors=True)
+    fill(work)
+    work.rename(tree)
+    return tree
 
 
 def _walk(root: Path) -> Iterator[tuple[Path, os.stat_result]]:

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.bundle import drop_kernel_caches
-from bench.images import cache_root
+from bench.images import cache_root, made_once
 from ocistage.stagers.mksquashfs import compressors_listed, help_text
 
 RESULTS = Path(__file__).parent / "results"
@@ -101,55 +101,45 @@ def copy_head(path: Path, dest: Path) -> None:
 
 
 def make_small(root: Path, files: int) -> Path:
-    tree = root / f"sqfs-small-v{TREE_VERSION}-{files}"
-    if tree.is_dir():
-        return tree
-    print(f"bench: making {tree} (once)", flush=True)
-    work = tree.with_name(tree.name + ".tmp")
-    shutil.rmtree(work, ignore_errors=True)
-    made = 0
-    for path in usr_files():
-        if made >= files:
-            break
-        copy_head(path, work / path.relative_to("/"))
-        made += 1
-    n = 0
-    while made < files:  # /usr smaller than asked: copies again under another top directory
+    def fill(work: Path) -> None:
+        made = 0
         for path in usr_files():
             if made >= files:
                 break
-            copy_head(path, work / f"again{n}" / path.relative_to("/"))
+            copy_head(path, work / path.relative_to("/"))
             made += 1
-        n += 1
-    add_python(work)
-    work.rename(tree)
-    return tree
+        n = 0
+        while made < files:  # /usr smaller than asked: copies again under another top dir
+            for path in usr_files():
+                if made >= files:
+                    break
+                copy_head(path, work / f"again{n}" / path.relative_to("/"))
+                made += 1
+            n += 1
+        add_python(work)
+
+    return made_once(root / f"sqfs-small-v{TREE_VERSION}-{files}", fill)
 
 
 def make_large(root: Path, count: int, megabytes: int) -> Path:
-    tree = root / f"sqfs-large-v{TREE_VERSION}-{count}-{megabytes}"
-    if tree.is_dir():
-        return tree
-    print(f"bench: making {tree} (once)", flush=True)
-    work = tree.with_name(tree.name + ".tmp")
-    shutil.rmtree(work, ignore_errors=True)
-    (work / "data").mkdir(parents=True)
-    each = megabytes * MB // count
-    sources = usr_files()
-    for n in range(count):
-        with open(work / "data" / f"blob{n}", "wb") as out:
-            while out.tell() < each:
-                try:
-                    data = next(sources).read_bytes()[:each - out.tell()]
-                except StopIteration:
-                    sources = usr_files()
-                    continue
-                except OSError:
-                    continue
-                out.write(data)
-    add_python(work)
-    work.rename(tree)
-    return tree
+    def fill(work: Path) -> None:
+        (work / "data").mkdir(parents=True)
+        each = megabytes * MB // count
+        sources = usr_files()
+        for n in range(count):
+            with open(work / "data" / f"blob{n}", "wb") as out:
+                while out.tell() < each:
+                    try:
+                        data = next(sources).read_bytes()[:each - out.tell()]
+                    except StopIteration:
+                        sources = usr_files()
+                        continue
+                    except OSError:
+                        continue
+                    out.write(data)
+        add_python(work)
+
+    return made_once(root / f"sqfs-large-v{TREE_VERSION}-{count}-{megabytes}", fill)
 
 
 def timed(argv: list[str]) -> float:

@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.bundle import ocistage_script
-from bench.images import cache_root
+from bench.images import cache_root, made_once
 from bench.plotting import pyplot
 from ocistage.cache import leases
 from ocistage.cache.leases import Holder
@@ -82,32 +82,28 @@ MB = 1 << 20
 
 def make_synthetic(root: Path, files: int = 20_000, total: int = 300 * MB) -> Path:
     """A deterministic tree of ``files`` files in nested dirs, about ``total`` bytes."""
-    tree = root / f"synthetic-v{SYNTHETIC_VERSION}-{files}-{total // MB}"
-    if tree.is_dir():
-        return tree
-    print(f"bench: making the synthetic tree {tree} (once)", flush=True)
-    work = tree.with_name(tree.name + ".tmp")
-    shutil.rmtree(work, ignore_errors=True)
-    rng = random.Random(42)
-    sizes = [rng.choice([100, 600, 2_000, 6_000, 12_000, 20_000]) for _ in range(files)]
-    large = max(0, total - sum(sizes)) // max(1, files // 100)
-    for n in range(0, files, 100):
-        sizes[n] += large
-    block = os.urandom(2 * MB)
-    for n, size in enumerate(sizes):
-        directory = work / f"d{n // 2000:02d}" / f"e{n // 100:03d}"
-        if n % 100 == 0:
-            directory.mkdir(parents=True, exist_ok=True)
-        start = (n * 7919) % MB
-        if size <= MB:
-            data = block[start:start + size]
-        else:
-            data = (block * (size // len(block) + 1))[:size]
-        (directory / f"f{n:05d}").write_bytes(n.to_bytes(4, "big") + data)
-    for n in range(0, files, 500):  # some symlinks, as in real trees
-        os.symlink(f"f{n:05d}", work / f"d{n // 2000:02d}" / f"e{n // 100:03d}" / f"l{n:05d}")
-    work.rename(tree)
-    return tree
+    def fill(work: Path) -> None:
+        rng = random.Random(42)
+        sizes = [rng.choice([100, 600, 2_000, 6_000, 12_000, 20_000]) for _ in range(files)]
+        large = max(0, total - sum(sizes)) // max(1, files // 100)
+        for n in range(0, files, 100):
+            sizes[n] += large
+        block = os.urandom(2 * MB)
+        for n, size in enumerate(sizes):
+            directory = work / f"d{n // 2000:02d}" / f"e{n // 100:03d}"
+            if n % 100 == 0:
+                directory.mkdir(parents=True, exist_ok=True)
+            start = (n * 7919) % MB
+            if size <= MB:
+                data = block[start:start + size]
+            else:
+                data = (block * (size // len(block) + 1))[:size]
+            (directory / f"f{n:05d}").write_bytes(n.to_bytes(4, "big") + data)
+        for n in range(0, files, 500):  # some symlinks, as in real trees
+            os.symlink(f"f{n:05d}",
+                       work / f"d{n // 2000:02d}" / f"e{n // 100:03d}" / f"l{n:05d}")
+
+    return made_once(root / f"synthetic-v{SYNTHETIC_VERSION}-{files}-{total // MB}", fill)
 
 
 def real_bundle(root: Path) -> Path:
