@@ -358,18 +358,16 @@ def _collect(store: Store, options: GcOptions, job_states: JobStates, now: float
 
 
 def remove_ref(store: Store, name: str, platform: str | None = None, force: bool = False,
-               job_states: JobStates = squeue_states,
-               lock_timeout: float | None = GcOptions.lock_timeout) -> GcReport:
+               job_states: JobStates = squeue_states) -> GcReport:
     """``cache rm``: drop ref ``name`` (one ``platform``, ``os/arch[/variant]``, or all) and
     at once everything only it used, as a GC without eviction does.
 
     A ref that a live lease names is refused unless ``force``; even then, leased blobs and
-    bundles stay until their lease ends (a later GC removes them). ``lock_timeout``: how
-    long to wait for a running GC (LockTimeout then).
+    bundles stay until their lease ends (a later GC removes them).
     """
     with reserve.spent(store.root):
         lock = FileLock(store.root / GC_LOCK, heartbeat=1.0)
-        lock.acquire(timeout=lock_timeout)
+        lock.acquire(timeout=GcOptions().lock_timeout)
         try:
             refs = _refs_named(store, name, platform)
             if not force:
