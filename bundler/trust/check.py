@@ -13,9 +13,6 @@ from dataclasses import dataclass
 from ocistage.bundler.image.reference import ImageSource
 from ocistage.bundler.trust.evaluate import Verdict, evaluate
 from ocistage.bundler.trust.files import TrustConfig, effective, registries
-from ocistage.bundler.trust.kept import keep, read_kept
-from ocistage.bundler.trust.lookaside import fetch_signatures
-from ocistage.bundler.trust.registriesd import lookaside_base
 from ocistage.bundler.trust.scopes import image_identity
 from ocistage.cache.digest import Digest
 from ocistage.cache.notice import Notice
@@ -43,6 +40,11 @@ def check_image(config: TrustConfig, source: ImageSource, digest: Digest, store:
     fetched: list[list[bytes]] = []
 
     def signatures() -> list[bytes]:
+        # asked only by a signedBy requirement: a policy without one loads none of this
+        from ocistage.bundler.trust.kept import read_kept
+        from ocistage.bundler.trust.lookaside import fetch_signatures
+        from ocistage.bundler.trust.registriesd import lookaside_base
+
         if image.docker is None:
             return []  # only registry images have signatures (as for skopeo's oci:)
         if warm:
@@ -61,5 +63,7 @@ def check_image(config: TrustConfig, source: ImageSource, digest: Digest, store:
             error.hint = "; ".join([*(str(n) for n in trust.notices), error.hint or ""])
         raise error
     if keep_signatures and fetched and fetched[0] and image.docker is not None:
+        from ocistage.bundler.trust.kept import keep
+
         keep(store, image.docker.name, digest, fetched[0])
     return TrustResult(verdict, trust.notices)

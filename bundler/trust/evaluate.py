@@ -10,17 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ocistage.bundler.trust.boundedread import BoundedReadError, read_regular
 from ocistage.bundler.trust.errors import ImageRejected, SignatureRejected
-from ocistage.bundler.trust.gpg import GpgMissing, ThrowawayKeyring
 from ocistage.bundler.trust.identity import identity_matches
-from ocistage.bundler.trust.lookaside import LookasideError
 from ocistage.bundler.trust.policy import Policy, Requirement
 from ocistage.bundler.trust.scopes import ImageIdentity, ScopeMatch, requirements_for
-from ocistage.bundler.trust.simplesign import parse_payload
 from ocistage.cache.digest import Digest
+
+if TYPE_CHECKING:
+    from ocistage.bundler.trust.gpg import ThrowawayKeyring
+
+# The signature machinery (gpg, the lookaside store, simple signing's payload) is imported by
+# the signedBy requirement that needs it: under a policy that asks for no signature (the
+# insecureAcceptAnything default) a warm bundle never loads it
+# (tests/bundler/test_cli_imports.py).
 
 KEY_FILE_LIMIT = 1 << 20
 
@@ -79,6 +84,8 @@ def _keys(requirement: Requirement) -> bytes:
 def _accepts(ring: ThrowawayKeyring, requirement: Requirement, image: ImageIdentity,
              digest: Digest, signature: bytes) -> str:
     """The signer's fingerprint if ``signature`` meets ``requirement``, else raises."""
+    from ocistage.bundler.trust.simplesign import parse_payload
+
     verified = ring.verify(signature)
     if verified.fingerprint != verified.primary:
         # containers/image 5.23 accepts the primary keys it imported, not their subkeys
@@ -111,6 +118,9 @@ class _Signatures:
 def _signed_by(requirement: Requirement, image: ImageIdentity, digest: Digest,
                signatures: _Signatures) -> str:
     """The fingerprint of the key whose signature meets ``requirement``, else raises."""
+    from ocistage.bundler.trust.gpg import GpgMissing, ThrowawayKeyring
+    from ocistage.bundler.trust.lookaside import LookasideError
+
     if requirement.key_type != "GPGKeys":
         raise SignatureRejected(f"keyType {requirement.key_type!r} is not implemented "
                                 "(skopeo implements only GPGKeys)")

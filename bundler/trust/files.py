@@ -17,11 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ocistage.bundler.trust.policy import ACCEPT_ANYTHING, Policy, read_policy
-from ocistage.bundler.trust.registriesd import RegistriesD, read_registries_d
 from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.userdirs import home_dir
+
+if TYPE_CHECKING:
+    from ocistage.bundler.trust.registriesd import RegistriesD
 
 SYSTEM_POLICY = Path("/etc/containers/policy.json")
 SYSTEM_REGISTRIES_D = Path("/etc/containers/registries.d")
@@ -106,6 +109,9 @@ def effective(config: TrustConfig) -> EffectiveTrust:
 
 
 def registries(trust: EffectiveTrust) -> RegistriesD:
+    # read only where a signature is looked up: a policy that asks for none never needs it
+    from ocistage.bundler.trust.registriesd import read_registries_d
+
     return read_registries_d(trust.registries_d)
 
 
