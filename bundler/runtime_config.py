@@ -26,15 +26,14 @@ import re
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ocistage.bundler.configoptions import ConfigOptions as ConfigOptions
 from ocistage.bundler.image.errors import SchemaError
 from ocistage.cache.atomicwrite import fsync_dir
 from ocistage.cache.errors import StoreError
 from ocistage.errors import UsageError
-from ocistage.runtimes.idmap import RootPlaceholder, detect_root_placeholder
 from ocistage.runtimes.rootless import SYSFS_BIND, RootlessIds, make_rootless
 from ocistage.runtimes.userdb import ResolvedUser, resolve_user
 
@@ -101,29 +100,6 @@ _HOSTNAME = re.compile(r"^(?=.{1,64}$)[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
 #: what NVIDIA_VISIBLE_DEVICES takes besides ``all``: a GPU index, a MIG device index
 #: (``0:1``), a GPU or MIG UUID
 _GPU_ID = re.compile(r"^(?:[0-9]+(?::[0-9]+)?|(?:GPU|MIG)-[A-Za-z0-9/-]+)$")
-
-
-@dataclass(frozen=True)
-class ConfigOptions:
-    """Caller's overrides of the image config ("externally provided inputs" in conversion.md)."""
-
-    rootless: bool = True
-    args: Sequence[str] | None = None  # --cmd: replaces Cmd, keeps Entrypoint
-    entrypoint: Sequence[str] | None = None  # --entrypoint: replaces Entrypoint, clears Cmd
-    env: Sequence[str] = ()  # --env NAME=value, added or overriding
-    mounts: Sequence[str] = ()  # --mount SRC:DST[:ro|:rw]
-    readonly: bool = False
-    hostname: str | None = None
-    gpus: str | None = None  # None | "all" | "0,1" (indices or GPU UUIDs)
-    map_root: bool = False  # rootless: run as container root (runc 1.1 needs uid 0 mapped)
-    #: rootless: run as the caller's own uid/gid inside (an identity mapping): what Slurm's
-    #: PMIx server accepts from an MPI rank (runtimes/pmix_ids.py); crun or runc >= 1.2
-    map_self: bool = False
-    host_uid: int = field(default_factory=os.getuid)
-    host_gid: int = field(default_factory=os.getgid)
-    # host ids for container 0 when the image user is not root (runc 1.1 needs 0 mapped)
-    root_placeholder: RootPlaceholder | None = field(default_factory=detect_root_placeholder)
-    terminal: bool = False
 
 
 def build_runtime_config(image_config: Mapping[str, Any], rootfs: Path,

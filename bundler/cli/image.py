@@ -130,8 +130,8 @@ def bundle_command(
     The bundle is rootfs/ and config.json, for runc and crun; without DEST it is made in
     the cache and reused while the image and options are the same.
     """
+    from ocistage.bundler.configoptions import ConfigOptions
     from ocistage.bundler.flows.bundle import make_bundle, run_notices
-    from ocistage.bundler.runtime_config import ConfigOptions, gpu_hook_missing
 
     settings = opts.settings(keep_snapshot=keep_snapshot)
     source, store, options = opts.image_inputs(ref, settings)
@@ -145,7 +145,10 @@ def bundle_command(
                              keep_snapshot=settings.keep_snapshot)
     result = dataclasses.replace(result, warnings=result.warnings + run_notices(result.path))
     print_warnings(result.warnings, opts.quiet)
-    hook = gpu_hook_missing(gpus)
-    if hook:
-        echo(f"warning: {hook}", err=True)
+    if gpus:  # the config writer's module only then: a warm bundle does without it
+        from ocistage.bundler.runtime_config import gpu_hook_missing
+
+        hook = gpu_hook_missing(gpus)
+        if hook:
+            echo(f"warning: {hook}", err=True)
     opts.emit(result)

@@ -56,6 +56,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ocistage.bundler.configoptions import ConfigOptions
 from ocistage.bundler.errors import DestinationError
 from ocistage.bundler.follower import PullThread
 from ocistage.bundler.image.manifest import Descriptor
@@ -68,12 +69,6 @@ from ocistage.bundler.pull import (
     PullProgress,
     PullRun,
     interrupted,
-)
-from ocistage.bundler.rootfsmounts import make_mount_points
-from ocistage.bundler.runtime_config import (
-    ConfigOptions,
-    build_runtime_config,
-    write_runtime_config,
 )
 from ocistage.cache import usage
 from ocistage.cache.atomicwrite import fsync_dir
@@ -352,6 +347,10 @@ def _write_config(scratch: Path, raw_config: bytes, options: ConfigOptions,
     """``scratch/config.json`` for the rootfs made there (``link``: sharing the cache's
     files), and the mount points it names made in that rootfs, so that runtimes starting the
     bundle at once on many nodes have none to make."""
+    # only for a bundle being made: one found in the cache needs neither
+    from ocistage.bundler.rootfsmounts import make_mount_points
+    from ocistage.bundler.runtime_config import build_runtime_config, write_runtime_config
+
     shared_root = link and not options.readonly
     if link:
         # the rootfs shares file inodes with the cache's snapshot: a container writing

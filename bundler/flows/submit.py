@@ -70,8 +70,8 @@ def bundle_for_submit(source: ImageSource, options: SubmitOptions, *, store: Sto
     caller's values where ``--host-env`` asks for them), kept from GC by ``in_use`` until
     :func:`submit_bundle` has staged it. Its warnings are the caller's to show before
     :func:`submit_bundle` runs the job (an ``srun`` job writes to the same terminal)."""
+    from ocistage.bundler.configoptions import ConfigOptions
     from ocistage.bundler.flows.bundle import make_bundle
-    from ocistage.bundler.runtime_config import ConfigOptions
     from ocistage.runtimes.submit import check_options, host_overrides
 
     check_options(options.options)  # before anything is pulled
