@@ -25,7 +25,6 @@ import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -566,10 +565,18 @@ def _check_trust(run: PullRun, resolved: ResolvedImage, warm: bool) -> TrustResu
 
 
 def _fetch_layers(run: PullRun, fetcher: Fetcher, layers: tuple[Descriptor, ...]) -> None:
-    """Fetch ``layers`` in parallel (``options.jobs``), each followed by the observer."""
+    """Fetch ``layers`` in parallel (``options.jobs``), each followed by the observer; when the
+    store holds them all (a warm pull) each is taken as it is, without a pool of threads."""
+    labels = [f"layer {n}/{len(layers)}" for n in range(1, len(layers) + 1)]
+    if all(run.store.has_blob(layer.digest) for layer in layers):
+        for layer, label in zip(layers, labels, strict=True):
+            fetcher.fetch(layer, label, run.observer)  # found in the store: nothing to download
+        return
+    from concurrent.futures import ThreadPoolExecutor, wait
+
     pool = ThreadPoolExecutor(max_workers=max(1, run.options.jobs), thread_name_prefix="pull")
-    futures = [pool.submit(fetcher.fetch, layer, f"layer {n}/{len(layers)}", run.observer)
-               for n, layer in enumerate(layers, start=1)]
+    futures = [pool.submit(fetcher.fetch, layer, label, run.observer)
+               for layer, label in zip(layers, labels, strict=True)]
     stopped = False
     try:
         for future in futures:

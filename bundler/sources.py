@@ -17,7 +17,6 @@ import io
 import json
 import os
 import posixpath
-import tarfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,12 +35,13 @@ from ocistage.bundler.image.reference import (
     parse_registry_reference,
 )
 from ocistage.bundler.registry.types import BlobSink, FetchedManifest, RegistryConfig
-from ocistage.bundler.unpack.decompress import detect_compression
 from ocistage.cache.digest import Digest, hash_file
 from ocistage.cache.jsondoc import MAX_DOCUMENT, parse_json, read_document
 from ocistage.errors import IntegrityError, Interrupted, NotFound
 
 if TYPE_CHECKING:
+    import tarfile
+
     from ocistage.bundler.registry.client import RegistryClient
 
 CHUNK = 1 << 20
@@ -264,6 +264,8 @@ class _TarSource:
     """Random access to members of an uncompressed tar archive, by normalised name."""
 
     def __init__(self, path: Path) -> None:
+        import tarfile  # archives only: a pull from a registry or a layout never reads one
+
         self.path = path
         try:
             self.tar = tarfile.open(path, "r:")  # noqa: SIM115 - closed by close()
@@ -386,6 +388,8 @@ class DockerArchiveProvider(_LocalProvider):
         raise NotFound(f"no image {image!r} in {path}")
 
     def _layer_digest(self, member: str, diff_id: str | None) -> tuple[Digest, int, str]:
+        from ocistage.bundler.unpack.decompress import detect_compression  # isal, zstandard
+
         with self.archive.open(member) as stream:
             compression = detect_compression(stream.read(4))
         size = self.archive.size(member)

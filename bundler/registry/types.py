@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from ocistage.bundler.registry.credentials import CredentialStore
 from ocistage.cache.digest import Digest
+
+if TYPE_CHECKING:  # made by the client (and the pyxis importer): a warm pull never needs it
+    from ocistage.bundler.registry.credentials import CredentialStore
 
 
 @dataclass(frozen=True)
