@@ -11,12 +11,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
 import time
 from pathlib import Path
 
 from ocistage.cache.dirtrust import owned_by_caller
 from ocistage.cache.errors import UntrustedPath
+from ocistage.cache.nodes import host_name
 from ocistage.cache.treeremoval import remove_tree
 
 _SCRATCH_RE = re.compile(
@@ -27,7 +27,7 @@ SCRATCH_STALE_SECONDS = 24 * 3600.0
 
 def scratch_name(name: str) -> str:
     """The name of a scratch directory, beside ``name``, that this process builds ``name`` in."""
-    return f".{name}.ocistage-{socket.gethostname()}-{os.getpid()}-{os.urandom(4).hex()}"
+    return f".{name}.ocistage-{host_name()}-{os.getpid()}-{os.urandom(4).hex()}"
 
 
 def scratch_target(path: Path) -> str | None:
@@ -45,7 +45,7 @@ def scratch_is_dead(path: Path, now: float | None = None) -> bool:
     match = _SCRATCH_RE.match(path.name)
     if match is None:
         return False
-    if match.group("host") == socket.gethostname():
+    if match.group("host") == host_name():
         try:
             os.kill(int(match.group("pid")), 0)
         except ProcessLookupError:

@@ -62,7 +62,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -74,10 +73,9 @@ from typing import Literal
 
 from ocistage.cache.atomicwrite import write_file_atomic
 from ocistage.cache.errors import ForeignFile, StoreError
-from ocistage.cache.filehandles import file_handle
 from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.locks import Owner, is_foreign, lock_owner, owner_is_dead
-from ocistage.cache.nodes import this_node
+from ocistage.cache.nodes import host_name, this_node
 from ocistage.cache.readback import open_own, read_capped
 from ocistage.errors import UsageError
 
@@ -117,13 +115,13 @@ class Holder:
     def slurm_job(cls, job_id: str) -> Holder:
         if not job_id or not job_id.replace("_", "").replace("+", "").isdigit():
             raise UsageError(f"invalid Slurm job id {job_id!r}")
-        return cls("slurm-job", host=socket.gethostname(), job_id=job_id)
+        return cls("slurm-job", host=host_name(), job_id=job_id)
 
     @classmethod
     def pin(cls, name: str) -> Holder:
         if not name:
             raise UsageError("a pin needs a name")
-        return cls("pin", host=socket.gethostname(), name=name)
+        return cls("pin", host=host_name(), name=name)
 
     def describe(self) -> str:
         if self.kind == "pid":
@@ -242,7 +240,7 @@ def drop_own_dead(cache_root: Path) -> int:
     regular file of the caller's own (never another user's, nor root's for a user); how many.
     Each file is opened once (no symlink followed, no FIFO waited for) and removed only while
     its name still leads to the file read (a lease rewritten since stays)."""
-    me, host, dropped = os.geteuid(), socket.gethostname(), 0
+    me, host, dropped = os.geteuid(), host_name(), 0
     with contextlib.suppress(FileNotFoundError, NotADirectoryError, PermissionError):
         with os.scandir(cache_root / "leases") as entries:
             names = [e.name for e in entries if e.name.endswith(".json")
@@ -299,6 +297,8 @@ def staged_identity(path: str | os.PathLike[str]) -> str:
     except OSError:
         return ""
     try:
+        from ocistage.cache.filehandles import file_handle  # ctypes: staging only
+
         st = os.fstat(fd)
         handle = file_handle(fd)
     except OSError:

@@ -16,7 +16,6 @@ import contextlib
 import errno
 import json
 import os
-import socket
 import threading
 import time
 import uuid
@@ -26,6 +25,7 @@ from types import TracebackType
 
 from ocistage.cache.errors import ForeignFile, LockTimeout, StoreError
 from ocistage.cache.jsondoc import parse_json
+from ocistage.cache.nodes import host_name
 from ocistage.cache.readback import open_own, read_capped
 
 HEARTBEAT_SECONDS = 5.0
@@ -74,7 +74,7 @@ class Owner:
     @classmethod
     def of(cls, pid: int) -> Owner:
         """Process ``pid`` of this host (its start time None if it is gone already)."""
-        return cls(socket.gethostname(), pid, _process_start_time(pid))
+        return cls(host_name(), pid, _process_start_time(pid))
 
     def to_json(self) -> str:
         return json.dumps({"host": self.host, "pid": self.pid, "start": self.start})
@@ -89,7 +89,7 @@ class Owner:
 
     def is_alive(self) -> bool | None:
         """True/False for an owner on this host; None when that cannot be known here."""
-        if self.host != socket.gethostname():
+        if self.host != host_name():
             return None
         try:
             os.kill(self.pid, 0)

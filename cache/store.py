@@ -26,7 +26,6 @@ import contextlib
 import errno
 import json
 import os
-import socket
 import stat
 import time
 import uuid
@@ -44,6 +43,7 @@ from ocistage.cache.fdio import process_umask
 from ocistage.cache.ingest import Ingest, open_ingest
 from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.locks import FileLock, Owner, owner_is_dead
+from ocistage.cache.nodes import host_name
 from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.owneddirs import OWNER_SUFFIX, drop_owned_dir, make_owned_dir, release_owned_dir
 from ocistage.cache.privatedirs import PRIVATE_DIR_MODE
@@ -348,7 +348,7 @@ class Store:
         is left for its owner or root, and never fails the command."""
         removed: list[Path] = []
         with contextlib.suppress(FileNotFoundError):
-            for marker in self.tmp_dir.glob(f"*{OWNER_SUFFIX}"):
+            for marker in _entries(self.tmp_dir, lambda name: name.endswith(OWNER_SUFFIX)):
                 work = marker.with_suffix("")
                 if self._dead_scratch_removable(work, marker):
                     if not dry_run:
@@ -374,14 +374,14 @@ class Store:
                                 os.unlink(entry.path)
                         removed.append(Path(entry.path))
         with contextlib.suppress(FileNotFoundError):
-            for stale in self.ingest_dir.glob("*.lock.stale-*"):
+            for stale in _entries(self.ingest_dir, lambda name: ".lock.stale-" in name):
                 if dry_run:
                     removed.append(stale)
                     continue
                 with contextlib.suppress(FileNotFoundError):
                     stale.unlink()
                     removed.append(stale)
-            for path in self.ingest_dir.glob("*.lock"):
+            for path in _entries(self.ingest_dir, lambda name: name.endswith(".lock")):
                 # a dead owner's lock on a blob nobody fetches again would stay forever:
                 # break it (taking it over) and drop it
                 if not owner_is_dead(path):
@@ -396,5 +396,17 @@ class Store:
         return removed
 
 
+def _entries(directory: Path, wanted: Callable[[str], bool]) -> list[Path]:
+    """The entries of ``directory`` whose names are ``wanted`` (FileNotFoundError if it is
+    gone; none if it cannot be read, as ``Path.glob`` skips it): what ``Path.glob("*SUFFIX")``
+    finds, without compiling a pattern on every command (:meth:`Store.open` sweeps on every
+    one)."""
+    try:
+        with os.scandir(directory) as entries:
+            return [Path(entry.path) for entry in entries if wanted(entry.name)]
+    except PermissionError:
+        return []
+
+
 def hostname() -> str:
-    return socket.gethostname()
+    return host_name()
