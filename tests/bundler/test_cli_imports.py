@@ -184,6 +184,47 @@ def test_bundling_from_an_image_layout_loads_no_http_client(tmp_path: Path) -> N
         assert sorted(unpacking & loaded) == (sorted(unpacking) if n == 0 else []), n
 
 
+
+# what a bundle found in the cache does without (G4: a warm `bundle REF --pull missing` within
+# 2x `ocistage --version`, docs/performance.md): the HTTP client, the signature machinery a
+# policy without signedBy never asks, the config writer, archives' readers, a pool of threads
+# for layers that are all there, and the standard modules only those bring (each a few ms)
+WARM_BUNDLE_DOES_WITHOUT = frozenset({
+    "requests", "urllib3", "ocistage.bundler.registry.client",
+    "ocistage.bundler.registry.credentials",
+    "ocistage.bundler.trust.gpg", "ocistage.bundler.trust.simplesign",
+    "ocistage.bundler.trust.lookaside", "ocistage.bundler.trust.kept",
+    "ocistage.bundler.trust.registriesd",
+    "ocistage.bundler.runtime_config", "ocistage.bundler.rootfsmounts",
+    "ocistage.runtimes.rootless", "ocistage.runtimes.userdb", "ocistage.stagers.mountrule",
+    "ocistage.bundler.unpack.decompress", "tarfile", "zstandard", "isal",
+    "ocistage.cache.filehandles", "concurrent.futures", "tempfile", "socket",
+    "jsonschema", "rich",
+})
+
+
+def test_a_warm_bundle_loads_only_what_finding_it_needs(tmp_path: Path) -> None:
+    """The second ``bundle --json --pull missing REF`` finds its bundle in the cache; under a
+    policy file (accept anything: evaluated, no signature asked) it loads none of
+    :data:`WARM_BUNDLE_DOES_WITHOUT`, while the first, which made the bundle, loaded the
+    config writer (the probe sees lazy imports)."""
+    from tests.bundler.tarbuilder import build_tar, file, write_oci_layout
+
+    write_oci_layout(tmp_path / "layout", [build_tar([file("hello.txt", b"hello")])],
+                     tag="v1", kind="gzip")
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"default": [{"type": "insecureAcceptAnything"}]}))
+    argv = ["bundle", "--json", "--pull", "missing", "--policy", str(policy), "--cmd", "true",
+            f"oci:{tmp_path / 'layout'}:v1"]
+    cold = _modules_after(argv, tmp_path)
+    [made] = (tmp_path / "cache" / "bundles").iterdir()
+    assert (made / "config.json").is_file()
+    assert {"ocistage.bundler.runtime_config", "ocistage.bundler.trust.evaluate"} <= cold
+    warm = _modules_after(argv, tmp_path)
+    assert {"ocistage.bundler.flows.bundle", "ocistage.bundler.trust.evaluate"} <= warm
+    assert sorted(WARM_BUNDLE_DOES_WITHOUT & warm) == []
+    assert list((tmp_path / "cache" / "bundles").iterdir()) == [made]
+
 # the modules that define commands: a command line loads the one of its command only
 COMMAND_MODULES = frozenset({"ocistage.bundler.cli.image", "ocistage.bundler.cli.stage",
                              "ocistage.bundler.cli.slurm",
