@@ -20,14 +20,17 @@ import threading
 import time
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlencode, urlsplit
 
 import requests
 
-from ocistage.bundler.registry.credentials import Credentials
 from ocistage.bundler.registry.errors import AuthenticationError
 from ocistage.bundler.registry.transport import HttpRequest, origin_of
 from ocistage.cache.jsondoc import parse_json
+
+if TYPE_CHECKING:  # the credential files are read by the client's store, on a challenge
+    from ocistage.bundler.registry.credentials import Credentials
 
 DEFAULT_TOKEN_LIFETIME = 60.0
 TOKEN_BODY_LIMIT = 1 << 20
@@ -36,7 +39,7 @@ CLIENT_ID = "ocistage"
 
 AuthFlow = Generator[HttpRequest, requests.Response, None]
 BodyReader = Callable[[requests.Response, int], bytes | None]
-CredentialLookup = Callable[[str | None], Credentials | None]
+CredentialLookup = Callable[[str | None], "Credentials | None"]
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _SPACE = re.compile(r"[ \t]*")

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -29,7 +29,6 @@ import requests
 from ocistage.bundler.image.errors import UnsupportedManifest
 from ocistage.bundler.registry.auth import RETRYABLE_STATUS, Authenticator, TokenCache
 from ocistage.bundler.registry.cafile import check_ca_file
-from ocistage.bundler.registry.credentials import Credentials, CredentialStore
 from ocistage.bundler.registry.errors import (
     AuthenticationError,
     RateLimited,
@@ -62,6 +61,9 @@ from ocistage.bundler.registry.types import FetchedManifest as FetchedManifest
 from ocistage.bundler.registry.types import RegistryConfig as RegistryConfig
 from ocistage.cache.digest import Digest
 from ocistage.errors import IntegrityError, NotFound, UsageError
+
+if TYPE_CHECKING:
+    from ocistage.bundler.registry.credentials import Credentials, CredentialStore
 
 log = logging.getLogger(__name__)
 # one line per retry, for the user (the CLI shows them on stderr unless -q)
@@ -147,8 +149,9 @@ class RegistryClient:
                                     speed_window=self._config.speed_window)
         self._sleep = sleep if sleep is not None else self._transport.pause
         self._tokens = TokenCache(clock)
-        store = self._config.credentials
-        self._credentials = store if store is not None else CredentialStore.from_environment()
+        # None: the caller's credential files, looked up at the first challenge (a registry
+        # that asks for none, as a warm pull's tag check often is, never needs them)
+        self._credentials: CredentialStore | None = self._config.credentials
         self._mirrors = [self._endpoint(url, mirror=True)
                          for url in self._config.mirrors.get(registry, ())]
         self._origin = self._endpoint(registry, mirror=False)
@@ -158,13 +161,19 @@ class RegistryClient:
     def _endpoint(self, location: str, *, mirror: bool) -> _Endpoint:
         name, bases = base_urls(location, self._tls)
         lookup_name = name if mirror else self.registry
-        store = self._credentials
 
         def lookup(repository: str | None) -> Credentials | None:
-            return store.lookup(lookup_name, repository)
+            return self._credential_store().lookup(lookup_name, repository)
         auth = Authenticator(name, lookup, self._tokens, self._transport.read_body)
         retries = 0 if mirror else self._config.max_retries
         return _Endpoint(name, bases, auth, retries)
+
+    def _credential_store(self) -> CredentialStore:
+        if self._credentials is None:
+            from ocistage.bundler.registry.credentials import CredentialStore
+
+            self._credentials = CredentialStore.from_environment()
+        return self._credentials
 
     # -- public API ---------------------------------------------------------------------
 
