@@ -220,3 +220,31 @@ def test_pull_missing_bundles_a_cached_image_without_the_registry(
     assert fault_proxy.requests == []
     down = ocistage("bundle", "--pull", "always", ref, str(tmp_path / "always"))
     assert down.returncode == 1  # the default asks the registry, which is gone
+
+
+def test_a_warm_bundle_asking_the_registry_loads_only_the_http_client_more(
+        images: dict[str, ImageRef], ocistage: OcistageRunner) -> None:
+    """G4 with the tag re-resolved (docs/performance.md): a warm ``bundle --json REF`` asks
+    the registry for the tag's manifest and finds its bundle in the cache. Of what a warm
+    bundle does without (tests/bundler/test_cli_imports.py) it loads the HTTP client alone:
+    no credential store (this registry asks for no credentials), signature machinery,
+    config writer or thread pool."""
+    import sys
+
+    from tests.bundler.test_cli_imports import _PROBE, WARM_BUNDLE_DOES_WITHOUT
+
+    image = images["multilayer"]
+    argv = ["bundle", "--json", image.ref]
+    assert ocistage(*argv, check=True).json["reused"] is False
+    result = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(argv)],
+                            cwd=ocistage.cwd, env=ocistage.environment(), capture_output=True,
+                            text=True, timeout=120, check=False)
+    marker = result.stderr.rfind("MODULES ")
+    assert result.returncode == 0 and marker >= 0, result.stderr
+    assert json.loads(result.stdout)["reused"] is True
+    loaded = set(json.loads(result.stderr[marker + len("MODULES "):]))
+    assert {"requests", "ocistage.bundler.registry.client"} <= loaded
+    # what the HTTP client brings itself (requests imports tempfile and socket)
+    client_brings = {"requests", "urllib3", "ocistage.bundler.registry.client", "tempfile",
+                     "socket"}
+    assert sorted((WARM_BUNDLE_DOES_WITHOUT - client_brings) & loaded) == []
