@@ -19,7 +19,8 @@ cold bundles and first stages of synthetic images from 1k to 300k files and 100 
 image through squashfuse_ll, squashfuse and the kernel (``bench/mounts.py``); ``metaops``
 counts the metadata system calls of a 1%-changed re-stage against rsync's
 (``bench/metaops.py``); ``trust`` times a warm bundle under one ``signedBy`` scope against an
-accept-anything policy (``bench/trust.py``).
+accept-anything policy (``bench/trust.py``); ``warm`` times G4's ``--version`` and warm
+bundles of one or more checkouts side by side, wall and CPU (``bench/warm.py``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,10 @@ def main(argv: list[str]) -> int:
         from bench.mounts import main as mounts_main
 
         return mounts_main(argv[1:])
+    if argv and argv[0] == "warm":
+        from bench.warm import main as warm_main
+
+        return warm_main(argv[1:])
     if argv and argv[0] == "trust":
         from bench.trust import main as trust_main
 
