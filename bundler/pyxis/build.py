@@ -47,7 +47,7 @@ def _build(reference: RegistryReference, source: LeasedCache, images: ImageStore
         built = scratch / f"{key}{IMAGE_SUFFIX}"
         try:
             argv = mksquashfs_argv(mksquashfs.path, bundle.path / "rootfs", built, written,
-                                   workdir, mksquashfs.compressor, usable_cpus())
+                                   workdir, mksquashfs.compression, usable_cpus())
         except PseudoNameError as exc:
             raise PyxisImportError(f"{reference}: its config's WorkingDir {workdir!r} cannot be "
                                    f"made in the image: {exc.message}",
@@ -55,7 +55,8 @@ def _build(reference: RegistryReference, source: LeasedCache, images: ImageStore
         run_mksquashfs(argv, store.root)
         record = {"source": str(reference), "manifest": manifest,
                   "platform": str(bundle.image.platform), "compressor": mksquashfs.compressor,
-                  "format": IMAGE_FORMAT, "created": time.time()}
+                  "compression": str(mksquashfs.compression), "format": IMAGE_FORMAT,
+                  "created": time.time()}
         return images.publish(built, key, record)
     except OSError as exc:
         raise StoreError(f"cannot make the image of {reference} in {store.root}: "

@@ -24,6 +24,7 @@ from ocistage.bundler.errors import PyxisImportError
 from ocistage.bundler.image.reference import RegistryReference
 from ocistage.cache.leases import InUse
 from ocistage.cache.store import Store
+from ocistage.stagers.squashfs_compression import Compression
 
 if TYPE_CHECKING:
     from ocistage.bundler.flows.bundle import BundleResult
@@ -38,6 +39,7 @@ class CacheSource:
     store: Store
     options: PullOptions
     squashfs_only: bool = False   # drop what a get pulled once its image is made
+    compression: Compression | None = None  # of the images a get makes (pyxis_compression)
 
     @contextlib.contextmanager
     def leased(self) -> Iterator[LeasedCache]:

@@ -39,7 +39,7 @@ from ocistage.bundler.pyxis.credentials import EnrootCredentials
 from ocistage.bundler.pyxis.imagekey import image_key
 from ocistage.bundler.pyxis.imagestore import ImageStore
 from ocistage.bundler.pyxis.jobstep import JobStep
-from ocistage.bundler.pyxis.mksquashfs import Mksquashfs
+from ocistage.bundler.pyxis.mksquashfs import Mksquashfs, compression_setting
 from ocistage.bundler.pyxis.sitestore import SiteStore
 from ocistage.bundler.pyxis.uri import EnrootUri, parse_enroot_uri
 from ocistage.bundler.settings import DEFAULT, Settings
@@ -126,7 +126,8 @@ def cache_source(settings: Settings, parsed: EnrootUri, policy: str,
     """The cache the image is pulled into, opened, with the pull's options: the settings',
     the pull policy and enroot's credentials for the URI's user."""
     options = pull_options(settings, EnrootCredentials(parsed.user, environ), policy)
-    return CacheSource(Store.open(settings.cache), options, settings.pyxis_squashfs_only)
+    return CacheSource(Store.open(settings.cache), options, settings.pyxis_squashfs_only,
+                       compression_setting(settings.pyxis_compression))
 
 
 def recalled(reference: RegistryReference, site: SiteStore | None, images: ImageStore,
@@ -150,7 +151,7 @@ def fetched(reference: RegistryReference, source: CacheSource, site: SiteStore |
     with source.leased() as cache:
         recorded = cache.recorded(reference)  # before the pull: then not this get's to drop
         manifest = cache.pull(reference)
-        mksquashfs = Mksquashfs.on_this_node()
+        mksquashfs = Mksquashfs.on_this_node(source.compression)
         key = image_key(manifest, mksquashfs.compressor)
         shared = site.image(key) if site is not None else None
         if shared is not None:
