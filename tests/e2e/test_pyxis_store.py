@@ -610,3 +610,32 @@ def test_a_compression_setting_that_names_none_is_a_usage_error(
     assert got.returncode == 2
     assert_error(got, "invalid pyxis_compression", repr(setting))
     assert_nothing_half_built(ocistage.cache)
+
+
+# -- the layers unpack while they download ------------------------------------------------------
+
+def test_a_cold_get_unpacks_the_layers_while_they_download(
+        ocistage: OcistageRunner, oci_image: ImageFactory, oci_registry: Registry,
+        fault_proxy: FaultProxy) -> None:
+    """The first layer is in the scratch rootfs while the second is still downloading (held
+    by the proxy): the get does not wait for every blob before it unpacks (issue 37: the
+    pull and the unpack were two passes, one after the other). Released, the download
+    resumes and the get makes the image."""
+    image = oci_image([{"first/marker": "1\n"}, {"second/blob": File(os.urandom(PAYLOAD))}],
+                      cmd=["/bin/sh"]).push(oci_registry, "pyxis/overlap", "1")
+    second = image.layer_digests[1]
+    fault_proxy.add(Fault(rf"/blobs/{second}", "stall", after_bytes=100_000))
+    get = start_get(ocistage, enroot_uri(image, fault_proxy.host))
+    try:
+        def unpacked() -> bool:
+            return any((ocistage.cache / "tmp").glob("pyxis-rootfs-*/*/rootfs/first/marker"))
+
+        wait_until(lambda: unpacked() or get.poll() is not None,
+                   "the first layer was not unpacked while the second downloaded")
+        assert get.poll() is None and unpacked(), get.communicate()
+        assert not any((ocistage.cache / "blobs").rglob(second.removeprefix("sha256:")))
+    finally:
+        fault_proxy.release_stalled()
+    out, err = get.communicate(timeout=300)
+    assert get.returncode == 0, err
+    assert Path(out.strip()).is_file()
