@@ -1,7 +1,8 @@
-"""Make an image while its layers download: the pull resolves the manifest, which names the
-image's key; if no store has that image yet, the layers are unpacked into a scratch directory
-of the cache as they arrive (removed once read), the files enroot writes are added, mksquashfs
-runs in a scratch directory of the store, and the image is published."""
+"""Make an image while its layers download, once the pull has resolved its manifest (its key).
+
+If no store has that image yet, the layers are unpacked into a scratch directory of the cache
+as they arrive (removed once read), the files enroot writes are added, mksquashfs runs in a
+scratch directory of the store, and the image is published."""
 
 from __future__ import annotations
 
