@@ -13,7 +13,10 @@ removing the old tree) when that module is present; ``scale`` times
 cold bundles and first stages of synthetic images from 1k to 300k files and 100 MB to 10 GB
 (``bench/scale.py``); ``slurm`` stages on 1 and 3 nodes of the Slurm 24.05 test cluster
 (``bench/slurm.py``); ``pyxis`` times ``ocistage-pyxis-importer get`` (cold and warm) against
-``enroot import`` of the same image (``bench/pyxis.py``); ``pyxisnodes`` runs ``srun
+``enroot import`` of the same image (``bench/pyxis.py``); ``pyxislevels`` the cold ``get`` at
+each squashfs compression, with and without ``pyxis_squashfs_only``, against ``enroot import``
+(``bench/pyxislevels.py``); ``pyxisphases`` where a cold ``get`` and ``enroot import``
+spend their time, phase by phase (``bench/pyxisphases.py``); ``pyxisnodes`` runs ``srun
 --container-image`` on 1 and on 3 nodes at once through the real pyxis cluster
 (``bench/pyxisnodes.py``); ``mounts`` reads a staged squashfs
 image through squashfuse_ll, squashfuse and the kernel (``bench/mounts.py``); ``metaops``
@@ -80,6 +83,14 @@ def main(argv: list[str]) -> int:
         from bench.pyxis import main as pyxis_main
 
         return pyxis_main(argv[1:])
+    if argv and argv[0] == "pyxislevels":
+        from bench.pyxislevels import main as pyxislevels_main
+
+        return pyxislevels_main(argv[1:])
+    if argv and argv[0] == "pyxisphases":
+        from bench.pyxisphases import main as pyxisphases_main
+
+        return pyxisphases_main(argv[1:])
     if argv and argv[0] == "pyxisnodes":
         from bench.pyxisnodes import main as pyxisnodes_main
 

@@ -26,6 +26,8 @@ which the user's file overrides key by key::
     pyxis_store = "/shared/ocistage-pyxis"  # squashfs images of ocistage-pyxis-importer
                                             # shared by the site (docs/pyxis.md); default:
                                             # each user's cache
+    pyxis_compression = "zstd:3"            # the importer's new images (docs/pyxis.md);
+                                            # default: zstd:6, else gzip:6
     policy = "/etc/site/policy.json"        # containers-policy.json(5) (like --policy);
                                             # default: ~/.config/containers/policy.json, else
                                             # /etc/containers/policy.json (docs/trust.md)
@@ -55,11 +57,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ocistage.bundler.image.reference import check_registry
+from ocistage.bundler.registry_settings import DEFAULT as DEFAULT_ORIGIN
+from ocistage.bundler.registry_settings import registries
 from ocistage.cache.notice import Kind, Notice
 from ocistage.cache.sizes import parse_size
 from ocistage.cache.userdirs import expand_user, xdg_dir
 from ocistage.errors import UsageError
+from ocistage.stagers.squashfs_compression import DESCRIBED, Compression
 
 if TYPE_CHECKING:
     from ocistage.bundler.registry.types import RegistryConfig
@@ -73,7 +77,7 @@ PULL_POLICIES = ("always", "missing", "never")
 SITE_CONFIG = Path("/etc/ocistage/config.toml")
 CONFIG_DOC = "docs/config.md"
 
-DEFAULT = "default"
+DEFAULT = DEFAULT_ORIGIN
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,7 @@ class Settings:
     # where ocistage-pyxis-importer keeps its squashfs images; None: the cache (docs/pyxis.md)
     pyxis_store: Path | None = None
     pyxis_squashfs_only: bool = False  # the importer drops the layers it squashed (pyxis.md)
+    pyxis_compression: str | None = None  # of the importer's new images; None: its default
     # image trust (docs/trust.md): the policy and registries.d the user chose (None: the
     # containers/image lookup), the site's own, and whether the site's is mandatory
     policy: Path | None = None
@@ -165,6 +170,7 @@ class SettingsReport:
             "keep_snapshot": settings.keep_snapshot,
             "pyxis_store": str(settings.pyxis_store) if settings.pyxis_store else None,
             "pyxis_squashfs_only": settings.pyxis_squashfs_only,
+            "pyxis_compression": settings.pyxis_compression,
             "policy": str(settings.policy) if settings.policy else None,
             "registries_d": str(settings.registries_d) if settings.registries_d else None,
             "policy_mandatory": settings.policy_mandatory,
@@ -246,6 +252,7 @@ KEYS: Mapping[str, tuple[str, Callable[[object], bool]]] = {
     "pyxis_store": ("a non-empty string (a directory)",
                     lambda v: isinstance(v, str) and bool(v)),
     "pyxis_squashfs_only": ("true or false", lambda v: isinstance(v, bool)),
+    "pyxis_compression": (DESCRIBED, lambda v: isinstance(v, str) and bool(Compression.parse(v))),
     "policy": ("a non-empty string (a containers-policy.json file)",
                lambda v: isinstance(v, str) and bool(v)),
     "registries_d": ("a non-empty string (a registries.d directory)",
@@ -404,15 +411,6 @@ class _Layers:
                 for host, entry in data.get("registries", {}).items()]
 
 
-def parse_mirror(text: str) -> tuple[str, str]:
-    """``REGISTRY=URL`` as given to ``--mirror``."""
-    registry, sep, url = text.partition("=")
-    if not sep or not registry or not url.startswith(("http://", "https://")):
-        raise UsageError(f"invalid mirror {text!r}",
-                         "use --mirror REGISTRY=URL, e.g. --mirror docker.io=https://m.example")
-    return registry.strip(), url.strip().rstrip("/")
-
-
 def _first(*candidates: tuple[Any, str] | None) -> tuple[Any, str] | None:
     for candidate in candidates:
         if candidate is not None and candidate[0] not in (None, ""):
@@ -448,66 +446,6 @@ def _size(chosen: tuple[Any, str] | None) -> int | None:
         return parse_size(str(value))
     except UsageError as exc:
         raise UsageError(f"{exc.message} ({origin})", exc.hint) from exc
-
-
-def _registries(layers: _Layers, insecure: Sequence[str], mirrors: Sequence[str],
-                origins: dict[str, str]) -> tuple[frozenset[str], dict[str, tuple[str, ...]]]:
-    """Insecure registries and mirrors: the files' tables (site, then user), the environment
-    and the options add up; their origins go into ``origins``."""
-    insecure_hosts, insecure_from = _insecure_registries(layers, insecure)
-    mirror_map, mirrors_from = _mirrors(layers, mirrors)
-    origins["insecure_registries"] = ", ".join(dict.fromkeys(insecure_from)) or DEFAULT
-    origins["mirrors"] = ", ".join(dict.fromkeys(mirrors_from)) or DEFAULT
-    return frozenset(insecure_hosts), {host: tuple(urls) for host, urls in mirror_map.items()}
-
-
-def _insecure_registries(layers: _Layers, insecure: Sequence[str]) -> tuple[set[str], list[str]]:
-    """The insecure registries of the files, the environment and ``--insecure-registry``,
-    and where they were set."""
-    hosts: set[str] = set()
-    origins: list[str] = []
-    for host, origin, entry in layers.registries():
-        if "insecure" in entry:  # the user's file may say false where the site's says true
-            hosts.discard(host)
-            if entry["insecure"]:
-                hosts.add(host)
-                origins.append(origin)
-    env_insecure = os.environ.get("OCISTAGE_INSECURE_REGISTRIES", "")
-    if env_insecure.strip(","):
-        hosts |= _checked_registries(env_insecure.split(","), "OCISTAGE_INSECURE_REGISTRIES")
-        origins.append("environment OCISTAGE_INSECURE_REGISTRIES")
-    if any(h.strip() for h in insecure):
-        hosts |= _checked_registries(insecure, "--insecure-registry")
-        origins.append("option --insecure-registry")
-    return hosts, origins
-
-
-def _checked_registries(texts: Sequence[str], origin: str) -> set[str]:
-    """The registries named in ``texts`` (blanks skipped), each checked as a reference's
-    registry is (a port from 1 to 65535): a typo must not leave TLS on for the host meant."""
-    hosts = {text.strip() for text in texts if text.strip()}
-    for host in sorted(hosts):
-        check_registry(host, origin)
-    return hosts
-
-
-def _mirrors(layers: _Layers, mirrors: Sequence[str]) -> tuple[dict[str, list[str]], list[str]]:
-    """The mirrors of each registry, from the files and ``--mirror`` (tried first), and
-    where they were set."""
-    mirror_map: dict[str, list[str]] = {}
-    origins: list[str] = []
-    for host, origin, entry in layers.registries():
-        if entry.get("mirrors"):
-            mirror_map[host] = [url.rstrip("/") for url in entry["mirrors"]]
-            origins.append(origin)
-    for text in mirrors:
-        host, url = parse_mirror(text)
-        mirror_map.setdefault(host, [])
-        if url not in mirror_map[host]:
-            mirror_map[host].insert(0, url)
-    if mirrors:
-        origins.append("option --mirror")
-    return mirror_map, origins
 
 
 def _checked_jobs(value: int | None) -> int | None:
@@ -566,7 +504,10 @@ def load_settings(
     pyxis_store = pick("pyxis_store", _env("OCISTAGE_PYXIS_STORE"), layers.get("pyxis_store"))
     squashfs_only = _flag(pick("pyxis_squashfs_only", _env("OCISTAGE_PYXIS_SQUASHFS_ONLY"),
                                layers.get("pyxis_squashfs_only")), "OCISTAGE_PYXIS_SQUASHFS_ONLY")
-    insecure_hosts, mirror_map = _registries(layers, insecure, mirrors, origins)
+    compression = pick("pyxis_compression", _env("OCISTAGE_PYXIS_COMPRESSION"),
+                       layers.get("pyxis_compression"))
+    insecure_hosts, mirror_map = registries(layers.registries(), insecure, mirrors,
+                                            origins)
     policy_path = pick("policy", _option(policy_file, "--policy"), layers.get("policy"))
     registries_dir = pick("registries_d", _option(registries_d, "--registries.d"),
                           layers.get("registries_d"))
@@ -589,6 +530,7 @@ def load_settings(
         keep_snapshot=bool(keep),
         pyxis_store=Path(expand_user(pyxis_store)) if pyxis_store is not None else None,
         pyxis_squashfs_only=squashfs_only,
+        pyxis_compression=str(compression) if compression is not None else None,
         policy=Path(expand_user(policy_path)) if policy_path is not None else None,
         registries_d=Path(expand_user(registries_dir)) if registries_dir is not None else None,
         policy_mandatory=bool(mandatory),

@@ -184,6 +184,7 @@ def make_bundle(
     config_options: ConfigOptions | None = None,
     progress: PullProgress | None = None,
     on_layer: Callable[[int, Descriptor], None] | None = None,
+    on_config: Callable[[Digest], None] | None = None,
     link: bool = False,
     keep_snapshot: bool = False,
     in_use: InUse | None = None,
@@ -195,13 +196,17 @@ def make_bundle(
     ``keep_snapshot``: a writable ``dest`` is copied from the image's snapshot, made first
     when missing, even where that copy is no reflink (:mod:`ocistage.bundler.rootfs`).
     ``on_layer(n, descriptor)`` is called before layer ``n`` is unpacked.
+    ``on_config(manifest_digest)`` is called once the pull has resolved the manifest and read
+    the config, before anything is unpacked (the layers may be downloading); an exception it
+    raises ends the call (the downloads finish into the cache first).
     ``in_use``: the caller's lease of ``store``, which then keeps what this bundle is made of
     and the cached bundle itself from GC after the call, for as long as the caller holds it
     (``stage REF`` copying it, the importer's mksquashfs reading it); by default a lease of
     the call's own, ended when it returns.
     """
     pull_options = pull_options or PullOptions()
-    request = _Request(dest, config_options or ConfigOptions(), on_layer, link, keep_snapshot)
+    request = _Request(dest, config_options or ConfigOptions(), on_layer, link, keep_snapshot,
+                       on_config)
     own = InUse(store.root) if in_use is None else None
     lease = in_use or own
     assert lease is not None
@@ -230,6 +235,7 @@ class _Request:
     on_layer: Callable[[int, Descriptor], None] | None
     link: bool
     keep_snapshot: bool
+    on_config: Callable[[Digest], None] | None = None
 
 
 def _make_bundle(run: PullRun, in_use: InUse, request: _Request) -> BundleResult:
@@ -261,6 +267,8 @@ def _build(puller: PullThread, run: PullRun, in_use: InUse,
            request: _Request) -> BundleResult:
     store = run.store
     manifest_digest, layers, diff_ids, raw_config = puller.config()
+    if request.on_config is not None:
+        request.on_config(manifest_digest)
     key, dest, link = None, request.dest, request.link
     owners, notices = _owners(request.config_options)
     if dest is None:

@@ -15,15 +15,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ocistage.bundler.errors import PyxisImportError
 from ocistage.bundler.image.reference import RegistryReference
+from ocistage.cache.digest import Digest
 from ocistage.cache.leases import InUse
 from ocistage.cache.store import Store
+from ocistage.stagers.squashfs_compression import Compression
 
 if TYPE_CHECKING:
     from ocistage.bundler.flows.bundle import BundleResult
@@ -38,6 +40,7 @@ class CacheSource:
     store: Store
     options: PullOptions
     squashfs_only: bool = False   # drop what a get pulled once its image is made
+    compression: Compression | None = None  # of the images a get makes (pyxis_compression)
 
     @contextlib.contextmanager
     def leased(self) -> Iterator[LeasedCache]:
@@ -78,16 +81,25 @@ class LeasedCache:
 
         return bool(self.store.lookup(ref_name(reference)))
 
-    def pull(self, reference: RegistryReference) -> str:
+    def bundle(self, reference: RegistryReference, dest: Path,
+               on_config: Callable[[Digest], None]) -> tuple[BundleResult, dict[str, Any]]:
         """Pull ``reference`` as ``ocistage pull`` does (no cache budget: a GC during a job's
-        start would only slow it); the manifest digest. A refusal of the policy ``never``
-        says how to change it where pyxis users can (no ``--pull`` here)."""
+        start would only slow it) and make a bundle of it at ``dest``, a scratch path of the
+        caller's, while the layers download; its image config. ``on_config(manifest)`` is
+        called before anything is unpacked (it raises to stop there: the pull completes).
+
+        Not the cached bundle: what a squashfs is built from is not kept once it is built
+        (an image costs its blobs and its squashfs, docs/pyxis.md). The layers are unpacked
+        straight into ``dest``, or copied from the image's snapshot where ``ocistage bundle``
+        in this cache keeps one (which stays). A refusal of the policy ``never`` says how to
+        change it where pyxis users can (no ``--pull`` here)."""
         from ocistage.bundler.errors import SourceError
-        from ocistage.bundler.pull import pull
+        from ocistage.bundler.flows.bundle import make_bundle
 
         try:
-            pulled = pull(reference, self.store,
-                          dataclasses.replace(self.options, max_size=None), in_use=self.in_use)
+            bundle = make_bundle(reference, self.store, dest, in_use=self.in_use,
+                                 pull_options=dataclasses.replace(self.options, max_size=None),
+                                 on_config=on_config)
         except SourceError as exc:
             if self.options.policy != "never":
                 raise
@@ -95,24 +107,5 @@ class LeasedCache:
                 f"{exc.message}, and the pull policy is never",
                 "pull it first (`ocistage pull` with the job's cache), or unset OCISTAGE_PULL "
                 "(or `pull` in the config file): the importer's default is missing") from exc
-        return str(pulled.manifest.digest)
-
-    def bundle(self, reference: RegistryReference, manifest: str,
-               dest: Path) -> tuple[BundleResult, dict[str, Any]]:
-        """A bundle of ``reference`` (pulled already, as ``manifest``) made at ``dest``, a
-        scratch path of the caller's, and its image config.
-
-        Not the cached bundle: what a squashfs is built from is not kept once it is built
-        (an image costs its blobs and its squashfs, docs/pyxis.md). The layers are unpacked
-        straight into ``dest``, or copied from the image's snapshot where ``ocistage bundle``
-        in this cache keeps one (which stays)."""
-        from ocistage.bundler.flows.bundle import make_bundle
-
-        bundle = make_bundle(reference, self.store, dest, in_use=self.in_use,
-                             pull_options=dataclasses.replace(self.options, policy="missing"))
-        if str(bundle.image.manifest.digest) != manifest:
-            raise PyxisImportError(f"{reference} changed while it was imported "
-                                   f"({manifest} became {bundle.image.manifest.digest})",
-                                   "run the job again")
         config = json.loads(self.store.read_blob(bundle.image.config_digest))
         return bundle, config if isinstance(config, dict) else {}

@@ -11,10 +11,11 @@ comes from the caller. Nothing past the entry sees the settings. Then:
 1. pull it through the cache as ``ocistage pull`` does (mirrors, the pull policy, site and
    user config; credentials from the docker/podman auth files and from enroot's own
    ``.credentials`` netrc);
-2. use the site store's image of the key if the site made it; else take the step's lease on
-   the image of the user's store (``squashfs:<key>``: ``cache gc`` keeps what a live job holds)
-   and build it if it is missing, once for all the ranks and nodes asking at once
-   (:func:`~ocistage.bundler.pyxis.build.build`).
+2. once the pull has resolved the manifest (the image's key): use the site store's image of
+   the key if the site made it; else take the step's lease on the image of the user's store
+   (``squashfs:<key>``: ``cache gc`` keeps what a live job holds) and build it if it is
+   missing, once for all the ranks and nodes asking at once, unpacking the layers while they
+   download (:func:`~ocistage.bundler.pyxis.build.obtain`).
 3. with ``pyxis_squashfs_only``, drop from the cache what this get's pull recorded there and
    the blobs only that used (:meth:`~ocistage.bundler.pyxis.cachesource.CacheSource.drop_pulled`).
 
@@ -33,13 +34,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ocistage.bundler.image.reference import RegistryReference
-from ocistage.bundler.pyxis.build import build
+from ocistage.bundler.pyxis.build import obtain
 from ocistage.bundler.pyxis.cachesource import CacheSource
 from ocistage.bundler.pyxis.credentials import EnrootCredentials
-from ocistage.bundler.pyxis.imagekey import image_key
 from ocistage.bundler.pyxis.imagestore import ImageStore
 from ocistage.bundler.pyxis.jobstep import JobStep
-from ocistage.bundler.pyxis.mksquashfs import Mksquashfs
+from ocistage.bundler.pyxis.mksquashfs import Mksquashfs, compression_setting
 from ocistage.bundler.pyxis.sitestore import SiteStore
 from ocistage.bundler.pyxis.uri import EnrootUri, parse_enroot_uri
 from ocistage.bundler.settings import DEFAULT, Settings
@@ -126,7 +126,8 @@ def cache_source(settings: Settings, parsed: EnrootUri, policy: str,
     """The cache the image is pulled into, opened, with the pull's options: the settings',
     the pull policy and enroot's credentials for the URI's user."""
     options = pull_options(settings, EnrootCredentials(parsed.user, environ), policy)
-    return CacheSource(Store.open(settings.cache), options, settings.pyxis_squashfs_only)
+    return CacheSource(Store.open(settings.cache), options, settings.pyxis_squashfs_only,
+                       compression_setting(settings.pyxis_compression))
 
 
 def recalled(reference: RegistryReference, site: SiteStore | None, images: ImageStore,
@@ -147,22 +148,13 @@ def fetched(reference: RegistryReference, source: CacheSource, site: SiteStore |
             images: ImageStore, step: JobStep) -> GetResult:
     """The image of ``reference`` as the registry has it now (pulled into ``source``): the
     site store's, else the one in ``images``, made there if it is missing."""
+    mksquashfs = Mksquashfs.on_this_node(source.compression)
     with source.leased() as cache:
         recorded = cache.recorded(reference)  # before the pull: then not this get's to drop
-        manifest = cache.pull(reference)
-        mksquashfs = Mksquashfs.on_this_node()
-        key = image_key(manifest, mksquashfs.compressor)
-        shared = site.image(key) if site is not None else None
-        if shared is not None:
-            result = GetResult(shared, False, manifest, key)
-        else:
-            with images.building(key, step) as slot:
-                if slot.missing:
-                    build(reference, cache, images, key, mksquashfs, manifest)
-            result = GetResult(slot.path, slot.missing, manifest, key)
-    if shared is None:
-        images.remember(reference, key, manifest)
-        images.touch(key)
+        made = obtain(reference, cache, site, images, step, mksquashfs)
+    if not made.site:
+        images.remember(reference, made.key, made.manifest)
+        images.touch(made.key)
     if not recorded:
         source.drop_pulled(reference)  # with pyxis_squashfs_only: the image needs no layers
-    return result
+    return GetResult(made.path, made.built, made.manifest, made.key)

@@ -37,6 +37,8 @@ IMPORTER_ENVIRONMENT = (
                              "the user may write it or the site filled it"),
     ("OCISTAGE_PYXIS_SQUASHFS_ONLY", "1: drop the layers a get pulled once its squashfs "
                                      "is made (pyxis_squashfs_only)"),
+    ("OCISTAGE_PYXIS_COMPRESSION", "the compression of the images a get makes, e.g. zstd:3, "
+                                   "lz4 (pyxis_compression) [default: zstd:6, else gzip:6]"),
     ("OCISTAGE_PULL", "always, missing (the importer's default) or never"),
     ("OCISTAGE_INSECURE_REGISTRIES", "registries reached over plain HTTP or unverified TLS, "
                                      "comma-separated"),

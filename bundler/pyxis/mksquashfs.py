@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ocistage.bundler.errors import PyxisImportError
+from ocistage.errors import UsageError
 from ocistage.stagers.errors import ToolFailed
 from ocistage.stagers.mksquashfs import (
     BLOCK_SIZE,
@@ -24,17 +25,18 @@ from ocistage.stagers.mksquashfs import (
     pseudo_name,
     run_tool,
 )
+from ocistage.stagers.squashfs_compression import DESCRIBED, Compression
 
 MKSQUASHFS_TIMEOUT = 3 * 3600
-#: compressors in order of preference; enroot's own default (lzo) is missing on RHEL 9
-COMPRESSORS = ("zstd", "gzip")
+#: the compressions of images when ``pyxis_compression`` names none, in order of preference
+#: (the first this node's mksquashfs offers); enroot's own default (lzo) is missing on RHEL 9.
 #: zstd 6: an image costs its blobs and its squashfs, at most twice its compressed size
 #: (docs/pyxis.md); at zstd's own default, 3, the squashfs of Debian's Python library came to
 #: 1.07 of its gzip layer, at 6 to 0.99 (binaries: 1.04 and 0.98), for about twice
-#: mksquashfs's CPU time, a small part of a cold get; mksquashfs's own default, 15, took 25
-#: times as long for an image 5% smaller (docs/history/performance-log.md, "pyxis"). The level
-#: is not part of an image's key: images made at another level stay valid.
-COMPRESSION_LEVELS = {"zstd": 6, "gzip": 6}
+#: mksquashfs's CPU time; mksquashfs's own default, 15, took 25 times as long for an image 5%
+#: smaller (docs/history/performance-log.md, "pyxis"). The level is not part of an image's
+#: key: images made at another level stay valid, and a new default level rebuilds none.
+DEFAULT_COMPRESSIONS = (Compression("zstd", 6), Compression("gzip", 6))
 
 
 @dataclass(frozen=True)
@@ -42,12 +44,20 @@ class Mksquashfs:
     """This node's mksquashfs and the compressor it will write images with."""
 
     path: str
-    compressor: str
+    compression: Compression
+
+    @property
+    def compressor(self) -> str:
+        """The compressor's name, part of an image's key (its level is not)."""
+        return self.compression.compressor
 
     @classmethod
-    def on_this_node(cls) -> Mksquashfs:
+    def on_this_node(cls, chosen: Compression | None = None) -> Mksquashfs:
+        """This node's mksquashfs with the compression ``chosen`` (the ``pyxis_compression``
+        setting, :func:`compression_setting`), else the first of
+        :data:`DEFAULT_COMPRESSIONS` it offers."""
         path = mksquashfs_path()
-        return cls(path, probe_compressor(path))
+        return cls(path, probe_compression(path, chosen))
 
 
 def mksquashfs_path() -> str:
@@ -61,19 +71,38 @@ def mksquashfs_path() -> str:
     return path
 
 
-def probe_compressor(mksquashfs: str) -> str:
-    """The first of :data:`COMPRESSORS` that ``mksquashfs -help`` lists as available."""
+def compression_setting(setting: str | None) -> Compression | None:
+    """The compression the ``pyxis_compression`` setting names (None: not set). A config
+    file's value was checked when it was read; the variable's is checked here, before a get
+    pulls anything."""
+    if setting is None:
+        return None
+    chosen = Compression.parse(setting)
+    if chosen is None:
+        raise UsageError(f"invalid pyxis_compression {setting!r}",
+                         f"make it {DESCRIBED} ($OCISTAGE_PYXIS_COMPRESSION or "
+                         "`pyxis_compression` in the config file, docs/config.md)")
+    return chosen
+
+
+def probe_compression(mksquashfs: str, chosen: Compression | None = None) -> Compression:
+    """``chosen``, if ``mksquashfs -help`` lists its compressor as available; without it
+    the first of :data:`DEFAULT_COMPRESSIONS` it lists."""
+    wanted = DEFAULT_COMPRESSIONS if chosen is None else (chosen,)
     try:
         text = help_text(mksquashfs)
     except (OSError, subprocess.SubprocessError) as exc:
         raise PyxisImportError(f"cannot run {mksquashfs} -help: {exc}") from exc
     available = compressors_listed(text)
-    for name in COMPRESSORS:
-        if name in available:
-            return name
-    raise PyxisImportError(f"{mksquashfs} offers none of {', '.join(COMPRESSORS)} "
+    for compression in wanted:
+        if compression.compressor in available:
+            return compression
+    names = ", ".join(c.compressor for c in wanted)
+    raise PyxisImportError(f"{mksquashfs} offers none of {names} "
                            f"(it lists {', '.join(available) or 'no compressor'})",
-                           "install a squashfs-tools built with zstd or gzip")
+                           "install a squashfs-tools built with zstd or gzip"
+                           if chosen is None else
+                           "set pyxis_compression to one of those it lists (docs/config.md)")
 
 
 def _pseudo_dirs(rootfs: Path, relative: str) -> list[str]:
@@ -100,14 +129,12 @@ def _pseudo_dirs(rootfs: Path, relative: str) -> list[str]:
 
 
 def mksquashfs_argv(mksquashfs: str, rootfs: Path, image: Path, files: Mapping[str, Path],
-                    workdir: str, compressor: str, jobs: int) -> list[str]:
+                    workdir: str, compression: Compression, jobs: int) -> list[str]:
     """The mksquashfs command of an image: ``rootfs`` owned by root (``-all-root``, as enroot
     makes it), without what is under /dev, with ``files`` (path inside -> file) replacing the
     image's own and ``workdir`` made. Raises
     :class:`~ocistage.stagers.errors.PseudoNameError` for a ``workdir`` no image can hold."""
-    level = COMPRESSION_LEVELS.get(compressor)
-    argv = [mksquashfs, os.fspath(rootfs), os.fspath(image), "-comp", compressor,
-            *(["-Xcompression-level", str(level)] if level is not None else []),
+    argv = [mksquashfs, os.fspath(rootfs), os.fspath(image), *compression.options(),
             "-b", BLOCK_SIZE, "-noappend", "-no-progress", "-quiet", "-no-recovery", "-all-root",
             "-processors", str(max(1, jobs))]
     pseudo: list[str] = []

@@ -128,6 +128,7 @@ def test_origins_say_option_environment_file_or_default(files: tuple[Path, Path]
         "keep_snapshot": "default",
         "pyxis_store": "default",
         "pyxis_squashfs_only": "default",
+        "pyxis_compression": "default",
         "policy": "default",
         "registries_d": "default",
         "policy_mandatory": "default",

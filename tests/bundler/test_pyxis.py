@@ -25,12 +25,17 @@ from ocistage.bundler.pyxis.imagekey import image_key
 from ocistage.bundler.pyxis.imagestore import ImageStore
 from ocistage.bundler.pyxis.jobstep import JobStep
 from ocistage.bundler.pyxis.main import VOICE, run
-from ocistage.bundler.pyxis.mksquashfs import mksquashfs_argv, mksquashfs_error
+from ocistage.bundler.pyxis.mksquashfs import (
+    DEFAULT_COMPRESSIONS,
+    mksquashfs_argv,
+    mksquashfs_error,
+)
 from ocistage.bundler.pyxis.refnotes import recall
 from ocistage.bundler.pyxis.uri import parse_enroot_uri
 from ocistage.cache import leases
 from ocistage.cache.store import Store
 from ocistage.stagers.mksquashfs import compressors_listed, pseudo_dir, pseudo_file
+from ocistage.stagers.squashfs_compression import Compression
 from pytest_ocistage.components import require_binary
 from tests.deadline import deadline
 
@@ -360,7 +365,7 @@ def test_mksquashfs_argv_excludes_last_and_adds_missing_dirs(tmp_path: Path) -> 
     (rootfs / "srv").write_text("a file")
     argv = mksquashfs_argv("mksquashfs", rootfs, tmp_path / "img",
                            {"etc/rc": tmp_path / "f0", "etc/deep/x": tmp_path / "f1"},
-                           "/work/dir", "zstd", 2)
+                           "/work/dir", DEFAULT_COMPRESSIONS[0], 2)
     assert argv[argv.index("-comp") + 1] == "zstd" and "-all-root" in argv
     assert argv[argv.index("-Xcompression-level") + 1] == "6"  # docs/pyxis.md: what an image costs
     pseudo = [argv[i + 1] for i, a in enumerate(argv) if a == "-p"]
@@ -370,7 +375,8 @@ def test_mksquashfs_argv_excludes_last_and_adds_missing_dirs(tmp_path: Path) -> 
     assert pseudo_dir(["etc"], 0o755, 0, 0) not in pseudo
     assert pseudo_file(["etc", "rc"], 0o644, 0, 0, f"cat {tmp_path / 'f0'}") in pseudo
     assert argv[argv.index("-e"):] == ["-e", "dev/*", "etc/deep/x", "etc/rc"]
-    under_file = mksquashfs_argv("mksquashfs", rootfs, tmp_path / "img", {}, "/srv/x", "gzip", 1)
+    under_file = mksquashfs_argv("mksquashfs", rootfs, tmp_path / "img", {}, "/srv/x",
+                                 Compression("gzip"), 1)
     assert not any(a.startswith("\\s\\r\\v") for a in under_file)
 
 
@@ -389,7 +395,8 @@ def test_mksquashfs_argv_builds_the_image(tmp_path: Path) -> None:
         written[inside].write_bytes(data)
     image = tmp_path / "img.sqsh"
     subprocess.run(mksquashfs_argv(shutil.which("mksquashfs") or "", rootfs, image, written,
-                                   workdir, "gzip", 1), check=True, capture_output=True)
+                                   workdir, Compression("gzip"), 1),
+                   check=True, capture_output=True)
     listing = subprocess.run(["unsquashfs", "-lln", str(image)], capture_output=True,
                              text=True, check=True).stdout
     assert "squashfs-root/w\n" in listing and "squashfs-root/dev/null" not in listing

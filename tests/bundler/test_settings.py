@@ -120,3 +120,26 @@ def test_pyxis_squashfs_only_env_over_user_over_site(config_files: tuple[Path, P
     user.write_text('pyxis_squashfs_only = "yes"\n')
     with pytest.raises(UsageError, match="pyxis_squashfs_only"):
         load_settings()
+
+
+def test_pyxis_compression_env_over_user_over_site(config_files: tuple[Path, Path],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compression of the importer's new images: the file's value is checked as it is
+    read (a compressor mksquashfs knows, a level in its range); the variable's by the importer
+    before it pulls (tests/e2e/test_pyxis_store.py)."""
+    site, user = config_files
+    monkeypatch.delenv("OCISTAGE_PYXIS_COMPRESSION", raising=False)
+    assert load_settings().pyxis_compression is None
+    site.write_text('pyxis_compression = "zstd:3"\n')
+    assert load_settings().pyxis_compression == "zstd:3"
+    user.write_text('pyxis_compression = "lz4"\n')
+    chosen = load_settings()
+    assert chosen.pyxis_compression == "lz4"
+    assert chosen.origins["pyxis_compression"] == f"file {user}"
+    monkeypatch.setenv("OCISTAGE_PYXIS_COMPRESSION", "gzip:9")
+    assert load_settings().pyxis_compression == "gzip:9"
+    monkeypatch.delenv("OCISTAGE_PYXIS_COMPRESSION")
+    for bad in ('"zstd:23"', '"lz4:1"', '"zstd -Xhc"', "6", "true"):
+        user.write_text(f"pyxis_compression = {bad}\n")
+        with pytest.raises(UsageError, match="pyxis_compression"):
+            load_settings()

@@ -566,3 +566,76 @@ def test_squashfs_only_keeps_what_ocistage_pull_recorded(ocistage: OcistageRunne
     assert got.returncode == 0, got.stderr
     assert sorted(p.name for p in (ocistage.cache / "blobs").rglob("*") if p.is_file()) == blobs
     assert Path(got.stdout.strip()).is_file()
+
+
+# -- the compression of new images (pyxis_compression) --------------------------------------------
+
+def _squashfs_said(image: Path) -> str:
+    return subprocess.run(["unsquashfs", "-s", str(image)], check=True, capture_output=True,
+                          text=True, timeout=60).stdout
+
+
+def test_the_compression_setting_makes_new_images_and_keeps_those_made(
+        ocistage: OcistageRunner, oci_image: ImageFactory, oci_registry: Registry) -> None:
+    """``OCISTAGE_PYXIS_COMPRESSION=zstd:3`` makes the image at zstd level 3 (its record says
+    so); a later get of the same image under another tag with the default level uses that
+    image as it is (the level is not in the key: a new default rebuilds nothing), and lz4, a
+    compressor of its own, is another image."""
+    image = oci_image({"etc/text": "words " * 50_000, "etc/hostname": "x\n"}, cmd=["/bin/sh"])
+    first = image.push(oci_registry, "pyxis/levels", "1")
+    image.push(oci_registry, "pyxis/levels", "2")
+    got = importer(ocistage, "get", enroot_uri(first),
+                   env={"OCISTAGE_PYXIS_COMPRESSION": "zstd:3"})
+    assert got.returncode == 0, got.stderr
+    made = Path(got.stdout.strip())
+    said = _squashfs_said(made)
+    assert "Compression zstd\n" in said and "compression-level 3\n" in said, said
+    record = json.loads(made.with_suffix(".json").read_text())
+    assert (record["compressor"], record["compression"]) == ("zstd", "zstd:3")
+    before = made.stat()
+    again = importer(ocistage, "get", f"docker://{first.registry.host}#{first.repository}:2")
+    assert again.returncode == 0 and again.stdout == got.stdout, again.stderr
+    assert (made.stat().st_ino, made.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    lz4 = importer(ocistage, "get", enroot_uri(first), env={"OCISTAGE_PULL": "always",
+                                                           "OCISTAGE_PYXIS_COMPRESSION": "lz4"})
+    assert lz4.returncode == 0, lz4.stderr
+    assert lz4.stdout != got.stdout and "Compression lz4\n" in _squashfs_said(
+        Path(lz4.stdout.strip()))
+
+
+@pytest.mark.parametrize("setting", ["zstd:0", "lz4:3", "zstd -Xhc", "-comp"])
+def test_a_compression_setting_that_names_none_is_a_usage_error(
+        setting: str, ocistage: OcistageRunner, big: ImageRef) -> None:
+    got = importer(ocistage, "get", enroot_uri(big), env={"OCISTAGE_PYXIS_COMPRESSION": setting})
+    assert got.returncode == 2
+    assert_error(got, "invalid pyxis_compression", repr(setting))
+    assert_nothing_half_built(ocistage.cache)
+
+
+# -- the layers unpack while they download ------------------------------------------------------
+
+def test_a_cold_get_unpacks_the_layers_while_they_download(
+        ocistage: OcistageRunner, oci_image: ImageFactory, oci_registry: Registry,
+        fault_proxy: FaultProxy) -> None:
+    """The first layer is in the scratch rootfs while the second is still downloading (held
+    by the proxy): the get does not wait for every blob before it unpacks (issue 37: the
+    pull and the unpack were two passes, one after the other). Released, the download
+    resumes and the get makes the image."""
+    image = oci_image([{"first/marker": "1\n"}, {"second/blob": File(os.urandom(PAYLOAD))}],
+                      cmd=["/bin/sh"]).push(oci_registry, "pyxis/overlap", "1")
+    second = image.layer_digests[1]
+    fault_proxy.add(Fault(rf"/blobs/{second}", "stall", after_bytes=100_000))
+    get = start_get(ocistage, enroot_uri(image, fault_proxy.host))
+    try:
+        def unpacked() -> bool:
+            return any((ocistage.cache / "tmp").glob("pyxis-rootfs-*/*/rootfs/first/marker"))
+
+        wait_until(lambda: unpacked() or get.poll() is not None,
+                   "the first layer was not unpacked while the second downloaded")
+        assert get.poll() is None and unpacked(), get.communicate()
+        assert not any((ocistage.cache / "blobs").rglob(second.removeprefix("sha256:")))
+    finally:
+        fault_proxy.release_stalled()
+    out, err = get.communicate(timeout=300)
+    assert get.returncode == 0, err
+    assert Path(out.strip()).is_file()

@@ -20,6 +20,7 @@ from ocistage.bundler.pyxis.mksquashfs import mksquashfs_argv
 from ocistage.stagers.errors import PseudoNameError
 from ocistage.stagers.mksquashfs import NAME_MAX, pseudo_dir, pseudo_file, pseudo_name
 from ocistage.stagers.squashfs import build_image
+from ocistage.stagers.squashfs_compression import Compression
 from pytest_ocistage.components import require_binary
 
 
@@ -56,7 +57,8 @@ def test_an_images_workdir_runs_no_command_on_the_host(tmp_path: Path, form: str
     # the pseudo definitions must carry every one whatever the layer above lets through
     written, _ = _files(tmp_path, {"config": {}})
     image = tmp_path / "image.sqsh"
-    argv = mksquashfs_argv(mksquashfs, rootfs, image, written, workdir_in, "gzip", 1)
+    argv = mksquashfs_argv(mksquashfs, rootfs, image, written, workdir_in, Compression("gzip"),
+                           1)
     subprocess.run(argv, check=True, capture_output=True, timeout=120, cwd=tmp_path)
     assert not canary.exists()
     tree = _extracted(image, tmp_path / "out")
@@ -122,7 +124,7 @@ def test_a_workdir_with_a_nul_is_refused_before_any_path_is_looked_at(tmp_path: 
     (tmp_path / "rootfs").mkdir()
     with pytest.raises(PseudoNameError):
         mksquashfs_argv("mksquashfs", tmp_path / "rootfs", tmp_path / "img", {}, "/a\0b",
-                        "gzip", 1)
+                        Compression("gzip"), 1)
 
 
 def test_a_mount_point_with_white_space_is_in_the_staged_image(tmp_path: Path) -> None:
