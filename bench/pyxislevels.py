@@ -117,6 +117,23 @@ def pylib_image(root: Path) -> BuiltImage:
     return BuiltImage("pylib", built / "layout", manifest_digest, layers, (), 0, 0, size)
 
 
+def pylib_store() -> tuple[int, int]:
+    """One cold ``get`` of Debian's Python library with the importer's defaults: (the bytes its
+    cache keeps, the image's compressed bytes). For the disk goal on real content
+    (:mod:`bench.goals`)."""
+    root = cache_root()
+    image = pylib_image(root)
+    home = root / f"pyxislevels-store-{os.getpid()}"
+    try:
+        with running_registry(root / "registry" / "storage") as registry:
+            uri = push_v2s2(image, registry.host)
+            timed([*importer_argv(), "get", uri], importer_env(home))
+            kept = store_bytes(home / "cache")
+    finally:
+        remove_tree(home)
+    return kept, compressed_bytes(image)
+
+
 def runners(uri: str, enroot: Path, work: Path, compressions: list[str]
             ) -> dict[str, Any]:
     def fresh(name: str) -> Path:
