@@ -35,6 +35,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -70,8 +71,16 @@ def kernel_mount(image: Path, mountpoint: Path) -> None:
                    check=True, timeout=60)
 
 
-def take_down(mountpoint: Path) -> None:
+def take_down(mountpoint: Path, server: int | None = None) -> None:
+    """Unmount ``mountpoint``; with the pid of its FUSE server, wait until that has exited
+    (it exits after the unmount, and one still exiting would be found by the next mount's
+    :func:`fuse_server` at the same path, and take CPU from the next read)."""
     subprocess.run(["umount", str(mountpoint)], check=True, timeout=60)
+    deadline = time.monotonic() + 30
+    while server is not None and Path(f"/proc/{server}").exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the FUSE server {server} of {mountpoint} did not exit")
+        time.sleep(0.01)  # polling its exit: a process not ours to wait for
 
 
 def fuse_server(mountpoint: Path) -> int | None:
@@ -107,6 +116,7 @@ def read_through(mount: Callable[[Path, Path], None], reader: str, image: Path,
     seconds and waits for a request during the read (0 for the kernel)."""
     mountpoint.mkdir()
     mount(image, mountpoint)
+    server = None
     try:
         server = fuse_server(mountpoint)
         cpu, waits = server_usage(server)
@@ -114,7 +124,7 @@ def read_through(mount: Callable[[Path, Path], None], reader: str, image: Path,
                                    str(os.cpu_count() or 1)])
         cpu_after, waits_after = server_usage(server)
     finally:
-        take_down(mountpoint)
+        take_down(mountpoint, server)
         mountpoint.rmdir()
     return {"seconds": seconds, "server_cpu": cpu_after - cpu,
             "server_waits": float(waits_after - waits), "load": os.getloadavg()[0]}
@@ -134,7 +144,7 @@ def staged_image(image_name: str, work: Path) -> Path:
                    stdout=subprocess.DEVNULL)
     staged = work / "to" / "image"
     if os.path.ismount(staged):
-        take_down(staged)
+        take_down(staged, fuse_server(staged))
     return work / "to" / "image.sqfs"
 
 

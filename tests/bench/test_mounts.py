@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.mounts import READERS, fuse_server, render, sample_name, server_usage
+from bench.mounts import READERS, fuse_server, render, sample_name, server_usage, take_down
 from ocistage.stagers.squashfs import mount
 from tests.stagers.conftest import require_fuse_mount
 
@@ -49,6 +49,17 @@ def test_the_read_is_accounted_to_the_server_of_that_mount(mounted: Path,
     (tmp_path / "other").mkdir()
     assert fuse_server(tmp_path / "other") is None  # not mounted: no server
     assert server_usage(None) == (0.0, 0)
+
+
+@pytest.mark.needs_root("the bench unmounts with umount, as root")
+def test_take_down_returns_once_the_server_is_gone(mounted: Path) -> None:
+    """The next read's mount at the same path finds its own server, not this one exiting (a
+    read once failed on the vanished /proc entry of the previous read's server)."""
+    server = fuse_server(mounted)
+    assert server is not None
+    take_down(mounted, server)
+    assert not Path(f"/proc/{server}").exists()
+    assert fuse_server(mounted) is None
 
 
 def test_each_reader_is_compared_with_the_kernel_read_by_the_same_reader() -> None:
