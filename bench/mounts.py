@@ -72,15 +72,25 @@ def kernel_mount(image: Path, mountpoint: Path) -> None:
 
 
 def take_down(mountpoint: Path, server: int | None = None) -> None:
-    """Unmount ``mountpoint``; with the pid of its FUSE server, wait until that has exited
-    (it exits after the unmount, and one still exiting would be found by the next mount's
-    :func:`fuse_server` at the same path, and take CPU from the next read)."""
+    """Unmount ``mountpoint``; with the pid of its FUSE server, wait until that has finished
+    exiting (a few milliseconds after the unmount: until then it still shows its arguments,
+    and the next mount at the same path would take it for its own server)."""
     subprocess.run(["umount", str(mountpoint)], check=True, timeout=60)
     deadline = time.monotonic() + 30
-    while server is not None and Path(f"/proc/{server}").exists():
+    while server is not None and running(server):
         if time.monotonic() > deadline:
             raise RuntimeError(f"the FUSE server {server} of {mountpoint} did not exit")
-        time.sleep(0.01)  # polling its exit: a process not ours to wait for
+        time.sleep(0.005)  # polling its exit: a process not ours to wait for
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has: only its parent, or
+    here the init that adopted the daemon, has not collected it yet)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def fuse_server(mountpoint: Path) -> int | None:

@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from bench.mounts import READERS, fuse_server, render, sample_name, server_usage, take_down
+from bench.mounts import (
+    READERS,
+    fuse_server,
+    render,
+    running,
+    sample_name,
+    server_usage,
+    take_down,
+)
 from ocistage.stagers.squashfs import mount
 from tests.stagers.conftest import require_fuse_mount
 
@@ -57,8 +65,9 @@ def test_take_down_returns_once_the_server_is_gone(mounted: Path) -> None:
     read once failed on the vanished /proc entry of the previous read's server)."""
     server = fuse_server(mounted)
     assert server is not None
+    assert running(server)
     take_down(mounted, server)
-    assert not Path(f"/proc/{server}").exists()
+    assert not running(server)
     assert fuse_server(mounted) is None
 
 
