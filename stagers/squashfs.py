@@ -231,9 +231,12 @@ def _mount(image: Path, mountpoint: Path) -> tuple[str, str] | None:
     # The container's processes run under other (mapped) uids than the mounting user, so
     # the mount must allow other users; default_permissions makes the kernel check the
     # image's modes and owners as on a directory bundle. An unprivileged user may lack
-    # user_allow_other in /etc/fuse.conf: then mount for the user alone.
+    # user_allow_other in /etc/fuse.conf: then mount for the user alone. Read-only, as the
+    # image is: on a writable FUSE mount every read makes the kernel forget the file's access
+    # time, and the next stat of the file (tar's, after reading it) is one more request to the
+    # server, a quarter of the round trips of a whole-tree read (docs/performance.md, G8).
     for tool in tools:
-        for options in (["-o", "allow_other,default_permissions"], []):
+        for options in (["-o", "ro,allow_other,default_permissions"], ["-o", "ro"]):
             result = subprocess.run([tool, *options, os.fspath(image), os.fspath(mountpoint)],
                                     capture_output=True, text=True, timeout=60,
                                     stdin=subprocess.DEVNULL, check=False)

@@ -93,6 +93,22 @@ def test_squashfuse_when_squashfuse_ll_fails(image: Path, mountpoint: Path, tmp_
     assert len(log.read_text().splitlines()) == 2  # with allow_other, then without
 
 
+@pytest.mark.parametrize("tool", ["squashfuse_ll", "squashfuse"])
+def test_the_mount_is_read_only(tool: str, image: Path, mountpoint: Path, tmp_path: Path,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The image cannot change, and the mount says so: on a FUSE mount that is not read-only
+    every read makes the kernel forget the file's access time, so the next stat of the file
+    (tar's, after reading it) is one more request to the server per file (docs/performance.md,
+    G8)."""
+    path_with(tmp_path, monkeypatch, **{tool: "real"})
+    assert mount(image, mountpoint)
+    assert fstype(mountpoint) == f"fuse.{tool}"
+    assert os.statvfs(mountpoint).f_flag & os.ST_RDONLY
+    assert (mountpoint / "etc" / "hello").read_text() == "hello\n"
+    with pytest.raises(OSError):
+        (mountpoint / "etc" / "new").write_text("x")
+
+
 def test_neither_installed_means_no_mount(image: Path, mountpoint: Path, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     path_with(tmp_path, monkeypatch)
