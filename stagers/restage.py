@@ -195,8 +195,8 @@ def _place_part(job: PlaceJob, builder: Builder, placer: PoolPlacer, scratch_fd:
     before) is linked from its pool entry by :meth:`PoolPlacer.link_unchanged`; every other
     one is made an :class:`Entry`, hashed if new or changed, and placed by
     :meth:`PoolPlacer.place_part` (which checks again)."""
-    old = _previous(fields)
-    get = old.get
+    old, same = _previous(fields)
+    kept_get = same.get
     link_unchanged, old_inodes = placer.link_unchanged, placer.old_inodes
     others: list[int] = []  # rows whose manifest entry is not the previous one
     unchanged = 0
@@ -213,17 +213,15 @@ def _place_part(job: PlaceJob, builder: Builder, placer: PoolPlacer, scratch_fd:
                     dest = -1
                 dest = os.open(rel_dir or ".", DIR_READ, dir_fd=scratch_fd)
                 current, inodes = rel_dir, None
-            before = get(rel)
             if kind == "file":
-                if (before is not None and before[0] == row[1:] and before[1]
-                        and before[2] != "?" and rel != CONFIG):
+                kept = kept_get(row)  # the same record as before: stat and ctime
+                if kept is not None and kept[0] and kept[1] != "?" and rel != CONFIG:
                     if inodes is None:
                         inodes = old_inodes(rel_dir)
                     was = inodes.get(name)
                     mode = row[2]
                     if was is not None and link_unchanged(
-                            name, pool_key(before[1], mode, before[2]), was, mode, row[3],
-                            dest):
+                            name, pool_key(kept[0], mode, kept[1]), was, mode, row[3], dest):
                         unchanged += 1
                         continue
                 others.append(number)
@@ -237,7 +235,7 @@ def _place_part(job: PlaceJob, builder: Builder, placer: PoolPlacer, scratch_fd:
                 timed.append(row)
             elif kind == "fifo":
                 os.mkfifo(name, row[2], dir_fd=dest)
-            if before is None or before[0] != row[1:]:
+            if row not in same:
                 others.append(number)
     finally:
         if dest >= 0:
@@ -252,19 +250,26 @@ def _place_part(job: PlaceJob, builder: Builder, placer: PoolPlacer, scratch_fd:
     return _body(rows, fields, old, made)
 
 
-def _previous(fields: list[str]) -> dict[str, _Before]:
+def _previous(fields: list[str]) -> tuple[dict[str, _Before], dict[Record, tuple[str, str]]]:
     """The previous entries by path: (the part of a walk's record after the path, as it
-    was then; hash; xattr digest; the entry's number)."""
+    was then; hash; xattr digest; the entry's number); and the hash and xattr digest by
+    the whole record as the walk made it then (a record found there is unchanged, ctime
+    included: one lookup)."""
     try:
         modes, sizes, mtimes, devs, inodes, ctimes = (list(map(int, fields[n::11]))
                                                       for n in (2, 3, 4, 5, 6, 9))
     except ValueError:
-        return {}
+        return {}, {}
+    paths = fields[0::11]
     kinds = cast(list[EntryType], fields[1::11])
-    stats = zip(kinds, modes, sizes, mtimes, devs, inodes,
-                [target or None for target in fields[8::11]], ctimes, strict=True)
-    return dict(zip(fields[0::11], zip(stats, fields[7::11], fields[10::11],
-                                       range(len(fields) // 11), strict=True), strict=True))
+    targets = [target or None for target in fields[8::11]]
+    hashes, digests = fields[7::11], fields[10::11]
+    stats = zip(kinds, modes, sizes, mtimes, devs, inodes, targets, ctimes, strict=True)
+    old = dict(zip(paths, zip(stats, hashes, digests, range(len(paths)), strict=True),
+                   strict=True))
+    records = zip(paths, kinds, modes, sizes, mtimes, devs, inodes, targets, ctimes,
+                  strict=True)
+    return old, dict(zip(records, zip(hashes, digests, strict=True), strict=True))
 
 
 def _place_others(job: PlaceJob, builder: Builder, placer: PoolPlacer, rows: list[Record],
