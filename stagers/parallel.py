@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import mmap
+import multiprocessing
 import os
 import pickle
 import signal
@@ -155,6 +157,29 @@ def map_queue(function: Callable[[T], R], tasks: Sequence[T], processes: int) ->
     return [results[n] for n in range(len(tasks))]
 
 
+class Claims:
+    """Tasks that any of the processes forked after this was made can claim, each once (a
+    byte per task in shared memory, under a lock), so that one that is done with its own
+    tasks can take over another's that was not started yet."""
+
+    def __init__(self, count: int) -> None:
+        self._taken = mmap.mmap(-1, max(1, count))  # shared, anonymous: inherited by forks
+        self._lock = multiprocessing.Lock()
+
+    def claim(self, number: int) -> bool:
+        """Whether task ``number`` is the caller's now (False: another claimed it first)."""
+        with self._lock:
+            if self._taken[number]:
+                return False
+            self._taken[number] = 1
+            return True
+
+
+#: a second step (:meth:`TwoSteps.then`): (argument, what the worker kept by task number,
+#: :meth:`Claims.claim` of the tasks) -> its result
+Second = Callable[[V, dict[int, K], Callable[[int], bool]], X]
+
+
 class TwoSteps(Generic[R, K]):
     """Forked workers that drained a queue of tasks (:func:`queue_in_two_steps`) and keep, per
     task, what its first step made, for a second step this process decides on after seeing
@@ -162,17 +187,21 @@ class TwoSteps(Generic[R, K]):
     :meth:`close` ends them. A context manager: leaving it ends the workers."""
 
     def __init__(self, results: list[R], kept: dict[int, K],
-                 children: list[tuple[int, int, int]]) -> None:
+                 children: list[tuple[int, int, int]], claims: Claims) -> None:
         self.results = results  # the first step's, in task order
         self._kept = kept  # this process's tasks
         self._children = children  # (pid, command pipe, result pipe)
+        self.claims = claims
 
-    def then(self, second: Callable[[V, dict[int, K]], X], argument: V,
-             mine: Callable[[dict[int, K]], X] | None = None) -> list[X]:
-        """``second(argument, kept)`` in every worker, with ``kept`` the task numbers it drew
-        and what its first step kept of each; one result per worker, this process's first
-        (``mine(kept)`` instead, if given: what the stager does meanwhile). ``second`` must
-        be a module-level function (it is pickled by name) and obey the rules of
+    def then(self, second: Second[V, K, X], argument: V,
+             mine: Callable[[dict[int, K], Callable[[int], bool]], X] | None = None,
+             ) -> list[X]:
+        """``second(argument, kept, claim)`` in every worker, with ``kept`` the task numbers
+        it drew and what its first step kept of each, and ``claim`` :meth:`Claims.claim` of
+        the tasks (a second step that may take over others' tasks claims each it does, its
+        own too); one result per worker, this process's first (``mine(kept, claim)``
+        instead, if given: what the stager does meanwhile). ``second`` must be a
+        module-level function (it is pickled by name) and obey the rules of
         :func:`map_parts`. A worker's exception is raised here after all ended."""
         command = pickle.dumps((second, argument), protocol=pickle.HIGHEST_PROTOCOL)
         children, self._children = self._children, []
@@ -184,7 +213,9 @@ class TwoSteps(Generic[R, K]):
                 finally:
                     os.close(command_fd)
                 sent.append((pid, result_fd))
-            results = [mine(self._kept) if mine is not None else second(argument, self._kept)]
+            claim = self.claims.claim
+            results = [mine(self._kept, claim) if mine is not None
+                       else second(argument, self._kept, claim)]
         except BaseException:
             _stop([(pid, fd) for pid, fd, _ in children])
             raise
@@ -224,10 +255,11 @@ def queue_in_two_steps(first: Callable[[T], tuple[R, K]], tasks: Sequence[T],
     forked; with ``processes`` <= 1 or one task, this process does it all."""
     if len(tasks) > MAX_QUEUE:
         raise ValueError(f"at most {MAX_QUEUE} tasks fit in the queue")
+    claims = Claims(len(tasks))
     if processes <= 1 or len(tasks) <= 1:
         done = {n: first(task) for n, task in enumerate(tasks)}
         return TwoSteps([done[n][0] for n in range(len(tasks))],
-                        {n: pair[1] for n, pair in done.items()}, [])
+                        {n: pair[1] for n, pair in done.items()}, [], claims)
     read_fd, write_fd = os.pipe()
     try:
         write_all(write_fd, b"".join(_TASK.pack(n) for n in range(len(tasks))))
@@ -249,7 +281,7 @@ def queue_in_two_steps(first: Callable[[T], tuple[R, K]], tasks: Sequence[T],
     children: list[tuple[int, int, int]] = []
     try:
         for _ in range(processes - 1):
-            children.append(_fork_two_step_worker(drain))
+            children.append(_fork_two_step_worker(drain, claims))
         own = drain()
     except BaseException:
         _stop([(pid, fd) for pid, fd, _ in children])
@@ -259,7 +291,8 @@ def queue_in_two_steps(first: Callable[[T], tuple[R, K]], tasks: Sequence[T],
         raise
     finally:
         os.close(read_fd)
-    steps: TwoSteps[R, K] = TwoSteps([], {n: pair[1] for n, pair in own.items()}, children)
+    steps: TwoSteps[R, K] = TwoSteps([], {n: pair[1] for n, pair in own.items()}, children,
+                                     claims)
     with _closed_on_error(steps):
         results: dict[int, R] = {n: pair[0] for n, pair in own.items()}
         for _pid, _command_fd, result_fd in children:
@@ -280,7 +313,7 @@ def _closed_on_error(steps: TwoSteps[Any, Any]) -> Iterator[None]:
         raise
 
 
-def _fork_two_step_worker(drain: Callable[[], dict[int, tuple[Any, Any]]],
+def _fork_two_step_worker(drain: Callable[[], dict[int, tuple[Any, Any]]], claims: Claims,
                           ) -> tuple[int, int, int]:
     """A worker of :func:`queue_in_two_steps`: (pid, command pipe, result pipe)."""
     command_read, command_write = os.pipe()
@@ -307,7 +340,8 @@ def _fork_two_step_worker(drain: Callable[[], dict[int, tuple[Any, Any]]],
                     status = 0
                     raise
                 try:
-                    value = second(argument, {n: pair[1] for n, pair in done.items()})
+                    value = second(argument, {n: pair[1] for n, pair in done.items()},
+                                   claims.claim)
                     _dump(out, (True, value))
                     status = 0
                 except BaseException as exc:

@@ -21,7 +21,7 @@ walked, the previous manifest is read in parts, and only the manifest's body com
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -41,6 +41,8 @@ from ocistage.stagers.filemanifest import (
     fill_xattrs,
     manifest_body,
     manifest_head,
+    unreadable,
+    walk,
 )
 from ocistage.stagers.manifestparts import PreviousParts, Seen
 from ocistage.stagers.placers import CONFIG, PoolPlacer
@@ -115,9 +117,9 @@ def restage_through_pool(staging: Staging, source: Path, label: str, identity: s
               if rows else []) for n, rows in enumerate(walked.pieces) if isinstance(rows, list)]
     placed, timed = _place(job, parts)
 
-    def mine(subtrees: dict[int, list[Record]]) -> Placed:
+    def mine(subtrees: dict[int, list[Record]], claim: Callable[[int], bool]) -> Placed:
         previous.rewind()  # the subtrees, in walk order again
-        return place_subtrees(job, subtrees, previous)
+        return place_subtrees(job, subtrees, claim, previous)
 
     for part in walked.then(place_subtrees, job, mine):
         placed.add(part)
@@ -143,21 +145,40 @@ def restage_through_pool(staging: Staging, source: Path, label: str, identity: s
 
 
 def place_subtrees(job: PlaceJob, subtrees: dict[int, list[Record]],
-                   previous: PreviousParts | None = None) -> Placed:
+                   claim: Callable[[int], bool], previous: PreviousParts | None = None,
+                   ) -> Placed:
     """In a worker (or the stager): place the subtrees it walked (``subtrees``: records by
-    number), their previous entries read from the manifest ``job.manifest`` (``previous``:
-    already read)."""
+    number), then those of the others not started yet (walked again here: a process that
+    walked less does not wait for one that walked more); each subtree is claimed first
+    (``claim``), so every one is placed once. Their previous entries are read from the
+    manifest ``job.manifest`` (``previous``: already read)."""
     if previous is None:
         found = PreviousParts.read(job.manifest.path, job.manifest)
         previous = found[0] if found is not None else None
-    parts = [(n, rows, previous.part(job.prefixes[n], True, len(rows))
-              if previous is not None else []) for n, rows in sorted(subtrees.items())]
-    placed, timed = _place(job, parts)
+
+    def parts() -> Iterator[tuple[int, list[Record], list[str]]]:
+        others = [n for n in range(len(job.prefixes)) if n not in subtrees]
+        for n in [*sorted(subtrees), *reversed(others)]:  # the others from their end
+            if not claim(n):
+                continue
+            prefix = job.prefixes[n]
+            rows = subtrees[n] if n in subtrees else _walked(job.source, prefix)
+            yield n, rows, previous.part(prefix, True, len(rows)) if previous else []
+
+    placed, timed = _place(job, parts())
     _set_times(job, timed)
     return placed
 
 
-def _place(job: PlaceJob, parts: Sequence[tuple[int, list[Record], list[str]]],
+def _walked(source: Path, prefix: str) -> list[Record]:
+    """The records of the subtree ``prefix`` of ``source``, as the stat walk makes them."""
+    try:
+        return list(walk(f"{source}/{prefix}", prefix))
+    except OSError as exc:
+        raise unreadable(source, exc) from exc
+
+
+def _place(job: PlaceJob, parts: Iterable[tuple[int, list[Record], list[str]]],
            ) -> tuple[Placed, list[Record]]:
     """Place ``parts`` (number, records in walk order, the previous entries' fields); returns
     what was placed and the records of the directories and symlinks made (their times are

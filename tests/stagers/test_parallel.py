@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -272,10 +272,11 @@ def _walked(n: int) -> tuple[int, tuple[int, int]]:
     return n * 10, (os.getpid(), n)
 
 
-def _second(offset: int, kept: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+def _second(offset: int, kept: dict[int, tuple[int, int]],
+            claim: Callable[[int], bool]) -> dict[int, tuple[int, int]]:
     if offset < 0:
         raise FileNotFoundError(errno.ENOENT, "gone", "/second")
-    return {n: (pid, value + offset) for n, (pid, value) in kept.items()}
+    return {n: (pid, value + offset) for n, (pid, value) in kept.items() if claim(n)}
 
 
 def test_two_steps_keep_each_task_where_its_first_step_ran() -> None:
@@ -293,7 +294,7 @@ def test_two_steps_keep_each_task_where_its_first_step_ran() -> None:
 
 def test_two_steps_mine_and_errors() -> None:
     with queue_in_two_steps(_walked, list(range(40)), 2) as steps:
-        parts = steps.then(_second, 5, mine=lambda kept: {n: (0, -1) for n in kept})
+        parts = steps.then(_second, 5, mine=lambda kept, claim: {n: (0, -1) for n in kept})
     assert all(pair == (0, -1) for pair in parts[0].values())
     with queue_in_two_steps(_walked, list(range(40)), 2) as steps, \
             pytest.raises(FileNotFoundError) as info:
@@ -307,3 +308,16 @@ def test_two_steps_mine_and_errors() -> None:
 
 def _fail_on_400_first(n: int) -> tuple[int, None]:
     return _fail_on_400(n), None
+
+
+def _claim_all(_argument: None, kept: dict[int, tuple[int, int]],
+               claim: Callable[[int], bool]) -> list[int]:
+    """A second step that takes every task it can, its own first, then the others'."""
+    return [n for n in [*sorted(kept), *range(40)] if claim(n)]
+
+
+def test_each_task_is_claimed_once_whoever_asks() -> None:
+    with queue_in_two_steps(_walked, list(range(40)), 3) as steps:
+        parts = steps.then(_claim_all, None)
+    done = [n for part in parts for n in part]
+    assert sorted(done) == list(range(40))

@@ -12,17 +12,19 @@ import random
 import shutil
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ocistage.cache.leases import Holder
-from ocistage.stagers import xattrs
+from ocistage.stagers import restage, xattrs
 from ocistage.stagers.directory import stage_directory
 from ocistage.stagers.filemanifest import (
     MANIFEST_NAME,
     Manifest,
+    Record,
     hash_file,
     load_manifest,
     scan,
@@ -30,6 +32,8 @@ from ocistage.stagers.filemanifest import (
 )
 from ocistage.stagers.markers import read_marker
 from tests.removers import settle
+
+_real_place_subtrees = restage.place_subtrees
 
 CHANGES = ("content", "touch", "chmod", "new-file", "remove-file", "new-dir", "remove-dir",
            "symlink", "xattr", "file-to-dir", "same-bytes")
@@ -172,5 +176,35 @@ def test_a_previous_json_manifest_takes_the_general_way_once(
     assert one_pass == [False, True]
     assert (first.copied, second.copied) == (1, 1)
     assert second.unchanged == second.files - 1
+    settle(cache)
+    _check(source, other_fs / "x")
+
+
+_STAGER: list[int] = []
+
+
+def _forgetful(job: restage.PlaceJob, subtrees: dict[int, list[Record]],
+               *args: Any) -> restage.Placed:
+    """:func:`restage.place_subtrees`, forgetting in a worker what it walked (it is pickled by
+    name, so it is the module's)."""
+    return _real_place_subtrees(job, subtrees if os.getpid() == _STAGER[-1] else {}, *args)
+
+
+def test_subtrees_a_worker_walked_are_placed_by_whoever_is_free(
+        tmp_path: Path, other_fs: Path, one_pass: list[bool],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's second step forgets the subtrees it walked: each is then claimed, walked
+    again and placed by the stager or by that worker, and the version is the source's."""
+    _STAGER.append(os.getpid())
+    source = _source(tmp_path / "src")
+    cache = tmp_path / "cache"
+    holder = Holder.pin("test")
+    stage_directory(source, other_fs, cache_root=cache, name="x", holder=holder)
+    monkeypatch.setattr(restage, "place_subtrees", _forgetful)
+    for n in range(4):
+        (source / f"d{n}" / "e1" / "f2").write_bytes(b"changed %d\n" % n)
+    result = stage_directory(source, other_fs, cache_root=cache, name="x", holder=holder)
+    assert one_pass == [True]
+    assert result.copied == 4 and result.unchanged == result.files - 4
     settle(cache)
     _check(source, other_fs / "x")
