@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import mmap
-import multiprocessing
 import os
 import pickle
 import signal
@@ -159,20 +159,31 @@ def map_queue(function: Callable[[T], R], tasks: Sequence[T], processes: int) ->
 
 class Claims:
     """Tasks that any of the processes forked after this was made can claim, each once (a
-    byte per task in shared memory, under a lock), so that one that is done with its own
-    tasks can take over another's that was not started yet."""
+    byte per task in a shared memory file, under a POSIX record lock: the kernel drops one a
+    killed process held, so no claim waits on a dead worker), so that one that is done with
+    its own tasks can take over another's that was not started yet."""
 
     def __init__(self, count: int) -> None:
-        self._taken = mmap.mmap(-1, max(1, count))  # shared, anonymous: inherited by forks
-        self._lock = multiprocessing.Lock()
+        self._fd = os.memfd_create("ocistage-claims", os.MFD_CLOEXEC)
+        os.ftruncate(self._fd, max(1, count))
+        self._taken = mmap.mmap(self._fd, max(1, count))  # shared: inherited by forks
 
     def claim(self, number: int) -> bool:
         """Whether task ``number`` is the caller's now (False: another claimed it first)."""
-        with self._lock:
+        fcntl.lockf(self._fd, fcntl.LOCK_EX)
+        try:
             if self._taken[number]:
                 return False
             self._taken[number] = 1
             return True
+        finally:
+            fcntl.lockf(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self._taken.close()
+            os.close(self._fd)
+            self._fd = -1
 
 
 #: a second step (:meth:`TwoSteps.then`): (argument, what the worker kept by task number,
@@ -223,6 +234,7 @@ class TwoSteps(Generic[R, K]):
             outcomes = [_collect(pid, fd) for pid, fd in sent]
             for pid, _command, result_fd in children[len(sent):]:
                 outcomes.append(_collect(pid, result_fd))
+            self.claims.close()
         for ok, value in outcomes:
             if not ok:
                 raise value
@@ -235,6 +247,7 @@ class TwoSteps(Generic[R, K]):
         for pid, command_fd, result_fd in children:
             os.close(command_fd)
             _collect(pid, result_fd)
+        self.claims.close()
 
     def __enter__(self) -> TwoSteps[R, K]:
         return self
