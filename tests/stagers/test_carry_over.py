@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from ocistage.cache.leases import Holder
 from ocistage.stagers import builder
 from ocistage.stagers.directory import stage_directory
+from tests.removers import settle
 
 FILES = 12
 #: what is done to one file's staged copy before the re-stage: nothing; its pool entry
@@ -103,6 +104,7 @@ def test_carried_over_files_are_the_sources(tmp_path_factory: pytest.TempPathFac
     changed.write_bytes(b"a new version\n")
 
     result = stage_directory(source, to, cache_root=cache, name="x", holder=holder)
+    settle(cache)  # the replaced version's remover, before the target goes
 
     for rel, how in zip(files, damages, strict=True):
         staged = to / "x" / rel
@@ -133,6 +135,7 @@ def test_a_re_stage_links_unchanged_files_from_the_pool(tmp_path: Path, other_fs
     (source / "a" / "f1").write_bytes(b"changed\n")
     result = stage_directory(source, to, cache_root=tmp_path / "cache", name="x",
                              holder=holder)
+    settle(tmp_path / "cache")
     assert (result.copied, result.unchanged) == (1, FILES - 1)
     assert all(forked)
     for rel, ino in before.items():
@@ -187,6 +190,7 @@ def test_a_pool_entry_swapped_as_it_is_linked_is_not_staged(
     stage_directory(source, to, cache_root=tmp_path / "cache", name="x", holder=holder)
     used = list(forked)
     monkeypatch.undo()
+    settle(tmp_path / "cache")
     assert all(used)
 
     files = sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file())
