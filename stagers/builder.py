@@ -89,7 +89,11 @@ class Builder:
     def set_times(self, timed: Sequence[Entry]) -> None:
         """Give the entries :meth:`make_nodes` returned their mtimes, and directories their
         modes: children before parents (a directory's mtime changes when one is added)."""
-        scratch = self._scratch_text
+        self.set_times_of(self._scratch_text, timed)
+
+    @staticmethod
+    def set_times_of(scratch: str, timed: Sequence[Entry]) -> None:
+        """:meth:`set_times` in the scratch tree ``scratch``."""
         for entry in reversed(timed):
             dest = f"{scratch}/{entry.path}"
             os.utime(dest, ns=(entry.mtime_ns, entry.mtime_ns), follow_symlinks=False)

@@ -56,7 +56,9 @@ from ocistage.stagers.filemanifest import (
 from ocistage.stagers.fresh import build_first
 from ocistage.stagers.markers import default_holder, record_bundle_use
 from ocistage.stagers.mksquashfs import ImageProgress
-from ocistage.stagers.pool import Pool, pool_key
+from ocistage.stagers.pool import Pool
+from ocistage.stagers.released import released_keys
+from ocistage.stagers.restage import restage_through_pool
 from ocistage.stagers.squashfs import stage_squashfs
 from ocistage.stagers.statwalk import parallel_walk_digest
 from ocistage.stagers.target import (
@@ -158,13 +160,19 @@ def _stage_tree(staging: Staging, source: Path, label: str, identity: str,
     compared: _Compared | None = None
     if marker is not None or method == Method.COPY:
         # hardlink staging: no ctimes (its own links move them; the inode carries its xattrs)
-        walked = parallel_walk_digest(source, min(jobs, usable_cpus()),
-                                      ctime=method != Method.HARDLINK)
-        # the previous manifest (and the walk's records) are read only when the tree changed
-        # (on an unchanged tree of 100k files, reading and indexing it cost more than the walk)
-        if same is not None and not identity and same.tree == walked.digest:
-            return staging.unchanged(same.files, method.value)
-        compared = _compare(staging, source, walked.records(), walked.digest, method)
+        with parallel_walk_digest(source, min(jobs, usable_cpus()),
+                                  ctime=method != Method.HARDLINK) as walked:
+            # the previous manifest (and the walk's records) are read only when the tree
+            # changed (on an unchanged tree of 100k files, reading and indexing it cost more
+            # than the walk)
+            if same is not None and not identity and same.tree == walked.digest:
+                return staging.unchanged(same.files, method.value)
+            if same is not None and method == Method.POOL:  # the walk's workers place it
+                done = restage_through_pool(staging, source, label, identity, walked, jobs)
+                if done is not None:
+                    _warn_refused_xattrs(done[1], staging)
+                    return done[0]
+            compared = _compare(staging, source, walked.records(), walked.digest, method)
     return _build(staging, source, label, method, identity, compared, jobs)
 
 
@@ -203,11 +211,11 @@ def _build(staging: Staging, source: Path, label: str, method: Method, identity:
             tree = compared.tree
     finally:
         builder.close()
-    _warn_refused_xattrs(builder, staging)
+    _warn_refused_xattrs(builder.placer.copier.xattrs_refused.value, staging)
     manifest, files = _write_version(staging, builder.scratch, label, method, identity,
                                      entries, tree)
     processes = min(jobs, usable_cpus()) if files >= FORK_MIN_FILES else 1
-    released = (_released_keys(previous, manifest, before, builder.replaced,
+    released = (released_keys(previous, manifest, before, builder.replaced,
                                builder.counts.unchanged)
                 if previous is not None and previous.method == Method.POOL else None)
     staging.publish(builder.scratch, processes, released)
@@ -216,9 +224,8 @@ def _build(staging: Staging, source: Path, label: str, method: Method, identity:
                        counts.bytes_copied, staging.lease.id, method.value)
 
 
-def _warn_refused_xattrs(builder: Builder, staging: Staging) -> None:
-    """One warning for the extended attributes the target refused, with their count."""
-    refused = builder.placer.copier.xattrs_refused.value
+def _warn_refused_xattrs(refused: int, staging: Staging) -> None:
+    """One warning for the ``refused`` extended attributes, if any, with their count."""
     if refused:
         log.warning("%s: %d extended attribute(s) of the source could not be set on the "
                     "staged copies (not supported by the target, or not permitted: "
@@ -269,35 +276,3 @@ def _hardlink_group_hashes(entries: list[Entry]) -> list[Entry]:
     by_inode = {(e.dev, e.ino): e.hash for e in entries if e.type == "file" and e.hash}
     return [e.with_hash(by_inode.get((e.dev, e.ino))) if e.type == "file" and not e.hash
             else e for e in entries]
-
-
-def _released_keys(previous: Manifest, current: Manifest, before: dict[str, Entry],
-                   replaced: list[Entry], unchanged: int) -> set[str]:
-    """Pool keys the previous version used for a path that now has other content, or that is
-    gone: the only entries the new version may have left unused. ``replaced``: the files of
-    the new version not staged unchanged, ``unchanged``: how many were (both from
-    :meth:`Builder.build`); ``before``: ``previous.by_path()``. :meth:`Pool.release` then
-    removes those no bundle links to any more (a key still used elsewhere, e.g. by a moved
-    file, has more links and stays). Costs a look at the replaced files only, unless some
-    path of the previous version is gone."""
-    keys = set()
-    kept = 0  # replaced files whose path was a file before
-    for entry in replaced:
-        old = before.get(entry.path)
-        if old is not None and old.type == "file":
-            kept += 1
-            if old.hash is not None and (old.hash, old.mode, old.xattrs) != (
-                    entry.hash, entry.mode, entry.xattrs):
-                keys.add(pool_key(old.hash, old.mode, old.xattrs))
-    if sum(1 for e in previous.entries if e.type == "file") != unchanged + kept:
-        keys.update(_keys_not_kept(previous, current))
-    return keys
-
-
-def _keys_not_kept(previous: Manifest, current: Manifest) -> set[str]:
-    """Pool keys of the files of ``previous`` that ``current`` has not at the same path with
-    the same content and mode."""
-    now = {e.path: (e.hash, e.mode, e.xattrs) for e in current.entries if e.type == "file"}
-    return {pool_key(e.hash, e.mode, e.xattrs) for e in previous.entries
-            if e.type == "file" and e.hash is not None
-            and now.get(e.path) != (e.hash, e.mode, e.xattrs)}

@@ -387,16 +387,15 @@ class PoolPlacer(_SharedPlacer):
         version linked at its path — with one ``link()`` and one ``lstat`` per file, as
         ``cp -al``. The ``lstat`` is of the link made, in our own scratch dir (what was
         linked is what is checked: a pool entry swapped meanwhile is seen); the previous
-        version's inode at the path is its directory's listing's (:meth:`_old_inodes`, one
+        version's inode at the path is its directory's listing's (:meth:`old_inodes`, one
         ``getdents`` per directory), not a second ``lstat``. Any other file, and one that
         failed a check (its link removed again) or a call, by :meth:`_place_at`, which
         checks again and hashes, copies or raises as it does."""
         if not self.carry_over:
             return super().place_part(part)
         dirs = _Dirs(self._scratch_fd, self._source_fd)
-        get, place, old_inodes = self.previous.get, self._place_at, self._old_inodes
-        pool_fd, pool_dev, euid, regular = self._pool_fd, self._pool_dev, self._euid, stat.S_IFREG
-        lstat, link, unlink = os.stat, os.link, os.unlink
+        get, place, old_inodes = self.previous.get, self._place_at, self.old_inodes
+        link_unchanged = self.link_unchanged
         outcomes: list[Outcome] = []
         add = outcomes.append
         current: str | None = None
@@ -416,32 +415,36 @@ class PoolPlacer(_SharedPlacer):
                 if rel_dir != current:
                     current, old = rel_dir, old_inodes(rel_dir)
                 was = old.get(name)
-                if was is None:
-                    add(place(entry, dirs))
-                    continue
-                key = pool_key(digest, mode, xattrs)
-                pooled = f"{key[:2]}/{key}"
-                dest = dirs.dest
-                try:
-                    link(pooled, name, src_dir_fd=pool_fd, dst_dir_fd=dest,
-                         follow_symlinks=False)
-                except OSError:  # none, or refused: placed (or copied) as any other
-                    add(place(entry, dirs))
-                    continue
-                # what was linked, seen in our own scratch dir (no one else can swap it)
-                st = lstat(name, dir_fd=dest, follow_symlinks=False)
-                if (st.st_ino != was or st.st_dev != pool_dev
-                        or st.st_mode != regular | mode or st.st_uid != euid
-                        or st.st_size != size):
-                    unlink(name, dir_fd=dest)
-                    add(place(entry, dirs))
+                if was is None or not link_unchanged(name, pool_key(digest, mode, xattrs), was,
+                                                     mode, size, dirs.dest):
+                    add(place(entry, dirs))  # placed (or copied) as any other
                     continue
                 add(_UNCHANGED)
             return outcomes
         finally:
             dirs.close()
 
-    def _old_inodes(self, rel_dir: str) -> dict[str, int]:
+    def link_unchanged(self, name: str, key: str, was: int, mode: int, size: int,
+                       dest: int) -> bool:
+        """Link pool entry ``key`` as ``name`` into the scratch directory ``dest`` if it is
+        the previous version's file there (inode ``was``, from :meth:`old_inodes`): what was
+        linked, seen in our own scratch dir (no one else can swap it), must be that inode,
+        on the pool's filesystem, a regular file of ours of ``mode`` and ``size``. False if
+        not (the link made is removed again) or the link failed: placed as any other."""
+        try:
+            os.link(f"{key[:2]}/{key}", name, src_dir_fd=self._pool_fd, dst_dir_fd=dest,
+                    follow_symlinks=False)
+        except OSError:  # none, or refused
+            return False
+        st = os.stat(name, dir_fd=dest, follow_symlinks=False)
+        if (st.st_ino != was or st.st_dev != self._pool_dev
+                or st.st_mode != stat.S_IFREG | mode or st.st_uid != self._euid
+                or st.st_size != size):
+            os.unlink(name, dir_fd=dest)
+            return False
+        return True
+
+    def old_inodes(self, rel_dir: str) -> dict[str, int]:
         """The entries of the previous version's directory ``rel_dir`` by name, with their
         inode numbers as its listing gives them (``d_ino``: no ``lstat``; :meth:`place_part`
         links a pool entry only if it is that inode, and a regular file); empty when it has

@@ -6,6 +6,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,3 +85,26 @@ def other_fs() -> Iterator[Path]:
     from ocistage.cache.treeremoval import remove_tree
 
     remove_tree(path)
+
+
+@pytest.fixture
+def one_pass(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Re-stages through the pool take the one-pass way (:mod:`ocistage.stagers.restage`)
+    even for a small tree: the stat walk is split into two processes from one subtree up
+    (a forked worker and the stager), the top expanded only until there are two. Returns a
+    list that records, per changed re-stage, whether that way placed it."""
+    from ocistage.stagers import directory, statwalk
+
+    monkeypatch.setattr(statwalk, "MIN_PARALLEL_DIRS", 1)
+    monkeypatch.setattr(statwalk, "SUBTREES_PER_PROCESS", 1)
+    monkeypatch.setattr(directory, "usable_cpus", lambda: 2)
+    used: list[bool] = []
+    real = directory.restage_through_pool
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        done = real(*args, **kwargs)
+        used.append(done is not None)
+        return done
+
+    monkeypatch.setattr(directory, "restage_through_pool", spy)
+    return used

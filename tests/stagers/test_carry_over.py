@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from ocistage.cache.leases import Holder
 from ocistage.stagers import builder
 from ocistage.stagers.directory import stage_directory
+from tests.removers import settle
 
 FILES = 12
 #: what is done to one file's staged copy before the re-stage: nothing; its pool entry
@@ -29,11 +30,17 @@ DAMAGES = ("none", "pool-missing", "pool-copy", "pool-other-bytes", "pool-symlin
            "pool-mode", "old-copy", "old-missing")
 
 
-@pytest.fixture
-def forked(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(params=["place_part", "one_pass"])
+def forked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Place files through ``Placer.place_part`` in forked workers even for a small tree (the
-    path of trees of thousands of files)."""
+    path of trees of thousands of files), or (``one_pass``) by the walk's workers
+    (:mod:`ocistage.stagers.restage`: the path of a changed tree of thousands of files).
+    Returns what the ``one_pass`` fixture records (empty for ``place_part``)."""
     monkeypatch.setattr(builder, "FORK_MIN_FILES", 2)
+    if request.param == "one_pass":
+        used: list[bool] = request.getfixturevalue("one_pass")
+        return used
+    return []
 
 
 def _source(root: Path) -> Path:
@@ -80,7 +87,7 @@ def _damage(how: str, pooled: Path, old: Path) -> None:
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(damages=st.lists(st.sampled_from(DAMAGES), min_size=FILES, max_size=FILES))
 def test_carried_over_files_are_the_sources(tmp_path_factory: pytest.TempPathFactory,
-                                            other_fs: Path, forked: None,
+                                            other_fs: Path, forked: list[bool],
                                             damages: list[str]) -> None:
     root = tmp_path_factory.mktemp("carry")
     source = _source(root)
@@ -97,6 +104,7 @@ def test_carried_over_files_are_the_sources(tmp_path_factory: pytest.TempPathFac
     changed.write_bytes(b"a new version\n")
 
     result = stage_directory(source, to, cache_root=cache, name="x", holder=holder)
+    settle(cache)  # the replaced version's remover, before the target goes
 
     for rel, how in zip(files, damages, strict=True):
         staged = to / "x" / rel
@@ -111,10 +119,11 @@ def test_carried_over_files_are_the_sources(tmp_path_factory: pytest.TempPathFac
     intact = sum(1 for rel, how in zip(files, damages, strict=True)
                  if how == "none" and source / rel != changed)
     assert result.unchanged >= intact
+    assert all(forked)  # (one_pass: that way was taken)
 
 
 def test_a_re_stage_links_unchanged_files_from_the_pool(tmp_path: Path, other_fs: Path,
-                                                        forked: None) -> None:
+                                                        forked: list[bool]) -> None:
     """Undamaged: every unchanged file of the new version is its pool entry's inode, as in
     the previous version, and only the changed file is copied."""
     source = _source(tmp_path)
@@ -126,7 +135,9 @@ def test_a_re_stage_links_unchanged_files_from_the_pool(tmp_path: Path, other_fs
     (source / "a" / "f1").write_bytes(b"changed\n")
     result = stage_directory(source, to, cache_root=tmp_path / "cache", name="x",
                              holder=holder)
+    settle(tmp_path / "cache")
     assert (result.copied, result.unchanged) == (1, FILES - 1)
+    assert all(forked)
     for rel, ino in before.items():
         now = os.lstat(to / "x" / rel).st_ino
         assert (now == ino) == (rel != Path("a/f1")), rel
@@ -150,7 +161,7 @@ def _swap(how: str, pooled: Path, elsewhere: Path) -> None:
 
 @pytest.mark.parametrize("how", SWAPS)
 def test_a_pool_entry_swapped_as_it_is_linked_is_not_staged(
-        tmp_path: Path, other_fs: Path, forked: None, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path, other_fs: Path, forked: list[bool], monkeypatch: pytest.MonkeyPatch,
         how: str) -> None:
     """The pool entry of every unchanged file is swapped for a symlink, a FIFO or other
     bytes just before ``place_part`` links it (after any check made before the link): what
@@ -177,7 +188,10 @@ def test_a_pool_entry_swapped_as_it_is_linked_is_not_staged(
     (source / "a" / "f1").write_bytes(b"changed\n")
     monkeypatch.setattr(os, "link", swapping_link)
     stage_directory(source, to, cache_root=tmp_path / "cache", name="x", holder=holder)
+    used = list(forked)
     monkeypatch.undo()
+    settle(tmp_path / "cache")
+    assert all(used)
 
     files = sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file())
     for rel in files:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,13 @@ from ocistage.cache.leases import Holder
 from ocistage.stagers import builder as builder_module
 from ocistage.stagers.directory import stage_directory
 from ocistage.stagers.filemanifest import MANIFEST_NAME, load_manifest
-from ocistage.stagers.parallel import MAX_QUEUE, batches, map_parts, map_queue
+from ocistage.stagers.parallel import (
+    MAX_QUEUE,
+    batches,
+    map_parts,
+    map_queue,
+    queue_in_two_steps,
+)
 from tests.removers import settle
 
 
@@ -259,3 +265,59 @@ def _alive(pid: int) -> bool:
     except (FileNotFoundError, IndexError):
         return False
     return state != "Z"
+
+
+def _walked(n: int) -> tuple[int, tuple[int, int]]:
+    """A first step: its result goes back, the pid and a value stay in the worker."""
+    return n * 10, (os.getpid(), n)
+
+
+def _second(offset: int, kept: dict[int, tuple[int, int]],
+            claim: Callable[[int], bool]) -> dict[int, tuple[int, int]]:
+    if offset < 0:
+        raise FileNotFoundError(errno.ENOENT, "gone", "/second")
+    return {n: (pid, value + offset) for n, (pid, value) in kept.items() if claim(n)}
+
+
+def test_two_steps_keep_each_task_where_its_first_step_ran() -> None:
+    with queue_in_two_steps(_walked, list(range(40)), 3) as steps:
+        assert steps.results == [n * 10 for n in range(40)]
+        parts = steps.then(_second, 1000)
+    assert len(parts) == 3
+    seen = {n: pair for part in parts for n, pair in part.items()}
+    assert sorted(seen) == list(range(40))  # each task once, with what its worker kept
+    assert all(value == n + 1000 for n, (_pid, value) in seen.items())
+    assert {pid for pid, _value in parts[0].values()} <= {os.getpid()}  # this process's first
+    for part in parts[1:]:  # (a worker that drew nothing keeps nothing)
+        assert os.getpid() not in {pid for pid, _value in part.values()}
+
+
+def test_two_steps_mine_and_errors() -> None:
+    with queue_in_two_steps(_walked, list(range(40)), 2) as steps:
+        parts = steps.then(_second, 5, mine=lambda kept, claim: {n: (0, -1) for n in kept})
+    assert all(pair == (0, -1) for pair in parts[0].values())
+    with queue_in_two_steps(_walked, list(range(40)), 2) as steps, \
+            pytest.raises(FileNotFoundError) as info:
+        steps.then(_second, -1)
+    assert info.value.filename == "/second"
+    with queue_in_two_steps(_walked, list(range(40)), 2) as steps:
+        pass  # closed without a second step: the worker ends
+    with pytest.raises(FileNotFoundError):
+        queue_in_two_steps(_fail_on_400_first, list(range(500, 0, -1)), 2)
+
+
+def _fail_on_400_first(n: int) -> tuple[int, None]:
+    return _fail_on_400(n), None
+
+
+def _claim_all(_argument: None, kept: dict[int, tuple[int, int]],
+               claim: Callable[[int], bool]) -> list[int]:
+    """A second step that takes every task it can, its own first, then the others'."""
+    return [n for n in [*sorted(kept), *range(40)] if claim(n)]
+
+
+def test_each_task_is_claimed_once_whoever_asks() -> None:
+    with queue_in_two_steps(_walked, list(range(40)), 3) as steps:
+        parts = steps.then(_claim_all, None)
+    done = [n for part in parts for n in part]
+    assert sorted(done) == list(range(40))
