@@ -166,17 +166,19 @@ def render(result: dict[str, Any]) -> str:
 
 
 def measure(files: int, megabytes: int, reps: int, enroot: Path,
-            report: bool = True) -> dict[str, Any]:
+            report: bool = True, work_root: Path | None = None) -> dict[str, Any]:
     """Every case of the module docstring, ``reps`` times, on a synthetic image of ``files``
     files and ``megabytes`` MB; the result document (:func:`render` prints it), with the
-    bytes the importer's cache holds after one cold ``get`` (``importer_cache_bytes``)."""
+    bytes the importer's cache holds after one cold ``get`` (``importer_cache_bytes``).
+    ``work_root``: where the cold cases' homes (enroot's and the importer's) are made, e.g. a
+    tmpfs for the CPU cost without the disk; by default the bench cache."""
     image = build_synthetic(SynthSpec(files, megabytes * MB), ("gzip",))["gzip"]
     root = cache_root()
     load = os.getloadavg()
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     with running_registry(root / "registry" / "storage") as registry:
         uri = push_v2s2(image, registry.host)
-        work = Workspace(root / f"pyxis-work-{os.getpid()}")
+        work = Workspace((work_root or root) / f"pyxis-work-{os.getpid()}")
         warm = root / f"pyxis-warm-{os.getpid()}"
         try:
             prepare_warm(uri, enroot, warm)
@@ -189,6 +191,7 @@ def measure(files: int, megabytes: int, reps: int, enroot: Path,
             remove_tree(warm)
     return {"when": stamp, "reps": reps, "cpus": os.cpu_count(),
             "load_before": load, "load_after": os.getloadavg(), "page_cache_dropped": False,
+            "work": str(work.root),
             "image": {k: v for k, v in asdict(image).items() if k != "layout"},
             "importer_cache_bytes": cache_bytes,
             "samples": {n: [asdict(s) for s in v] for n, v in samples.items()},
