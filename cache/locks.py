@@ -221,13 +221,20 @@ class FileLock:
                 raise LockTimeout(f"timed out waiting for lock {self.path}")
             self.wait_released(remaining, poll)
 
-    def wait_released(self, timeout: float | None = None, poll: float = 0.2) -> None:
+    def wait_released(self, timeout: float | None = None, poll: float = 0.2,
+                      brisk: tuple[float, float] = (0.0, 0.0)) -> None:
         """Wait until nobody holds the lock (its file gone, or its holder gone), without
         taking it: one ``lstat`` a ``poll``, the holder judged every :data:`JUDGE_EVERY`
         seconds. For waiters that only need what the holder makes: they all go on at once
-        when it is done, instead of taking the lock one after another."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        judged = time.monotonic()
+        when it is done, instead of taking the lock one after another.
+
+        ``brisk=(seconds, interval)``: poll every ``interval`` for the first ``seconds`` of
+        the wait, then every ``poll``. A short hold (a small image's build) is then followed
+        within ``interval``, and a long one costs the metadata server no more ``lstat``s
+        than ``poll`` allows."""
+        started = judged = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        brisk_for, brisk_poll = brisk
         while os.path.lexists(self.path):
             now = time.monotonic()
             if now - judged >= JUDGE_EVERY:
@@ -236,7 +243,7 @@ class FileLock:
                     return
             if deadline is not None and now > deadline:
                 raise LockTimeout(f"timed out waiting for lock {self.path}")
-            time.sleep(poll)
+            time.sleep(brisk_poll if now - started < brisk_for else poll)
 
     def held(self) -> bool:
         try:

@@ -30,6 +30,9 @@ from ocistage.cache.store import Store
 
 #: how long a get waits for another process building the same image
 BUILD_WAIT = 3 * 3600.0
+#: the nodes waiting for one that imports: every 20 ms for 3 s (a small image's build is
+#: followed at once), then every 0.2 s (a large one's costs few ``lstat``s)
+WAIT_BRISK = (3.0, 0.02)
 
 
 @dataclass
@@ -96,7 +99,7 @@ class ImageStore:
                 lock.release()
             return
         try:
-            lock.wait_released(timeout=wait, poll=0.2)
+            lock.wait_released(timeout=wait, poll=0.2, brisk=WAIT_BRISK)
         except LockTimeout as exc:
             raise LockTimeout(f"another process has been importing {reference} for "
                               f"{int(wait)} s", "retry the job later") from exc
