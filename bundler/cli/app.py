@@ -28,6 +28,7 @@ import typer
 from ocistage.bundler.cli import bashcompletion
 from ocistage.bundler.cli.commands import LazyGroup
 from ocistage.bundler.cli.common import shown, stderr
+from ocistage.bundler.cli.exitstatus import keep_exit_status
 from ocistage.bundler.cli.failure import (
     CLOSED_STDOUT,
     INTERRUPTED,
@@ -217,6 +218,7 @@ def main() -> None:
     # is in a reference cycle is left to the process's end, and no command leaves work to such
     # an object's finalizer. docs/history/performance-log.md, "Issue 29: the last round".
     gc.freeze()
+    keep_exit_status()
     sys.exit(code)
 
 
