@@ -121,24 +121,8 @@ def map_queue(function: Callable[[T], R], tasks: Sequence[T], processes: int) ->
         return [function(task) for task in tasks]
     if len(tasks) > MAX_QUEUE:
         raise ValueError(f"at most {MAX_QUEUE} tasks fit in the queue")
-    read_fd, write_fd = os.pipe()
-    try:
-        write_all(write_fd, b"".join(_TASK.pack(n) for n in range(len(tasks))))
-    finally:
-        os.close(write_fd)
-
-    def drain() -> dict[int, R]:
-        done: dict[int, R] = {}
-        try:
-            while len(number := os.read(read_fd, _TASK.size)) == _TASK.size:
-                (n,) = _TASK.unpack(number)
-                done[n] = function(tasks[n])
-        except BaseException:
-            while os.read(read_fd, 1 << 16):  # nobody starts another task
-                pass
-            raise
-        return done
-
+    read_fd = _task_queue(len(tasks))
+    drain = partial(_drain, read_fd, function, tasks)
     children: list[tuple[int, int]] = []
     try:
         for _ in range(processes - 1):
@@ -155,6 +139,32 @@ def map_queue(function: Callable[[T], R], tasks: Sequence[T], processes: int) ->
             raise value
         results.update(value)
     return [results[n] for n in range(len(tasks))]
+
+
+def _task_queue(count: int) -> int:
+    """The read end of a pipe holding the task numbers ``0 .. count - 1``, written whole and
+    closed before any worker forks (a read of 4 bytes is atomic: each number goes to one)."""
+    read_fd, write_fd = os.pipe()
+    try:
+        write_all(write_fd, b"".join(_TASK.pack(n) for n in range(count)))
+    finally:
+        os.close(write_fd)
+    return read_fd
+
+
+def _drain(read_fd: int, function: Callable[[T], R], tasks: Sequence[T]) -> dict[int, R]:
+    """``function`` of each task whose number this process reads from the queue, by number,
+    until the queue is empty; one that fails empties it first, so nobody starts another."""
+    done: dict[int, R] = {}
+    try:
+        while len(number := os.read(read_fd, _TASK.size)) == _TASK.size:
+            (n,) = _TASK.unpack(number)
+            done[n] = function(tasks[n])
+    except BaseException:
+        while os.read(read_fd, 1 << 16):  # nobody starts another task
+            pass
+        raise
+    return done
 
 
 class Claims:
@@ -273,24 +283,8 @@ def queue_in_two_steps(first: Callable[[T], tuple[R, K]], tasks: Sequence[T],
         done = {n: first(task) for n, task in enumerate(tasks)}
         return TwoSteps([done[n][0] for n in range(len(tasks))],
                         {n: pair[1] for n, pair in done.items()}, [], claims)
-    read_fd, write_fd = os.pipe()
-    try:
-        write_all(write_fd, b"".join(_TASK.pack(n) for n in range(len(tasks))))
-    finally:
-        os.close(write_fd)
-
-    def drain() -> dict[int, tuple[R, K]]:
-        done: dict[int, tuple[R, K]] = {}
-        try:
-            while len(number := os.read(read_fd, _TASK.size)) == _TASK.size:
-                (n,) = _TASK.unpack(number)
-                done[n] = first(tasks[n])
-        except BaseException:
-            while os.read(read_fd, 1 << 16):  # nobody starts another task
-                pass
-            raise
-        return done
-
+    read_fd = _task_queue(len(tasks))
+    drain = partial(_drain, read_fd, first, tasks)
     children: list[tuple[int, int, int]] = []
     try:
         for _ in range(processes - 1):
