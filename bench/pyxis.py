@@ -217,6 +217,18 @@ def missing_tools() -> list[str]:
     return missing + (["enroot"] if enroot_bin() is None else [])
 
 
+def enroot_or_say() -> Path | None:
+    """enroot (:func:`enroot_bin`) when every tool of :func:`missing_tools` is here; else
+    None, after a line on stderr saying what is missing and where enroot comes from."""
+    enroot = enroot_bin()
+    missing = missing_tools()
+    if enroot is None or missing:
+        print(f"bench: missing {', '.join(missing)} "
+              "(enroot: .ci/build-enroot-pyxis.sh, or $OCISTAGE_ENROOT_PREFIX)", file=sys.stderr)
+        return None
+    return enroot
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench pyxis", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -224,11 +236,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--files", type=int, default=10_000, help="files in the image [10000]")
     parser.add_argument("--megabytes", type=int, default=200, help="bytes of files, MB [200]")
     args = parser.parse_args(argv)
-    enroot = enroot_bin()
-    missing = missing_tools()
-    if enroot is None or missing:
-        print(f"bench: missing {', '.join(missing)} "
-              "(enroot: .ci/build-enroot-pyxis.sh, or $OCISTAGE_ENROOT_PREFIX)", file=sys.stderr)
+    enroot = enroot_or_say()
+    if enroot is None:
         return 1
     result = measure(args.files, args.megabytes, args.reps, enroot)
     RESULTS.mkdir(exist_ok=True)

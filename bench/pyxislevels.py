@@ -26,7 +26,6 @@ import resource
 import shutil
 import statistics
 import subprocess
-import sys
 import tarfile
 import time
 from dataclasses import dataclass
@@ -37,11 +36,10 @@ from typing import Any
 from bench.bundle import RESULTS, running_registry
 from bench.images import MB, BuiltImage, _Layout, _sha256, add_image, cache_root, made_once
 from bench.pyxis import (
-    enroot_bin,
     enroot_env,
+    enroot_or_say,
     importer_argv,
     importer_env,
-    missing_tools,
     push_v2s2,
 )
 from bench.synthetic import SynthSpec, build_synthetic
@@ -218,10 +216,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--work", type=Path, help="scratch homes here (e.g. on a tmpfs) "
                         "[the bench cache]")
     args = parser.parse_args(argv)
-    enroot = enroot_bin()
-    missing = missing_tools()
-    if enroot is None or missing:
-        print(f"bench: missing {', '.join(missing)}", file=sys.stderr)
+    enroot = enroot_or_say()
+    if enroot is None:
         return 1
     root = cache_root()
     images = []

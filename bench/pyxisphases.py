@@ -23,7 +23,7 @@ from typing import Any
 
 from bench.bundle import running_registry
 from bench.images import MB, cache_root
-from bench.pyxis import enroot_bin, enroot_env, importer_env, missing_tools, push_v2s2
+from bench.pyxis import enroot_env, enroot_or_say, importer_env, push_v2s2
 from bench.synthetic import SynthSpec, build_synthetic
 from ocistage.cache.treeremoval import remove_tree
 
@@ -129,9 +129,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--megabytes", type=int, default=200, help="bytes of files, MB [200]")
     parser.add_argument("--work", type=Path, help="homes here (e.g. a tmpfs) [bench cache]")
     args = parser.parse_args(argv)
-    enroot = enroot_bin()
-    if enroot is None or missing_tools():
-        print(f"bench: missing {', '.join(missing_tools())}", file=sys.stderr)
+    enroot = enroot_or_say()
+    if enroot is None:
         return 1
     image = build_synthetic(SynthSpec(args.files, args.megabytes * MB), ("gzip",))["gzip"]
     root = cache_root()
