@@ -16,9 +16,9 @@ refuses what no definition can carry.
 
 :func:`run_tool` runs both tools for ``stage --format squashfs`` and ``ocistage-pyxis-importer``:
 under :func:`ocistage.cache.childguard.spawn` (a SIGKILLed ocistage leaves no tool writing into
-its scratch directory), killed and reaped when the caller is interrupted, its output read in
-chunks (mksquashfs's progress bar reported, the last lines kept for the error), within a time
-limit. Imports nothing heavy.
+its scratch directory), killed and reaped when the caller is interrupted, its stdout and
+stderr read apart in chunks (mksquashfs's progress bar reported, the last lines kept for the
+error), within a time limit. Imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -129,21 +129,26 @@ _BAR = re.compile(rb"\]\s+(\d+)/(\d+)\s+\d+%")
 
 def run_tool(argv: Sequence[str], what: str, *, progress: ImageProgress | None = None,
              timeout: float = TOOL_TIMEOUT, output: Path | None = None) -> None:
-    """Run ``argv`` (mksquashfs or unsquashfs; stdin closed, stdout and stderr read together)
-    to its end. Raises :class:`ToolFailed` ("WHAT failed: LAST LINE") when it cannot be
-    started, exits with a status other than 0 or outlives ``timeout``; killed and reaped when
-    this process is interrupted (and by its supervisor if this process is killed).
-    ``progress`` is told how far a mksquashfs that draws its bar is. ``output``: where it
-    writes; a failure there with that filesystem full says so (mksquashfs 4.5 says only
-    "Failed to write to output filesystem")."""
+    """Run ``argv`` (mksquashfs or unsquashfs; stdin closed, stdout and stderr read apart) to
+    its end. Raises :class:`ToolFailed` ("WHAT failed: DETAIL") when it cannot be started,
+    exits with a status other than 0 or outlives ``timeout``; killed and reaped when this
+    process is interrupted (and by its supervisor if this process is killed).
+
+    DETAIL is its last ``FATAL ERROR`` line, else the last line of its stderr, else of its
+    stdout: the tools write errors unbuffered to stderr and the rest buffered to stdout, which
+    a pipe flushes at exit, so a mksquashfs appending to an image prints a dozen lines about
+    the image after its error. ``progress`` is told how far a mksquashfs that draws its bar
+    is. ``output``: where it writes; a failure there with that filesystem full says so
+    (mksquashfs 4.5 says only "Failed to write to output filesystem")."""
     try:
         process = childguard.spawn(list(argv), stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except OSError as exc:
         raise ToolFailed(f"{what} failed: cannot run {argv[0]}: {exc.strerror}") from exc
-    said: deque[bytes] = deque(maxlen=8)  # what it printed besides the bar, for an error
+    said: deque[bytes] = deque(maxlen=8)  # its last lines besides the bar, both streams
+    errors: deque[bytes] = deque(maxlen=32)  # its last lines on stderr
     try:
-        timed_out = not _read(process, said, progress, time.monotonic() + timeout)
+        timed_out = not _read(process, said, errors, progress, time.monotonic() + timeout)
         if timed_out:
             process.terminate()  # the supervisor kills and reaps the tool, then ends
         process.wait()
@@ -153,20 +158,32 @@ def run_tool(argv: Sequence[str], what: str, *, progress: ImageProgress | None =
             process.wait()
         raise
     finally:
-        if process.stdout is not None:
-            process.stdout.close()
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
     lines = tuple(line.decode(errors="replace") for line in said)
     if timed_out:
         raise ToolFailed(f"{what} failed: still running after {timeout:.0f} s", lines)
     if process.returncode != 0:
-        detail = lines[-1] if lines else f"exit status {process.returncode}"
-        if _out_of_space(lines, output):
+        complaints = [line.decode(errors="replace") for line in errors]
+        detail = _detail(complaints, lines, process.returncode)
+        if _out_of_space([*complaints, *lines], output):
             where = f"the filesystem of {output}" if output else "its filesystem"
             raise ToolFailed(f"{what} failed: no space left on {where} ({detail})", lines,
                              process.returncode,
                              "free space there (ocistage cache gc), or stage elsewhere",
                              no_space=True)
         raise ToolFailed(f"{what} failed: {detail}", lines, process.returncode)
+
+
+def _detail(complaints: Sequence[str], lines: Sequence[str], status: int) -> str:
+    """What a failed tool's error says: its last ``FATAL ERROR`` line, else its last line on
+    stderr, else on stdout, else its exit status."""
+    fatal = [line for line in complaints if line.startswith("FATAL ERROR")]
+    for found in (fatal, complaints, lines):
+        if found:
+            return found[-1]
+    return f"exit status {status}"
 
 
 def _out_of_space(lines: Sequence[str], output: Path | None) -> bool:
@@ -183,35 +200,41 @@ def _out_of_space(lines: Sequence[str], output: Path | None) -> bool:
     return info.f_bavail * info.f_frsize < (1 << 20)
 
 
-def _read(process: subprocess.Popen[bytes], said: deque[bytes],
+def _read(process: subprocess.Popen[bytes], said: deque[bytes], errors: deque[bytes],
           progress: ImageProgress | None, deadline: float) -> bool:
-    """Read the tool's output until it ends (True) or the deadline passes (False)."""
-    assert process.stdout is not None
-    fd = process.stdout.fileno()
-    pending = b""
+    """Read the tool's stdout and stderr until both end (True) or the deadline passes
+    (False); lines of stderr go to ``errors`` too."""
+    assert process.stdout is not None and process.stderr is not None
+    pending = {process.stdout.fileno(): b"", process.stderr.fileno(): b""}
+    stderr = process.stderr.fileno()
     with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_READ)
-        while True:
+        for fd in pending:
+            selector.register(fd, selectors.EVENT_READ)
+        while selector.get_map():
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            if not selector.select(left):
-                continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                break
-            *parts, pending = re.split(rb"[\r\n]", pending + chunk)
-            pending = pending[-4096:]  # a bar is short; never hold an endless line
-            for part in parts:
-                _said(part, said, progress)
-    _said(pending, said, progress)
+            for key, _ in selector.select(left):
+                fd = int(key.fd)
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    selector.unregister(fd)
+                    _said(pending[fd], said, errors if fd == stderr else None, progress)
+                    continue
+                *parts, rest = re.split(rb"[\r\n]", pending[fd] + chunk)
+                pending[fd] = rest[-4096:]  # a bar is short; never hold an endless line
+                for part in parts:
+                    _said(part, said, errors if fd == stderr else None, progress)
     return True
 
 
-def _said(part: bytes, said: deque[bytes], progress: ImageProgress | None) -> None:
+def _said(part: bytes, said: deque[bytes], errors: deque[bytes] | None,
+          progress: ImageProgress | None) -> None:
     bar = _BAR.search(part)
     if bar is not None:
         if progress is not None:
             progress(int(bar[1]), int(bar[2]))
     elif part.strip():
         said.append(part.strip())
+        if errors is not None:
+            errors.append(part.strip())

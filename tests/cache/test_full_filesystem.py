@@ -32,13 +32,13 @@ def small(tmp_path: Path) -> Iterator[Path]:
 def fill(directory: Path) -> Path:
     """Write a file in ``directory`` until the filesystem has no block left."""
     filler = directory / "filler"
-    with open(filler, "wb") as out:
-        try:
-            while True:
-                out.write(b"\0" * 65536)
-                out.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
+    with open(filler, "wb", buffering=0) as out:  # unbuffered: nothing left for close to write
+        for size in (65536, 4096, 512, 1):
+            try:
+                while True:
+                    out.write(b"\0" * size)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
     with pytest.raises(OSError):  # nothing more fits, not even a small file
         (directory / "probe").write_bytes(b"x" * 4096)
     return filler
