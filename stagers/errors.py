@@ -30,8 +30,9 @@ class ToolFailed(StageError):
     lines, ``status`` its exit status (None: it could not be started or ran out of time)."""
 
     def __init__(self, message: str, said: tuple[str, ...] = (), status: int | None = None,
-                 hint: str | None = None, *, no_space: bool = False) -> None:
+                 hint: str | None = None, *, no_space: bool = False, detail: str = "") -> None:
         super().__init__(message, hint)
         self.said = said
         self.status = status
         self.no_space = no_space  # it ran out of space where it writes
+        self.detail = detail  # the line of its output that says what went wrong

@@ -172,8 +172,8 @@ def run_tool(argv: Sequence[str], what: str, *, progress: ImageProgress | None =
             raise ToolFailed(f"{what} failed: no space left on {where} ({detail})", lines,
                              process.returncode,
                              "free space there (ocistage cache gc), or stage elsewhere",
-                             no_space=True)
-        raise ToolFailed(f"{what} failed: {detail}", lines, process.returncode)
+                             no_space=True, detail=detail)
+        raise ToolFailed(f"{what} failed: {detail}", lines, process.returncode, detail=detail)
 
 
 def _detail(complaints: Sequence[str], lines: Sequence[str], status: int) -> str:

@@ -161,7 +161,9 @@ def run_mksquashfs(argv: Sequence[str], store: Path) -> None:
     except ToolFailed as exc:
         if exc.status is None:
             raise PyxisImportError(exc.message, exc.hint) from exc
-        said = exc.said + ((os.strerror(errno.ENOSPC),) if exc.no_space else ())
+        # its lines of both streams, then the one that says what went wrong (run_tool)
+        said = exc.said + ((exc.detail,) if exc.detail else ()) + (
+            (os.strerror(errno.ENOSPC),) if exc.no_space else ())
         raise mksquashfs_error("\n".join(said), exc.status, store) from exc
 
 

@@ -29,6 +29,7 @@ from ocistage.bundler.pyxis.mksquashfs import (
     DEFAULT_COMPRESSIONS,
     mksquashfs_argv,
     mksquashfs_error,
+    run_mksquashfs,
 )
 from ocistage.bundler.pyxis.refnotes import recall
 from ocistage.bundler.pyxis.uri import parse_enroot_uri
@@ -553,6 +554,17 @@ def test_mksquashfs_errors_say_when_the_store_is_full(tmp_path: Path) -> None:
     other = mksquashfs_error("FATAL ERROR: Source directory is not a directory\n", 1, tmp_path)
     assert other.message == "mksquashfs failed: FATAL ERROR: Source directory is not a directory"
     assert mksquashfs_error("", 139, tmp_path).message == "mksquashfs failed: exit 139"
+
+
+def test_a_failed_mksquashfs_is_its_error_not_what_it_printed_after(tmp_path: Path) -> None:
+    """mksquashfs writes its error to stderr at once and its other output, buffered, to
+    stdout at exit: the importer's error is the FATAL ERROR line, not the last line read."""
+    script = ("echo 'FATAL ERROR: Source directory is not a directory' >&2; "
+              "for n in 1 2 3 4 5 6 7 8 9 10; do echo \"line $n\"; done; exit 1")
+    with pytest.raises(PyxisImportError) as caught:
+        run_mksquashfs(["/bin/sh", "-c", script], tmp_path)
+    assert caught.value.message == \
+        "mksquashfs failed: FATAL ERROR: Source directory is not a directory"
 
 
 def test_hints_name_settings_not_options() -> None:

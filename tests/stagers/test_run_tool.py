@@ -40,6 +40,7 @@ def test_the_error_is_its_stderr_not_what_its_stdout_prints_after() -> None:
                                     "its filesystem (FATAL ERROR: Failed to write to output "
                                     "filesystem)")
     assert caught.value.no_space and caught.value.status == 1
+    assert caught.value.detail == "FATAL ERROR: Failed to write to output filesystem"
 
 
 def test_without_a_fatal_line_the_error_is_its_last_stderr_line() -> None:
