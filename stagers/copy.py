@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import multiprocessing
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.sharedctypes import Synchronized
 
 from ocistage.cache.fdio import UNSUPPORTED, reflink, write_all
+from ocistage.cache.sharedcount import SharedCount
 from ocistage.stagers import xattrs as xattrs_module
 
 CHUNK = 1 << 30  # per copy_file_range/sendfile call; the kernel caps it anyway
@@ -53,10 +52,6 @@ def _read_write(src_fd: int, dst_fd: int) -> None:
         write_all(dst_fd, chunk)
 
 
-def _shared_count() -> Synchronized[int]:
-    return multiprocessing.Value("q", 0)
-
-
 @dataclass
 class Copier:
     """Copies files between two filesystems, remembering which ways do not work there.
@@ -64,20 +59,20 @@ class Copier:
     One copier serves one (source, target) pair of filesystems; after the first "not supported"
     answer a way is not tried again, which saves two failing syscalls per file.
     ``xattrs_refused`` counts the extended attributes the target refused
-    (:func:`ocistage.stagers.xattrs.copy`), in shared memory: forked workers add to it too.
+    (:func:`ocistage.stagers.xattrs.copy`), in shared memory
+    (:class:`~ocistage.cache.sharedcount.SharedCount`): forked workers add to it too.
     """
 
     reflink: bool = True
     copy_file_range: bool = True
     sendfile: bool = True
-    xattrs_refused: Synchronized[int] = field(default_factory=_shared_count)
+    xattrs_refused: SharedCount = field(default_factory=SharedCount)
 
     def copy_xattrs(self, src_fd: int, dst_fd: int) -> None:
         """Copy the xattrs of ``src_fd`` to ``dst_fd``, counting those refused."""
         refused = xattrs_module.copy(src_fd, dst_fd)
         if refused:
-            with self.xattrs_refused.get_lock():
-                self.xattrs_refused.value += refused
+            self.xattrs_refused.add(refused)
 
     def copy_fd(self, src_fd: int, dst_fd: int, size: int) -> str:
         """Copy an open file into an empty one; returns the method that did it."""
