@@ -72,6 +72,30 @@ class PreviousParts:
         except (OSError, ValueError, ForeignFile):
             return None
 
+    @staticmethod
+    def head(path: Path) -> tuple[str, Seen] | None:
+        """The method of the compact manifest at ``path`` (a file of the caller or root) and
+        what it is, from its head alone (the magic line and the JSON line after it;
+        :meth:`read` then reads it whole only where it is needed); None if it is missing or
+        not a compact manifest."""
+        try:
+            fd, st = open_own(path)
+            with os.fdopen(fd, "rb") as file:
+                magic = file.read(len(MANIFEST_MAGIC))
+                line = file.readline(1 << 16)
+        except (OSError, ForeignFile):
+            return None
+        if magic != MANIFEST_MAGIC or not line.endswith(b"\n"):
+            return None
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(doc, dict) or not isinstance(doc.get("entries"), int):
+            return None
+        return str(doc.get("method", "")), Seen(path, st.st_dev, st.st_ino, st.st_size,
+                                                  st.st_mtime_ns)
+
     def rewind(self) -> None:
         """Search the next part from the start (parts asked for in walk order again)."""
         self._at = self._body

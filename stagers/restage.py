@@ -9,9 +9,12 @@ of sending their records back: each reads the previous entries of its own subtre
 their hashes and xattr digests), hashes the files that changed, makes the directories,
 symlinks and FIFOs, links every file (:meth:`ocistage.stagers.placers.PoolPlacer.place_part`:
 the same checks as always), sets the times, and returns its part of the new manifest's body
-and its counts. The stager does the same for the directories it listed itself (the top of
-the tree, :func:`restage_through_pool`) — their directories first, since the subtrees are
-made in them — then writes the manifest in walk order and publishes.
+and its counts. The stager makes the directories it listed itself (the top of the tree,
+:func:`restage_through_pool`), in which the subtrees are made, before the workers start; while
+they place, it reads the previous manifest, places the rest of what it listed and its share
+of the subtrees, and starts the remover of the version this one replaces (not before: on a
+busy node its start-up would take a CPU from the workers while they walk). Then it writes the
+manifest in walk order and publishes.
 
 Nothing big is built before the workers fork (they fork for the walk, before the previous
 manifest is read), and nothing per file crosses a pipe: the records stay where they were
@@ -103,25 +106,36 @@ def restage_through_pool(staging: Staging, source: Path, label: str, identity: s
     keep their subtrees) through the pool; returns the result and how many extended
     attributes the target refused. None, with nothing done, when this way does not apply
     (no compact manifest of a pool version: the caller takes the general way)."""
-    found = PreviousParts.read(staging.final / MANIFEST_NAME)
-    if found is None or not walked.kept or found[0].method != POOL.value:
+    head = PreviousParts.head(staging.final / MANIFEST_NAME)
+    if head is None or not walked.kept or head[0] != POOL.value:
         return None
-    previous, seen = found
     staging.use_pool()
-    scratch = staging.scratch()
-    job = PlaceJob(source, scratch, staging.final, Pool.of_target(staging.to).root, seen,
+    scratch = staging.scratch(remover=False)  # started once the workers place (below)
+    job = PlaceJob(source, scratch, staging.final, Pool.of_target(staging.to).root, head[1],
                    walked.prefixes)
-    # the stager's own part first: the directories it listed (the top of the tree), in
-    # which the workers' subtrees are made
-    parts = [(-1 - n, rows, previous.part(_listed_prefix(rows), False, len(rows))
-              if rows else []) for n, rows in enumerate(walked.pieces) if isinstance(rows, list)]
-    placed, timed = _place(job, parts)
+    # The workers' subtrees are made in the directories the stager listed (the top of the
+    # tree): those are made first, and the workers start at once. The stager reads the
+    # previous manifest, places the rest of what it listed and then its share of the
+    # subtrees, and starts the remover of the version this one replaces meanwhile.
+    listed = [(n, rows) for n, rows in enumerate(walked.pieces) if isinstance(rows, list)]
+    _make_listed_dirs(scratch, listed)
+    own: list[tuple[Placed, list[Record]]] = []
 
     def mine(subtrees: dict[int, list[Record]], claim: Callable[[int], bool]) -> Placed:
-        previous.rewind()  # the subtrees, in walk order again
-        return place_subtrees(job, subtrees, claim, previous)
+        found = PreviousParts.read(job.manifest.path, job.manifest)
+        previous = found[0] if found is not None else None
+        own.append(_place(job, [
+            (-1 - n, rows, previous.part(_listed_prefix(rows), False, len(rows))
+             if rows and previous is not None else []) for n, rows in listed], dirs_made=True))
+        if previous is not None:
+            previous.rewind()  # the subtrees, in walk order again
+        share = _place_subtrees(job, subtrees, claim, previous)
+        staging.start_remover()
+        return share
 
-    for part in walked.then(place_subtrees, job, mine):
+    parts = walked.then(place_subtrees, job, mine)
+    placed, timed = own[0]
+    for part in parts:
         placed.add(part)
     _set_times(job, timed)
     released: set[str] | None = placed.released
@@ -145,16 +159,20 @@ def restage_through_pool(staging: Staging, source: Path, label: str, identity: s
 
 
 def place_subtrees(job: PlaceJob, subtrees: dict[int, list[Record]],
-                   claim: Callable[[int], bool], previous: PreviousParts | None = None,
-                   ) -> Placed:
-    """In a worker (or the stager): place the subtrees it walked (``subtrees``: records by
-    number), then those of the others not started yet (walked again here: a process that
-    walked less does not wait for one that walked more); each subtree is claimed first
-    (``claim``), so every one is placed once. Their previous entries are read from the
-    manifest ``job.manifest`` (``previous``: already read)."""
-    if previous is None:
-        found = PreviousParts.read(job.manifest.path, job.manifest)
-        previous = found[0] if found is not None else None
+                   claim: Callable[[int], bool]) -> Placed:
+    """In a worker: place the subtrees it walked (``subtrees``: records by number), then
+    those of the others not started yet (walked again here: a process that walked less does
+    not wait for one that walked more); each subtree is claimed first (``claim``), so every
+    one is placed once. Their previous entries are read from the manifest ``job.manifest``
+    (:func:`_place_subtrees`)."""
+    found = PreviousParts.read(job.manifest.path, job.manifest)
+    return _place_subtrees(job, subtrees, claim, found[0] if found is not None else None)
+
+
+def _place_subtrees(job: PlaceJob, subtrees: dict[int, list[Record]],
+                    claim: Callable[[int], bool], previous: PreviousParts | None) -> Placed:
+    """:func:`place_subtrees` with the previous manifest read (None: it is no longer the
+    file ``job.manifest``, and every file is placed as a new one)."""
 
     def parts() -> Iterator[tuple[int, list[Record], list[str]]]:
         others = [n for n in range(len(job.prefixes)) if n not in subtrees]
@@ -178,11 +196,25 @@ def _walked(source: Path, prefix: str) -> list[Record]:
         raise unreadable(source, exc) from exc
 
 
+def _make_listed_dirs(scratch: Path, listed: list[tuple[int, list[Record]]]) -> None:
+    """Make the directories of the listings ``listed`` (in walk order: each one's parent
+    first) in the private scratch directory, which holds nothing else yet."""
+    scratch_fd = os.open(scratch, DIR_READ)
+    try:
+        for _n, rows in listed:
+            for row in rows:
+                if row[1] == "dir":
+                    os.mkdir(row[0], 0o700, dir_fd=scratch_fd)
+    finally:
+        os.close(scratch_fd)
+
+
 def _place(job: PlaceJob, parts: Iterable[tuple[int, list[Record], list[str]]],
-           ) -> tuple[Placed, list[Record]]:
+           dirs_made: bool = False) -> tuple[Placed, list[Record]]:
     """Place ``parts`` (number, records in walk order, the previous entries' fields); returns
     what was placed and the records of the directories and symlinks made (their times are
-    set last, :func:`_set_times`)."""
+    set last, :func:`_set_times`). ``dirs_made``: the parts' directories exist
+    (:func:`_make_listed_dirs`)."""
     builder = Builder(job.source, job.scratch, job.final, POOL,
                       Manifest((), method=POOL.value), Pool(job.pool), 1, {})
     placed = Placed()
@@ -194,7 +226,7 @@ def _place(job: PlaceJob, parts: Iterable[tuple[int, list[Record], list[str]]],
         try:
             for n, rows, fields in parts:
                 placed.bodies[n] = _place_part(job, builder, placer, scratch_fd, rows, fields,
-                                               placed, timed)
+                                               placed, timed, dirs_made)
         finally:
             os.close(scratch_fd)
         counts = builder.counts
@@ -210,7 +242,7 @@ def _place(job: PlaceJob, parts: Iterable[tuple[int, list[Record], list[str]]],
 
 def _place_part(job: PlaceJob, builder: Builder, placer: PoolPlacer, scratch_fd: int,
                 rows: list[Record], fields: list[str], placed: Placed,
-                timed: list[Record]) -> bytes:
+                timed: list[Record], dirs_made: bool = False) -> bytes:
     """Place the entries ``rows`` of one part beside the previous ones (``fields``); returns
     the part's body of the new manifest. An unchanged file (its stat, ctime included, as
     before) is linked from its pool entry by :meth:`PoolPlacer.link_unchanged`; every other
@@ -248,7 +280,8 @@ def _place_part(job: PlaceJob, builder: Builder, placer: PoolPlacer, scratch_fd:
                 others.append(number)
                 continue
             if kind == "dir":
-                os.mkdir(name, 0o700, dir_fd=dest)
+                if not dirs_made:
+                    os.mkdir(name, 0o700, dir_fd=dest)
                 timed.append(row)
             elif kind == "symlink":
                 assert row[7] is not None

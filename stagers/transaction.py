@@ -286,15 +286,23 @@ class Staging:
 
     # -- making and publishing a version ----------------------------------------------------
 
-    def scratch(self) -> Path:
+    def scratch(self, remover: bool = True) -> Path:
         """A new private scratch dir beside ``TO/NAME``; removed when the staging ends. A new
         version is about to be built: if it will replace one that nobody runs on, the remover
-        of that one is started now, so that its start-up overlaps the build."""
+        of that one is started now (:meth:`start_remover`; ``remover`` False: the caller
+        starts it later), so that its start-up overlaps the build."""
         scratch = new_scratch(self.tmp, self.name)
         self._scratches.append(scratch)
+        if remover:
+            self.start_remover()
+        return scratch
+
+    def start_remover(self) -> None:
+        """Start the detached remover of the version the one being built will replace, if
+        there is one that nobody runs on and none was started; :meth:`publish` hands it its
+        work (without one, the replaced version is removed there, before it returns)."""
         if self._remover is None and self.marker is not None and not self.users():
             self._remover = detach.spawn()
-        return scratch
 
     def use_pool(self) -> None:
         """Make the fan-out directories of the target's pool; if the staging fails, pool

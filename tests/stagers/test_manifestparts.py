@@ -85,3 +85,21 @@ def test_a_manifest_in_json_or_cut_short_is_no_parts(tmp_path: Path) -> None:
         PreviousParts(b"".join(manifest.json_chunks()))
     with pytest.raises(ValueError):
         PreviousParts(b"".join(manifest.chunks())[:22])
+
+
+def test_the_head_says_the_method_and_what_read_will_find(tmp_path: Path) -> None:
+    """:meth:`PreviousParts.head` reads the magic and the JSON line only: the method a
+    re-stage checks before its workers start, and the identity they read the whole file by."""
+    manifest, _ = _parts(tmp_path, seed=7, dirs=8)
+    path = tmp_path / "manifest"
+    path.write_bytes(b"".join(manifest.chunks(batch=7)))
+    head = PreviousParts.head(path)
+    assert head is not None and head[0] == "pool"
+    found = PreviousParts.read(path, head[1])
+    assert found is not None and found[1] == head[1] and found[0].method == "pool"
+    path.write_bytes(b"".join(manifest.json_chunks()))
+    assert PreviousParts.head(path) is None
+    path.write_bytes(b"".join(manifest.chunks())[:22])  # cut short in its JSON line
+    assert PreviousParts.head(path) is None
+    assert PreviousParts.head(tmp_path / "missing") is None
+    assert PreviousParts.read(path, head[1]) is None  # no longer that file
