@@ -14,7 +14,6 @@ shown only with ``-v``. A closed stdout ends a command quietly with 141, as SIGP
 
 from __future__ import annotations
 
-import gc
 import os
 import signal
 import sys
@@ -28,7 +27,7 @@ import typer
 from ocistage.bundler.cli import bashcompletion
 from ocistage.bundler.cli.commands import LazyGroup
 from ocistage.bundler.cli.common import shown, stderr
-from ocistage.bundler.cli.exitstatus import keep_exit_status
+from ocistage.bundler.cli.exitstatus import end_process
 from ocistage.bundler.cli.failure import (
     CLOSED_STDOUT,
     INTERRUPTED,
@@ -212,14 +211,7 @@ def main() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-    # The interpreter's last cyclic collection traverses every object left, most of them the
-    # ~370 modules a command imported; frozen, they are not traced again. Objects are still
-    # released and atexit handlers run (logging, temporary directories' finalizers); only what
-    # is in a reference cycle is left to the process's end, and no command leaves work to such
-    # an object's finalizer. docs/history/performance-log.md, "Issue 29: the last round".
-    gc.freeze()
-    keep_exit_status()
-    sys.exit(code)
+    end_process(code)
 
 
 def _stop_on_termination() -> None:

@@ -94,7 +94,7 @@ def run(argv: Sequence[str]) -> int:
 def main() -> None:
     import signal
 
-    from ocistage.bundler.cli.exitstatus import keep_exit_status
+    from ocistage.bundler.cli.exitstatus import end_process
     from ocistage.bundler.cli.memory import limit_malloc_arenas
 
     limit_malloc_arenas()  # before any thread allocates
@@ -107,9 +107,7 @@ def main() -> None:
     # and the scratch directory behind: stop mksquashfs and clean up, then exit 130
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, interrupt)
-    code = run(sys.argv[1:])
-    keep_exit_status()
-    sys.exit(code)
+    end_process(run(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -40,14 +40,12 @@ THIRD_PARTY = frozenset({"requests", "urllib3", "charset_normalizer", "jsonschem
                          "referencing", "fsspec", "zstandard"})
 
 _PROBE = """
-import json, sys
+import atexit, json, sys
 sys.argv = ["ocistage", *json.loads(sys.argv[1])]
+# the command ends the process itself (exitstatus.end_process), after the atexit handlers
+atexit.register(lambda: sys.stderr.write("\\nMODULES " + json.dumps(sorted(sys.modules)) + "\\n"))
 from ocistage.bundler.cli.app import main
-try:
-    main()
-except SystemExit:
-    pass
-sys.stderr.write("\\nMODULES " + json.dumps(sorted(sys.modules)) + "\\n")
+main()
 """
 
 
