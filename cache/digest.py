@@ -7,12 +7,14 @@ without further checks (the hex part cannot contain ``/`` or ``..``).
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from ocistage.errors import IntegrityError, UsageError
+
+if TYPE_CHECKING:
+    import hashlib
 
 _HEX_LENGTH = {"sha256": 64, "sha512": 128}
 _DIGEST_RE = re.compile(r"^(?P<algorithm>[a-z0-9]+(?:[.+_-][a-z0-9]+)*):(?P<hex>[a-zA-Z0-9=_-]+)$")
@@ -40,13 +42,13 @@ class Digest:
 
     @classmethod
     def of_bytes(cls, data: bytes, algorithm: str = "sha256") -> Digest:
-        return cls(algorithm, hashlib.new(algorithm, data).hexdigest())
+        return cls(algorithm, _new(algorithm, data).hexdigest())
 
     def hasher(self) -> hashlib._Hash:
-        return hashlib.new(self.algorithm)
+        return _new(self.algorithm)
 
     def verify_bytes(self, data: bytes, what: str = "content") -> None:
-        actual = hashlib.new(self.algorithm, data).hexdigest()
+        actual = _new(self.algorithm, data).hexdigest()
         if actual != self.hex:
             raise IntegrityError(f"{what} has digest {self.algorithm}:{actual}, expected {self}")
 
@@ -60,7 +62,15 @@ class Digest:
 
 def hash_file(file: BinaryIO, algorithm: str = "sha256", chunk_size: int = 1 << 20) -> Digest:
     """Digest of a file object's remaining content, read in chunks."""
-    hasher = hashlib.new(algorithm)
+    hasher = _new(algorithm)
     while chunk := file.read(chunk_size):
         hasher.update(chunk)
     return Digest(algorithm, hasher.hexdigest())
+
+
+def _new(algorithm: str, data: bytes = b"") -> hashlib._Hash:
+    """A hasher of ``algorithm`` (hashlib, imported when first used: loading OpenSSL took
+    ~2 ms of commands that hash nothing, such as a re-stage)."""
+    import hashlib
+
+    return hashlib.new(algorithm, data)

@@ -20,7 +20,6 @@ import pickle
 import signal
 import struct
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from types import TracebackType
 from typing import Any, Generic, TypeVar
@@ -67,6 +66,8 @@ def map_batched(function: Callable[[T], R], items: Sequence[T], jobs: int,
 
     def run(part: Sequence[T]) -> list[R]:
         return [function(item) for item in part]
+
+    from concurrent.futures import ThreadPoolExecutor  # only where threads copy
 
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="stage") as pool:
         return [result for chunk in pool.map(run, parts) for result in chunk]
