@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ocistage.cache import reserve
 from ocistage.cache.atomicwrite import dead_writer_temp, write_file_atomic
@@ -40,7 +40,6 @@ from ocistage.cache.dirtrust import check_trusted_dir, owned_by_caller
 from ocistage.cache.errors import TAMPERED_HINT, ForeignFile, StoreError, translate_oserror
 from ocistage.cache.evict import evicted_in, may_remove, owner_of, remove_evicted, remove_in_cache
 from ocistage.cache.fdio import process_umask
-from ocistage.cache.ingest import Ingest, open_ingest
 from ocistage.cache.jsondoc import parse_json, read_document
 from ocistage.cache.locks import FileLock, Owner, owner_is_dead
 from ocistage.cache.nodes import host_name
@@ -50,6 +49,9 @@ from ocistage.cache.privatedirs import PRIVATE_DIR_MODE
 from ocistage.cache.readback import open_own
 from ocistage.cache.refnames import INDEX_MEDIA_TYPE, record, record_name, renamed, untagged
 from ocistage.errors import IntegrityError
+
+if TYPE_CHECKING:
+    from ocistage.cache.ingest import Ingest
 
 OCI_LAYOUT_VERSION = "1.0.0"
 INDEX_LIMIT = 16 << 20  # the cache's own index.json: ~40 000 refs (source layouts: 4 MiB)
@@ -226,6 +228,8 @@ class Store:
             if final.exists():  # published between our check and taking the lock
                 yield None
                 return
+            from ocistage.cache.ingest import open_ingest  # a download: not every command
+
             ingest = open_ingest(self.ingest_dir, digest, size, final)
             try:
                 yield ingest

@@ -59,7 +59,6 @@ from ocistage.stagers.mksquashfs import ImageProgress
 from ocistage.stagers.pool import Pool
 from ocistage.stagers.released import released_keys
 from ocistage.stagers.restage import restage_through_pool
-from ocistage.stagers.squashfs import stage_squashfs
 from ocistage.stagers.statwalk import parallel_walk_digest
 from ocistage.stagers.target import (
     Format,
@@ -96,6 +95,8 @@ def stage_directory(source: Path, to: Path, *, cache_root: Path, name: str | Non
     if format != "squashfs":
         return stage_tree(source, to, cache_root=cache_root, name=name, holder=holder,
                           link=link, jobs=jobs, source_label=source_label, local=local)
+    from ocistage.stagers.squashfs import stage_squashfs  # not needed by the directory format
+
     with _staging(source, to, cache_root, name, holder, local) as (staging, source, _identity):
         return stage_squashfs(staging, source, source_label or os.fspath(source),
                               mount_image=squashfs_mount, jobs=jobs, progress=image_progress)
