@@ -268,9 +268,10 @@ def entries_of(records: Iterable[Record], before: Mapping[str, Entry] | None = N
 _name = operator.attrgetter("name")
 
 
-def listing(directory: str, prefix: str) -> list[os.DirEntry[str]]:
-    """The entries of ``directory`` (relative path ``prefix``, "" or ending in "/") in the
-    order of a walk (by name), without the reserved names at the top (``prefix == ""``)."""
+def listing(directory: str | int, prefix: str) -> list[os.DirEntry[str]]:
+    """The entries of ``directory`` (a path, or a descriptor: then each entry's ``stat`` is
+    relative to it; relative path ``prefix``, "" or ending in "/") in the order of a walk
+    (by name), without the reserved names at the top (``prefix == ""``)."""
     with os.scandir(directory) as found:
         entries = sorted(found, key=_name)
     if not prefix:
@@ -294,11 +295,7 @@ def children(directory: str, prefix: str, ctime: bool = True,
     fd = os.open(directory, DIR_READ if prefix else DIR_FOLLOW)
     above = directory if directory.endswith("/") else f"{directory}/"
     try:
-        with os.scandir(fd) as found:
-            entries = sorted(found, key=_name)
-        if not prefix:
-            entries = [e for e in entries if e.name not in RESERVED_NAMES]
-        for child in entries:
+        for child in listing(fd, prefix):
             st = child.stat(follow_symlinks=False)
             mode = st.st_mode
             kind = types.get(stat.S_IFMT(mode), "other")

@@ -41,22 +41,24 @@ class Seen:
     size: int
     mtime_ns: int
 
+    @classmethod
+    def of(cls, path: Path, st: os.stat_result) -> Seen:
+        return cls(path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
 
 class PreviousParts:
     """A compact manifest's bytes, handing out the entries of its parts (module docstring)."""
 
     def __init__(self, data: bytes) -> None:
         """``data``: a manifest in the compact format; ValueError for anything else."""
-        if not data.startswith(MANIFEST_MAGIC):
+        newline = data.find(b"\n", len(MANIFEST_MAGIC))
+        head = _head(data[:len(MANIFEST_MAGIC)], data[len(MANIFEST_MAGIC):newline + 1])
+        if newline < 0 or head is None:
             raise ValueError("not a compact manifest")
-        newline = data.index(b"\n", len(MANIFEST_MAGIC))
-        doc = json.loads(data[len(MANIFEST_MAGIC):newline])
-        if not isinstance(doc, dict) or not isinstance(doc.get("entries"), int):
-            raise ValueError("not a manifest")
-        self.method = str(doc.get("method", ""))
+        self.method, entries = head
         self._data = data
         self._body = self._at = newline + 1
-        self._per_entry = (len(data) - self._body) / max(1, doc["entries"])
+        self._per_entry = (len(data) - self._body) / max(1, entries)
 
     @classmethod
     def read(cls, path: Path, seen: Seen | None = None) -> tuple[PreviousParts, Seen] | None:
@@ -65,7 +67,7 @@ class PreviousParts:
         try:
             fd, st = open_own(path)
             with os.fdopen(fd, "rb") as file:
-                found = Seen(path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+                found = Seen.of(path, st)
                 if seen is not None and found != seen:
                     return None
                 return cls(file.read()), found
@@ -85,16 +87,8 @@ class PreviousParts:
                 line = file.readline(1 << 16)
         except (OSError, ForeignFile):
             return None
-        if magic != MANIFEST_MAGIC or not line.endswith(b"\n"):
-            return None
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            return None
-        if not isinstance(doc, dict) or not isinstance(doc.get("entries"), int):
-            return None
-        return str(doc.get("method", "")), Seen(path, st.st_dev, st.st_ino, st.st_size,
-                                                  st.st_mtime_ns)
+        head = _head(magic, line)
+        return None if head is None else (head[0], Seen.of(path, st))
 
     def rewind(self) -> None:
         """Search the next part from the start (parts asked for in walk order again)."""
@@ -171,3 +165,17 @@ def _run_length(paths: list[str], prefix: str, subtree: bool) -> int:
         if not path.startswith(prefix) or "/" in path[skip:]:
             return n
     return len(paths)
+
+
+def _head(magic: bytes, line: bytes) -> tuple[str, int] | None:
+    """The method and entry count of a compact manifest whose first bytes are ``magic`` and
+    whose JSON line after them is ``line`` (with its newline); None for anything else."""
+    if magic != MANIFEST_MAGIC or not line.endswith(b"\n"):
+        return None
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("entries"), int):
+        return None
+    return str(doc.get("method", "")), doc["entries"]

@@ -122,8 +122,7 @@ def restage_through_pool(staging: Staging, source: Path, label: str, identity: s
     own: list[tuple[Placed, list[Record]]] = []
 
     def mine(subtrees: dict[int, list[Record]], claim: Callable[[int], bool]) -> Placed:
-        found = PreviousParts.read(job.manifest.path, job.manifest)
-        previous = found[0] if found is not None else None
+        previous = _previous_parts(job)
         own.append(_place(job, [
             (-1 - n, rows, previous.part(_listed_prefix(rows), False, len(rows))
              if rows and previous is not None else []) for n, rows in listed], dirs_made=True))
@@ -165,8 +164,14 @@ def place_subtrees(job: PlaceJob, subtrees: dict[int, list[Record]],
     not wait for one that walked more); each subtree is claimed first (``claim``), so every
     one is placed once. Their previous entries are read from the manifest ``job.manifest``
     (:func:`_place_subtrees`)."""
+    return _place_subtrees(job, subtrees, claim, _previous_parts(job))
+
+
+def _previous_parts(job: PlaceJob) -> PreviousParts | None:
+    """The previous manifest, read again by this process; None if it is no longer the file
+    ``job.manifest`` (every file is then placed as a new one)."""
     found = PreviousParts.read(job.manifest.path, job.manifest)
-    return _place_subtrees(job, subtrees, claim, found[0] if found is not None else None)
+    return found[0] if found is not None else None
 
 
 def _place_subtrees(job: PlaceJob, subtrees: dict[int, list[Record]],
