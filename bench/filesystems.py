@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ocistage.cache.sizes import parse_size
+
 
 class NoFilesystem(RuntimeError):
     """A journaled ext4 cannot be made here (not root, no mkfs.ext4, no loop device)."""
@@ -83,7 +85,7 @@ def journaled_ext4(where: Path, size: str = "8G") -> Iterator[Path]:
     mounted = False
     try:
         with open(image, "wb") as out:
-            out.truncate(_bytes(size))
+            out.truncate(parse_size(size))
         subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, timeout=300,
                        stdin=subprocess.DEVNULL, capture_output=True)
         try:
@@ -99,10 +101,3 @@ def journaled_ext4(where: Path, size: str = "8G") -> Iterator[Path]:
             subprocess.run(["umount", str(mountpoint)], check=True, timeout=300,
                            stdin=subprocess.DEVNULL)
         shutil.rmtree(home)
-
-
-def _bytes(size: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    if size[-1:].upper() in units:
-        return int(size[:-1]) * units[size[-1].upper()]
-    return int(size)
